@@ -150,6 +150,9 @@ class _Refusing:
     async def load(self, session_id: str) -> None:
         return None
 
+    async def meta(self, session_id: str) -> None:
+        return None
+
     async def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise self.error
 

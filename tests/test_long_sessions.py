@@ -19,6 +19,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
 from actors.stores.postgres import _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
+from actors.stores.turns import TurnQueue
 from runtime import Agent, Host, tool
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
 from tests.web.harness import web_server
@@ -191,3 +192,34 @@ async def test_a_front_end_says_a_queued_first_turn_s_session_is_busy_reading_no
     assert busy.json() == {"session_id": "s1", "busy": True}
     assert never.status_code == 404
     assert loads == []
+
+
+async def test_a_front_end_queues_a_turn_of_a_long_session_reading_none_of_its_messages(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It asks whether the session has a title yet (the first input names it): that
+    loaded the whole session, every turn (1.4 MB for a 5,000-message one)."""
+    from runtime.app.web.frontend import FrontEnd
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await store.save("long", 0, history(LONG), {"title": "kept"})
+        await store.save("new", 0, history(SHORT))
+        loads: list[str] = []
+        load = PostgresStore.load
+
+        async def counted(self: PostgresStore, session_id: str) -> Any:
+            loads.append(session_id)
+            return await load(self, session_id)
+
+        monkeypatch.setattr(PostgresStore, "load", counted)
+        front = FrontEnd(store=store, queue=queue, relay=None)
+        await front.submit("long", "next question", "k1", False)
+        await front.submit("new", "a first question", "k2", False)
+        metas = [(await queue.turns(s))[0].meta.get("title") for s in ("long", "new")]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert loads == []
+    assert metas == [None, "a first question"]

@@ -422,9 +422,9 @@ class FrontEnd:
         anything else the store refused), and nothing is queued."""
         try:
             meta = dict(meta or {})
-            if titled:
-                record = await self.store.load(session_id)
-                if record is None or "title" not in record.meta:
+            if titled:  # (its meta alone: the whole session was read for this)
+                stored_meta = await self.store.meta(session_id)
+                if stored_meta is None or "title" not in stored_meta:
                     meta["title"] = title_of(text)
             return await self.queue.submit(
                 session_id,
