@@ -223,3 +223,43 @@ async def test_a_front_end_queues_a_turn_of_a_long_session_reading_none_of_its_m
         await store.aclose()
     assert loads == []
     assert metas == [None, "a first question"]
+
+
+_TOO_LONG = {
+    # OpenAI's words for it: the code says it, the message says it differently
+    "openai": (
+        b'{"error": {"message": "This model\'s maximum context length is 128000 tokens.", '
+        b'"type": "invalid_request_error", "code": "context_length_exceeded"}}'
+    ),
+    "anthropic": (
+        b'{"type": "error", "error": {"type": "invalid_request_error", '
+        b'"message": "prompt is too long: 210000 tokens > 200000 maximum"}}'
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_TOO_LONG))
+async def test_a_turn_past_the_context_window_ends_context_too_long_its_input_stored(
+    kind: str, tmp_path: Any
+) -> None:
+    """What a user of a session that outgrew the model sees, through the real SDK
+    client: the typed error (asked once: retrying cannot shrink the request) and the
+    message they typed kept in the store, for when the session is compacted or cut."""
+    from tests.support.faults import rig
+    from tests.support.loopback import Reply
+
+    reply = Reply(status=400, body=_TOO_LONG[kind], content_type="application/json")
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    async with rig(kind, reply, store=store) as r:
+        result = await r.session.run("the question that no longer fits")
+        requests = len(r.server.requests)
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert result.error is not None and result.finish_reason == "error"
+    assert (result.error.kind, result.error.retryable, requests) == ("ContextTooLong", False, 1)
+    assert record is not None
+    assert record.messages[0].content == "the question that no longer fits"
+    assert record.messages[-1].error == result.error
