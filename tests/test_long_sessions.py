@@ -20,6 +20,7 @@ from actors.stores import MemoryStore
 from actors.stores.postgres import _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
 from actors.stores.turns import TurnQueue
+from actors.turn.turn_state import CONTEXT_TOO_LONG_HINT
 from runtime import Agent, Host, tool
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
 from tests.web.harness import web_server
@@ -244,7 +245,8 @@ async def test_a_turn_past_the_context_window_ends_context_too_long_its_input_st
 ) -> None:
     """What a user of a session that outgrew the model sees, through the real SDK
     client: the typed error (asked once: retrying cannot shrink the request) and the
-    message they typed kept in the store, for when the session is compacted or cut."""
+    message they typed kept in the store, for when the session is compacted or cut; and
+    what to do about it, since every later turn of the session is refused too."""
     from tests.support.faults import rig
     from tests.support.loopback import Reply
 
@@ -260,6 +262,7 @@ async def test_a_turn_past_the_context_window_ends_context_too_long_its_input_st
         await store.aclose()
     assert result.error is not None and result.finish_reason == "error"
     assert (result.error.kind, result.error.retryable, requests) == ("ContextTooLong", False, 1)
+    assert result.error.message.endswith(f"({CONTEXT_TOO_LONG_HINT})")
     assert record is not None
     assert record.messages[0].content == "the question that no longer fits"
     assert record.messages[-1].error == result.error

@@ -16,7 +16,7 @@ from actors.turn.parts import PartsManager
 from actors.turn.structured import StructuredTurn
 from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
 from runtime.chunks import ToolCallChunk, Usage
-from runtime.errors import AxonError, exception_message
+from runtime.errors import AxonError, ContextTooLong, exception_message
 from runtime.ids import new_id
 from runtime.messages import Awaiting, ToolMessage
 from runtime.output import ErrorInfo
@@ -97,12 +97,24 @@ class Turn:
     """User messages that join the turn at its next step boundary (``steer``)."""
 
 
+CONTEXT_TOO_LONG_HINT = (
+    "the session no longer fits the model's context window, and every later turn of it "
+    "will be refused the same way: send less of it (Agent(history_processors=...), "
+    "docs/providers.md#context-compaction) or go on in a new session"
+)
+"""Appended to a :class:`~runtime.errors.ContextTooLong` turn's message: the provider's
+own words ("prompt is too long: 210000 tokens > 200000 maximum") say what, not that the
+session is stuck nor what frees it."""
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
-    """How an exception that ended a turn, or one of its calls, is reported."""
+    """How an exception that ended a turn, or one of its calls, is reported (a turn the
+    model refused as too long for its context window with :data:`CONTEXT_TOO_LONG_HINT`)."""
     if isinstance(exc, AxonError):
-        return ErrorInfo(
-            kind=exc.kind, message=exception_message(exc) or exc.kind, retryable=exc.retryable
-        )
+        message = exception_message(exc) or exc.kind
+        if isinstance(exc, ContextTooLong):
+            message = f"{message} ({CONTEXT_TOO_LONG_HINT})"
+        return ErrorInfo(kind=exc.kind, message=message, retryable=exc.retryable)
     return ErrorInfo(
         kind=type(exc).__name__,
         message=exception_message(exc) or type(exc).__name__,
