@@ -53,6 +53,7 @@ from runtime.app.mcp_tools import (
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError, has_bearer
 from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
+from runtime.app.web.writer import streams_bounded
 from runtime.busy import REJECT
 
 PATH = "/mcp"
@@ -181,7 +182,8 @@ class MCPEndpoint:
             refusal = jsonrpc_error(503, "the MCP endpoint runs while the app's lifespan does")
             await refusal(scope, receive, send)
             return
-        await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+        with streams_bounded(scope):  # its event streams are the transport's own
+            await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
