@@ -573,3 +573,24 @@ async def test_an_mcp_client_that_reads_nothing_of_a_long_answer_is_dropped(auto
     assert head_of(response).startswith(b"HTTP/1.1 200")  # read, and closed
     assert b'"finish_reason":"stop"' not in response  # cut short: the server gave up on it
     assert record.messages[-1].text == text
+
+
+async def test_an_mcp_request_whose_body_never_arrives_gets_408_and_is_closed(autojump_clock):
+    # /mcp read its body through the transport, with no deadline: a client that announced
+    # a body and sent part of it held the request's task for as long as it kept the
+    # connection (the other endpoints answer 408 after --body-timeout).
+    async with web_server(agent(), protocols=("ai-sdk", "mcp"), body_timeout=30) as server:
+        head = (
+            f"POST /mcp HTTP/1.1\r\nhost: {server.url.removeprefix('http://')}\r\n"
+            "content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
+            "content-length: 100\r\n\r\n"
+        )
+        sock = await connect(server)
+        with sock:
+            await sock.send(head.encode() + b'{"jsonrpc"')  # 10 bytes of the 100, then none
+            response = b""
+            with trio.move_on_after(600):  # (held: nothing came, the connection stayed open)
+                response = await read_to_end(sock)
+    head_, _, payload = response.partition(b"\r\n\r\n")
+    assert head_.startswith(b"HTTP/1.1 408") and b"connection: close" in head_.lower()
+    assert json.loads(payload)["error"]["message"] == "the request body did not arrive within 30 s"
