@@ -203,3 +203,23 @@ async def test_a_client_that_pipelines_small_answers_and_never_reads_is_dropped(
     )
     assert 20_000 < length < 64 * 1024  # a small answer, each of them
     assert response.count(b"HTTP/1.1 200") < 256  # cut short: the server gave up on it
+
+
+async def test_a_held_response_start_goes_before_a_message_that_is_no_body():
+    # The send deadline holds a response's start until its body's first piece; a message
+    # of another kind (trailers, a pathsend) must not overtake it.
+    from runtime.app.web.writer import _BoundedSend
+
+    sent: list[str] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message["type"])
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    async with trio.open_nursery() as background:
+        bounded = _BoundedSend(send, receive, background, 60)
+        await bounded({"type": "http.response.start", "status": 200, "headers": []})
+        await bounded({"type": "http.response.trailers", "headers": []})
+    assert sent == ["http.response.start", "http.response.trailers"]

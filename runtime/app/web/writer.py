@@ -237,8 +237,13 @@ class _BoundedSend:
             else:
                 self.start = message
             return
-        if kind != "http.response.body":
-            await self.send(message)  # (no other message is sent before a body)
+        if kind != "http.response.body":  # (trailers; a pathsend, were one advertised)
+            start, self.start = self.start, None
+            if start is not None:
+                await self._bounded([start])
+                if self.stalled:
+                    return
+            await self.send(message)
             return
         start, self.start = self.start, None
         messages = [] if start is None else [start]
