@@ -19,6 +19,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -466,6 +467,7 @@ class Provider(ServingActor[InferRequest]):
         with trio.CancelScope() as scope:
             if call is not None:
                 scope.deadline = trio.current_time() + call
+                out.inbox = _CallClock(request.reply, scope)  # a slow reader stops it
             period = 0.0  # seconds between two looks at the call
             if idle is not None:
                 watch, period = _IdleWatch(out, request.reply, scope), idle / IDLE_CHECKS
@@ -591,6 +593,45 @@ class _IdleWatch:
         if self.quiet >= IDLE_CHECKS and not self.fired:
             self.fired = True
             self.scope.cancel()
+
+
+class _CallClock:
+    """The requester's inbox as a call with a :attr:`~Provider.call_timeout` sends to it:
+    while a put waits for room (the requester has not read what was sent: a UI reading
+    slowly, whose backpressure reaches the provider through every stage's bounded
+    inbox), the call's deadline is stopped, and it runs on with what was left once the
+    put is through. The call deadline measures the server, not our own consumer: the
+    server is not read while the provider waits, so that time says nothing of it, and a
+    UI that read a long healthy answer for 31 minutes failed it with ``CallTimeout`` at
+    30 (branch ``deadlinecli``). A put that does not wait costs one call more than the
+    inbox's own (``put_nowait`` first; neither yields when there is room)."""
+
+    __slots__ = ("inbox", "scope")
+
+    def __init__(self, inbox: Inbox[Any], scope: trio.CancelScope) -> None:
+        self.inbox = inbox
+        self.scope = scope
+
+    async def put(self, message: Batch[Any]) -> None:
+        inbox = self.inbox
+        try:
+            inbox.put_nowait(message)
+            return
+        except trio.WouldBlock:
+            pass
+        scope = self.scope
+        left = scope.deadline - trio.current_time()
+        scope.deadline = math.inf
+        try:
+            await inbox.put(message)
+        finally:
+            scope.deadline = trio.current_time() + left
+
+    def put_nowait(self, message: Batch[Any]) -> None:
+        self.inbox.put_nowait(message)
+
+    def put_over(self, message: Batch[Any]) -> None:
+        self.inbox.put_over(message)
 
 
 async def _look_alone(watch: _IdleWatch, period: float) -> None:

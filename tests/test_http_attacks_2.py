@@ -544,3 +544,53 @@ async def test_a_client_that_leaves_while_its_turn_waits_runs_no_turn(on_busy):
         record = await server.host.store.load("s")
     assert len(started) == 1
     assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["first"]
+
+
+async def test_an_mcp_client_that_reads_nothing_of_a_long_answer_is_dropped(autojump_clock):
+    # The transport writes its event streams itself (not through the app's stream
+    # writer), and the send deadline let every event stream through: a client that
+    # called the agent and read nothing held the answer (~6 MB here: the text and its
+    # structured copy) and the request's task for as long as it kept the connection, and
+    # got all of it when it came back. Now its sends are bounded as the app's other
+    # answers: the rest is dropped and the connection closed; the turn is stored whole.
+    autojump_clock.autojump_threshold = 0.05  # (no jump while the socket's data is on its way)
+    text = "w" * 3_000_000
+    agent = Agent(provider=ScriptedProvider(steps=[[text]]))
+    async with web_server(agent, protocols=("ai-sdk", "mcp"), send_timeout=60) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=ACCEPT) as client:
+            request = await mcp_call_request(server, client)
+        head, _, payload = request.partition(b"\r\n\r\n")
+        payload = payload.replace(b', "_meta": {"progressToken": "p"}', b"")  # the answer alone
+        head = head.rsplit(b"\r\n", 1)[0]  # (the content-length line, last)
+        sock = await connect(server, receive_buffer=4096)
+        with sock:
+            await sock.send(head + b"\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
+            await trio.sleep(300)  # the client reads nothing for five send timeouts
+            response = b""
+            with trio.move_on_after(600):  # (held, the connection stayed open past this)
+                response = await read_to_end(sock)
+        record = await server.host.store.load("mcp-stuck")
+    assert head_of(response).startswith(b"HTTP/1.1 200")  # read, and closed
+    assert b'"finish_reason":"stop"' not in response  # cut short: the server gave up on it
+    assert record.messages[-1].text == text
+
+
+async def test_an_mcp_request_whose_body_never_arrives_gets_408_and_is_closed(autojump_clock):
+    # /mcp read its body through the transport, with no deadline: a client that announced
+    # a body and sent part of it held the request's task for as long as it kept the
+    # connection (the other endpoints answer 408 after --body-timeout).
+    async with web_server(agent(), protocols=("ai-sdk", "mcp"), body_timeout=30) as server:
+        head = (
+            f"POST /mcp HTTP/1.1\r\nhost: {server.url.removeprefix('http://')}\r\n"
+            "content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
+            "content-length: 100\r\n\r\n"
+        )
+        sock = await connect(server)
+        with sock:
+            await sock.send(head.encode() + b'{"jsonrpc"')  # 10 bytes of the 100, then none
+            response = b""
+            with trio.move_on_after(600):  # (held: nothing came, the connection stayed open)
+                response = await read_to_end(sock)
+    head_, _, payload = response.partition(b"\r\n\r\n")
+    assert head_.startswith(b"HTTP/1.1 408") and b"connection: close" in head_.lower()
+    assert json.loads(payload)["error"]["message"] == "the request body did not arrive within 30 s"

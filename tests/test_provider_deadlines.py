@@ -267,10 +267,13 @@ async def test_a_finish_without_the_usage_asked_ends_the_answer_after_the_grace(
 # -- the platforms: Claude on Bedrock and Vertex --------------------------------------------
 
 
-async def served(provider: Any, *, reply: Any = None, late: float = 0.0) -> list[Any]:
+async def served(
+    provider: Any, *, reply: Any = None, late: float = 0.0, within: float = 60.0
+) -> list[Any]:
     """One request through the actor path (``provider.serve``), its batches read as they
     come (as the engine reads them), after ``late`` seconds: every item, in order, up to
-    the finish or the failure. ``reply``: the requester's inbox (a fresh one)."""
+    the finish or the failure. ``reply``: the requester's inbox (a fresh one); ``within``:
+    the safety deadline."""
     from tests.support.provider_calls import make_request
 
     request = make_request()
@@ -286,7 +289,7 @@ async def served(provider: Any, *, reply: Any = None, late: float = 0.0) -> list
             if isinstance(items[-1], (FinishChunk, StreamFailed)):
                 return
 
-    with trio.fail_after(60):
+    with trio.fail_after(within):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read)
             await provider.serve(request)
@@ -429,3 +432,25 @@ async def test_calls_at_once_share_their_providers_one_idle_watchdog(autojump_cl
     assert watchdogs == [1, 0]
     assert answers == ["hi"] * 3
     assert (quiet.finish_reason, quiet.text) == ("error", "")
+
+
+async def test_a_requester_that_reads_late_does_not_spend_the_call_timeout(autojump_clock):
+    """The server sends a long answer at once; the requester's inbox takes one batch and
+    it reads nothing for 31 minutes, past the 30-minute call deadline: the provider
+    waits to send (backpressure: a UI reading slowly), which is our own consumer's time,
+    not the server's, and the answer ends whole. It failed with ``CallTimeout``.
+
+    On the autojump clock over real sockets: the loopback server writes the whole answer
+    in the same loop, so every read finds its bytes already there, and the clock jumps
+    only while every task waits on time (the reader's 31 minutes); the threshold keeps it
+    from jumping while the connection is being made."""
+    autojump_clock.autojump_threshold = 0.05
+    pieces = [f"w{i} " for i in range(400)]  # more than three batches of text chunks
+    async with loopback_server(Reply(body=oa_text(*pieces))) as server:
+        provider = make("openai", server.url, **deadlines(idle=None, call=1800.0, read=None))
+        try:
+            items = await served(provider, reply=Inbox(capacity=1), late=31 * 60, within=3600)
+        finally:
+            await provider.aclose()
+    assert isinstance(items[-1], FinishChunk), items[-1]
+    assert "".join(c.text for c in items if isinstance(c, TextChunk)) == "".join(pieces)

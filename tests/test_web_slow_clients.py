@@ -171,3 +171,55 @@ async def test_a_client_that_never_reads_a_large_json_answer_is_dropped_after_th
     )
     assert length > 20_000_000  # far more than the socket buffers hold
     assert len(payload) < length  # cut short: the server gave up on the client
+
+
+async def test_a_client_that_pipelines_small_answers_and_never_reads_is_dropped(autojump_clock):
+    # Answers under 64 KiB were sent straight from the request's task, as if a socket's
+    # buffer always took them; a client that pipelines requests and reads nothing fills
+    # that buffer with the answers before, and the next answer's send held its task for
+    # as long as the connection lived: every answer was still there for a client that
+    # came back after twice the send timeout. Now each answer's sends are bounded too.
+    agent = recording_agent(ScriptedProvider(steps=[["x"]]))
+    async with web_server(agent, send_timeout=60) as server:
+        text = "w" * 8_000
+        history = [
+            UserMessage(content=text, id="u0"),
+            AssistantMessage(content=(TextPart(text=text, step=0),), id="a0"),
+        ]
+        await server.host.store.save("small", 0, history)
+        host = server.url.removeprefix("http://")
+        sock = await connect(server, receive_buffer=4096)
+        with sock:
+            request = f"GET /api/sessions/small HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
+            await sock.send(request * 256)  # ~8 MB of answers: more than the buffers hold
+            await trio.sleep(120)  # the client reads nothing for twice the send timeout
+            with trio.fail_after(600):
+                response = await read_to_end(sock)
+    head = response.partition(b"\r\n\r\n")[0]
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    assert 20_000 < length < 64 * 1024  # a small answer, each of them
+    assert response.count(b"HTTP/1.1 200") < 256  # cut short: the server gave up on it
+
+
+async def test_a_held_response_start_goes_before_a_message_that_is_no_body():
+    # The send deadline holds a response's start until its body's first piece; a message
+    # of another kind (trailers, a pathsend) must not overtake it.
+    from runtime.app.web.writer import _BoundedSend
+
+    sent: list[str] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message["type"])
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    async with trio.open_nursery() as background:
+        bounded = _BoundedSend(send, receive, background, 60)
+        await bounded({"type": "http.response.start", "status": 200, "headers": []})
+        await bounded({"type": "http.response.trailers", "headers": []})
+    assert sent == ["http.response.start", "http.response.trailers"]

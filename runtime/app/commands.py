@@ -12,6 +12,7 @@ import argparse
 import gc
 import importlib
 import inspect
+import math
 import os
 import sys
 import traceback
@@ -41,7 +42,7 @@ from runtime.errors import (
     describe_exception,
 )
 from runtime.media import DEFAULT_MAX_FILES, DEFAULT_MAX_PARTS, InputLimits
-from runtime.provider import ProviderOptions
+from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider, ProviderOptions
 from runtime.redact import redact_url
 
 MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
@@ -62,6 +63,16 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions", "output_schema")
 """Options that describe the agent ``--agent`` names in full: refused alongside it."""
+
+DEADLINE_OPTIONS = ("call_timeout", "idle_timeout")
+"""``--call-timeout`` and ``--idle-timeout``: the provider's two deadlines
+(docs/providers.md#a-call-that-never-ends-the-deadlines). ``None`` when not given (the
+provider keeps its own), ``0.0`` for ``0``/``none``/``off`` (no limit), else seconds.
+Refused with ``--agent`` as :data:`AGENT_ONLY` are (its provider is the agent's own), by
+``is not None``: ``0`` is given too."""
+
+NO_DEADLINE = ("0", "none", "off")
+"""What ``--call-timeout`` and ``--idle-timeout`` take for "no limit"."""
 
 
 def program_name() -> str:
@@ -182,6 +193,54 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="'off' refuses images and files given by http(s) URL, which the model server "
         "would fetch (a self-hosted --base-url server: from inside your network)",
     )
+    add(
+        "--call-timeout",
+        type=deadline_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="most seconds one model call may take, whatever it streams (CallTimeout, not "
+        f"retried); 0 or none: no limit (default: {CALL_TIMEOUT:g} for the real providers, "
+        "none for scripted; time the reader of the answer takes to read it does not count)",
+    )
+    add(
+        "--idle-timeout",
+        type=deadline_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="most seconds one model call may stream nothing, keep-alives not counted "
+        f"(IdleTimeout, retried); 0 or none: no limit (default: {IDLE_TIMEOUT:g} for the real "
+        "providers, none for scripted)",
+    )
+
+
+def deadline_seconds(value: str) -> float:
+    """An argparse ``type`` for ``--call-timeout``/``--idle-timeout``: a finite number of
+    seconds above 0, or ``0``/``none``/``off`` (:data:`NO_DEADLINE`) for no limit, read
+    as ``0.0``; anything else a one-line usage error (exit status 2) before anything
+    runs, rather than a ConfigurationError when the provider is built."""
+    if value.strip().lower() in NO_DEADLINE:
+        return 0.0
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a positive number of seconds (0 or none: no limit)"
+        )
+    return number
+
+
+def apply_deadlines(provider: Provider, args: argparse.Namespace) -> Provider:
+    """``provider`` with the deadlines ``--call-timeout``/``--idle-timeout`` give (the
+    ones not given left as the provider has them). Set on the instance, as the base
+    class keeps them: so a plug-in provider's ``from_options``, which knows nothing of
+    them, gets them too."""
+    for name in DEADLINE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(provider, name, value or None)
+    return provider
 
 
 def positive(kind: type) -> Any:
@@ -469,6 +528,10 @@ def agent_options(args: argparse.Namespace) -> list[str]:
         if value is not None:
             value = redact_url(value) if name == "base_url" else str(value)
             options += [f"--{name.replace('_', '-')}", value]
+    for name in DEADLINE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None:
+            options += [f"--{name.replace('_', '-')}", f"{value:g}" if value else "none"]
     if getattr(args, "demo_tools", False):
         options.append("--demo-tools")
     for server in getattr(args, "mcp", None) or ():
@@ -524,6 +587,11 @@ def _described_agent(args: argparse.Namespace) -> AgentSource:
     servers = tuple(MCPServer.parse(spec) for spec in getattr(args, "mcp", None) or ())
     if getattr(args, "agent", None):
         given = [f"--{n.replace('_', '-')}" for n in AGENT_ONLY if getattr(args, n, None)]
+        given += [
+            f"--{n.replace('_', '-')}"
+            for n in DEADLINE_OPTIONS
+            if getattr(args, n, None) is not None
+        ]
         given += ["--demo-tools"] if getattr(args, "demo_tools", False) else []
         given += ["--provider"] if args.provider != "scripted" else []
         if given:
@@ -611,7 +679,7 @@ def _provider_agent(args: argparse.Namespace) -> Agent:
         instructions = "You are a concise assistant. Use tools for facts."
     return Agent(
         name=args.provider,
-        provider=create_provider(args.provider, options),
+        provider=apply_deadlines(create_provider(args.provider, options), args),
         instructions=instructions,
         tools=tools,
         output_type=getattr(args, "output_type", None),

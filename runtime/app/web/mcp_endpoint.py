@@ -38,8 +38,9 @@ from typing import Any
 import mcp_types as types
 import orjson
 import trio
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from runtime.app.mcp_tools import (
     AgentTools,
@@ -50,18 +51,24 @@ from runtime.app.mcp_tools import (
     error_result,
     tool_result,
 )
+from runtime.app.web.chat_input import _read_body
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError, has_bearer
 from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
+from runtime.app.web.writer import streams_bounded
 from runtime.busy import REJECT
 
 PATH = "/mcp"
 
 
-def jsonrpc_error(status: int, message: str, code: int = -32600) -> Response:
+def jsonrpc_error(
+    status: int, message: str, code: int = -32600, *, headers: dict[str, str] | None = None
+) -> Response:
     """A JSON-RPC error with no id (an HTTP-level refusal), as the transport answers."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )
 
 
 def token_refusal(description: str) -> Response:
@@ -142,6 +149,7 @@ class MCPEndpoint:
     def __init__(self, state: Any, *, token: str | None) -> None:
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+        self.state = state
         queued = getattr(state, "front", None) is not None  # a worker deployment's front end
         self.tools = (QueuedAgentTools if queued else AgentTools)(state)
         self.server = build_server(self.tools, send_timeout=state.send_timeout)
@@ -181,7 +189,37 @@ class MCPEndpoint:
             refusal = jsonrpc_error(503, "the MCP endpoint runs while the app's lifespan does")
             await refusal(scope, receive, send)
             return
-        await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+        if scope["method"] == "POST":
+            try:
+                receive = await self._body_read(scope, receive)
+            except ApiError as exc:  # (413 in the words the transport's own limit says it)
+                message = "Request body too large" if exc.status == 413 else exc.message
+                refusal = jsonrpc_error(exc.status, message, headers=exc.headers)
+                await refusal(scope, receive, send)
+                return
+        with streams_bounded(scope):  # its event streams are the transport's own
+            await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+
+    async def _body_read(self, scope: Scope, receive: Receive) -> Receive:
+        """A ``receive`` that hands the transport the request's body, read here first
+        within ``--body-timeout`` and ``--max-body`` as the other endpoints read theirs
+        (:func:`~runtime.app.web.chat_input._read_body`: 408 and the connection closed,
+        413, 400); then the request's own ``receive`` (its disconnect). The transport
+        read it with no deadline: a client that announced a body and sent part of it
+        held the request's task for as long as it kept the connection (branch
+        ``deadlinecli``)."""
+        state = self.state
+        raw = await _read_body(Request(scope, receive), state.max_body, state.body_timeout)
+        given = False
+
+        async def replay() -> Message:
+            nonlocal given
+            if given:
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        return replay
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None

@@ -13,7 +13,8 @@ connection, which also frees the writer's blocked call.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -140,21 +141,22 @@ class BodyWriter:
         self._room.set()
 
 
-DIRECT = 64 * 1024
-"""Bytes of a response's body piece sent straight from the request's task: a socket's
-buffer takes that much from a client that reads nothing (a larger piece goes through a
-task of its own, waited for ``send_timeout`` at most)."""
-
-
 class SendDeadline:
-    """ASGI middleware: the body of a response that is not an event stream (a JSON
-    answer, a page), when larger than :data:`DIRECT`, is sent from a task of the app's
-    ``background`` nursery, waited for at most ``send_timeout`` seconds, as
-    :class:`BodyWriter` bounds a stream's. A client that sends a request and never reads
-    a large answer (``GET /api/sessions/{id}`` of a long session) held the request's task
-    in Hypercorn's ``send`` (shielded) for as long as its connection lived; now the task
-    gives up after the deadline, drops what is left, and returns, and Hypercorn closes
-    the connection. Event streams write through their own :class:`BodyWriter` and pass
+    """ASGI middleware: every response that is not an event stream (a JSON answer, an
+    error, a page) is sent from a task of the app's ``background`` nursery, each send
+    waited for at most ``send_timeout`` seconds, as :class:`BodyWriter` bounds a
+    stream's. Hypercorn's ``send`` waits (shielded) until the socket takes the data, so a
+    client that sends a request and never reads a large answer (``GET
+    /api/sessions/{id}`` of a long session) held the request's task for as long as its
+    connection lived; now the task gives up after the deadline, drops what is left, and
+    returns, and Hypercorn closes the connection. Small answers too, and their headers:
+    they went straight from the request's task while they fitted a socket's buffer (64
+    KiB), but a client that pipelines requests and reads nothing fills that buffer with
+    the answers before, and the next one's send then held its task, and its answer, for
+    good (256 pipelined 32 KB answers: every one was still delivered to a client that
+    came back to read after twice the deadline; branch ``deadlinecli``). The
+    ``http.response.start`` message is held and sent with the body's first piece, in
+    one task. Event streams write through their own :class:`BodyWriter` and pass
     straight through. ``state`` is the app's :class:`~runtime.app.web.app.WebState`
     (``send_timeout``, ``background``, read at each request: the nursery exists only
     while the app's lifespan runs)."""
@@ -169,7 +171,34 @@ class SendDeadline:
         if scope["type"] != "http" or background is None or not timeout or timeout <= 0:
             await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, _BoundedSend(send, receive, background, timeout))
+        bounded = _BoundedSend(send, receive, background, timeout)
+        scope[SEND_DEADLINE] = bounded  # (for :func:`streams_bounded`)
+        await self.app(scope, receive, bounded)
+
+
+SEND_DEADLINE = "axon.send_deadline"
+"""The scope key of a request's :class:`SendDeadline` send (:func:`streams_bounded`)."""
+
+
+@contextmanager
+def streams_bounded(scope: Scope) -> Iterator[None]:
+    """Within the block, the request's event streams are bounded too, as
+    :class:`SendDeadline` bounds its other answers: for an endpoint that writes its event
+    streams itself, not through a :class:`BodyWriter` (``/mcp``: the ``mcp`` package's
+    transport). A send not taken within ``send_timeout`` drops the rest and cancels the
+    block, so the request's task returns and Hypercorn closes the connection. Before, an
+    MCP client that called the agent and read nothing held the answer (12 MB of a long
+    one: the text and its structured copy) and the request's task for as long as it kept
+    the connection, and got all of it when it came back (branch ``deadlinecli``). Without
+    a send deadline (none, or no lifespan) the block runs as it is."""
+    with trio.CancelScope() as cancel:
+        bounded = scope.get(SEND_DEADLINE)
+        if isinstance(bounded, _BoundedSend):
+            bounded.streams = cancel
+        yield
+
+
+_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class _BoundedSend:
@@ -186,6 +215,11 @@ class _BoundedSend:
         """An event stream: its own writer bounds it."""
         self.stalled = False
         """A send waited ``timeout`` seconds: the rest of the response is dropped."""
+        self.start: Message | None = None
+        """The response's start, held until its body's first piece goes with it."""
+        self.streams: trio.CancelScope | None = None
+        """Set by :func:`streams_bounded`: an event stream is bounded too, and a send
+        not taken in time cancels this scope (the endpoint's call)."""
 
     async def __call__(self, message: Message) -> None:
         if self.direct:
@@ -193,14 +227,31 @@ class _BoundedSend:
             return
         if self.stalled:
             return
-        if message["type"] == "http.response.start" and _is_event_stream(message):
-            self.direct = True
-        if message["type"] != "http.response.body" or len(message.get("body", b"")) <= DIRECT:
-            await self.send(message)  # the socket's buffer takes it: no task of its own
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.streams is not None and _is_event_stream(message):
+                await self._bounded([message])  # at once: a stream's headers are not held
+            elif _is_event_stream(message):
+                self.direct = True
+                await self.send(message)
+            else:
+                self.start = message
             return
-        await self._bounded(
-            {"type": "http.response.body", "body": message["body"], "more_body": True}
-        )
+        if kind != "http.response.body":  # (trailers; a pathsend, were one advertised)
+            start, self.start = self.start, None
+            if start is not None:
+                await self._bounded([start])
+                if self.stalled:
+                    return
+            await self.send(message)
+            return
+        start, self.start = self.start, None
+        messages = [] if start is None else [start]
+        if message.get("body") or start is None:
+            messages.append(
+                {"type": "http.response.body", "body": message["body"], "more_body": True}
+            )
+        await self._bounded(messages)
         if not self.stalled and not message.get("more_body", False):
             await self._end()
 
@@ -209,23 +260,25 @@ class _BoundedSend:
         ending it (Hypercorn's ``StreamClosed``) hands the app an ``http.disconnect``,
         which waits for room in the request's queue, full when the app answered without
         reading the body (a refusal). Sent from the request's task that was a race the
-        end mostly won; from a writer's task it mostly lost, and the connection hung."""
+        end mostly won; from a writer's task without the drain it mostly lost, and the
+        connection hung. Bounded as the rest: a chunked body's end is bytes too."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain)
-            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._bounded([_END])
             nursery.cancel_scope.cancel()
 
     async def _drain(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":
             pass
 
-    async def _bounded(self, message: Message) -> None:
+    async def _bounded(self, messages: list[Message]) -> None:
         done = trio.Event()
         failed: list[BaseException] = []
 
         async def deliver() -> None:
             try:
-                await self.send(message)
+                for message in messages:
+                    await self.send(message)
             except Exception as exc:  # the caller's, as its own send would have raised it
                 failed.append(exc)
             finally:
@@ -238,6 +291,8 @@ class _BoundedSend:
                 raise failed[0]
             return
         self.stalled = True
+        if self.streams is not None:
+            self.streams.cancel()
 
 
 def _is_event_stream(start: Message) -> bool:
