@@ -9,15 +9,31 @@ deployments sharing one PostgreSQL database in two schemas.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 import trio
 
+from actors.providers import ScriptedProvider, anthropic, openai, openai_responses
+from actors.providers.scripted import tool_call
+from actors.stores import SQLiteStore
 from actors.stores.postgres import PostgresStore, parse_url
 from actors.stores.turns import TurnQueue
+from runtime import Agent, Host, tool
+from runtime.app.demo import demo_agent
+from runtime.errors import StoreCorrupt, StoreError
+from runtime.history import repair
 from runtime.messages import UserMessage
-from tests.support.pg import pg_connect
+from tests.support import wire_rules
+from tests.support.pg import own_database, pg_connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,3 +121,400 @@ async def test_an_upgrade_opened_during_a_fenced_save_waits_for_it_not_deadlocks
     assert len(opened) == 1
     assert _incarnation_parts(schema) == (1, 1)
     assert _sql(schema, "SELECT saved FROM axon_turns WHERE turn_id = %s", (turn,)) == [(True,)]
+
+
+# -- SQLite: files of older schemas -----------------------------------------------------
+
+FIXTURE_V2 = Path(__file__).parent / "fixtures" / "store_v2_waiting.sqlite"
+"""Written by axon-runtime at 749b9ed (SQLite schema 2), as
+``fixtures/make_store_v2_waiting.py`` says: session ``chat`` (two demo turns with a tool
+call each), ``ask`` (a turn waiting for one approval), ``two`` (two calls, the first
+denied, the second waiting)."""
+
+
+@tool(needs_approval=True)
+async def send_email(to: str) -> str:
+    """Send an email."""
+    return f"sent to {to}"
+
+
+def _emailer() -> Agent:
+    """The fixture's agent of ``ask``: its call, then its answer once decided."""
+    steps = [
+        [*tool_call("send_email", {"to": "ceo@example.com"}, tool_call_id="call_one")],
+        ["Done: it is sent."],
+    ]
+    return Agent(provider=ScriptedProvider(steps), tools=[send_email])
+
+
+async def test_a_schema_2_file_of_that_version_reads_back_and_replays_to_every_provider(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v2.db"
+    shutil.copy(FIXTURE_V2, path)
+    store = await SQLiteStore.open(path)
+    try:
+        listed = {info.session_id: info.message_count for info in await store.list_sessions()}
+        assert listed == {"chat": 6, "ask": 2, "two": 2}
+        for session_id in listed:
+            record = await store.load(session_id)
+            assert record is not None and record.incarnation == 0  # (not recorded)
+            history = repair([*record.messages, UserMessage(content="next")])
+            chat = openai.map_messages(None, history)
+            assert wire_rules.chat_errors(chat) + wire_rules.sdk_errors("chat", chat) == []
+            assert wire_rules.responses_errors(openai_responses.map_messages(history)) == []
+            assert wire_rules.anthropic_errors(anthropic.map_messages(None, history)[1]) == []
+    finally:
+        await store.aclose()
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(demo_agent(), session_id="chat")
+        result = await session.run("And in Rome?")
+    assert result.finish_reason == "stop" and "Rome" in result.text
+    assert len(session.messages) == 9
+
+
+async def test_a_schema_2_files_waiting_turns_are_approved_by_todays_host(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    shutil.copy(FIXTURE_V2, path)
+    async with Host.open(store=path, log_tap=False) as host:
+        ask = await host.open_session(_emailer(), session_id="ask")
+        (waiting,) = ask.pending
+        assert (waiting.tool_name, waiting.input) == ("send_email", {"to": "ceo@example.com"})
+        done = await ask.respond(waiting.approval_id, approved=True)
+        two = await host.open_session(_emailer(), session_id="two")
+        (second,) = two.pending  # the first call was denied under schema 2
+        assert second.input == {"to": "b@example.com"}
+        both = await two.respond(second.approval_id, approved=True)
+    assert done is not None and (done.finish_reason, done.text) == ("stop", "Done: it is sent.")
+    assert both is not None and both.finish_reason == "stop" and two.pending == ()
+    store = await SQLiteStore.open(path)
+    try:
+        record = await store.load("two")
+    finally:
+        await store.aclose()
+    assert record is not None
+    assert [getattr(m, "output", None) for m in record.messages if m.role == "tool"] == [
+        None,  # denied: no output, an error result
+        "sent to b@example.com",
+    ]
+
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store_v1.sqlite"
+"""Written by the schema-1 SQLiteStore (see tests/test_stores.py)."""
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a child process: this tree's code first."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
+def _kill_once_it_says(code: str, target: str, line: str) -> None:
+    """Run ``code`` in a child process on ``target`` and SIGKILL it once it printed
+    ``line`` (its upgrade's statements run, its transaction not committed)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, target], stdout=subprocess.PIPE, text=True, env=_child_env()
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == line
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
+_OPEN_AT_ONCE = """
+import sys, trio
+from actors.stores import open_store
+async def main(target):
+    store = await open_store(target)
+    await store.aclose()
+print("ready", flush=True)
+sys.stdin.readline()
+trio.run(main, sys.argv[1])
+print("opened", flush=True)
+"""
+"""A child that imports everything, says ``ready``, and opens the store given when told."""
+
+
+def _open_at_once(target: str, processes: int = 4) -> list[tuple[int, str, str]]:
+    """``processes`` real processes opening ``target`` at the same instant (each ready,
+    then all told at once): each one's exit status, stdout and stderr."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT_ONCE, target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+        )
+        for _ in range(processes)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        return [(child.wait(60), *child.communicate()) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+@pytest.mark.parametrize("start", [None, FIXTURE_V1, FIXTURE_V2], ids=["fresh", "v1", "v2"])
+def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_once(
+    tmp_path: Path, start: Path | None
+) -> None:
+    path = tmp_path / "sessions.db"
+    if start is not None:
+        shutil.copy(start, path)
+    results = _open_at_once(str(path))
+    assert [(status, out) for status, out, _ in results] == [(0, "opened\n")] * 4, results
+    conn = sqlite3.connect(path)
+    try:
+        assert dict(conn.execute("SELECT key, value FROM axon_meta")) == {
+            "magic": "axon-session-store",
+            "schema_version": "3",
+        }
+        objects = sorted(conn.execute("SELECT type, name FROM sqlite_master"))
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
+        versions = {row[0] for row in conn.execute("SELECT version FROM sessions")}
+    finally:
+        conn.close()
+    assert [name for kind, name in objects if kind != "index" or "autoindex" not in name] == [
+        "sessions_by_update",
+        "axon_meta",
+        "messages",
+        "sessions",
+    ]
+    assert columns.count("version") == 1 and columns.count("incarnation") == 1
+    # Migrated once: schema 1's sessions start at 1, schema 2's keep theirs.
+    assert versions == {None: set(), FIXTURE_V1: {1}, FIXTURE_V2: {1, 2, 4}}[start]
+
+
+_MIGRATE_THEN_HANG = """
+import sys, time, trio
+from actors.stores import sqlite
+migrate = sqlite._migrate
+def hanging(conn, version):
+    migrate(conn, version)  # every statement run, the transaction not committed
+    print("migrated", flush=True)
+    time.sleep(600)
+sqlite._migrate = hanging
+trio.run(sqlite.SQLiteStore.open, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("start", [FIXTURE_V1, FIXTURE_V2], ids=["v1", "v2"])
+async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_open(
+    tmp_path: Path, start: Path
+) -> None:
+    path = tmp_path / "sessions.db"
+    shutil.copy(start, path)
+    before = sqlite3.connect(path)
+    try:
+        rows = sorted(before.execute("SELECT session_id, idx, body FROM messages"))
+    finally:
+        before.close()
+    _kill_once_it_says(_MIGRATE_THEN_HANG, str(path), "migrated\n")
+    store = await SQLiteStore.open(path)
+    try:
+        for info in await store.list_sessions():
+            record = await store.load(info.session_id)
+            assert record is not None and record.version >= 1
+        await store.save("after", 0, [UserMessage(content="a")], expected_version=0)
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "3"
+        after = sorted(conn.execute("SELECT session_id, idx, body FROM messages"))
+    finally:
+        conn.close()
+    assert [row for row in after if row[0] != "after"] == rows
+
+
+# -- PostgreSQL: processes at once, upgrades killed, newer schemas ------------------------
+
+_AXON_TRIGGERS = [
+    ("axon_sessions", "axon_sessions_incarnation_v1"),
+    ("axon_turns", "axon_turns_head_insert_v1"),
+    ("axon_turns", "axon_turns_head_v1"),
+]
+
+
+def _schema_parts(url: str) -> dict[str, Any]:
+    """What the store in ``url``'s schema has: its triggers, its functions (with how many
+    of each name), its marker rows, and whether ``axon_sessions`` has ``incarnation``."""
+    import psycopg as pg
+
+    libpq, schema = parse_url(url)
+    with pg.connect(libpq, autocommit=True) as conn:
+        triggers = conn.execute(
+            "SELECT c.relname, t.tgname FROM pg_trigger AS t JOIN pg_class AS c "
+            "ON c.oid = t.tgrelid WHERE c.relnamespace = %s::regnamespace AND NOT t.tgisinternal "
+            "ORDER BY 1, 2",
+            (schema,),
+        ).fetchall()
+        functions = conn.execute(
+            "SELECT proname, count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace "
+            "GROUP BY 1 ORDER BY 1",
+            (schema,),
+        ).fetchall()
+        marker = conn.execute(f"SELECT key, value FROM {schema}.axon_meta ORDER BY 1").fetchall()
+        (incarnation,) = conn.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = 'axon_sessions' AND column_name = 'incarnation'",
+            (schema,),
+        ).fetchone()
+    return {
+        "triggers": triggers,
+        "functions": functions,
+        "marker": marker,
+        "incarnation": incarnation,
+    }
+
+
+def _complete(parts: dict[str, Any]) -> bool:
+    """Whether :func:`_schema_parts` shows a complete store, each part once."""
+    return (
+        parts["triggers"] == _AXON_TRIGGERS
+        and {count for _, count in parts["functions"]} == {1}
+        and parts["marker"] == [("magic", "axon-session-store"), ("schema_version", "1")]
+        and parts["incarnation"] == 1
+    )
+
+
+@pytest.mark.parametrize("schema", ["axon_t", "public"])
+def test_processes_opening_one_fresh_postgres_database_at_once_make_its_schema_once(
+    schema: str,
+) -> None:
+    with own_database("UTF8") as url:
+        url = url if schema == "axon_t" else url.removesuffix("?schema=axon_t")
+        results = _open_at_once(url)
+        assert [(status, out) for status, out, _ in results] == [(0, "opened\n")] * 4, results
+        parts = _schema_parts(url if "?schema=" in url else url + "?schema=public")
+    assert _complete(parts), parts
+
+
+_WRITE_TURNS = """
+import os, sys, trio
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime.messages import AssistantMessage, TextPart, UserMessage
+async def main(url, stop):
+    store = await PostgresStore.open(url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    print("ready", flush=True)
+    done, plain = 0, 0
+    while not os.path.exists(stop):
+        turn = await queue.submit(f"w{done}", "hi")
+        claim = await queue.claim("writer")
+        assert claim is not None and claim.turn.turn_id == turn.turn_id
+        said = [UserMessage(content="hi"), AssistantMessage(content=(TextPart(text="ok", step=0),))]
+        with queue.fenced(claim):
+            await store.save(f"w{done}", 0, said)
+        assert await queue.finish(claim, status="done")
+        plain = await store.save("plain", done, said[:1], expected_version=plain)
+        done += 1
+        print(done, flush=True)
+    await queue.aclose()
+    await store.aclose()
+trio.run(main, sys.argv[1], sys.argv[2])
+"""
+"""A worker's writes without reading a session (so its code runs on a store of before
+incarnations): a turn submitted, claimed, saved fenced and finished, a plain save, over
+and over until the file ``stop`` exists; prints how many it finished."""
+
+
+def test_an_old_schema_opened_by_two_processes_while_a_third_writes_turns(
+    pg_url: str, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITE_TURNS, pg_url, str(stop)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+        _make_pre_incarnation(parse_url(pg_url)[1])  # as a store of 749b9ed, in use
+        assert _schema_parts(pg_url)["incarnation"] == 0
+        results = _open_at_once(pg_url, processes=2)
+        before = int(writer.stdout.readline())
+        while int(writer.stdout.readline()) < before + 5:  # writes go on after
+            pass
+        stop.touch()
+        _, errors = writer.communicate(timeout=60)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert [(status, out) for status, out, _ in results] == [(0, "opened\n")] * 2, results
+    assert writer.returncode == 0, errors
+    assert _complete(_schema_parts(pg_url))
+
+
+_UPGRADE_THEN_HANG = """
+import sys, time, trio
+from actors.stores import postgres_schema
+add = postgres_schema._add_session_columns
+def hanging(conn, schema):
+    add(conn, schema)  # the column added, the transaction not committed
+    print("upgrading", flush=True)
+    time.sleep(600)
+postgres_schema._add_session_columns = hanging
+from actors.stores.postgres import PostgresStore
+trio.run(PostgresStore.open, sys.argv[1])
+"""
+
+
+async def test_a_postgres_upgrade_killed_before_its_commit_is_done_by_the_next_open(
+    pg_url: str,
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, [UserMessage(content="a")])
+    finally:
+        await store.aclose()
+    _make_pre_incarnation(parse_url(pg_url)[1])
+    _kill_once_it_says(_UPGRADE_THEN_HANG, pg_url, "upgrading\n")
+    store = await PostgresStore.open(pg_url)  # (the killed one's backend rolled back)
+    try:
+        record = await store.load("s")
+        assert record is not None and record.version == version and record.incarnation == 0
+        assert await store.save("t", 0, [UserMessage(content="b")], expected_version=0) > 0
+    finally:
+        await store.aclose()
+    assert _complete(_schema_parts(pg_url))
+
+
+async def test_a_postgres_schema_of_a_newer_version_is_refused_naming_both_untouched(
+    pg_url: str,
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    schema = parse_url(pg_url)[1]
+    _make_pre_incarnation(schema)  # something an opening of this version would add
+    _sql(schema, "UPDATE axon_meta SET value = '2' WHERE key = 'schema_version'")
+    before = _schema_parts(pg_url)
+    with pytest.raises(StoreError, match=r"schema version 2, newer than the 1 "):
+        await PostgresStore.open(pg_url)
+    assert _schema_parts(pg_url) == before
+
+
+async def test_a_postgres_schema_version_that_is_no_number_is_refused_as_damaged(
+    pg_url: str,
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    schema = parse_url(pg_url)[1]
+    _sql(schema, "UPDATE axon_meta SET value = 'two' WHERE key = 'schema_version'")
+    with pytest.raises(StoreCorrupt, match="schema_version 'two' is not a version number"):
+        await PostgresStore.open(pg_url)

@@ -221,7 +221,13 @@ def _check_schema_is_ours(conn: Any, schema: str) -> None:
             f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
             f"expected {MAGIC!r}; refusing to touch it"
         )
-    found = int(marker.get("schema_version", "0"))
+    try:
+        found = int(marker.get("schema_version", "0"))
+    except ValueError:  # (a raw ValueError escaped PostgresStore.open, naming nothing)
+        raise StoreCorrupt(
+            f"schema {schema!r} is damaged: axon_meta schema_version "
+            f"{marker['schema_version']!r} is not a version number; refusing to touch it"
+        ) from None
     if found > SCHEMA_VERSION:
         raise StoreError(
             f"schema {schema!r} has Axon schema version {found}, newer than the "
