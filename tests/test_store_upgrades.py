@@ -15,8 +15,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -33,7 +35,7 @@ from runtime.errors import StoreCorrupt, StoreError
 from runtime.history import repair
 from runtime.messages import UserMessage
 from tests.support import wire_rules
-from tests.support.pg import own_database, pg_connect
+from tests.support.pg import drop_schema, own_database, pg_connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -518,3 +520,76 @@ async def test_a_postgres_schema_version_that_is_no_number_is_refused_as_damaged
     _sql(schema, "UPDATE axon_meta SET value = 'two' WHERE key = 'schema_version'")
     with pytest.raises(StoreCorrupt, match="schema_version 'two' is not a version number"):
         await PostgresStore.open(pg_url)
+
+
+# -- PostgreSQL: two deployments in two schemas of one database ---------------------------
+
+
+async def test_two_schemas_of_one_database_share_no_rows_turns_or_session_locks(
+    pg_url: str,
+) -> None:
+    other_url = pg_url.rsplit("?schema=", 1)[0] + f"?schema={parse_url(pg_url)[1]}_b"
+    one = await PostgresStore.open(pg_url)
+    two = await PostgresStore.open(other_url)
+    queue_one, queue_two = TurnQueue(one), TurnQueue(two)
+    try:
+        await one.save("s", 0, [UserMessage(content="one's")])
+        assert await two.load("s") is None and await two.list_sessions() == []
+        await two.save("s", 0, [UserMessage(content="two's")], expected_version=0)
+        await queue_one.submit("s", "for one", turn_id="turn_same")
+        assert await queue_two.claim("w") is None  # one's turn is not two's to run
+        await queue_two.submit("s", "for two", turn_id="turn_same")  # its own row
+        # One's session lock held (a submit or a claim of "s" in progress there): two's
+        # submit to its own "s" does not wait for it.
+        with pg_connect() as held:
+            held.execute("BEGIN")
+            held.execute(f"SET LOCAL search_path TO {one.schema}")
+            held.execute(
+                "SELECT pg_advisory_xact_lock("
+                "hashtextextended('axon_turns:' || current_schema() || ':' || 's', 0))"
+            )
+            with trio.fail_after(10):
+                await queue_two.submit("s", "again")
+            held.execute("ROLLBACK")
+        claim = await queue_two.claim("w")
+        assert claim is not None and claim.turn.turn_id == "turn_same"
+        assert claim.turn.input == "for two"
+        await one.delete("s")
+        kept = await two.load("s")
+        assert kept is not None and [m.text for m in kept.messages] == ["two's"]
+    finally:
+        for queue in (queue_one, queue_two):
+            await queue.aclose()
+        for store in (one, two):
+            await store.aclose()
+        drop_schema(parse_url(other_url)[1])
+
+
+def test_a_role_that_owns_its_schema_but_cannot_create_schemas_opens_the_store() -> None:
+    """The usual least-privilege setup: an administrator creates the schema for the
+    application's role, which may create nothing else in the database. Every opening
+    ran ``CREATE SCHEMA IF NOT EXISTS``, which PostgreSQL refuses such a role before it
+    looks whether the schema exists: the store could not be opened at all."""
+    role = f"axon_r_{uuid.uuid4().hex[:12]}"
+    with own_database("UTF8") as url:
+        libpq = url.removesuffix("?schema=axon_t")
+        with psycopg.connect(libpq, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+            try:
+                admin.execute(f"CREATE SCHEMA app AUTHORIZATION {role}")
+                parts = urlsplit(libpq)
+                host = parts.netloc.rsplit("@", 1)[-1]
+                as_role = urlunsplit(parts._replace(netloc=f"{role}@{host}", query="schema=app"))
+
+                async def use() -> None:
+                    store = await PostgresStore.open(as_role)
+                    try:
+                        await store.save("s", 0, [UserMessage(content="a")])
+                    finally:
+                        await store.aclose()
+                    await (await PostgresStore.open(as_role)).aclose()  # and again
+
+                trio.run(use)
+            finally:
+                admin.execute("DROP SCHEMA IF EXISTS app CASCADE")
+                admin.execute(f"DROP ROLE {role}")

@@ -97,7 +97,11 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     (``deadlock detected``: a worker or front end of the new version that did not start).
     A store already up to date takes no table lock at all."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    # Only when missing: CREATE SCHEMA checks the database's CREATE privilege before it
+    # looks, so IF NOT EXISTS alone refused a role that owns its schema and may create
+    # nothing else in the database ("permission denied for database").
+    if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     conn.execute(f"SET LOCAL search_path TO {schema}")
     _check_schema_is_ours(conn, schema)
     relations = {
