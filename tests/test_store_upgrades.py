@@ -593,3 +593,46 @@ def test_a_role_that_owns_its_schema_but_cannot_create_schemas_opens_the_store()
             finally:
                 admin.execute("DROP SCHEMA IF EXISTS app CASCADE")
                 admin.execute(f"DROP ROLE {role}")
+
+
+def test_a_role_with_only_data_privileges_opens_a_store_that_is_up_to_date() -> None:
+    """Tables made by their owner (a migration role), the application's role granted
+    only reads and writes of them: an opening that finds everything there creates
+    nothing. It ran ``CREATE TABLE IF NOT EXISTS`` and ``CREATE INDEX IF NOT EXISTS`` for
+    every table and index, which PostgreSQL refuses such a role before it looks
+    (``permission denied for schema``): the store could not be opened by it."""
+    role = f"axon_r_{uuid.uuid4().hex[:12]}"
+    with own_database("UTF8") as url:
+        trio.run(_open_and_close, url)  # made by the owner
+        libpq = url.removesuffix("?schema=axon_t")
+        with psycopg.connect(libpq, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+            try:
+                admin.execute(f"GRANT USAGE ON SCHEMA axon_t TO {role}")
+                admin.execute(
+                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA axon_t TO {role}"
+                )
+                admin.execute(f"GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA axon_t TO {role}")
+                parts = urlsplit(url)
+                host = parts.netloc.rsplit("@", 1)[-1]
+                as_role = urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+                async def use() -> None:
+                    store = await PostgresStore.open(as_role)
+                    queue = TurnQueue(store)
+                    try:
+                        await store.save("s", 0, [UserMessage(content="a")])
+                        await queue.submit("s", "b")
+                        assert await queue.claim("w") is not None
+                    finally:
+                        await queue.aclose()
+                        await store.aclose()
+
+                trio.run(use)
+            finally:
+                admin.execute(f"DROP OWNED BY {role}")
+                admin.execute(f"DROP ROLE {role}")
+
+
+async def _open_and_close(url: str) -> None:
+    await (await PostgresStore.open(url)).aclose()

@@ -112,7 +112,10 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     }
     _lock_for_upgrade(conn, schema, relations)
     for statement in _SCHEMA:
-        if _created_name(statement) not in relations:  # (an index's lock, even if there)
+        # Only what is missing: CREATE ... IF NOT EXISTS locks the table (an index's) and
+        # checks the schema's CREATE privilege before it looks (a role granted only reads
+        # and writes of the tables could not open the store).
+        if _created_name(statement) not in relations:
             conn.execute(statement)
     _add_turn_columns(conn, schema)
     _add_session_columns(conn, schema)
