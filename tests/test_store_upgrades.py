@@ -55,33 +55,29 @@ def _make_pre_incarnation(schema: str) -> None:
     _sql(schema, "ALTER TABLE axon_sessions DROP COLUMN incarnation")
 
 
-def _incarnation_parts(schema: str) -> tuple[int, int]:
-    """How many ``incarnation`` columns and incarnation triggers ``schema`` has."""
-    ((columns,),) = _sql(
-        schema,
-        "SELECT count(*) FROM information_schema.columns WHERE table_schema = %s "
-        "AND table_name = 'axon_sessions' AND column_name = 'incarnation'",
-        (schema,),
-    )
-    ((triggers,),) = _sql(
-        schema,
-        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'axon_sessions'::regclass "
-        "AND tgname = 'axon_sessions_incarnation_v1'",
-    )
-    return columns, triggers
-
-
 # -- PostgreSQL: an upgrade opened while a worker writes --------------------------------
 
 
-async def test_an_upgrade_opened_during_a_fenced_save_waits_for_it_not_deadlocks(pg_url):
+def _make_pre_claim_token(schema: str) -> None:
+    """Make the store in ``schema`` one of before claim tokens (84081b9): its turns table
+    lacks a column, as every store of before a queue column was added."""
+    _sql(schema, "ALTER TABLE axon_turns DROP COLUMN claim_token")
+
+
+@pytest.mark.parametrize(
+    "make_old", [_make_pre_incarnation, _make_pre_claim_token], ids=["sessions", "turns"]
+)
+async def test_an_upgrade_opened_during_a_fenced_save_waits_for_it_not_deadlocks(
+    pg_url: str, make_old: Any
+) -> None:
     """A worker's fenced save locks its turn's row (``FOR SHARE``), writes the session,
     then updates the turn's row. An opening that upgrades the store used to take the
     turns table (``CREATE INDEX IF NOT EXISTS`` locks it even when the index is there),
-    then wait to alter the sessions table the save held: the save's update of the turn
-    then waited for the opening, PostgreSQL found the deadlock after a second and failed
-    the opening (``deadlock detected``: a new worker that did not start). Now the opening
-    takes both tables at once, gives way, and completes after the save."""
+    then wait to alter a table the save held (the sessions table for a column it lacks,
+    or the turns table itself, which the save's row lock holds too): the save's update
+    of its turn then waited for the opening, PostgreSQL found the deadlock after a second
+    and failed the opening (``deadlock detected``: a new worker that did not start). Now
+    the opening takes both tables at once, gives way, and completes after the save."""
     _, schema = parse_url(pg_url)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -93,7 +89,7 @@ async def test_an_upgrade_opened_during_a_fenced_save_waits_for_it_not_deadlocks
     finally:
         await queue.aclose()
         await store.aclose()
-    _make_pre_incarnation(schema)
+    make_old(schema)
     writer = psycopg.connect(parse_url(pg_url)[0])  # the save's transaction, step by step
     opened: list[PostgresStore] = []
     try:
@@ -121,7 +117,7 @@ async def test_an_upgrade_opened_during_a_fenced_save_waits_for_it_not_deadlocks
         for store in opened:
             await store.aclose()
     assert len(opened) == 1
-    assert _incarnation_parts(schema) == (1, 1)
+    assert _complete(_schema_parts(pg_url))
     assert _sql(schema, "SELECT saved FROM axon_turns WHERE turn_id = %s", (turn,)) == [(True,)]
 
 
@@ -636,3 +632,28 @@ def test_a_role_with_only_data_privileges_opens_a_store_that_is_up_to_date() -> 
 
 async def _open_and_close(url: str) -> None:
     await (await PostgresStore.open(url)).aclose()
+
+
+async def test_an_upgrade_whose_tables_stay_in_use_fails_saying_so_and_changes_nothing(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that keeps reading the sessions table (a report, a forgotten
+    ``psql``) holds the upgrade off: it tries again for ``UPGRADE_WAIT`` seconds, letting
+    every other query through between its tries, then fails naming the cause (it used to
+    queue its exclusive lock behind that transaction, and every save of the deployment
+    behind its lock, for as long as the transaction lasted)."""
+    from actors.stores import postgres_schema
+
+    await _open_and_close(pg_url)
+    schema = parse_url(pg_url)[1]
+    _make_pre_incarnation(schema)
+    monkeypatch.setattr(postgres_schema, "UPGRADE_WAIT", 0.5)
+    with pg_connect() as reader:
+        reader.execute("BEGIN")
+        reader.execute(f"SELECT count(*) FROM {schema}.axon_sessions")
+        with pytest.raises(StoreError, match=r"found them in use for 0\.5 s"):
+            await PostgresStore.open(pg_url)
+        assert _schema_parts(pg_url)["incarnation"] == 0
+        reader.execute("ROLLBACK")
+    await _open_and_close(pg_url)
+    assert _complete(_schema_parts(pg_url))
