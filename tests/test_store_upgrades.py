@@ -10,6 +10,7 @@ deployments sharing one PostgreSQL database in two schemas.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -656,4 +657,78 @@ async def test_an_upgrade_whose_tables_stay_in_use_fails_saying_so_and_changes_n
         assert _schema_parts(pg_url)["incarnation"] == 0
         reader.execute("ROLLBACK")
     await _open_and_close(pg_url)
+    assert _complete(_schema_parts(pg_url))
+
+
+# -- PostgreSQL: what an opening runs ----------------------------------------------------
+
+_OLD_STORES = {
+    "up to date": [],
+    "before incarnations": [
+        "DROP TRIGGER axon_sessions_incarnation_v1 ON axon_sessions",
+        "ALTER TABLE axon_sessions DROP COLUMN incarnation",
+    ],
+    "before claim tokens": ["ALTER TABLE axon_turns DROP COLUMN claim_token"],
+    "before waiting turns": [
+        "ALTER TABLE axon_turns DROP CONSTRAINT axon_turns_status_check, ADD CONSTRAINT "
+        "axon_turns_status_check CHECK (status IN ('queued', 'running', 'done', 'failed', "
+        "'cancelled'))",
+        "ALTER TABLE axon_turns DROP COLUMN expires_at, DROP COLUMN resumes, "
+        "DROP COLUMN resume_pending",
+    ],
+    "before head triggers": [
+        "DROP TRIGGER axon_turns_head_v1 ON axon_turns",
+        "DROP TRIGGER axon_turns_head_insert_v1 ON axon_turns",
+        "ALTER TABLE axon_turns DROP COLUMN head",
+    ],
+    "with the one head trigger": ["DROP TRIGGER axon_turns_head_insert_v1 ON axon_turns"],
+    "without a queue index": ["DROP INDEX axon_turns_by_session"],
+}
+"""Stores of before, each as an older Axon left it (the statements that make one)."""
+
+_ALTERS_A_TABLE = re.compile(
+    r"^\s*(ALTER TABLE|CREATE (UNIQUE )?INDEX|CREATE (OR REPLACE )?TRIGGER|DROP TRIGGER"
+    r"|UPDATE axon_turns)",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("old", list(_OLD_STORES))
+async def test_an_opening_alters_existing_tables_only_once_it_holds_them_all(
+    pg_url: str, old: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever an older store lacks, the opening alters none of its tables before it
+    holds every table it may alter (the deadlock above, for each kind of upgrade, and
+    for any a later version adds without telling ``_upgrade_needed``); an opening of a
+    store that lacks nothing locks nothing."""
+    await _open_and_close(pg_url)
+    schema = parse_url(pg_url)[1]
+    for statement in _OLD_STORES[old]:
+        _sql(schema, statement)
+    ran: list[str] = []
+    connect = psycopg.connect
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        conn = connect(*args, **kwargs)
+        execute = conn.execute
+
+        def execute_recorded(query: Any, *rest: Any, **more: Any) -> Any:
+            ran.append(str(query))
+            return execute(query, *rest, **more)
+
+        conn.execute = execute_recorded
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", recording)
+    store = await PostgresStore.open(pg_url)
+    monkeypatch.undo()
+    await store.aclose()
+    altering = [n for n, statement in enumerate(ran) if _ALTERS_A_TABLE.match(statement)]
+    locks = [n for n, statement in enumerate(ran) if statement.startswith("LOCK TABLE")]
+    if old == "up to date":
+        assert altering == locks == []
+    else:
+        assert altering, ran
+        assert locks and locks[0] < altering[0], ran
+        assert ran[locks[0]] == "LOCK TABLE axon_turns, axon_sessions IN ACCESS EXCLUSIVE MODE"
     assert _complete(_schema_parts(pg_url))
