@@ -133,7 +133,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
 
 
 _ALTERED_TABLES = ("axon_turns", "axon_sessions")
-"""The tables an upgrade alters, in the order writers lock them (a fenced save: the
+"""The tables an upgrade may alter, in the order writers lock them (a fenced save: the
 turn's row, then the session's)."""
 
 
@@ -145,16 +145,19 @@ def _created_name(statement: str) -> str:
 
 
 def _lock_for_upgrade(conn: Any, schema: str, relations: set[str]) -> None:
-    """When an existing table is to be altered, take :data:`_ALTERED_TABLES` (those
-    there) in ``ACCESS EXCLUSIVE`` mode in one statement, waiting at most a fifth of the
-    server's ``deadlock_timeout`` for each (``LockNotAvailable``: the caller tries again).
+    """Take the existing tables the upgrade alters (:func:`_tables_to_alter`) in
+    ``ACCESS EXCLUSIVE`` mode in one statement, waiting at most a fifth of the server's
+    ``deadlock_timeout`` for each (``LockNotAvailable``: the caller tries again); none
+    when nothing is to be altered.
 
     Once they are held, the upgrade's statements wait for no table, so the opening
     cannot be part of a deadlock; while it waits here, a writer waiting on it has been
     waiting for less time than it has, and PostgreSQL looks for a deadlock only after a
-    waiter's ``deadlock_timeout``: the opening gives up first, and the writer goes on."""
-    tables = [name for name in _ALTERED_TABLES if name in relations]
-    if not tables or not _upgrade_needed(conn, schema, relations):
+    waiter's ``deadlock_timeout``: the opening gives up first, and the writer goes on.
+    Only those tables: an upgrade of the turns table alone (its head triggers' backfill
+    reads every turn) leaves the sessions' saves and loads free meanwhile."""
+    tables = _tables_to_alter(conn, schema, relations)
+    if not tables:
         return
     (deadlock_ms,) = conn.execute(
         "SELECT setting::int FROM pg_settings WHERE name = 'deadlock_timeout'"
@@ -163,14 +166,9 @@ def _lock_for_upgrade(conn: Any, schema: str, relations: set[str]) -> None:
     conn.execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
 
 
-def _upgrade_needed(conn: Any, schema: str, relations: set[str]) -> bool:
-    """Whether an existing table lacks a column, an index or a trigger of this version."""
-    if "axon_turns" in relations and any(
-        _created_name(statement) not in relations
-        for statement in _SCHEMA
-        if " ON axon_turns " in statement
-    ):
-        return True
+def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
+    """The existing tables of :data:`_ALTERED_TABLES` that lack a column, an index or a
+    trigger of this version (the conditions under which the steps below alter them)."""
     columns = set(
         conn.execute(
             "SELECT table_name, column_name FROM information_schema.columns "
@@ -178,14 +176,6 @@ def _upgrade_needed(conn: Any, schema: str, relations: set[str]) -> bool:
             (schema,),
         ).fetchall()
     )
-    if "axon_turns" in relations and any(
-        ("axon_turns", column) not in columns for column, _ in _TURN_COLUMNS
-    ):
-        return True
-    if "axon_sessions" in relations and any(
-        ("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS
-    ):
-        return True
     triggers = {
         (table, name)
         for table, name in conn.execute(
@@ -194,15 +184,26 @@ def _upgrade_needed(conn: Any, schema: str, relations: set[str]) -> bool:
             (schema,),
         )
     }
-    if "axon_sessions" in relations and ("axon_sessions", _INCARNATION_TRIGGER) not in triggers:
-        return True
-    if "axon_turns" in relations:
-        if ("axon_turns", _HEAD_TRIGGER) not in triggers:
-            return True
-        insert = ("axon_turns", _HEAD_INSERT_TRIGGER)
-        if insert not in triggers and conn.info.server_version >= 140000:
-            return True
-    return False
+    lacking = {
+        "axon_turns": (
+            any(
+                _created_name(statement) not in relations
+                for statement in _SCHEMA
+                if " ON axon_turns " in statement
+            )
+            or any(("axon_turns", column) not in columns for column, _ in _TURN_COLUMNS)
+            or ("axon_turns", _HEAD_TRIGGER) not in triggers
+            or (
+                ("axon_turns", _HEAD_INSERT_TRIGGER) not in triggers
+                and conn.info.server_version >= 140000
+            )
+        ),
+        "axon_sessions": (
+            any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
+            or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
+        ),
+    }
+    return [name for name in _ALTERED_TABLES if name in relations and lacking[name]]
 
 
 def _check_schema_is_ours(conn: Any, schema: str) -> None:
