@@ -339,7 +339,7 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
 
 # -- PostgreSQL: processes at once, upgrades killed, newer schemas ------------------------
 
-_AXON_TRIGGERS = [
+_STORE_TRIGGERS = [
     ("axon_sessions", "axon_sessions_incarnation_v1"),
     ("axon_turns", "axon_turns_head_insert_v1"),
     ("axon_turns", "axon_turns_head_v1"),
@@ -381,7 +381,7 @@ def _schema_parts(url: str) -> dict[str, Any]:
 def _complete(parts: dict[str, Any]) -> bool:
     """Whether :func:`_schema_parts` shows a complete store, each part once."""
     return (
-        parts["triggers"] == _AXON_TRIGGERS
+        parts["triggers"] == _STORE_TRIGGERS
         and {count for _, count in parts["functions"]} == {1}
         and parts["marker"] == [("magic", "axon-session-store"), ("schema_version", "1")]
         and parts["incarnation"] == 1
