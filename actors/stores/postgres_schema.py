@@ -6,11 +6,15 @@ the tables (:mod:`actors.stores.postgres_tables`) and the server-side functions
 (:mod:`actors.stores.postgres_calls`) a version of Axon needs, and brings a database made
 by an older version up to date (added columns, the waiting status, the head triggers split
 by ``CREATE OR REPLACE TRIGGER``), each step safe to run concurrently from many processes
-opening one database at once.
+opening one database at once, and while processes of the older version write (the tables an
+upgrade alters are taken together first: :func:`_create_or_upgrade`).
 """
 
 from __future__ import annotations
 
+import random
+import re
+import time
 from typing import Any
 
 from actors.stores.postgres_calls import (
@@ -42,37 +46,164 @@ MAGIC = "axon-session-store"
 SCHEMA_VERSION = 1
 
 
+UPGRADE_WAIT = 60.0
+"""Seconds an open keeps trying to take the tables an upgrade alters (each try gives up
+after a fraction of the server's ``deadlock_timeout``, see :func:`_lock_for_upgrade`)
+before it fails saying they stayed busy."""
+
+
 def _first_connect(libpq: str, schema: str) -> str:
     """Connect once (the real error, not a pool timeout, if it fails) and create or
     check the schema, serialized across processes by an advisory lock; the database's
-    encoding (``UTF8``, ``LATIN1``...)."""
+    encoding (``UTF8``, ``LATIN1``...).
+
+    A try whose upgrade could not take the tables it alters in time (they were in use:
+    ``lock_timeout``) is rolled back whole and tried again after a short pause, for up
+    to :data:`UPGRADE_WAIT` seconds: every step is idempotent, and a writer is never
+    kept waiting on an opening that itself waits."""
     import psycopg
 
     try:
-        conn = psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=False)
+        conn = psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
     except psycopg.ProgrammingError as err:  # an unparseable conninfo
         raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
     with conn:
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
+        deadline = time.monotonic() + UPGRADE_WAIT
+        delay = 0.01
+        while True:
+            try:
+                with conn.transaction():
+                    _create_or_upgrade(conn, schema)
+                return str(conn.info.parameter_status("server_encoding"))
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as err:
+                if time.monotonic() + delay > deadline:
+                    raise StoreError(
+                        f"schema {schema!r}: the upgrade of its tables found them in use "
+                        f"for {UPGRADE_WAIT:g} s (another transaction held them): {err}"
+                    ) from err
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.5)
+
+
+def _create_or_upgrade(conn: Any, schema: str) -> None:
+    """One try of :func:`_first_connect`'s work, inside its transaction.
+
+    An upgrade (a table of an older store that lacks a column, a trigger or an index)
+    first takes every table it alters, at once and before altering any
+    (:func:`_lock_for_upgrade`): altering them one by one, the opening held one table
+    while it waited for the next, and a worker's save holding the second while it waited
+    for the first (a fenced save locks the turn's row, writes the session, then updates
+    the turn's row) made a deadlock that PostgreSQL broke by failing the opening
+    (``deadlock detected``: a worker or front end of the new version that did not start).
+    A store already up to date takes no table lock at all."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
+    # Only when missing: CREATE SCHEMA checks the database's CREATE privilege before it
+    # looks, so IF NOT EXISTS alone refused a role that owns its schema and may create
+    # nothing else in the database ("permission denied for database").
+    if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-        conn.execute(f"SET LOCAL search_path TO {schema}")
-        _check_schema_is_ours(conn, schema)
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        _add_turn_columns(conn, schema)
-        _add_session_columns(conn, schema)
-        _ensure_incarnation_trigger(conn)
-        _ensure_turn_heads(conn)
-        _ensure_claim_function(conn)
-        _ensure_save_function(conn)
-        _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
-        _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
-        conn.execute(
-            """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
-            ON CONFLICT (key) DO NOTHING""",
-            (MAGIC, str(SCHEMA_VERSION)),
+    conn.execute(f"SET LOCAL search_path TO {schema}")
+    _check_schema_is_ours(conn, schema)
+    relations = {
+        name
+        for (name,) in conn.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace", (schema,)
         )
-        return str(conn.info.parameter_status("server_encoding"))
+    }
+    _lock_for_upgrade(conn, schema, relations)
+    for statement in _SCHEMA:
+        # Only what is missing: CREATE ... IF NOT EXISTS locks the table (an index's) and
+        # checks the schema's CREATE privilege before it looks (a role granted only reads
+        # and writes of the tables could not open the store).
+        if _created_name(statement) not in relations:
+            conn.execute(statement)
+    _add_turn_columns(conn, schema)
+    _add_session_columns(conn, schema)
+    _ensure_incarnation_trigger(conn)
+    _ensure_turn_heads(conn)
+    _ensure_claim_function(conn)
+    _ensure_save_function(conn)
+    _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
+    _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
+    conn.execute(
+        """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
+        ON CONFLICT (key) DO NOTHING""",
+        (MAGIC, str(SCHEMA_VERSION)),
+    )
+
+
+_ALTERED_TABLES = ("axon_turns", "axon_sessions")
+"""The tables an upgrade may alter, in the order writers lock them (a fenced save: the
+turn's row, then the session's)."""
+
+
+def _created_name(statement: str) -> str:
+    """The name a ``CREATE ... IF NOT EXISTS name`` statement creates."""
+    match = re.search(r"IF NOT EXISTS (\w+)", statement)
+    assert match is not None, statement
+    return match.group(1)
+
+
+def _lock_for_upgrade(conn: Any, schema: str, relations: set[str]) -> None:
+    """Take the existing tables the upgrade alters (:func:`_tables_to_alter`) in
+    ``ACCESS EXCLUSIVE`` mode in one statement, waiting at most a fifth of the server's
+    ``deadlock_timeout`` for each (``LockNotAvailable``: the caller tries again); none
+    when nothing is to be altered.
+
+    Once they are held, the upgrade's statements wait for no table, so the opening
+    cannot be part of a deadlock; while it waits here, a writer waiting on it has been
+    waiting for less time than it has, and PostgreSQL looks for a deadlock only after a
+    waiter's ``deadlock_timeout``: the opening gives up first, and the writer goes on.
+    Only those tables: an upgrade of the turns table alone (its head triggers' backfill
+    reads every turn) leaves the sessions' saves and loads free meanwhile."""
+    tables = _tables_to_alter(conn, schema, relations)
+    if not tables:
+        return
+    (deadlock_ms,) = conn.execute(
+        "SELECT setting::int FROM pg_settings WHERE name = 'deadlock_timeout'"
+    ).fetchone()
+    conn.execute(f"SET LOCAL lock_timeout = {max(1, min(100, deadlock_ms // 5))}")
+    conn.execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE")
+
+
+def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
+    """The existing tables of :data:`_ALTERED_TABLES` that lack a column, an index or a
+    trigger of this version (the conditions under which the steps below alter them)."""
+    columns = set(
+        conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name IN ('axon_turns', 'axon_sessions')",
+            (schema,),
+        ).fetchall()
+    )
+    triggers = {
+        (table, name)
+        for table, name in conn.execute(
+            "SELECT c.relname, t.tgname FROM pg_trigger AS t "
+            "JOIN pg_class AS c ON c.oid = t.tgrelid WHERE c.relnamespace = %s::regnamespace",
+            (schema,),
+        )
+    }
+    lacking = {
+        "axon_turns": (
+            any(
+                _created_name(statement) not in relations
+                for statement in _SCHEMA
+                if " ON axon_turns " in statement
+            )
+            or any(("axon_turns", column) not in columns for column, _ in _TURN_COLUMNS)
+            or ("axon_turns", _HEAD_TRIGGER) not in triggers
+            or (
+                ("axon_turns", _HEAD_INSERT_TRIGGER) not in triggers
+                and conn.info.server_version >= 140000
+            )
+        ),
+        "axon_sessions": (
+            any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
+            or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
+        ),
+    }
+    return [name for name in _ALTERED_TABLES if name in relations and lacking[name]]
 
 
 def _check_schema_is_ours(conn: Any, schema: str) -> None:
@@ -98,7 +229,13 @@ def _check_schema_is_ours(conn: Any, schema: str) -> None:
             f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
             f"expected {MAGIC!r}; refusing to touch it"
         )
-    found = int(marker.get("schema_version", "0"))
+    try:
+        found = int(marker.get("schema_version", "0"))
+    except ValueError:  # (a raw ValueError escaped PostgresStore.open, naming nothing)
+        raise StoreCorrupt(
+            f"schema {schema!r} is damaged: axon_meta schema_version "
+            f"{marker['schema_version']!r} is not a version number; refusing to touch it"
+        ) from None
     if found > SCHEMA_VERSION:
         raise StoreError(
             f"schema {schema!r} has Axon schema version {found}, newer than the "
