@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypercorn.events import Event, Updated
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -34,16 +35,26 @@ OPEN_FILES_FALLBACK = 10240
 
 class ReleasingTCPServer(TCPServer):
     """Hypercorn's Trio connection, which stops its keep-alive timer once the client has
-    closed the connection (or it could not be read), so that its socket is closed as soon
-    as its requests are over, not when the timer runs out."""
+    closed the connection (or it could not be read), and starts none after, so that its
+    socket is closed as soon as its answers are over, not when the timer runs out."""
 
     releases_on_close = True
+    reading_over = False
+    """Whether the reader has ended: no further request can come."""
 
     async def _read_data(self) -> None:
         await super()._read_data()
         # The reader has handed the protocol the close; what is left of the connection
         # is the answers being written (each ends on its own), then the socket's close.
+        self.reading_over = True
         await self.idle_task.stop()
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated) and event.idle and self.reading_over:
+            # An answer ended after the client had left (a stream, an answer written
+            # while the close came in): there is no next request to wait for.
+            return
+        await super().protocol_send(event)
 
 
 def release_connections_on_close() -> None:
