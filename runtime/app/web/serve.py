@@ -377,6 +377,9 @@ async def serve_app(
     from hypercorn.config import Config  # Hypercorn: only when serving
     from hypercorn.trio import serve
 
+    from runtime.app.web.connections import release_connections_on_close
+
+    release_connections_on_close()  # a closed connection's socket freed at once
     config = Config()
     config.bind = [_bind(host, port)]
     config.accesslog = "-" if access_log else None
@@ -413,6 +416,9 @@ async def serve_command(args: argparse.Namespace) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    from runtime.app.web.connections import raise_open_file_limit  # imports Hypercorn
+
+    raise_open_file_limit()  # room for connections: not the 1,024 of most systems' default
     with command_collector():
         return await _run_serve_command(args, token, protocols)
 
