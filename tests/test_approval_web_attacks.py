@@ -147,3 +147,14 @@ async def test_an_input_as_a_javascript_client_holds_it_is_the_calls_input():
     assert {"type": "tool-output-available", "toolCallId": "K", "output": "charged"} in events(
         r.content
     )
+
+
+async def test_an_approval_without_the_calls_input_is_taken():
+    """A client that keeps no input (``null``, or no key) gave none to compare."""
+    ran.clear()
+    async with web_server(agent(DELETE)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            part = approve(first, input=None)
+            r = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+    assert r.status_code == 200 and ran == ["/x"]

@@ -129,7 +129,8 @@ def _once(answered: set[str], call_id: str) -> None:
 
 def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
     """400 when ``part`` is not the waiting ``call`` as the server streamed it: another
-    call's id, another tool's name, or an input other than the stored one."""
+    call's id, another tool's name, or an input other than the stored one (an input
+    absent or ``null`` is none given)."""
     call_id, kind = part.get("toolCallId"), str(part.get("type", ""))
     if call_id is not None and call_id != call.tool_call_id:
         raise ApiError(
@@ -143,7 +144,8 @@ def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
             f"{what} is for call {call.tool_call_id!r} of tool {call.tool_name!r}, but its "
             f"part is a {kind!r}",
         )
-    if "input" in part and not _same_json(part["input"], call.input):
+    sent = part.get("input")  # null: a client that keeps no input sent none
+    if sent is not None and not _same_json(sent, call.input):
         raise ApiError(
             400,
             f"{what} carries an input for {call.tool_name} other than the call's: the "
