@@ -33,6 +33,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
     is_media_output,
+    reads_back_as_media,
 )
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
@@ -253,6 +254,15 @@ def _storable_output(part: ToolCallPart, output: Any) -> Any:
             f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
             f"JSON: {exc}"
         ) from None
+    if data is not None and reads_back_as_media(value):
+        # Taken, it was JSON text to the model in this process and, once the session was
+        # read back from the store, an image or file (a URL the agent's --media-urls off
+        # refuses, data past its media limits) sent to the model as the tool's result.
+        raise InvalidDecision(
+            f"call {part.tool_call_id!r} ({part.tool_name}): the output is shaped as stored "
+            "media parts (a list of image/file part objects), which a client's output "
+            "cannot be"
+        )
     # As the store gives it back: NaN and the infinities are null there (a server tool's
     # output is read back the same way, runtime.results.truncate_output).
     return orjson.loads(data) if data is not None and b"null" in data else value

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Budget, Host, Tool, ToolMessage, tool
+from runtime import Agent, Budget, Host, InvalidDecision, Tool, ToolMessage, tool
 from runtime.results import TRUNCATION_MARKER
 
 pick_color = Tool.client("pick_color", {"type": "object", "properties": {}}, "Pick a color.")
@@ -79,3 +81,22 @@ async def test_a_decided_client_output_superseded_by_a_new_message_is_cut_too():
         await session.decide("C", output="r" * 100)  # D still waits: nothing resumes
         await session.run("something else")
     assert seen[-1][0] == cut("r" * 100)
+
+
+async def test_a_client_output_shaped_as_stored_media_is_refused_and_changes_nothing():
+    """Taken, it was JSON text to the model here and, once the session was read back from
+    the store, an image at the client's URL sent to the model as the tool's result."""
+    step = [*tool_call("pick_color", {}, tool_call_id="C")]
+    image = {
+        "type": "image",
+        "data": None,
+        "url": "https://example.invalid/x",
+        "media_type": "image/png",
+    }
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent(step, []))
+        await session.run("go")
+        version = await host.store.version(session.id)
+        with pytest.raises(InvalidDecision, match="shaped as stored media parts"):
+            await session.decide("C", output=[image])
+        assert await host.store.version(session.id) == version
