@@ -33,7 +33,9 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
     is_media_output,
+    reads_back_as_media,
 )
+from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
 from runtime.tools import ToolInputError, to_jsonable
 
@@ -252,8 +254,17 @@ def _storable_output(part: ToolCallPart, output: Any) -> Any:
             f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
             f"JSON: {exc}"
         ) from None
+    if data is not None and reads_back_as_media(value):
+        # Taken, it was JSON text to the model in this process and, once the session was
+        # read back from the store, an image or file (a URL the agent's --media-urls off
+        # refuses, data past its media limits) sent to the model as the tool's result.
+        raise InvalidDecision(
+            f"call {part.tool_call_id!r} ({part.tool_name}): the output is shaped as stored "
+            "media parts (a list of image/file part objects), which a client's output "
+            "cannot be"
+        )
     # As the store gives it back: NaN and the infinities are null there (a server tool's
-    # output is read back the same way, actors.tool_executor.truncate_output).
+    # output is read back the same way, runtime.results.truncate_output).
     return orjson.loads(data) if data is not None and b"null" in data else value
 
 
@@ -473,12 +484,14 @@ def denial_text(reason: str | None) -> str:
     return f"the tool call was denied: {reason or 'no reason given'}"
 
 
-def supersede(messages: list[Message]) -> int | None:
+def supersede(messages: list[Message], max_chars: int | None = None) -> int | None:
     """Before a new user message: deny every call the last turn still waits for, with
     reason ``superseded`` (what ``useChat`` does when the user types instead of
     answering), and give each waiting call its result, so the history a model sees is
     whole. Changes ``messages`` in place; returns the index of the changed assistant
-    message (``None``: nothing waited)."""
+    message (``None``: nothing waited). A result made of what the client gave (a client
+    tool's output or error, a denial's reason) is cut to ``max_chars`` (the agent's
+    ``max_tool_result_chars``), as a server tool's is."""
     waiting = waiting_calls(messages)
     if not waiting:
         return None
@@ -500,21 +513,21 @@ def supersede(messages: list[Message]) -> int | None:
                 if w.kind == CLIENT:
                     w = attrs.evolve(w, error=SUPERSEDED)
             p = attrs.evolve(p, awaiting=w)
-            results.append(_superseded_result(p))
+            results.append(_superseded_result(p, max_chars))
         content.append(p)
     messages[index] = attrs.evolve(message, content=tuple(content))
     messages.extend(results)
     return index
 
 
-def _superseded_result(part: ToolCallPart) -> ToolMessage:
+def _superseded_result(part: ToolCallPart, max_chars: int | None) -> ToolMessage:
     w = part.awaiting
     assert w is not None
     if w.kind == APPROVAL:
         error = (
             "the tool call was not executed: a new message superseded it"
             if w.approved
-            else denial_text(w.reason)
+            else truncate_output(denial_text(w.reason), max_chars)
         )
         return ToolMessage(
             tool_call_id=part.tool_call_id, tool_name=part.tool_name, step=part.step, error=error
@@ -523,8 +536,8 @@ def _superseded_result(part: ToolCallPart) -> ToolMessage:
         tool_call_id=part.tool_call_id,
         tool_name=part.tool_name,
         step=part.step,
-        output=w.output,
-        error=w.error,
+        output=None if w.output is None else truncate_output(w.output, max_chars),
+        error=None if w.error is None else truncate_output(w.error, max_chars),
     )
 
 

@@ -58,6 +58,17 @@ class SubSession(Protocol):
     async def close(self) -> None:
         """Stop the session's actors (after any running turn ends)."""
 
+    async def decide(
+        self,
+        id: str,
+        *,
+        approved: bool | None = None,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> Any:
+        """Record a decision for a call its turn waits for (docs/approval.md): how an
+        agent used as a tool closes the waits of a sub-turn that suspended."""
+
 
 class ToolHost(Protocol):
     """What a tool may ask of the host running its call (:attr:`ToolContext.host`)."""

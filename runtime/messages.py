@@ -350,6 +350,25 @@ def is_media_output(value: Any) -> bool:
     return isinstance(value, tuple) and any(isinstance(p, Image | File) for p in value)
 
 
+_PART_KEYS: dict[Any, set[str]] = {
+    cls.type: {a.name for a in attrs.fields(cls)} | {"type"} for cls in (TextPart, Image, File)
+}
+"""The keys of each media part as the store writes it (its fields and ``type``)."""
+
+
+def reads_back_as_media(value: Any) -> bool:
+    """Whether a tool output's JSON ``value`` is what a store reads back as media parts
+    (:mod:`runtime.serde`): a list of dicts each with exactly a part's keys, one an image
+    or a file. A media output is stored that way; an ordinary JSON output that merely has
+    a ``"type"`` key stays what it was."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(p, dict) and _PART_KEYS.get(p.get("type")) == p.keys() for p in value)
+        and any(p["type"] in ("image", "file") for p in value)
+    )
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class SystemMessage:
     """A system message where it stands in the history; or, with

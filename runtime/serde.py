@@ -165,17 +165,8 @@ converter.register_structure_hook_func(lambda t: t == messages.UserContent, _str
 # A tool's media output (a tuple of parts) is stored as a list of tagged part dicts; they
 # come back as parts only when every item has exactly a part's keys and one is an image or
 # file, so an ordinary JSON output that merely has a "type" key stays what it was.
-_PART_KEYS = {
-    cls.type: {a.name for a in attrs.fields(cls)} | {"type"} for cls in messages.UserPart.__args__
-}
-
-
 def _media_output(output: Any) -> Any:
-    if not isinstance(output, list) or not output:
-        return output
-    if not all(isinstance(p, dict) and _PART_KEYS.get(p.get("type")) == p.keys() for p in output):
-        return output
-    if not any(p["type"] in ("image", "file") for p in output):
+    if not messages.reads_back_as_media(output):
         return output
     return tuple(converter.structure(p, _USER_PART) for p in output)
 

@@ -289,7 +289,10 @@ async def test_serve_stopped_between_request_and_approval_resumes_after_a_restar
         first = await post(client, body("s"))
     assert request_of(first)["toolCallId"] == "M" and not mark.exists()
     async with serve(db, mark) as url, httpx.AsyncClient(base_url=url) as client:
-        part = {**approval_part(request_of(first)["approvalId"], True), "toolCallId": "M"}
+        part = {
+            **approval_part(request_of(first)["approvalId"], True),
+            **{"type": "tool-write_mark", "toolCallId": "M", "input": {"path": str(mark)}},
+        }
         second = await post(client, answer("s", first[0]["messageId"], part))
         stored = (await client.get("/api/sessions/s")).json()
     assert mark.read_text() == "x"  # ran once, in the second process

@@ -403,7 +403,7 @@ def test_a_continuation_keeps_its_assistant_messages_answers() -> None:
             {"id": "a1", "role": "assistant", "parts": [
                 {"type": "text", "text": "calling"},
                 {"type": "tool-x", "toolCallId": "c1", "state": "approval-responded",
-                 "input": {"big": "ignored"}, "approval": approval},
+                 "input": {"n": 1}, "approval": approval},
             ]},
         ],
     }  # fmt: skip
@@ -414,7 +414,7 @@ def test_a_continuation_keeps_its_assistant_messages_answers() -> None:
             "role": "assistant",
             "parts": [
                 {"type": "tool-x", "toolCallId": "c1", "state": "approval-responded",
-                 "approval": approval},
+                 "approval": approval, "input": {"n": 1}},
             ],
         }
     ]  # fmt: skip

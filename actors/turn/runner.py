@@ -429,7 +429,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
-            at = supersede(state.messages)  # a turn waiting for input gives way
+            # a turn waiting for input gives way
+            at = supersede(state.messages, self.agent.budget.max_tool_result_chars)
             if at is not None:
                 state.saved_upto = min(state.saved_upto, at)
         turn = Turn(

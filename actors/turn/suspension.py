@@ -24,6 +24,7 @@ from runtime.actor_messages import ApprovalAsked, ToolCallSpec, ToolOutcome
 from runtime.approval import APPROVAL, CLIENT, denial_text
 from runtime.ids import new_id
 from runtime.messages import Awaiting, Message, Part, ToolCallPart, ToolMessage
+from runtime.results import truncate_output
 from runtime.tools import Tool, ToolContext
 
 if TYPE_CHECKING:
@@ -125,9 +126,12 @@ def waiting_parts(parts: list[Part], results: Mapping[str, Any]) -> list[ToolCal
     ]
 
 
-def resolution(part: ToolCallPart) -> ToolCallSpec | ToolOutcome:
+def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | ToolOutcome:
     """What a decided waiting call becomes in its turn's continuation: an approved call
-    to run (once: marked approved, it does not ask again), or its result at once."""
+    to run (once: marked approved, it does not ask again), or its result at once, cut to
+    ``max_chars`` (the agent's ``max_tool_result_chars``) as a server tool's is: a client
+    tool's output or error, a denial's reason are the client's, of any length (10 MB of
+    output reached the model whole, and the step's save stored it again)."""
     w = part.awaiting
     assert w is not None and w.decided
     if w.kind == APPROVAL and w.approved:
@@ -139,13 +143,15 @@ def resolution(part: ToolCallPart) -> ToolCallSpec | ToolOutcome:
         )
     if w.kind == APPROVAL:
         return ToolOutcome(
-            tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=denial_text(w.reason)
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            error=truncate_output(denial_text(w.reason), max_chars),
         )
     return ToolOutcome(
         tool_call_id=part.tool_call_id,
         tool_name=part.tool_name,
-        output=None if w.error is not None else w.output,
-        error=w.error,
+        output=None if w.error is not None else truncate_output(w.output, max_chars),
+        error=None if w.error is None else truncate_output(w.error, max_chars),
     )
 
 
@@ -251,7 +257,7 @@ class Suspending:
         step = waiting[0].step
         to_run: list[ToolCallSpec] = []
         for part in waiting:
-            what = resolution(part)
+            what = resolution(part, self.agent.budget.max_tool_result_chars)
             if isinstance(what, ToolCallSpec):
                 to_run.append(what)
                 continue

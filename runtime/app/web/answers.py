@@ -59,13 +59,27 @@ def is_continuation(payload: dict[str, Any]) -> bool:
     )
 
 
-def _answers(message: dict[str, Any], waiting_ids: set[str]) -> list[tuple[str, Decision]]:
+def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tuple[str, Decision]]:
     """The answers the assistant message carries: approvals it responded to, outputs of
-    the client tools the turn waits for (other tool parts are results the server gave)."""
+    the client tools the turn waits for (other tool parts are results the server gave,
+    which the client sends back as it got them: passed over).
+
+    Each answering part must be the waiting call's as the server streamed it: an
+    approval whose part names another call (``toolCallId``) or tool (``type``), or
+    carries an input other than the stored call's, is a 400, and so is a second answer
+    for one call, an output for a call that waits for approval (a server tool's result
+    comes from the server, never the client) and an ``output-error`` without its
+    ``errorText``. Taken as they came, the edited input of an approval (a page that lets
+    the person change the arguments, then approve) approved the call as the model made
+    it, with the person told nothing; an approval id put in another call's part approved
+    that other call; two answers for one call were refused as "decided already"."""
     parts = message.get("parts")
     if not isinstance(parts, list):
         raise ApiError(400, "the assistant message has no 'parts'")
+    calls = {c.tool_call_id: c for c in waiting}
+    by_key = {**calls, **{c.approval_id: c for c in waiting}}
     out: list[tuple[str, Decision]] = []
+    answered: set[str] = set()
     for p in parts:
         if not isinstance(p, dict) or not str(p.get("type", "")).startswith(("tool-", "dynamic")):
             continue
@@ -77,14 +91,85 @@ def _answers(message: dict[str, Any], waiting_ids: set[str]) -> list[tuple[str, 
             approved, reason = approval.get("approved"), approval.get("reason")
             if not isinstance(approved, bool) or not isinstance(reason, str | None):
                 raise ApiError(400, "'approval.approved' must be a boolean, 'reason' a string")
-            out.append((approval["id"], Decision(approved=approved, reason=reason)))
-        elif state in ("output-available", "output-error") and call_id in waiting_ids:
+            key = approval["id"]
+            call = by_key.get(key)
+            if call is not None:
+                _check_part(p, call, f"the approval {key!r}")
+            _once(answered, call.tool_call_id if call is not None else key)
+            out.append((key, Decision(approved=approved, reason=reason)))
+        elif state in ("output-available", "output-error") and call_id in calls:
+            call = calls[call_id]
+            if call.kind != "client":
+                raise ApiError(
+                    400,
+                    f"call {call_id!r} ({call.tool_name}) runs on the server and waits for "
+                    "approval: the client answers it with an approval, its output comes "
+                    "from the server",
+                )
+            _check_part(p, call, f"the output of call {call_id!r}")
+            _once(answered, call_id)
             if state == "output-error":
                 text = p.get("errorText")
-                out.append((call_id, Decision(error=text if isinstance(text, str) else "error")))
+                if not isinstance(text, str):
+                    raise ApiError(
+                        400, f"the output-error part of call {call_id!r} needs 'errorText' (text)"
+                    )
+                out.append((call_id, Decision(error=text)))
             else:
                 out.append((call_id, Decision(output=p.get("output"), has_output=True)))
     return out
+
+
+def _once(answered: set[str], call_id: str) -> None:
+    """400 when the message answered ``call_id`` already: one answer per call."""
+    if call_id in answered:
+        raise ApiError(400, f"the assistant message answers call {call_id!r} twice")
+    answered.add(call_id)
+
+
+def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
+    """400 when ``part`` is not the waiting ``call`` as the server streamed it: another
+    call's id, another tool's name, or an input other than the stored one (an input
+    absent or ``null`` is none given)."""
+    call_id, kind = part.get("toolCallId"), str(part.get("type", ""))
+    if call_id is not None and call_id != call.tool_call_id:
+        raise ApiError(
+            400,
+            f"{what} is for call {call.tool_call_id!r} ({call.tool_name}), but its part "
+            f"names call {call_id!r}",
+        )
+    if kind.startswith("tool-") and kind[5:] != call.tool_name:
+        raise ApiError(
+            400,
+            f"{what} is for call {call.tool_call_id!r} of tool {call.tool_name!r}, but its "
+            f"part is a {kind!r}",
+        )
+    sent = part.get("input")  # null: a client that keeps no input sent none
+    if sent is not None and not _same_json(sent, call.input):
+        raise ApiError(
+            400,
+            f"{what} carries an input for {call.tool_name} other than the call's: the "
+            "server runs the call with the input the model gave, an edited input is not "
+            "taken (answer with the input as it was streamed)",
+        )
+
+
+def _same_json(sent: Any, stored: Any) -> bool:
+    """Whether ``sent`` (a value the client parsed from the stream and sent back) is
+    ``stored``: numbers compared as the doubles a JavaScript client holds them in (an
+    integer past 2**53 comes back rounded), keys in any order."""
+    if isinstance(sent, bool) or isinstance(stored, bool):
+        return type(sent) is type(stored) and sent == stored
+    if isinstance(sent, int | float) and isinstance(stored, int | float):
+        try:
+            return float(sent) == float(stored)
+        except OverflowError:
+            return sent == stored
+    if isinstance(sent, dict) and isinstance(stored, dict):
+        return sent.keys() == stored.keys() and all(_same_json(sent[k], stored[k]) for k in sent)
+    if isinstance(sent, list) and isinstance(stored, list | tuple):
+        return len(sent) == len(stored) and all(map(_same_json, sent, stored))
+    return bool(sent == stored)
 
 
 def _held(messages: Sequence[Message]) -> dict[str, Awaiting]:
@@ -179,7 +264,7 @@ def _repeats(stored: Sequence[Message], payload: dict[str, Any]) -> bool:
     if payload.get("messageId", message.get("id")) not in (None, waiting[0].message_id):
         return False
     try:
-        answers = _answers(message, {c.tool_call_id for c in waiting if c.kind == "client"})
+        answers = _answers(message, waiting)
     except ApiError:
         return False
     held = _held(stored)
@@ -197,7 +282,7 @@ def _checked(
     message_id = payload.get("messageId", message.get("id"))
     if waiting and message_id not in (None, waiting[0].message_id):
         raise ApiError(404, f"message {message_id!r} is not the turn waiting for input")
-    answers = _answers(message, {c.tool_call_id for c in waiting if c.kind == "client"})
+    answers = _answers(message, waiting)
     held = _held(stored)
     answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
     if not answers:
