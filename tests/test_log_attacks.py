@@ -5,22 +5,26 @@ raises."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import trio
 
+import runtime.logging
 from actors.providers.scripted import ScriptedProvider
 from runtime import Actor, Agent, Host, RestartPolicy
 from runtime.errors import ActorFailed
 from runtime.events import ActorGaveUp, TurnStarted
-from runtime.logging import configure_logging
+from runtime.logging import NonBlockingSink, configure_logging, unblocked
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -330,3 +334,151 @@ async def test_an_actor_that_cannot_start_and_whose_on_crash_raises_fails_its_st
         "actor 'nostart' could not start: ValueError: no config (its crash could not be handled)"
     )
     assert result.finish_reason == "stop"
+
+
+SERVE = [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0"]
+SMALL_PIPE = 4096  # bytes: one turn's info lines (about 6 KB) fill it
+TURNS = 5
+
+
+def small_pipe(stream: Any) -> None:
+    """Shrink the pipe behind ``stream`` to :data:`SMALL_PIPE` bytes (``F_SETPIPE_SZ``), so
+    a few lines fill it: a pipe nobody reads, filled without writing 64 KiB first."""
+    fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, SMALL_PIPE)
+
+
+class UnreadServe:
+    """``python -m runtime serve --log-level info`` whose stderr or stdout (``unread``) is a
+    small pipe nobody reads; the other is read (stdout: past its first line, the URL) or
+    discarded."""
+
+    def __init__(self, unread: str) -> None:
+        self.proc = subprocess.Popen(
+            [*SERVE, "--log-level", "info"],
+            cwd=ROOT,
+            env=ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if unread == "stderr" else subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        small_pipe(self.proc.stderr if unread == "stderr" else self.proc.stdout)
+        line = self.proc.stdout.readline()
+        assert line.startswith("Axon web UI on"), line
+        self.url = line.split()[4].rstrip("/")
+        if unread == "stderr":  # stdout read to its end, so only stderr fills
+            stdout = self.proc.stdout
+            threading.Thread(target=stdout.read, daemon=True).start()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(PROCESS_GUARD)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def finished_turns(url: str, turns: int) -> int:
+    """How many of ``turns`` chat turns, one after another, stream to their ``finish``
+    (the first that does not, in :data:`STALL_GUARD` seconds, ends the count)."""
+    finished = 0
+    with httpx.Client(base_url=url, timeout=STALL_GUARD) as client:
+        for n in range(turns):
+            body = {
+                "id": f"s{n}",
+                "messages": [
+                    {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+                ],
+                "trigger": "submit-message",
+            }
+            try:
+                reply = client.post("/api/chat", json=body)
+            except httpx.TimeoutException:
+                break
+            finished += reply.status_code == 200 and '"type":"finish"' in reply.text
+    return finished
+
+
+STALL_GUARD = 15  # seconds a turn may take before it counts as stalled
+
+
+def test_a_serve_whose_stderr_nobody_reads_finishes_every_turn():
+    """The log lines' write to the full pipe blocked the event loop: the server stopped
+    answering within the first turn (ten turns on a 64 KiB pipe), every session stalled."""
+    server = UnreadServe("stderr")
+    try:
+        assert finished_turns(server.url, TURNS) == TURNS
+    finally:
+        server.close()
+
+
+def test_a_serve_whose_stdout_nobody_reads_answers_every_request():
+    """Hypercorn's access log (``--log-level info``) wrote a line a request to stdout: with
+    stdout a pipe nobody read past the URL line, the loop blocked at the 28th request."""
+    server = UnreadServe("stdout")
+    answered = 0
+    try:
+        with httpx.Client(base_url=server.url, timeout=STALL_GUARD) as client:
+            for _ in range(100):
+                try:
+                    answered += client.get("/api/sessions").status_code == 200
+                except httpx.TimeoutException:
+                    break
+    finally:
+        server.close()
+    assert answered == 100
+
+
+def full_pipe() -> tuple[int, Any]:
+    """A pipe's read end and its write end as a text stream, the pipe already full."""
+    read, write = os.pipe()
+    fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, SMALL_PIPE)
+    os.set_blocking(write, False)
+    try:
+        while True:
+            os.write(write, b"x" * SMALL_PIPE)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write, True)  # as stderr is: a write to it would wait
+    return read, open(write, "w", closefd=True)
+
+
+def read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def test_a_line_to_a_full_pipe_returns_and_goes_out_once_the_reader_reads():
+    read, stream = full_pipe()
+    sink = unblocked(stream)
+    assert isinstance(sink, NonBlockingSink)
+    sink.write('{"event":"a"}\n')  # returns: it would have waited for ever
+    assert read_all(read).strip(b"x") == b""
+    sink.write('{"event":"b"}\n')
+    sink.flush()
+    assert read_all(read).strip(b"x") == b'{"event":"a"}\n{"event":"b"}\n'
+    os.close(read)
+    stream.close()
+
+
+def test_lines_past_the_limit_are_dropped_and_said_in_one_line(monkeypatch):
+    monkeypatch.setattr(runtime.logging, "PENDING_LIMIT", 30)
+    read, stream = full_pipe()
+    sink = unblocked(stream)
+    for n in range(5):
+        sink.write(f'{{"event":"{n}"}}\n')  # 14 bytes each: two held, three dropped
+    read_all(read)
+    sink.write('{"event":"5"}\n')
+    lines = read_all(read).decode().splitlines()
+    assert lines[:2] == ['{"event":"0"}', '{"event":"1"}']
+    assert "3 log lines dropped" in lines[2]
+    assert lines[3:] == ['{"event":"5"}']
+    os.close(read)
+    stream.close()
