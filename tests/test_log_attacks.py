@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import trio
 
 import runtime.logging
@@ -482,3 +483,22 @@ def test_lines_past_the_limit_are_dropped_and_said_in_one_line(monkeypatch):
     assert lines[3:] == ['{"event":"5"}']
     os.close(read)
     stream.close()
+
+
+@pytest.mark.parametrize("mode", [[], ["--jsonl"]], ids=["rendered", "jsonl"])
+def test_a_run_whose_stdout_reader_left_mid_turn_exits_0_whatever_the_output(tmp_path, mode):
+    """``axon run ... | head -1``: the rendered output's next write raised BrokenPipeError
+    inside rich, which exits with ``SystemExit(1)``: status 1 (``--jsonl``: 0), the turn
+    aborted as ``consumer failed: SystemExit``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "run", "--delay", "0.05", *mode, "hi"],
+        cwd=tmp_path,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline()  # then the reader leaves, the turn still streaming
+    proc.stdout.close()
+    assert proc.wait(PROCESS_GUARD) == 0
