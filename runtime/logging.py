@@ -3,8 +3,10 @@
 Never use structlog's ``a*`` (async) methods under Trio: they hop to asyncio threads.
 Loggers here are plain and synchronous, called on the event loop (the log tap's from its
 own task): a sink that blocks while it writes (a stdlib handler sending lines over the
-network, a full pipe) holds every turn of the host meanwhile. An application whose sink
-may block puts a ``logging.handlers.QueueHandler`` in front of it (docs/embedding.md).
+network) holds every turn of the host meanwhile. An application whose sink may block
+puts a ``logging.handlers.QueueHandler`` in front of it (docs/embedding.md). The default
+sink, stderr, never blocks when it is a pipe or a terminal (:class:`NonBlockingSink`):
+a full pipe nobody read stalled every session of ``serve``.
 
 A line of an application's own configuration that raises (a processor, a handler) is
 dropped, said once on stderr (:class:`_Guarded`), and :func:`configure_logging`'s own
@@ -14,13 +16,19 @@ them): logging never fails a turn.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import errno
 import functools
 import logging
+import os
+import select
+import stat
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import structlog
@@ -45,8 +53,8 @@ def configure_logging(
     :data:`LIBRARY_LOGGERS` (stdlib logging) become lines of the same format.
     """
     lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
-    sink = QuietStream.around(stream or sys.stderr)
     renderer: Any = JsonRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    sink = QuietStream.around(stream or unblocked(sys.stderr, _dropped_notice(renderer)))
     global _own_processors
     _own_processors = [
         structlog.contextvars.merge_contextvars,
@@ -125,6 +133,178 @@ class QuietStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
+
+
+PENDING_LIMIT = 1 << 20
+"""Bytes of lines a :class:`NonBlockingSink` holds while its reader is behind (a pipe
+nobody reads any more is full at 64 KiB); lines that would take it past are dropped."""
+EXIT_WAIT = 2.0
+"""Seconds a :class:`NonBlockingSink` waits at the process's exit for its reader to take
+the lines it holds, counted afresh each time the reader takes some."""
+
+
+class NonBlockingSink:
+    """The process's stderr (or stdout) when it is a pipe or a terminal, written through a
+    non-blocking open file description of its own: a write never waits for the reader.
+
+    Lines are written on the event loop. With stderr a pipe whose reader stopped reading
+    without closing it (a parent's ``stderr=PIPE`` never read, a ``| tee`` suspended with
+    Ctrl-Z, a terminal paused with Ctrl-S), the 64 KiB pipe filled and the next line's
+    ``write`` blocked the loop: ``serve --log-level info`` stopped answering after ten
+    turns, every session stalled. Now a write that would wait is kept (up to
+    :data:`PENDING_LIMIT` bytes, sent before any later line, never half a line lost);
+    past that, lines are dropped, and once the reader has caught up a ``log.lines-dropped``
+    line says how many. What it still holds at exit is waited for while the reader takes
+    it (:data:`EXIT_WAIT`).
+
+    The description is the pipe's or terminal's own, opened anew through
+    ``/proc/self/fd`` (``O_NONBLOCK`` on the inherited one would be the parent's and
+    every sibling's sharing it too). Where that cannot be done (no ``/proc``, a socket, a
+    regular file, whose writes do not wait for a reader) :func:`unblocked` keeps the stream
+    as it was. A broken pipe raises as the stream's own write would (:class:`QuietStream`
+    drops the lines from then on)."""
+
+    __slots__ = (
+        "__weakref__",
+        "_dropped",
+        "_fd",
+        "_lock",
+        "_notice",
+        "_pending",
+        "encoding",
+        "stream",
+    )
+
+    def __init__(self, stream: TextIO, fd: int, notice: Callable[[int], str]) -> None:
+        self.stream = stream
+        self.encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._fd = fd
+        self._notice = notice
+        self._pending = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()  # stdlib handlers' threads write here too
+
+    def write(self, text: str) -> int:
+        data = text.encode(self.encoding, "backslashreplace")
+        with self._lock:
+            if self._pending or self._dropped:
+                self._behind(text, data)
+            else:
+                self._send(data)
+        return len(text)
+
+    def _behind(self, text: str, data: bytes) -> None:
+        """``write`` while lines are held or were dropped: the held ones go first; a line
+        that cannot go is held, or dropped past :data:`PENDING_LIMIT`; once all went,
+        the line saying how many were dropped goes before this one."""
+        if self._pending:
+            self._send_pending()
+            if self._pending:
+                if len(self._pending) + len(data) > PENDING_LIMIT:
+                    self._dropped += text.count("\n") or 1
+                else:
+                    self._pending += data
+                return
+        if self._dropped:
+            notice = self._notice(self._dropped).encode(self.encoding, "backslashreplace")
+            self._dropped = 0
+            data = notice + data
+        self._send(data)
+
+    def flush(self) -> None:
+        """Send what is held, if the reader has room for it now; never waits."""
+        if self._pending:
+            with self._lock:
+                self._send_pending()
+
+    def _send(self, data: bytes) -> None:
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            self._pending += memoryview(data)[sent:]
+
+    def _send_pending(self) -> None:
+        pending = self._pending
+        try:
+            sent = os.write(self._fd, pending)
+        except BlockingIOError:
+            return
+        del pending[:sent]
+
+    def drain(self, wait: float = EXIT_WAIT) -> None:
+        """At exit: wait for the reader to take what is held, giving up after ``wait``
+        seconds in which it took nothing."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLOUT)
+        with self._lock:
+            while self._pending:
+                if not poller.poll(wait * 1000):
+                    return
+                before = len(self._pending)
+                try:
+                    self._send_pending()
+                except OSError:  # the reader left meanwhile
+                    return
+                if len(self._pending) == before:
+                    return
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+_unblocked: dict[tuple[int, int, int, int], NonBlockingSink] = {}
+"""One sink per stream and its file (a pipe's, a terminal's), made once and never closed
+(a logger configured with it may still write): configuring the logging again reuses it,
+not opening another description each time."""
+
+
+def unblocked(stream: TextIO, notice: Callable[[int], str] | None = None) -> Any:
+    """``stream`` as a :class:`NonBlockingSink` when it is a pipe or a terminal that can be
+    opened anew without blocking; else ``stream`` itself. ``notice(n)`` is the line that
+    says ``n`` lines were dropped."""
+    try:
+        fd = stream.fileno()
+        info = os.fstat(fd)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a StringIO), closed
+        return stream
+    if not (stat.S_ISFIFO(info.st_mode) or (stat.S_ISCHR(info.st_mode) and os.isatty(fd))):
+        return stream
+    key = (id(stream), fd, info.st_dev, info.st_ino)  # (the sink keeps the stream alive)
+    sink = _unblocked.get(key)
+    if sink is not None:
+        return sink
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError:  # no /proc; ENXIO: the pipe's reader left (its own write says so)
+        return stream
+    try:
+        stream.flush()  # what it holds goes out first
+    except (OSError, ValueError):
+        pass
+    sink = _unblocked[key] = NonBlockingSink(stream, own, notice or _dropped_text)
+    atexit.register(sink.drain)
+    return sink
+
+
+def _dropped_text(lines: int) -> str:
+    return f"axon: {lines} log lines dropped: the reader of this stream fell behind\n"
+
+
+def _dropped_notice(renderer: Any) -> Callable[[int], str]:
+    """The ``log.lines-dropped`` line, as ``renderer`` writes every other line."""
+
+    def notice(lines: int) -> str:
+        event = {"logger": "axon.logging", "lines": lines, "event": "log.lines-dropped"}
+        event["level"] = "warning"
+        return f"{renderer(None, 'warning', UtcStamper()(None, 'warning', event))}\n"
+
+    return notice
 
 
 class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -20,7 +20,9 @@ always has its weather and clock tools.
 
 Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
 one ``error: ...`` line on stderr and exits with status 2, before anything is written.
-A closed stdout or stderr (``>&-``) is written to as if it were the null device.
+A closed stdout or stderr (``>&-``) is written to as if it were the null device. A
+stdout whose reader leaves mid-turn (``| head -1``) ends the turn (saved, interrupted)
+and the command with status 0, rendered or ``--jsonl``.
 
 A turn that waits for a person (a tool that needs approval, a client-side tool;
 docs/approval.md) is decided here: ``--approve-all`` / ``--deny-all``, or else, when stdin

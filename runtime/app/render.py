@@ -12,6 +12,7 @@ visible ``\\x1b``-style escapes, never obeyed by the user's terminal.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from typing import Any
@@ -53,11 +54,22 @@ NARROW = 16
 the box's borders and padding left its input and result no room, and they vanished."""
 
 
+class _Console(Console):
+    """rich's ``Console`` whose stdout reader leaving is the ``BrokenPipeError`` itself:
+    rich's own exits with ``SystemExit(1)``, so ``axon run ... | head -1`` ended with
+    status 1 and its turn aborted as ``consumer failed: SystemExit``, where ``--jsonl``
+    (whose writes raise it) ends with 0 (``runtime.app.cli``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of stdout left")
+
+
 class TerminalRenderer:
     """Feed it :data:`~runtime.output.OutputChunk` s with :meth:`render`."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(highlight=False)
+        self.console = console or _Console(highlight=False)
         self._inputs: dict[str, Any] = {}
         self._names: dict[str, str] = {}
         self._at_line_start = True
