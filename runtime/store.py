@@ -248,6 +248,29 @@ async def list_page(store: Store, *, limit: int, after: str | None = None) -> Se
     )
 
 
+async def load_last_turn(store: Store, session_id: str) -> tuple[int, SessionRecord] | None:
+    """The session's last turn: ``(the index of its first message, the record of the
+    messages from there on)``, the turn from its last assistant message on (every message
+    when it has none); ``None`` if the session was never saved.
+
+    What reads a turn's outcome needs (its assistant message, the tool results after it,
+    the calls that wait), without the history before it: a store that offers
+    ``load_last_turn(session_id)`` itself (the PostgreSQL store: one statement, a few
+    rows, however long the session) is asked for it; any other store's whole
+    :meth:`Store.load` is cut there, so a store written before this read still serves."""
+    own = getattr(store, "load_last_turn", None)
+    if own is not None:
+        return await own(session_id)  # type: ignore[no-any-return]
+    record = await store.load(session_id)
+    if record is None:
+        return None
+    messages = record.messages
+    first = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), 0
+    )
+    return first, attrs.evolve(record, messages=messages[first:])
+
+
 def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:
     """What a writer whose save met a conflict keeps of the store, to append ``ours`` to.
 

@@ -226,6 +226,94 @@ async def test_a_front_end_queues_a_turn_of_a_long_session_reading_none_of_its_m
     assert metas == [None, "a first question"]
 
 
+async def _settled(
+    store: PostgresStore, queue: TurnQueue, session_id: str, n: int, *, whole: bool = False
+) -> tuple[Any, Any, int]:
+    """A turn of a session of ``n`` messages, stored (user, assistant with a call, its
+    result) and settled by a front end's :class:`QueuedTurnOutput` (``whole``: as
+    AG-UI's, whose snapshot reads the history): ``(the output, the turn's result from
+    the whole history, the message rows the settle read)``."""
+    from types import SimpleNamespace
+
+    from runtime import output as o
+    from runtime.app.web.queued_turn import QueuedTurnOutput, turn_result
+    from runtime.chunks import Usage
+    from runtime.messages import ToolCallPart, ToolMessage
+
+    await store.save(session_id, 0, history(n))
+    turn = await queue.submit(session_id, "next question")
+    call = ToolCallPart(tool_call_id="c1", tool_name="t", input={}, step=0)
+    done = TextPart(text="done", step=1)
+    await store.save(
+        session_id,
+        n,
+        [
+            UserMessage(content="next question"),
+            AssistantMessage(content=(call, done), id=turn.message_id),
+            ToolMessage(tool_call_id="c1", tool_name="t", step=0, output="ok"),
+        ],
+    )
+    rows: list[int] = []
+    record_off_loop = PostgresStore.record_off_loop
+
+    async def counted(self: PostgresStore, sid: str, joined: list[Any], first: int = 0) -> Any:
+        rows.append(sum(1 for r in joined if r[2] is not None))
+        return await record_off_loop(self, sid, joined, first)
+
+    out = QueuedTurnOutput(SimpleNamespace(store=store, queue=queue), turn, history=whole)
+    out.last = o.Finish(finish_reason="stop", usage=Usage())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PostgresStore, "record_off_loop", counted)
+        await out.settle()
+    stored = await store.load(session_id)
+    assert stored is not None
+    expected = turn_result(turn.turn_id, turn.message_id, stored.messages, out.status, out.last)
+    return out, _fields(expected), sum(rows)
+
+
+def _fields(result: Any) -> tuple[Any, ...]:
+    """A :class:`~runtime.output.TurnResult`'s fields (its equality is identity)."""
+    import attrs
+
+    return attrs.astuple(result, recurse=False)
+
+
+async def test_a_front_end_settles_a_turn_of_a_long_session_reading_the_turn_alone(
+    pg_url: str,
+) -> None:
+    """The OpenAI, A2A and MCP answers of a worker deployment read how the turn ended:
+    that loaded the whole session (a 5,000-message one 1.5 MB a turn). Now the rows read
+    are the turn's (its assistant message and tool result), however long the session;
+    the result is the one the whole history gives."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        short, short_expected, short_rows = await _settled(store, queue, "short", SHORT)
+        long, long_expected, long_rows = await _settled(store, queue, "long", LONG)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert short_rows == long_rows == 2
+    assert (_fields(short.result), _fields(long.result)) == (short_expected, long_expected)
+    assert long.result.finish_reason == "stop" and len(long.result.tool_messages) == 1
+    assert (long.session.first, len(long.session.messages)) == (LONG + 1, 2)
+
+
+async def test_an_ag_ui_front_end_still_reads_the_whole_session_for_its_snapshot(
+    pg_url: str,
+) -> None:
+    """AG-UI's closing ``MESSAGES_SNAPSHOT`` is the whole thread: its settle reads it."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        out, expected, rows = await _settled(store, queue, "s", SHORT, whole=True)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert rows == SHORT + 3 and len(out.session.messages) == SHORT + 3
+    assert out.session.first == 0 and _fields(out.result) == expected
+
+
 _TOO_LONG = {
     # OpenAI's words for it: the code says it, the message says it differently
     "openai": (

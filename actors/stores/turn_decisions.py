@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from actors.stores.postgres import LockedSession, _retrying, decision_written, read_row
-from actors.stores.postgres_calls import SESSION_COLUMNS
+from actors.stores.postgres import LockedSession, decision_written
 from actors.stores.turn_sql import (
     _STATUS_COLUMNS,
     _SUSPEND,
@@ -27,8 +26,7 @@ from actors.stores.turn_sql import (
 )
 from actors.stores.validation import encode_rows
 from runtime.approval import Decision, PendingCall, record_decision
-from runtime.errors import AlreadyDecided, StoreError
-from runtime.history import run_long_off_loop
+from runtime.errors import AlreadyDecided
 from runtime.messages import Message
 from runtime.store import SessionRecord, validate_session_id
 from runtime.turn_queue import QUEUED, RUNNING, WAITING, Decided, TurnStatus
@@ -37,19 +35,6 @@ from runtime.turn_queue import Claim as BaseClaim
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
 
-_LAST_TURN_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
-FROM axon_sessions AS s
-LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
-    (SELECT a.idx FROM axon_messages AS a
-     WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC LIMIT 1), 0)
-WHERE s.session_id = $1 ORDER BY m.idx"""
-"""A session's row and its messages from its last assistant message on (all of them when
-it has none), in one statement (one snapshot): what a decision reads
-(:func:`~runtime.approval.record_decision`'s ``last_turn``), in
-:func:`~actors.stores.postgres.load_rows`'s columns;
-the assistant message found backwards on the messages' primary key, a row or a few."""
-_LAST_TURN_NAME: Final = b"axon_last_turn_read"
-_SESSION_KINDS: Final = tuple(kind for _, kind in SESSION_COLUMNS)
 
 EXPIRY_HOLD: Final = 60.0
 """Seconds a waiting turn handed out by :meth:`TurnQueue.take_expired` is held back from
@@ -214,27 +199,12 @@ class TurnDecisions:
         return Decided(recorded=recorded, turn=rows[-1])
 
     async def _last_turn(self, session_id: str) -> tuple[int, SessionRecord] | None:
-        """The session's last turn as a decision reads it (:data:`_LAST_TURN_SQL`), one
-        statement sent from the event loop: ``(the first message's index, the record of
-        the messages from there on)``, ``None`` if it was never saved. Where the decision
+        """The session's last turn as a decision reads it
+        (:meth:`PostgresStore.load_last_turn
+        <actors.stores.postgres.PostgresStore.load_last_turn>`): where the decision
         loaded the whole session in a thread (a hop, every message decoded), it decodes
         the last turn's messages, on the loop."""
-        store = self.store
-        if store._closed:
-            raise StoreError(f"session store {store.url} is closed")
-        params = (session_id.encode(),)
-
-        async def once() -> Any:
-            return await store._lane.call(_LAST_TURN_NAME, _LAST_TURN_SQL, params, (0,), 1)
-
-        action = f"decision's read of session {session_id!r}"
-        result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
-        rows = await run_long_off_loop(result.ntuples, _rows_of, result)
-        if not rows:
-            return None
-        first = 0 if rows[0][2] is None else rows[0][2]
-        record = await store.record_off_loop(session_id, rows, first)
-        return None if record is None else (first, record)
+        return await self.store.load_last_turn(session_id)
 
     async def _save_decision(
         self, session_id: str, call: PendingCall, **save: Any
@@ -327,8 +297,3 @@ class TurnDecisions:
 
         row = await self.store.run(f"cancel of turn {turn_id}", cancel)
         return None if row is None else _status(row)
-
-
-def _rows_of(result: Any) -> list[tuple[Any, ...]]:
-    """The rows of a :data:`_LAST_TURN_SQL` answer (binary format)."""
-    return [read_row(result, i, _SESSION_KINDS) for i in range(result.ntuples)]

@@ -63,7 +63,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import SessionInfo, SessionRecord, Store, list_page
+from runtime.store import SessionInfo, SessionRecord, Store, list_page, load_last_turn
 
 # -- data --------------------------------------------------------------------------------
 
@@ -456,6 +456,24 @@ class StoreConformance:
         for bad_limit in (0, -1, True, None):
             with pytest.raises(InvalidCursor):
                 await list_page(store, limit=bad_limit)
+
+    # -- the last turn, as a turn's outcome is read -------------------------------------
+
+    async def test_load_last_turn_reads_from_the_last_assistant_message_on(self, store):
+        """:func:`~runtime.store.load_last_turn` over this store (its own read, or its
+        whole load cut): the messages from the last assistant message on, with that
+        message's index, the meta as stored; every message when none answered yet;
+        ``None`` for a session never saved."""
+        tool = ToolMessage(tool_call_id="c", tool_name="t", step=0, output="ok", id="t1")
+        await store.save("s", 0, [*turn(0), *turn(1), tool], {"title": "x"})
+        await store.save("q", 0, [UserMessage(content="only a question", id="u")])
+        first, last = await load_last_turn(store, "s")
+        assert first == 3 and last == record("s", [turn(1)[1], tool], {"title": "x"})
+        assert await load_last_turn(store, "q") == (
+            0,
+            record("q", [UserMessage(content="only a question", id="u")]),
+        )
+        assert await load_last_turn(store, "never") is None
 
 
 class StorePaging:

@@ -639,7 +639,8 @@ class AGUIRoutes:
             )
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
-        return self._queued(run, QueuedTurnOutput(front, turn), agent, prelude=prelude)
+        out = QueuedTurnOutput(front, turn, history=True)  # (its closing snapshot)
+        return self._queued(run, out, agent, prelude=prelude)
 
     async def _continue(
         self, run: RunInput, session_id: str, stored: tuple[Message, ...]
@@ -726,7 +727,7 @@ class AGUIRoutes:
         turn = decided[-1].turn if decided else await front.queue.get_status(waiting[0].turn_id)
         if turn is None or turn.waiting:
             raise _pending_refusal([c for c in waiting_calls(checked) if not c.decided])
-        return QueuedTurnOutput(front, turn, after_pauses=turn.resumes)
+        return QueuedTurnOutput(front, turn, after_pauses=turn.resumes, history=True)
 
     def _queued(
         self, run: RunInput, out: QueuedTurnOutput, agent: Any, **encoding: Any

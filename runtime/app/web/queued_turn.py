@@ -48,6 +48,7 @@ from runtime.logging import get_logger
 from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
 from runtime.relay import StepRestarted
+from runtime.store import load_last_turn
 from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, TurnStatus
 
 _PART_STARTS = {o.TextStart: "text", o.ReasoningStart: "reasoning"}
@@ -174,10 +175,12 @@ class RestartFilter:
 
 @attrs.frozen
 class StoredSession:
-    """What an encoder reads of the session once its turn is over (``out.session``)."""
+    """What an encoder reads of the session once its turn is over (``out.session``):
+    its messages from index ``first`` on (``0``: the whole history)."""
 
     id: str
     messages: tuple[Message, ...]
+    first: int = 0
 
 
 def _error(kind: str, message: str) -> o.Error:
@@ -189,15 +192,22 @@ class QueuedTurnOutput:
     from the relay by the front end ``front`` (a :class:`~runtime.app.web.frontend.FrontEnd`);
     ``after_pauses`` reads only what follows the turn's ``after_pauses``-th wait for
     input (a continuation). Once the chunks end, :meth:`settle` reads how the turn ended:
-    :attr:`result`, :attr:`session` (its stored history) and :attr:`status` (its row)."""
+    :attr:`result`, :attr:`session` and :attr:`status` (its row). :attr:`session` holds
+    the turn's messages only (from its assistant message on), unless ``history`` asks
+    for the whole stored history (AG-UI's closing ``MESSAGES_SNAPSHOT``): the OpenAI,
+    A2A and MCP answers need the turn alone, and read a few rows of a session of any
+    length (they read all of it: a 5,000-message one 1.5 MB a turn)."""
 
-    def __init__(self, front: Any, turn: TurnStatus, *, after_pauses: int = 0) -> None:
+    def __init__(
+        self, front: Any, turn: TurnStatus, *, after_pauses: int = 0, history: bool = False
+    ) -> None:
         self.front = front
         self.turn = turn
         self.turn_id = turn.turn_id
         self.session_id = turn.session_id
         self.message_id = turn.message_id
         self.after_pauses = after_pauses
+        self.history = history
         self.sent = False
         """Whether any of the turn's chunks came out."""
         self.last: Any = None
@@ -311,13 +321,28 @@ class QueuedTurnOutput:
         :attr:`session` and :attr:`status`; call once the chunks ended."""
         try:
             self.status = await self.front.queue.get_status(self.turn_id)
-            record = await self.front.store.load(self.session_id)
+            first, messages = await self._stored()
         finally:
             self.done.set()
-        messages: tuple[Message, ...] = tuple(record.messages) if record is not None else ()
-        self.session = StoredSession(self.session_id, messages)
+        self.session = StoredSession(self.session_id, messages, first)
         self.result = turn_result(self.turn_id, self.message_id, messages, self.status, self.last)
         return self.result
+
+    async def _stored(self) -> tuple[int, tuple[Message, ...]]:
+        """The messages :meth:`settle` reads, with the index of the first: the session's
+        last turn (:func:`~runtime.store.load_last_turn`) when it holds the turn's
+        message, else (``history``, a later turn ran since, the turn stored no message)
+        the whole history, which alone tells those apart."""
+        store = self.front.store
+        if not self.history:
+            last = await load_last_turn(store, self.session_id)
+            if last is None:
+                return 0, ()
+            first, record = last
+            if any(m.id == self.message_id for m in record.messages if m.role == "assistant"):
+                return first, tuple(record.messages)
+        record = await store.load(self.session_id)
+        return 0, tuple(record.messages) if record is not None else ()
 
     async def cancel(self, reason: str = STOPPED) -> None:
         """Cancel the turn wherever it runs (a queued one never runs)."""
