@@ -89,6 +89,16 @@ def _scheme(request: Request) -> str:
     return "https" if forwarded == "https" else request.url.scheme
 
 
+class _BodyRefused(wire.A2AError):
+    """The body refused as it was read (:func:`~runtime.app.web.chat_input._read_body`),
+    with the headers of that refusal: a full body budget's 503 says ``Retry-After`` and
+    closes the connection, as on the other endpoints."""
+
+    def __init__(self, refusal: ApiError) -> None:
+        super().__init__("InvalidRequest", refusal.message, status=refusal.status)
+        self.headers = refusal.headers
+
+
 class EventStream:
     """An SSE response: ``first`` (the task as it is), then the task's events as they
     come until it settles. A client that leaves or stops reading is dropped; the task
@@ -189,10 +199,12 @@ class A2AEndpoint:
     def _error(self, exc: wire.A2AError, rpc: bool, request_id: Any) -> Response:
         """``exc`` in the binding's shape. A JSON-RPC error is an HTTP 200, but for what
         is refused before the JSON-RPC request is read (the token, the body's size, time
-        and media type), which keeps its HTTP status."""
+        and media type, the server's room for bodies), which keeps its HTTP status."""
         headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+        if isinstance(exc, _BodyRefused):
+            headers = exc.headers
         if rpc:
-            http = exc.status if exc.status in (401, 408, 413, 415) else 200
+            http = exc.status if exc.status in (401, 408, 413, 415, 503) else 200
             return _json(exc.jsonrpc(request_id), http, headers)
         return _json(exc.rest(), exc.status, headers)
 
@@ -240,9 +252,11 @@ class A2AEndpoint:
 
     async def _body(self, request: Request) -> Any:
         try:
-            raw = await _read_body(request, self.state.max_body, self.state.body_timeout)
+            raw = await _read_body(
+                request, self.state.max_body, self.state.body_timeout, self.state.body_budget
+            )
         except ApiError as exc:
-            raise wire.A2AError("InvalidRequest", exc.message, status=exc.status) from None
+            raise _BodyRefused(exc) from None
         if not raw:
             return {}
         try:

@@ -424,7 +424,7 @@ class AGUIRoutes:
         try:
             return await self.run(request)
         except AGUIError as exc:
-            headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+            headers = {"www-authenticate": "Bearer"} if exc.status == 401 else exc.headers
             return error_response(exc, headers)
 
     def _check_request(self, request: Request) -> None:
@@ -443,9 +443,9 @@ class AGUIRoutes:
         state = self.state
         self._check_request(request)
         try:
-            raw = await _read_body(request, state.max_body, state.body_timeout)
+            raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
         except ApiError as exc:
-            raise AGUIError(exc.status, exc.message) from None
+            raise AGUIError(exc.status, exc.message, headers=exc.headers) from None
         if len(raw) > INLINE_BODY:
             run, effective = await off_loop(_run_input, raw, big=True, state=state)
         else:  # client tools' schemas take ~0.5 ms each to check: off the loop too

@@ -47,11 +47,19 @@ class AGUIError(Exception):
     """Input refused before the run starts: an HTTP error status with no event stream
     (the HTTP binding's rule), the body ``{"error": message, "code": code}``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        self.headers = headers
+        """Headers of the answer (a full body budget's ``retry-after``, ``connection``)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": self.message, "code": self.code}

@@ -68,13 +68,24 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
-from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.app.web import (
+    BODY_TIMEOUT,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_BODY_IN_FLIGHT,
+    SEND_TIMEOUT,
+)
 from runtime.app.web.answers import (
     is_continuation,
     record_answers,
     waiting_in_meta,
 )
-from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
+from runtime.app.web.chat_input import (
+    CHILD_PARSES,
+    BodyBudget,
+    check_media,
+    read_chat_request,
+    title_of,
+)
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
 from runtime.app.web.http import (
@@ -596,6 +607,7 @@ class WebState:
         send_timeout: float | None = SEND_TIMEOUT,
         on_busy: OnBusy | None = None,
         max_queued_per_session: int | None = None,
+        max_body_in_flight: int = DEFAULT_MAX_BODY_IN_FLIGHT,
     ) -> None:
         self.host = host
         self.agent = agent
@@ -604,6 +616,8 @@ class WebState:
         self.max_queued_per_session = max_queued_per_session
         """How many messages may wait for a session's running turn (``None``: no cap)."""
         self.max_body = max_body
+        self.body_budget = BodyBudget(max_body_in_flight)
+        """The request-body bytes all requests hold at once, and their bound."""
         self.keepalive = keepalive
         self.body_timeout = body_timeout
         self.send_timeout = send_timeout
@@ -958,6 +972,7 @@ def create_app(
     protocols: Collection[str] = ("ai-sdk",),
     on_busy: OnBusy | None = None,
     max_queued_per_session: int | None = MAX_QUEUED_PER_SESSION,
+    max_body_in_flight: int = DEFAULT_MAX_BODY_IN_FLIGHT,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -965,7 +980,10 @@ def create_app(
     allows those origins to call the API from a browser (none by default; an entry that
     is not an origin, ``*`` among them, is a ``ValueError``:
     :func:`~runtime.app.web.guard.cors_origin`); ``max_body``
-    caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
+    caps request bodies (413 above it), ``max_body_in_flight`` the bytes of them read at
+    once, all requests together (503 with ``Retry-After`` and the connection closed for
+    one that would pass it: :class:`~runtime.app.web.chat_input.BodyBudget`);
+    ``keepalive`` is the SSE comment interval (0: off).
     ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
     :class:`~runtime.app.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
     body takes to arrive (408), ``send_timeout`` the time a stream waits for a client that
@@ -999,6 +1017,7 @@ def create_app(
         send_timeout=send_timeout,
         on_busy=None if on_busy is None else check_on_busy(on_busy),
         max_queued_per_session=max_queued_per_session,
+        max_body_in_flight=max_body_in_flight,
     )
     state.relay = relay
     state.cancel_hook = cancel_hook

@@ -209,7 +209,9 @@ class MCPEndpoint:
         held the request's task for as long as it kept the connection (branch
         ``deadlinecli``)."""
         state = self.state
-        raw = await _read_body(Request(scope, receive), state.max_body, state.body_timeout)
+        raw = await _read_body(
+            Request(scope, receive), state.max_body, state.body_timeout, state.body_budget
+        )
         given = False
 
         async def replay() -> Message:

@@ -292,9 +292,9 @@ class OpenAIRoutes:
     async def chat_completions(self, request: Request) -> Any:
         state = self.state
         try:
-            raw = await _read_body(request, state.max_body, state.body_timeout)
+            raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
         except ApiError as exc:
-            raise OpenAIError(exc.status, exc.message) from None
+            raise OpenAIError(exc.status, exc.message, headers=exc.headers) from None
         chat = await off_loop(_chat_request, raw, big=len(raw) > INLINE_BODY, state=state)
         if chat.model != self.model():
             raise OpenAIError(

@@ -49,7 +49,12 @@ from runtime.app.commands import (
     report_bad_input,
 )
 from runtime.app.host import Host
-from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.app.web import (
+    BODY_TIMEOUT,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_BODY_IN_FLIGHT,
+    SEND_TIMEOUT,
+)
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
 from runtime.busy import STRATEGIES
@@ -245,6 +250,16 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BODY,
         help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
         f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
+    )
+    add(
+        "--max-body-bytes-in-flight",
+        metavar="BYTES",
+        type=positive(int),
+        default=DEFAULT_MAX_BODY_IN_FLIGHT,
+        help="request-body bytes read at once, all requests together; a body that would "
+        "pass it gets 503 with Retry-After and its connection closed, so clients "
+        "stalling mid-body cannot take the server's memory (default "
+        f"{DEFAULT_MAX_BODY_IN_FLIGHT}: {DEFAULT_MAX_BODY_IN_FLIGHT / 2**20:g} MiB)",
     )
     add_input_limit_arguments(parser)
     add(
@@ -481,6 +496,7 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             token=token,
             cors_origins=args.cors_origin,
             max_body=args.max_body,
+            max_body_in_flight=args.max_body_bytes_in_flight,
             allowed_hosts=[args.host, *args.allowed_host],
             body_timeout=args.body_timeout,
             send_timeout=args.send_timeout,
