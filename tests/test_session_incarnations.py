@@ -209,3 +209,22 @@ async def test_an_unsaved_turn_of_a_deleted_session_is_not_saved_into_its_re_cre
         await session.run("next")
         record = await store.load("s")
     assert record is not None and _users(record) == ["fresh", "next"]  # before: + "lost"
+
+
+async def test_an_unsaved_turn_of_a_deleted_session_does_not_bring_the_session_back() -> None:
+    # As above, but the other process only deletes "s". The next turn here reloaded the
+    # session (gone: ``None``) and saved the kept turn with its own: the deleted session
+    # came back holding the turn that never reached it.
+    gate, asked = _Gate(), []
+    store = FailingSaves()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(gate, asked), session_id="s")
+        await session.run("first")
+        store.failing = True
+        with contextlib.suppress(StoreError):
+            await session.run("lost")
+        store.failing = False
+        await store.delete("s")  # another process's delete: nothing here hears of it
+        await session.run("next")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["next"]  # before: ["lost", "next"]

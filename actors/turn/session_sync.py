@@ -10,7 +10,7 @@ together, and both are plain functions here so they can be tested without a turn
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
   to save (so the model sees the other writer's turns, and nothing of ours is dropped),
-  unless the session was deleted and started again since (its incarnation says so).
+  unless the session was deleted since (gone, or started again: its incarnation says so).
 """
 
 from __future__ import annotations
@@ -66,10 +66,13 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet,
     unless ``record`` is a later incarnation of the session (deleted and started again
     since the version ``state`` holds, :attr:`~runtime.store.SessionRecord.incarnation`):
-    what ``state`` had not saved then belongs to the deleted conversation, and goes."""
+    what ``state`` had not saved then belongs to the deleted conversation, and goes. So
+    it does when ``record`` is ``None`` though ``state`` holds a stored version: the
+    session was deleted since (a store loses no session otherwise), and saving what
+    ``state`` had not saved would bring the deleted session back holding it."""
     stored = () if record is None else record.messages
     end = state.saved_upto
-    if record is not None and 0 < state.version < record.incarnation:
+    if state.version > 0 and (record is None or state.version < record.incarnation):
         end = len(state.messages)
     unsaved = state.messages[end:]
     base, start = rebase(stored, unsaved)
