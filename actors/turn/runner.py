@@ -131,6 +131,10 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
+_NO_TITLE: Any = object()
+"""No title (:attr:`TurnRunner._stale_title`)."""
+
+
 class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     """Per-session actor running turns, one at a time. How a turn suspends for input and
     resumes comes from :class:`~actors.turn.suspension.Suspending`; saving, from
@@ -191,6 +195,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """The session's latest save, until its outcome is adopted into the state."""
         self._answered: SaveResult | None = None
         """The answer to ``_pending``, once it came in."""
+        self._deleted_since = False
+        """The reload before the turn about to open found the session deleted since the
+        version the history held (``Saving._sync``): the meta its run carries is the
+        deleted conversation's."""
+        self._stale_title: Any = _NO_TITLE
+        """The deleted conversation's title, which the session's host still holds and
+        sends with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""
         if repaired is None:
             repaired = RepairedHistory()
             repaired(state.messages)  # a resumed history: repaired with its loading
@@ -412,6 +423,23 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if not sent:  # no controller to hand it over: the stream just ends
             run.consumer.close()
 
+    def _turn_meta(self, meta: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``meta`` (the run's: its session's as its host holds it) as the turn saves it:
+        without the title of a conversation deleted since (another process deleted the
+        session, its host here was not told). Saved, it named the new conversation after
+        the deleted one, and, the session started again by another writer, replaced the
+        title that writer gave it. A title the host sets afterwards is saved."""
+        if self._deleted_since:
+            self._deleted_since = False
+            self._stale_title = meta.get("title", _NO_TITLE)
+        stale = self._stale_title
+        if stale is _NO_TITLE:
+            return meta
+        if meta.get("title", _NO_TITLE) != stale:
+            self._stale_title = _NO_TITLE  # the host's title moved on: its own from here
+            return meta
+        return {key: value for key, value in meta.items() if key != "title"}
+
     def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
         """The turn ``run`` starts (or continues: its committed step, when a resumed turn
         finds one), its messages in the session's history, and the calls of a turn that
@@ -438,7 +466,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
             first_message_id=message_id,
-            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
+            meta={
+                "agent": agent.name,
+                **self._turn_meta(run.meta),
+                **({WAITING_META: 0} if was_waiting else {}),
+            },
             deps=run.deps,
             steering=run.steering,
             tools=run.tools,

@@ -34,6 +34,10 @@ class Adopted:
     """Messages of another writer that the history holds now and did not before."""
     dropped: int = 0
     """Messages the history held before that the store no longer has."""
+    deleted: bool = False
+    """The session was deleted since the version the history held (gone, or started
+    again: :func:`adopt_record`): what this host still holds of it (its title) is the
+    deleted conversation's."""
 
     @property
     def concurrent(self) -> bool:
@@ -72,7 +76,8 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     ``state`` had not saved would bring the deleted session back holding it."""
     stored = () if record is None else record.messages
     end = state.saved_upto
-    if state.version > 0 and (record is None or state.version < record.incarnation):
+    deleted = state.version > 0 and (record is None or state.version < record.incarnation)
+    if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
     base, start = rebase(stored, unsaved)
@@ -82,7 +87,7 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     # From ``len(base)`` it would write ours over the other writer's messages.
     state.saved_upto = start
     state.version = 0 if record is None else record.version
-    return adopted
+    return attrs.evolve(adopted, deleted=True) if deleted else adopted
 
 
 def _replace_prefix(state: SessionState, end: int, prefix: Sequence[Message]) -> Adopted:
