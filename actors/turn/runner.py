@@ -144,6 +144,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     inbox_capacity = 16
     handling_waits = True  # a turn waits for its model call (runtime.actor.Actor)
+    _deleted_since = False
+    """The reload before the turn about to open found the session deleted since the
+    version the history held (``Saving._sync``): the meta its run carries is the deleted
+    conversation's. (Class defaults, set on the instance only then: a runner whose session
+    was never deleted under it carries nothing more.)"""
+    _stale_title: Any = _NO_TITLE
+    """The deleted conversation's title, which the session's host still holds and sends
+    with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""
 
     def __init__(
         self,
@@ -195,13 +203,6 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """The session's latest save, until its outcome is adopted into the state."""
         self._answered: SaveResult | None = None
         """The answer to ``_pending``, once it came in."""
-        self._deleted_since = False
-        """The reload before the turn about to open found the session deleted since the
-        version the history held (``Saving._sync``): the meta its run carries is the
-        deleted conversation's."""
-        self._stale_title: Any = _NO_TITLE
-        """The deleted conversation's title, which the session's host still holds and
-        sends with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""
         if repaired is None:
             repaired = RepairedHistory()
             repaired(state.messages)  # a resumed history: repaired with its loading
