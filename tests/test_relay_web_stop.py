@@ -143,3 +143,57 @@ def test_a_watch_that_takes_no_named_stops_cancels_only_one_naming_its_turn() ->
     _cancel_from(named(session_id="s", named_turn="t", reason="r"), lambda *a: cancelled.append(a))
     _cancel_from(named(reason="plain"), lambda *a: cancelled.append(a))
     assert cancelled == [("t", "r"), ("t", "plain")]
+
+
+async def test_a_stop_naming_a_queued_message_sent_while_its_hosts_subscription_is_dead_stops_it(
+    redis_url: str,
+) -> None:
+    # A runs "one" and holds "two" queued (its turn has no relay writer yet); A's cancel
+    # subscription is black-holed when B forwards a stop naming "two". The stop is
+    # recorded under the running turn's id, which ends before A subscribes again; A then
+    # read back only the stops of the turns it still streamed ("two"'s), so the stop was
+    # lost and "two" ran to its answer.
+    from actors.relays import RedisRelay, attach_relay
+    from tests.support.redis import redis_address, unique_prefix
+    from tests.support.redis_proxy import redis_fault_proxy, scripted
+    from tests.web.harness import web_server
+
+    script = Script(holding("H1"), ["first done"], holding("H2"), ["never"])
+    agent = agent_of(script, "enqueue")
+    prefix = unique_prefix()
+    async with (
+        redis_fault_proxy(redis_address(), scripted({})) as proxy,
+        RedisRelay.open(proxy.url, prefix=prefix, cancel_ping=0.5, op_timeout=2.0) as relay_a,
+        RedisRelay.open(redis_url, prefix=prefix) as relay_b,
+        web_server(agent, relay=relay_a) as a,
+        web_server(agent, relay=relay_b) as b,
+    ):
+        await attach_relay(a.host, relay_a)
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
+                await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
+                assert proxy.hold_subscriptions() == 1  # A is deaf from now on
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                first = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                first.set()  # "one" ends (its writer closes); "two" starts, held by its tool
+                await _until(lambda: "u1" in replies)
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u2" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert stop.status_code == 202 and stop.json()["forwarded"] is True
+    assert '"finishReason":"stop"' in replies["u1"].text
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u2"])
+    assert "never" not in replies["u2"].text  # before: "two" answered "never"
+    assert not any(m.role == "assistant" and "never" in str(m.content) for m in stored)

@@ -14,6 +14,7 @@ dropped the same way when that turn's reload finds a later incarnation."""
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,104 @@ async def test_an_unsaved_turn_of_a_deleted_session_is_not_saved_into_its_re_cre
         await session.run("next")
         record = await store.load("s")
     assert record is not None and _users(record) == ["fresh", "next"]  # before: + "lost"
+
+
+async def test_an_unsaved_turn_of_a_deleted_session_does_not_bring_the_session_back() -> None:
+    # As above, but the other process only deletes "s". The next turn here reloaded the
+    # session (gone: ``None``) and saved the kept turn with its own: the deleted session
+    # came back holding the turn that never reached it.
+    gate, asked = _Gate(), []
+    store = FailingSaves()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(gate, asked), session_id="s")
+        await session.run("first")
+        store.failing = True
+        with contextlib.suppress(StoreError):
+            await session.run("lost")
+        store.failing = False
+        await store.delete("s")  # another process's delete: nothing here hears of it
+        await session.run("next")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["next"]  # before: ["lost", "next"]
+
+
+DELETE = {"content-type": "application/json"}
+
+
+async def test_a_session_deleted_by_another_host_does_not_keep_its_title_there(
+    shared_store: Any,
+) -> None:
+    # A holds "s" (titled "first" by its first message); B deletes it, no relay. A's next
+    # message starts a new conversation, and saved the deleted one's title with it.
+    agent = _agent(_Gate(), [])
+    async with (
+        web_server(agent, store=shared_store) as a,
+        web_server(agent, store=shared_store) as b,
+        httpx.AsyncClient(timeout=LIMIT) as client,
+    ):
+        await client.post(f"{a.url}/api/chat", json=body("s", "first", message_id="u1"))
+        deleted = await client.delete(f"{b.url}/api/sessions/s", headers=DELETE)
+        again = await client.post(f"{a.url}/api/chat", json=body("s", "again", message_id="u2"))
+        record = await b.host.store.load("s")
+    assert deleted.status_code == 204 and again.status_code == 200
+    assert record is not None and _users(record) == ["again"]
+    assert "title" not in record.meta  # before: "first", the deleted conversation's
+
+
+async def test_a_session_re_created_by_another_host_keeps_its_title_when_the_old_host_writes(
+    shared_store: Any,
+) -> None:
+    # As above, and a message on B starts "s" again (titled "fresh") before A's next one.
+    agent = _agent(_Gate(), [])
+    async with (
+        web_server(agent, store=shared_store) as a,
+        web_server(agent, store=shared_store) as b,
+        httpx.AsyncClient(timeout=LIMIT) as client,
+    ):
+        await client.post(f"{a.url}/api/chat", json=body("s", "first", message_id="u1"))
+        await client.delete(f"{b.url}/api/sessions/s", headers=DELETE)
+        await client.post(f"{b.url}/api/chat", json=body("s", "fresh", message_id="u2"))
+        more = await client.post(f"{a.url}/api/chat", json=body("s", "more", message_id="u3"))
+        later = await client.post(f"{a.url}/api/chat", json=body("s", "later", message_id="u4"))
+        record = await b.host.store.load("s")
+    assert more.status_code == 200 and later.status_code == 200
+    assert record is not None and _users(record) == ["fresh", "more", "later"]
+    assert record.meta["title"] == "fresh"  # before: "first", the deleted conversation's
+
+
+async def test_two_hosts_deleting_one_session_at_once_both_answer_204_and_it_stays_deleted(
+    shared_store: Any,
+) -> None:
+    # A runs a turn of "s" (held by its tool); A and B each get a DELETE of it at once.
+    gate = _Gate()
+    agent = _agent(gate, [])
+    replies: dict[str, httpx.Response] = {}
+    async with (
+        web_server(agent, store=shared_store) as a,
+        web_server(agent, store=shared_store) as b,
+        httpx.AsyncClient(timeout=LIMIT) as client,
+    ):
+        await client.post(f"{a.url}/api/chat", json=body("s", "first", message_id="u1"))
+
+        async def send(name: str, method: str, url: str, **kw: Any) -> None:
+            replies[name] = await client.request(method, url, **kw)
+
+        async with trio.open_nursery() as nursery:
+            chat = body("s", "hold on", message_id="u2")
+            nursery.start_soon(partial(send, "old", "POST", f"{a.url}/api/chat", json=chat))
+            with trio.fail_after(LIMIT):
+                await gate.entered.wait()
+            for name, server in (("a", a), ("b", b)):
+                url = f"{server.url}/api/sessions/s"
+                nursery.start_soon(partial(send, name, "DELETE", url, headers=DELETE))
+            with trio.fail_after(LIMIT):
+                while len(replies) < 3:  # noqa: ASYNC110 - the three answers
+                    await trio.sleep(0.01)
+            gate.opened.set()
+        gone = await b.host.store.load("s")
+        await client.post(f"{b.url}/api/chat", json=body("s", "fresh", message_id="u3"))
+        record = await b.host.store.load("s")
+    assert (replies["a"].status_code, replies["b"].status_code) == (204, 204)
+    assert 'data: {"type":"abort","reason":"session deleted"}' in replies["old"].text
+    assert gone is None
+    assert record is not None and _users(record) == ["fresh"] and record.meta["title"] == "fresh"

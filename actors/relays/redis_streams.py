@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -89,6 +90,9 @@ subscription that answers none within ``op_timeout`` is dropped and made again."
 CANCEL_TTL_MS = 60_000
 """How long a cancel request's record (``…cancel:{turn_id}``) lives: what a watch that
 subscribes again reads for the cancels it may have missed meanwhile."""
+CLOSED_KEPT = 1024
+"""Turns whose writers closed that a relay remembers (:attr:`RedisRelay.closed`): their
+named stops are read back too when the cancel watch subscribes again."""
 
 _RECENT_CANCELS = """
 local out = {}
@@ -180,6 +184,13 @@ class RedisRelay:
         published in between was lost, its record never read back."""
         self.live: set[RedisRelayWriter] = set()
         """Writers not closed yet (the relay's close lets their queues out)."""
+        self.closed: OrderedDict[str, float] = OrderedDict()
+        """The turns whose writers closed lately (trio clock of the close), the latest
+        last: a named stop is recorded under the session's running turn
+        (:meth:`named_stops_key`) but may name another of this process (a queued
+        message, which runs next); one sent while the subscription was dead is read back
+        under a turn that ended since too (:meth:`_missed_cancels`). At most
+        :data:`CLOSED_KEPT`, none older than :data:`CANCEL_TTL_MS` (the record's life)."""
         self.batcher = _Flusher(client, url, op_timeout)
         """The relay's one flush task: writes the writers' queues when due, those due at
         one moment in one pipeline (on a connection of its own for a plain ``url``)."""
@@ -254,6 +265,13 @@ class RedisRelay:
         """``writer`` is closed: not the relay's to flush any more."""
         self.live.discard(writer)
         self.batcher.forget(writer)
+        closed, now = self.closed, trio.current_time()
+        closed[writer.turn_id] = now
+        closed.move_to_end(writer.turn_id)
+        while closed and (
+            len(closed) > CLOSED_KEPT or next(iter(closed.values())) < now - CANCEL_TTL_MS / 1000
+        ):
+            closed.popitem(last=False)
 
     def next_tick(self, now: float) -> float:
         """The relay's next flush tick after ``now`` (Trio clock): the next multiple of
@@ -724,10 +742,16 @@ class RedisRelay:
         streams: those the subscription may have missed while it was dead. Best effort:
         a Redis that does not answer leaves them missed (logged)."""
         turn_ids = sorted({writer.turn_id for writer in self.live})
-        if not turn_ids:
+        since = trio.current_time() - silent - self.op_timeout
+        ended = [t for t, at in self.closed.items() if at >= since and t not in turn_ids]
+        if not turn_ids and not ended:
             return
         keys = [self.cancel_key(turn_id) for turn_id in turn_ids]
-        keys += [self.named_stops_key(turn_id) for turn_id in turn_ids]
+        # the named stops of the turns that ended meanwhile too: one may name a message of
+        # the session that waited for such a turn and runs now (its own turn's key holds
+        # nothing), ``Host.stop_named`` takes it out or stops it; a cancel of an ended
+        # turn (plain) would stop nothing
+        keys += [self.named_stops_key(turn_id) for turn_id in [*turn_ids, *ended]]
         try:
             found, named = await self._call(
                 "missed cancels",

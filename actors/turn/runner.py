@@ -131,6 +131,10 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
+_NO_TITLE: Any = object()
+"""No title (:attr:`TurnRunner._stale_title`)."""
+
+
 class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     """Per-session actor running turns, one at a time. How a turn suspends for input and
     resumes comes from :class:`~actors.turn.suspension.Suspending`; saving, from
@@ -140,6 +144,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     inbox_capacity = 16
     handling_waits = True  # a turn waits for its model call (runtime.actor.Actor)
+    _deleted_since = False
+    """The reload before the turn about to open found the session deleted since the
+    version the history held (``Saving._sync``): the meta its run carries is the deleted
+    conversation's. (Class defaults, set on the instance only then: a runner whose session
+    was never deleted under it carries nothing more.)"""
+    _stale_title: Any = _NO_TITLE
+    """The deleted conversation's title, which the session's host still holds and sends
+    with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""
 
     def __init__(
         self,
@@ -412,6 +424,23 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if not sent:  # no controller to hand it over: the stream just ends
             run.consumer.close()
 
+    def _turn_meta(self, meta: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``meta`` (the run's: its session's as its host holds it) as the turn saves it:
+        without the title of a conversation deleted since (another process deleted the
+        session, its host here was not told). Saved, it named the new conversation after
+        the deleted one, and, the session started again by another writer, replaced the
+        title that writer gave it. A title the host sets afterwards is saved."""
+        if self._deleted_since:
+            self._deleted_since = False
+            self._stale_title = meta.get("title", _NO_TITLE)
+        stale = self._stale_title
+        if stale is _NO_TITLE:
+            return meta
+        if meta.get("title", _NO_TITLE) != stale:
+            self._stale_title = _NO_TITLE  # the host's title moved on: its own from here
+            return meta
+        return {key: value for key, value in meta.items() if key != "title"}
+
     def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
         """The turn ``run`` starts (or continues: its committed step, when a resumed turn
         finds one), its messages in the session's history, and the calls of a turn that
@@ -439,7 +468,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
             first_message_id=message_id,
-            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
+            meta={
+                "agent": agent.name,
+                **self._turn_meta(run.meta),
+                **({WAITING_META: 0} if was_waiting else {}),
+            },
             deps=run.deps,
             steering=run.steering,
             tools=run.tools,

@@ -47,6 +47,7 @@ class Saving:
         save_replies: Inbox[SaveResult]
         _pending: SaveRequest | None
         _answered: SaveResult | None
+        _deleted_since: bool
         _log: Any
 
         async def publish(self, event: Any) -> None: ...
@@ -198,6 +199,8 @@ class Saving:
                 )
                 return
             adopted = adopt_record(state, record)
+            if adopted.deleted:
+                self._deleted_since = True
             self._publish_history()
             await self._concurrent(adopted, "reloaded", turn_id)
 

@@ -10,7 +10,7 @@ together, and both are plain functions here so they can be tested without a turn
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
   to save (so the model sees the other writer's turns, and nothing of ours is dropped),
-  unless the session was deleted and started again since (its incarnation says so).
+  unless the session was deleted since (gone, or started again: its incarnation says so).
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class Adopted:
     """Messages of another writer that the history holds now and did not before."""
     dropped: int = 0
     """Messages the history held before that the store no longer has."""
+    deleted: bool = False
+    """The session was deleted since the version the history held (gone, or started
+    again: :func:`adopt_record`): what this host still holds of it (its title) is the
+    deleted conversation's."""
 
     @property
     def concurrent(self) -> bool:
@@ -66,10 +70,14 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet,
     unless ``record`` is a later incarnation of the session (deleted and started again
     since the version ``state`` holds, :attr:`~runtime.store.SessionRecord.incarnation`):
-    what ``state`` had not saved then belongs to the deleted conversation, and goes."""
+    what ``state`` had not saved then belongs to the deleted conversation, and goes. So
+    it does when ``record`` is ``None`` though ``state`` holds a stored version: the
+    session was deleted since (a store loses no session otherwise), and saving what
+    ``state`` had not saved would bring the deleted session back holding it."""
     stored = () if record is None else record.messages
     end = state.saved_upto
-    if record is not None and 0 < state.version < record.incarnation:
+    deleted = state.version > 0 and (record is None or state.version < record.incarnation)
+    if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
     base, start = rebase(stored, unsaved)
@@ -79,7 +87,7 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     # From ``len(base)`` it would write ours over the other writer's messages.
     state.saved_upto = start
     state.version = 0 if record is None else record.version
-    return adopted
+    return attrs.evolve(adopted, deleted=True) if deleted else adopted
 
 
 def _replace_prefix(state: SessionState, end: int, prefix: Sequence[Message]) -> Adopted:
