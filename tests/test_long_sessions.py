@@ -195,6 +195,55 @@ async def test_a_front_end_says_a_queued_first_turn_s_session_is_busy_reading_no
     assert loads == []
 
 
+async def _session_views(client: httpx.AsyncClient, session_id: str) -> tuple[Any, Any]:
+    """The session as API clients ask (``messages`` too) and as the page asks (``?view=ui``)."""
+    whole = await client.get(f"/api/sessions/{session_id}")
+    ui = await client.get(f"/api/sessions/{session_id}?view=ui")
+    assert whole.status_code == ui.status_code == 200
+    return whole, ui
+
+
+def _check_ui_view_halves_the_answer(whole: httpx.Response, ui: httpx.Response) -> None:
+    """``?view=ui`` drops ``messages`` alone: the rest as before, about half the bytes."""
+    whole_body, ui_body = whole.json(), ui.json()
+    assert list(whole_body) == [
+        *("session_id", "title", "busy", "waiting", "meta", "messages", "ui_messages")
+    ]
+    assert len(whole_body["messages"]) == LONG
+    assert ui_body == {k: v for k, v in whole_body.items() if k != "messages"}
+    assert len(ui.content) * 10 < len(whole.content) * 6  # was the same bytes (~1.9x half)
+
+
+async def test_the_page_s_view_of_a_long_session_sends_its_history_once(tmp_path):
+    """The page opens a session asking ``?view=ui``: it reads only ``ui_messages``, and
+    the stored form alongside was ~1.9x the bytes of a long history. Without the option
+    the answer is as before, for API clients reading ``messages``."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.save("long", 0, history(LONG), {"title": "kept"})
+    async with web_server(Agent(provider=ScriptedProvider(steps=[["x"]])), store=store) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            whole, ui = await _session_views(client, "long")
+            unknown = await client.get("/api/sessions/long?view=everything")
+    _check_ui_view_halves_the_answer(whole, ui)
+    assert unknown.status_code == 400
+
+
+async def test_a_front_end_s_ui_view_of_a_long_session_sends_its_history_once(
+    pg_url: str,
+) -> None:
+    """The worker deployment's front end, as the embedded app."""
+    from tests.support.redis import require_redis
+    from tests.test_frontend import deployment, slow_agent
+
+    async with deployment(pg_url, require_redis(), slow_agent(), worker=False) as d:
+        await d.store.save("long", 0, history(LONG), {"title": "kept"})
+        async with httpx.AsyncClient(base_url=d.urls[0]) as client:
+            whole, ui = await _session_views(client, "long")
+            unknown = await client.get("/api/sessions/long?view=everything")
+    _check_ui_view_halves_the_answer(whole, ui)
+    assert unknown.status_code == 400
+
+
 async def test_a_front_end_queues_a_turn_of_a_long_session_reading_none_of_its_messages(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -76,7 +76,7 @@ def playwright_sync() -> Any:
 def drive(sync_api: Any, server: WebServer, shot: Path) -> dict[str, Any]:
     """Everything the browser does, in one thread (Playwright's sync objects stay in it)."""
     expect = sync_api.expect
-    seen: dict[str, Any] = {"page_errors": []}
+    seen: dict[str, Any] = {"page_errors": [], "session_gets": []}
     with sync_api.sync_playwright() as p:
         try:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -86,6 +86,14 @@ def drive(sync_api: Any, server: WebServer, shot: Path) -> dict[str, Any]:
             page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=2)
             page.set_default_timeout(20_000)
             page.on("pageerror", lambda e: seen["page_errors"].append(str(e)))
+            page.on(
+                "request",
+                lambda r: (
+                    seen["session_gets"].append(r.url.split("/api/sessions/")[1])
+                    if r.method == "GET" and "/api/sessions/" in r.url
+                    else None
+                ),
+            )
             page.goto(server.url + "/")
             expect(page.locator(".welcome")).to_be_visible()
             expect(page.locator("#agent-info")).to_contain_text("demo")
@@ -176,6 +184,10 @@ async def test_the_page_streams_a_turn_stops_one_and_restores_the_session(
         record = await server.host.store.load(seen["session_id"])
 
     assert seen["page_errors"] == []
+    # the page reads ui_messages alone: it never asks for the session with messages too
+    opened = seen["session_id"] + "?view=ui"
+    assert seen["session_gets"].count(opened) == 2  # the reload, then the list's item
+    assert set(seen["session_gets"]) <= {opened, seen["session_id"] + "?only=busy"}
     assert seen["mutations"] > 30  # typed in as it streamed, not rendered at the end
     assert [(e.finish_reason, e.abort_reason) for e in finished] == [
         ("stop", None),

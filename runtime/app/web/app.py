@@ -96,6 +96,7 @@ from runtime.app.web.http import (
     has_bearer,
     json_response,
     session_page,
+    ui_view,
 )
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
@@ -777,7 +778,8 @@ async def list_sessions(request: Request) -> Response:
 
 async def get_session(request: Request) -> Response:
     """The stored session whole (``{session_id, title, busy, waiting, meta, messages,
-    ui_messages}``), or with ``?only=busy`` whether a turn of it runs here
+    ui_messages}``; ``?view=ui``: without ``messages``, what the page asks, about half the
+    bytes), or with ``?only=busy`` whether a turn of it runs here
     (``{session_id, busy}``): what the page asks every second while a turn it has no
     stream of runs, which loaded and sent the whole history each time (a 5,000-message
     session ~1.5 MB a second). That reads no message: a session open here (a running
@@ -785,6 +787,7 @@ async def get_session(request: Request) -> Response:
     version; 404 for neither."""
     state = _state(request)
     session_id = _session_id(request.path_params["session_id"])
+    ui_only = ui_view(request)
     if request.query_params.get("only") == "busy":
         open_now = state.host.sessions.get(session_id)
         if open_now is None and not await state.host.store.version(session_id):
@@ -805,7 +808,7 @@ async def get_session(request: Request) -> Response:
             "busy": bool(open_session is not None and open_session.busy),
             "waiting": len(pending_calls(record.messages)),
             "meta": record.meta,
-            "messages": unstructure(list(record.messages)),
+            **({} if ui_only else {"messages": unstructure(list(record.messages))}),
             "ui_messages": ui_messages(record.messages),
         }
     )

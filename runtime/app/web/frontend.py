@@ -85,6 +85,7 @@ from runtime.app.web.http import (
     json_response,
     session_id_param,
     session_page,
+    ui_view,
     web_state,
 )
 from runtime.app.web.resend import client_message_id
@@ -643,10 +644,11 @@ class FrontEnd:
 
     async def get_session(self, request: Request) -> Response:
         """As the embedded app's (:func:`runtime.app.web.app.get_session`): with
-        ``?only=busy``, ``{session_id, busy}`` from the turn queue and the session's
-        version, no message read (a session whose first turn is queued or running is
-        busy before it is stored)."""
+        ``?view=ui``, without ``messages``; with ``?only=busy``, ``{session_id, busy}``
+        from the turn queue and the session's version, no message read (a session whose
+        first turn is queued or running is busy before it is stored)."""
         session_id = session_id_param(request.path_params["session_id"])
+        ui_only = ui_view(request)
         if request.query_params.get("only") == "busy":
             busy = await self.queue.active(session_id) is not None
             if not busy and not await self.store.version(session_id):
@@ -662,7 +664,7 @@ class FrontEnd:
                 "busy": await self.queue.active(session_id) is not None,
                 "waiting": len(pending_calls(record.messages)),
                 "meta": record.meta,
-                "messages": unstructure(list(record.messages)),
+                **({} if ui_only else {"messages": unstructure(list(record.messages))}),
                 "ui_messages": ui_messages(record.messages),
             }
         )

@@ -74,6 +74,18 @@ def _one_param(request: Request, name: str) -> str | None:
     return values[0] if values else None
 
 
+def ui_view(request: Request) -> bool:
+    """Whether ``GET /api/sessions/{id}`` was asked ``?view=ui``: its history as the AI
+    SDK ``UIMessage`` s alone, without ``messages``. The page reads only ``ui_messages``,
+    and both forms of a long history were ~1.9x the bytes of that one; API clients that
+    read ``messages`` ask without the option and get the answer as before. Any other
+    ``view`` is a 400, not the whole answer a typo would silently cost."""
+    view = _one_param(request, "view")
+    if view is not None and view != "ui":
+        raise ApiError(400, f"invalid view {view[:40]!r}: ui, or no view for the whole answer")
+    return view == "ui"
+
+
 async def session_page(request: Request, store: Store) -> SessionPage:
     """The page of ``store``'s sessions ``GET /api/sessions?limit=N&cursor=C`` asks for
     (:data:`PAGE_SIZE` of them from the top without either). A limit that is not a whole
