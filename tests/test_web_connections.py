@@ -175,3 +175,87 @@ async def test_a_connection_whose_client_left_while_its_answer_was_written_is_le
                     if open_fds() <= before:
                         break
                     await trio.sleep(0.01)
+
+
+CAP = 20
+"""The connection cap of :func:`test_connections_past_the_cap_are_refused_at_once`; twice
+as many are held against it."""
+
+
+async def test_connections_past_the_cap_are_refused_at_once_and_logged_once(monkeypatch):
+    # With no cap, connections past the hard limit of open files made Trio's accept loop
+    # fail with EMFILE, retry each 0.1 s and log a traceback each time, and every new
+    # connection (a real user's too) waited. Past `--max-connections` one is answered
+    # 503 and closed at once; the log says so once, not once a connection. An hour of
+    # keep-alive here: the held connections stay until the test lets them go.
+    from structlog.testing import capture_logs
+
+    from runtime import Host
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
+
+    monkeypatch.setattr(Config, "keep_alive_timeout", 3600)
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host, trio.open_nursery() as nursery:
+            app = create_app(host, agent())
+            binds = await nursery.start(
+                partial(serve_app, app, host="127.0.0.1", port=0, max_connections=CAP)
+            )
+            address = ("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+            held: list[trio.socket.SocketType] = []
+            refused = 0
+            all_refused = trio.Event()
+            with trio.fail_after(20):  # a guard: refusals come at once
+                for _ in range(2 * CAP):
+                    sock = trio.socket.socket()
+                    await sock.connect(address)
+                    held.append(sock)
+
+                async def refusal(sock: trio.socket.SocketType) -> None:
+                    nonlocal refused
+                    data = b""
+                    while piece := await sock.recv(1 << 16):
+                        data += piece
+                    assert data.startswith(b"HTTP/1.1 503"), data
+                    refused += 1
+                    if refused == CAP:
+                        all_refused.set()
+                    held.remove(sock)
+                    sock.close()
+
+                async with trio.open_nursery() as readers:
+                    for sock in held:
+                        readers.start_soon(refusal, sock)
+                    await all_refused.wait()
+                    await trio.sleep(0.2)  # room for a wrong 21st refusal to show
+                    readers.cancel_scope.cancel()
+            assert (refused, len(held)) == (CAP, CAP)
+            held.pop().close()  # one held connection goes: a real request is served
+            with trio.fail_after(20):
+                while True:
+                    sock = trio.socket.socket()
+                    with sock:
+                        await sock.connect(address)
+                        await sock.send(b"GET /api/info HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                        head = await read_answer(sock)
+                    if head.startswith(b"HTTP/1.1 200"):
+                        break
+                    await trio.sleep(0.01)  # the server has not seen the close yet
+            for sock in held:
+                sock.close()
+            nursery.cancel_scope.cancel()
+    reached = [line for line in logs if line["event"] == "serve.connection_cap_reached"]
+    assert len(reached) == 1, reached
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="reads the limit of open files")
+def test_max_connections_defaults_to_half_the_soft_open_file_limit_and_off_is_none():
+    from runtime.app.cli import build_parser
+    from runtime.app.web.serve import _max_connections
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    expected = None if soft == resource.RLIM_INFINITY else soft // 2
+    parse = build_parser().parse_args
+    assert _max_connections(parse(["serve"])) == expected
+    assert _max_connections(parse(["serve", "--max-connections", "off"])) is None
+    assert _max_connections(parse(["serve", "--max-connections", "20"])) == 20

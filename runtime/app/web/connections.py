@@ -18,19 +18,123 @@ and churning connections against ``serve`` (docs/web.md, "Connections"):
   connections, idle or slow ones an attacker holds (up to the 5 s keep-alive for a
   request's head, ``--body-timeout`` for its body), cannot exhaust the 1,024 most
   systems give a process by default.
+* :class:`ConnectionCap`: ``serve`` holds at most ``--max-connections`` connections
+  (default: half its soft limit of open files, the rest left to the server's own
+  sockets and files: its calls to the model, the store, MCP servers). One past the cap is
+  accepted, answered a 503 at once (nothing of it read) and closed. Without a cap, past
+  the hard limit Trio's accept loop retried each 0.1 s, logging a traceback each time,
+  and every new connection, a real user's too, waited until some closed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+from hypercorn.config import Config
 from hypercorn.events import Event, Updated
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
+from runtime.logging import get_logger
+
 OPEN_FILES_FALLBACK = 10240
 """The soft limit tried when the hard one cannot be set: macOS refuses more than
 ``OPEN_MAX`` (10,240) however high its hard limit, which it reports as unlimited."""
+
+
+CONNECTIONS_SHARE = 2
+"""The default cap is the soft limit of open files divided by this: half the process's
+descriptors for connections, half for what serving them opens (a turn's call to the
+model, the store, MCP servers' pipes, logs)."""
+
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 21\r\n"
+    b"retry-after: 1\r\n"
+    b"connection: close\r\n\r\n"
+    b"too many connections\n"
+)
+"""What a connection past the cap is sent before it is closed: written at once, nothing
+of the client's request read (a client that had sent one may see a reset instead)."""
+
+REFUSAL_TIMEOUT = 1.0
+"""Seconds the refusal may take to write: a fresh socket's buffer takes it at once."""
+
+REPORT_INTERVAL = 60.0
+"""Seconds between two log lines saying connections were refused: one line a burst,
+not one a connection (which an attacker could use to fill the log)."""
+
+
+def default_max_connections() -> int | None:
+    """The connection cap derived from this process's soft limit of open files now (call
+    it after :func:`raise_open_file_limit`); ``None`` (no cap) where there is no limit."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows has no such limit
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(1, soft // CONNECTIONS_SHARE)
+
+
+class ConnectionCap:
+    """How many connections one server holds, and the refusals past ``limit``: a
+    connection is admitted while fewer than ``limit`` are open, else refused and counted;
+    the count is logged at most once each :data:`REPORT_INTERVAL` (its first at once).
+    Mutable, owned by one server's event loop."""
+
+    __slots__ = ("limit", "open", "refused", "reported_at")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        """Refusals since the last log line."""
+        self.reported_at: float | None = None
+
+    def admit(self) -> bool:
+        """Whether a new connection may be served (then it counts until :meth:`release`);
+        a refusal is counted, and logged when none was for :data:`REPORT_INTERVAL`."""
+        if self.open < self.limit:
+            self.open += 1
+            return True
+        self.refused += 1
+        now = trio.current_time()
+        if self.reported_at is None or now - self.reported_at >= REPORT_INTERVAL:
+            get_logger("axon.web").warning(
+                "serve.connection_cap_reached",
+                max_connections=self.limit,
+                refused=self.refused,
+                hint="connections past --max-connections get 503 and are closed",
+            )
+            self.reported_at = now
+            self.refused = 0
+        return False
+
+    def release(self) -> None:
+        """An admitted connection is over."""
+        self.open -= 1
+
+
+class CappedConfig(Config):
+    """Hypercorn's configuration with the server's :class:`ConnectionCap` (``None``:
+    connections are not counted), read by :class:`ReleasingTCPServer`."""
+
+    connection_cap: ConnectionCap | None = None
+
+
+async def refuse_connection(stream: Any) -> None:
+    """Answer a connection past the cap with :data:`REFUSAL` and close it, reading none
+    of it: its descriptor is back within a moment, whatever the client does."""
+    with trio.move_on_after(REFUSAL_TIMEOUT):
+        try:
+            await stream.send_all(REFUSAL)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the client is gone already
+    await trio.aclose_forcefully(stream)
 
 
 class ReleasingTCPServer(TCPServer):
@@ -41,6 +145,19 @@ class ReleasingTCPServer(TCPServer):
     releases_on_close = True
     reading_over = False
     """Whether the reader has ended: no further request can come."""
+
+    async def run(self) -> None:
+        cap = getattr(self.config, "connection_cap", None)
+        if cap is None:
+            await super().run()
+            return
+        if not cap.admit():
+            await refuse_connection(self.stream)
+            return
+        try:
+            await super().run()
+        finally:
+            cap.release()
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -89,4 +206,11 @@ def raise_open_file_limit() -> int | None:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-__all__ = ["ReleasingTCPServer", "raise_open_file_limit", "release_connections_on_close"]
+__all__ = [
+    "CappedConfig",
+    "ConnectionCap",
+    "ReleasingTCPServer",
+    "default_max_connections",
+    "raise_open_file_limit",
+    "release_connections_on_close",
+]

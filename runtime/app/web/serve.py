@@ -286,6 +286,16 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         "costs 6-7%% more CPU on short turns. docs/embedding.md",
     )
     add(
+        "--max-connections",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="hold at most N connections; one more is answered 503 (Retry-After) and closed "
+        "at once, with one log line a minute while it lasts, so held or idle connections "
+        "cannot run the server out of file descriptors (default: half the open-file "
+        "limit, which serve raises to the hard one; 'off': no cap)",
+    )
+    add(
         "--body-timeout",
         type=positive(float),
         default=BODY_TIMEOUT,
@@ -384,19 +394,27 @@ async def serve_app(
     port: int = DEFAULT_PORT,
     shutdown_trigger: Any = None,
     access_log: bool = False,
+    max_connections: int | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
     ``shutdown_trigger()`` returns (or the caller cancels); ``task_status`` gets the bound
     URLs (``port=0`` picks a free port). An address it cannot bind (in use, not this
-    machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups."""
-    from hypercorn.config import Config  # Hypercorn: only when serving
-    from hypercorn.trio import serve
+    machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups.
+    At most ``max_connections`` connections are held (``None``: no cap); one more is
+    answered a 503 and closed at once (:class:`~runtime.app.web.connections.ConnectionCap`)."""
+    from hypercorn.trio import serve  # Hypercorn: only when serving
 
-    from runtime.app.web.connections import release_connections_on_close
+    from runtime.app.web.connections import (
+        CappedConfig,
+        ConnectionCap,
+        release_connections_on_close,
+    )
 
     release_connections_on_close()  # a closed connection's socket freed at once
-    config = Config()
+    config = CappedConfig()
+    if max_connections is not None:
+        config.connection_cap = ConnectionCap(max_connections)
     config.bind = [_bind(host, port)]
     config.accesslog = _hypercorn_logger("access", sys.stdout) if access_log else None
     config.errorlog = _hypercorn_logger("error", sys.stderr)
@@ -591,6 +609,7 @@ async def _serve_until_signal(
                     port=args.port,
                     shutdown_trigger=shutdown_trigger,
                     access_log=args.log_level in ("debug", "info"),
+                    max_connections=_max_connections(args),
                 )
             )
         except OSError as exc:  # raised before serving: the address is refused
@@ -604,6 +623,17 @@ async def _serve_until_signal(
                 flush=True,
             )
     return 0
+
+
+def _max_connections(args: argparse.Namespace) -> int | None:
+    """``--max-connections``: as given, ``off`` (0) as no cap, else derived from the soft
+    limit of open files (read after ``serve`` raised it)."""
+    given = getattr(args, "max_connections", None)
+    if given is None:
+        from runtime.app.web.connections import default_max_connections
+
+        return default_max_connections()
+    return given or None
 
 
 def plugins_banner(plugins: list[Any]) -> str:
