@@ -5,8 +5,8 @@ Loggers here are plain and synchronous, called on the event loop (the log tap's 
 own task): a sink that blocks while it writes (a stdlib handler sending lines over the
 network) holds every turn of the host meanwhile. An application whose sink may block
 puts a ``logging.handlers.QueueHandler`` in front of it (docs/embedding.md). The default
-sink, stderr, never blocks when it is a pipe or a terminal (:class:`NonBlockingSink`):
-a full pipe nobody read stalled every session of ``serve``.
+sink, stderr, never blocks when it is a pipe, a terminal or a stream socket
+(:class:`NonBlockingSink`): a full pipe nobody read stalled every session of ``serve``.
 
 A line of an application's own configuration that raises (a processor, a handler) is
 dropped, said once on stderr (:class:`_Guarded`), and :func:`configure_logging`'s own
@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import select
+import socket
 import stat
 import sys
 import threading
@@ -144,8 +145,8 @@ the lines it holds, counted afresh each time the reader takes some."""
 
 
 class NonBlockingSink:
-    """The process's stderr (or stdout) when it is a pipe or a terminal, written through a
-    non-blocking open file description of its own: a write never waits for the reader.
+    """The process's stderr (or stdout) when it is a pipe, a terminal or a stream socket,
+    written so that a write never waits for the reader.
 
     Lines are written on the event loop. With stderr a pipe whose reader stopped reading
     without closing it (a parent's ``stderr=PIPE`` never read, a ``| tee`` suspended with
@@ -157,28 +158,45 @@ class NonBlockingSink:
     line says how many. What it still holds at exit is waited for while the reader takes
     it (:data:`EXIT_WAIT`).
 
-    The description is the pipe's or terminal's own, opened anew through
-    ``/proc/self/fd`` (``O_NONBLOCK`` on the inherited one would be the parent's and
-    every sibling's sharing it too). Where that cannot be done (no ``/proc``, a socket, a
-    regular file, whose writes do not wait for a reader) :func:`unblocked` keeps the stream
-    as it was. A broken pipe raises as the stream's own write would (:class:`QuietStream`
-    drops the lines from then on)."""
+    A pipe or a terminal is written through a description of its own, opened anew through
+    ``/proc/self/fd`` with ``O_NONBLOCK`` (on the inherited one it would be the parent's
+    and every sibling's sharing it too). A socket cannot be opened so (systemd connects a
+    service's stderr to the journal's stream socket; a reader that stops reading stalled
+    ``serve`` the same way): each send says ``MSG_DONTWAIT`` instead, which changes no
+    description's flags. ``put(dest, data)`` is that primitive, ``os.write`` or
+    :func:`_send_nowait`; the holding and dropping are the same for both. Where neither
+    can be done (no ``/proc``, a datagram socket, a regular file, whose writes do not wait
+    for a reader) :func:`unblocked` keeps the stream as it was. A broken pipe or socket
+    raises as the stream's own write would (:class:`QuietStream` drops the lines from then
+    on)."""
 
     __slots__ = (
         "__weakref__",
+        "_dest",
         "_dropped",
         "_fd",
         "_lock",
         "_notice",
         "_pending",
+        "_put",
         "encoding",
         "stream",
     )
 
-    def __init__(self, stream: TextIO, fd: int, notice: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        fd: int,
+        notice: Callable[[int], str],
+        put: Callable[[Any, Any], int] = os.write,
+        dest: Any = None,
+    ) -> None:
         self.stream = stream
         self.encoding = getattr(stream, "encoding", None) or "utf-8"
         self._fd = fd
+        # ``put(dest, data)``: a call of the primitive itself per line, no wrapper between
+        self._put = put
+        self._dest = fd if dest is None else dest
         self._notice = notice
         self._pending = bytearray()
         self._dropped = 0
@@ -219,7 +237,7 @@ class NonBlockingSink:
 
     def _send(self, data: bytes) -> None:
         try:
-            sent = os.write(self._fd, data)
+            sent = self._put(self._dest, data)
         except BlockingIOError:
             sent = 0
         if sent < len(data):
@@ -228,7 +246,7 @@ class NonBlockingSink:
     def _send_pending(self) -> None:
         pending = self._pending
         try:
-            sent = os.write(self._fd, pending)
+            sent = self._put(self._dest, pending)
         except BlockingIOError:
             return
         del pending[:sent]
@@ -258,38 +276,82 @@ class NonBlockingSink:
 
 
 _unblocked: dict[tuple[int, int, int, int], NonBlockingSink] = {}
-"""One sink per stream and its file (a pipe's, a terminal's), made once and never closed
-(a logger configured with it may still write): configuring the logging again reuses it,
-not opening another description each time."""
+"""One sink per stream and its file (a pipe's, a terminal's, a socket's), made once and
+never closed (a logger configured with it may still write): configuring the logging again
+reuses it, not opening another description (or socket) each time."""
+
+_NOWAIT = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _send_nowait(sock: socket.socket, data: Any) -> int:
+    """``sock.send`` that never waits (``EAGAIN``: ``BlockingIOError``), though the open
+    file description it shares with stderr, and with the parent's, stays blocking. No
+    ``SIGPIPE`` either: a reader gone raises ``BrokenPipeError``."""
+    return sock.send(data, _NOWAIT)
+
+
+def _stream_socket(fd: int) -> socket.socket | None:
+    """A socket object of its own on ``fd``'s socket (a duplicate descriptor), if it is a
+    stream socket; ``None`` else. Not when a default socket timeout is set: making the
+    object would set ``O_NONBLOCK`` on the shared description."""
+    if socket.getdefaulttimeout() is not None:
+        return None
+    own = os.dup(fd)
+    try:
+        sock = socket.socket(fileno=own)
+    except OSError:
+        os.close(own)
+        return None
+    if sock.type != socket.SOCK_STREAM:  # a datagram's send is whole or not at all
+        sock.close()
+        return None
+    return sock
 
 
 def unblocked(stream: TextIO, notice: Callable[[int], str] | None = None) -> Any:
     """``stream`` as a :class:`NonBlockingSink` when it is a pipe or a terminal that can be
-    opened anew without blocking; else ``stream`` itself. ``notice(n)`` is the line that
-    says ``n`` lines were dropped."""
+    opened anew without blocking, or a stream socket; else ``stream`` itself.
+    ``notice(n)`` is the line that says ``n`` lines were dropped."""
     try:
         fd = stream.fileno()
         info = os.fstat(fd)
     except (OSError, ValueError, AttributeError):  # no descriptor (a StringIO), closed
         return stream
-    if not (stat.S_ISFIFO(info.st_mode) or (stat.S_ISCHR(info.st_mode) and os.isatty(fd))):
+    is_socket = stat.S_ISSOCK(info.st_mode)
+    if not (
+        is_socket or stat.S_ISFIFO(info.st_mode) or (stat.S_ISCHR(info.st_mode) and os.isatty(fd))
+    ):
         return stream
     key = (id(stream), fd, info.st_dev, info.st_ino)  # (the sink keeps the stream alive)
     sink = _unblocked.get(key)
     if sink is not None:
         return sink
-    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        own = os.open(f"/proc/self/fd/{fd}", flags)
-    except OSError:  # no /proc; ENXIO: the pipe's reader left (its own write says so)
-        return stream
-    try:
-        stream.flush()  # what it holds goes out first
-    except (OSError, ValueError):
-        pass
-    sink = _unblocked[key] = NonBlockingSink(stream, own, notice or _dropped_text)
+    notice = notice or _dropped_text
+    if is_socket:
+        sock = _stream_socket(fd)
+        if sock is None:
+            return stream
+        _flush_quietly(stream)
+        sink = NonBlockingSink(stream, sock.fileno(), notice, _send_nowait, sock)
+    else:
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            own = os.open(f"/proc/self/fd/{fd}", flags)
+        except OSError:  # no /proc; ENXIO: the pipe's reader left (its own write says so)
+            return stream
+        _flush_quietly(stream)
+        sink = NonBlockingSink(stream, own, notice)
+    _unblocked[key] = sink
     atexit.register(sink.drain)
     return sink
+
+
+def _flush_quietly(stream: TextIO) -> None:
+    """What ``stream`` holds goes out before the sink's first line."""
+    try:
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _dropped_text(lines: int) -> str:

@@ -8,10 +8,12 @@ import errno
 import fcntl
 import io
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -362,21 +364,28 @@ def small_pipe(stream: Any) -> None:
 
 class UnreadServe:
     """``python -m runtime serve --log-level info`` whose stderr or stdout (``unread``) is a
-    small pipe nobody reads; the other is read (stdout: past its first line, the URL) or
-    discarded."""
+    small pipe nobody reads (or ``stderr``, given: a socket the test reads when it likes);
+    the other is read (stdout: past its first line, the URL) or discarded."""
 
-    def __init__(self, unread: str) -> None:
+    def __init__(self, unread: str, stderr: socket.socket | None = None) -> None:
         self.proc = subprocess.Popen(
             [*SERVE, "--log-level", "info"],
             cwd=ROOT,
             env=ENV,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE if unread == "stderr" else subprocess.DEVNULL,
+            stderr=(
+                stderr.fileno()
+                if stderr is not None
+                else subprocess.PIPE
+                if unread == "stderr"
+                else subprocess.DEVNULL
+            ),
             text=True,
         )
         assert self.proc.stdout is not None
-        small_pipe(self.proc.stderr if unread == "stderr" else self.proc.stdout)
+        if stderr is None:
+            small_pipe(self.proc.stderr if unread == "stderr" else self.proc.stdout)
         line = self.proc.stdout.readline()
         assert line.startswith("Axon web UI on"), line
         self.url = line.split()[4].rstrip("/")
@@ -392,12 +401,13 @@ class UnreadServe:
                 stream.close()
 
 
-def finished_turns(url: str, turns: int) -> int:
-    """How many of ``turns`` chat turns, one after another, stream to their ``finish``
-    (the first that does not, in :data:`STALL_GUARD` seconds, ends the count)."""
+def finished_turns(url: str, turns: int, first: int = 0) -> int:
+    """How many of ``turns`` chat turns (sessions ``s{first}``, ``s{first + 1}`` ...), one
+    after another, stream to their ``finish`` (the first that does not, in
+    :data:`STALL_GUARD` seconds, ends the count)."""
     finished = 0
     with httpx.Client(base_url=url, timeout=STALL_GUARD) as client:
-        for n in range(turns):
+        for n in range(first, first + turns):
             body = {
                 "id": f"s{n}",
                 "messages": [
@@ -440,6 +450,98 @@ def test_a_serve_whose_stdout_nobody_reads_answers_every_request():
                     break
     finally:
         server.close()
+    assert answered == 100
+
+
+SMALL_SOCKET_BUFFER = 4096  # bytes asked for (the kernel doubles it): a turn fills it
+
+
+def small_socketpair() -> tuple[socket.socket, socket.socket]:
+    """A unix stream socket pair whose buffers are shrunk, as systemd connects a service's
+    stderr to the journal: the first end is the reader's, the second the writer's."""
+    reader, writer = socket.socketpair()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_SOCKET_BUFFER)
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL_SOCKET_BUFFER)
+    return reader, writer
+
+
+def read_in_thread(reader: socket.socket) -> list[bytes]:
+    """Start reading ``reader`` to its end (or :data:`STALL_GUARD` seconds of silence) in
+    a thread; the list it returns gets what it reads."""
+    received: list[bytes] = []
+    reader.settimeout(STALL_GUARD)
+
+    def read() -> None:
+        try:
+            while chunk := reader.recv(1 << 16):
+                received.append(chunk)
+        except OSError:  # TimeoutError: the guard; closed by the test
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    return received
+
+
+def wait_for(received: list[bytes], marker: bytes) -> bool:
+    """Whether ``marker`` is in what ``received`` gets within :data:`STALL_GUARD` seconds."""
+    for _ in range(STALL_GUARD * 20):
+        if marker in b"".join(received):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_serve_whose_stderr_socket_nobody_reads_finishes_every_turn():
+    """systemd's journal connects a service's stderr to a stream socket: with its reader
+    stopped, the first full send blocked the event loop and every session stalled
+    (``/proc/self/fd`` cannot open a socket anew: the sink kept it blocking). Every turn
+    finishes; the lines held meanwhile go out, in order, once the reader reads."""
+    reader, writer = small_socketpair()
+    server = UnreadServe("stderr", stderr=writer)
+    writer.close()
+    try:
+        assert finished_turns(server.url, TURNS) == TURNS
+        received = read_in_thread(reader)
+        # the next turn's first line sends the held ones before it
+        assert finished_turns(server.url, 1, first=TURNS) == 1
+        last = f'"session_id":"s{TURNS}","turn_id"'.encode()
+        assert wait_for(received, last)
+    finally:
+        server.close()
+        reader.close()
+    lines = b"".join(received).splitlines()
+    events = [orjson.loads(line) for line in lines if line.startswith(b"{")]  # not Hypercorn's
+    started = [e["session_id"] for e in events if e["event"] == "turn.started"]
+    assert started == [f"s{n}" for n in range(TURNS + 1)]  # each turn's, none dropped
+
+
+def test_a_serve_whose_stdout_socket_nobody_reads_answers_every_request():
+    """Hypercorn's access log (a line a request, on stdout) to a stream socket nobody read
+    past the URL line blocked the loop at the 12th request."""
+    reader, writer = small_socketpair()
+    proc = subprocess.Popen(
+        [*SERVE, "--log-level", "info"],
+        cwd=ROOT,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+        stdout=writer.fileno(),
+        stderr=subprocess.DEVNULL,
+    )
+    writer.close()
+    answered = 0
+    try:
+        first = reader.makefile("rb").readline().decode()
+        assert first.startswith("Axon web UI on"), first
+        with httpx.Client(base_url=first.split()[4].rstrip("/"), timeout=STALL_GUARD) as client:
+            for _ in range(100):
+                try:
+                    answered += client.get("/api/sessions").status_code == 200
+                except httpx.TimeoutException:
+                    break
+    finally:
+        proc.kill()
+        proc.wait(PROCESS_GUARD)
+        reader.close()
     assert answered == 100
 
 
@@ -494,6 +596,49 @@ def test_lines_past_the_limit_are_dropped_and_said_in_one_line(monkeypatch):
     assert "3 log lines dropped" in lines[2]
     assert lines[3:] == ['{"event":"5"}']
     os.close(read)
+    stream.close()
+
+
+def full_socket() -> tuple[socket.socket, Any]:
+    """A stream socket's reading end and its writing end as a text stream, the writer's
+    buffer already full (the writing end blocking, as an inherited stderr is)."""
+    reader, writer = small_socketpair()
+    writer.setblocking(False)
+    try:
+        while True:
+            writer.send(b"x" * SMALL_SOCKET_BUFFER)
+    except BlockingIOError:
+        pass
+    writer.setblocking(True)
+    return reader, open(writer.detach(), "w", closefd=True)
+
+
+def received_now(reader: socket.socket) -> bytes:
+    data = b""
+    try:
+        while chunk := reader.recv(1 << 16, socket.MSG_DONTWAIT):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def test_lines_past_the_limit_to_a_full_socket_are_dropped_and_said_in_one_line(monkeypatch):
+    """A write to the socket returns at once (it would have waited for ever), without
+    making the socket non-blocking for anyone else sharing it."""
+    monkeypatch.setattr(runtime.logging, "PENDING_LIMIT", 30)
+    reader, stream = full_socket()
+    sink = unblocked(stream)
+    for n in range(5):
+        sink.write(f'{{"event":"{n}"}}\n')  # 14 bytes each: two held, three dropped
+    assert os.get_blocking(stream.fileno())
+    received_now(reader)
+    sink.write('{"event":"5"}\n')
+    lines = received_now(reader).decode().splitlines()
+    assert lines[:2] == ['{"event":"0"}', '{"event":"1"}']
+    assert "3 log lines dropped" in lines[2]
+    assert lines[3:] == ['{"event":"5"}']
+    reader.close()
     stream.close()
 
 
