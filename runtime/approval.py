@@ -202,8 +202,16 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
     )
 
 
-def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> Awaiting:
-    """The part's :class:`Awaiting` with ``decision`` in it, or :class:`InvalidDecision`."""
+def _check(
+    part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
+) -> Awaiting:
+    """The part's :class:`Awaiting` with ``decision`` in it, or :class:`InvalidDecision`.
+
+    What the client gave (a reason, an output, an error) is kept cut to ``max_chars`` (the
+    agent's ``max_tool_result_chars``) with the marker, as a server tool's stored result
+    is: kept whole, a 1 MB reason or 10 MB output stayed in the session, read back and
+    written again with it, though the model read only ``max_chars`` of it. An output is
+    checked against the tool's schema whole, before it is cut."""
     waiting = part.awaiting
     assert waiting is not None
     given = decision.has_output or decision.error is not None
@@ -220,7 +228,10 @@ def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> 
                 f"None (got {type(decision.reason).__name__})"
             )
         return attrs.evolve(
-            waiting, decided=True, approved=decision.approved, reason=decision.reason
+            waiting,
+            decided=True,
+            approved=decision.approved,
+            reason=_kept(decision.reason, max_chars),
         )
     if decision.approved is not None or not given:
         raise InvalidDecision(
@@ -237,7 +248,18 @@ def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> 
                 check(output)
             except ToolInputError as exc:
                 raise InvalidDecision(str(exc)) from None
-    return attrs.evolve(waiting, decided=True, output=output, error=decision.error)
+    error = decision.error
+    return attrs.evolve(
+        waiting,
+        decided=True,
+        output=output if error is not None else truncate_output(output, max_chars),
+        error=_kept(error, max_chars),
+    )
+
+
+def _kept(text: str | None, max_chars: int | None) -> str | None:
+    """``text`` as a decision stores it: cut to ``max_chars``, with the marker."""
+    return None if text is None else truncate_output(text, max_chars)
 
 
 def _storable_output(part: ToolCallPart, output: Any) -> Any:
@@ -269,18 +291,27 @@ def _storable_output(part: ToolCallPart, output: Any) -> Any:
 
 
 def decide(
-    messages: Sequence[Message], key: str, decision: Decision, tools: Mapping[str, Any]
+    messages: Sequence[Message],
+    key: str,
+    decision: Decision,
+    tools: Mapping[str, Any],
+    max_chars: int | None = None,
 ) -> tuple[int, tuple[Message, ...], PendingCall, bool]:
     """Apply ``decision`` to the waiting call ``key`` (an approval id, or a call id) of
     ``messages``: ``(index of the changed assistant message, the messages, the call,
     whether every waiting call is decided now)``. Raises :class:`UnknownApproval`,
-    :class:`AlreadyDecided` or :class:`InvalidDecision`; changes nothing then."""
-    index, out, call, waiting = _decide(messages, key, decision, tools)
+    :class:`AlreadyDecided` or :class:`InvalidDecision`; changes nothing then. What the
+    client gave is kept cut to ``max_chars`` (:func:`_check`)."""
+    index, out, call, waiting = _decide(messages, key, decision, tools, max_chars)
     return index, out, call, all(c.decided for c in waiting)
 
 
 def _decide(
-    messages: Sequence[Message], key: str, decision: Decision, tools: Mapping[str, Any]
+    messages: Sequence[Message],
+    key: str,
+    decision: Decision,
+    tools: Mapping[str, Any],
+    max_chars: int | None = None,
 ) -> tuple[int, tuple[Message, ...], PendingCall, tuple[PendingCall, ...]]:
     """:func:`decide`, with the turn's waiting calls as the decision leaves them instead of
     whether all are decided: the history is scanned once (the last turn found, its calls
@@ -299,7 +330,7 @@ def _decide(
     assert found is not None
     index, message = found
     content = tuple(
-        attrs.evolve(p, awaiting=_check(p, decision, tools))
+        attrs.evolve(p, awaiting=_check(p, decision, tools, max_chars))
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
         else p
         for p in message.content
@@ -358,6 +389,7 @@ async def record_decision(
     known: SessionRecord | None = None,
     only_known: bool = False,
     last_turn: LastTurn | None = None,
+    max_chars: int | None = None,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
@@ -387,7 +419,11 @@ async def record_decision(
     (the read's version, one snapshot with its rows); a key the last turn does not wait
     for loads the whole session before it is refused, which alone says whether the call
     was decided already (:class:`AlreadyDecided`) or never waited
-    (:class:`UnknownApproval`); one the last turn shows decided is refused as it is."""
+    (:class:`UnknownApproval`); one the last turn shows decided is refused as it is.
+
+    ``max_chars``: the agent's ``max_tool_result_chars``; what the client gave (a reason,
+    a client tool's output or error) is stored cut to it, with the marker, as a server
+    tool's result is (``None``: kept whole)."""
     conflict: StoreConflict | None = None
     if only_known and known is None:
         raise ValueError("only_known needs the view to decide on: known")
@@ -400,7 +436,7 @@ async def record_decision(
         else:
             record = await _loaded(store, session_id, key)
         try:
-            decided = _decide(record.messages, key, decision, tools)
+            decided = _decide(record.messages, key, decision, tools, max_chars)
         except (UnknownApproval, AlreadyDecided) as exc:
             if known is not None and not only_known:
                 known = None  # the caller's view may be behind the store's: read it
@@ -410,7 +446,7 @@ async def record_decision(
             # Not a call of the last turn: only the whole history says whether an
             # earlier turn's call waited under it (decided then) or none ever did.
             first, record = 0, await _loaded(store, session_id, key)
-            decided = _decide(record.messages, key, decision, tools)
+            decided = _decide(record.messages, key, decision, tools, max_chars)
         known = None
         try:
             return await _save_decided(store, session_id, record.version, decided, save, first)

@@ -1,13 +1,17 @@
 """What the model reads of a tool's result: at most the agent's ``max_tool_result_chars``.
 
 The tool executor cuts a server tool's result to the limit (:func:`truncate_output`); a
-turn that resumes cuts a client-side tool's output and a denial's reason the same way
-(docs/approval.md), so that no result reaches the model, or the store, longer than the
-limit whichever side produced it.
+decision stores a client-side tool's output or error and a denial's reason cut the same
+way, and the turn that resumes cuts what the model reads of them again (docs/approval.md),
+so that no result reaches the model, or the store, longer than the limit whichever side
+produced it. Cutting a text already cut gives what cutting the text it came from gives
+(the marker counts what went), so the model reads the same of a stored cut value as of
+the value the client sent.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -16,6 +20,9 @@ import orjson
 from runtime.messages import TextPart, is_media_output
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
+_MARKED = re.compile(r"…\[truncated: (\d{1,19}) of \d{1,19} characters omitted\]\Z")
+"""A text that ends with :data:`TRUNCATION_MARKER` (digits bounded: a marker a client wrote
+itself adds at most its ~80 characters to what is kept)."""
 
 
 def truncate_output(output: Any, limit: int | None) -> Any:
@@ -44,8 +51,21 @@ def truncate_output(output: Any, limit: int | None) -> Any:
             # Read back only when it may have changed: a null in the text (most outputs
             # hold none; a float is written exactly as it was, the rest as it was given).
             return orjson.loads(data) if b"null" in data else output
-    marker = TRUNCATION_MARKER.format(omitted=len(text) - limit, total=len(text))
-    return text[:limit] + marker
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` (longer than ``limit``) cut to ``limit`` characters and the marker. A text
+    that ends with the marker already (a client's output stored cut, a denial's text made
+    of a reason stored cut) stands for the text it was cut from: kept as it is when what
+    precedes its marker fits, else cut as that text would be, counting what its marker
+    says went. So the model reads the same of a value stored cut as of the value whole."""
+    found = _MARKED.search(text)
+    body, gone = (text, 0) if found is None else (text[: found.start()], int(found[1]))
+    if found is not None and len(body) <= limit:
+        return text
+    total = len(body) + gone
+    return body[:limit] + TRUNCATION_MARKER.format(omitted=total - limit, total=total)
 
 
 def _cut_text_parts(parts: tuple[Any, ...], limit: int | None) -> tuple[Any, ...]:
@@ -57,6 +77,9 @@ def _cut_text_parts(parts: tuple[Any, ...], limit: int | None) -> tuple[Any, ...
     total = sum(len(p.text) for p in texts)
     if limit is None or total <= limit:
         return parts
+    last = _MARKED.search(texts[-1].text)
+    if last is not None and total - len(last[0]) <= limit:
+        return parts  # cut already (stored so): its marker ends its last text part
     out: list[Any] = []
     left, marked = limit, False
     for p in parts:

@@ -514,6 +514,7 @@ class TurnQueue(Protocol):
         tools: Mapping[str, Any],
         *,
         known: SessionRecord | None = None,
+        max_chars: int | None = None,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         (:func:`runtime.approval.record_decision`) in one transaction with its turn's
@@ -522,7 +523,9 @@ class TurnQueue(Protocol):
         be claimed (:attr:`Claim.resumed`), so whichever worker is free resumes it.
         ``known``: the session as the caller just read it, decided on first (the save's
         version check says whether it was current; a stale or refusing view is not
-        believed: the store is read)."""
+        believed: the store is read). ``max_chars``: the agent's
+        ``max_tool_result_chars``, what the client gave is stored cut to
+        (:func:`~runtime.approval.record_decision`)."""
         ...
 
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:

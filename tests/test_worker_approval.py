@@ -534,3 +534,41 @@ async def test_a_decision_between_the_suspending_commit_and_its_answer_is_no_los
     keeper.attach(entry)
     keeper._apply(keeper._held[claim.turn.turn_id], first)  # before the commit's answer
     assert not entry.lost  # so the answer's suspension is told, and the pause relayed
+
+
+async def test_a_1mb_denial_reason_through_the_queue_is_stored_cut_to_the_limit(
+    pg_url: str, redis_url: str
+) -> None:
+    """The front end records the decision with the agent's ``max_tool_result_chars``: the
+    whole reason stayed in the session's rows before, though the model read only that."""
+    from runtime import Budget
+    from runtime.results import truncate_output
+
+    agent = Agent(
+        name="asks",
+        provider=ScriptedProvider(responder=respond, chunk_size=4),
+        tools=[delete_file],
+        budget=Budget(max_tool_result_chars=50),
+    )
+    reason = "n" * 1_000_000
+    async with deployment(pg_url, redis_url, agent) as d:
+        (url,) = d.urls
+        first = await first_part(d, url)
+        message_id = payloads(first)[0]["messageId"]
+        sent = answer("s1", message_id, asked(first)["approvalId"], False, reason=reason)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            response = await client.post(f"{url}/api/chat", json=sent)
+        record = await d.store.load("s1")
+    second = payloads(sse_events(response.text))
+    text = "".join(c["delta"] for c in second if c["type"] == "text-delta")
+    denial = truncate_output(f"the tool call was denied: {reason}", 50)
+    assert text.startswith(f"Result: {denial}. ")
+    assert record is not None
+    call = next(
+        p
+        for m in record.messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+    )
+    assert call.awaiting is not None and call.awaiting.reason == truncate_output(reason, 50)

@@ -88,6 +88,7 @@ class TurnDecisions:
         tools: Mapping[str, Any],
         *,
         known: SessionRecord | None = None,
+        max_chars: int | None = None,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         together with its turn's row, in the save's transaction (the row locked first,
@@ -195,6 +196,7 @@ class TurnDecisions:
             save=save,
             known=known,
             last_turn=last_turn,
+            max_chars=max_chars,
         )
         return Decided(recorded=recorded, turn=rows[-1])
 

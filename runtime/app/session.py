@@ -1170,6 +1170,7 @@ class Session:
             tools,
             known=known,
             only_known=expected_version is not None,
+            max_chars=self.agent.budget.max_tool_result_chars,
         )
         if recorded.messages is not None:
             self._decided = recorded

@@ -279,6 +279,7 @@ class QueuedTaskBook(TaskBook):
             )
         answers = _decisions(wire.data_parts(incoming.parts), pending)
         tools = self.state.agent_for(live.context_id).tool_map
+        limit = self.state.agent_for(live.context_id).budget.max_tool_result_chars
         bus = self.state.host.bus
         resumed = None
         try:
@@ -287,7 +288,7 @@ class QueuedTaskBook(TaskBook):
             known = record  # the checks' read: the first decision is made on it
             for key, decision in answers:
                 decided = await self.front.decide(
-                    bus, live.context_id, key, decision, tools, known=known
+                    bus, live.context_id, key, decision, tools, known=known, max_chars=limit
                 )
                 known = None  # (it moved the session: the next reads the store)
                 if decided.recorded.complete:

@@ -711,14 +711,20 @@ class AGUIRoutes:
         records nothing), and the continuation they start, as the workers stream it."""
         state = self.state
         front = state.front
-        tools = {t.name: t for t in state.agent_for(session_id).tools}
+        agent = state.agent_for(session_id)
+        tools = {t.name: t for t in agent.tools}
+        limit = agent.budget.max_tool_result_chars
         checked = stored
         decided = []
         try:
             for key, decision in answers:
                 _, checked, _, _ = decide(checked, key, decision, tools)
             for key, decision in answers:
-                decided.append(await front.decide(state.host.bus, session_id, key, decision, tools))
+                decided.append(
+                    await front.decide(
+                        state.host.bus, session_id, key, decision, tools, max_chars=limit
+                    )
+                )
         except DecisionError as exc:
             raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
         except ApiError as exc:

@@ -493,12 +493,13 @@ class FrontEnd:
         first moved the session)."""
         state = web_state(request)
         tools = self._tools(request, session_id)
+        max_chars = web_state(request).agent_for(session_id).budget.max_tool_result_chars
         view = [known]
 
         async def record(key: str, decision: Decision) -> Recorded:
             seen, view[0] = view[0], None
             outcome = await self.decide(
-                state.host.bus, session_id, key, decision, tools, known=seen
+                state.host.bus, session_id, key, decision, tools, known=seen, max_chars=max_chars
             )
             decided.append(outcome)
             return outcome.recorded
@@ -514,6 +515,7 @@ class FrontEnd:
         tools: Mapping[str, Any],
         *,
         known: SessionRecord | None = None,
+        max_chars: int | None = None,
     ) -> Decided:
         """Record one decision for a waiting call of ``session_id`` through the queue
         (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
@@ -521,9 +523,13 @@ class FrontEnd:
         publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
         store that cannot be reached is an :class:`ApiError` 503; a refused decision
         raises its :class:`~runtime.errors.DecisionError`. ``known``: the session as
-        the caller just read it (:meth:`~runtime.turn_queue.TurnQueue.decide`)."""
+        the caller just read it (:meth:`~runtime.turn_queue.TurnQueue.decide`).
+        ``max_chars``: the agent's ``max_tool_result_chars``, what the client gave is
+        stored cut to."""
         try:
-            outcome = await self.queue.decide(session_id, key, decision, tools, known=known)
+            outcome = await self.queue.decide(
+                session_id, key, decision, tools, known=known, max_chars=max_chars
+            )
         except StoreUnavailable as exc:
             raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
         event = approval_decided(
