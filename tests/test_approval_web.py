@@ -179,6 +179,7 @@ async def test_a_continuation_is_refused_where_answers_are_not_taken():
                 {
                     "max_body": 1 << 20,
                     "body_timeout": None,
+                    "body_budget": None,
                     "host": type("H", (), {"input_limits": InputLimits()})(),
                 },
             )()
