@@ -197,3 +197,103 @@ async def test_a_stop_naming_a_queued_message_sent_while_its_hosts_subscription_
     assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u2"])
     assert "never" not in replies["u2"].text  # before: "two" answered "never"
     assert not any(m.role == "assistant" and "never" in str(m.content) for m in stored)
+
+
+@pytest.mark.parametrize("named", ["messageId", "turnId"])
+async def test_a_stop_naming_a_turn_that_has_written_nothing_to_the_relay_yet_stops_it(
+    redis_url: str, named: str
+) -> None:
+    # A runs "go" but its publisher has not written the turn's first chunk to Redis
+    # (held here by a gate on the publisher), so the relay knows of no running turn: B
+    # answered 204 and did not forward the stop, and the turn ran to its answer.
+    from actors.relays import RedisRelay, attach_relay
+    from tests.support.redis import unique_prefix
+    from tests.web.harness import web_server
+
+    script = Script(holding(), ["never"])
+    agent = agent_of(script)
+    prefix = unique_prefix()
+    gate = trio.Event()
+    async with (
+        RedisRelay.open(redis_url, prefix=prefix) as relay_a,
+        RedisRelay.open(redis_url, prefix=prefix) as relay_b,
+        web_server(agent, relay=relay_a) as a,
+        web_server(agent, relay=relay_b) as b,
+    ):
+        publisher = await attach_relay(a.host, relay_a)
+        publish = publisher.handle
+
+        async def late(chunk: Any) -> None:
+            await gate.wait()  # the turn's first write to Redis waits for the stop
+            await publish(chunk)
+
+        publisher.handle = late  # type: ignore[method-assign]
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                await held["open"].wait()
+                assert await relay_b.active_turn("s") is None  # nothing written yet
+                turn_id = a.host.sessions["s"].current.turn_id
+                name = "u1" if named == "messageId" else turn_id
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={named: name})
+                gate.set()
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text  # before: the turn answered "never"
+    assert len(script.requests) == 1  # stopped in its first step
+
+
+async def test_a_stop_naming_an_unwritten_turn_sent_while_its_host_is_deaf_stops_it(
+    redis_url: str,
+) -> None:
+    # As above, and A's cancel subscription is black-holed when B sends the stop: the
+    # stop is recorded under the session (no turn to record it under); A, subscribed
+    # again, reads it back for the session its turn's writer streams.
+    from actors.relays import RedisRelay, attach_relay
+    from tests.support.redis import redis_address, unique_prefix
+    from tests.support.redis_proxy import redis_fault_proxy, scripted
+    from tests.web.harness import web_server
+
+    script = Script(holding(), ["never"])
+    agent = agent_of(script)
+    prefix = unique_prefix()
+    gate = trio.Event()
+    async with (
+        redis_fault_proxy(redis_address(), scripted({})) as proxy,
+        RedisRelay.open(proxy.url, prefix=prefix, cancel_ping=0.5, op_timeout=2.0) as relay_a,
+        RedisRelay.open(redis_url, prefix=prefix) as relay_b,
+        web_server(agent, relay=relay_a) as a,
+        web_server(agent, relay=relay_b) as b,
+    ):
+        publisher = await attach_relay(a.host, relay_a)
+        publish = publisher.handle
+
+        async def late(chunk: Any) -> None:
+            await gate.wait()
+            await publish(chunk)
+
+        publisher.handle = late  # type: ignore[method-assign]
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                await held["open"].wait()
+                assert proxy.hold_subscriptions() == 1  # A is deaf from now on
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+                gate.set()  # A's writer opens: the turn streams
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text

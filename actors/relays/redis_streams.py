@@ -315,6 +315,13 @@ class RedisRelay:
         the running turn for a stop naming a waiting message."""
         return f"{self.prefix}named-stops:{turn_id}"
 
+    def unplaced_stops_key(self, session_id: str) -> str:
+        """Where the named stops of ``session_id`` sent while the relay streamed no turn of
+        it are recorded (as :meth:`named_stops_key`'s): a turn that has not written its
+        first chunk yet runs on a host all the same, and that host reads them back if its
+        subscription missed them (:meth:`_missed_cancels`)."""
+        return f"{self.prefix}unplaced-stops:{session_id}"
+
     # -- writing ----------------------------------------------------------------------------
 
     def writer(
@@ -631,7 +638,9 @@ class RedisRelay:
         named), ``watch_cancels``'s ``on_named``. It is recorded apart
         (:meth:`named_stops_key`, for :data:`CANCEL_TTL_MS`): a watch that subscribes
         again hands it to ``on_named`` as it was sent (before, only published, one sent
-        while that host's subscription was down was lost)."""
+        while that host's subscription was down was lost). ``turn_id`` ``""``: the
+        relay streams no turn of the session (one may run that has written nothing
+        yet); the stop goes to every host, recorded under :meth:`unplaced_stops_key`."""
         named = session_id is not None and (message_id is not None or named_turn is not None)
         fields: dict[str, str] = {"turn_id": turn_id, "reason": reason}
         if named:
@@ -644,9 +653,14 @@ class RedisRelay:
 
         async def record_and_publish() -> int:
             if named:
+                key = (
+                    self.named_stops_key(turn_id)
+                    if turn_id
+                    else self.unplaced_stops_key(str(session_id))
+                )
                 await self.client.eval(
                     _RECORD_NAMED,
-                    keys=[self.named_stops_key(turn_id)],
+                    keys=[key],
                     args=[message, CANCEL_TTL_MS],
                 )
             else:
@@ -752,6 +766,10 @@ class RedisRelay:
         # nothing), ``Host.stop_named`` takes it out or stops it; a cancel of an ended
         # turn (plain) would stop nothing
         keys += [self.named_stops_key(turn_id) for turn_id in [*turn_ids, *ended]]
+        # and those sent while the relay streamed none of their turns yet (a turn that
+        # had not written its first chunk): ``Host.stop_named`` matches them here
+        sessions = sorted({writer.session_id for writer in self.live})
+        keys += [self.unplaced_stops_key(session_id) for session_id in sessions]
         try:
             found, named = await self._call(
                 "missed cancels",

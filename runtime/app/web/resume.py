@@ -319,13 +319,14 @@ async def forward_stop(
     """Send a stop naming ``message_id`` or ``named_turn`` to the embedded host that runs
     the session's turn (this one holds nothing of the session): over the relay's cancel
     channel, as a named stop that host matches as its own ``POST .../stop`` would
-    (``Host.stop_named``). The session's running turn id, or ``None`` when the relay
-    knows of none running (nothing can wait for it then) or cannot forward a stop."""
+    (``Host.stop_named``). The session's running turn id; ``""`` when the relay streams
+    none: a turn may have started on another host and not written its first chunk yet,
+    so the stop is sent to every host all the same (the one that holds what it names
+    stops it; before, it was dropped and that turn ran to its end); ``None`` when the
+    relay cannot forward a stop."""
     if not hasattr(relay, "request_cancel"):
         return None
-    turn_id: str | None = await relay.active_turn(session_id)
-    if turn_id is None:
-        return None
+    turn_id: str = await relay.active_turn(session_id) or ""
     await relay.request_cancel(
         turn_id, STOPPED, session_id=session_id, message_id=message_id, named_turn=named_turn
     )
@@ -385,7 +386,10 @@ async def stop_turn(request: Request) -> Response:
     (``turnId``) that waits for that turn (queued, or to be steered into it) takes it
     out instead: it never runs, its client's stream ends (``abort``, the reason
     :data:`STOPPED`), nothing is stored for it, the running turn goes on. One that names
-    neither a waiting nor the running turn stops nothing (204)."""
+    neither a waiting nor the running turn here stops nothing (204); with a relay, a host
+    running no turn of the session forwards it (202 ``forwarded``, :func:`forward_stop`),
+    also when the relay streams no turn of the session (``turn_id`` null): a turn that
+    has not written its first chunk yet runs on another host all the same."""
     state = web_state(request)
     session_id = session_id_param(request.path_params["session_id"])
     message_id, named_turn = await stop_target(request)
@@ -404,7 +408,7 @@ async def stop_turn(request: Request) -> Response:
         )
         if forwarded is None:
             return Response(status_code=204)
-        return json_response({"turn_id": forwarded, "forwarded": True}, 202)
+        return json_response({"turn_id": forwarded or None, "forwarded": True}, 202)
     turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
     if turn_id is None:
         return Response(status_code=204)
