@@ -128,17 +128,26 @@ class Recorded:
 
 
 def approval_decided(
-    session_id: str, call: PendingCall, *, approved: bool, reason: str | None
+    session_id: str,
+    call: PendingCall,
+    *,
+    approved: bool,
+    reason: str | None,
+    max_chars: int | None = None,
 ) -> ToolApprovalDecided | None:
     """The bus event that tells of a decision for ``call`` (its cause the approval id), or
-    ``None`` for a client tool's call, whose answer is no approval."""
+    ``None`` for a client tool's call, whose answer is no approval.
+
+    ``max_chars``: the limit the decision's reason was stored cut to (:func:`_check`);
+    the event carries the same cut text, so an observer of the bus (an event log, a
+    structured log) is not handed the client's whole reason, up to the body's size."""
     if call.kind != APPROVAL:
         return None
     return ToolApprovalDecided(
         session_id=session_id,
         tool_call_id=call.tool_call_id,
         approved=approved,
-        reason=reason,
+        reason=_kept(reason, max_chars),
         turn_id=call.turn_id,
         causation_id=call.approval_id,
     )

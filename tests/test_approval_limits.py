@@ -13,6 +13,7 @@ import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, InvalidDecision, Tool, ToolMessage, tool
+from runtime.events import ToolApprovalDecided
 from runtime.results import TRUNCATION_MARKER, truncate_output
 from tests.test_web_http import body, events
 from tests.web.harness import wait_idle, web_server
@@ -142,6 +143,19 @@ async def test_a_1mb_denial_reason_is_stored_cut_to_the_limit(tmp_path):
         await session.respond(first.pending[0].approval_id, approved=False, reason=BIG_REASON)
     assert seen[-1] == [cut(f"the tool call was denied: {BIG_REASON}", LIMIT)]
     assert largest_row(tmp_path / "s.db") < LIMIT + 1_000
+
+
+async def test_a_1mb_denial_reasons_bus_event_carries_the_reason_cut_as_stored():
+    """An observer of the bus (an event log, a structured log) was handed the client's
+    whole reason, though the store keeps it cut to ``max_tool_result_chars``."""
+    step = [*tool_call("delete_file", {"path": "/x"}, tool_call_id="D")]
+    async with Host.open(log_tap=False) as host:
+        decided = host.bus.subscribe([ToolApprovalDecided], name="t")
+        session = await host.open_session(agent(step, [], limit=LIMIT))
+        first = await session.run("go")
+        await session.respond(first.pending[0].approval_id, approved=False, reason=BIG_REASON)
+        event = decided.inbox.get_nowait()
+    assert event.reason == cut(BIG_REASON, LIMIT)
 
 
 def continuation(message_id: str, part: dict[str, Any]) -> dict[str, Any]:

@@ -78,6 +78,8 @@ class Deployment:
     queue: TurnQueue
     nursery: trio.Nursery
     urls: list[str] = attrs.Factory(list)
+    hosts: list[Host] = attrs.Factory(list)
+    """The front ends' hosts, in the order of :attr:`urls` (their buses, for observers)."""
     workers: list[Worker] = attrs.Factory(list)
     workers_ended: trio.Event = attrs.Factory(trio.Event)
     send_timeout: float | None = None
@@ -127,6 +129,7 @@ class Deployment:
             Host.open(store=self.pg_url, log_tap=False) as host,
         ):
             queue = TurnQueue(host.store, **self.queue_caps)
+            self.hosts.append(host)
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
                 app = create_app(

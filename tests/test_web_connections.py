@@ -244,8 +244,55 @@ async def test_connections_past_the_cap_are_refused_at_once_and_logged_once(monk
             for sock in held:
                 sock.close()
             nursery.cancel_scope.cancel()
+    reached = [line["refused"] for line in logs if line["event"] == "serve.connection_cap_reached"]
+    # The first refusal at once, the rest held for the interval, here said at shutdown.
+    assert (len(reached), reached[0], sum(reached) >= CAP) == (2, 1, True), reached
+
+
+async def test_refusals_after_the_last_log_line_are_logged_when_the_server_stops(monkeypatch):
+    # The first refusal is logged at once, the next ones within REPORT_INTERVAL are
+    # held: before, they reached the log only if another refusal came after it.
+    from structlog.testing import capture_logs
+
+    from runtime import Host
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
+
+    monkeypatch.setattr(Config, "keep_alive_timeout", 3600)
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host, trio.open_nursery() as nursery:
+            app = create_app(host, agent())
+            binds = await nursery.start(
+                partial(serve_app, app, host="127.0.0.1", port=0, max_connections=1)
+            )
+            address = ("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+            with trio.socket.socket() as kept:
+                await kept.connect(address)
+                with trio.fail_after(20):  # a guard: refusals come at once
+                    for _ in range(3):
+                        with trio.socket.socket() as sock:
+                            await sock.connect(address)
+                            while await sock.recv(1 << 16):
+                                pass  # the 503, then the close
+                nursery.cancel_scope.cancel()
     reached = [line for line in logs if line["event"] == "serve.connection_cap_reached"]
-    assert len(reached) == 1, reached
+    assert sum(line["refused"] for line in reached) == 3, reached
+
+
+async def test_refusals_held_within_the_interval_are_logged_once_it_has_passed(autojump_clock):
+    from structlog.testing import capture_logs
+
+    from runtime.app.web.connections import REPORT_INTERVAL, ConnectionCap
+
+    cap = ConnectionCap(1)
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cap.report_held)
+            assert [cap.admit() for _ in range(4)] == [True, False, False, False]
+            await trio.sleep(REPORT_INTERVAL + 1)
+            seen = [line["refused"] for line in logs]
+            nursery.cancel_scope.cancel()
+    assert seen == [1, 2]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="reads the limit of open files")

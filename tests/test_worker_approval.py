@@ -542,6 +542,7 @@ async def test_a_1mb_denial_reason_through_the_queue_is_stored_cut_to_the_limit(
     """The front end records the decision with the agent's ``max_tool_result_chars``: the
     whole reason stayed in the session's rows before, though the model read only that."""
     from runtime import Budget
+    from runtime.events import ToolApprovalDecided
     from runtime.results import truncate_output
 
     agent = Agent(
@@ -556,9 +557,13 @@ async def test_a_1mb_denial_reason_through_the_queue_is_stored_cut_to_the_limit(
         first = await first_part(d, url)
         message_id = payloads(first)[0]["messageId"]
         sent = answer("s1", message_id, asked(first)["approvalId"], False, reason=reason)
+        decided = d.hosts[0].bus.subscribe([ToolApprovalDecided], name="t")
         async with httpx.AsyncClient(timeout=LIMIT) as client:
             response = await client.post(f"{url}/api/chat", json=sent)
         record = await d.store.load("s1")
+        event = decided.inbox.get_nowait()
+    # The bus event (an event log's, a structured log's) carries the reason as stored.
+    assert event.reason == truncate_output(reason, 50)
     second = payloads(sse_events(response.text))
     text = "".join(c["delta"] for c in second if c["type"] == "text-delta")
     denial = truncate_output(f"the tool call was denied: {reason}", 50)

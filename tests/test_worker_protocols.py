@@ -12,6 +12,7 @@ from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import httpx
 import openai
 import pytest
@@ -37,6 +38,7 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.queued_turn import RestartFilter
+from runtime.budget import Budget
 from runtime.chunks import Usage
 from runtime.messages import (
     AssistantMessage,
@@ -46,6 +48,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.relay import StepRestarted
+from runtime.results import truncate_output
 from tests.support import worker_agent
 from tests.support.redis import require_redis
 from tests.test_a2a import answer_of, collect, last_state, sdk
@@ -551,6 +554,43 @@ async def test_an_agui_approval_interrupts_and_its_resume_runs_the_tool_on_a_wor
     assert [t.status for t in turns] == ["done"]
 
 
+REASON = "n" * 1_000_000
+"""A denial's reason far past :data:`CUT_LIMIT`: what a decision stores must be cut."""
+CUT_LIMIT = 50
+
+
+def stored_reason(record: Any) -> str | None:
+    """The reason the session's (one) decided approval keeps."""
+    assert record is not None
+    call = next(
+        p
+        for m in record.messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+    )
+    assert call.awaiting is not None and call.awaiting.decided
+    return call.awaiting.reason
+
+
+async def test_an_agui_1mb_denial_reason_on_a_worker_front_end_is_stored_cut_to_the_limit(
+    pg_url: str, redis_url: str
+) -> None:
+    # The front end records the decision with the agent's max_tool_result_chars: the
+    # whole reason stayed in the session's rows before, though the model read only that.
+    agent = attrs.evolve(agui_agent(), budget=Budget(max_tool_result_chars=CUT_LIMIT))
+    async with protocols_deployment(pg_url, redis_url, agent) as d:
+        first = await agui_run(d.urls[0], run_input("t9", user("approve it", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        payload = {"approved": False, "reason": REASON}
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}]
+        await agui_run(
+            d.urls[0], run_input("t9", user("approve it", "m1"), resume=resume, runId="r2")
+        )
+        record = await d.store.load("t9")
+    assert stored_reason(record) == truncate_output(REASON, CUT_LIMIT)
+
+
 async def test_agui_bad_input_in_a_worker_deployment_is_refused_in_its_shape_and_queues_nothing(
     pg_url: str, redis_url: str
 ) -> None:
@@ -695,6 +735,28 @@ async def test_an_a2a_task_waiting_for_approval_resumes_on_a_worker_from_the_dec
     assert answer_of(answered) == "I need your approval. " + worker_agent.answer_text("approve it")
     assert last_state(answered) == TaskState.TASK_STATE_COMPLETED
     assert [t.status for t in turns] == ["done"]
+
+
+async def test_an_a2a_1mb_denial_reason_on_a_worker_front_end_is_stored_cut_to_the_limit(
+    pg_url: str, redis_url: str
+) -> None:
+    # As the AG-UI one: the queued A2A front end records with the agent's limit.
+    agent = attrs.evolve(scripted_agent(), budget=Budget(max_tool_result_chars=CUT_LIMIT))
+    async with protocols_deployment(pg_url, redis_url, agent) as d:
+        with trio.fail_after(LIMIT):
+            asked = await sdk(
+                at(d.urls[0]), lambda c: collect(c, a2a_user("approve it", context_id="c9"))
+            )
+            status = asked[-1].status_update.status
+            pending = MessageToDict(status.message.parts[1].data)["pending"]
+            decision = {
+                "decisions": [{"id": pending[0]["id"], "approved": False, "reason": REASON}]
+            }
+            request = a2a_user(message_id="d", task_id=asked[0].task.id, data=decision)
+            await sdk(at(d.urls[0]), lambda c: collect(c, request))
+            await wait_for_turn_to_end(d, "c9")
+            record = await d.store.load("c9")
+    assert stored_reason(record) == truncate_output(REASON, CUT_LIMIT)
 
 
 async def test_subscribing_on_another_front_end_gives_the_task_then_its_updates_to_the_end(

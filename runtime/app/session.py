@@ -1174,7 +1174,13 @@ class Session:
         )
         if recorded.messages is not None:
             self._decided = recorded
-        event = approval_decided(self._id, recorded.call, approved=bool(approved), reason=reason)
+        event = approval_decided(
+            self._id,
+            recorded.call,
+            approved=bool(approved),
+            reason=reason,
+            max_chars=self.agent.budget.max_tool_result_chars,
+        )
         if event is not None:
             await self.host.bus.publish(event)
         return recorded

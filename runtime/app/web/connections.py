@@ -84,9 +84,12 @@ class ConnectionCap:
     """How many connections one server holds, and the refusals past ``limit``: a
     connection is admitted while fewer than ``limit`` are open, else refused and counted;
     the count is logged at most once each :data:`REPORT_INTERVAL` (its first at once).
-    Mutable, owned by one server's event loop."""
+    Refusals within the interval are held and logged when it has passed
+    (:meth:`report_held`), or at shutdown: before, those of a burst's last interval were
+    never logged unless another refusal came after it. Mutable, owned by one server's
+    event loop."""
 
-    __slots__ = ("limit", "open", "refused", "reported_at")
+    __slots__ = ("_held", "limit", "open", "refused", "reported_at")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -94,6 +97,8 @@ class ConnectionCap:
         self.refused = 0
         """Refusals since the last log line."""
         self.reported_at: float | None = None
+        self._held = trio.Event()
+        """Set when refusals are held for the next line (:meth:`report_held` waits)."""
 
     def admit(self) -> bool:
         """Whether a new connection may be served (then it counts until :meth:`release`);
@@ -104,19 +109,42 @@ class ConnectionCap:
         self.refused += 1
         now = trio.current_time()
         if self.reported_at is None or now - self.reported_at >= REPORT_INTERVAL:
-            get_logger("axon.web").warning(
-                "serve.connection_cap_reached",
-                max_connections=self.limit,
-                refused=self.refused,
-                hint="connections past --max-connections get 503 and are closed",
-            )
-            self.reported_at = now
-            self.refused = 0
+            self._report(now)
+        else:
+            self._held.set()
         return False
 
     def release(self) -> None:
         """An admitted connection is over."""
         self.open -= 1
+
+    async def report_held(self) -> None:
+        """Log refusals held within an interval once it has passed, and those held at
+        shutdown (this task cancelled): run for as long as the server is."""
+        try:
+            while True:
+                await self._held.wait()
+                assert self.reported_at is not None  # held only after a line
+                await trio.sleep_until(self.reported_at + REPORT_INTERVAL)
+                if self.refused:
+                    self._report(trio.current_time())
+                else:  # a refusal after the interval logged them already
+                    self._held = trio.Event()
+        finally:
+            if self.refused:
+                self._report(trio.current_time())
+
+    def _report(self, now: float) -> None:
+        """Log the refusals since the last line, and start counting anew."""
+        get_logger("axon.web").warning(
+            "serve.connection_cap_reached",
+            max_connections=self.limit,
+            refused=self.refused,
+            hint="connections past --max-connections get 503 and are closed",
+        )
+        self.reported_at = now
+        self.refused = 0
+        self._held = trio.Event()
 
 
 class CappedConfig(Config):

@@ -537,6 +537,7 @@ class FrontEnd:
             outcome.recorded.call,
             approved=bool(decision.approved),
             reason=decision.reason,
+            max_chars=max_chars,
         )
         if event is not None:
             await bus.publish(event)

@@ -413,15 +413,21 @@ async def serve_app(
 
     release_connections_on_close()  # a closed connection's socket freed at once
     config = CappedConfig()
-    if max_connections is not None:
-        config.connection_cap = ConnectionCap(max_connections)
+    cap = None if max_connections is None else ConnectionCap(max_connections)
+    config.connection_cap = cap
     config.bind = [_bind(host, port)]
     config.accesslog = _hypercorn_logger("access", sys.stdout) if access_log else None
     config.errorlog = _hypercorn_logger("error", sys.stderr)
     config.graceful_timeout = 5.0
     config.include_server_header = False
     try:
-        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        if cap is None:
+            await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cap.report_held)  # refusals held logged, at the end too
+                await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+                nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:  # Hypercorn's nurseries wrap e.g. a bind's OSError
         sole = sole_exception(group)
         if sole is None:
