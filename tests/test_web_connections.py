@@ -189,7 +189,8 @@ async def test_connections_past_the_cap_are_refused_at_once_and_logged_at_first_
     # fail with EMFILE, retry each 0.1 s and log a traceback each time, and every new
     # connection (a real user's too) waited. Past `--max-connections` one is answered
     # 503 and closed at once; the log says so at the first refusal and, for the refusals
-    # held since, at shutdown: not once a connection. An hour of keep-alive here: the held connections stay until the test lets them go.
+    # held since, at shutdown: not once a connection. An hour of keep-alive here: the
+    # held connections stay until the test lets them go.
     from structlog.testing import capture_logs
 
     from runtime import Host
