@@ -213,21 +213,13 @@ async def test_a_stop_naming_a_turn_that_has_written_nothing_to_the_relay_yet_st
     script = Script(holding(), ["never"])
     agent = agent_of(script)
     prefix = unique_prefix()
-    gate = trio.Event()
     async with (
         RedisRelay.open(redis_url, prefix=prefix) as relay_a,
         RedisRelay.open(redis_url, prefix=prefix) as relay_b,
         web_server(agent, relay=relay_a) as a,
         web_server(agent, relay=relay_b) as b,
     ):
-        publisher = await attach_relay(a.host, relay_a)
-        publish = publisher.handle
-
-        async def late(chunk: Any) -> None:
-            await gate.wait()  # the turn's first write to Redis waits for the stop
-            await publish(chunk)
-
-        publisher.handle = late  # type: ignore[method-assign]
+        gate = _held_publishing(await attach_relay(a.host, relay_a))
         async with httpx.AsyncClient(timeout=30) as client:
             replies: dict = {}
             async with trio.open_nursery() as nursery:
@@ -264,7 +256,6 @@ async def test_a_stop_naming_an_unwritten_turn_sent_while_its_host_is_deaf_stops
     script = Script(holding(), ["never"])
     agent = agent_of(script)
     prefix = unique_prefix()
-    gate = trio.Event()
     async with (
         redis_fault_proxy(redis_address(), scripted({})) as proxy,
         RedisRelay.open(proxy.url, prefix=prefix, cancel_ping=0.5, op_timeout=2.0) as relay_a,
@@ -272,14 +263,7 @@ async def test_a_stop_naming_an_unwritten_turn_sent_while_its_host_is_deaf_stops
         web_server(agent, relay=relay_a) as a,
         web_server(agent, relay=relay_b) as b,
     ):
-        publisher = await attach_relay(a.host, relay_a)
-        publish = publisher.handle
-
-        async def late(chunk: Any) -> None:
-            await gate.wait()
-            await publish(chunk)
-
-        publisher.handle = late  # type: ignore[method-assign]
+        gate = _held_publishing(await attach_relay(a.host, relay_a))
         async with httpx.AsyncClient(timeout=30) as client:
             replies: dict = {}
             async with trio.open_nursery() as nursery:
@@ -297,3 +281,17 @@ async def test_a_stop_naming_an_unwritten_turn_sent_while_its_host_is_deaf_stops
     assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
     assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
     assert "never" not in replies["u1"].text
+
+
+def _held_publishing(publisher: Any) -> trio.Event:
+    """Hold ``publisher``'s writes to Redis (a turn's first chunk among them) until the
+    returned event is set: the window in which the relay knows of no running turn."""
+    gate = trio.Event()
+    publish = publisher.handle
+
+    async def late(chunk: Any) -> None:
+        await gate.wait()
+        await publish(chunk)
+
+    publisher.handle = late
+    return gate
