@@ -5,18 +5,13 @@ command line had 30 minutes a call and 5 minutes of silence, whatever the model.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from runtime import Host
 from runtime.app.cli import build_parser
 from runtime.app.commands import agent_options, make_agent
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.commands import run_runtime
 
 COMMANDS = {
     "run": ["run", "hi"],
@@ -82,19 +77,9 @@ def test_the_deciding_command_repeats_the_deadlines():
     assert options[options.index("--idle-timeout") + 1] == "none"
 
 
-def python_m(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runtime", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-
-
 @pytest.mark.parametrize("bad", ["-5", "abc", "nan"])
 def test_a_deadline_that_is_no_positive_number_is_refused_before_anything_runs(bad):
-    proc = python_m("run", "--idle-timeout", bad, "hi")
+    proc = run_runtime("run", "--idle-timeout", bad, "hi")
     assert proc.returncode == 2
     refusal = f"argument --idle-timeout: {bad!r} is not a positive number of seconds"
     assert proc.stderr.splitlines()[-1].endswith(f"{refusal} (0 or none: no limit)")
@@ -102,7 +87,7 @@ def test_a_deadline_that_is_no_positive_number_is_refused_before_anything_runs(b
 
 
 def test_a_deadline_with_agent_is_refused_as_the_other_provider_options_are():
-    proc = python_m("run", "--agent", "tests.fixtures:agent", "--call-timeout", "60", "hi")
+    proc = run_runtime("run", "--agent", "tests.fixtures:agent", "--call-timeout", "60", "hi")
     assert (proc.returncode, proc.stderr) == (
         2,
         "error: --agent names the whole agent: drop --call-timeout\n",

@@ -4,35 +4,23 @@ file is one ``error:`` line and exit 2, with no store created."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.commands import run_runtime
+
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
-
-
-def python_m(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runtime", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 def test_run_with_files_stores_them_and_show_lists_them(tmp_path):
     image, notes, store = tmp_path / "dot.png", tmp_path / "notes.txt", str(tmp_path / "s.db")
     image.write_bytes(PNG)
     notes.write_text("remember the milk")
-    ran = python_m(
+    ran = run_runtime(
         "run", "--jsonl", "--store", store, "--session", "s1",
         "--file", str(image), "--file", str(notes), "What time is it?",
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout.splitlines()[-1])["type"] == "finish"
-    shown = python_m("show", "s1", "--store", store)
+    shown = run_runtime("show", "s1", "--store", store)
     assert shown.stdout.splitlines()[:3] == [
         "user: What time is it?",
         "  [image image/png, 24 bytes]",
@@ -42,7 +30,7 @@ def test_run_with_files_stores_them_and_show_lists_them(tmp_path):
 
 def test_a_missing_file_is_one_error_line_and_no_store(tmp_path):
     store = tmp_path / "s.db"
-    ran = python_m("run", "--store", str(store), "--file", "/nonexistent/a.png", "hi")
+    ran = run_runtime("run", "--store", str(store), "--file", "/nonexistent/a.png", "hi")
     assert (ran.returncode, ran.stderr) == (2, "error: no file at /nonexistent/a.png\n")
     assert not store.exists()
 
@@ -52,7 +40,7 @@ def test_a_file_over_the_limit_is_refused_before_the_store_is_created(tmp_path):
     with big.open("wb") as f:
         f.write(b"%PDF-1.7\n")
         f.truncate(33 * 1024 * 1024)
-    ran = python_m("run", "--store", str(store), "--file", str(big), "read it")
+    ran = run_runtime("run", "--store", str(store), "--file", str(big), "read it")
     assert ran.returncode == 2
     assert ran.stderr == "error: file 'big.pdf' is 33.0 MiB; the limit is 32.0 MiB per file\n"
     assert not store.exists()
@@ -61,7 +49,7 @@ def test_a_file_over_the_limit_is_refused_before_the_store_is_created(tmp_path):
 def test_a_file_by_url_with_media_urls_off_is_one_error_line_and_no_store(tmp_path):
     store = tmp_path / "s.db"
     url = "http://169.254.169.254/latest/meta-data/creds.png"
-    ran = python_m("run", "--media-urls", "off", "--store", str(store), "--file", url, "hi")
+    ran = run_runtime("run", "--media-urls", "off", "--store", str(store), "--file", url, "hi")
     assert ran.returncode == 2 and ran.stderr.count("\n") == 1
     assert ran.stderr.startswith(f"error: image (image/png) is given by URL ({url})")
     assert not store.exists()

@@ -7,9 +7,6 @@ turn's last events still in their inboxes), so the embedded test repeats a turn 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,18 +19,7 @@ from actors.plugins.recorder import read_jsonl
 from actors.providers import ScriptedProvider
 from runtime import Actor, Agent, Host
 from runtime.errors import ConfigurationError
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def python_m_runtime(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "runtime", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+from tests.support.commands import run_runtime
 
 
 def one_step_agent() -> Agent:
@@ -83,14 +69,14 @@ async def test_a_recording_ends_with_turn_finished_every_time_the_host_is_left(t
 async def test_run_record_writes_turn_finished(tmp_path):
     for attempt in range(3):
         path = tmp_path / f"run{attempt}.jsonl"
-        proc = python_m_runtime("run", "--record", str(path), "What's the weather in Paris?")
+        proc = run_runtime("run", "--record", str(path), "What's the weather in Paris?")
         assert proc.returncode == 0, proc.stderr
         kinds = [event["kind"] for event in read_jsonl(path)]
         assert "turn.finished" in kinds, f"attempt {attempt}: {kinds}"
 
 
 async def test_run_log_level_info_logs_turn_finished():
-    proc = python_m_runtime("run", "--log-level", "info", "What's the weather in Paris?")
+    proc = run_runtime("run", "--log-level", "info", "What's the weather in Paris?")
     assert proc.returncode == 0, proc.stderr
     assert '"event":"turn.finished"' in proc.stderr
 
@@ -105,7 +91,7 @@ async def test_replay_of_a_recording_without_turn_finished_says_it_is_incomplete
     cut = next(i for i, line in enumerate(lines) if b'"turn.finished"' in line)
     cut_short = tmp_path / "cut.jsonl"
     cut_short.write_bytes(b"".join(lines[:cut]))
-    proc = python_m_runtime("replay", str(cut_short))
+    proc = run_runtime("replay", str(cut_short))
     assert proc.returncode == 1
     assert "It is sunny in Paris." in proc.stdout  # what was recorded is still shown
     assert proc.stderr.strip().endswith(
@@ -118,7 +104,7 @@ async def test_replay_of_a_recording_without_turn_finished_says_it_is_incomplete
 async def test_replay_of_a_recording_with_no_turn_at_all_says_it_is_incomplete(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    proc = python_m_runtime("replay", str(empty))
+    proc = run_runtime("replay", str(empty))
     assert proc.returncode == 1
     assert "is incomplete: it has no turn.finished event" in proc.stderr
 
