@@ -248,7 +248,9 @@ async def test_a_front_ends_approve_post_reads_the_session_once(store_and_queue,
         published.append(event)
 
     state = SimpleNamespace(
-        agent_for=lambda session_id: SimpleNamespace(tools=()),
+        agent_for=lambda session_id: SimpleNamespace(
+            tools=(), budget=SimpleNamespace(max_tool_result_chars=None)
+        ),
         host=SimpleNamespace(bus=SimpleNamespace(publish=publish)),
     )
     request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
