@@ -192,9 +192,8 @@ async def _read_body(
             raise ApiError(413, f"request body larger than {limit} bytes")
         if budget is not None and int(length) > budget.free:
             raise _budget_full(budget)
-    body = bytearray()
+    body = bytearray()  # what it holds of the budget, too
     pieces = 0
-    held = 0
     try:
         with trio.move_on_after(within if within and within > 0 else math.inf):
             try:
@@ -202,10 +201,8 @@ async def _read_body(
                     size = len(piece)
                     if len(body) + size > limit:
                         raise ApiError(413, f"request body larger than {limit} bytes")
-                    if budget is not None:
-                        if not budget.take(size):
-                            raise _budget_full(budget)
-                        held += size
+                    if budget is not None and not budget.take(size):
+                        raise _budget_full(budget)
                     body += piece
                     pieces += 1
                     if pieces > MANY_PIECES and len(body) < pieces * SMALL_PIECE:
@@ -226,7 +223,7 @@ async def _read_body(
         )
     finally:
         if budget is not None:
-            budget.give_back(held)
+            budget.give_back(len(body))
 
 
 INLINE_BODY = 256 << 10
