@@ -30,6 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows has no limit of open files
+    resource = None  # type: ignore[assignment]
+
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Event, Updated
@@ -70,9 +75,7 @@ not one a connection (which an attacker could use to fill the log)."""
 def default_max_connections() -> int | None:
     """The connection cap derived from this process's soft limit of open files now (call
     it after :func:`raise_open_file_limit`); ``None`` (no cap) where there is no limit."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows has no such limit
+    if resource is None:  # pragma: no cover - Windows
         return None
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
@@ -218,9 +221,7 @@ def raise_open_file_limit() -> int | None:
     """Raise this process's soft limit of open files (sockets included) to its hard
     limit, or to :data:`OPEN_FILES_FALLBACK` where the hard one is refused; the limit in
     force after, ``None`` where there is none to raise (Windows)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows has no such limit
+    if resource is None:  # pragma: no cover - Windows
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for target in (hard, OPEN_FILES_FALLBACK):
