@@ -36,7 +36,7 @@ from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact
-from runtime.store import Store, rebase
+from runtime.store import Store, deletion_mark, rebase
 
 REBASE_ATTEMPTS = 5
 """Reload-and-append attempts for one save before it fails with StoreConflict (another
@@ -284,6 +284,14 @@ class Persister(Actor):
             return prev[3]
         return 0
 
+    async def _deleted_since(self, req: SaveRequest, mark: int) -> bool:
+        """Whether ``req``'s session was deleted since its turn read the deletion mark
+        ``mark`` (:attr:`SaveRequest.absent_mark`): a session met now is then one created
+        again since, not a concurrent creator's. ``False`` for a store that keeps no
+        mark (any more)."""
+        now = await deletion_mark(self.store, req.session_id)
+        return now is not None and now != mark
+
     def _ends(self, req: SaveRequest) -> dict[str, str]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
@@ -321,19 +329,25 @@ class Persister(Actor):
         conflict: StoreConflict | None = None
         of_stored = self._of_stored(req, expected)
         seen = self._seen(req, expected)
+        mark = None if seen else req.absent_mark
         for _ in range(REBASE_ATTEMPTS):
             self._check_refused(req)
             record = await self.store.load(req.session_id)
             self._check_refused(req)
-            if (record is None and of_stored) or (
-                record is not None and seen and record.incarnation > seen
+            if (
+                (record is None and of_stored)
+                or (record is not None and seen and record.incarnation > seen)
+                or (mark is not None and await self._deleted_since(req, mark))
             ):
                 # Deleted since the turn's save was based on it: saved from 0 at version 0,
                 # it would come back (a tombstone-less store cannot tell); or deleted and
                 # saved again since (another process's new message: its incarnation began
                 # above the version this save was based on), rebased it would append the
-                # deleted conversation's turn to the new one. Refused, and so is every
-                # later save of the turn (one already queued, based on this one).
+                # deleted conversation's turn to the new one; or, the turn based on no
+                # version (its session not stored when it began), deleted since the turn
+                # began (its deletion mark moved, read after the load: a deletion after it
+                # fails the save below and is read on the next attempt). Refused, and so
+                # is every later save of the turn (one already queued, based on this one).
                 self.refuse(req.session_id, req.turn_id)
                 raise SessionDeleted(
                     f"save of session {req.session_id!r} refused: the session was deleted "

@@ -225,6 +225,13 @@ class SaveRequest:
     answer to validate): the turn's finish reason. A store that can (``ends_turns``, a
     worker's PostgreSQL store) marks the turn's queue row finished in the same commit,
     one transaction where there were two (issue 24 goal 3); any other ignores it."""
+    absent_mark: int | None = None
+    """The session's deletion mark (:func:`runtime.store.version_and_mark`) when its turn
+    began on a session its host held nothing stored of; ``None``: not read (the store
+    keeps none, or the session was stored). A save based on no version that meets a
+    conflict reads the mark again: moved, the session was deleted and created again
+    since the turn began, and the save is refused as a deleted session's
+    (:class:`~runtime.errors.SessionDeleted`) instead of rebased onto the new one."""
 
 
 # -- stream controller markers -------------------------------------------------------------

@@ -132,6 +132,18 @@ class Store(Protocol):
     on (its incarnation is above that version): then it is refused, and the deleted
     conversation's turn never lands in the new one. Recording it costs a save nothing
     more: the creating save writes it with the session's row.
+
+    **Deletion marks** (optional, as incarnations; the built-in stores keep them): a store
+    may count, per session id, the deletions of it, ``deletions(session_id) -> int``
+    (``0``: never deleted; one number per id, however often it is deleted), and read it
+    with the version in one go, ``version_and_deletions(session_id) -> (version,
+    deletions)``. A turn of a session its host holds nothing stored of reads the mark
+    as it starts (:func:`version_and_mark`, in place of the version query it makes
+    anyway); its first save, should it meet a conflict (based on no version, nothing
+    to compare an incarnation with), reads it again (:func:`deletion_mark`): moved, the
+    session it meets was deleted and created again since the turn began, and the save is
+    refused as a deleted session's; unmoved, another writer created the session
+    meanwhile, and the turn is rebased onto it. A store without them: rebased, as before.
     """
 
     async def load(self, session_id: str) -> SessionRecord | None:
@@ -269,6 +281,34 @@ async def load_last_turn(store: Store, session_id: str) -> tuple[int, SessionRec
         (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), 0
     )
     return first, attrs.evolve(record, messages=messages[first:])
+
+
+async def deletion_mark(store: Store, session_id: str) -> int | None:
+    """How many times ``session_id`` was deleted from ``store`` (its *deletion mark*, see
+    :class:`Store`), or ``None`` for a store that keeps no such mark (it has no
+    ``deletions`` method: a store written before them, whose saves are rebased as
+    before). Read only when a save based on no version meets a conflict."""
+    own = getattr(store, "deletions", None)
+    if own is None:
+        return None
+    return await own(session_id)  # type: ignore[no-any-return]
+
+
+async def version_and_mark(store: Store, session_id: str) -> tuple[int, int | None]:
+    """The session's version and deletion mark (:func:`deletion_mark`), read together:
+    what a turn of a session its host holds nothing stored of reads before it begins.
+
+    A store with ``version_and_deletions`` is asked for both in one read (no more than
+    the version query every turn makes); one with ``deletions`` alone, for the mark
+    first and then the version (read in that order, a deletion between the two cannot
+    hide: a session created since shows in the version, and the turn adopts it); any
+    other store, for its version (mark ``None``)."""
+    both = getattr(store, "version_and_deletions", None)
+    if both is not None:
+        version, mark = await both(session_id)
+        return version, mark
+    mark = await deletion_mark(store, session_id)
+    return await store.version(session_id), mark
 
 
 def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:

@@ -311,3 +311,60 @@ async def test_two_hosts_deleting_one_session_at_once_both_answer_204_and_it_sta
     assert 'data: {"type":"abort","reason":"session deleted"}' in replies["old"].text
     assert gone is None
     assert record is not None and _users(record) == ["fresh"] and record.meta["title"] == "fresh"
+
+
+async def _first_turn_meanwhile(shared_store: Any, *, delete: bool) -> tuple[Any, str]:
+    """Two hosts on one store, no relay. A's turn of the new session "s" is held in its
+    step 0 (nothing of "s" stored yet); B posts "other" (creating "s") and, with
+    ``delete``, deletes it and posts "fresh" (creating it again); A's turn is let go.
+    The stored record and A's stream."""
+    gate = _Gate()
+    agent = _agent(gate, [])
+    async with (
+        web_server(agent, store=shared_store) as a,
+        web_server(agent, store=shared_store) as b,
+        httpx.AsyncClient(timeout=LIMIT) as client,
+    ):
+        old: list[httpx.Response] = []
+
+        async def old_turn() -> None:
+            old.append(
+                await client.post(f"{a.url}/api/chat", json=body("s", "hold on", message_id="u1"))
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(old_turn)
+            with trio.fail_after(LIMIT):
+                await gate.entered.wait()
+            other = await client.post(f"{b.url}/api/chat", json=body("s", "other", message_id="u2"))
+            assert other.status_code == 200
+            if delete:
+                gone = await client.delete(f"{b.url}/api/sessions/s", headers=DELETE)
+                fresh = await client.post(
+                    f"{b.url}/api/chat", json=body("s", "fresh", message_id="u3")
+                )
+                assert (gone.status_code, fresh.status_code) == (204, 200)
+            gate.opened.set()
+        record = await b.host.store.load("s")
+    return record, old[0].text
+
+
+async def test_a_first_turn_of_a_session_deleted_and_re_created_meanwhile_stays_out_of_it(
+    shared_store: Any,
+) -> None:
+    # A's first save met B's new "s" and, based on no version, was rebased onto it:
+    # stored ['fresh', 'hold on'] titled "hold on", A's stream ending "finish".
+    record, stream = await _first_turn_meanwhile(shared_store, delete=True)
+    assert record is not None and _users(record) == ["fresh"]
+    assert record.meta["title"] == "fresh"
+    assert 'data: {"type":"abort","reason":"session deleted"}' in stream
+
+
+async def test_a_first_turn_of_a_session_another_host_created_meanwhile_is_rebased_onto_it(
+    shared_store: Any,
+) -> None:
+    # No delete: B created "s" once while A's first turn ran, a concurrent creator. A's
+    # turn is kept, after B's.
+    record, stream = await _first_turn_meanwhile(shared_store, delete=False)
+    assert record is not None and _users(record) == ["other", "hold on"]
+    assert 'data: {"type":"finish"' in stream and '"abort"' not in stream

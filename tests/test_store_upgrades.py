@@ -37,6 +37,7 @@ from runtime.history import repair
 from runtime.messages import UserMessage
 from tests.support import wire_rules
 from tests.support.pg import drop_schema, own_database, pg_connect
+from tests.test_stores import make_schema_3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,9 +52,10 @@ def _sql(schema: str, query: str, params: tuple = ()) -> list[tuple]:
 
 def _make_pre_incarnation(schema: str) -> None:
     """Make the store in ``schema`` one of before incarnations (as 749b9ed left it: no
-    ``incarnation`` column, no trigger writing it)."""
+    ``incarnation`` column, no trigger writing it, no deletion marks' table)."""
     _sql(schema, "DROP TRIGGER axon_sessions_incarnation_v1 ON axon_sessions")
     _sql(schema, "ALTER TABLE axon_sessions DROP COLUMN incarnation")
+    _sql(schema, "DROP TABLE axon_deletions")
 
 
 # -- PostgreSQL: an upgrade opened while a worker writes --------------------------------
@@ -158,6 +160,8 @@ async def test_a_schema_2_file_of_that_version_reads_back_and_replays_to_every_p
         for session_id in listed:
             record = await store.load(session_id)
             assert record is not None and record.incarnation == 0  # (not recorded)
+            # the deletion marks gained: none counted before
+            assert await store.version_and_deletions(session_id) == (record.version, 0)
             history = repair([*record.messages, UserMessage(content="next")])
             chat = openai.map_messages(None, history)
             assert wire_rules.chat_errors(chat) + wire_rules.sdk_errors("chat", chat) == []
@@ -264,12 +268,33 @@ def _open_at_once(target: str, processes: int = 4) -> list[tuple[int, str, str]]
                 child.wait()
 
 
-@pytest.mark.parametrize("start", [None, FIXTURE_V1, FIXTURE_V2], ids=["fresh", "v1", "v2"])
+def _schema_3_file(path: Path) -> None:
+    """A store file at ``path`` as schema 3 left one (before deletion marks): sessions
+    ``a`` (versions 1 and 2) and ``b`` (version 1)."""
+
+    async def write() -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            first = await store.save("a", 0, [UserMessage(content="a")])
+            await store.save("a", 1, [UserMessage(content="a2")], expected_version=first)
+            await store.save("b", 0, [UserMessage(content="b")])
+        finally:
+            await store.aclose()
+
+    trio.run(write)
+    make_schema_3(path)
+
+
+@pytest.mark.parametrize(
+    "start", [None, FIXTURE_V1, FIXTURE_V2, "v3"], ids=["fresh", "v1", "v2", "v3"]
+)
 def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_once(
-    tmp_path: Path, start: Path | None
+    tmp_path: Path, start: Path | str | None
 ) -> None:
     path = tmp_path / "sessions.db"
-    if start is not None:
+    if start == "v3":
+        _schema_3_file(path)
+    elif start is not None:
         shutil.copy(start, path)
     results = _open_at_once(str(path))
     assert [(status, out) for status, out, _ in results] == [(0, "opened\n")] * 4, results
@@ -277,22 +302,25 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     try:
         assert dict(conn.execute("SELECT key, value FROM axon_meta")) == {
             "magic": "axon-session-store",
-            "schema_version": "3",
+            "schema_version": "4",
         }
         objects = sorted(conn.execute("SELECT type, name FROM sqlite_master"))
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
         versions = {row[0] for row in conn.execute("SELECT version FROM sessions")}
+        marks = list(conn.execute("SELECT * FROM deletions"))
     finally:
         conn.close()
     assert [name for kind, name in objects if kind != "index" or "autoindex" not in name] == [
         "sessions_by_update",
         "axon_meta",
+        "deletions",
         "messages",
         "sessions",
     ]
     assert columns.count("version") == 1 and columns.count("incarnation") == 1
-    # Migrated once: schema 1's sessions start at 1, schema 2's keep theirs.
-    assert versions == {None: set(), FIXTURE_V1: {1}, FIXTURE_V2: {1, 2, 4}}[start]
+    # Migrated once: schema 1's sessions start at 1, schema 2's and 3's keep theirs.
+    assert versions == {None: set(), FIXTURE_V1: {1}, FIXTURE_V2: {1, 2, 4}, "v3": {1, 2}}[start]
+    assert marks == []  # none counted before the marks
 
 
 _MIGRATE_THEN_HANG = """
@@ -308,12 +336,15 @@ trio.run(sqlite.SQLiteStore.open, sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("start", [FIXTURE_V1, FIXTURE_V2], ids=["v1", "v2"])
+@pytest.mark.parametrize("start", [FIXTURE_V1, FIXTURE_V2, "v3"], ids=["v1", "v2", "v3"])
 async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_open(
-    tmp_path: Path, start: Path
+    tmp_path: Path, start: Path | str
 ) -> None:
     path = tmp_path / "sessions.db"
-    shutil.copy(start, path)
+    if start == "v3":
+        await trio.to_thread.run_sync(_schema_3_file, path)
+    else:
+        shutil.copy(start, path)
     before = sqlite3.connect(path)
     try:
         rows = sorted(before.execute("SELECT session_id, idx, body FROM messages"))
@@ -330,7 +361,7 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "3"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
         after = sorted(conn.execute("SELECT session_id, idx, body FROM messages"))
     finally:
         conn.close()
@@ -348,7 +379,8 @@ _STORE_TRIGGERS = [
 
 def _schema_parts(url: str) -> dict[str, Any]:
     """What the store in ``url``'s schema has: its triggers, its functions (with how many
-    of each name), its marker rows, and whether ``axon_sessions`` has ``incarnation``."""
+    of each name), its marker rows, whether ``axon_sessions`` has ``incarnation``, and
+    whether the deletion marks' table is there."""
     import psycopg as pg
 
     libpq, schema = parse_url(url)
@@ -370,11 +402,17 @@ def _schema_parts(url: str) -> dict[str, Any]:
             "AND table_name = 'axon_sessions' AND column_name = 'incarnation'",
             (schema,),
         ).fetchone()
+        (deletions,) = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace "
+            "AND relname = 'axon_deletions' AND relkind = 'r'",
+            (schema,),
+        ).fetchone()
     return {
         "triggers": triggers,
         "functions": functions,
         "marker": marker,
         "incarnation": incarnation,
+        "deletions": deletions,
     }
 
 
@@ -385,6 +423,7 @@ def _complete(parts: dict[str, Any]) -> bool:
         and {count for _, count in parts["functions"]} == {1}
         and parts["marker"] == [("magic", "axon-session-store"), ("schema_version", "1")]
         and parts["incarnation"] == 1
+        and parts["deletions"] == 1
     )
 
 
@@ -444,7 +483,7 @@ def test_an_old_schema_opened_by_two_processes_while_a_third_writes_turns(
     try:
         assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
         _make_pre_incarnation(parse_url(pg_url)[1])  # as a store of 749b9ed, in use
-        assert _schema_parts(pg_url)["incarnation"] == 0
+        assert _schema_parts(pg_url)["incarnation"] == _schema_parts(pg_url)["deletions"] == 0
         results = _open_at_once(pg_url, processes=2)
         before = int(writer.stdout.readline())
         while int(writer.stdout.readline()) < before + 5:  # writes go on after
@@ -458,6 +497,22 @@ def test_an_old_schema_opened_by_two_processes_while_a_third_writes_turns(
     assert [(status, out) for status, out, _ in results] == [(0, "opened\n")] * 2, results
     assert writer.returncode == 0, errors
     assert _complete(_schema_parts(pg_url))
+
+
+async def test_a_postgres_store_of_before_deletion_marks_gains_them_on_open(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url)
+    try:
+        kept = await store.save("s", 0, [UserMessage(content="a")])
+    finally:
+        await store.aclose()
+    _sql(parse_url(pg_url)[1], "DROP TABLE axon_deletions")  # as a store of before them
+    store = await PostgresStore.open(pg_url)
+    try:
+        assert await store.version_and_deletions("s") == (kept, 0)  # none counted before
+        await store.delete("s")
+        assert await store.version_and_deletions("s") == (0, 1)
+    finally:
+        await store.aclose()
 
 
 _UPGRADE_THEN_HANG = """

@@ -42,6 +42,7 @@ from runtime.messages import Message, ToolMessage, UserMessage
 from runtime.testing.stores import (
     BAD_IDS,
     StoreConformance,
+    StoreDeletionMarks,
     StoreIncarnations,
     StorePaging,
     conversation,
@@ -68,7 +69,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations):
+class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations, StoreDeletionMarks):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 
@@ -435,7 +436,7 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
     conn = sqlite3.connect(path)
     try:
         meta = dict(conn.execute("SELECT key, value FROM axon_meta"))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "4"
     finally:
         conn.close()
     again = await SQLiteStore.open(path)  # an upgraded file opens as a current one
@@ -473,7 +474,44 @@ async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "3"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
+    finally:
+        conn.close()
+
+
+def make_schema_3(path: Path) -> None:
+    """Make the current store file at ``path`` one of before deletion marks (schema 3:
+    no ``deletions`` table), as a store of that version left it."""
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE deletions")
+    conn.execute("UPDATE axon_meta SET value = '3' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+
+
+async def test_schema_3_file_is_upgraded_in_place_and_gains_the_deletion_marks(tmp_path: Path):
+    # A file of before deletion marks: its sessions kept, the marks start at 0 (none
+    # counted before), and count deletions from then on.
+    path = tmp_path / "v3.db"
+    store = await SQLiteStore.open(path)
+    kept = await store.save("s", 0, turn(0))
+    await store.save("gone", 0, turn(1))
+    await store.delete("gone")  # (counted by nothing: the table is dropped below)
+    await store.aclose()
+    make_schema_3(path)
+    store = await SQLiteStore.open(path)
+    try:
+        assert await store.load("s") == record("s", turn(0))
+        assert await store.version_and_deletions("s") == (kept, 0)
+        assert await store.version_and_deletions("gone") == (0, 0)
+        await store.delete("s")
+        assert await store.version_and_deletions("s") == (0, 1)
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
+        assert list(conn.execute("SELECT session_id, count FROM deletions")) == [("s", 1)]
     finally:
         conn.close()
 

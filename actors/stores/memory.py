@@ -45,6 +45,8 @@ class MemoryStore:
         # list_sessions (most recently updated first) is the dict reversed.
         self._sessions: dict[str, _Session] = {}
         self._deleted_version = 0
+        self._deletions: dict[str, int] = {}
+        """How many times each id was deleted (:meth:`deletions`): one number per id."""
         self._seq = 0
         """How many saves the store has taken: the next save's place in recency order."""
         """The highest version a deleted session had: a re-created session starts above
@@ -78,6 +80,23 @@ class MemoryStore:
         validate_session_id(session_id)
         session = self._sessions.get(session_id)
         return 0 if session is None else session.version
+
+    async def deletions(self, session_id: str) -> int:
+        """How many times the session was deleted (its deletion mark, see
+        :class:`~runtime.store.Store`): ``0`` if never."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        return self._deletions.get(session_id, 0)
+
+    async def version_and_deletions(self, session_id: str) -> tuple[int, int]:
+        """:meth:`version` and :meth:`deletions`, read at once."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        session = self._sessions.get(session_id)
+        version = 0 if session is None else session.version
+        return version, self._deletions.get(session_id, 0)
 
     async def save(
         self,
@@ -171,6 +190,7 @@ class MemoryStore:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             self._deleted_version = max(self._deleted_version, session.version)
+            self._deletions[session_id] = self._deletions.get(session_id, 0) + 1
 
     async def aclose(self) -> None:
         """Close the store; further calls raise :class:`~runtime.errors.StoreError`.
@@ -180,3 +200,4 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         self._closed = True
         self._sessions.clear()
+        self._deletions.clear()

@@ -10,6 +10,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   incarnation BIGINT)                    -- version of its first save
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
+    axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: how many
+                   deletions BIGINT)                     -- times each id was deleted
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
     axon_save_v4(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
@@ -1008,6 +1010,27 @@ class PostgresStore:
         )
         return 0 if row is None else row[0]
 
+    async def deletions(self, session_id: str) -> int:
+        """How many times the session was deleted (its deletion mark, see
+        :class:`~runtime.store.Store`): one primary-key lookup, ``0`` if never."""
+        return (await self.version_and_deletions(session_id))[1]
+
+    async def version_and_deletions(self, session_id: str) -> tuple[int, int]:
+        """:meth:`version` and :meth:`deletions` in one statement (one snapshot, one round
+        trip): what a turn of a session its host holds nothing stored of reads in place
+        of the version alone."""
+        validate_session_id(session_id)
+        row = await self.run(
+            f"version of session {session_id!r}",
+            lambda conn: conn.execute(
+                """SELECT (SELECT version FROM axon_sessions WHERE session_id = %(s)s),
+                    (SELECT deletions FROM axon_deletions WHERE session_id = %(s)s)""",
+                {"s": session_id},
+            ).fetchone(),
+            transaction=False,
+        )
+        return int(row[0] or 0), int(row[1] or 0)
+
     async def list_sessions(
         self, *, limit: int | None = None, after: str | None = None
     ) -> list[SessionInfo]:
@@ -1072,7 +1095,18 @@ class PostgresStore:
                 )
                 if status == "running":
                     conn.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, turn_id))
-            conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
+            # The session's row, and its id's deletion mark moved if it was stored (one
+            # statement: a delete of a session never stored, or deleted at once by
+            # another, moves nothing).
+            conn.execute(
+                """WITH gone AS (
+                    DELETE FROM axon_sessions WHERE session_id = %s RETURNING session_id
+                ) INSERT INTO axon_deletions (session_id, deletions)
+                SELECT session_id, 1 FROM gone
+                ON CONFLICT (session_id) DO UPDATE
+                SET deletions = axon_deletions.deletions + 1""",
+                (session_id,),
+            )
             conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
 
         await self.run(f"delete of session {session_id!r}", delete)

@@ -34,6 +34,12 @@ _SCHEMA = (
         body BYTEA NOT NULL,
         PRIMARY KEY (session_id, idx)
     )""",
+    # Each deleted id's deletion mark (runtime.store.Store, "Deletion marks"): how many
+    # times it was deleted, one row an id. A store of before gains it empty on open.
+    """CREATE TABLE IF NOT EXISTS axon_deletions (
+        session_id TEXT PRIMARY KEY,
+        deletions BIGINT NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS axon_turns (
         turn_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL,

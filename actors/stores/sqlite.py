@@ -1,6 +1,6 @@
 """A :class:`~runtime.store.Store` in one embedded SQLite file.
 
-Layout (schema version 3)::
+Layout (schema version 4)::
 
     axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
                                                          -- deleted_version (see delete)
@@ -12,6 +12,8 @@ Layout (schema version 3)::
     messages(session_id TEXT, idx INTEGER, role TEXT,
              body BLOB,                                  -- serde JSON of one Message
              PRIMARY KEY(session_id, idx))
+    deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: how many
+              count INTEGER)                             -- times each id was deleted
 
 and ``PRAGMA application_id`` = :data:`APPLICATION_ID`, so ``file(1)`` and other tools
 can tell an Axon store from any other SQLite file.
@@ -26,7 +28,9 @@ save leaves the previous state intact. The same transaction checks the session's
 Schema version 1 (no ``version`` column) is upgraded in place when opened: the column is
 added and every existing session starts at version 1. Schema version 2 (no
 ``incarnation`` column) likewise: its sessions get ``0`` ("not recorded", which refuses
-nothing), a session created after records its own. Newer schemas are refused.
+nothing), a session created after records its own. Schema version 3 (no ``deletions``
+table) gains the empty table: no id was deleted as far as it knows, which is what a
+turn that read no mark assumes too. Newer schemas are refused.
 
 The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
 established that the file is empty or an Axon store, and raises
@@ -68,7 +72,7 @@ APPLICATION_ID = 0x41584F4E
 MAGIC = "axon-session-store"
 """The ``magic`` row of ``axon_meta``."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema this code writes. Older files are upgraded in place; newer ones are refused."""
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -94,6 +98,12 @@ _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 """The primary result codes of a statement that would have had to wait (extended codes,
 such as ``SQLITE_BUSY_RECOVERY``, keep their primary code in the low byte)."""
 
+_DELETIONS_TABLE = """CREATE TABLE IF NOT EXISTS deletions (
+    session_id TEXT PRIMARY KEY,
+    count INTEGER NOT NULL
+) WITHOUT ROWID"""
+"""Each deleted id's deletion mark (:meth:`SQLiteStore.deletions`): one row an id."""
+
 _SCHEMA = (
     """CREATE TABLE axon_meta (
         key TEXT PRIMARY KEY,
@@ -116,6 +126,7 @@ _SCHEMA = (
         body BLOB NOT NULL,
         PRIMARY KEY (session_id, idx)
     )""",
+    _DELETIONS_TABLE,
 )
 _COLUMNS_V1 = {
     "axon_meta": {"key", "value"},
@@ -123,7 +134,8 @@ _COLUMNS_V1 = {
     "messages": {"session_id", "idx", "role", "body"},
 }
 _COLUMNS_V2 = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
-_COLUMNS = {**_COLUMNS_V2, "sessions": _COLUMNS_V2["sessions"] | {"incarnation"}}
+_COLUMNS_V3 = {**_COLUMNS_V2, "sessions": _COLUMNS_V2["sessions"] | {"incarnation"}}
+_COLUMNS = {**_COLUMNS_V3, "deletions": {"session_id", "count"}}
 _MIGRATIONS = {
     # 1 -> 2: per-session versions. Existing sessions start at 1, since 0 means "absent".
     1: (
@@ -134,6 +146,9 @@ _MIGRATIONS = {
     # on a deleted session's version is told from another writer's (Store docstring).
     # Existing sessions: 0, not recorded (their first save's version is not known).
     2: ("ALTER TABLE sessions ADD COLUMN incarnation INTEGER NOT NULL DEFAULT 0",),
+    # 3 -> 4: the deletion marks (runtime.store.Store, "Deletion marks"): one row per id
+    # deleted since, its count of deletions. Empty: none counted before.
+    3: (_DELETIONS_TABLE,),
 }
 
 _T = TypeVar("_T")
@@ -325,7 +340,15 @@ def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
         )
     if version < 1:
         raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
-    expected = _COLUMNS if version >= 3 else _COLUMNS_V2 if version >= 2 else _COLUMNS_V1
+    expected = (
+        _COLUMNS
+        if version >= 4
+        else _COLUMNS_V3
+        if version >= 3
+        else _COLUMNS_V2
+        if version >= 2
+        else _COLUMNS_V1
+    )
     for table, columns in expected.items():
         found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if not columns <= found:
@@ -493,6 +516,12 @@ deleted session had (``NULL``: none ever deleted), the message count (``max(idx)
 one index probe; ``count(*)`` would scan the whole session) and the file's schema
 version (another process's newer axon-runtime may have upgraded it since this one
 opened it). Three statements before (issue 24 goal 1)."""
+
+
+_VERSION_MARK_SQL = """SELECT (SELECT version FROM sessions WHERE session_id = ?1),
+    (SELECT count FROM deletions WHERE session_id = ?1)"""
+"""A session's version and deletion mark in one statement: two primary-key probes, one
+row (``NULL`` for a session not stored, an id never deleted)."""
 
 
 class SQLiteStore:
@@ -804,6 +833,37 @@ class SQLiteStore:
         ).fetchone()
         return 0 if row is None else row[0]
 
+    # -- deletion marks ------------------------------------------------------------------
+
+    async def deletions(self, session_id: str) -> int:
+        """How many times the session was deleted (its deletion mark, see
+        :class:`~runtime.store.Store`): one primary-key lookup, ``0`` if never."""
+        return (await self.version_and_deletions(session_id))[1]
+
+    async def version_and_deletions(self, session_id: str) -> tuple[int, int]:
+        """:meth:`version` and :meth:`deletions` in one statement (one snapshot): what a
+        turn of a session its host holds nothing stored of reads in place of the version
+        alone; on the calling thread when it need not wait, as :meth:`version`."""
+        validate_session_id(session_id)
+        action = ("version", session_id)
+        got = await self._on_loop(action, self._version_and_deletions, session_id)
+        if not isinstance(got, _Large):
+            return got
+        return await self._run(action, self._version_and_deletions, session_id)
+
+    def version_and_deletions_now(self, session_id: str) -> tuple[int, int] | None:
+        """:meth:`version_and_deletions` read on the calling thread without waiting, or
+        ``None`` when that would wait (as :meth:`version_now`)."""
+        validate_session_id(session_id)
+        if self._lock.locked():
+            return None
+        got = self._now(("version", session_id), self._version_and_deletions, session_id)
+        return None if isinstance(got, _Large) else got
+
+    def _version_and_deletions(self, session_id: str) -> tuple[int, int]:
+        version, count = self._conn.execute(_VERSION_MARK_SQL, (session_id,)).fetchone()
+        return version or 0, count or 0
+
     # -- list, delete, close -------------------------------------------------------------
 
     async def list_sessions(
@@ -852,6 +912,12 @@ class SQLiteStore:
                 raise _schema_moved(self._path, row[1])
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            if row[0] is not None:  # a session deleted: its id's mark moves (one row an id)
+                conn.execute(
+                    """INSERT INTO deletions (session_id, count) VALUES (?, 1)
+                    ON CONFLICT (session_id) DO UPDATE SET count = count + 1""",
+                    (session_id,),
+                )
             if row[0] is not None and row[0] > _deleted_version(conn):
                 conn.execute(
                     """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)

@@ -149,6 +149,10 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     version the history held (``Saving._sync``): the meta its run carries is the deleted
     conversation's. (Class defaults, set on the instance only then: a runner whose session
     was never deleted under it carries nothing more.)"""
+    _absent_mark: int | None = None
+    """The session's deletion mark as the turn about to open read it, the session not
+    stored (``Saving._absent``), for its saves (:attr:`SaveRequest.absent_mark`). (A
+    class default, as the one above.)"""
     _stale_title: Any = _NO_TITLE
     """The deleted conversation's title, which the session's host still holds and sends
     with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""

@@ -24,7 +24,7 @@ from runtime.actor_messages import SaveRequest, SaveResult
 from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exception
 from runtime.ids import new_id
 from runtime.redact import redact
-from runtime.store import SessionRecord
+from runtime.store import SessionRecord, version_and_mark
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -48,6 +48,7 @@ class Saving:
         _pending: SaveRequest | None
         _answered: SaveResult | None
         _deleted_since: bool
+        _absent_mark: int | None
         _log: Any
 
         async def publish(self, event: Any) -> None: ...
@@ -85,6 +86,7 @@ class Saving:
             after=None if prev is None else prev.request_id,
             reply=self.save_replies,
             ends=ends,
+            absent_mark=self._absent_mark,
         )
         self._pending, self._answered = req, None
         try:
@@ -155,6 +157,8 @@ class Saving:
         when its caller hands the session as it just read or wrote it (``stored``: a
         continuation started in the process that recorded its decisions), none."""
         state = self.state
+        if self._absent_mark is not None:  # the previous turn's: read again, or not at all
+            self._absent_mark = None
         if stored is not None and self._pending is None and stored.version == state.version:
             # The session as its caller just read it, at the version this process holds
             # (a worker's claim of a first turn hands its empty record): nothing to take,
@@ -167,10 +171,19 @@ class Saving:
             # A store that can read the version without waiting (SQLite's, while the file
             # is free) is asked so, outside the bound: a turn whose session did not move
             # then enters no cancel scope here (issue 24 goal 1). Anything else, as before.
-            version = _version_now(store, state.session_id)
-            if version == state.version:
-                return
-            moved = version is not None
+            # A session this host holds nothing stored of: its deletion mark too, in the
+            # same read (:meth:`_absent`).
+            if state.version == 0:
+                now = _version_mark_now(store, state.session_id)
+                if now is not None and now[0] == 0:
+                    self._absent_mark = now[1]
+                    return
+                moved = now is not None
+            else:
+                version = _version_now(store, state.session_id)
+                if version == state.version:
+                    return
+                moved = version is not None
         with trio.move_on_after(SAVE_TIMEOUT):
             prev = self._pending
             if prev is not None:  # the previous turn's final save, if it outlived the turn
@@ -180,6 +193,10 @@ class Saving:
             try:
                 if stored is not None and stored.version >= state.version:
                     record: SessionRecord | None = stored  # (not older than ours)
+                elif not reload and not moved and state.version == 0:
+                    if await self._absent(store):
+                        return
+                    record = await store.load(state.session_id)
                 elif (
                     not reload
                     and not moved
@@ -203,6 +220,20 @@ class Saving:
                 self._deleted_since = True
             self._publish_history()
             await self._concurrent(adopted, "reloaded", turn_id)
+
+    async def _absent(self, store: Any) -> bool:
+        """Whether the session, which this host holds nothing stored of, is still not
+        stored; if so, its deletion mark (read with its version: one query, the one a
+        turn makes anyway) is kept for the turn's saves (:attr:`SaveRequest.absent_mark`):
+        should the first meet a session created meanwhile, the mark tells one deleted
+        and created again since the turn began (refused) from a concurrent creator's
+        (rebased)."""
+        version, mark = await version_and_mark(store, self.state.session_id)
+        if version:
+            return False
+        if mark is not None:
+            self._absent_mark = mark
+        return True
 
     async def _concurrent(self, adopted: Adopted, resolution: str, turn_id: str) -> None:
         """Say so (an event and a log line) when another writer's work came in: a warning,
@@ -283,6 +314,21 @@ class Saving:
             # the same objects: an equal message may hold values of other types
             and all(map(operator.is_, req.messages, self.state.messages[start:]))
         )
+
+
+def _version_mark_now(store: Any, session_id: str) -> tuple[int, int] | None:
+    """``store.version_and_deletions_now(session_id)`` for a store that has it (the
+    version and deletion mark in one read without waiting, or ``None`` when that would
+    wait); ``None`` for any other store, or when the read fails (the bounded query then
+    reads both, or meets the failure and says so)."""
+    now = getattr(store, "version_and_deletions_now", None)
+    if now is None:
+        return None
+    try:
+        got = now(session_id)
+    except StoreError:
+        return None
+    return got if isinstance(got, tuple) else None
 
 
 def _version_now(store: Any, session_id: str) -> int | None:

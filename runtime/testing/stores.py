@@ -38,6 +38,12 @@ class apart for the same reason: a store written before them reports ``0`` (the 
 default), which the runtime reads as "not recorded", and passes :class:`StoreConformance`
 as it did.
 
+A store that keeps deletion marks (``deletions`` and ``version_and_deletions``: how
+many times each id was deleted, which tells a turn begun on a session not stored yet a
+session deleted and created again since from another writer's new one) adds
+:class:`StoreDeletionMarks`; the runtime's read of them over any store (``None``: none
+kept, rebased as before) is in :class:`StoreConformance`.
+
 The data helpers (:func:`conversation`, :func:`turn`, :func:`record`) are public too, for
 a store's own tests beyond the kit.
 """
@@ -63,7 +69,15 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import SessionInfo, SessionRecord, Store, list_page, load_last_turn
+from runtime.store import (
+    SessionInfo,
+    SessionRecord,
+    Store,
+    deletion_mark,
+    list_page,
+    load_last_turn,
+    version_and_mark,
+)
 
 # -- data --------------------------------------------------------------------------------
 
@@ -475,6 +489,25 @@ class StoreConformance:
         )
         assert await load_last_turn(store, "never") is None
 
+    # -- deletion marks, as a turn begun on a session not stored reads them --------------
+
+    async def test_the_deletion_mark_is_read_with_the_version_or_is_none(self, store):
+        """:func:`~runtime.store.version_and_mark` and
+        :func:`~runtime.store.deletion_mark` over this store: the version as
+        :meth:`~runtime.store.Store.version` says, and the mark, ``None`` for a store
+        that keeps none (its saves rebased as before), else one that moves with each
+        deletion of the session and with nothing else."""
+        before = await deletion_mark(store, "s")
+        assert await version_and_mark(store, "s") == (0, before)
+        version = await store.save("s", 0, turn(0), expected_version=0)
+        await store.save("other", 0, turn(1))
+        await store.delete("other")
+        assert await version_and_mark(store, "s") == (version, before)
+        await store.delete("s")
+        after = await deletion_mark(store, "s")
+        assert await version_and_mark(store, "s") == (0, after)
+        assert (before is None) == (after is None) and (after is None or after != before)
+
 
 class StorePaging:
     """The paging checks, for a store whose ``list_sessions`` takes ``limit`` and
@@ -620,3 +653,37 @@ class StoreIncarnations:
         await store.save("one", 2, turn(2), expected_version=one)
         assert (await store.load("one")).incarnation == one
         assert (await store.load("two")).incarnation == two
+
+
+class StoreDeletionMarks:
+    """The deletion-mark checks, for a store with ``deletions`` and
+    ``version_and_deletions`` (the built-in ones). Apart from :class:`StoreConformance`
+    so a store written before them still passes that kit; subclass both to check both::
+
+        class TestMyStore(StoreConformance, StoreDeletionMarks): ...
+    """
+
+    async def test_each_deletion_of_a_session_counts_once(self, store):
+        assert await store.deletions("s") == 0
+        for n in range(3):
+            await store.save("s", 0, turn(n), expected_version=0)
+            await store.delete("s")
+            assert await store.deletions("s") == n + 1
+        assert await store.version_and_deletions("s") == (0, 3)
+
+    async def test_deleting_a_session_never_stored_moves_no_mark(self, store):
+        await store.delete("never")
+        assert await store.version_and_deletions("never") == (0, 0)
+
+    async def test_the_mark_is_the_ids_own(self, store):
+        await store.save("one", 0, turn(0))
+        two = await store.save("two", 0, turn(1))
+        await store.delete("one")
+        assert await store.version_and_deletions("one") == (0, 1)
+        assert await store.version_and_deletions("two") == (two, 0)
+
+    async def test_a_re_created_session_keeps_its_mark(self, store):
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+        again = await store.save("s", 0, turn(1), expected_version=0)
+        assert await store.version_and_deletions("s") == (again, 1)
