@@ -368,3 +368,93 @@ async def test_a_first_turn_of_a_session_another_host_created_meanwhile_is_rebas
     record, stream = await _first_turn_meanwhile(shared_store, delete=False)
     assert record is not None and _users(record) == ["other", "hold on"]
     assert 'data: {"type":"finish"' in stream and '"abort"' not in stream
+
+
+async def test_a_new_sessions_turn_reads_the_mark_in_the_query_it_makes_anyway(
+    tmp_path: Path,
+) -> None:
+    # The mark is read with the version query before the turn (one statement, as the
+    # version alone was): a turn of a new session takes the 7 statements it took before
+    # the marks, a stored session's the same 7, its version query unchanged.
+    from actors.providers import ScriptedProvider
+    from actors.stores import SQLiteStore
+    from runtime import Agent
+
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    seen: list[str] = []
+    store._conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())[:30]))
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        seen.clear()
+        await session.run("one")
+        new, seen[:] = list(seen), []
+        await session.run("two")
+        stored = list(seen)
+    both, alone = "SELECT (SELECT version FROM se", "SELECT version FROM sessions W"
+    assert len(new) == len(stored) == 7
+    assert [s for s in new if "version FROM" in s] == [both]  # version and mark: one read
+    assert [s for s in stored if "version FROM" in s] == [alone]
+
+
+class NoMarks:
+    """A store written before deletion marks: the protocol's methods only (a memory
+    store's), no ``deletions``."""
+
+    def __init__(self) -> None:
+        self._store = MemoryStore()
+        self.load = self._store.load
+        self.save = self._store.save
+        self.version = self._store.version
+        self.list_sessions = self._store.list_sessions
+        self.delete = self._store.delete
+        self.aclose = self._store.aclose
+
+
+async def _first_save_meets(store: Any, mark: int) -> SaveResult:
+    """A turn's first save (based on no version, ``absent_mark`` ``mark``) meeting "s",
+    created (``turn(100)``) since; the persister's answer."""
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+    async with Host.open(store=store, log_tap=False) as host:
+        await host.persister.send(_request(replies, "a", 0, expected_version=0, absent_mark=mark))
+        with trio.fail_after(5):
+            return await replies.get()
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["created", "re-created"])
+async def test_a_first_save_is_refused_only_when_the_session_was_deleted_since_its_mark(
+    deleted: bool,
+) -> None:
+    store = MemoryStore()
+    if deleted:
+        await store.save("s", 0, turn(0))
+        await store.delete("s")  # after the turn read its mark (0)
+    await store.save("s", 0, turn(100), expected_version=0)
+    answer = await _first_save_meets(store, 0)
+    record = await store.load("s")
+    assert record is not None
+    if deleted:
+        assert isinstance(answer.error, SessionDeleted)
+        assert list(record.messages) == turn(100)
+    else:  # a concurrent creator's: rebased onto it
+        assert answer.error is None and list(record.messages) == turn(100) + turn(0)
+
+
+async def test_a_store_without_deletion_marks_has_the_first_save_rebased_as_before() -> None:
+    store = NoMarks()
+    await store.save("s", 0, turn(1))
+    await store.delete("s")
+    await store.save("s", 0, turn(100), expected_version=0)
+    answer = await _first_save_meets(store, 0)
+    record = await store.load("s")
+    assert answer.error is None
+    assert record is not None and list(record.messages) == turn(100) + turn(0)
+
+
+async def test_a_store_without_deletion_marks_runs_turns_of_new_sessions() -> None:
+    store = NoMarks()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(_Gate(), []), session_id="s")
+        result = await session.run("hello")
+    record = await store.load("s")
+    assert result.error is None and record is not None and _users(record) == ["hello"]
