@@ -81,11 +81,17 @@ async def test_a_session_re_created_by_another_host_without_a_relay_keeps_the_ol
             new = await client.post(f"{b.url}/api/chat", json=body("s", "fresh", message_id="u3"))
             gate.opened.set()
         record = await b.host.store.load("s")
+        await client.post(f"{a.url}/api/chat", json=body("s", "again", message_id="u4"))
+        later = await b.host.store.load("s")
     assert deleted.status_code == 204 and new.status_code == 200
     assert record is not None and _users(record) == ["fresh"]  # before: + "hold on"
     assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u3"]
     assert record.meta["title"] == "fresh"  # before: "first", the deleted one's
     assert 'data: {"type":"abort","reason":"session deleted"}' in old[0].text
+    # A's next message: a turn of the new conversation, which keeps its title (A still
+    # holds the deleted one's, "first", and sent it with the turn: it replaced "fresh")
+    assert later is not None and _users(later) == ["fresh", "again"]
+    assert later.meta["title"] == "fresh"
 
 
 def _request(replies: Inbox[SaveResult], name: str, start: int, **kw: Any) -> SaveRequest:
@@ -346,6 +352,12 @@ async def _first_turn_meanwhile(shared_store: Any, *, delete: bool) -> tuple[Any
                 assert (gone.status_code, fresh.status_code) == (204, 200)
             gate.opened.set()
         record = await b.host.store.load("s")
+        if delete:  # A's next message: a turn of the new conversation, after "fresh"
+            again = await client.post(f"{a.url}/api/chat", json=body("s", "again"))
+            assert again.status_code == 200
+            later = await b.host.store.load("s")
+            assert later is not None and _users(later) == ["fresh", "again"]
+            assert later.meta["title"] == "fresh"  # not A's deleted turn's "hold on"
     return record, old[0].text
 
 

@@ -297,11 +297,14 @@ class Saving:
     def _forget_deleted(self) -> None:
         """The session was deleted while a turn of it ran (its save refused): forget its
         history, so nothing of it is saved again; a later turn starts a new
-        conversation, as a turn of a session never saved does."""
+        conversation, as a turn of a session never saved does. The title this session's
+        host holds is the deleted conversation's too: not saved with the next turn
+        (``TurnRunner._turn_meta``), which would name another writer's new one after it."""
         state = self.state
         state.messages.clear()
         state.saved_upto = 0
         state.version = 0
+        self._deleted_since = True
         self._publish_history()
 
     def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
