@@ -433,16 +433,24 @@ async def _first_save_meets(store: Any, mark: int) -> SaveResult:
             return await replies.get()
 
 
-@pytest.mark.parametrize("deleted", [False, True], ids=["created", "re-created"])
+@pytest.mark.parametrize(
+    ("before", "deleted"),
+    [(False, False), (True, False), (False, True)],
+    ids=["created", "created-after-an-old-delete", "re-created"],
+)
 async def test_a_first_save_is_refused_only_when_the_session_was_deleted_since_its_mark(
-    deleted: bool,
+    before: bool, deleted: bool
 ) -> None:
     store = MemoryStore()
+    if before:  # "s" was deleted before the turn began (and read its mark, 1)
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+    mark = await store.deletions("s")
     if deleted:
         await store.save("s", 0, turn(0))
-        await store.delete("s")  # after the turn read its mark (0)
+        await store.delete("s")  # after the turn read its mark
     await store.save("s", 0, turn(100), expected_version=0)
-    answer = await _first_save_meets(store, 0)
+    answer = await _first_save_meets(store, mark)
     record = await store.load("s")
     assert record is not None
     if deleted:
