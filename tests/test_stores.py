@@ -43,6 +43,7 @@ from runtime.testing.stores import (
     BAD_IDS,
     StoreConformance,
     StoreIncarnations,
+    StoreKeptRows,
     StorePaging,
     conversation,
     record,
@@ -68,7 +69,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations):
+class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations, StoreKeptRows):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 
