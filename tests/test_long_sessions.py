@@ -240,6 +240,39 @@ async def test_a_step_s_save_writes_that_step_s_messages_not_the_turn_s_tool_res
     assert sum(before) > results * STEPS / 2, (sum(before), results)
 
 
+async def _turn_statements(store: SQLiteStore, steps: list[Any]) -> list[str]:
+    """The statements SQLite runs for a turn of ``steps`` (each statement's first words)."""
+    seen: list[str] = []
+    store._conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())[:24]))
+    try:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(
+                Agent(provider=ScriptedProvider(steps), tools=[lookup]), session_id="s"
+            )
+            await session.run("hi")
+    finally:
+        store._conn.set_trace_callback(None)
+        await store.aclose()
+    return seen
+
+
+async def test_a_turn_s_saves_run_no_more_statements_than_they_did(tmp_path):
+    """Kept rows cost a turn no statement: a one-step turn's save runs what it ran, and
+    a step's save after the first writes its assistant message over its row where the
+    save from it deleted the turn's rows and inserted them again."""
+    one = [["done"]]
+    two = [[*tool_call("lookup", {"key": "a"}, tool_call_id="A")], ["done"]]
+    for steps in (one, two):
+        now = await _turn_statements(await SQLiteStore.open(tmp_path / "a.db"), steps)
+        before = await _turn_statements(await RewritingStore.open(tmp_path / "b.db"), steps)
+        assert len(now) <= len(before), (now, before)
+        (tmp_path / "a.db").unlink()
+        (tmp_path / "b.db").unlink()
+    assert now.count("UPDATE messages SET role") == 1  # the assistant message, over its row
+    assert before.count("INSERT INTO messages (se") == now.count("INSERT INTO messages (se") + 2
+    assert "DELETE FROM messages WHE" in before and "DELETE FROM messages WHE" not in now
+
+
 async def test_a_step_s_save_sends_postgres_that_step_s_messages_alone(pg_url, monkeypatch):
     """The PostgreSQL store as the SQLite one: each step's save sends the assistant
     message's row and the step's new result (its save function writes rows below its
