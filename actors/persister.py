@@ -189,9 +189,9 @@ class Persister(Actor):
         """The positions of ``req``'s messages the store holds as they are: the same
         objects at the same places the turn's previous save wrote in place from the same
         ``start``, the store still at the version that save left (so nobody wrote since).
-        None when that is not known. The turn's assistant message (every step's parts)
-        changes every step, the tool results after it do not: they are kept
-        (:func:`~runtime.store.save_keeping`), not written again at every step."""
+        None when that is not known (an empty tuple). The turn's assistant message
+        (every step's parts) changes every step, the tool results after it do not: they
+        are kept (:func:`~runtime.store.save_keeping`), not written again every step."""
         written = self._written.get(req.session_id)
         if written is None:
             return ()

@@ -335,10 +335,11 @@ async def save_keeping(
     3 MB). Any other store saves from the first message not kept, as before. Either way
     the kept messages at the start are not sent. ``options``: the store's own keywords
     (``ends``)."""
-    same = 0
-    while same < len(messages) and same in kept:
+    positions = kept if isinstance(kept, frozenset | set | range) else frozenset(kept)
+    same = 0  # (a set: a first save of a long history keeps all of it at its next step)
+    while same < len(messages) and same in positions:
         same += 1
-    rest = [i - same for i in kept if i > same]
+    rest = [i - same for i in positions if i > same]
     if rest and _takes_kept(store):
         return await store.save(  # type: ignore[call-arg]
             session_id,
