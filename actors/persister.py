@@ -36,7 +36,7 @@ from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact
-from runtime.store import Store, deletion_mark, rebase
+from runtime.store import Store, deletion_mark, rebase, save_keeping
 
 REBASE_ATTEMPTS = 5
 """Reload-and-append attempts for one save before it fails with StoreConflict (another
@@ -68,12 +68,14 @@ class Persister(Actor):
         """Each session's last save written in place while its turn goes on: the turn's
         id, the version the save left, its ``start`` and its messages (the objects, which
         the session's history holds as well). The turn's next request, based on that
-        version from the same ``start``, is written from its first message that is not
-        one of these (:meth:`_unchanged`): a step's save sends its whole turn again (the
-        turn's new messages are rebased whole if another writer saved meanwhile), and
-        writing it whole rewrote, at every step, what no step had changed: a user's 10 MB
-        attachment 10 MB a step. Dropped at the turn's final save, a save not written in
-        place, and when the session is forgotten; at most one turn's messages a session."""
+        version from the same ``start``, writes only its messages that are not one of
+        these at the same place (:meth:`_unchanged`): a step's save sends its whole turn
+        again (the turn's new messages are rebased whole if another writer saved
+        meanwhile), and writing it whole rewrote, at every step, what no step had
+        changed: a user's 10 MB attachment 10 MB a step, and every tool result of the
+        turn after its assistant message (which changes every step). Dropped at the
+        turn's final save, a save not written in place, and when the session is
+        forgotten; at most one turn's messages a session."""
         self._refused: OrderedDict[str, str] = OrderedDict()
         """The turns whose session was deleted while they ran (:meth:`refuse`), by turn
         id, with their session's id: none of their saves may write. Bounded:
@@ -183,23 +185,24 @@ class Persister(Actor):
         else:
             self._written.pop(req.session_id, None)
 
-    def _unchanged(self, req: SaveRequest, expected: int) -> int:
-        """How many of ``req``'s first messages the store holds as they are: the same
-        objects the turn's previous save wrote in place from the same ``start``, the
-        store still at the version that save left (so nobody wrote since). ``0`` when
-        that is not known."""
+    def _unchanged(self, req: SaveRequest, expected: int) -> tuple[int, ...]:
+        """The positions of ``req``'s messages the store holds as they are: the same
+        objects at the same places the turn's previous save wrote in place from the same
+        ``start``, the store still at the version that save left (so nobody wrote since).
+        None when that is not known (an empty tuple). The turn's assistant message
+        (every step's parts) changes every step, the tool results after it do not: they
+        are kept (:func:`~runtime.store.save_keeping`), not written again every step."""
         written = self._written.get(req.session_id)
         if written is None:
-            return 0
+            return ()
         turn_id, version, start, messages = written
         if turn_id != req.turn_id or version != expected or start != req.start:
-            return 0
-        same = 0
-        for ours, stored in zip(req.messages, messages, strict=False):
-            if ours is not stored:
-                break
-            same += 1
-        return same
+            return ()
+        return tuple(
+            i
+            for i, (ours, stored) in enumerate(zip(req.messages, messages, strict=False))
+            if ours is stored
+        )
 
     def forget(self, session_id: str) -> None:
         """Drop what is remembered of ``session_id``: its host evicted it. An evicted
@@ -308,15 +311,16 @@ class Persister(Actor):
         expected = self._based_on(req)
         ends = self._ends(req)
         if expected is not None:
-            same = self._unchanged(req, expected)
             try:
                 version = _checked(
                     self.store,
-                    await self.store.save(
+                    await save_keeping(
+                        self.store,
                         req.session_id,
-                        req.start + same,
-                        req.messages[same:],
+                        req.start,
+                        req.messages,
                         dict(req.meta),
+                        kept=self._unchanged(req, expected),
                         expected_version=expected,
                         **ends,
                     ),

@@ -14,8 +14,10 @@ based on a version another writer has since replaced fails with
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -144,6 +146,17 @@ class Store(Protocol):
     session it meets was deleted and created again since the turn began, and the save is
     refused as a deleted session's; unmoved, another writer created the session
     meanwhile, and the turn is rebased onto it. A store without them: rebased, as before.
+
+    **Kept rows** (the built-in stores take them; a store that does not still works): a
+    store whose ``save`` takes the keyword ``kept`` (a collection of positions in
+    ``messages``) is told that the session, at ``expected_version``, holds the messages
+    at those positions already, as they are: it writes the others only (each message
+    before the last kept one over its row, the ones after it from there on), and what
+    the session holds after the save is what the same save without ``kept`` leaves. A
+    turn's assistant message (every step's parts) comes before the turn's tool results
+    and changes every step: without it, a step's save rewrote every tool result of the
+    turn (:func:`save_keeping`). ``kept`` is a claim about exactly ``expected_version``
+    (the save refuses it without one) and never beyond the session's end.
     """
 
     async def load(self, session_id: str) -> SessionRecord | None:
@@ -309,6 +322,82 @@ async def version_and_mark(store: Store, session_id: str) -> tuple[int, int | No
         return version, mark
     mark = await deletion_mark(store, session_id)
     return await store.version(session_id), mark
+
+
+def _takes_kept(store: Any) -> bool:
+    """Whether ``store.save`` takes ``kept`` (:class:`Store`'s kept rows): named in its
+    signature, or a save taking any keyword (a wrapper's) of a store that says it keeps
+    rows (``keeps_rows``). By the save's function, remembered: a turn saves every step."""
+    save = store.save
+    fn = getattr(save, "__func__", save)
+    try:
+        known = _KEPT.get(fn)
+    except TypeError:  # (not weakly referable: asked each time)
+        known = None
+    if known is not None:
+        return known
+    import inspect  # here, not at import: the contract's import time (issue 24)
+
+    try:
+        params = inspect.signature(save).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    known = "kept" in params or (var_kw and getattr(store, "keeps_rows", False) is True)
+    with contextlib.suppress(TypeError):
+        _KEPT[fn] = known
+    return known
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+async def save_keeping(
+    store: Store,
+    session_id: str,
+    start: int,
+    messages: Sequence[Message],
+    meta: dict[str, Any] | None,
+    *,
+    kept: Collection[int],
+    expected_version: int,
+    **options: Any,
+) -> int:
+    """:meth:`Store.save` of ``messages`` from ``start`` on top of ``expected_version``,
+    where the session holds the messages at positions ``kept`` already, as they are; the
+    new version.
+
+    A step's save sends its turn whole (a rebase needs it whole) and the turn's
+    assistant message, which changes every step, comes before its tool results: a store
+    that takes ``kept`` (:class:`Store`'s kept rows) writes that message's row and the
+    step's new results alone, where a save from the assistant message rewrote every tool
+    result of the turn at every step (30 steps of 100 KB results: ~45 MB for a turn of
+    3 MB). Any other store saves from the first message not kept, as before. Either way
+    the kept messages at the start are not sent. ``options``: the store's own keywords
+    (``ends``)."""
+    positions = kept if isinstance(kept, frozenset | set | range) else frozenset(kept)
+    same = 0  # (a set: a first save of a long history keeps all of it at its next step)
+    while same < len(messages) and same in positions:
+        same += 1
+    rest = [i - same for i in positions if i > same]
+    if rest and _takes_kept(store):
+        return await store.save(  # type: ignore[call-arg]
+            session_id,
+            start + same,
+            messages[same:],
+            meta,
+            expected_version=expected_version,
+            kept=rest,
+            **options,
+        )
+    return await store.save(
+        session_id,
+        start + same,
+        messages[same:],
+        meta,
+        expected_version=expected_version,
+        **options,
+    )
 
 
 def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:

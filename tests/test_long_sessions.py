@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -21,7 +22,8 @@ from actors.stores.postgres import _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
 from actors.stores.turns import TurnQueue
 from actors.turn.turn_state import CONTEXT_TOO_LONG_HINT
-from runtime import Agent, Host, tool
+from runtime import Agent, Host, serde, tool
+from runtime.budget import Budget
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
 from tests.web.harness import web_server
 
@@ -140,6 +142,156 @@ async def test_a_step_s_save_does_not_write_the_turn_s_user_message_again():
         record = await store.load("s")
     assert store.saves == [(0, "uat"), (1, "at"), (3, "uat"), (4, "at")]
     assert record is not None and [m.role[0] for m in record.messages] == list("uatuat")
+
+
+STEPS, RESULT = 12, 20_000
+
+
+def _page_text(n: int) -> str:
+    return "".join(f"{n % 10}:{i:07d} " for i in range(RESULT // 10))
+
+
+@tool
+def page(n: int) -> str:
+    """A page of a long output: ``RESULT`` characters, distinct per page."""
+    return _page_text(n)
+
+
+def _paging_steps() -> list[Any]:
+    """``STEPS`` steps that each call ``page`` (one ``RESULT``-character result a step),
+    then the answer."""
+    return [[*tool_call("page", {"n": n}, tool_call_id=f"P{n}")] for n in range(STEPS)] + [["done"]]
+
+
+def _count_written(store: SQLiteStore) -> list[int]:
+    """The bytes of message bodies each save of ``store`` writes (its rows' inserts and
+    rewrites), one entry a save."""
+    written: list[int] = []
+    save_rows = store._save_rows
+
+    def counted(session_id: str, start: int, rows: Any, *args: Any) -> Any:
+        written.append(sum(len(row[3]) for row in rows))
+        return save_rows(session_id, start, rows, *args)
+
+    store._save_rows = counted  # type: ignore[method-assign]
+    return written
+
+
+class RewritingStore(SQLiteStore):
+    """A SQLite store whose ``save`` does not take ``kept``: a store of before them."""
+
+    async def save(  # type: ignore[override]
+        self,
+        session_id: str,
+        start: int,
+        messages: Any,
+        meta: Any = None,
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        return await super().save(
+            session_id, start, messages, meta, expected_version=expected_version
+        )
+
+
+async def _paging_turn(
+    store: Any, written: list[int] | None = None
+) -> tuple[list[int], list[bytes]]:
+    """The bytes each save of a ``STEPS``-step turn writes (counted by the SQLite
+    store's transaction, or by the caller into ``written``), and the stored turn (each
+    message's serde JSON, its random id left out)."""
+    if written is None:
+        written = _count_written(store)
+    try:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(
+                Agent(
+                    provider=ScriptedProvider(_paging_steps()),
+                    tools=[page],
+                    budget=Budget(max_steps=STEPS + 1),
+                ),
+                session_id="s",
+            )
+            await session.run("read it all")
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert record is not None
+    assert [m.role[0] for m in record.messages] == ["u", "a", *"t" * STEPS]
+    return written, [serde.to_json(attrs.evolve(m, id="-")) for m in record.messages]
+
+
+async def test_a_step_s_save_writes_that_step_s_messages_not_the_turn_s_tool_results_again(
+    tmp_path,
+):
+    """Within a turn the assistant message (every step's parts) comes before the tool
+    results, and it changes every step: a save from it rewrote every tool result of the
+    turn at every step, quadratic in the turn's steps (30 steps of 100 KB results wrote
+    ~45 MB). Now a step's save writes the assistant message's row over and its own new
+    results: the turn writes each result once. The stored turn is what it was."""
+    written, stored = await _paging_turn(await SQLiteStore.open(tmp_path / "s.db"))
+    before, stored_before = await _paging_turn(await RewritingStore.open(tmp_path / "r.db"))
+    assert stored == stored_before
+    results = sum(len(body) for body in stored[2:])
+    assert len(written) == len(before) == STEPS + 1  # a save a step
+    # Each result once, and the assistant message (a few hundred bytes) each step; a
+    # store that cannot keep rows still writes sum(k * RESULT for k in 1..STEPS).
+    assert sum(written) < results * 1.2, (sum(written), results)
+    assert sum(before) > results * STEPS / 2, (sum(before), results)
+
+
+async def _turn_statements(store: SQLiteStore, steps: list[Any]) -> list[str]:
+    """The statements SQLite runs for a turn of ``steps`` (each statement's first words)."""
+    seen: list[str] = []
+    store._conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())[:24]))
+    try:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(
+                Agent(provider=ScriptedProvider(steps), tools=[lookup]), session_id="s"
+            )
+            await session.run("hi")
+    finally:
+        store._conn.set_trace_callback(None)
+        await store.aclose()
+    return seen
+
+
+async def test_a_turn_s_saves_run_no_more_statements_than_they_did(tmp_path):
+    """Kept rows cost a turn no statement: a one-step turn's save runs what it ran, and
+    a step's save after the first writes its assistant message over its row where the
+    save from it deleted the turn's rows and inserted them again."""
+    one = [["done"]]
+    two = [[*tool_call("lookup", {"key": "a"}, tool_call_id="A")], ["done"]]
+    for steps in (one, two):
+        now = await _turn_statements(await SQLiteStore.open(tmp_path / "a.db"), steps)
+        before = await _turn_statements(await RewritingStore.open(tmp_path / "b.db"), steps)
+        assert len(now) <= len(before), (now, before)
+        (tmp_path / "a.db").unlink()
+        (tmp_path / "b.db").unlink()
+    assert now.count("UPDATE messages SET role") == 1  # the assistant message, over its row
+    assert before.count("INSERT INTO messages (se") == now.count("INSERT INTO messages (se") + 2
+    assert "DELETE FROM messages WHE" in before and "DELETE FROM messages WHE" not in now
+
+
+async def test_a_step_s_save_sends_postgres_that_step_s_messages_alone(pg_url, monkeypatch):
+    """The PostgreSQL store as the SQLite one: each step's save sends the assistant
+    message's row and the step's new result (its save function writes rows below its
+    start over their places), never the turn's earlier results again."""
+    import actors.stores.postgres as postgres
+
+    written: list[int] = []
+    encoded = postgres.encoded_off_loop
+
+    async def counted(*args: Any) -> Any:
+        new, rows = await encoded(*args)
+        written.append(sum(len(row[3]) for row in rows))
+        return new, rows
+
+    monkeypatch.setattr(postgres, "encoded_off_loop", counted)
+    written, stored = await _paging_turn(await PostgresStore.open(pg_url), written)
+    results = sum(len(body) for body in stored[2:])
+    assert len(written) == STEPS + 1
+    assert sum(written) < results * 1.2, (sum(written), results)
 
 
 async def test_asking_whether_a_session_is_busy_reads_none_of_its_messages(tmp_path):

@@ -129,6 +129,32 @@ async def test_a_save_of_a_stored_session_is_one_call(pg_url, statements):
         await store.aclose()
 
 
+async def test_a_save_with_kept_rows_is_one_call_and_in_a_transaction_the_same(pg_url, statements):
+    """A step's save whose turn's results are kept (:class:`~runtime.store.Store`'s kept
+    rows): the save function writes the row before them over and the tail after them,
+    one call as any save; the transaction (a guard's save) leaves the same session."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        for session_id, guard in (("call", None), ("transaction", lambda conn: None)):
+            version = await store.save(session_id, 0, said("u", "a", "r1", "r2", "x", "y"))
+            statements.clear()
+            version = await store.save(
+                session_id,
+                1,
+                said("A", "ignored", "ignored", "r3"),
+                expected_version=version,
+                kept=(1, 2),
+                guard=guard,
+            )
+            if guard is None:
+                assert statements == {"SELECT": 1}, statements
+            record = await store.load(session_id)
+            assert record is not None and record.version == version
+            assert [m.content for m in record.messages] == ["u", "A", "r1", "r2", "r3"]
+    finally:
+        await store.aclose()
+
+
 async def test_a_save_beyond_the_end_writes_nothing_and_says_how_long_it_is(pg_url):
     store = await PostgresStore.open(pg_url)
     try:

@@ -44,6 +44,7 @@ from runtime.testing.stores import (
     StoreConformance,
     StoreDeletionMarks,
     StoreIncarnations,
+    StoreKeptRows,
     StorePaging,
     conversation,
     record,
@@ -69,7 +70,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations, StoreDeletionMarks):
+class TestEveryStore(
+    StoreConformance, StorePaging, StoreIncarnations, StoreDeletionMarks, StoreKeptRows
+):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 

@@ -8,13 +8,13 @@ is a plain (mutable) dict, so it is deep-copied on the way in and on the way out
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 import trio
 
-from actors.stores.validation import check_limit, check_save, parse_cursor
+from actors.stores.validation import check_limit, check_save, kept_tail, parse_cursor
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
@@ -39,6 +39,9 @@ class MemoryStore:
     changes nothing. ``save`` costs what it writes: the tail from ``start`` is cut from a
     list and the new messages appended, the earlier messages are not copied.
     """
+
+    keeps_rows: Final = True
+    """Its ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
 
     def __init__(self) -> None:
         # Insertion order is recency: save moves its session to the end, so
@@ -106,9 +109,11 @@ class MemoryStore:
         meta: Mapping[str, Any] | None = None,
         *,
         expected_version: int | None = None,
+        kept: Collection[int] = (),
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta`` into the session's;
-        returns the session's new version.
+        returns the session's new version. The messages at positions ``kept`` are held
+        as they are already (:class:`~runtime.store.Store`'s kept rows): not written.
 
         With ``expected_version``, the session's version must be exactly that (``0``: it
         must not exist yet), or :class:`~runtime.errors.StoreConflict` is raised and nothing
@@ -125,6 +130,7 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         self._check_open()
         new = check_save(session_id, start, messages, meta, expected_version)
+        tail, kept_at = kept_tail(session_id, new, kept, expected_version)
         meta_copy = copy.deepcopy(dict(meta)) if meta else {}
         session = self._sessions.get(session_id)
         current = 0 if session is None else session.version
@@ -137,17 +143,21 @@ class MemoryStore:
                 actual=current,
             )
         count = 0 if session is None else len(session.messages)
-        if start > count:
+        if start + tail > count:  # (kept: every kept message must be there)
             raise StoreError(
-                f"save of session {session_id!r}: start {start} is beyond its end "
+                f"save of session {session_id!r}: start {start + tail} is beyond its end "
                 f"({count} messages)"
             )
         if session is None:
             session = _Session(messages=[], meta={}, version=self._deleted_version)
         else:
             del self._sessions[session_id]  # re-inserted below: now the most recent
-        del session.messages[start:]
-        session.messages.extend(new)
+        stored = session.messages
+        for i in range(tail):  # before the last kept one: over their place
+            if i not in kept_at:
+                stored[start + i] = new[i]
+        del stored[start + tail :]
+        stored.extend(new[tail:] if tail else new)
         session.meta.update(meta_copy)
         session.version += 1
         if session.incarnation == 0:  # its first save: a new incarnation

@@ -14,9 +14,9 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                    deletions BIGINT)                     -- times each id was deleted
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v4(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
-    axon_decide_v2(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v4(session, start, ..., token)        -- a last save and the next claim
+    axon_save_v5(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_decide_v3(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
+    axon_save_next_v6(session, start, ..., token)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -69,7 +69,7 @@ import struct
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -96,6 +96,7 @@ from actors.stores.validation import (
     decode_meta,
     encode_meta,
     encoded_off_loop,
+    kept_tail,
     parse_cursor,
 )
 from runtime.errors import (
@@ -265,6 +266,8 @@ class PostgresStore:
     ends_turns: Final = True
     """:meth:`save` takes ``ends`` (the persister passes it): a fenced save that ends its
     turn lets the fence finish the turn's queue row in the same commit."""
+    keeps_rows: Final = True
+    """:meth:`save` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
 
     def __init__(
         self,
@@ -530,11 +533,15 @@ class PostgresStore:
         guard: Callable[[Any], LockedSession | None] | None = None,
         unfenced: bool = False,
         ends: str | None = None,
+        kept: Collection[int] = (),
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
         versions and fences). Everything is serialized before the transaction begins, so
-        a bad message fails the save before anything is written.
+        a bad message fails the save before anything is written. The messages at
+        positions ``kept`` are stored as they are already (:class:`~runtime.store.Store`'s
+        kept rows): they are neither sent nor written, the others before the last of them
+        go over their rows.
 
         ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
         the save's transaction before anything is written: it may refuse the save by
@@ -549,7 +556,11 @@ class PostgresStore:
         ``ends`` (not part of the protocol either): the turn ends with this save, with that
         finish reason (:attr:`runtime.actor_messages.SaveRequest.ends`); the fence's
         :attr:`~Fence.in_save` may finish the turn's row in the save's commit."""
-        new, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
+        tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
+        new, rows = await encoded_off_loop(
+            session_id, start, messages, meta, expected_version, kept_at
+        )
+        start += tail  # (rows below it, if any, go over their places)
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._save_fence(session_id)
         wrote: list[bool] = []
@@ -1410,7 +1421,8 @@ def _replace_messages(
     its merged meta, its next version and place in recency order, all in one statement
     (it was two: the delete, then the update with the insert); the new version.
 
-    Messages past the new ones are deleted, the new ones inserted, or written over where
+    Messages past the new ones are deleted, the new ones inserted (rows below ``start``
+    too: a save's kept rows lie between them and ``start``), or written over where
     their index is taken (``ON CONFLICT``: the statement's parts all see the rows as they
     were before it, so deleting ``start..`` and inserting the same keys in one statement
     would collide). A hole is refused: a save may append (``start`` = the message count)
@@ -1433,7 +1445,7 @@ def _replace_messages(
         RETURNING version""",
         (
             session_id,
-            start + len(rows),
+            start + sum(1 for idx in ids if idx >= start),
             session_id,
             ids,
             roles,

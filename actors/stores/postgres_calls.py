@@ -175,14 +175,16 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v4"
+SAVE_FUNCTION_NAME: Final = "axon_save_v5"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
 ``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
 the workers at every turn's end, v3 only when the session has a turn queued behind it;
 v3 still woke them at every suspension, planned its hole check at every call and wrote
 the ``saved`` mark of a turn already marked (an ``UPDATE`` of no row); v4 wakes them at a
-suspension as at an end, and does neither of the others: issue 24 goal 3, ``apw``, ``pg3``)."""
+suspension as at an end, and does neither of the others: issue 24 goal 3, ``apw``, ``pg3``;
+v4 wrote rows from ``p_start`` on only, where v5 also writes rows below it over their
+places: a save's kept rows, :class:`~runtime.store.Store`, branch ``steprows``)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -278,6 +280,13 @@ BEGIN
                       AS q(key, value) WHERE q.key = p.key)) AS m;
         END IF;
         DELETE FROM axon_messages WHERE session_id = p_session AND idx >= p_start;
+        -- Rows below p_start (first in p_idx) go over their places: a save whose kept
+        -- rows (stored as they are, not sent) lie between them and p_start. Evaluated
+        -- without a query for a save of none (p_idx[1] is p_start, or NULL).
+        IF p_idx[1] < p_start THEN
+            DELETE FROM axon_messages
+            WHERE session_id = p_session AND idx = ANY(p_idx) AND idx < p_start;
+        END IF;
         UPDATE axon_sessions SET meta = s_meta, updated_at = now(),
             update_seq = nextval('axon_update_seq'), version = nextval('axon_versions')
         WHERE session_id = p_session RETURNING version INTO o_version;
@@ -337,12 +346,13 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v5"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v6"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
 (``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``
 and ``axon_save_v3``, with no token; ``axon_save_next_v4`` ended the turn only, where v5
-also suspends it: ``p_suspend``, the step that waits for a person, its slot freed too)."""
+also suspends it: ``p_suspend``, the step that waits for a person, its slot freed too;
+v6 calls ``axon_save_v5``, which writes a save's rows below ``p_start``)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
@@ -475,9 +485,9 @@ STATUS_COLUMNS: Final = (
 ``input`` or ``meta``, which may be megabytes."""
 STATUS_KINDS: Final = tuple(dict(CLAIMED_COLUMNS)[name] for name in STATUS_COLUMNS)
 
-DECIDE_FUNCTION_NAME: Final = "axon_decide_v2"
+DECIDE_FUNCTION_NAME: Final = "axon_decide_v3"
 """The server-side function of a decision's save (:data:`DECIDE_FUNCTION`); a new version
-of it gets a new name (``axon_decide_v1`` called ``axon_save_v3``)."""
+of it gets a new name (``axon_decide_v1`` called ``axon_save_v3``, v2 ``axon_save_v4``)."""
 
 _DECIDE_OUT = ", ".join(
     f"OUT o_{name} {kind}" for name, kind in zip(STATUS_COLUMNS, STATUS_KINDS, strict=True)

@@ -46,9 +46,9 @@ import sqlite3
 import stat
 import struct
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import orjson
 import trio
@@ -59,6 +59,7 @@ from actors.stores.validation import (
     decode_message,
     decode_meta,
     encoded_off_loop,
+    kept_tail,
     parse_cursor,
     storable_meta,
 )
@@ -541,6 +542,9 @@ class SQLiteStore:
     writes take the lock up front (``BEGIN IMMEDIATE``) and wait up to ten seconds for it.
     """
 
+    keeps_rows: Final = True
+    """Its ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
+
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         """Wrap an open, verified connection; use :meth:`open` instead."""
         self._conn = conn
@@ -690,9 +694,15 @@ class SQLiteStore:
         meta: Mapping[str, Any] | None = None,
         *,
         expected_version: int | None = None,
+        kept: Collection[int] = (),
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction;
         returns the session's new version.
+
+        The messages at positions ``kept`` are in the file as they are already
+        (:class:`~runtime.store.Store`'s kept rows): the others before the last kept one
+        are written over their rows, the rows from it on are replaced, the kept ones
+        are not written (a step's save rewrote every tool result of its turn).
 
         The transaction upserts the session row (meta merged shallowly, like
         ``dict.update``), deletes the rows with ``idx >= start`` and inserts the new ones;
@@ -708,9 +718,13 @@ class SQLiteStore:
         session since this one loaded it. The check and the write hold the file's write
         lock together, so no other writer can slip in between.
         """
+        tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
-        _, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
+        _, rows = await encoded_off_loop(
+            session_id, start, messages, meta, expected_version, kept_at
+        )
         meta = storable_meta(session_id, meta)  # fail before the transaction, not inside it
+        start += tail  # (the rows below it, if any, go over their places: _write)
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(
@@ -756,7 +770,8 @@ class SQLiteStore:
     ) -> int:
         """The save's statements, inside its transaction: check the version and
         ``start``, upsert the session row with the merged meta and the next version,
-        replace the messages from ``start`` on; the new version."""
+        replace the messages from ``start`` on (rows below it, a save's kept rows'
+        neighbours, go over theirs); the new version."""
         raw_meta, current, deleted, count, schema = conn.execute(
             _BEFORE_SAVE_SQL, (session_id,)
         ).fetchone()
@@ -782,6 +797,13 @@ class SQLiteStore:
             conn.execute(
                 "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
             )
+        if rows and rows[0][1] < start:  # rows written over, before the kept ones
+            over = [row for row in rows if row[1] < start]
+            conn.executemany(
+                "UPDATE messages SET role = ?3, body = ?4 WHERE session_id = ?1 AND idx = ?2",
+                over,
+            )
+            rows = rows[len(over) :]
         conn.executemany(
             "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
         )

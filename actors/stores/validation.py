@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import cattrs
@@ -77,12 +77,43 @@ def check_save(
     return messages
 
 
+def kept_tail(
+    session_id: str, messages: Sequence[Message], kept: Any, expected_version: int | None
+) -> tuple[int, frozenset[int]]:
+    """A save's ``kept`` (:class:`~runtime.store.Store`'s kept rows) checked: the
+    position in ``messages`` after the last kept one (``0``: none kept, the save writes
+    them all) and the kept positions. The messages before it that are not kept are
+    written over their rows, the ones from it on replace the session's tail. Refused
+    without ``expected_version`` (the claim is about a version) or past ``messages``."""
+    if not kept:
+        return 0, frozenset()
+    if isinstance(kept, str | bytes) or not isinstance(kept, Collection):
+        raise StoreError(
+            f"save of session {session_id!r}: kept must be a collection of positions, "
+            f"got {type(kept).__name__}"
+        )
+    if expected_version is None:
+        raise StoreError(
+            f"save of session {session_id!r}: kept messages are those of a version: "
+            "give expected_version"
+        )
+    positions = frozenset(kept)
+    for i in positions:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(messages):
+            raise StoreError(
+                f"save of session {session_id!r}: kept position {i!r} is not one of its "
+                f"{len(messages)} messages"
+            )
+    return max(positions) + 1, positions
+
+
 async def encoded_off_loop(
     session_id: str,
     start: int,
     messages: Sequence[Message],
     meta: Mapping[str, Any] | None,
     expected_version: int | None = None,
+    kept: frozenset[int] = frozenset(),
 ) -> tuple[tuple[Message, ...], list[tuple[str, int, str, bytes]]]:
     """:func:`check_save` and :func:`encode_rows` of a save's arguments: the messages as
     a tuple and their rows. In a worker thread for more than
@@ -90,10 +121,11 @@ async def encoded_off_loop(
     history (a client's thread of 600,000 messages, seeded into its first save) took the
     event loop 9 s to encode. The thread is handed a tuple of the messages and a copy of
     ``meta``, taken here, so nothing it reads can change meanwhile; a cancelled save
-    waits for it (the thread is not abandoned) and then writes nothing."""
+    waits for it (the thread is not abandoned) and then writes nothing. The rows leave
+    out the messages at positions ``kept`` (:func:`kept_tail`), which are not written."""
     if not isinstance(messages, list | tuple) or len(messages) <= OFF_LOOP_MESSAGES:
         new = check_save(session_id, start, messages, meta, expected_version)
-        return new, encode_rows(session_id, start, new)
+        return new, encode_rows(session_id, start, new, kept)
     snapshot = tuple(messages)
     meta_copy = dict(meta) if isinstance(meta, Mapping) else meta
     return await trio.to_thread.run_sync(
@@ -103,6 +135,7 @@ async def encoded_off_loop(
         snapshot,
         meta_copy,
         expected_version,
+        kept,
         limiter=off_loop_limiter(),  # not trio's default: runtime.history.off_loop_limiter
     )
 
@@ -113,9 +146,10 @@ def _checked_and_encoded(
     messages: tuple[Message, ...],
     meta: Mapping[str, Any] | None,
     expected_version: int | None,
+    kept: frozenset[int],
 ) -> tuple[tuple[Message, ...], list[tuple[str, int, str, bytes]]]:
     new = check_save(session_id, start, messages, meta, expected_version)
-    return new, encode_rows(session_id, start, new)
+    return new, encode_rows(session_id, start, new, kept)
 
 
 def decode_message(store: str, session_id: str, idx: int, role: str, body: Any) -> Message:
@@ -151,13 +185,19 @@ def decode_meta(store: str, raw: Any, session_id: str) -> dict[str, Any]:
 
 
 def encode_rows(
-    session_id: str, start: int, messages: Sequence[Message]
+    session_id: str,
+    start: int,
+    messages: Sequence[Message],
+    kept: frozenset[int] = frozenset(),
 ) -> list[tuple[str, int, str, bytes]]:
     """``(session_id, idx, role, body)`` rows of ``messages`` from index ``start``, bodies
     in serde JSON: serialized before a store's transaction begins, so a message that cannot
-    be fails the save with nothing written."""
+    be fails the save with nothing written. None for the positions ``kept`` (stored as
+    they are: :func:`kept_tail`)."""
     rows = []
     for idx, message in enumerate(messages, start):
+        if kept and idx - start in kept:
+            continue
         try:
             body = serde.to_json(message)
         except Exception as err:

@@ -31,6 +31,11 @@ A store whose ``list_sessions`` pages (takes ``limit`` and ``after``) adds
 class apart so that a store written before paging, which the runtime pages by slicing its
 full list, still passes :class:`StoreConformance` as it did.
 
+A store whose ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows: the
+messages of a save the store holds as they are, not written again) adds
+:class:`StoreKeptRows`, apart for the same reason: the runtime saves a store without them
+from the first message not kept.
+
 A store that records incarnations (:attr:`~runtime.store.SessionRecord.incarnation`: the
 version of a session's first save, which tells the runtime a session deleted and created
 again under the same id from another writer's saves) adds :class:`StoreIncarnations`, a
@@ -76,6 +81,7 @@ from runtime.store import (
     deletion_mark,
     list_page,
     load_last_turn,
+    save_keeping,
     version_and_mark,
 )
 
@@ -507,6 +513,98 @@ class StoreConformance:
         after = await deletion_mark(store, "s")
         assert await version_and_mark(store, "s") == (0, after)
         assert (before is None) == (after is None) and (after is None or after != before)
+
+    # -- a step's save, its turn's unchanged messages kept ----------------------------
+
+    async def test_save_keeping_leaves_what_a_whole_save_leaves(self, store):
+        """:func:`~runtime.store.save_keeping` over this store (its kept rows, or a save
+        from the first message not kept): the session as the same save without them
+        leaves it, the assistant message over its row, the results kept, one added."""
+        first, second, third = _tool_step(0), _tool_step(1), _tool_step(2)
+        version = await store.save("s", 0, [*turn(0), first[0], first[1]])
+        version = await save_keeping(
+            store, "s", 2, second, {"k": 1}, kept=(1,), expected_version=version
+        )
+        version = await save_keeping(
+            store, "s", 2, third, None, kept=(1, 2), expected_version=version
+        )
+        assert await store.load("s") == record("s", [*turn(0), *third], {"k": 1})
+        assert (await store.load("s")).version == version
+
+
+def _tool_step(n: int) -> list[Message]:
+    """A turn's assistant message and tool results after its step ``n`` (from 0): the
+    message holds every step's call, a result follows for each; a step's save sends them
+    all, the results of the steps before it the same as they were."""
+    calls = tuple(
+        ToolCallPart(tool_call_id=f"c{i}", tool_name="t", input={"i": i}, step=i)
+        for i in range(n + 1)
+    )
+    return [
+        AssistantMessage(content=calls, id="a"),
+        *(
+            ToolMessage(tool_call_id=f"c{i}", tool_name="t", step=i, output=f"r{i}", id=f"t{i}")
+            for i in range(n + 1)
+        ),
+    ]
+
+
+class StoreKeptRows:
+    """The kept rows' checks, for a store whose ``save`` takes ``kept``
+    (:class:`~runtime.store.Store`'s kept rows; the built-in ones do). Apart from
+    :class:`StoreConformance` so a store written before them still passes that kit (the
+    runtime then saves from the first message not kept); subclass both::
+
+        class TestMyStore(StoreConformance, StoreKeptRows): ...
+    """
+
+    async def test_a_save_with_kept_rows_writes_the_others_over_and_replaces_the_tail(self, store):
+        version = await store.save("s", 0, [*turn(0), *_tool_step(1)])
+        step = _tool_step(2)
+        await store.save("s", 2, step, expected_version=version, kept=(1, 2))
+        assert await store.load("s") == record("s", [*turn(0), *step])
+
+    async def test_kept_rows_are_not_written(self, store):
+        """A kept message is taken as the store holds it: what the save passes in its
+        place is not written (it is the one the store holds, for a caller keeping the
+        rule; a different one here shows it was not sent to the rows)."""
+        stored = _tool_step(1)
+        version = await store.save("s", 0, stored)
+        other = ToolMessage(tool_call_id="c0", tool_name="t", step=0, output="x", id="t0")
+        step = _tool_step(2)
+        await store.save("s", 0, [step[0], other, *step[2:]], expected_version=version, kept=(1,))
+        assert await store.load("s") == record("s", [step[0], stored[1], *step[2:]])
+
+    async def test_kept_rows_with_nothing_after_them_cut_the_tail(self, store):
+        version = await store.save("s", 0, [*turn(0), *turn(1)])
+        await store.save("s", 0, [turn(5)[0], turn(0)[1]], expected_version=version, kept=(1,))
+        assert await store.load("s") == record("s", [turn(5)[0], turn(0)[1]])
+
+    async def test_kept_rows_without_a_version_are_refused_and_change_nothing(self, store):
+        await store.save("s", 0, turn(0))
+        with pytest.raises(StoreError):
+            await store.save("s", 0, turn(1), kept=(1,))
+        assert await store.load("s") == record("s", turn(0))
+
+    @pytest.mark.parametrize("kept", [(2,), (-1,), (True,), ("1",), 1])
+    async def test_bad_kept_positions_are_refused_and_change_nothing(self, store, kept):
+        version = await store.save("s", 0, turn(0))
+        with pytest.raises(StoreError):
+            await store.save("s", 0, turn(1), expected_version=version, kept=kept)
+        assert await store.load("s") == record("s", turn(0))
+
+    async def test_a_kept_row_past_the_sessions_end_is_refused_and_changes_nothing(self, store):
+        version = await store.save("s", 0, turn(0))
+        with pytest.raises(StoreError):
+            await store.save("s", 1, turn(1), expected_version=version, kept=(1,))
+        assert await store.load("s") == record("s", turn(0))
+
+    async def test_kept_rows_on_a_stale_version_conflict_and_change_nothing(self, store):
+        version = await store.save("s", 0, turn(0))
+        await store.save("s", 2, turn(1), expected_version=version)
+        with pytest.raises(StoreConflict):
+            await store.save("s", 0, turn(2), expected_version=version, kept=(1,))
+        assert await store.load("s") == record("s", [*turn(0), *turn(1)])
 
 
 class StorePaging:
