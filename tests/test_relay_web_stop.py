@@ -3,6 +3,8 @@ session's turn (``serve --redis``: another embedded host runs it and publishes i
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -295,3 +297,117 @@ def _held_publishing(publisher: Any) -> trio.Event:
 
     publisher.handle = late
     return gate
+
+
+@asynccontextmanager
+async def _two_hosts(redis_url: str, agent: Any, *, deaf_a: bool = False) -> AsyncIterator[Any]:
+    """Hosts A and B on one Redis (A's relay through a fault proxy when ``deaf_a``, so a
+    test can black-hole its cancel subscription): ``(a, b, A's publisher, proxy)``."""
+    from actors.relays import RedisRelay, attach_relay
+    from tests.support.redis import redis_address, unique_prefix
+    from tests.support.redis_proxy import redis_fault_proxy, scripted
+    from tests.web.harness import web_server
+
+    prefix = unique_prefix()
+    async with redis_fault_proxy(redis_address(), scripted({})) as proxy:
+        url_a: str = proxy.url if deaf_a else redis_url
+        options = {"cancel_ping": 0.5, "op_timeout": 2.0} if deaf_a else {}
+        async with (
+            RedisRelay.open(url_a, prefix=prefix, **options) as relay_a,
+            RedisRelay.open(redis_url, prefix=prefix) as relay_b,
+            web_server(agent, relay=relay_a) as a,
+            web_server(agent, relay=relay_b) as b,
+        ):
+            yield a, b, await attach_relay(a.host, relay_a), proxy
+
+
+async def test_a_stop_that_reaches_another_host_before_the_message_reaches_its_own_stops_it(
+    redis_url: str,
+) -> None:
+    # Stop pressed before the POST got to A: B forwards it (no turn of "s" anywhere), A
+    # hears it holding nothing so named, and the turn that then starts on A ran to its
+    # answer.
+    script = Script(holding(), ["never"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            await _until(lambda: publisher.held)  # A heard it
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text  # before: the turn answered "never"
+    assert not publisher.held  # used once
+
+
+async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its_turn(
+    redis_url: str,
+) -> None:
+    # As above, A's cancel subscription black-holed when B sends the stop: A, subscribed
+    # again, read back the unplaced stops of the sessions its writers streamed, and it
+    # streamed none (the turn had not reached it), so the stop was lost.
+    script = Script(holding(), ["never"])
+    async with _two_hosts(redis_url, agent_of(script), deaf_a=True) as (a, b, publisher, proxy):
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert proxy.hold_subscriptions() == 1  # A is deaf from now on
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            with trio.move_on_after(LIMIT):  # A subscribes again and reads it back
+                await _until(lambda: publisher.held)
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text
+
+
+@pytest.mark.parametrize("again", ["regenerate", "edit"])
+async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
+    redis_url: str, again: str
+) -> None:
+    # "go" (u1) answered on A; the client's stop naming u1 arrives late (no turn runs:
+    # B forwards it, A holds it); then a regenerate of the answer, or an edit of u1,
+    # names u1 too: a stop before its POST cannot be told from this late one, so it
+    # must not stop it.
+    script = Script(["first"], ["second"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            await _until(lambda: publisher.held)
+            sent = (
+                body("s", "go", "regenerate-message", message_id="u1")
+                if again == "regenerate"
+                else body("s", "went", message_id="u1")
+            )
+            second = await client.post(f"{a.url}/api/chat", json=sent)
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert '"finishReason":"stop"' in first.text
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert "abort" not in second.text and "second" in second.text
+    assert [m.text for m in stored if m.role == "assistant"][-1:] == ["second"]
+
+
+async def test_a_stop_naming_another_message_does_not_stop_a_new_turn(redis_url: str) -> None:
+    script = Script(["done"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u9"})
+            await _until(lambda: publisher.held)
+            reply = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
+    assert "abort" not in reply.text and "done" in reply.text
+    assert list(publisher.held) == [("s", "u9", None)]  # kept (till it expires)

@@ -11,10 +11,19 @@ it names (``Host.stop_named``: a waiting message taken out, or the running turn)
 The actor's inbox is ``block`` (every chunk must reach the relay in order) but its
 handler never waits on Redis: ``append`` only queues, and the relay's flush task writes.
 A Redis that is down therefore never stalls a turn.
+
+**A stop before the turn.** A stop sent while the relay streamed no turn of its session
+(``turn_id`` ``""``: Stop pressed before the POST reached the host that runs it) goes to
+every host; one that holds nothing so named keeps it (:attr:`RelayPublisher.held`, at most
+:data:`HELD_KEPT`, each for :data:`HELD_FOR` seconds) and, as a turn of that session
+starts here, stops it if the stop names it by what only a new message's turn has: its
+user message's id, or its own id (``Host.stop_new_turn``). Nothing on a turn's path but
+a look at an empty dict: the watch already hears every stop.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import partial
 from typing import Any, ClassVar
 
@@ -27,6 +36,14 @@ from runtime.inbox import OverflowPolicy
 from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
 
 _ENDS = (Finish, Error, Abort)
+
+HELD_KEPT = 1024
+"""Stops a publisher keeps at most for turns that have not started here (the oldest go
+first): every host hears every such stop, most of them for turns that run elsewhere or
+never."""
+HELD_FOR = 60.0
+"""Seconds a stop for a turn not started here is kept: the life of its record in Redis
+(``CANCEL_TTL_MS``); a turn whose POST takes longer to arrive is not stopped by it."""
 
 
 class RelayPublisher(Actor):
@@ -41,6 +58,46 @@ class RelayPublisher(Actor):
         self.relay = relay
         self.writers: dict[str, Any] = {}
         """The open writers, by turn id."""
+        self.host: TurnCanceller | None = None
+        """The host whose turns it publishes (:func:`attach_relay`): told to stop a
+        starting turn that a :attr:`held` stop names."""
+        self.held: OrderedDict[tuple[str, str | None, str | None], tuple[Any, float]] = (
+            OrderedDict()
+        )
+        """The stops that reached this host before the turn they name (sent while the
+        relay streamed no turn of the session), by (session, message, turn) named: the
+        stop, and when it came (trio clock); the oldest first. A stop sent twice is kept
+        once."""
+
+    def hold(self, stop: Any) -> None:
+        """Keep ``stop`` (a ``NamedStop`` this host held nothing for) for a turn of its
+        session that starts here within :data:`HELD_FOR` seconds."""
+        held, now = self.held, trio.current_time()
+        key = (stop.session_id, stop.message_id, stop.named_turn)
+        held.pop(key, None)
+        held[key] = (stop, now)
+        while held and (len(held) > HELD_KEPT or next(iter(held.values()))[1] < now - HELD_FOR):
+            held.popitem(last=False)
+
+    def _stop_if_held(self, chunk: Start) -> None:
+        """The turn of ``chunk`` starts: stop it if a held stop names it (and drop that
+        stop, and those that outlived :data:`HELD_FOR`)."""
+        host, since = self.host, trio.current_time() - HELD_FOR
+        for key, (stop, at) in list(self.held.items()):
+            if at < since:
+                del self.held[key]
+            elif (
+                host is not None
+                and key[0] == chunk.session_id
+                and host.stop_new_turn(
+                    chunk.session_id,
+                    chunk.turn_id,
+                    message_id=stop.message_id,
+                    named_turn=stop.named_turn,
+                    reason=stop.reason,
+                )
+            ):
+                del self.held[key]
 
     async def handle(self, chunk: Any) -> None:
         turn_id = chunk.turn_id
@@ -50,6 +107,8 @@ class RelayPublisher(Actor):
         if writer is None:
             if type(chunk) is not Start:
                 return  # a turn that began before the publisher started: not relayed
+            if self.held:
+                self._stop_if_held(chunk)
             writer = self.writers[turn_id] = self.relay.writer(
                 session_id=chunk.session_id, turn_id=turn_id
             )
@@ -72,6 +131,7 @@ async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
     """Publish every turn ``host`` runs to ``relay`` and obey the relay's cancel requests
     for them; returns the running publisher."""
     publisher = await host.start_actor(RelayPublisher(relay))
+    publisher.host = host
     watch = getattr(relay, "watch_cancels", None)
     if watch is not None:
 
@@ -79,12 +139,14 @@ async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
             cancel_local_turn(host, turn_id, reason)
 
         def on_named(stop: Any) -> None:
-            host.stop_named(
+            stopped = host.stop_named(
                 stop.session_id,
                 message_id=stop.message_id,
                 turn_id=stop.named_turn,
                 reason=stop.reason,
             )
+            if stopped is None and not stop.turn_id:  # (no host streamed a turn of it)
+                publisher.hold(stop)
 
         await host.nursery.start(_watch, watch, on_cancel, on_named)
     return publisher
