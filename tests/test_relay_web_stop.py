@@ -411,3 +411,90 @@ async def test_a_stop_naming_another_message_does_not_stop_a_new_turn(redis_url:
             reply = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
     assert "abort" not in reply.text and "done" in reply.text
     assert list(publisher.held) == [("s", "u9", None)]  # kept (till it expires)
+
+
+class _Starts:
+    """A host as far as a publisher's held stops use it: every turn is a new one that
+    each stop asked of it names."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, str | None]] = []
+
+    def stop_new_turn(self, session_id: str, turn_id: str, **names: Any) -> bool:
+        self.asked.append((session_id, turn_id, names["message_id"]))
+        return True
+
+
+def _unplaced(session_id: str = "s", message_id: str = "u1") -> Any:
+    from actors.relays.redis_entries import NamedStop
+
+    return NamedStop(
+        turn_id="", session_id=session_id, message_id=message_id, named_turn=None, reason="r"
+    )
+
+
+def _held_by(host: _Starts) -> Any:
+    from actors.relays.publisher import RelayPublisher
+
+    publisher = RelayPublisher(None)
+    publisher.host = host  # type: ignore[assignment]
+    return publisher
+
+
+async def test_a_stop_for_a_turn_that_never_starts_is_dropped_after_its_records_life(
+    autojump_clock: Any,
+) -> None:
+    from actors.relays.publisher import HELD_FOR
+    from runtime.output import Start
+
+    host = _Starts()
+    publisher = _held_by(host)
+    publisher.hold(_unplaced())
+    await trio.sleep(HELD_FOR + 1)
+    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
+    assert host.asked == [] and not publisher.held
+
+
+async def test_the_stops_a_host_holds_are_bounded_the_oldest_dropped() -> None:
+    from actors.relays.publisher import HELD_KEPT
+
+    publisher = _held_by(_Starts())
+    for n in range(HELD_KEPT + 5):
+        publisher.hold(_unplaced(f"s{n}"))
+    assert len(publisher.held) == HELD_KEPT
+    assert next(iter(publisher.held)) == ("s5", "u1", None)
+
+
+async def test_a_stop_sent_twice_is_held_once_and_stops_its_turn_once() -> None:
+    from runtime.output import Start
+
+    host = _Starts()
+    publisher = _held_by(host)
+    publisher.hold(_unplaced())
+    publisher.hold(_unplaced())
+    publisher.hold(_unplaced("other"))
+    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
+    assert host.asked == [("s", "t", "u1")]
+    assert list(publisher.held) == [("other", "u1", None)]
+
+
+async def test_the_record_of_unplaced_stops_is_one_bounded_key_that_expires(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stops for sessions that never get a turn: one stream for them all, its length
+    # capped and its life a minute past the latest (before: a hash a session).
+    import actors.relays.redis_streams as streams
+    from actors.relays import RedisRelay
+    from tests.support.redis import unique_prefix
+
+    monkeypatch.setattr(streams, "UNPLACED_KEPT", 3)
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        for n in range(5):
+            await relay.request_cancel("", "r", session_id=f"s{n}", message_id="u1")
+        key = relay.unplaced_stops_key
+        kept = await relay.client.xrange(key)
+        life = await relay.client.pttl(key)
+        keys = await relay.client.keys(f"{relay.prefix}*")
+    assert [orjson.loads(e.field_values[b"m"])["session_id"] for e in kept] == ["s2", "s3", "s4"]
+    assert 0 < life <= streams.CANCEL_TTL_MS
+    assert set(keys) == {key.encode()}
