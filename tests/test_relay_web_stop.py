@@ -374,6 +374,43 @@ async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its
     assert "never" not in replies["u1"].text
 
 
+async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_stops_its_turn(
+    redis_url: str,
+) -> None:
+    # A runs "one" (the relay streams it); Stop for "two" is pressed before "two"'s POST
+    # reaches A: B forwards it to A's turn, where nothing is so named yet, and "two",
+    # queued behind "one" when its POST came, ran to its answer.
+    script = Script(holding("H1"), ["first done"], holding("H2"), ["never"])
+    agent = agent_of(script, "enqueue")
+    async with _two_hosts(redis_url, agent) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                await _until(lambda: publisher.held)  # A heard it: nothing named "u2" here
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
+                await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
+                first = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                first.set()  # "one" ends; "two" starts
+                await _until(lambda: "u1" in replies)
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u2" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json()["forwarded"] is True
+    assert '"finishReason":"stop"' in replies["u1"].text
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u2"])
+    assert "never" not in replies["u2"].text  # before: "two" answered "never"
+
+
 @pytest.mark.parametrize("again", ["regenerate", "edit"])
 async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
     redis_url: str, again: str

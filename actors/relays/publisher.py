@@ -12,9 +12,10 @@ The actor's inbox is ``block`` (every chunk must reach the relay in order) but i
 handler never waits on Redis: ``append`` only queues, and the relay's flush task writes.
 A Redis that is down therefore never stalls a turn.
 
-**A stop before the turn.** A stop sent while the relay streamed no turn of its session
-(``turn_id`` ``""``: Stop pressed before the POST reached the host that runs it) goes to
-every host; one that holds nothing so named keeps it (:attr:`RelayPublisher.held`, at most
+**A stop before the turn.** A named stop goes to every host; one sent before the POST of
+the message it names reached the host that runs it (the relay streams no turn of the
+session then, or one that message would wait for) finds nothing. A host that holds
+nothing so named keeps it (:attr:`RelayPublisher.held`, at most
 :data:`HELD_KEPT`, each for :data:`HELD_FOR` seconds) and, as a turn of that session
 starts here, stops it if the stop names it by what only a new message's turn has: its
 user message's id, or its own id (``Host.stop_new_turn``). Nothing on a turn's path but
@@ -64,8 +65,8 @@ class RelayPublisher(Actor):
         self.held: OrderedDict[tuple[str, str | None, str | None], tuple[Any, float]] = (
             OrderedDict()
         )
-        """The stops that reached this host before the turn they name (sent while the
-        relay streamed no turn of the session), by (session, message, turn) named: the
+        """The named stops that found nothing here (perhaps sent before the turn they
+        name reached this host), by (session, message, turn) named: the
         stop, and when it came (trio clock); the oldest first. A stop sent twice is kept
         once."""
 
@@ -145,7 +146,7 @@ async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
                 turn_id=stop.named_turn,
                 reason=stop.reason,
             )
-            if stopped is None and not stop.turn_id:  # (no host streamed a turn of it)
+            if stopped is None:  # what it names may not have reached this host yet
                 publisher.hold(stop)
 
         await host.nursery.start(_watch, watch, on_cancel, on_named)
