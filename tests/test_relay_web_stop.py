@@ -341,10 +341,12 @@ async def test_a_stop_that_reaches_another_host_before_the_message_reaches_its_o
                     await _until(lambda: "u1" in replies)
                 held["release"].set()
             await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
     assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
     assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
     assert "never" not in replies["u1"].text  # before: the turn answered "never"
     assert not publisher.held  # used once
+    assert stored[0].id == "u1" and "never" not in str(stored)  # saved as stopped early
 
 
 async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its_turn(
