@@ -62,43 +62,52 @@ class RelayPublisher(Actor):
         self.host: TurnCanceller | None = None
         """The host whose turns it publishes (:func:`attach_relay`): told to stop a
         starting turn that a :attr:`held` stop names."""
-        self.held: OrderedDict[tuple[str, str | None, str | None], tuple[Any, float]] = (
-            OrderedDict()
-        )
+        self.held: dict[str, dict[tuple[str | None, str | None], tuple[Any, float]]] = {}
         """The named stops that found nothing here (perhaps sent before the turn they
-        name reached this host), by (session, message, turn) named: the
-        stop, and when it came (trio clock); the oldest first. A stop sent twice is kept
-        once."""
+        name reached this host), by session, then by (message, turn) named: the stop, and
+        when it came (trio clock). A stop sent twice is kept once."""
+        self._held_order: OrderedDict[tuple[str, str | None, str | None], float] = OrderedDict()
+        """The same stops, the oldest first: which go when more than :data:`HELD_KEPT`
+        are kept, or once older than :data:`HELD_FOR`."""
 
     def hold(self, stop: Any) -> None:
         """Keep ``stop`` (a ``NamedStop`` this host held nothing for) for a turn of its
         session that starts here within :data:`HELD_FOR` seconds."""
-        held, now = self.held, trio.current_time()
-        key = (stop.session_id, stop.message_id, stop.named_turn)
-        held.pop(key, None)
-        held[key] = (stop, now)
-        while held and (len(held) > HELD_KEPT or next(iter(held.values()))[1] < now - HELD_FOR):
-            held.popitem(last=False)
+        order, now = self._held_order, trio.current_time()
+        names = (stop.message_id, stop.named_turn)
+        key = (stop.session_id, *names)
+        order.pop(key, None)
+        order[key] = now
+        self.held.setdefault(stop.session_id, {})[names] = (stop, now)
+        while order and (len(order) > HELD_KEPT or next(iter(order.values())) < now - HELD_FOR):
+            (session_id, *oldest), _ = order.popitem(last=False)
+            self._drop(session_id, (oldest[0], oldest[1]))
+
+    def _drop(self, session_id: str, names: tuple[str | None, str | None]) -> None:
+        """Forget the stop held for ``session_id`` naming ``names`` (message, turn)."""
+        self._held_order.pop((session_id, *names), None)
+        stops = self.held.get(session_id)
+        if stops is not None:
+            stops.pop(names, None)
+            if not stops:
+                del self.held[session_id]
 
     def _stop_if_held(self, chunk: Start) -> None:
-        """The turn of ``chunk`` starts: stop it if a held stop names it (and drop that
-        stop, and those that outlived :data:`HELD_FOR`)."""
-        host, since = self.host, trio.current_time() - HELD_FOR
-        for key, (stop, at) in list(self.held.items()):
-            if at < since:
-                del self.held[key]
-            elif (
-                host is not None
-                and key[0] == chunk.session_id
-                and host.stop_new_turn(
-                    chunk.session_id,
-                    chunk.turn_id,
-                    message_id=stop.message_id,
-                    named_turn=stop.named_turn,
-                    reason=stop.reason,
-                )
+        """The turn of ``chunk`` starts: stop it if a stop held for its session names it
+        (and drop that stop, and those of the session that outlived :data:`HELD_FOR`)."""
+        stops, host = self.held.get(chunk.session_id), self.host
+        if not stops or host is None:
+            return
+        since = trio.current_time() - HELD_FOR
+        for names, (stop, at) in list(stops.items()):
+            if at < since or host.stop_new_turn(
+                chunk.session_id,
+                chunk.turn_id,
+                message_id=stop.message_id,
+                named_turn=stop.named_turn,
+                reason=stop.reason,
             ):
-                del self.held[key]
+                self._drop(chunk.session_id, names)
 
     async def handle(self, chunk: Any) -> None:
         turn_id = chunk.turn_id
@@ -108,7 +117,7 @@ class RelayPublisher(Actor):
         if writer is None:
             if type(chunk) is not Start:
                 return  # a turn that began before the publisher started: not relayed
-            if self.held:
+            if self.held:  # (empty but for stops lately heard that found nothing)
                 self._stop_if_held(chunk)
             writer = self.writers[turn_id] = self.relay.writer(
                 session_id=chunk.session_id, turn_id=turn_id

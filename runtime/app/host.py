@@ -1113,11 +1113,11 @@ class Host:
         turn and a stop that reached this host before the turn did names it
         (``message_id``, its user message's id; ``named_turn``, its own id); whether it
         did. Used by the relay's publisher as the turn starts (:mod:`actors.relays.
-        publisher`: a stop sent while no host streamed a turn of the session, its POST not
-        here yet). Only a new message's turn: a regenerate, an edit and a continuation
-        carry the id of a message the session held before (:meth:`stop_named` finds
-        them by it), so a stop naming that id may be a late stop of the turn before,
-        which must not stop the one that follows."""
+        publisher`: a stop another host forwarded before the turn's POST got here). Only
+        a new message's turn: a regenerate, an edit and a continuation carry the id of a
+        message the session held before (:meth:`stop_named` finds them by it), so a stop
+        naming that id may be a late stop of the turn before, which must not stop the
+        one that follows."""
         session = self.sessions.get(session_id)
         current = session.current if session is not None else None
         if (
