@@ -152,6 +152,19 @@ class TurnCanceller(ActorStarter, Protocol):
         if the host holds it (a waiting message taken out, or the running turn
         cancelled): ``(turn_id, queued)``, or ``None``."""
 
+    def stop_new_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        *,
+        message_id: str | None,
+        named_turn: str | None,
+        reason: str,
+    ) -> bool:
+        """Cancel turn ``turn_id`` of ``session_id``, a new message's turn starting here,
+        if a stop sent before it started names it (its user message's id or its own):
+        whether it did."""
+
 
 ToolSource: TypeAlias = Callable[[Agent], Awaitable[tuple[Tool, ...]]]
 """The tools to offer an agent's next model call: its own, then those of its MCP servers

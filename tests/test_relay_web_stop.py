@@ -3,6 +3,8 @@ session's turn (``serve --redis``: another embedded host runs it and publishes i
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -295,3 +297,243 @@ def _held_publishing(publisher: Any) -> trio.Event:
 
     publisher.handle = late
     return gate
+
+
+@asynccontextmanager
+async def _two_hosts(redis_url: str, agent: Any, *, deaf_a: bool = False) -> AsyncIterator[Any]:
+    """Hosts A and B on one Redis (A's relay through a fault proxy when ``deaf_a``, so a
+    test can black-hole its cancel subscription): ``(a, b, A's publisher, proxy)``."""
+    from actors.relays import RedisRelay, attach_relay
+    from tests.support.redis import redis_address, unique_prefix
+    from tests.support.redis_proxy import redis_fault_proxy, scripted
+    from tests.web.harness import web_server
+
+    prefix = unique_prefix()
+    async with redis_fault_proxy(redis_address(), scripted({})) as proxy:
+        url_a: str = proxy.url if deaf_a else redis_url
+        options = {"cancel_ping": 0.5, "op_timeout": 2.0} if deaf_a else {}
+        async with (
+            RedisRelay.open(url_a, prefix=prefix, **options) as relay_a,
+            RedisRelay.open(redis_url, prefix=prefix) as relay_b,
+            web_server(agent, relay=relay_a) as a,
+            web_server(agent, relay=relay_b) as b,
+        ):
+            yield a, b, await attach_relay(a.host, relay_a), proxy
+
+
+async def test_a_stop_that_reaches_another_host_before_the_message_reaches_its_own_stops_it(
+    redis_url: str,
+) -> None:
+    # Stop pressed before the POST got to A: B forwards it (no turn of "s" anywhere), A
+    # hears it holding nothing so named, and the turn that then starts on A ran to its
+    # answer.
+    script = Script(holding(), ["never"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            await _until(lambda: publisher.held)  # A heard it
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text  # before: the turn answered "never"
+    assert not publisher.held  # used once
+    assert stored[0].id == "u1" and "never" not in str(stored)  # saved as stopped early
+
+
+async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its_turn(
+    redis_url: str,
+) -> None:
+    # As above, A's cancel subscription black-holed when B sends the stop: A, subscribed
+    # again, read back the unplaced stops of the sessions its writers streamed, and it
+    # streamed none (the turn had not reached it), so the stop was lost.
+    script = Script(holding(), ["never"])
+    async with _two_hosts(redis_url, agent_of(script), deaf_a=True) as (a, b, publisher, proxy):
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert proxy.hold_subscriptions() == 1  # A is deaf from now on
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            with trio.move_on_after(LIMIT):  # A subscribes again and reads it back
+                await _until(lambda: publisher.held)
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert "never" not in replies["u1"].text
+
+
+async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_stops_its_turn(
+    redis_url: str,
+) -> None:
+    # A runs "one" (the relay streams it); Stop for "two" is pressed before "two"'s POST
+    # reaches A: B forwards it to A's turn, where nothing is so named yet, and "two",
+    # queued behind "one" when its POST came, ran to its answer.
+    script = Script(holding("H1"), ["first done"], holding("H2"), ["never"])
+    agent = agent_of(script, "enqueue")
+    async with _two_hosts(redis_url, agent) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                await _until(lambda: publisher.held)  # A heard it: nothing named "u2" here
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
+                await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
+                first = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                first.set()  # "one" ends; "two" starts
+                await _until(lambda: "u1" in replies)
+                with trio.move_on_after(LIMIT):  # (before: held until released)
+                    await _until(lambda: "u2" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202 and stop.json()["forwarded"] is True
+    assert '"finishReason":"stop"' in replies["u1"].text
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u2"])
+    assert "never" not in replies["u2"].text  # before: "two" answered "never"
+
+
+@pytest.mark.parametrize("again", ["regenerate", "edit"])
+async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
+    redis_url: str, again: str
+) -> None:
+    # "go" (u1) answered on A; the client's stop naming u1 arrives late (no turn runs:
+    # B forwards it, A holds it); then a regenerate of the answer, or an edit of u1,
+    # names u1 too: a stop before its POST cannot be told from this late one, so it
+    # must not stop it.
+    script = Script(["first"], ["second"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
+            stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
+            await _until(lambda: publisher.held)
+            sent = (
+                body("s", "go", "regenerate-message", message_id="u1")
+                if again == "regenerate"
+                else body("s", "went", message_id="u1")
+            )
+            second = await client.post(f"{a.url}/api/chat", json=sent)
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert '"finishReason":"stop"' in first.text
+    assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
+    assert "abort" not in second.text and "second" in second.text
+    assert [m.text for m in stored if m.role == "assistant"][-1:] == ["second"]
+
+
+async def test_a_stop_naming_another_message_does_not_stop_a_new_turn(redis_url: str) -> None:
+    script = Script(["done"])
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u9"})
+            await _until(lambda: publisher.held)
+            reply = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
+    assert "abort" not in reply.text and "done" in reply.text
+    assert list(publisher.held["s"]) == [("u9", None)]  # kept (till it expires)
+
+
+class _Starts:
+    """A host as far as a publisher's held stops use it: every turn is a new one that
+    each stop asked of it names."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, str | None]] = []
+
+    def stop_new_turn(self, session_id: str, turn_id: str, **names: Any) -> bool:
+        self.asked.append((session_id, turn_id, names["message_id"]))
+        return True
+
+
+def _unplaced(session_id: str = "s", message_id: str = "u1") -> Any:
+    from actors.relays.redis_entries import NamedStop
+
+    return NamedStop(
+        turn_id="", session_id=session_id, message_id=message_id, named_turn=None, reason="r"
+    )
+
+
+def _held_by(host: _Starts) -> Any:
+    from actors.relays.publisher import RelayPublisher
+
+    publisher = RelayPublisher(None)
+    publisher.host = host  # type: ignore[assignment]
+    return publisher
+
+
+async def test_a_stop_for_a_turn_that_never_starts_is_dropped_after_its_records_life(
+    autojump_clock: Any,
+) -> None:
+    from actors.relays.publisher import HELD_FOR
+    from runtime.output import Start
+
+    host = _Starts()
+    publisher = _held_by(host)
+    publisher.hold(_unplaced())
+    await trio.sleep(HELD_FOR + 1)
+    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
+    assert host.asked == [] and not publisher.held
+
+
+async def test_the_stops_a_host_holds_are_bounded_the_oldest_dropped() -> None:
+    from actors.relays.publisher import HELD_KEPT
+
+    publisher = _held_by(_Starts())
+    for n in range(HELD_KEPT + 5):
+        publisher.hold(_unplaced(f"s{n}"))
+    assert len(publisher.held) == HELD_KEPT
+    assert "s4" not in publisher.held and "s5" in publisher.held
+
+
+async def test_a_stop_sent_twice_is_held_once_and_stops_its_turn_once() -> None:
+    from runtime.output import Start
+
+    host = _Starts()
+    publisher = _held_by(host)
+    publisher.hold(_unplaced())
+    publisher.hold(_unplaced())
+    publisher.hold(_unplaced("other"))
+    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
+    assert host.asked == [("s", "t", "u1")]
+    assert {s: list(stops) for s, stops in publisher.held.items()} == {"other": [("u1", None)]}
+
+
+async def test_the_record_of_unplaced_stops_is_one_bounded_key_that_expires(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stops for sessions that never get a turn: one stream for them all, its length
+    # capped and its life a minute past the latest (before: a hash a session).
+    import actors.relays.redis_streams as streams
+    from actors.relays import RedisRelay
+    from tests.support.redis import unique_prefix
+
+    monkeypatch.setattr(streams, "UNPLACED_KEPT", 3)
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        for n in range(5):
+            await relay.request_cancel("", "r", session_id=f"s{n}", message_id="u1")
+        key = relay.unplaced_stops_key
+        kept = await relay.client.xrange(key)
+        life = await relay.client.pttl(key)
+        keys = await relay.client.keys(f"{relay.prefix}*")
+    assert [orjson.loads(e.field_values[b"m"])["session_id"] for e in kept] == ["s2", "s3", "s4"]
+    assert 0 < life <= streams.CANCEL_TTL_MS
+    assert set(keys) == {key.encode()}

@@ -93,6 +93,10 @@ subscribes again reads for the cancels it may have missed meanwhile."""
 CLOSED_KEPT = 1024
 """Turns whose writers closed that a relay remembers (:attr:`RedisRelay.closed`): their
 named stops are read back too when the cancel watch subscribes again."""
+UNPLACED_KEPT = 1024
+"""Named stops sent while the relay streamed no turn of their session that Redis keeps
+(:meth:`RedisRelay.unplaced_stops_key`, one stream for every session: the oldest go
+first), for a watch that subscribes again to read back."""
 
 _RECENT_CANCELS = """
 local out = {}
@@ -100,8 +104,18 @@ local named = {}
 local plain = tonumber(ARGV[1])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stream = KEYS[#KEYS]
+local since = string.format('%d', now - tonumber(ARGV[2]))
+local entries = redis.call('XRANGE', stream, since, '+', 'COUNT', ARGV[3])
+for _, entry in ipairs(entries) do
+  local at = tonumber(string.match(entry[1], '^(%d+)'))
+  table.insert(named, entry[2][2])
+  table.insert(named, now - at)
+end
 for i, key in ipairs(KEYS) do
-  if i <= plain then
+  if i == #KEYS then
+    break
+  elseif i <= plain then
     local reason = redis.call('GET', key)
     if reason then
       table.insert(out, i)
@@ -119,7 +133,9 @@ end
 return {out, named}
 """
 """The plain cancels (``GET``, and their ``PTTL``) of the first ``ARGV[1]`` keys, and the
-named stops of the rest (each stop's message and its age in ms by Redis's clock)."""
+named stops of the rest but the last (each stop's message and its age in ms by Redis's
+clock) after those of the last, the unplaced stops' stream, recorded in the last
+``ARGV[2]`` ms (at most ``ARGV[3]``)."""
 
 _RECORD_NAMED = """
 local t = redis.call('TIME')
@@ -131,6 +147,15 @@ return 1
 """Record a named stop (``ARGV[1]``, its channel message) with the time it was recorded,
 Redis's own (every host reads the one clock); the hash lives ``ARGV[2]`` ms past the
 latest."""
+
+_RECORD_UNPLACED = """
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*', 'm', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+"""Record a named stop sent while no turn of its session streamed (``ARGV[1]``, its
+channel message) on the stream of them all, at most ``ARGV[3]`` kept (the entry's id is
+Redis's time of it); the stream lives ``ARGV[2]`` ms past the latest."""
 
 
 class RedisRelay:
@@ -315,12 +340,16 @@ class RedisRelay:
         the running turn for a stop naming a waiting message."""
         return f"{self.prefix}named-stops:{turn_id}"
 
-    def unplaced_stops_key(self, session_id: str) -> str:
-        """Where the named stops of ``session_id`` sent while the relay streamed no turn of
-        it are recorded (as :meth:`named_stops_key`'s): a turn that has not written its
-        first chunk yet runs on a host all the same, and that host reads them back if its
-        subscription missed them (:meth:`_missed_cancels`)."""
-        return f"{self.prefix}unplaced-stops:{session_id}"
+    @property
+    def unplaced_stops_key(self) -> str:
+        """Where the named stops sent while the relay streamed no turn of their session are
+        recorded: one stream for every session (its entries' ids are when, by Redis's
+        clock), at most :data:`UNPLACED_KEPT`, for :data:`CANCEL_TTL_MS` after the latest.
+        A watch that subscribes again reads back all those it may have missed
+        (:meth:`_missed_cancels`), whatever their session: a turn that has not written its
+        first chunk yet, or whose POST has not even reached its host, runs on a host that
+        cannot name it."""
+        return f"{self.prefix}unplaced-stops"
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -652,16 +681,17 @@ class RedisRelay:
         message = orjson.dumps(fields)
 
         async def record_and_publish() -> int:
-            if named:
-                key = (
-                    self.named_stops_key(turn_id)
-                    if turn_id
-                    else self.unplaced_stops_key(str(session_id))
-                )
+            if named and turn_id:
                 await self.client.eval(
                     _RECORD_NAMED,
-                    keys=[key],
+                    keys=[self.named_stops_key(turn_id)],
                     args=[message, CANCEL_TTL_MS],
+                )
+            elif named:
+                await self.client.eval(
+                    _RECORD_UNPLACED,
+                    keys=[self.unplaced_stops_key],
+                    args=[message, CANCEL_TTL_MS, UNPLACED_KEPT],
                 )
             else:
                 await self.client.set(self.cancel_key(turn_id), reason, px=CANCEL_TTL_MS)
@@ -758,27 +788,29 @@ class RedisRelay:
         turn_ids = sorted({writer.turn_id for writer in self.live})
         since = trio.current_time() - silent - self.op_timeout
         ended = [t for t, at in self.closed.items() if at >= since and t not in turn_ids]
-        if not turn_ids and not ended:
-            return
+        if not turn_ids and not ended and on_named is None:
+            return  # (a watch without ``on_named`` hands on no unplaced stop)
         keys = [self.cancel_key(turn_id) for turn_id in turn_ids]
         # the named stops of the turns that ended meanwhile too: one may name a message of
         # the session that waited for such a turn and runs now (its own turn's key holds
         # nothing), ``Host.stop_named`` takes it out or stops it; a cancel of an ended
         # turn (plain) would stop nothing
         keys += [self.named_stops_key(turn_id) for turn_id in [*turn_ids, *ended]]
-        # and those sent while the relay streamed none of their turns yet (a turn that
-        # had not written its first chunk): ``Host.stop_named`` matches them here
-        sessions = sorted({writer.session_id for writer in self.live})
-        keys += [self.unplaced_stops_key(session_id) for session_id in sessions]
+        # and those sent while the relay streamed no turn of their session (a turn that
+        # had not written its first chunk, or had not reached its host): all of them,
+        # whatever the session, as the channel hands them on (``Host.stop_named`` matches
+        # them here, or the publisher keeps them for a turn that starts here)
+        keys.append(self.unplaced_stops_key)
+        window_ms = (silent + self.op_timeout) * 1000
+        args = [len(turn_ids), math.ceil(window_ms), UNPLACED_KEPT]
         try:
             found, named = await self._call(
                 "missed cancels",
-                lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=[len(turn_ids)]),
+                lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=args),
             )
         except RelayUnavailable as exc:
             log.warning("relay.missed_cancels_failed", error=_described(exc))
             return
-        window_ms = (silent + self.op_timeout) * 1000
         for at in range(0, len(found), 3):
             index, reason, ttl = found[at : at + 3]
             if CANCEL_TTL_MS - int(ttl) <= window_ms:

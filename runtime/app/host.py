@@ -1100,6 +1100,40 @@ class Host:
         current.cancel(reason)
         return current.turn_id or "", False
 
+    def stop_new_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        *,
+        message_id: str | None,
+        named_turn: str | None,
+        reason: str,
+    ) -> bool:
+        """Cancel turn ``turn_id`` of ``session_id`` if it runs here, is a new message's
+        turn and a stop that reached this host before the turn did names it
+        (``message_id``, its user message's id; ``named_turn``, its own id); whether it
+        did. Used by the relay's publisher as the turn starts (:mod:`actors.relays.
+        publisher`: a stop another host forwarded before the turn's POST got here). Only
+        a new message's turn: a regenerate, an edit and a continuation carry the id of a
+        message the session held before (:meth:`stop_named` finds them by it), so a stop
+        naming that id may be a late stop of the turn before, which must not stop the
+        one that follows."""
+        session = self.sessions.get(session_id)
+        current = session.current if session is not None else None
+        if (
+            current is None
+            or current.turn_id != turn_id
+            or (message_id is None and named_turn is None)
+            or current.regenerate
+            or current.resume
+            or current.continues is not None
+            or (named_turn is not None and named_turn != turn_id)
+            or (message_id is not None and message_id != current.user_message_id)
+        ):
+            return False
+        current.cancel(reason)
+        return True
+
     def cancel_turn(self, turn_id: str, reason: str) -> bool:
         """Cancel the turn ``turn_id`` if this host runs it; whether it did. With reason
         ``session deleted`` (another host deleted the session: its cancel over the relay)

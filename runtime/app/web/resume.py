@@ -322,7 +322,9 @@ async def forward_stop(
     (``Host.stop_named``). The session's running turn id; ``""`` when the relay streams
     none: a turn may have started on another host and not written its first chunk yet,
     so the stop is sent to every host all the same (the one that holds what it names
-    stops it; before, it was dropped and that turn ran to its end); ``None`` when the
+    stops it; before, it was dropped and that turn ran to its end), and each that holds
+    nothing so named keeps it for a new message's turn it names that starts there within
+    a minute (its POST not there yet: :mod:`actors.relays.publisher`); ``None`` when the
     relay cannot forward a stop."""
     if not hasattr(relay, "request_cancel"):
         return None
