@@ -1,0 +1,181 @@
+"""A new user message over a turn that waits: what was decided stands (docs/approval.md,
+"A new user message while a turn waits"). A person's recorded approval is not turned
+into a denial by the next message: the approved call runs before the new input (its
+turn's idempotency key), a denial keeps its reason, and only the calls nobody decided
+are denied ``superseded``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, Host, ToolContext, ToolMessage, tool
+from runtime.events import ToolApprovalDecided
+from runtime.messages import AssistantMessage, UserMessage
+
+ran: list[str] = []
+keys: list[str] = []
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str, ctx: ToolContext) -> str:
+    """Delete a file."""
+    ran.append(path)
+    keys.append(ctx.idempotency_key)
+    return f"deleted {path}"
+
+
+slow_started = trio.Event()
+
+
+@tool(needs_approval=True)
+async def slow_delete(path: str) -> str:
+    """Delete a file, slowly."""
+    slow_started.set()
+    await trio.sleep(10)
+    ran.append(path)
+    return f"deleted {path}"
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    ran.clear()
+    keys.clear()
+
+
+def deleting(*paths: str) -> list:
+    return [
+        c
+        for i, path in enumerate(paths)
+        for c in tool_call("delete_file", {"path": path}, tool_call_id=f"D{i}")
+    ]
+
+
+class Seen:
+    """The scripted model: each request's messages, by role and text/result."""
+
+    def __init__(self, *answers: list) -> None:
+        self.answers = list(answers)
+        self.requests: list[list[tuple[str, Any]]] = []
+
+    def __call__(self, request: Any) -> list:
+        self.requests.append(
+            [
+                (m.role, m.error or m.output if isinstance(m, ToolMessage) else m.text)
+                for m in request.messages
+            ]
+        )
+        return self.answers.pop(0)
+
+
+async def test_an_approved_call_runs_before_the_new_message_instead_of_being_denied(tmp_path):
+    model = Seen(deleting("/x"), ["fine"])
+    agent = Agent(provider=ScriptedProvider(responder=model), tools=[delete_file])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        events = host.bus.subscribe([ToolApprovalDecided], name="t")
+        session = await host.open_session(agent, session_id="s")
+        first = await session.run("delete /x")
+        recorded = await session.decide(first.pending[0].approval_id, approved=True)
+        assert recorded.complete  # ... and nobody resumes it: the client never came back
+        async with session.stream("and then?") as out:
+            chunks = [c async for c in out]
+        record = await host.store.load("s")
+        decided: list = []
+        events.inbox.drain_nowait(decided)
+    assert ran == ["/x"]
+    assert keys == [f"{first.turn_id}:0:D0"]  # the waiting turn's key, as a resume's
+    # what the model saw: the tool's result, then the new message
+    assert model.requests[-1][-3:-1] == [("tool", "deleted /x"), ("user", "and then?")]
+    # the new turn's stream shows its own answer, nothing of the earlier call
+    assert [c.type for c in chunks if c.type.startswith("tool")] == []
+    assert out.result.text == "fine"
+    assert record is not None
+    assert [type(m) for m in record.messages] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        UserMessage,
+        AssistantMessage,
+    ]
+    result = record.messages[2]
+    assert (result.tool_call_id, result.output, result.error) == ("D0", "deleted /x", None)
+    assert record.messages[1].content[0].awaiting.approved is True
+    assert [(e.approved, e.reason) for e in decided] == [(True, None)]  # no "superseded"
+
+
+async def test_a_decision_a_closed_host_recorded_is_run_by_the_next_message_elsewhere(tmp_path):
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        agent = Agent(provider=ScriptedProvider([deleting("/x")]), tools=[delete_file])
+        session = await host.open_session(agent, session_id="s")
+        first = await session.run("delete /x")
+        await session.decide(first.pending[0].approval_id, approved=True)
+    async with Host.open(store=path, log_tap=False) as host:  # serve restarted
+        agent = Agent(provider=ScriptedProvider([["fine"]]), tools=[delete_file])
+        session = await host.open_session(agent, session_id="s")
+        await session.run("hello?")
+        record = await host.store.load("s")
+    assert ran == ["/x"]
+    assert record is not None and record.messages[2].output == "deleted /x"
+
+
+async def test_with_some_calls_undecided_the_approved_one_runs_and_the_others_are_superseded():
+    model = Seen(deleting("/a", "/b", "/c"), ["ok"])
+    agent = Agent(provider=ScriptedProvider(responder=model), tools=[delete_file])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        first = await session.run("delete three")
+        a, b, _ = first.pending
+        await session.decide(a.approval_id, approved=True)
+        await session.decide(b.approval_id, approved=False, reason="keep b")
+        await session.run("stop that")
+    assert ran == ["/a"]
+    results = [(m.tool_call_id, m.output, m.error) for m in session.messages[2:5]]
+    assert results == [
+        ("D0", "deleted /a", None),
+        ("D1", None, "the tool call was denied: keep b"),
+        ("D2", None, "the tool call was denied: superseded"),
+    ]
+    assert [type(m) for m in session.messages[5:]] == [UserMessage, AssistantMessage]
+    assert session.pending == ()
+
+
+async def test_an_approved_call_cut_by_an_interrupt_gets_an_interrupted_result(autojump_clock):
+    agent = Agent(
+        provider=ScriptedProvider(
+            turns=[
+                [[*tool_call("slow_delete", {"path": "/x"}, tool_call_id="S")]],
+                [["never"]],
+                [["ok"]],
+            ]
+        ),
+        tools=[slow_delete],
+        on_busy="interrupt",
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        first = await session.run("delete /x")
+        await session.decide(first.pending[0].approval_id, approved=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "hello?")
+            with trio.fail_after(60):
+                await slow_started.wait()
+            third = await session.run("stop")
+    assert ran == []
+    result = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert result.tool_call_id == "S" and result.output is None
+    assert "interrupted" in (result.error or "")
+    assert third.text == "ok"
+    # a history every provider accepts: each call has its one result before the next user
+    assert [type(m) for m in session.messages] == [
+        UserMessage,
+        AssistantMessage,
+        ToolMessage,
+        UserMessage,
+        AssistantMessage,  # "hello?", interrupted before its model call
+        UserMessage,
+        AssistantMessage,
+    ]
