@@ -179,3 +179,40 @@ async def test_an_approved_call_cut_by_an_interrupt_gets_an_interrupted_result(a
         UserMessage,
         AssistantMessage,
     ]
+
+
+async def test_over_http_a_new_message_after_a_decided_wait_runs_it_and_streams_its_own_turn(
+    tmp_path,
+):
+    """The embedded app's continuation POST recorded the approval and its ``serve``
+    stopped before running it; the person, back on a restarted ``serve``, types a new
+    message instead of sending the answer again. The new message's stream is its own
+    turn (nothing of the earlier call: ``useChat`` knows no such call in this message);
+    the reloaded session shows the call with its output, not denied."""
+    import httpx
+
+    from tests.test_approval_web import DELETE, request_of
+    from tests.test_approval_web import agent as web_agent
+    from tests.test_approval_web import ran as web_ran
+    from tests.test_web_http import body, events
+    from tests.web.harness import web_server
+
+    web_ran.clear()
+    db = str(tmp_path / "w.db")
+    async with web_server(web_agent(DELETE), store=db) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+        asked = request_of(first)
+        await server.host.sessions["s"].decide(asked["approvalId"], approved=True)
+    async with web_server(web_agent(["done"]), store=db) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post("/api/chat", json=body("s", text="are you there?"))
+            ui = (await client.get("/api/sessions/s?view=ui")).json()["ui_messages"]
+    assert r.status_code == 200, r.text
+    second = events(r.content)
+    assert web_ran == ["/x"]  # once, before the new message's model call
+    assert [c["type"] for c in second if c != "[DONE]" and c["type"].startswith("tool")] == []
+    assert second[-2]["type"] == "finish" and second[-2]["finishReason"] == "stop"
+    card = next(p for p in ui[1]["parts"] if p["type"] == "tool-delete_file")
+    assert (card["state"], card["output"]) == ("output-available", "deleted /x")
+    assert [m["role"] for m in ui] == ["user", "assistant", "user", "assistant"]
