@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, ToolContext, ToolMessage, tool
-from runtime.events import ToolApprovalDecided
+from runtime import Agent, Hooks, Host, ToolContext, ToolMessage, tool
+from runtime.events import SessionSaved, ToolApprovalDecided
 from runtime.messages import AssistantMessage, UserMessage
 
 ran: list[str] = []
@@ -216,3 +216,37 @@ async def test_over_http_a_new_message_after_a_decided_wait_runs_it_and_streams_
     card = next(p for p in ui[1]["parts"] if p["type"] == "tool-delete_file")
     assert (card["state"], card["output"]) == ("output-available", "deleted /x")
     assert [m["role"] for m in ui] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_the_approved_calls_result_is_stored_before_the_new_messages_model_call(tmp_path):
+    """A process that dies during the new message's model call must not leave the
+    approved call looking unrun (the next message would run it again), as a
+    continuation commits its results before the model goes on. Read from the store as
+    the new turn's first step starts, once a save of it is answered."""
+    seen: dict = {}
+    path = tmp_path / "s.db"
+
+    async def at_step(event: Any) -> None:
+        with trio.fail_after(10):  # (a guard: without the save, none is ever answered)
+            await saved.inbox.get()
+        async with Host.open(store=path, log_tap=False) as other:
+            seen["record"] = await other.store.load("s")
+
+    async with Host.open(store=path, log_tap=False) as host:
+        agent = Agent(provider=ScriptedProvider([deleting("/x")]), tools=[delete_file])
+        session = await host.open_session(agent, session_id="s")
+        first = await session.run("delete /x")
+        await session.decide(first.pending[0].approval_id, approved=True)
+    async with Host.open(store=path, log_tap=False) as host:
+        saved = host.bus.subscribe([SessionSaved], name="saved")
+        agent = Agent(
+            provider=ScriptedProvider([["fine"]]),
+            tools=[delete_file],
+            hooks=Hooks(on_step_start=at_step),
+        )
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("hello?")
+    assert ran == ["/x"] and result.text == "fine"
+    record = seen["record"]
+    assert record is not None and record.messages[2].output == "deleted /x"
+    assert [type(m) for m in record.messages][3:] == [UserMessage, AssistantMessage]

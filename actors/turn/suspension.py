@@ -300,7 +300,9 @@ class Suspending:
         their results after that turn's other results, before this turn's user message:
         the model sees them, then the new message. Nothing of them streams (this turn's
         stream, an AI SDK client's, knows no such calls); the bus hears each result. A
-        call cut short (the turn cancelled meanwhile) gets the ``interrupted`` result."""
+        call cut short (the turn cancelled meanwhile) gets the ``interrupted`` result.
+        The results are saved before the model call (with this turn's user message and
+        its assistant message, still empty)."""
         parts: tuple[ToolCallPart, ...] = turn.approved_before
         if not parts:
             return
@@ -319,6 +321,9 @@ class Suspending:
                 before -= 1
             in_call_order(messages, before)
             self._publish_history()
+        # Committed before the model call, as a continuation commits its results: a
+        # process that dies during that call does not run them again on the next message.
+        await self._save(turn, None)
 
     async def _run_quietly(
         self, turn: Any, parts: tuple[ToolCallPart, ...], outcomes: dict[str, ToolOutcome]
