@@ -246,3 +246,42 @@ async def test_a_message_steered_into_an_approved_turns_continuation_is_answered
     assert kinds(record.messages) == ["User", "Assistant", "Tool", "User", "Assistant"]
     assert record.messages[2].output == "held" and record.messages[3].text == "also this"
     assert kinds(script.requests[1].messages)[-2:] == ["User", "Assistant"]
+
+
+async def test_a_regenerate_from_the_client_that_streamed_a_steered_turn_is_refused_intact():
+    """``useChat`` holds the steered message only as a transient data part: its last
+    user message is the turn's first. Its regenerate (or edit) of the answer is refused
+    (409) and nothing is cut: the stored turn, steered message and answer, stays."""
+    import httpx
+
+    from tests.test_busy_web import agent_of
+    from tests.test_web_http import body, events
+    from tests.web.harness import wait_idle, web_server
+
+    script = Script(looking(), holding(), ["answer to both"])
+    async with (
+        web_server(agent_of(script, "steer")) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def post(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "first", body("s", "first", message_id="u-first"))
+            await held["open"].wait()
+            nursery.start_soon(post, "steer", body("s", "also this", message_id="u-steer"))
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            held["release"].set()
+        await wait_idle(server, "s")
+        before = (await client.get("/api/sessions/s")).json()["messages"]
+        answer_id = events(replies["first"].content)[0]["messageId"]
+        again = body("s", "first", trigger="regenerate-message", message_id="u-first")
+        again["messageId"] = answer_id
+        refused = await client.post("/api/chat", json=again)
+        after = (await client.get("/api/sessions/s")).json()["messages"]
+    assert replies["steer"].status_code == 202
+    assert refused.status_code == 409, refused.text
+    assert "last user message" in refused.json()["error"]
+    assert after == before and len(script.requests) == 3
