@@ -11,7 +11,7 @@ version-checked save: of two decisions for one call, exactly one is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -529,14 +529,43 @@ def denial_text(reason: str | None) -> str:
     return f"the tool call was denied: {reason or 'no reason given'}"
 
 
-def supersede(messages: list[Message], max_chars: int | None = None) -> int | None:
-    """Before a new user message: deny every call the last turn still waits for, with
-    reason ``superseded`` (what ``useChat`` does when the user types instead of
-    answering), and give each waiting call its result, so the history a model sees is
-    whole. Changes ``messages`` in place; returns the index of the changed assistant
-    message (``None``: nothing waited). A result made of what the client gave (a client
-    tool's output or error, a denial's reason) is cut to ``max_chars`` (the agent's
-    ``max_tool_result_chars``), as a server tool's is."""
+def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
+    """The calls the last turn waits for that a person approved and that never ran (the
+    continuation that would run them never came: a client that did not come back, a
+    process stopped after the decision's save), in call order. A new user message runs
+    them before it (:func:`supersede` leaves them to its caller): a recorded approval is
+    never turned into a denial by a later message."""
+    found = _last_turn(messages)
+    ids = {c.tool_call_id for c in _waiting_in(messages, found) if c.decided}
+    if found is None or not ids:
+        return ()
+    return tuple(
+        [
+            p
+            for p in found[1].content
+            if isinstance(p, ToolCallPart)
+            and p.tool_call_id in ids
+            and p.awaiting is not None
+            and p.awaiting.kind == APPROVAL
+            and p.awaiting.approved
+        ]
+    )
+
+
+def supersede(
+    messages: list[Message], max_chars: int | None = None, leave: Collection[str] = ()
+) -> int | None:
+    """Before a new user message: deny every call the last turn still waits for and that
+    nobody decided, with reason ``superseded`` (what ``useChat`` does when the user types
+    instead of answering), and give each waiting call its result, so the history a model
+    sees is whole: a decided one its decision's (a denial with its reason, a client
+    tool's output or error). Changes ``messages`` in place; returns the index of the
+    changed assistant message (``None``: nothing waited). A result made of what the
+    client gave (a client tool's output or error, a denial's reason) is cut to
+    ``max_chars`` (the agent's ``max_tool_result_chars``), as a server tool's is.
+
+    The calls named in ``leave`` (the approved ones, :func:`approved_waiting`) get no
+    result here: the caller runs them and adds theirs."""
     waiting = waiting_calls(messages)
     if not waiting:
         return None
@@ -558,7 +587,8 @@ def supersede(messages: list[Message], max_chars: int | None = None) -> int | No
                 if w.kind == CLIENT:
                     w = attrs.evolve(w, error=SUPERSEDED)
             p = attrs.evolve(p, awaiting=w)
-            results.append(_superseded_result(p, max_chars))
+            if p.tool_call_id not in leave:
+                results.append(_superseded_result(p, max_chars))
         content.append(p)
     messages[index] = attrs.evolve(message, content=tuple(content))
     messages.extend(results)
@@ -599,6 +629,7 @@ __all__ = [
     "PendingCall",
     "Recorded",
     "approval_decided",
+    "approved_waiting",
     "decide",
     "denial_text",
     "pending_calls",

@@ -98,13 +98,13 @@ async def test_a_decision_overtaken_in_this_process_is_not_taken_as_it_is(tmp_pa
         session, waiting = await suspended(host)
         recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
         assert recorded.complete
-        await session.run("something else")  # supersedes the decided wait
+        await session.run("something else")  # supersedes the decided wait: runs it
         assert session.take_decided(recorded) is None
         calls = count_calls(host.store)
         with pytest.raises(NothingToResume):
             async with ResumeStream(session, decided=recorded):
                 pass
-    assert calls["load"] == 1 and ran == []
+    assert calls["load"] == 1 and ran == ["/x"]  # once, by the new message's turn
 
 
 async def test_a_decision_records_the_waiting_calls_it_found(tmp_path):

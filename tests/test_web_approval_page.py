@@ -198,3 +198,32 @@ async def test_the_sidebar_marks_the_session_while_its_turn_waits(playwright_syn
     seen = await drive(playwright_sync, act)
     assert seen["page_errors"] == []
     assert seen["title"] == "waits for input: 1 call"
+
+
+async def test_a_new_message_after_approving_one_of_two_calls_keeps_that_card_approved(
+    playwright_sync,
+):
+    """The approval the server recorded (its 202: the other call still waited) stands
+    when the person types instead of answering the other: the call runs before the new
+    message, so its card is not marked denied; the unanswered one is superseded."""
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        ask(page, expect, "please delete /a and /b")
+        first, second = page.locator(".tool-card").all()
+        first.get_by_role("button", name="Approve").click()
+        expect(page.locator(".notice.info")).to_contain_text("other calls still wait")
+        page.locator("#input").fill("never mind")
+        page.locator("#input").press("Enter")
+        expect(page.locator(".msg.assistant").nth(1)).to_contain_text("Nothing to delete.")
+        expect(second.locator(".denied")).to_have_text("Denied: superseded")
+        seen["first_denied"] = first.locator(".denied").count()
+        seen["first_state"] = first.get_attribute("data-state")
+        page.reload()  # what the server stored: the approved call with its output
+        cards = page.locator(".tool-card")
+        expect(cards.first).to_have_attribute("data-state", "output-available")
+        expect(cards.nth(1).locator(".denied")).to_have_text("Denied: superseded")
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert seen["first_denied"] == 0 and seen["first_state"] == "approval-responded"
+    assert deleted == ["/a"]

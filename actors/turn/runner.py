@@ -84,6 +84,7 @@ from runtime.approval import (
     SUSPENDED_TRACE_META,
     WAITING_META,
     approval_decided,
+    approved_waiting,
     pending_calls,
     supersede,
     waiting_calls,
@@ -346,6 +347,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     elif committed is not None and not await self._resolve(turn):
                         turn.untouched, turn.finish_reason = True, AWAITING_INPUT
                     else:
+                        await self._run_approved_before(turn)
                         await self._steps(turn)
                 if scope.cancelled_caught:
                     if run.cancel.reason is None and budget.deadline is not None:
@@ -458,12 +460,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
+        approved: tuple[Any, ...] = ()
         # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
         was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
-            # a turn waiting for input gives way
-            at = supersede(state.messages, self.agent.budget.max_tool_result_chars)
+            # a turn waiting for input gives way; what a person approved runs first
+            approved = approved_waiting(state.messages)
+            leave = {p.tool_call_id for p in approved}
+            at = supersede(state.messages, self.agent.budget.max_tool_result_chars, leave)
             if at is not None:
                 state.saved_upto = min(state.saved_upto, at)
         turn = Turn(
@@ -481,6 +486,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             steering=run.steering,
             tools=run.tools,
             instructions=run.instructions,
+            approved_before=approved,
         )
         if committed is None:
             state.messages.append(

@@ -18,19 +18,29 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
 from runtime import events as ev
-from runtime.actor_messages import ApprovalAsked, ToolCallSpec, ToolOutcome
+from runtime.actor_messages import (
+    ApprovalAsked,
+    ExecuteTools,
+    ToolCallSpec,
+    ToolOutcome,
+    ToolProgress,
+)
 from runtime.approval import APPROVAL, CLIENT, denial_text
+from runtime.history import INTERRUPTED
 from runtime.ids import new_id
-from runtime.messages import Awaiting, Message, Part, ToolCallPart, ToolMessage
+from runtime.messages import AssistantMessage, Awaiting, Message, Part, ToolCallPart, ToolMessage
 from runtime.results import truncate_output
-from runtime.tools import Tool, ToolContext
+from runtime.tools import Tool, ToolContext, agent_depth
 
 if TYPE_CHECKING:
+    from runtime.actor import Actor
     from runtime.actor_messages import Batcher, SaveRequest, SessionState
     from runtime.agent import Agent
     from runtime.hosting import ToolHost, ToolSource, TurnHost
+    from runtime.inbox import Inbox
 
 
 async def _no_emit(chunk: Any) -> None:
@@ -182,8 +192,15 @@ class Suspending:
         agent: Agent
         host: TurnHost
         tool_source: ToolSource
+        tool_inbox: Inbox[ToolOutcome | ToolProgress]
+        tool_executor: Actor
 
         async def publish(self, event: Any) -> None: ...
+
+        async def _announce(self, event: Any, hook: Any) -> None: ...
+
+        @staticmethod
+        async def _ask(actor: Actor, message: Any) -> None: ...
 
         async def _tools(self, turn: Any) -> tuple[Tool, ...]: ...
 
@@ -275,3 +292,115 @@ class Suspending:
         self._publish_history()
         await self._save(turn, step)
         return True
+
+    async def _run_approved_before(self, turn: Any) -> None:
+        """Run the calls a person approved in the turn this one superseded (they never
+        ran: its continuation never came), as that turn's continuation would have (its
+        turn id, so the same idempotency key; approved, they do not ask again), and put
+        their results after that turn's other results, before this turn's user message:
+        the model sees them, then the new message. Nothing of them streams (this turn's
+        stream, an AI SDK client's, knows no such calls); the bus hears each result. A
+        call cut short (the turn cancelled meanwhile) gets the ``interrupted`` result.
+        The results are saved before the model call (with this turn's user message and
+        its assistant message, still empty)."""
+        parts: tuple[ToolCallPart, ...] = turn.approved_before
+        if not parts:
+            return
+        turn.approved_before = ()
+        outcomes: dict[str, ToolOutcome] = {}
+        try:
+            await self._run_quietly(turn, parts, outcomes)
+        finally:
+            results = [_result_of(p, outcomes.get(p.tool_call_id)) for p in parts]
+            messages, at = self.state.messages, turn.start_index
+            messages[at:at] = results
+            turn.start_index += len(results)
+            turn.a_index += len(results)
+            before = at - 1
+            while before > 0 and not isinstance(messages[before], AssistantMessage):
+                before -= 1
+            in_call_order(messages, before)
+            self._publish_history()
+        # Committed before the model call, as a continuation commits its results: a
+        # process that dies during that call does not run them again on the next message.
+        await self._save(turn, None)
+
+    async def _run_quietly(
+        self, turn: Any, parts: tuple[ToolCallPart, ...], outcomes: dict[str, ToolOutcome]
+    ) -> None:
+        """Run ``parts`` (approved, of one earlier turn) on the tool executor, each
+        outcome into ``outcomes``, announced on the bus and to the hook, not streamed."""
+        awaited = parts[0].awaiting
+        assert awaited is not None
+        budget, sid = self.agent.budget, self.state.session_id
+        by_step: dict[int, list[ToolCallPart]] = {}
+        for part in parts:
+            by_step.setdefault(part.step, []).append(part)
+        tools = {t.name: t for t in await self._tools(turn)}
+        for step, same in by_step.items():
+            request = ExecuteTools(
+                session_id=sid,
+                turn_id=awaited.turn_id,
+                step=step,
+                calls=tuple(
+                    [
+                        ToolCallSpec(
+                            tool_call_id=p.tool_call_id,
+                            tool_name=p.tool_name,
+                            input=p.input,
+                            approved=True,
+                        )
+                        for p in same
+                    ]
+                ),
+                tools=tools,
+                default_timeout=budget.tool_timeout,
+                max_result_chars=budget.max_tool_result_chars,
+                reply=self.tool_inbox,
+                cancel_scope=trio.CancelScope(),
+                host=self.host,
+                deps=turn.deps,
+                depth=agent_depth(turn.meta),
+            )
+            await self._ask(self.tool_executor, request)
+            pending = {p.tool_call_id for p in same}
+            try:
+                while pending:
+                    item = await self.tool_inbox.get()
+                    if not isinstance(item, ToolOutcome) or item.tool_call_id not in pending:
+                        continue  # its progress (not streamed), a cancelled request's
+                    pending.discard(item.tool_call_id)
+                    outcomes[item.tool_call_id] = item
+                    await self._announce(
+                        ev.ToolCallCompleted(
+                            session_id=sid,
+                            turn_id=awaited.turn_id,
+                            step=step,
+                            tool_call_id=item.tool_call_id,
+                            tool_name=item.tool_name,
+                            output=item.output,
+                            error=item.error,
+                            duration=item.duration,
+                        ),
+                        self.agent.hooks.on_tool_result,
+                    )
+            finally:
+                request.cancel_scope.cancel()
+
+
+def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:
+    """The stored result of an approved call run before a superseding message."""
+    if outcome is None:
+        return ToolMessage(
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            step=part.step,
+            error=INTERRUPTED,
+        )
+    return ToolMessage(
+        tool_call_id=part.tool_call_id,
+        tool_name=part.tool_name,
+        step=part.step,
+        output=outcome.output,
+        error=outcome.error,
+    )

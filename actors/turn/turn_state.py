@@ -18,7 +18,7 @@ from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
 from runtime.chunks import ToolCallChunk, Usage
 from runtime.errors import AxonError, ContextTooLong, exception_message
 from runtime.ids import new_id
-from runtime.messages import Awaiting, ToolMessage
+from runtime.messages import Awaiting, ToolCallPart, ToolMessage
 from runtime.output import ErrorInfo
 from runtime.tools import Tool
 
@@ -90,6 +90,10 @@ class Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    approved_before: tuple[ToolCallPart, ...] = ()
+    """The calls a person approved in the turn this one superseded and that never ran:
+    they run as this turn begins, before its model call, their results stored before its
+    user message (:func:`runtime.approval.approved_waiting`)."""
     provider: int = 0
     """Which of the runner's providers the turn's calls go to: the primary, or the
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
