@@ -28,16 +28,20 @@ and churning connections against ``serve`` (docs/web.md, "Connections"):
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 try:
+    import fcntl
     import resource
+    import termios
 except ImportError:  # pragma: no cover - Windows has no limit of open files
+    fcntl = None  # type: ignore[assignment]
     resource = None  # type: ignore[assignment]
 
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -152,9 +156,20 @@ class ConnectionCap:
 
 class CappedConfig(Config):
     """Hypercorn's configuration with the server's :class:`ConnectionCap` (``None``:
-    connections are not counted), read by :class:`ReleasingTCPServer`."""
+    connections are not counted) and the longest a write may wait for the socket
+    (:attr:`send_timeout`), read by :class:`ReleasingTCPServer`."""
 
     connection_cap: ConnectionCap | None = None
+    send_timeout: float | None = None
+    """Seconds a write to a connection may wait for its client to take any of it; past
+    that (twice in a row: :meth:`ReleasingTCPServer._send_within`) the connection is
+    closed (``None``: no limit). The app bounds its own answers
+    (:class:`~runtime.app.web.writer.SendDeadline`); this bounds what is written outside
+    it: Starlette's 500 for a route that raised, Hypercorn's own answers (400 for a bad
+    request, 100 Continue, 500 for an app that answered nothing). Hypercorn writes each
+    shielded from cancellation, so a client that read nothing held the writing task, the
+    connection's reader for the answers Hypercorn writes itself, for as long as it kept
+    the connection open."""
 
 
 async def refuse_connection(stream: Any) -> None:
@@ -202,7 +217,57 @@ class ReleasingTCPServer(TCPServer):
             # An answer ended after the client had left (a stream, an answer written
             # while the close came in): there is no next request to wait for.
             return
+        timeout = getattr(self.config, "send_timeout", None)
+        if isinstance(event, RawData) and timeout:
+            await self._send_within(event.data, timeout)
+            return
         await super().protocol_send(event)
+
+    async def _send_within(self, data: bytes, patience: float) -> None:
+        """Hypercorn's write of ``data`` (shielded: the app's cancellation cannot cut an
+        answer in half), given up when the client takes nothing for ``patience`` seconds:
+        the connection is then closed, which ends its reader and its answer's task as a
+        client that left does. Written with the socket's own ``send`` (a call a wait for
+        room, as ``send_all`` does), each wait bounded; one that runs out while the
+        client still acknowledged bytes (:func:`_unsent` fell) waits on, so a slow
+        client that reads a large answer gets all of it (the kernel wakes a writer only
+        once a third of its buffer, up to megabytes, is free). A TLS stream (no plain
+        socket) is written as Hypercorn writes it."""
+        sock = getattr(self.stream, "socket", None)
+        if sock is None:
+            await super().protocol_send(RawData(data=data))
+            return
+        async with self.send_lock:
+            try:
+                with memoryview(data) as view:
+                    sent = 0
+                    unsent: int | None = None
+                    while sent < len(view):
+                        with trio.CancelScope(shield=True) as scope:
+                            scope.deadline = trio.current_time() + patience
+                            sent += await sock.send(view[sent:])
+                        if not scope.cancelled_caught:
+                            unsent = None  # the socket took some: measure anew
+                        else:
+                            unsent, before = _unsent(sock), unsent
+                            if unsent is None or (before is not None and unsent >= before):
+                                await trio.aclose_forcefully(self.stream)
+                                await self.protocol.handle(Closed())
+                                return
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+
+
+def _unsent(sock: Any) -> int | None:
+    """Bytes written to ``sock`` its peer has not acknowledged yet (Linux's ``TIOCOUTQ``;
+    ``None`` where it cannot be read)."""
+    if fcntl is None or not hasattr(termios, "TIOCOUTQ"):
+        return None
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))
+    except OSError:
+        return None
+    return int(struct.unpack("i", answer)[0])
 
 
 def release_connections_on_close() -> None:
