@@ -21,7 +21,8 @@ and churning connections against ``serve`` (docs/web.md, "Connections"):
 * :class:`ConnectionCap`: ``serve`` holds at most ``--max-connections`` connections
   (default: half its soft limit of open files, the rest left to the server's own
   sockets and files: its calls to the model, the store, MCP servers). One past the cap is
-  accepted, answered a 503 at once (nothing of it read) and closed. Without a cap, past
+  accepted, answered a 503 at once, what it sends read and dropped for up to a second
+  (so that it reads the 503, not a reset) and closed. Without a cap, past
   the hard limit Trio's accept loop retried each 0.1 s, logging a traceback each time,
   and every new connection, a real user's too, waited until some closed.
 """
@@ -65,11 +66,17 @@ REFUSAL = (
     b"connection: close\r\n\r\n"
     b"too many connections\n"
 )
-"""What a connection past the cap is sent before it is closed: written at once, nothing
-of the client's request read (a client that had sent one may see a reset instead)."""
+"""What a connection past the cap is sent before it is closed: written at once, the
+client's request read only to be dropped (:func:`refuse_connection`)."""
 
 REFUSAL_TIMEOUT = 1.0
-"""Seconds the refusal may take to write: a fresh socket's buffer takes it at once."""
+"""Seconds the refusal may take to write, and to read what the client still sends
+(:func:`refuse_connection`): a fresh socket's buffer takes it at once."""
+
+LINGERING = 64
+"""Refused connections read until their client closes at most at once: past these, one
+is closed as soon as the refusal is written, so a flood of connections past the cap
+holds no more than this many descriptors beyond it, a second each."""
 
 REPORT_INTERVAL = 60.0
 """Seconds between two log lines saying connections were refused: one line a burst,
@@ -96,11 +103,13 @@ class ConnectionCap:
     never logged unless another refusal came after it. Mutable, owned by one server's
     event loop."""
 
-    __slots__ = ("_held", "limit", "open", "refused", "reported_at")
+    __slots__ = ("_held", "limit", "lingering", "open", "refused", "reported_at")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.lingering = 0
+        """Refused connections being read until their client closes (:data:`LINGERING`)."""
         self.refused = 0
         """Refusals since the last log line."""
         self.reported_at: float | None = None
@@ -172,12 +181,27 @@ class CappedConfig(Config):
     the connection open."""
 
 
-async def refuse_connection(stream: Any) -> None:
-    """Answer a connection past the cap with :data:`REFUSAL` and close it, reading none
-    of it: its descriptor is back within a moment, whatever the client does."""
+async def refuse_connection(stream: Any, cap: ConnectionCap | None = None) -> None:
+    """Answer a connection past the cap with :data:`REFUSAL` and close it. Closing a
+    socket with unread data in it sends a reset, and a client still sending its request
+    (a body larger than the buffers between them, a 16 MB one on loopback) saw
+    "connection reset by peer" instead of the 503 and its ``Retry-After``. So the
+    server stops writing and reads and drops what the client sends until it closes
+    (a "lingering close", as nginx and Apache do), all of it within
+    :data:`REFUSAL_TIMEOUT`, and for at most :data:`LINGERING` such connections of
+    ``cap`` at once; past those it closes at once: its descriptor is back within a
+    second, whatever the client does."""
     with trio.move_on_after(REFUSAL_TIMEOUT):
         try:
             await stream.send_all(REFUSAL)
+            if cap is not None and cap.lingering < LINGERING:
+                cap.lingering += 1
+                try:
+                    await stream.send_eof()
+                    while await stream.receive_some(1 << 16):
+                        pass
+                finally:
+                    cap.lingering -= 1
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client is gone already
     await trio.aclose_forcefully(stream)
@@ -198,7 +222,7 @@ class ReleasingTCPServer(TCPServer):
             await super().run()
             return
         if not cap.admit():
-            await refuse_connection(self.stream)
+            await refuse_connection(self.stream, cap)
             return
         try:
             await super().run()
