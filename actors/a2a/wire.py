@@ -125,6 +125,11 @@ class A2AError(Exception):
         return {"error": error}
 
 
+DATA_DEPTH = 254
+"""The deepest ``data`` part taken: what orjson writes (it reads 1,024 levels). Deeper,
+its JSON text raised out of the handler: a 500 and a traceback in the log."""
+
+
 def invalid_params(message: str) -> A2AError:
     return A2AError("InvalidParams", message)
 
@@ -282,7 +287,12 @@ def user_input(parts: Sequence[Mapping[str, Any]]) -> list[str | Image | File]:
             else:
                 out.append(File(data=data, url=url, media_type=media_type, filename=filename))
         elif "data" in part:
-            out.append(orjson.dumps(part["data"]).decode())
+            try:
+                out.append(orjson.dumps(part["data"]).decode())
+            except orjson.JSONEncodeError:  # parsed (1,024 levels), not written
+                raise invalid_params(
+                    f"{where}.data is nested deeper than {DATA_DEPTH} levels"
+                ) from None
         else:
             raise invalid_params(f"{where} has none of text, raw, url, data")
     return out
