@@ -124,3 +124,21 @@ async def test_a_route_that_raises_answers_500_with_no_secret_in_the_body_or_the
     assert response.endswith(b"\r\n\r\nInternal Server Error")
     assert "Error in ASGI Framework" in log and "upstream refused" in log, (response, log)
     assert SECRET not in log and "[redacted]" in log
+
+
+async def test_serve_bounds_its_transport_s_writes_by_send_timeout(monkeypatch):
+    import argparse
+
+    from runtime.app.web import serve
+
+    seen: dict[str, Any] = {}
+
+    async def recorded(app: Any, *, task_status: Any, **options: Any) -> None:
+        seen.update(options)
+        task_status.started([])
+
+    monkeypatch.setattr(serve, "serve_app", recorded)
+    parser = serve.add_serve_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--port", "0", "--send-timeout", "7"])
+    assert await serve.serve_command(args) == 0
+    assert seen["send_timeout"] == 7

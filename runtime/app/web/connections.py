@@ -1,8 +1,8 @@
 """What a connection costs the ``serve`` process: its socket held no longer than it is
 used, and room for many of them.
 
-Imported only when serving (it imports Hypercorn). Two things, each found by holding
-and churning connections against ``serve`` (docs/web.md, "Connections"):
+Imported only when serving (it imports Hypercorn). Each found by holding, churning
+or starving connections against ``serve`` (docs/web.md, "Connections"):
 
 * :func:`release_connections_on_close`: Hypercorn (0.18) kept the socket of a
   connection whose client had closed it, and that connection's two tasks, until its
@@ -25,6 +25,11 @@ and churning connections against ``serve`` (docs/web.md, "Connections"):
   (so that it reads the 503, not a reset) and closed. Without a cap, past
   the hard limit Trio's accept loop retried each 0.1 s, logging a traceback each time,
   and every new connection, a real user's too, waited until some closed.
+* :attr:`CappedConfig.send_timeout`: every write to a connection, whoever makes it, is
+  given up when its client takes nothing of it for ``--send-timeout`` (twice in a row),
+  and the connection closed: Starlette's 500 and Hypercorn's own answers were written
+  outside the app's deadline, shielded, and held their task for as long as a client that
+  read nothing kept the connection.
 """
 
 from __future__ import annotations
