@@ -109,12 +109,16 @@ async def test_a_large_a2a_body_is_parsed_off_the_event_loop(monkeypatch):
     assert where[:1] == [False]  # the body's parse, in a worker thread
 
 
-async def test_an_a2a_data_part_nested_past_what_json_writes_is_invalid_params_not_a_500():
+@pytest.mark.parametrize("where", ["message.parts[1]", "message.metadata"])
+async def test_an_a2a_message_nested_past_what_json_writes_is_invalid_params_not_a_500(where):
     # orjson reads 1,024 levels and writes 254: a data part in between parsed, then its
     # JSON text raised out of the handler (a 500, and a traceback in the log).
-    data = orjson.loads(b"[" * 300 + b"]" * 300)
-    parts = [{"text": "hi"}, {"data": data}]
-    message = {"messageId": "m1", "role": "ROLE_USER", "parts": parts}
+    deep = orjson.loads(b"[" * 300 + b"]" * 300)
+    message: dict[str, Any] = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    if where == "message.metadata":
+        message["metadata"] = {"x": deep}
+    else:
+        message["parts"].append({"data": deep})
     body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
     async with web_server(agent(), protocols=("ai-sdk", "a2a")) as server:
         with trio.fail_after(30):
@@ -123,4 +127,4 @@ async def test_an_a2a_data_part_nested_past_what_json_writes_is_invalid_params_n
             )
     error = json.loads(response.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == -32602, response
-    assert error["message"] == "message.parts[1].data is nested deeper than 254 levels"
+    assert error["message"] == f"{where} is nested deeper than 254 levels"
