@@ -14,6 +14,7 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 
 from actors.providers.scripted import ScriptedProvider, Sleep
@@ -309,3 +310,73 @@ def test_max_connections_defaults_to_half_the_soft_open_file_limit_and_off_is_no
     assert _max_connections(parse(["serve"])) == expected
     assert _max_connections(parse(["serve", "--max-connections", "off"])) is None
     assert _max_connections(parse(["serve", "--max-connections", "20"])) == 20
+
+
+async def test_a_client_past_the_cap_whose_request_was_sent_reads_the_503_not_a_reset(
+    monkeypatch,
+):
+    # The refusal was written and the socket closed at once, the client's request unread
+    # in it: the kernel then sends a reset, and a client that had sent its request before
+    # reading (every client) saw "connection reset by peer", not the 503 and its
+    # Retry-After. Now the server stops writing, reads and drops what the client sends
+    # (up to a bound) until it closes, then closes.
+    from runtime import Host
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
+
+    monkeypatch.setattr(Config, "keep_alive_timeout", 3600)
+    answers = []
+    async with Host.open(log_tap=False) as host, trio.open_nursery() as nursery:
+        app = create_app(host, agent())
+        binds = await nursery.start(
+            partial(serve_app, app, host="127.0.0.1", port=0, max_connections=1)
+        )
+        address = ("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+        with trio.socket.socket() as held, trio.fail_after(20):
+            await held.connect(address)
+            await held.send(b"GET /api/info HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            assert (await read_answer(held)).startswith(b"HTTP/1.1 200")  # admitted
+            payload = json.dumps(body("s", "x" * 16_000_000)).encode()
+            for _ in range(10):
+                with trio.socket.socket() as sock:
+                    await sock.connect(address)
+                    request = (
+                        b"POST /api/chat HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: "
+                        b"application/json\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
+                    )
+                    data = b""
+                    try:
+                        while request:
+                            request = request[await sock.send(request) :]
+                        while piece := await sock.recv(1 << 16):
+                            data += piece
+                    except (ConnectionResetError, BrokenPipeError) as exc:
+                        data += repr(exc).encode()
+                    answers.append(data.split(b"\r\n", 1)[0])
+        nursery.cancel_scope.cancel()
+    assert answers == [b"HTTP/1.1 503 Service Unavailable"] * 10
+
+
+async def test_refused_connections_are_read_until_closed_only_up_to_a_bound(autojump_clock):
+    # Reading a refused connection until its client closes holds its descriptor up to a
+    # second: at most LINGERING of them do; the next ones are closed once written to.
+    from runtime.app.web.connections import (
+        LINGERING,
+        REFUSAL,
+        REFUSAL_TIMEOUT,
+        ConnectionCap,
+        refuse_connection,
+    )
+
+    cap = ConnectionCap(1)
+    took = []
+    for lingering in (0, LINGERING):
+        cap.lingering = lingering
+        client, server = trio.testing.memory_stream_pair()
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(refuse_connection, server, cap)
+            assert await client.receive_some() == REFUSAL  # a client that never closes
+        took.append(trio.current_time() - start)
+        assert cap.lingering == lingering  # given back
+    assert took == [REFUSAL_TIMEOUT, 0]

@@ -125,6 +125,21 @@ class A2AError(Exception):
         return {"error": error}
 
 
+DATA_DEPTH = 254
+"""The deepest value a message may hold (a part's ``data``, its ``metadata``): what
+orjson writes; it reads 1,024 levels. Deeper, a part parsed and then its JSON text (the
+user's input, a resend's or an answer's fingerprint, the task's history) raised out of
+the handler: a 500 and a traceback in the log."""
+
+
+def _writable(value: Any, what: str) -> bytes:
+    """``value``'s JSON; ``InvalidParams`` when it is nested past :data:`DATA_DEPTH`."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        raise invalid_params(f"{what} is nested deeper than {DATA_DEPTH} levels") from None
+
+
 def invalid_params(message: str) -> A2AError:
     return A2AError("InvalidParams", message)
 
@@ -218,7 +233,10 @@ class Incoming:
         if not isinstance(parts, list) or not parts:
             raise invalid_params("message.parts must be a non-empty list")
         self.parts = [_object(p, f"message.parts[{i}]") for i, p in enumerate(parts)]
+        for i, part in enumerate(self.parts):
+            _writable(part, f"message.parts[{i}]")
         self.metadata = field(raw, "metadata")
+        _writable(self.metadata, "message.metadata")
         self.raw = dict(raw)
 
 
@@ -282,7 +300,7 @@ def user_input(parts: Sequence[Mapping[str, Any]]) -> list[str | Image | File]:
             else:
                 out.append(File(data=data, url=url, media_type=media_type, filename=filename))
         elif "data" in part:
-            out.append(orjson.dumps(part["data"]).decode())
+            out.append(_writable(part["data"], f"{where}.data").decode())
         else:
             raise invalid_params(f"{where} has none of text, raw, url, data")
     return out

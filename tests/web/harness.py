@@ -39,7 +39,11 @@ async def web_server(
     async with Host.open(store=store, log_tap=False) as host:
         app = create_app(host, agent, **app_options)
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
+            # The transport's send deadline as `serve` sets it (the app's --send-timeout).
+            send_timeout = app.state.axon.send_timeout
+            binds = await nursery.start(
+                partial(serve_app, app, host="127.0.0.1", port=0, send_timeout=send_timeout)
+            )
             try:
                 yield WebServer(url=binds[0], host=host, app=app)
             finally:

@@ -43,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 from actors.a2a import legacy, wire
 from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.a2a_tasks import LiveTask, TaskBook
-from runtime.app.web.chat_input import _read_body
+from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
 from runtime.ids import new_id
@@ -87,6 +87,14 @@ def _scheme(request: Request) -> str:
     the header: a client that forges it gets a card naming ``https``, which is no harm."""
     forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
     return "https" if forwarded == "https" else request.url.scheme
+
+
+def _parsed(raw: bytes) -> Any:
+    """A JSON-RPC or REST body's JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise wire.A2AError("ParseError", "the body is not JSON") from None
 
 
 class _BodyRefused(wire.A2AError):
@@ -255,14 +263,15 @@ class A2AEndpoint:
             raw = await _read_body(
                 request, self.state.max_body, self.state.body_timeout, self.state.body_budget
             )
+            await check_json_values(raw, self.state)
         except ApiError as exc:
             raise _BodyRefused(exc) from None
         if not raw:
             return {}
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise wire.A2AError("ParseError", "the body is not JSON") from None
+        # A large body off the event loop, as the other endpoints parse theirs: 48 MiB
+        # of small JSON values is seconds of parsing, and on the loop no other request
+        # of the process was answered meanwhile.
+        return await off_loop(_parsed, raw, big=len(raw) > INLINE_BODY, state=self.state)
 
     # -- JSON-RPC -------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ from runtime.app.web.agui_wire import (
     finished,
     sse,
 )
-from runtime.app.web.chat_input import INLINE_BODY, _read_body, off_loop
+from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.frontend import message_key
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
@@ -444,6 +444,7 @@ class AGUIRoutes:
         self._check_request(request)
         try:
             raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
+            await check_json_values(raw, state)
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message, headers=exc.headers) from None
         if len(raw) > INLINE_BODY:

@@ -19,6 +19,7 @@ of milliseconds, without importing the runtime.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -192,10 +193,33 @@ def _limit_memory() -> None:
         pass
 
 
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+VALUES = "--values"
+"""The child's argument that makes it count a body's JSON values (:func:`json_values`)."""
+
+
+def json_values_bound(raw: bytes) -> int:
+    """At least as many as the JSON values in ``raw``: each value but a container's first
+    follows a ``,``, each key a ``:``, each container opens with a ``[`` or ``{`` (the
+    same characters inside strings count too)."""
+    return raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
+
+
+def json_values(raw: bytes) -> int:
+    """:func:`json_values_bound` of ``raw`` with its strings taken out: the values, plus
+    one for each empty array or object (so ``[[],[],...]`` meets a cap at half as many),
+    for a body that is JSON (one that is not is refused by its parse)."""
+    return json_values_bound(_JSON_STRING.sub(b"", raw))
+
+
 def main(argv: list[str]) -> int:
     """The child: the body on stdin, ``{"body": reduced}`` or ``{"refused": [status,
-    message]}`` on stdout, as :func:`pack` writes it."""
+    message]}`` on stdout, as :func:`pack` writes it; with :data:`VALUES`,
+    ``{"values": json_values(body)}``."""
     _limit_memory()
+    if argv[:1] == [VALUES]:
+        sys.stdout.buffer.write(pack({"values": json_values(sys.stdin.buffer.read())}))
+        return 0
     max_parts, max_files = int(argv[0]), int(argv[1])
     raw = sys.stdin.buffer.read()
     try:

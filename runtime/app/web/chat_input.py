@@ -108,6 +108,40 @@ async def off_loop(work: Callable[[Any], Any], data: Any, *, big: bool, state: A
     return await trio.to_thread.run_sync(work, data, limiter=state.parse_limiter)
 
 
+MAX_JSON_VALUES = 6_000_000
+"""JSON values (arrays, objects, members' keys, scalars) a body parsed in the server's
+process may hold: 413 past it (:func:`check_json_values`). Parsed, a value is a Python
+object of 50-70 bytes and a body's bytes can hold one in three: 48 MiB of ``[[],[],...]``
+or ``[{},{},...]`` was 1.2 GB resident (24 times the body), of ``["ab",...]`` 700 MB,
+of floats 500 MB, where the same size of text is 48 MB. The cap holds that to some 430
+MB, about what the longest history a client sends takes (600,000 messages, 28 MB:
+4.2 million values, ~300 MB)."""
+
+
+class TooManyValues(ApiError):
+    """A body refused for its JSON values (:func:`check_json_values`), not its size."""
+
+
+async def check_json_values(raw: bytes, state: Any) -> None:
+    """413 for a body of more than :data:`MAX_JSON_VALUES` JSON values, before it is
+    parsed in the server's process (AG-UI, Chat Completions, A2A, MCP; ``POST /api/chat``
+    parses a large body in a memory-capped child). Counting its punctuation
+    (:func:`~runtime.app.web.chat_body.json_values_bound`) is a few milliseconds a
+    megabyte; only a body where that passes the cap is counted again with its strings
+    taken out, so that a long text full of commas is not refused for them, and in a
+    child process (``state.parse_limiter``): taking out 10 million short strings is 3 s
+    of CPU, which in a thread would hold the interpreter, and every other request, as
+    long."""
+    if chat_body.json_values_bound(raw) <= MAX_JSON_VALUES:
+        return
+    if await _values_in_child(raw, state.parse_limiter) > MAX_JSON_VALUES:
+        raise TooManyValues(
+            413,
+            f"the request body has more than {MAX_JSON_VALUES:,} JSON values (arrays, "
+            "objects, keys, numbers, strings), the limit of what the server parses",
+        )
+
+
 MANY_PIECES = 4096
 SMALL_PIECE = 64
 """A body that arrives in more than :data:`MANY_PIECES` pieces (chunks, network reads)
@@ -261,7 +295,23 @@ async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.Capac
     (see there why): meanwhile the event loop only moves bytes; then it decodes a body
     whose structure is at most ``max_parts`` parts, its long strings straight from the
     bytes the child wrote."""
-    command = [sys.executable, "-P", _CHILD, str(limits.max_parts), str(limits.max_files)]
+    out = await _in_child([str(limits.max_parts), str(limits.max_files)], raw, limiter)
+    answer = chat_body.unpack(out)
+    if "refused" in answer:
+        status, message = answer["refused"]
+        raise ApiError(status, message)
+    return answer["body"]
+
+
+async def _values_in_child(raw: bytes, limiter: trio.CapacityLimiter) -> int:
+    """:func:`~runtime.app.web.chat_body.json_values` of ``raw``, run in a child process."""
+    return int(chat_body.unpack(await _in_child([chat_body.VALUES], raw, limiter))["values"])
+
+
+async def _in_child(args: list[str], raw: bytes, limiter: trio.CapacityLimiter) -> bytearray:
+    """What :mod:`~runtime.app.web.chat_body` run as a child with ``args`` writes for
+    ``raw``: 413 when it takes over :data:`PARSE_TIMEOUT` or dies (past its memory)."""
+    command = [sys.executable, "-P", _CHILD, *args]
     out = bytearray()
     async with limiter:
         with trio.move_on_after(PARSE_TIMEOUT) as scope:
@@ -283,11 +333,7 @@ async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.Capac
     if child.returncode != 0 or not out:
         # Killed past its memory limit, most likely: a body of millions of JSON values.
         raise ApiError(413, "the request body has too many JSON values to parse")
-    answer = chat_body.unpack(out)
-    if "refused" in answer:
-        status, message = answer["refused"]
-        raise ApiError(status, message)
-    return answer["body"]
+    return out
 
 
 async def read_chat_request(
@@ -347,4 +393,12 @@ def check_media(text: UserContent, agent: Agent) -> None:
         raise ApiError(400, exc.message) from None
 
 
-__all__ = ["TITLE_CHARS", "check_media", "read_chat_request", "title_of"]
+__all__ = [
+    "MAX_JSON_VALUES",
+    "TITLE_CHARS",
+    "TooManyValues",
+    "check_json_values",
+    "check_media",
+    "read_chat_request",
+    "title_of",
+]

@@ -1,8 +1,8 @@
 """What a connection costs the ``serve`` process: its socket held no longer than it is
 used, and room for many of them.
 
-Imported only when serving (it imports Hypercorn). Two things, each found by holding
-and churning connections against ``serve`` (docs/web.md, "Connections"):
+Imported only when serving (it imports Hypercorn). Each found by holding, churning
+or starving connections against ``serve`` (docs/web.md, "Connections"):
 
 * :func:`release_connections_on_close`: Hypercorn (0.18) kept the socket of a
   connection whose client had closed it, and that connection's two tasks, until its
@@ -21,23 +21,33 @@ and churning connections against ``serve`` (docs/web.md, "Connections"):
 * :class:`ConnectionCap`: ``serve`` holds at most ``--max-connections`` connections
   (default: half its soft limit of open files, the rest left to the server's own
   sockets and files: its calls to the model, the store, MCP servers). One past the cap is
-  accepted, answered a 503 at once (nothing of it read) and closed. Without a cap, past
+  accepted, answered a 503 at once, what it sends read and dropped for up to a second
+  (so that it reads the 503, not a reset) and closed. Without a cap, past
   the hard limit Trio's accept loop retried each 0.1 s, logging a traceback each time,
   and every new connection, a real user's too, waited until some closed.
+* :attr:`CappedConfig.send_timeout`: every write to a connection, whoever makes it, is
+  given up when its client takes nothing of it for ``--send-timeout`` (twice in a row),
+  and the connection closed: Starlette's 500 and Hypercorn's own answers were written
+  outside the app's deadline, shielded, and held their task for as long as a client that
+  read nothing kept the connection.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 try:
+    import fcntl
     import resource
+    import termios
 except ImportError:  # pragma: no cover - Windows has no limit of open files
+    fcntl = None  # type: ignore[assignment]
     resource = None  # type: ignore[assignment]
 
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -61,11 +71,17 @@ REFUSAL = (
     b"connection: close\r\n\r\n"
     b"too many connections\n"
 )
-"""What a connection past the cap is sent before it is closed: written at once, nothing
-of the client's request read (a client that had sent one may see a reset instead)."""
+"""What a connection past the cap is sent before it is closed: written at once, the
+client's request read only to be dropped (:func:`refuse_connection`)."""
 
 REFUSAL_TIMEOUT = 1.0
-"""Seconds the refusal may take to write: a fresh socket's buffer takes it at once."""
+"""Seconds the refusal may take to write, and to read what the client still sends
+(:func:`refuse_connection`): a fresh socket's buffer takes it at once."""
+
+LINGERING = 64
+"""Refused connections read until their client closes at most at once: past these, one
+is closed as soon as the refusal is written, so a flood of connections past the cap
+holds no more than this many descriptors beyond it, a second each."""
 
 REPORT_INTERVAL = 60.0
 """Seconds between two log lines saying connections were refused: one line a burst,
@@ -92,11 +108,13 @@ class ConnectionCap:
     never logged unless another refusal came after it. Mutable, owned by one server's
     event loop."""
 
-    __slots__ = ("_held", "limit", "open", "refused", "reported_at")
+    __slots__ = ("_held", "limit", "lingering", "open", "refused", "reported_at")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.lingering = 0
+        """Refused connections being read until their client closes (:data:`LINGERING`)."""
         self.refused = 0
         """Refusals since the last log line."""
         self.reported_at: float | None = None
@@ -152,17 +170,43 @@ class ConnectionCap:
 
 class CappedConfig(Config):
     """Hypercorn's configuration with the server's :class:`ConnectionCap` (``None``:
-    connections are not counted), read by :class:`ReleasingTCPServer`."""
+    connections are not counted) and the longest a write may wait for the socket
+    (:attr:`send_timeout`), read by :class:`ReleasingTCPServer`."""
 
     connection_cap: ConnectionCap | None = None
+    send_timeout: float | None = None
+    """Seconds a write to a connection may wait for its client to take any of it; past
+    that (twice in a row: :meth:`ReleasingTCPServer._send_within`) the connection is
+    closed (``None``: no limit). The app bounds its own answers
+    (:class:`~runtime.app.web.writer.SendDeadline`); this bounds what is written outside
+    it: Starlette's 500 for a route that raised, Hypercorn's own answers (400 for a bad
+    request, 100 Continue, 500 for an app that answered nothing). Hypercorn writes each
+    shielded from cancellation, so a client that read nothing held the writing task, the
+    connection's reader for the answers Hypercorn writes itself, for as long as it kept
+    the connection open."""
 
 
-async def refuse_connection(stream: Any) -> None:
-    """Answer a connection past the cap with :data:`REFUSAL` and close it, reading none
-    of it: its descriptor is back within a moment, whatever the client does."""
+async def refuse_connection(stream: Any, cap: ConnectionCap | None = None) -> None:
+    """Answer a connection past the cap with :data:`REFUSAL` and close it. Closing a
+    socket with unread data in it sends a reset, and a client still sending its request
+    (a body larger than the buffers between them, a 16 MB one on loopback) saw
+    "connection reset by peer" instead of the 503 and its ``Retry-After``. So the
+    server stops writing and reads and drops what the client sends until it closes
+    (a "lingering close", as nginx and Apache do), all of it within
+    :data:`REFUSAL_TIMEOUT`, and for at most :data:`LINGERING` such connections of
+    ``cap`` at once; past those it closes at once: its descriptor is back within a
+    second, whatever the client does."""
     with trio.move_on_after(REFUSAL_TIMEOUT):
         try:
             await stream.send_all(REFUSAL)
+            if cap is not None and cap.lingering < LINGERING:
+                cap.lingering += 1
+                try:
+                    await stream.send_eof()
+                    while await stream.receive_some(1 << 16):
+                        pass
+                finally:
+                    cap.lingering -= 1
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client is gone already
     await trio.aclose_forcefully(stream)
@@ -183,7 +227,7 @@ class ReleasingTCPServer(TCPServer):
             await super().run()
             return
         if not cap.admit():
-            await refuse_connection(self.stream)
+            await refuse_connection(self.stream, cap)
             return
         try:
             await super().run()
@@ -202,7 +246,57 @@ class ReleasingTCPServer(TCPServer):
             # An answer ended after the client had left (a stream, an answer written
             # while the close came in): there is no next request to wait for.
             return
+        timeout = getattr(self.config, "send_timeout", None)
+        if isinstance(event, RawData) and timeout:
+            await self._send_within(event.data, timeout)
+            return
         await super().protocol_send(event)
+
+    async def _send_within(self, data: bytes, patience: float) -> None:
+        """Hypercorn's write of ``data`` (shielded: the app's cancellation cannot cut an
+        answer in half), given up when the client takes nothing for ``patience`` seconds:
+        the connection is then closed, which ends its reader and its answer's task as a
+        client that left does. Written with the socket's own ``send`` (a call a wait for
+        room, as ``send_all`` does), each wait bounded; one that runs out while the
+        client still acknowledged bytes (:func:`_unsent` fell) waits on, so a slow
+        client that reads a large answer gets all of it (the kernel wakes a writer only
+        once a third of its buffer, up to megabytes, is free). A TLS stream (no plain
+        socket) is written as Hypercorn writes it."""
+        sock = getattr(self.stream, "socket", None)
+        if sock is None:
+            await super().protocol_send(RawData(data=data))
+            return
+        async with self.send_lock:
+            try:
+                with memoryview(data) as view:
+                    sent = 0
+                    unsent: int | None = None
+                    while sent < len(view):
+                        with trio.CancelScope(shield=True) as scope:
+                            scope.deadline = trio.current_time() + patience
+                            sent += await sock.send(view[sent:])
+                        if not scope.cancelled_caught:
+                            unsent = None  # the socket took some: measure anew
+                        else:
+                            unsent, before = _unsent(sock), unsent
+                            if unsent is None or (before is not None and unsent >= before):
+                                await trio.aclose_forcefully(self.stream)
+                                await self.protocol.handle(Closed())
+                                return
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+
+
+def _unsent(sock: Any) -> int | None:
+    """Bytes written to ``sock`` its peer has not acknowledged yet (Linux's ``TIOCOUTQ``;
+    ``None`` where it cannot be read)."""
+    if fcntl is None or not hasattr(termios, "TIOCOUTQ"):
+        return None
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))
+    except OSError:
+        return None
+    return int(struct.unpack("i", answer)[0])
 
 
 def release_connections_on_close() -> None:

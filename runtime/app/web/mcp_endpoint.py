@@ -51,7 +51,7 @@ from runtime.app.mcp_tools import (
     error_result,
     tool_result,
 )
-from runtime.app.web.chat_input import _read_body
+from runtime.app.web.chat_input import TooManyValues, _read_body, check_json_values
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError, has_bearer
 from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
@@ -193,7 +193,8 @@ class MCPEndpoint:
             try:
                 receive = await self._body_read(scope, receive)
             except ApiError as exc:  # (413 in the words the transport's own limit says it)
-                message = "Request body too large" if exc.status == 413 else exc.message
+                too_large = exc.status == 413 and not isinstance(exc, TooManyValues)
+                message = "Request body too large" if too_large else exc.message
                 refusal = jsonrpc_error(exc.status, message, headers=exc.headers)
                 await refusal(scope, receive, send)
                 return
@@ -212,6 +213,7 @@ class MCPEndpoint:
         raw = await _read_body(
             Request(scope, receive), state.max_body, state.body_timeout, state.body_budget
         )
+        await check_json_values(raw, state)
         given = False
 
         async def replay() -> Message:

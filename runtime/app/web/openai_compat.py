@@ -65,7 +65,13 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
-from runtime.app.web.chat_input import INLINE_BODY, _read_body, off_loop, title_of
+from runtime.app.web.chat_input import (
+    INLINE_BODY,
+    _read_body,
+    check_json_values,
+    off_loop,
+    title_of,
+)
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
 from runtime.app.web.openai_wire import (
@@ -293,6 +299,7 @@ class OpenAIRoutes:
         state = self.state
         try:
             raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
+            await check_json_values(raw, state)
         except ApiError as exc:
             raise OpenAIError(exc.status, exc.message, headers=exc.headers) from None
         chat = await off_loop(_chat_request, raw, big=len(raw) > INLINE_BODY, state=state)

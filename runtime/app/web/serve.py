@@ -60,7 +60,7 @@ from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import QuietStream, configure_logging, unblocked
-from runtime.redact import redact_url
+from runtime.redact import redact_text, redact_url
 from runtime.turn_queue import TurnQueue
 
 DEFAULT_PORT = 8000
@@ -395,6 +395,7 @@ async def serve_app(
     shutdown_trigger: Any = None,
     access_log: bool = False,
     max_connections: int | None = None,
+    send_timeout: float | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
@@ -402,7 +403,10 @@ async def serve_app(
     URLs (``port=0`` picks a free port). An address it cannot bind (in use, not this
     machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups.
     At most ``max_connections`` connections are held (``None``: no cap); one more is
-    answered a 503 and closed at once (:class:`~runtime.app.web.connections.ConnectionCap`)."""
+    answered a 503 and closed at once (:class:`~runtime.app.web.connections.ConnectionCap`).
+    ``send_timeout`` is the app's deadline for a client that takes no data (``None``:
+    none); a write its client takes nothing of for about twice that closes the
+    connection, whoever wrote it (:class:`~runtime.app.web.connections.CappedConfig`)."""
     from hypercorn.trio import serve  # Hypercorn: only when serving
 
     from runtime.app.web.connections import (
@@ -415,6 +419,7 @@ async def serve_app(
     config = CappedConfig()
     cap = None if max_connections is None else ConnectionCap(max_connections)
     config.connection_cap = cap
+    config.send_timeout = send_timeout or None
     config.bind = [_bind(host, port)]
     config.accesslog = _hypercorn_logger("access", sys.stdout) if access_log else None
     config.errorlog = _hypercorn_logger("error", sys.stderr)
@@ -441,11 +446,12 @@ def _hypercorn_logger(kind: str, stream: TextIO) -> logging.Logger:
     (:func:`runtime.logging.unblocked`): with stdout a pipe nobody read, the access log's
     line of each request filled it and the next request's line blocked the loop, every
     request and turn stalled (28 requests on a 4 KiB pipe, 500 on a 64 KiB one). A stream
-    that is gone drops its lines (:class:`~runtime.logging.QuietStream`)."""
+    that is gone drops its lines (:class:`~runtime.logging.QuietStream`). Its lines are
+    redacted (:class:`_RedactingFormatter`)."""
     logger = logging.getLogger(f"hypercorn.{kind}")
     handler = logging.StreamHandler(QuietStream.around(unblocked(stream)))
     handler.setFormatter(
-        logging.Formatter(
+        _RedactingFormatter(
             "%(asctime)s [%(process)d] [%(levelname)s] %(message)s", "[%Y-%m-%d %H:%M:%S %z]"
         )
     )
@@ -453,6 +459,17 @@ def _hypercorn_logger(kind: str, stream: TextIO) -> logging.Logger:
     logger.propagate = False
     logger.setLevel(logging.INFO)
     return logger
+
+
+class _RedactingFormatter(logging.Formatter):
+    """A Hypercorn log line with its credentials replaced (:func:`runtime.redact.redact_text`),
+    traceback included: Hypercorn logs a route's unhandled exception ("Error in ASGI
+    Framework") with its traceback, and the exception's text went to stderr as it was, a
+    key an upstream error quoted with it; the access log's request line carries the query
+    string (``?api_key=...``). Axon's own lines are redacted by its logging set-up."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
 
 
 def is_front_end(args: argparse.Namespace) -> bool:
@@ -616,6 +633,7 @@ async def _serve_until_signal(
                     shutdown_trigger=shutdown_trigger,
                     access_log=args.log_level in ("debug", "info"),
                     max_connections=_max_connections(args),
+                    send_timeout=args.send_timeout,
                 )
             )
         except OSError as exc:  # raised before serving: the address is refused
