@@ -53,6 +53,7 @@ from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
 from actors.providers.sse import (
     SSEDecoder,
+    body_bytes,
     event_batches,
     no_events,
     read_blocks,
@@ -852,33 +853,33 @@ async def json_event_batches(
         return
     decoder = SSEDecoder()
     head, seen = b"", False
-    chunks = response.aiter_bytes()
-    async for chunk in chunks:
-        lines, batch = decoder.feed_lines(chunk)
-        out = []
-        if lines:
-            failure = reader.lines(decoder, lines, out)
-        else:
-            failure = reader.events(batch, out) if batch else None
-        if not seen:  # an event read (its chunk given, or a failure raised)
-            head, seen = head or chunk[:200], bool(out or batch)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-        if reader.stopped:
-            await _drain_after_stop(chunks)
-            return
-    batch = decoder.finish()
-    if batch:
-        out = []
-        failure = reader.events(batch, out)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-    elif not seen:
-        raise no_events(response, head, PROVIDER)
+    async with body_bytes(response) as chunks:
+        async for chunk in chunks:
+            lines, batch = decoder.feed_lines(chunk)
+            out = []
+            if lines:
+                failure = reader.lines(decoder, lines, out)
+            else:
+                failure = reader.events(batch, out) if batch else None
+            if not seen:  # an event read (its chunk given, or a failure raised)
+                head, seen = head or chunk[:200], bool(out or batch)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+            if reader.stopped:
+                await _drain_after_stop(chunks)
+                return
+        batch = decoder.finish()
+        if batch:
+            out = []
+            failure = reader.events(batch, out)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+        elif not seen:
+            raise no_events(response, head, PROVIDER)
 
 
 _DELTA = "content_block_delta"

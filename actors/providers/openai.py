@@ -60,6 +60,7 @@ from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sse import (
     SSEDecoder,
+    body_bytes,
     event_batches,
     no_events,
     read_blocks,
@@ -479,7 +480,8 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
     that ended with no ``finish_reason`` at all (:class:`MalformedStream`). Whatever was
     emitted before stays emitted; no :class:`FinishChunk` follows an error.
     """
-    await parse_batches(_one_by_one(stream), emit, provider=provider)
+    async with aclosing(_one_by_one(stream)) as batches:  # it stops at an error
+        await parse_batches(batches, emit, provider=provider)
 
 
 async def _one_by_one(stream: AsyncIterable[Any]) -> AsyncGenerator[list[Any], None]:
@@ -759,44 +761,44 @@ async def json_chunk_batches(
                     await _drain_after_done(events)
                     return
     decoder = SSEDecoder()
-    chunks = sse_response.aiter_bytes()
-    head, seen = b"", False
-    while True:
-        if reader.deadline is None:
-            chunk = await anext(chunks, None)
-        else:  # the answer is whole: the rest of the body, briefly
-            chunk = None
-            with trio.move_on_at(reader.deadline) as scope:
+    async with body_bytes(sse_response) as chunks:
+        head, seen = b"", False
+        while True:
+            if reader.deadline is None:
                 chunk = await anext(chunks, None)
-            if scope.cancelled_caught:
-                return  # (what came after the answer and ends no event is dropped)
-        if chunk is None:
-            break
-        lines, batch = decoder.feed_lines(chunk, 2)
-        out = []
-        if lines:
-            failure, done = reader.lines(decoder, lines, out)
-        else:
-            failure, done = reader.events(batch, out) if batch else (None, False)
-        if not seen:  # an event read (its chunk given, or a failure or the end raised)
-            head, seen = head or chunk[:200], bool(out or batch)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-        if done:
-            await _drain_after_done(chunks)
-            return
-    batch = decoder.finish()
-    if batch:
-        out = []
-        failure, done = reader.events(batch, out)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-    elif not seen:
-        raise no_events(sse_response, head, "openai")
+            else:  # the answer is whole: the rest of the body, briefly
+                chunk = None
+                with trio.move_on_at(reader.deadline) as scope:
+                    chunk = await anext(chunks, None)
+                if scope.cancelled_caught:
+                    return  # (what came after the answer and ends no event is dropped)
+            if chunk is None:
+                break
+            lines, batch = decoder.feed_lines(chunk, 2)
+            out = []
+            if lines:
+                failure, done = reader.lines(decoder, lines, out)
+            else:
+                failure, done = reader.events(batch, out) if batch else (None, False)
+            if not seen:  # an event read (its chunk given, or a failure or the end raised)
+                head, seen = head or chunk[:200], bool(out or batch)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+            if done:
+                await _drain_after_done(chunks)
+                return
+        batch = decoder.finish()
+        if batch:
+            out = []
+            failure, done = reader.events(batch, out)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+        elif not seen:
+            raise no_events(sse_response, head, "openai")
 
 
 _DATA_LEAD = b"data: "
