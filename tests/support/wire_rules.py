@@ -328,6 +328,13 @@ def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
                 errs.append(
                     f"{where}: call ids {[c.get('id') for c in calls]} answered by other ids"
                 )
+    for i in range(1, len(contents)):
+        before, now = contents[i - 1], contents[i]
+        responses = ["function_response" in p for c in (before, now) for p in c.get("parts", ())]
+        if before.get("role") == now.get("role") and (
+            now.get("role") == "model" or not any(responses)
+        ):  # only a content of function responses may have a user content after it
+            errs.append(f"contents[{i}]: a second {now.get('role')} content in a row")
     if contents and contents[0].get("role") != "user":
         errs.append("the contents start with a model content (multiturn: user first)")
     if contents and contents[-1].get("role") != "user":
