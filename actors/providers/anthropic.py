@@ -311,6 +311,12 @@ BLANK_ERROR = "the tool failed and gave no error message"
 answer ``error: ""``, makes one."""
 
 
+EMPTY_OUTPUT = "(the tool returned no output)"
+"""The content of a result whose output is empty (``""`` or whitespace): the API refused
+a ``tool_result`` with empty content with a 400, as if the call had no result (Zed
+#27130), so every later request of the session failed."""
+
+
 def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
@@ -320,12 +326,13 @@ def _tool_result(msg: ToolMessage) -> dict[str, Any]:
             "is_error": True,
         }
     output = msg.output
+    content: str | list[dict[str, Any]]
     if is_media_output(output):
-        blocks = _user_content(output)
-        return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": blocks}
-    content = (
-        output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
-    )
+        content = _user_content(output)  # an image or a document: never empty
+    elif isinstance(output, str):
+        content = output if output.strip() else EMPTY_OUTPUT
+    else:
+        content = json.dumps(output, ensure_ascii=False, default=str)
     return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": content}
 
 

@@ -127,8 +127,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_result in a {role} message")
                 if not _ANTHROPIC_ID.match(block.get("tool_use_id") or ""):
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
-                if block.get("is_error") and _blank_result(block.get("content")):
-                    errs.append(f"{at}: an is_error tool_result with empty content")
+                if _blank_result(block.get("content")):  # with is_error or not (Zed #27130)
+                    errs.append(f"{at}: a tool_result with empty content")
         # a server tool's use and its result go together, in the same message
         server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
         server_results = {
