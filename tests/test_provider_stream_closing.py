@@ -103,3 +103,52 @@ async def test_a_cancelled_stream_leaves_no_byte_iterator_open(provider, whole, 
         request, chunks = await cancel_after_first_chunk(MAKERS[provider], stalled)
     assert request.cancel_scope.cancelled_caught and chunks
     assert abandoned == []
+
+
+# -- Bedrock: binary event-stream frames, read by a decoder of ours in the SDK's place -------
+
+
+def _bedrock(url: str) -> Any:
+    from actors.providers.anthropic import AnthropicBedrockProvider
+
+    return AnthropicBedrockProvider(
+        "anthropic.claude-sonnet-4-5-20250929-v1:0",
+        base_url=url,
+        region="us-east-1",
+        aws_access_key="AKIDEXAMPLE0123456789",
+        aws_secret_key="aws-secret-test-not-real-0123456789",
+    )
+
+
+def _frames(tail: bytes = b"", whole: bool = True) -> Reply:
+    from tests.support.eventstream import bedrock_stream
+    from tests.support.loopback import anthropic_end, anthropic_start
+    from tests.test_provider_e2e import an_text
+
+    events = [anthropic_start(), *an_text(0, "Partial")]
+    if whole:
+        events += anthropic_end("end_turn")
+    body = bedrock_stream(*events) + tail
+    return Reply(body=body, content_type="application/vnd.amazon.eventstream")
+
+
+async def test_a_whole_bedrock_answer_leaves_no_byte_iterator_open():
+    with abandoned_generators() as abandoned:
+        call = await call_with(_bedrock, _frames(), request=make_request())
+        whole_answer = call.error is None and call.text == "Partial"
+        del call
+    assert whole_answer
+    assert abandoned == []
+
+
+@pytest.mark.parametrize("tail", ["exception", "garbled"])
+async def test_a_bedrock_stream_failing_in_the_middle_leaves_no_byte_iterator_open(tail):
+    from tests.support.eventstream import exception
+
+    bad = exception("throttlingException", "slow down") if tail == "exception" else b"\x00" * 16
+    with abandoned_generators() as abandoned:
+        call = await call_with(_bedrock, _frames(bad, whole=False), request=make_request())
+        failed = call.error is not None and call.text == "Partial"
+        del call
+    assert failed
+    assert abandoned == []

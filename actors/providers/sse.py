@@ -486,7 +486,23 @@ async def body_bytes(response: Any) -> AsyncGenerator[AsyncGenerator[bytes, None
 
 
 async def _through_sdk(stream: Any) -> AsyncGenerator[list[Event], None]:
-    """The events of ``stream`` as its SDK decodes them, in the same form."""
+    """The events of ``stream`` as its SDK decodes them, in the same form.
+
+    A decoder of ours in the SDK's place (one with ``reads_body`` set: Bedrock's frames,
+    :func:`~actors.providers.anthropic_platforms.frame_decoder_class`) is given the
+    body's bytes by :func:`body_bytes` rather than by the SDK's ``_iter_events``, which
+    closes neither the decoder's generator nor the one it reads: an error frame or a
+    reader that stopped left both to the garbage collector (Trio's ``ResourceWarning``,
+    branch ``providers3``)."""
+    decoder: Any = getattr(stream, "_decoder", None)
+    response: Any = getattr(stream, "response", None)
+    if getattr(decoder, "reads_body", False) and hasattr(response, "aiter_bytes"):
+        async with body_bytes(response) as chunks:
+            decoded = decoder.aiter_bytes(chunks)
+            async with aclosing(decoded):
+                async for sse in decoded:
+                    yield [(sse.event, sse.data.encode("utf-8"))]
+        return
     events = stream._iter_events()
     async with aclosing(events):
         async for sse in events:
