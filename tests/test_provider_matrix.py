@@ -36,6 +36,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
+from runtime.retry import RetryPolicy
 from tests.support import wire_rules
 from tests.support.loopback import Reply, loopback_server
 
@@ -58,6 +59,12 @@ async def get_time(tz: str = "", city: str = "") -> str:
 
 
 def make(provider: str, url: str) -> Any:
+    if provider == "anthropic-thinking":
+        return AnthropicProvider(
+            "claude-sonnet-4-5", base_url=url, api_key=KEY, thinking_budget=1024, max_tokens=2048
+        )
+    if provider == "gemini-3":  # checks the current turn's calls carry a signature
+        return GeminiProvider("gemini-3-pro-preview", base_url=url, api_key=KEY)
     if provider == "mistral":  # a compatible server that takes nine-character ids
         return OpenAIProvider(
             "mistral-small", base_url=url + "/v1", api_key=KEY, call_ids="mistral"
@@ -71,7 +78,13 @@ def make(provider: str, url: str) -> Any:
     return GeminiProvider("gemini-2.5-flash", base_url=url, api_key=KEY)
 
 
-FOLDER = {"openai-responses": "openai-responses", "google": "google", "mistral": "openai"}
+FOLDER = {
+    "openai-responses": "openai-responses",
+    "google": "google",
+    "mistral": "openai",
+    "anthropic-thinking": "anthropic",
+    "gemini-3": "google",
+}
 # the source turn: a first step with a call (and reasoning where the provider signs it), a
 # step of parallel calls, the answer
 SOURCE_STEPS = {
@@ -81,6 +94,8 @@ SOURCE_STEPS = {
     "google": ["function-call-signed.sse", "parallel-function-calls.sse", "text.sse"],
 }
 ANSWER = {
+    "anthropic-thinking": "text.sse",
+    "gemini-3": "text.sse",
     "mistral": "text-plain.sse",
     "openai": "text-plain.sse",
     "openai-responses": "text.sse",
@@ -88,6 +103,8 @@ ANSWER = {
     "google": "text.sse",
 }
 HISTORY = {
+    "anthropic-thinking": "messages",
+    "gemini-3": "contents",
     "mistral": "messages",
     "openai": "messages",
     "openai-responses": "input",
@@ -115,7 +132,7 @@ def _snake(value: Any) -> Any:
 def sent(provider: str, body: dict[str, Any]) -> tuple[list[str], list[str], list[Any]]:
     """The wire-rule errors of a request body, the call ids it answers (in order), and
     the outputs it sends."""
-    if provider == "anthropic":
+    if provider in ("anthropic", "anthropic-thinking"):
         messages = body["messages"]
         results = [
             b
@@ -124,7 +141,8 @@ def sent(provider: str, body: dict[str, Any]) -> tuple[list[str], list[str], lis
             for b in m["content"]
             if b["type"] == "tool_result"
         ]
-        errs = wire_rules.anthropic_errors(messages)
+        thinking = body.get("thinking", {}).get("type") == "enabled"
+        errs = wire_rules.anthropic_errors(messages, thinking=thinking)
         return errs, [r["tool_use_id"] for r in results], [r["content"] for r in results]
     if provider in ("openai", "mistral"):
         messages = body["messages"]
@@ -258,3 +276,53 @@ async def test_denials_client_errors_and_media_saved_after_a_session_go_to_anoth
     shown = json.dumps(outputs)
     assert "the tool call was denied: no" in shown
     assert "sunny in Oslo" in shown
+
+
+def unavailable(provider: str) -> Reply:
+    """A 503 in the provider's own error format (every SDK reads the status)."""
+    body = {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}
+    if provider == "anthropic":
+        body = {"type": "error", "error": {"type": "api_error", "message": "overloaded"}}
+    return Reply(status=503, body=json.dumps(body).encode(), content_type="application/json")
+
+
+MID_TURN = [
+    (s, t)
+    for s in PROVIDERS
+    for t in [*PROVIDERS, "anthropic-thinking", "gemini-3"]
+    # (Claude to Claude with thinking on is one model, not a move)
+    if s != t and (s, t) != ("anthropic", "anthropic-thinking")
+]
+
+
+@pytest.mark.parametrize(("source", "target"), MID_TURN)
+async def test_a_tool_loop_begun_on_one_provider_is_finished_by_another_in_the_same_turn(
+    source, target
+):
+    # the source makes the first step's calls, then is down: the fallback continues the loop
+    first_step = recording(source, SOURCE_STEPS[source][0])
+    replies = [first_step, unavailable(source), recording(target, ANSWER[target])]
+    async with loopback_server(*replies) as server:
+        async with Host.open(store=MemoryStore(), log_tap=False) as host:
+            agent = Agent(
+                provider=[make(source, server.url), make(target, server.url)],
+                tools=[get_weather, get_time],
+                retry=RetryPolicy(max_attempts=1),
+            )
+            session = await host.open_session(agent, session_id="s1")
+            result = await session.run("What is the weather?")
+        requests = list(server.requests)
+    assert result.error is None, result.error
+    assert len(requests) == 3
+    calls = [p for p in result.message.content if p.type == "tool-call"]
+    errs, answered, _outputs = sent(target, requests[-1].json())
+    assert errs == []
+    assert len(answered) == len(calls) == len(set(answered)) >= 1
+    body = requests[-1].json()
+    history = json.dumps(body[HISTORY[target]])
+    if target == "gemini-3":  # the turn's calls carry the documented sentinel instead
+        sentinel = '"thoughtSignature": "skip_thought_signature_validator"'
+        assert sentinel in history
+        history = history.replace(sentinel, "")
+    for secret in ("signature", "encrypted_content", "thoughtSignature", "redacted_thinking"):
+        assert secret not in history, secret
