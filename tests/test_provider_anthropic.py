@@ -1134,3 +1134,45 @@ async def test_concurrent_calls_each_keep_their_own_trace_context(monkeypatch: p
     parents = [r.headers.get("traceparent") for r in server.requests]
     assert len(parents) == 2
     assert sum(1 for p in parents if p and "0af7651916cd43dd8448eb211c80319c" in p) == 1
+
+
+# -- an empty tool output ------------------------------------------------------------------
+
+
+def _answered(output: Any) -> dict[str, Any]:
+    history = (
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(ToolCallPart(tool_call_id="toolu_1", tool_name="t", input={}, step=0),)
+        ),
+        ToolMessage(tool_call_id="toolu_1", tool_name="t", output=output, step=0),
+    )
+    _, messages = map_messages(None, history)
+    return messages[2]["content"][0]
+
+
+@pytest.mark.parametrize("output", ["", " \n"], ids=["empty", "blank"])
+def test_an_empty_tool_output_is_sent_as_a_placeholder_not_empty_content(output):
+    from actors.providers.anthropic import EMPTY_OUTPUT
+
+    result = _answered(output)
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_1", "content": EMPTY_OUTPUT}
+
+
+def test_a_tool_output_with_text_is_sent_as_it_is():
+    assert _answered(" 0 ")["content"] == " 0 "
+
+
+async def test_a_request_after_an_empty_tool_output_has_no_empty_tool_result():
+    from actors.providers.anthropic import EMPTY_OUTPUT
+
+    history = (
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(ToolCallPart(tool_call_id="toolu_1", tool_name="t", input={}, step=0),)
+        ),
+        ToolMessage(tool_call_id="toolu_1", tool_name="t", output="", step=0),
+    )
+    run = await replay(sse_reply("text.sse"), request=make_request(history))
+    sent = run.server.requests[-1].json()["messages"][2]["content"][0]
+    assert sent["content"] == EMPTY_OUTPUT

@@ -640,6 +640,62 @@ def test_the_interrupted_result_of_a_repaired_history_is_an_error_response():
     ]
 
 
+def _roles(contents: list[dict]) -> list[str]:
+    return [c["role"] for c in contents]
+
+
+def test_function_responses_then_a_steered_message_stay_two_user_contents():
+    calls = (
+        ToolCallPart(tool_call_id="fc-1", tool_name="a", input={}, step=0),
+        ToolCallPart(tool_call_id="fc-2", tool_name="b", input={}, step=0),
+    )
+    history = (
+        UserMessage(content="go"),
+        AssistantMessage(content=calls),
+        ToolMessage(tool_call_id="fc-1", tool_name="a", output="A", step=0),
+        ToolMessage(tool_call_id="fc-2", tool_name="b", output="B", step=0),
+        UserMessage(content="use metric units"),  # steered in while the tools ran
+    )
+    _, contents = map_messages(None, history)
+    # Gemini refuses function responses mixed with text in one content
+    assert _roles(contents) == ["user", "model", "user", "user"]
+    assert [next(iter(p)) for p in contents[2]["parts"]] == ["function_response"] * 2
+    assert contents[3] == {"role": "user", "parts": [{"text": "use metric units"}]}
+
+
+def test_a_user_message_after_a_steered_one_joins_it_not_the_function_responses():
+    history = (
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(ToolCallPart(tool_call_id="fc-1", tool_name="a", input={}, step=0),)
+        ),
+        ToolMessage(tool_call_id="fc-1", tool_name="a", output="A", step=0),
+        UserMessage(content="one"),
+        UserMessage(content="two"),
+    )
+    _, contents = map_messages(None, history)
+    assert _roles(contents) == ["user", "model", "user", "user"]
+    assert contents[3]["parts"] == [{"text": "one"}, {"text": "two"}]
+
+
+def test_two_user_messages_in_a_row_are_one_content_in_order():
+    history = (UserMessage(content="one"), UserMessage(content="two"))
+    _, contents = map_messages(None, history)
+    assert contents == [{"role": "user", "parts": [{"text": "one"}, {"text": "two"}]}]
+
+
+def test_two_assistant_messages_in_a_row_are_one_model_content_in_order():
+    history = (
+        UserMessage(content="q"),
+        AssistantMessage(content=(TextPart(text="first", step=0),)),
+        AssistantMessage(content=(TextPart(text="second", step=0),)),
+        UserMessage(content="and?"),
+    )
+    _, contents = map_messages(None, history)
+    assert _roles(contents) == ["user", "model", "user"]
+    assert contents[1]["parts"] == [{"text": "first"}, {"text": "second"}]
+
+
 def test_unparsed_tool_input_is_sent_as_an_empty_object():
     assistant = AssistantMessage(
         content=(

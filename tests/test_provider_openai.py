@@ -1081,3 +1081,81 @@ async def test_an_azure_client_is_given_the_model_it_routes_by():
         await client.chat.completions.create(**as_body(params, body_keys(client, BODY_KEYS)))
     await client.close()
     assert urls and "/deployments/deployed/chat/completions" in urls[0]
+
+
+# -- call ids a Mistral server takes -------------------------------------------------------
+
+MISTRAL_ID = r"[a-zA-Z0-9]{9}"
+
+
+def _foreign_history() -> tuple[Any, ...]:
+    """Calls with OpenAI's, Anthropic's and Mistral's ids, and an empty one."""
+    ids = ["call_Zx81QpLm2rT5vWy9bCd3", "toolu_01A09q90qw90lq917835lq9", "AbC123xyZ", ""]
+    calls = tuple(ToolCallPart(tool_call_id=i, tool_name="t", input={}, step=0) for i in ids)
+    results = tuple(ToolMessage(tool_call_id=i, tool_name="t", output="ok", step=0) for i in ids)
+    return (UserMessage(content="go"), AssistantMessage(content=calls), *results)
+
+
+def _sent_ids(messages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    calls = [c["id"] for m in messages for c in m.get("tool_calls", ())]
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    return calls, answered
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits_paired_and_unique():
+    import re
+
+    calls, answered = _sent_ids(map_messages(None, _foreign_history(), call_ids="mistral"))
+    assert calls == answered  # each result names its call
+    assert all(re.fullmatch(MISTRAL_ID, i) for i in calls)
+    assert len(set(calls)) == 4
+    assert calls[2] == "AbC123xyZ"  # Mistral's own id goes back as it came
+
+
+def test_mistral_call_ids_are_the_same_for_the_same_history():
+    first = map_messages(None, _foreign_history(), call_ids="mistral")
+    assert map_messages(None, _foreign_history(), call_ids="mistral") == first
+
+
+def test_a_mistral_id_made_from_a_digest_never_takes_an_id_the_history_holds(monkeypatch):
+    from actors.providers import openai as chat
+
+    made = chat._nine
+    monkeypatch.setattr(
+        chat, "_nine", lambda raw, salt: "AbC123xyZ" if salt == 0 else made(raw, salt)
+    )
+    calls, answered = _sent_ids(map_messages(None, _foreign_history(), call_ids="mistral"))
+    assert calls == answered and len(set(calls)) == 4
+    assert calls.count("AbC123xyZ") == 1 and calls[2] == "AbC123xyZ"
+
+
+def test_openai_call_ids_stay_as_they_are():
+    calls, _ = _sent_ids(map_messages(None, _foreign_history()))
+    assert calls[:3] == ["call_Zx81QpLm2rT5vWy9bCd3", "toolu_01A09q90qw90lq917835lq9", "AbC123xyZ"]
+
+
+def test_an_endpoint_on_mistral_ai_takes_mistral_call_ids_unless_told_otherwise():
+    assert OpenAIProvider("m", base_url="https://api.mistral.ai/v1").call_ids == "mistral"
+    assert OpenAIProvider("m", base_url="https://api.openai.com/v1").call_ids == "openai"
+    assert OpenAIProvider("m", base_url="https://notmistral.ai/v1").call_ids == "openai"
+    told = OpenAIProvider("m", base_url="https://api.mistral.ai/v1", call_ids="openai")
+    assert told.call_ids == "openai"
+
+
+def test_an_unknown_call_id_shape_is_a_configuration_error():
+    from runtime.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        OpenAIProvider("m", call_ids="uuid")  # type: ignore[arg-type]
+
+
+async def test_a_provider_told_mistral_sends_a_foreign_history_with_mistral_ids():
+    import re
+
+    result = await run(
+        Reply(body=recording("text-plain.sse")),
+        request=make_request(_foreign_history()),
+        call_ids="mistral",
+    )
+    calls, answered = _sent_ids(result.body()["messages"])
+    assert calls == answered and all(re.fullmatch(MISTRAL_ID, i) for i in calls)

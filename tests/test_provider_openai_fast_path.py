@@ -7,6 +7,7 @@ must equal what the general path alone emits.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import pytest
@@ -53,7 +54,8 @@ async def _emitted(chunks: list[dict[str, Any]]) -> list[Any]:
             yield chunk
 
     try:
-        await provider.parse_stream(stream(), emit)
+        async with aclosing(stream()) as served:  # the parser may stop before its end
+            await provider.parse_stream(served, emit)
     except errors.MalformedStream as exc:
         out.append(("malformed", str(exc)))
     return out

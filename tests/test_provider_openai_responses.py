@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -576,7 +577,8 @@ def _parse(events: list[dict[str, Any]]) -> list[Any]:
             for event in _typed(events):
                 yield event
 
-        await parse_stream(stream(), emit)
+        async with aclosing(stream()) as typed:  # parse_stream stops at the terminal event
+            await parse_stream(typed, emit)
 
     trio.run(main)
     return chunks

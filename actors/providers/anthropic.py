@@ -53,6 +53,7 @@ from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
 from actors.providers.sse import (
     SSEDecoder,
+    body_bytes,
     event_batches,
     no_events,
     read_blocks,
@@ -310,6 +311,12 @@ BLANK_ERROR = "the tool failed and gave no error message"
 answer ``error: ""``, makes one."""
 
 
+EMPTY_OUTPUT = "(the tool returned no output)"
+"""The content of a result whose output is empty (``""`` or whitespace): the API refused
+a ``tool_result`` with empty content with a 400, as if the call had no result (Zed
+#27130), so every later request of the session failed."""
+
+
 def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
@@ -319,12 +326,13 @@ def _tool_result(msg: ToolMessage) -> dict[str, Any]:
             "is_error": True,
         }
     output = msg.output
+    content: str | list[dict[str, Any]]
     if is_media_output(output):
-        blocks = _user_content(output)
-        return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": blocks}
-    content = (
-        output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
-    )
+        content = _user_content(output)  # an image or a document: never empty
+    elif isinstance(output, str):
+        content = output if output.strip() else EMPTY_OUTPUT
+    else:
+        content = json.dumps(output, ensure_ascii=False, default=str)
     return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": content}
 
 
@@ -852,33 +860,33 @@ async def json_event_batches(
         return
     decoder = SSEDecoder()
     head, seen = b"", False
-    chunks = response.aiter_bytes()
-    async for chunk in chunks:
-        lines, batch = decoder.feed_lines(chunk)
-        out = []
-        if lines:
-            failure = reader.lines(decoder, lines, out)
-        else:
-            failure = reader.events(batch, out) if batch else None
-        if not seen:  # an event read (its chunk given, or a failure raised)
-            head, seen = head or chunk[:200], bool(out or batch)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-        if reader.stopped:
-            await _drain_after_stop(chunks)
-            return
-    batch = decoder.finish()
-    if batch:
-        out = []
-        failure = reader.events(batch, out)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-    elif not seen:
-        raise no_events(response, head, PROVIDER)
+    async with body_bytes(response) as chunks:
+        async for chunk in chunks:
+            lines, batch = decoder.feed_lines(chunk)
+            out = []
+            if lines:
+                failure = reader.lines(decoder, lines, out)
+            else:
+                failure = reader.events(batch, out) if batch else None
+            if not seen:  # an event read (its chunk given, or a failure raised)
+                head, seen = head or chunk[:200], bool(out or batch)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+            if reader.stopped:
+                await _drain_after_stop(chunks)
+                return
+        batch = decoder.finish()
+        if batch:
+            out = []
+            failure = reader.events(batch, out)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+        elif not seen:
+            raise no_events(response, head, PROVIDER)
 
 
 _DELTA = "content_block_delta"

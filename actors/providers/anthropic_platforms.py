@@ -479,6 +479,10 @@ def frame_decoder_class() -> type | None:
         return None
 
     class FrameDecoder(base):  # type: ignore[misc, valid-type]
+        reads_body = True
+        """Given the body's bytes by :func:`~actors.providers.sse.body_bytes`, which
+        closes them (:func:`~actors.providers.sse.event_batches`)."""
+
         async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
             from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untyped]
 

@@ -384,7 +384,8 @@ def map_messages(
     model content left with no parts is omitted, a user message with nothing to send is
     :data:`~runtime.history.EMPTY_INPUT`, and so is a user content put first when the
     history starts with the model's (a client's, opened by its chat UI's greeting);
-    contents of one role may follow each other (the SDK's own chat history does that).
+    contents of one role in a row are one content, but function responses stay alone
+    in theirs (:func:`merge_same_roles`).
 
     Thoughts, signatures and provider data go back only where they
     :func:`~runtime.history.replays_to` ``origin`` (the calling provider's; ``None``:
@@ -421,12 +422,46 @@ def map_messages(
     if sentinel:
         for content in current:
             _sign_first_calls(content)
+    out = merge_same_roles(out)
     if out and out[0]["role"] == "model":
         # A client's history opened by its chat UI's greeting: the API wants the user's
         # content first ("Please ensure that multiturn requests alternate between user
         # and model", a 400 for a model content first).
         out.insert(0, {"role": "user", "parts": [{"text": EMPTY_INPUT}]})
     return ("\n\n".join(system) or None), out
+
+
+def merge_same_roles(contents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``contents`` with each run of contents of one role made one content, their parts
+    concatenated in order, except that function responses are never put in one content
+    with other parts.
+
+    Why: the API wants ``user`` and ``model`` contents to alternate ("Please ensure that
+    multiturn requests alternate between user and model", a 400; the SDK's own chat
+    history stays alternating for it), and a history has runs of one role: two user
+    messages in a row, two assistant messages in a row. Each was sent as its own
+    content (branch ``providers3``). A step's function responses followed by a user
+    message (steered into the turn, or sent after an interrupted one) stay two contents:
+    Gemini refuses a content that mixes function responses with text (a 400, reported
+    against LangChain.js #11445 and others), and with them merged Gemini 3 read the
+    message as text to continue (gemini-cli #28700). A model content invented between
+    them would be worse: the model repeated such placeholders (gemini-cli #29265)."""
+    merged: list[dict[str, Any]] = []
+    for content in contents:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last["role"] == content["role"]
+            and _responds(last) == _responds(content)
+        ):
+            merged[-1] = {**last, "parts": [*last["parts"], *content["parts"]]}
+        else:
+            merged.append(content)
+    return merged
+
+
+def _responds(content: dict[str, Any]) -> bool:
+    return any("function_response" in part for part in content["parts"])
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:

@@ -30,13 +30,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import attrs
 import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
-from actors.providers.sse import strip_bom
+from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
 
 PROVIDER = "google"
@@ -295,36 +296,36 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
-    batches: AsyncIterator[bytes] = raw.aiter_bytes()
-    ended = finished = False
-    deadline: float | None = None
-    while not ended:
-        if deadline is None:
-            chunk = await anext(batches, None)
-        else:  # the answer is whole: the rest of the body, briefly
-            chunk = None
-            with trio.move_on_at(deadline) as scope:
-                chunk = await anext(batches, None)
-            if scope.cancelled_caught:
-                return  # (what came after the answer and ends no chunk is dropped)
-        if chunk is None:
-            found, ended = decoder.finish(), True
-        else:
-            found = decoder.feed(chunk)
-        for data in found:
-            value = _decode(data)
-            if type(value) is not dict:
-                raise errors.MalformedStream(
-                    f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
-                )
-            if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
-                code, value = _error_object(value["error"])
-                await genai_errors.APIError.raise_error_async(code, value, response)
+    async with body_bytes(raw) as batches:
+        ended = finished = False
+        deadline: float | None = None
+        while not ended:
             if deadline is None:
-                finished = finished or _finishes(value)
-                if finished and ("usageMetadata" in value or _blocked(value)):
-                    deadline = trio.current_time() + DRAIN_AFTER_END
-            yield value
+                chunk = await anext(batches, None)
+            else:  # the answer is whole: the rest of the body, briefly
+                chunk = None
+                with trio.move_on_at(deadline) as scope:
+                    chunk = await anext(batches, None)
+                if scope.cancelled_caught:
+                    return  # (what came after the answer and ends no chunk is dropped)
+            if chunk is None:
+                found, ended = decoder.finish(), True
+            else:
+                found = decoder.feed(chunk)
+            for data in found:
+                value = _decode(data)
+                if type(value) is not dict:
+                    raise errors.MalformedStream(
+                        f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
+                    )
+                if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
+                    code, value = _error_object(value["error"])
+                    await genai_errors.APIError.raise_error_async(code, value, response)
+                if deadline is None:
+                    finished = finished or _finishes(value)
+                    if finished and ("usageMetadata" in value or _blocked(value)):
+                        deadline = trio.current_time() + DRAIN_AFTER_END
+                yield value
 
 
 DRAIN_AFTER_END = 0.1
@@ -409,22 +410,24 @@ async def wire_chunks(
         usage = None
         try:
             await on_response(raw)
-            async for chunk in _chunks_of(response, raw):
-                candidates = chunk.get("candidates")
-                first = candidates[0] if candidates else None
-                if type(first) is dict and (
-                    "finishReason" in first or "continuationToken" in first
-                ):
-                    _hop_state(first, hop)
-                    if hop["finish"] == "CONTINUATION" and hop["token"]:
-                        first.pop("finishReason", None)
-                if before is not None and "usageMetadata" in chunk:
-                    usage = chunk["usageMetadata"]
-                    if isinstance(usage, dict):
-                        usage = chunk["usageMetadata"] = _add_usage(before, usage)
-                elif "usageMetadata" in chunk:
-                    usage = chunk["usageMetadata"]
-                yield chunk
+            chunks = _chunks_of(response, raw)
+            async with aclosing(chunks):  # the caller may stop reading at any chunk
+                async for chunk in chunks:
+                    candidates = chunk.get("candidates")
+                    first = candidates[0] if candidates else None
+                    if type(first) is dict and (
+                        "finishReason" in first or "continuationToken" in first
+                    ):
+                        _hop_state(first, hop)
+                        if hop["finish"] == "CONTINUATION" and hop["token"]:
+                            first.pop("finishReason", None)
+                    if before is not None and "usageMetadata" in chunk:
+                        usage = chunk["usageMetadata"]
+                        if isinstance(usage, dict):
+                            usage = chunk["usageMetadata"] = _add_usage(before, usage)
+                    elif "usageMetadata" in chunk:
+                        usage = chunk["usageMetadata"]
+                    yield chunk
         finally:
             await raw.aclose()
         token = hop["token"]

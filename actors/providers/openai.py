@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from contextlib import aclosing
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import trio
 
@@ -60,6 +62,7 @@ from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sse import (
     SSEDecoder,
+    body_bytes,
     event_batches,
     no_events,
     read_blocks,
@@ -88,6 +91,7 @@ from runtime.history import (
 )
 from runtime.ids import new_id
 from runtime.messages import (
+    AssistantMessage,
     File,
     Image,
     Message,
@@ -144,6 +148,70 @@ def tool_id(call_id: str, limit: int = CALL_ID_MAX) -> str:
         return call_id
     digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
     return f"call_{digest[: limit - 5]}"
+
+
+CallIdShape = Literal["openai", "mistral"]
+"""The call ids a server takes: ``openai``, any id of at most :data:`CALL_ID_MAX`
+characters; ``mistral``, exactly nine letters and digits (:data:`MISTRAL_CALL_ID`)."""
+
+MISTRAL_CALL_ID = re.compile(r"[a-zA-Z0-9]{9}")
+"""The ids Mistral's API (and vLLM serving a Mistral model) takes: "Tool call id was ...
+but must be a-z, A-Z, 0-9, with a length of 9" (a 400 for an OpenAI ``call_...`` or an
+Anthropic ``toolu_...`` id of a history another provider made)."""
+
+_BASE62 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _nine(raw: str, salt: int) -> str:
+    number = int.from_bytes(
+        hashlib.sha256(f"{salt}:{raw}".encode("utf-8", "surrogatepass")).digest()[:8], "big"
+    )
+    out = []
+    for _ in range(9):
+        number, digit = divmod(number, 62)
+        out.append(_BASE62[digit])
+    return "".join(out)
+
+
+class CallIds:
+    """The ids of one request's calls as its server takes them, the same for a call and
+    its result (the history keeps the originals; the server's own new calls come with
+    ids of its shape, kept as they are, so nothing maps back).
+
+    For ``mistral``: an id of its shape is itself; any other is nine letters and digits
+    made from a digest of it, deterministic (the same history gives the same request,
+    so a prompt cache still matches) and unique within the request (one that would
+    meet an id already given is made from the digest again, salted)."""
+
+    __slots__ = ("_given", "_shape")
+
+    def __init__(self, shape: CallIdShape, messages: Sequence[Message]) -> None:
+        self._shape = shape
+        self._given: dict[str, str] = {}
+        if shape != "mistral":
+            return
+        raw: list[str] = []
+        for message in messages:
+            if isinstance(message, ToolMessage):
+                raw.append(message.tool_call_id)
+            elif isinstance(message, AssistantMessage):
+                raw.extend(p.tool_call_id for p in message.content if isinstance(p, ToolCallPart))
+        taken = {r for r in raw if MISTRAL_CALL_ID.fullmatch(r)}
+        self._given = {r: r for r in taken}
+        for r in raw:
+            if r in self._given:
+                continue
+            salt, fitted = 0, _nine(r, 0)
+            while fitted in taken:
+                salt += 1
+                fitted = _nine(r, salt)
+            taken.add(fitted)
+            self._given[r] = fitted
+
+    def __call__(self, call_id: str) -> str:
+        if self._shape == "mistral":
+            return self._given.get(call_id) or _nine(call_id, 0)
+        return tool_id(call_id)
 
 
 def _arguments(value: Any) -> str:
@@ -204,7 +272,7 @@ def _media_output_text(parts: Sequence[Any]) -> str:
     )
 
 
-def _tool_message(result: ToolMessage) -> dict[str, Any]:
+def _tool_message(result: ToolMessage, ids: CallIds) -> dict[str, Any]:
     if result.error is not None:
         content = result.error
     elif is_media_output(result.output):
@@ -213,7 +281,7 @@ def _tool_message(result: ToolMessage) -> dict[str, Any]:
         content = result.output
     else:
         content = json.dumps(result.output, default=str)
-    return {"role": "tool", "tool_call_id": tool_id(result.tool_call_id), "content": content}
+    return {"role": "tool", "tool_call_id": ids(result.tool_call_id), "content": content}
 
 
 def _assistant_step(
@@ -221,6 +289,7 @@ def _assistant_step(
     send_reasoning_content: bool,
     target: Origin,
     foreign_reasoning: ForeignReasoning,
+    ids: CallIds,
 ) -> dict[str, Any] | None:
     pieces: list[str] = []
     reasoning: list[str] = []
@@ -239,7 +308,7 @@ def _assistant_step(
     text = "".join(pieces)
     calls = [
         {
-            "id": tool_id(p.tool_call_id),
+            "id": ids(p.tool_call_id),
             "type": "function",
             "function": {"name": tool_name(p.tool_name), "arguments": _arguments(p.input)},
         }
@@ -263,6 +332,7 @@ def map_messages(
     send_reasoning_content: bool = False,
     origin: Origin | None = None,
     foreign_reasoning: ForeignReasoning = "drop",
+    call_ids: CallIdShape = "openai",
 ) -> list[dict[str, Any]]:
     """The Chat Completions ``messages`` for a session's history.
 
@@ -293,18 +363,23 @@ def map_messages(
     given by URL) raises :class:`~runtime.errors.UnsupportedMedia` before any request.
     Tool messages hold text only: an image or file a tool returned is replaced by a
     placeholder that says so (:data:`TOOL_MEDIA_PLACEHOLDER`).
+
+    Call ids are sent in the server's ``call_ids`` shape (:class:`CallIds`).
     """
     target = origin or Origin(provider="openai")
+    ids = CallIds(call_ids, messages)
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     for kind, message, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(message, results):
-                step = _assistant_step(parts, send_reasoning_content, target, foreign_reasoning)
+                step = _assistant_step(
+                    parts, send_reasoning_content, target, foreign_reasoning, ids
+                )
                 if step is not None:
                     out.append(step)
-                out.extend(_tool_message(r) for r in step_results)
+                out.extend(_tool_message(r, ids) for r in step_results)
         elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
@@ -479,7 +554,8 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
     that ended with no ``finish_reason`` at all (:class:`MalformedStream`). Whatever was
     emitted before stays emitted; no :class:`FinishChunk` follows an error.
     """
-    await parse_batches(_one_by_one(stream), emit, provider=provider)
+    async with aclosing(_one_by_one(stream)) as batches:  # it stops at an error
+        await parse_batches(batches, emit, provider=provider)
 
 
 async def _one_by_one(stream: AsyncIterable[Any]) -> AsyncGenerator[list[Any], None]:
@@ -759,44 +835,44 @@ async def json_chunk_batches(
                     await _drain_after_done(events)
                     return
     decoder = SSEDecoder()
-    chunks = sse_response.aiter_bytes()
-    head, seen = b"", False
-    while True:
-        if reader.deadline is None:
-            chunk = await anext(chunks, None)
-        else:  # the answer is whole: the rest of the body, briefly
-            chunk = None
-            with trio.move_on_at(reader.deadline) as scope:
+    async with body_bytes(sse_response) as chunks:
+        head, seen = b"", False
+        while True:
+            if reader.deadline is None:
                 chunk = await anext(chunks, None)
-            if scope.cancelled_caught:
-                return  # (what came after the answer and ends no event is dropped)
-        if chunk is None:
-            break
-        lines, batch = decoder.feed_lines(chunk, 2)
-        out = []
-        if lines:
-            failure, done = reader.lines(decoder, lines, out)
-        else:
-            failure, done = reader.events(batch, out) if batch else (None, False)
-        if not seen:  # an event read (its chunk given, or a failure or the end raised)
-            head, seen = head or chunk[:200], bool(out or batch)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-        if done:
-            await _drain_after_done(chunks)
-            return
-    batch = decoder.finish()
-    if batch:
-        out = []
-        failure, done = reader.events(batch, out)
-        if out:
-            yield out
-        if failure is not None:
-            raise failure
-    elif not seen:
-        raise no_events(sse_response, head, "openai")
+            else:  # the answer is whole: the rest of the body, briefly
+                chunk = None
+                with trio.move_on_at(reader.deadline) as scope:
+                    chunk = await anext(chunks, None)
+                if scope.cancelled_caught:
+                    return  # (what came after the answer and ends no event is dropped)
+            if chunk is None:
+                break
+            lines, batch = decoder.feed_lines(chunk, 2)
+            out = []
+            if lines:
+                failure, done = reader.lines(decoder, lines, out)
+            else:
+                failure, done = reader.events(batch, out) if batch else (None, False)
+            if not seen:  # an event read (its chunk given, or a failure or the end raised)
+                head, seen = head or chunk[:200], bool(out or batch)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+            if done:
+                await _drain_after_done(chunks)
+                return
+        batch = decoder.finish()
+        if batch:
+            out = []
+            failure, done = reader.events(batch, out)
+            if out:
+                yield out
+            if failure is not None:
+                raise failure
+        elif not seen:
+            raise no_events(sse_response, head, "openai")
 
 
 _DATA_LEAD = b"data: "
@@ -955,6 +1031,13 @@ def _stream_error(body: Any, response: Any) -> Exception:
 
 # -- the provider actor ------------------------------------------------------------------
 
+
+def _call_ids_for(base_url: str | None) -> CallIdShape:
+    """``mistral`` for an endpoint on ``mistral.ai``, else ``openai``."""
+    host = (urlsplit(base_url).hostname or "") if base_url else ""
+    return "mistral" if host == "mistral.ai" or host.endswith(".mistral.ai") else "openai"
+
+
 BODY_KEYS = ("messages", "tools", "stream_options")
 """The ``create`` arguments the provider builds as wire JSON, given to the SDK in
 ``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
@@ -985,6 +1068,7 @@ class OpenAIProvider(OpenAISDKProvider):
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
         price_as: str | None = None,
+        call_ids: CallIdShape | None = None,
         **request_options: Any,
     ) -> None:
         super().__init__(
@@ -1001,6 +1085,14 @@ class OpenAIProvider(OpenAISDKProvider):
         self.send_reasoning_content = send_reasoning_content
         """Send each step's unsigned reasoning back as ``reasoning_content`` (DeepSeek
         thinking mode requires it; other servers reject or ignore the field)."""
+        if call_ids is not None and call_ids not in ("openai", "mistral"):
+            raise errors.ConfigurationError(
+                f"call_ids must be 'openai' or 'mistral', not {call_ids!r}"
+            )
+        self.call_ids: CallIdShape = call_ids or _call_ids_for(base_url)
+        """The shape of the call ids the server takes (:class:`CallIds`): ``mistral``
+        for a ``base_url`` on ``mistral.ai`` unless given; give it for Mistral's models
+        served elsewhere (vLLM checks their ids the same way)."""
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> OpenAIProvider:
@@ -1021,6 +1113,7 @@ class OpenAIProvider(OpenAISDKProvider):
                 send_reasoning_content=self.send_reasoning_content,
                 origin=self.origin,
                 foreign_reasoning=self.foreign_reasoning,
+                call_ids=self.call_ids,
             ),
         }
         if request.tools:
@@ -1074,6 +1167,7 @@ class OpenAIProvider(OpenAISDKProvider):
             send_reasoning_content=self.send_reasoning_content,
             origin=self.origin,
             foreign_reasoning=self.foreign_reasoning,
+            call_ids=self.call_ids,
         )
         return [*items, map_tools(tools)] if tools else items
 
@@ -1081,4 +1175,5 @@ class OpenAIProvider(OpenAISDKProvider):
         return {
             "send_reasoning_content": self.send_reasoning_content,
             "foreign_reasoning": self.foreign_reasoning,
+            "call_ids": self.call_ids,
         }

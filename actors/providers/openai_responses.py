@@ -68,7 +68,13 @@ from actors.providers.openai_common import (
     tool_name,
 )
 from actors.providers.openai_common import classify_error as _classify_openai
-from actors.providers.sse import SSEDecoder, no_events, sdk_sse_response
+from actors.providers.sse import (
+    SSEDecoder,
+    body_bytes,
+    no_events,
+    read_to_end,
+    sdk_sse_response,
+)
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -753,31 +759,32 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
     synthesize = options is not None and bool(getattr(options, "synthesize_event_and_data", 0))
     decoder = SSEDecoder()
     head, seen = b"", False
-    chunks = response.aiter_bytes()
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            batch = decoder.finish()
-            last = True
-        else:
-            head = head or chunk[:200]
-            batch = decoder.feed(chunk)
-            last = False
-        for name, data in batch:
-            seen = True
-            if not data:
-                continue  # a retry: or id: field alone (the SDK failed parsing it)
-            if data.startswith(b"[DONE]"):
-                return
-            value = json.loads(data)
-            if legacy and isinstance(value, dict) and value.get("error"):
-                raise _sdk_stream_error(value["error"], response)
-            if synthesize:
-                value = {"data": value, "event": name}
-            yield build(data=value, cast_to=cast_to, response=response)
-        if last:
-            break
+    async with body_bytes(response) as chunks:  # closed and read to its end on every way out
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                batch = decoder.finish()
+                last = True
+            else:
+                head = head or chunk[:200]
+                batch = decoder.feed(chunk)
+                last = False
+            for name, data in batch:
+                seen = True
+                if not data:
+                    continue  # a retry: or id: field alone (the SDK failed parsing it)
+                if data.startswith(b"[DONE]"):
+                    await read_to_end(chunks)
+                    return
+                value = json.loads(data)
+                if legacy and isinstance(value, dict) and value.get("error"):
+                    raise _sdk_stream_error(value["error"], response)
+                if synthesize:
+                    value = {"data": value, "event": name}
+                yield build(data=value, cast_to=cast_to, response=response)
+            if last:
+                break
     if not seen:
         raise no_events(response, head, PROVIDER)
 

@@ -36,9 +36,11 @@ double goes through the SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
+
+import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
 
@@ -430,20 +432,77 @@ def read_blocks(
     return None, False
 
 
-async def sse_batches(chunks: AsyncIterable[bytes]) -> AsyncGenerator[list[Event], None]:
-    """The events of a body, one list per read that completed any."""
+async def sse_batches(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[list[Event], None]:
+    """The events of a body, one list per read that completed any; ``chunks`` closed when
+    this ends, read to their end first unless cancelled (:func:`read_to_end`)."""
     decoder = SSEDecoder()
-    async for chunk in chunks:
-        events = decoder.feed(chunk)
-        if events:
-            yield events
+    async with aclosing(chunks):
+        try:
+            async for chunk in chunks:
+                events = decoder.feed(chunk)
+                if events:
+                    yield events
+        except (GeneratorExit, Exception):
+            await read_to_end(chunks)
+            raise
     events = decoder.finish()
     if events:
         yield events
 
 
+DRAIN_SECONDS = 0.1
+"""Seconds :func:`read_to_end` reads what is left of a body; a server that keeps it open is
+cut then."""
+
+
+async def read_to_end(chunks: AsyncIterator[bytes], seconds: float = DRAIN_SECONDS) -> None:
+    """Read and drop what is left of a body (``response.aiter_bytes()``), for at most
+    ``seconds``.
+
+    Why: the HTTP library (httpx2 2.17) closes its own byte iterators only when the body
+    was read to its end. Closed before (the answer's terminal event came, an ``error``
+    event, an event that is not JSON), the inner one of the connection was left to the
+    garbage collector, which Trio reports as a ``ResourceWarning`` (an error under ``-W
+    error``), and the connection was not reused (branch ``providers3``; httpx2 #1212).
+    A server ends the body right after such an event, so this costs one read."""
+    with trio.move_on_after(seconds):
+        async for _ in chunks:
+            pass
+
+
+@asynccontextmanager
+async def body_bytes(response: Any) -> AsyncGenerator[AsyncGenerator[bytes, None], None]:
+    """``response.aiter_bytes()`` for the block, closed when it ends; read to its end
+    first (:func:`read_to_end`) when the block ends by an error or its generator is
+    closed (the reader stopped at an answer's end or an ``error`` event), not when it is
+    cancelled or ends by itself."""
+    chunks = response.aiter_bytes()
+    async with aclosing(chunks):
+        try:
+            yield chunks
+        except (GeneratorExit, Exception):
+            await read_to_end(chunks)
+            raise
+
+
 async def _through_sdk(stream: Any) -> AsyncGenerator[list[Event], None]:
-    """The events of ``stream`` as its SDK decodes them, in the same form."""
+    """The events of ``stream`` as its SDK decodes them, in the same form.
+
+    A decoder of ours in the SDK's place (one with ``reads_body`` set: Bedrock's frames,
+    :func:`~actors.providers.anthropic_platforms.frame_decoder_class`) is given the
+    body's bytes by :func:`body_bytes` rather than by the SDK's ``_iter_events``, which
+    closes neither the decoder's generator nor the one it reads: an error frame or a
+    reader that stopped left both to the garbage collector (Trio's ``ResourceWarning``,
+    branch ``providers3``)."""
+    decoder: Any = getattr(stream, "_decoder", None)
+    response: Any = getattr(stream, "response", None)
+    if getattr(decoder, "reads_body", False) and hasattr(response, "aiter_bytes"):
+        async with body_bytes(response) as chunks:
+            decoded = decoder.aiter_bytes(chunks)
+            async with aclosing(decoded):
+                async for sse in decoded:
+                    yield [(sse.event, sse.data.encode("utf-8"))]
+        return
     events = stream._iter_events()
     async with aclosing(events):
         async for sse in events:
@@ -479,7 +538,9 @@ __all__ = [
     "Event",
     "SSEDecoder",
     "block_bytes",
+    "body_bytes",
     "event_batches",
+    "read_to_end",
     "sdk_sse_response",
     "sse_batches",
     "strip_bom",

@@ -127,8 +127,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_result in a {role} message")
                 if not _ANTHROPIC_ID.match(block.get("tool_use_id") or ""):
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
-                if block.get("is_error") and _blank_result(block.get("content")):
-                    errs.append(f"{at}: an is_error tool_result with empty content")
+                if _blank_result(block.get("content")):  # with is_error or not (Zed #27130)
+                    errs.append(f"{at}: a tool_result with empty content")
         # a server tool's use and its result go together, in the same message
         server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
         server_results = {
@@ -328,6 +328,13 @@ def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
                 errs.append(
                     f"{where}: call ids {[c.get('id') for c in calls]} answered by other ids"
                 )
+    for i in range(1, len(contents)):
+        before, now = contents[i - 1], contents[i]
+        responses = ["function_response" in p for c in (before, now) for p in c.get("parts", ())]
+        if before.get("role") == now.get("role") and (
+            now.get("role") == "model" or not any(responses)
+        ):  # only a content of function responses may have a user content after it
+            errs.append(f"contents[{i}]: a second {now.get('role')} content in a row")
     if contents and contents[0].get("role") != "user":
         errs.append("the contents start with a model content (multiturn: user first)")
     if contents and contents[-1].get("role") != "user":

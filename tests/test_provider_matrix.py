@@ -1,0 +1,328 @@
+"""A session saved from each provider, continued on each of the others.
+
+The first turn runs on the source provider through the ``Host`` against its recorded
+streams (loopback server, the real SDK client): signed reasoning (Anthropic's thinking,
+Responses' encrypted reasoning, Gemini's thought signatures, Chat Completions'
+``reasoning_content``), a call, then parallel calls (one with empty arguments), a tool
+that fails and one whose output is ``""``, and the answer. The session, saved in the
+store as the runtime saved it, is then continued on the target provider: its request body,
+as the target's server received it, must be valid for the target's API (the structural
+rules of :mod:`tests.support.wire_rules`), answer every call of the source turn with its
+own output, and carry nothing only the source may read (signatures, encrypted items).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.providers import (
+    AnthropicProvider,
+    GeminiProvider,
+    OpenAIProvider,
+    OpenAIResponsesProvider,
+)
+from actors.stores import MemoryStore
+from runtime import Agent, Host, tool
+from runtime.messages import (
+    AssistantMessage,
+    Image,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.retry import RetryPolicy
+from tests.support import wire_rules
+from tests.support.loopback import Reply, loopback_server
+
+RECORDINGS = Path(__file__).resolve().parent / "recordings"
+KEY = "sk-test-not-a-real-key-4243"
+
+
+@tool
+async def get_weather(city: str = "") -> str:
+    """The weather of a city."""
+    if city == "Atlantis":
+        raise RuntimeError("no such city")
+    return f"sunny in {city}"
+
+
+@tool
+async def get_time(tz: str = "", city: str = "") -> str:
+    """The time somewhere (this one answers nothing)."""
+    return ""
+
+
+def make(provider: str, url: str) -> Any:
+    if provider == "anthropic-thinking":
+        return AnthropicProvider(
+            "claude-sonnet-4-5", base_url=url, api_key=KEY, thinking_budget=1024, max_tokens=2048
+        )
+    if provider == "gemini-3":  # checks the current turn's calls carry a signature
+        return GeminiProvider("gemini-3-pro-preview", base_url=url, api_key=KEY)
+    if provider == "mistral":  # a compatible server that takes nine-character ids
+        return OpenAIProvider(
+            "mistral-small", base_url=url + "/v1", api_key=KEY, call_ids="mistral"
+        )
+    if provider == "openai":
+        return OpenAIProvider("gpt-4o-mini", base_url=url + "/v1", api_key=KEY)
+    if provider == "openai-responses":
+        return OpenAIResponsesProvider("gpt-5-mini", base_url=url + "/v1", api_key=KEY)
+    if provider == "anthropic":
+        return AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key=KEY)
+    return GeminiProvider("gemini-2.5-flash", base_url=url, api_key=KEY)
+
+
+FOLDER = {
+    "openai-responses": "openai-responses",
+    "google": "google",
+    "mistral": "openai",
+    "anthropic-thinking": "anthropic",
+    "gemini-3": "google",
+}
+# the source turn: a first step with a call (and reasoning where the provider signs it), a
+# step of parallel calls, the answer
+SOURCE_STEPS = {
+    "openai": ["tool-call-fragments.sse", "parallel-tool-calls.sse", "text-plain.sse"],
+    "openai-responses": ["reasoning-function-call.sse", "parallel-function-calls.sse", "text.sse"],
+    "anthropic": ["interleaved-thinking.sse", "tool-use-several.sse", "redacted-thinking.sse"],
+    "google": ["function-call-signed.sse", "parallel-function-calls.sse", "text.sse"],
+}
+ANSWER = {
+    "anthropic-thinking": "text.sse",
+    "gemini-3": "text.sse",
+    "mistral": "text-plain.sse",
+    "openai": "text-plain.sse",
+    "openai-responses": "text.sse",
+    "anthropic": "text.sse",
+    "google": "text.sse",
+}
+HISTORY = {
+    "anthropic-thinking": "messages",
+    "gemini-3": "contents",
+    "mistral": "messages",
+    "openai": "messages",
+    "openai-responses": "input",
+    "anthropic": "messages",
+    "google": "contents",
+}
+"""The key of a request body that holds the history."""
+PROVIDERS = sorted(SOURCE_STEPS)
+PAIRS = [(s, t) for s in PROVIDERS for t in [*PROVIDERS, "mistral"] if s != t]
+
+
+def recording(provider: str, name: str) -> Reply:
+    return Reply(body=(RECORDINGS / FOLDER.get(provider, provider) / name).read_bytes())
+
+
+def _snake(value: Any) -> Any:
+    """A Gemini body's camelCase keys as the wire rules name them."""
+    if isinstance(value, dict):
+        return {re.sub(r"(?<!^)([A-Z])", r"_\1", k).lower(): _snake(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_snake(v) for v in value]
+    return value
+
+
+def sent(provider: str, body: dict[str, Any]) -> tuple[list[str], list[str], list[Any]]:
+    """The wire-rule errors of a request body, the call ids it answers (in order), and
+    the outputs it sends."""
+    if provider in ("anthropic", "anthropic-thinking"):
+        messages = body["messages"]
+        results = [
+            b
+            for m in messages
+            if isinstance(m["content"], list)
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        ]
+        thinking = body.get("thinking", {}).get("type") == "enabled"
+        errs = wire_rules.anthropic_errors(messages, thinking=thinking)
+        return errs, [r["tool_use_id"] for r in results], [r["content"] for r in results]
+    if provider in ("openai", "mistral"):
+        messages = body["messages"]
+        results = [m for m in messages if m["role"] == "tool"]
+        errs = wire_rules.chat_errors(messages)
+        return errs, [r["tool_call_id"] for r in results], [r["content"] for r in results]
+    if provider == "openai-responses":
+        items = body["input"]
+        results = [i for i in items if i.get("type") == "function_call_output"]
+        errs = wire_rules.responses_errors(items)
+        return errs, [r["call_id"] for r in results], [r["output"] for r in results]
+    contents = _snake(body["contents"])
+    responses = [
+        p["function_response"] for c in contents for p in c["parts"] if "function_response" in p
+    ]
+    errs = wire_rules.gemini_errors(contents)
+    return errs, [r.get("id") for r in responses], [r["response"] for r in responses]
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
+
+EXTRA_TURN = (
+    UserMessage(content=(TextPart(text="and this picture?", step=0), Image(data=PNG))),
+    AssistantMessage(
+        content=(
+            ToolCallPart(tool_call_id="call_x1", tool_name="delete_file", input={}, step=0),
+            ToolCallPart(tool_call_id="toolu_x2", tool_name="pick_color", input="", step=0),
+            ToolCallPart(
+                tool_call_id="x3", tool_name="get_weather", input={"city": "Oslo"}, step=0
+            ),
+            TextPart(text="Here it is.", step=1),
+        )
+    ),
+    ToolMessage(
+        tool_call_id="call_x1",
+        tool_name="delete_file",
+        error="the tool call was denied: no",
+        step=0,
+    ),
+    ToolMessage(tool_call_id="toolu_x2", tool_name="pick_color", error="", step=0),  # a client's
+    ToolMessage(
+        tool_call_id="x3",
+        tool_name="get_weather",
+        output=(TextPart(text="sunny in Oslo", step=0), Image(data=PNG)),
+        step=0,
+    ),
+)
+"""A turn saved as the runtime saves one: a user image, a denied approval, a client tool's
+error with no message, a call whose input did not parse (``""``), a tool that returned an
+image."""
+
+
+async def continued(source: str, target: str, *extra: Any) -> tuple[Any, Any, list[Any]]:
+    """The source turn's result, the target turn's result, and every request received;
+    ``extra`` messages are saved after the source turn, before the target's."""
+    replies = [recording(source, name) for name in SOURCE_STEPS[source]]
+    store = MemoryStore()
+    async with loopback_server(*replies, recording(target, ANSWER[target])) as server:
+        async with Host.open(store=store, log_tap=False) as host:
+            results = []
+            for provider in (source, target):
+                if provider == target and extra:
+                    saved = await store.load("s1")
+                    assert saved is not None
+                    await store.save("s1", len(saved.messages), extra)
+                agent = Agent(provider=make(provider, server.url), tools=[get_weather, get_time])
+                session = await host.open_session(agent, session_id="s1")
+                results.append(await session.run("What is the weather and the time?"))
+                await host.close_session(session)
+        return results[0], results[1], list(server.requests)
+
+
+SIGNED = {
+    "anthropic": {"signed reasoning", "redacted reasoning"},
+    "openai-responses": {"signed reasoning"},
+    "google": {"thought signature"},
+    "openai": set(),
+}
+
+
+def signed_kinds(message: Any) -> set[str]:
+    kinds = set()
+    for part in message.content:
+        if part.type == "reasoning" and part.signature:
+            kinds.add("signed reasoning")
+        if part.type == "reasoning" and part.redacted_data:
+            kinds.add("redacted reasoning")
+        if part.type == "provider-data" and "thought_signature" in part.data:
+            kinds.add("thought signature")
+    return kinds
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS)
+async def test_a_session_saved_on_one_provider_continues_on_another(source, target):
+    first, second, requests = await continued(source, target)
+    assert first.error is None, first.error
+    assert second.error is None, second.error
+    assert len(requests) == len(SOURCE_STEPS[source]) + 1
+    assert signed_kinds(first.message) == SIGNED[source]
+    calls = [p for p in first.message.content if p.type == "tool-call"]
+    assert len(calls) >= 3  # a call, then parallel ones
+    errs, answered, outputs = sent(target, requests[-1].json())
+    assert errs == []
+    assert len(answered) == len(calls) == len(set(answered))  # each call, once
+    if target == "mistral":
+        assert all(re.fullmatch("[a-zA-Z0-9]{9}", i) for i in answered)
+    assert any("sunny" in str(o) for o in outputs)  # the tools' outputs went along
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS)
+async def test_nothing_only_the_source_may_read_reaches_another_provider(source, target):
+    _first, _second, requests = await continued(source, target)
+    body = requests[-1].json()
+    history = json.dumps(body[HISTORY[target]])
+    for secret in ("signature", "encrypted_content", "thoughtSignature", "redacted_thinking"):
+        assert secret not in history, secret
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS)
+async def test_denials_client_errors_and_media_saved_after_a_session_go_to_another_provider(
+    source, target
+):
+    first, second, requests = await continued(source, target, *EXTRA_TURN)
+    assert second.error is None, second.error
+    calls = [p for p in first.message.content if p.type == "tool-call"]
+    errs, answered, outputs = sent(target, requests[-1].json())
+    assert errs == []
+    assert len(answered) == len(calls) + 3 == len(set(answered))
+    if target == "mistral":
+        assert all(re.fullmatch("[a-zA-Z0-9]{9}", i) for i in answered)
+    shown = json.dumps(outputs)
+    assert "the tool call was denied: no" in shown
+    assert "sunny in Oslo" in shown
+
+
+def unavailable(provider: str) -> Reply:
+    """A 503 in the provider's own error format (every SDK reads the status)."""
+    body = {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}
+    if provider == "anthropic":
+        body = {"type": "error", "error": {"type": "api_error", "message": "overloaded"}}
+    return Reply(status=503, body=json.dumps(body).encode(), content_type="application/json")
+
+
+MID_TURN = [
+    (s, t)
+    for s in PROVIDERS
+    for t in [*PROVIDERS, "anthropic-thinking", "gemini-3"]
+    # (Claude to Claude with thinking on is one model, not a move)
+    if s != t and (s, t) != ("anthropic", "anthropic-thinking")
+]
+
+
+@pytest.mark.parametrize(("source", "target"), MID_TURN)
+async def test_a_tool_loop_begun_on_one_provider_is_finished_by_another_in_the_same_turn(
+    source, target
+):
+    # the source makes the first step's calls, then is down: the fallback continues the loop
+    first_step = recording(source, SOURCE_STEPS[source][0])
+    replies = [first_step, unavailable(source), recording(target, ANSWER[target])]
+    async with loopback_server(*replies) as server:
+        async with Host.open(store=MemoryStore(), log_tap=False) as host:
+            agent = Agent(
+                provider=[make(source, server.url), make(target, server.url)],
+                tools=[get_weather, get_time],
+                retry=RetryPolicy(max_attempts=1),
+            )
+            session = await host.open_session(agent, session_id="s1")
+            result = await session.run("What is the weather?")
+        requests = list(server.requests)
+    assert result.error is None, result.error
+    assert len(requests) == 3
+    calls = [p for p in result.message.content if p.type == "tool-call"]
+    errs, answered, _outputs = sent(target, requests[-1].json())
+    assert errs == []
+    assert len(answered) == len(calls) == len(set(answered)) >= 1
+    body = requests[-1].json()
+    history = json.dumps(body[HISTORY[target]])
+    if target == "gemini-3":  # the turn's calls carry the documented sentinel instead
+        sentinel = '"thoughtSignature": "skip_thought_signature_validator"'
+        assert sentinel in history
+        history = history.replace(sentinel, "")
+    for secret in ("signature", "encrypted_content", "thoughtSignature", "redacted_thinking"):
+        assert secret not in history, secret
