@@ -296,6 +296,34 @@ async def load_last_turn(store: Store, session_id: str) -> tuple[int, SessionRec
     return first, attrs.evolve(record, messages=messages[first:])
 
 
+async def load_last_turns(
+    store: Store, session_id: str, turns: int
+) -> tuple[int, SessionRecord] | None:
+    """The session's last ``turns`` turns, as :func:`load_last_turn` reads the last one:
+    ``(the index of its first message, the record of the messages from there on)``, from
+    its ``turns``-th last assistant message on (every message when it has fewer);
+    ``None`` if the session was never saved.
+
+    What a front end reads of a turn that messages were steered into (an assistant
+    message after each steer): a store that offers ``load_last_turns(session_id,
+    turns)`` (the PostgreSQL store: one statement) is asked for it; any other store's
+    whole :meth:`Store.load` is cut there."""
+    if turns < 1:
+        raise ValueError(f"turns must be at least 1, not {turns}")
+    if turns == 1:
+        return await load_last_turn(store, session_id)
+    own = getattr(store, "load_last_turns", None)
+    if own is not None:
+        return await own(session_id, turns)  # type: ignore[no-any-return]
+    record = await store.load(session_id)
+    if record is None:
+        return None
+    messages = record.messages
+    assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    first = assistants[-turns] if len(assistants) >= turns else 0
+    return first, attrs.evolve(record, messages=messages[first:])
+
+
 async def deletion_mark(store: Store, session_id: str) -> int | None:
     """How many times ``session_id`` was deleted from ``store`` (its *deletion mark*, see
     :class:`Store`), or ``None`` for a store that keeps no such mark (it has no

@@ -555,3 +555,117 @@ async def test_a_turn_past_the_context_window_ends_context_too_long_its_input_st
     assert record is not None
     assert record.messages[0].content == "the question that no longer fits"
     assert record.messages[-1].error == result.error
+
+
+async def _settle_counted(store: PostgresStore, out: Any) -> int:
+    """:meth:`QueuedTurnOutput.settle` of ``out``: the message rows it read."""
+    rows: list[int] = []
+    record_off_loop = PostgresStore.record_off_loop
+
+    async def counted(self: PostgresStore, sid: str, joined: list[Any], first: int = 0) -> Any:
+        rows.append(sum(1 for r in joined if r[2] is not None))
+        return await record_off_loop(self, sid, joined, first)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PostgresStore, "record_off_loop", counted)
+        await out.settle()
+    return sum(rows)
+
+
+async def _settled_steered(
+    store: PostgresStore, queue: TurnQueue, session_id: str, n: int
+) -> tuple[Any, Any, int]:
+    """A steered turn of a session of ``n`` messages, stored as a worker stores it (the
+    user's message, the turn's assistant message with a call, its result, the message
+    steered in at step 1, the assistant message its steps go on in, ``<id>-s1``) and
+    settled by a front end: ``(the output, the result from the whole history, rows)``."""
+    from types import SimpleNamespace
+
+    from actors.turn.takeover import steered_message_id
+    from runtime import output as o
+    from runtime.app.web.queued_turn import QueuedTurnOutput, turn_result
+    from runtime.chunks import Usage
+    from runtime.messages import ToolCallPart, ToolMessage
+
+    await store.save(session_id, 0, history(n))
+    turn = await queue.submit(session_id, "next question")
+    call = ToolCallPart(tool_call_id="c1", tool_name="t", input={}, step=0)
+    await store.save(
+        session_id,
+        n,
+        [
+            UserMessage(content="next question"),
+            AssistantMessage(content=(call,), id=turn.message_id),
+            ToolMessage(tool_call_id="c1", tool_name="t", step=0, output="ok"),
+            UserMessage(content="and also this"),
+            AssistantMessage(
+                content=(TextPart(text="both done", step=1),),
+                id=steered_message_id(turn.message_id, 1),
+            ),
+        ],
+    )
+    out = QueuedTurnOutput(SimpleNamespace(store=store, queue=queue), turn)
+    out.last = o.Finish(finish_reason="stop", usage=Usage())
+    rows = await _settle_counted(store, out)
+    stored = await store.load(session_id)
+    assert stored is not None
+    expected = turn_result(turn.turn_id, turn.message_id, stored.messages, out.status, out.last)
+    return out, _fields(expected), rows
+
+
+async def test_a_front_end_settles_a_steered_turn_of_a_long_session_reading_the_turn_alone(
+    pg_url: str,
+) -> None:
+    """A turn a message was steered into ends in another assistant message (``<id>-s1``)
+    than its first: its settle loaded the whole session (a 5,000-message one 1.5 MB).
+    Now it reads the last turn, then the last two: the same rows at any length."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        short, short_expected, short_rows = await _settled_steered(store, queue, "ss", SHORT)
+        long, long_expected, long_rows = await _settled_steered(store, queue, "sl", LONG)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert short_rows == long_rows == 1 + 4
+    assert (_fields(short.result), _fields(long.result)) == (short_expected, long_expected)
+    assert long.result.message.id == long.turn.message_id
+    assert len(long.result.tool_messages) == 1
+    assert (long.session.first, len(long.session.messages)) == (LONG + 1, 4)
+
+
+async def test_a_front_end_settles_a_turn_cancelled_while_queued_reading_no_message(
+    pg_url: str,
+) -> None:
+    """A turn that ended without storing anything (cancelled while queued, its row not
+    ``saved``) has nothing to read: its settle read the last turn, then, not finding
+    its message there, the whole session."""
+    from types import SimpleNamespace
+
+    from runtime.app.web.queued_turn import QueuedTurnOutput
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await store.save("c", 0, history(LONG))
+        turn = await queue.submit("c", "never mind")
+        await queue.request_cancel(turn.turn_id, "stopped")
+        out = QueuedTurnOutput(SimpleNamespace(store=store, queue=queue), turn)
+        rows = await _settle_counted(store, out)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert rows == 0
+    assert out.status is not None and out.status.status == "cancelled"
+    assert out.result is not None and out.result.finish_reason == "aborted"
+    assert out.result.message.content == () and out.result.tool_messages == ()
+
+
+def test_the_front_end_tells_a_steered_message_id_as_the_turn_s_own() -> None:
+    """The front end's copy of the steered id's form (it cannot import the turn actor's)."""
+    from actors.turn.takeover import steered_message_id
+    from runtime.app.web.queued_turn import of_turn
+
+    assert of_turn(steered_message_id("msg_t", 3), "msg_t")
+    assert of_turn("msg_t", "msg_t")
+    assert not of_turn("msg_t2", "msg_t") and not of_turn("msg_t-sx", "msg_t")

@@ -416,6 +416,49 @@ async def test_a_client_resuming_the_continuation_on_the_first_front_end_misses_
     assert len(outputs) == 1 and ran == ["/x"]
 
 
+async def test_a_client_joining_a_long_session_s_continuation_reads_the_turn_not_the_session(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /api/chat/{id}/stream`` of a continuation leaves out the calls the client saw
+    asked: it loaded the whole session for them (a 5,000-message one 1.2 MB a reconnect).
+    Now it reads the turn's rows: the same few after 1,000 messages as after none."""
+    from actors.stores.postgres import PostgresStore
+    from runtime.messages import TextPart
+
+    rows: list[int] = []
+    front: list[Any] = []
+    record_off_loop = PostgresStore.record_off_loop
+
+    async def counted(self: PostgresStore, sid: str, joined: list[Any], first: int = 0) -> Any:
+        if front and self is front[0]:
+            rows.append(sum(1 for r in joined if r[2] is not None))
+        return await record_off_loop(self, sid, joined, first)
+
+    history = [
+        UserMessage(content=f"q{i}", id=f"h{i}")
+        if i % 2 == 0
+        else AssistantMessage(content=(TextPart(text=f"a{i}", step=0),), id=f"ha{i}")
+        for i in range(1000)
+    ]
+    async with deployment(pg_url, redis_url, approval_agent(delay=0.01), fronts=2) as d:
+        a, b = d.urls
+        await d.store.save("s1", 0, history)
+        first = await first_part(d, a)
+        message_id = payloads(first)[0]["messageId"]
+        sent = answer("s1", message_id, asked(first)["approvalId"], True)
+        front.append(d.hosts[0].store)
+        monkeypatch.setattr(PostgresStore, "record_off_loop", counted)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with client.stream("POST", f"{b}/api/chat", json=sent) as response:
+                await EventReader(response).until(2)
+                rest = await client.get(f"{a}/api/chat/s1/stream")
+    streamed = payloads(sse_events(rest.text))
+    kinds = [c["type"] for c in streamed]
+    assert kinds[0] == "start" and kinds[-1] == "finish"
+    assert kinds.count("tool-input-available") == kinds.count("tool-output-available") == 1
+    assert 0 < sum(rows) < 10
+
+
 def test_a_turn_whose_step_suspended_its_row_is_not_lost_to_a_late_renewal() -> None:
     """The step's commit let the row go (``awaiting-input``): a renewal or a save of the
     turn after it finds the row so, which must not cut the turn's relay stream short."""

@@ -440,6 +440,32 @@ async def test_an_agui_run_streams_a_queued_turn_as_valid_events_under_the_clien
     assert record.messages[1].id == "msg_r1"
 
 
+async def test_an_agui_run_that_ends_without_a_snapshot_reads_the_thread_once(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AG-UI's closing ``MESSAGES_SNAPSHOT`` (the whole thread) goes out only when the run
+    waits for input or a step started over; a run that just ends sends none, and its
+    front end read the whole thread for it anyway, a second time (its request reads it
+    once to see what is new): a 5,000-message thread 1.5 MB more a run."""
+    from actors.stores.postgres import PostgresStore
+
+    loads: list[str] = []
+    load = PostgresStore.load
+
+    async def counted(self: PostgresStore, session_id: str) -> Any:
+        loads.append(session_id)
+        return await load(self, session_id)
+
+    async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:
+        first = await agui_run(d.urls[0], run_input("tl", user("hello", "u1"), runId="r1"))
+        monkeypatch.setattr(PostgresStore, "load", counted)
+        held = [user("hello", "u1"), {"id": "msg_r1", "role": "assistant", "content": "x"}]
+        second = await agui_run(d.urls[0], run_input("tl", *held, user("again", "u2")))
+    assert "MESSAGES_SNAPSHOT" not in types(first) + types(second)
+    assert second[-1]["type"] == "RUN_FINISHED" and second[-1]["outcome"] == {"type": "success"}
+    assert loads == ["tl"]
+
+
 async def test_a_runid_used_again_in_any_thread_runs_under_a_new_turn_id(
     pg_url: str, redis_url: str
 ) -> None:

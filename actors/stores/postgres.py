@@ -489,6 +489,34 @@ class PostgresStore:
         record = await self.record_off_loop(session_id, rows, first)
         return None if record is None else (first, record)
 
+    async def load_last_turns(
+        self, session_id: str, turns: int
+    ) -> tuple[int, SessionRecord] | None:
+        """The session's last ``turns`` turns (:func:`runtime.store.load_last_turns`):
+        its messages from its ``turns``-th last assistant message on (all of them when it
+        has fewer), as :meth:`load_last_turn` reads the last one: one statement
+        (:data:`_LAST_TURNS_SQL`), the assistant messages counted backwards on the
+        messages' primary key. What a front end reads of a steered turn (an assistant
+        message after each message steered into it), where it loaded the whole session."""
+        validate_session_id(session_id)
+        if turns < 1:
+            raise ValueError(f"turns must be at least 1, not {turns}")
+        if self._closed:
+            raise StoreError(f"session store {self.url} is closed")
+        params = (session_id.encode(), str(turns - 1).encode())
+
+        async def once() -> Any:
+            return await self._lane.call(_LAST_TURNS_NAME, _LAST_TURNS_SQL, params, (0, 0), 1)
+
+        action = f"read of session {session_id!r}'s last {turns} turns"
+        result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
+        rows = await run_long_off_loop(result.ntuples, _last_turn_rows, result)
+        if not rows:
+            return None
+        first = 0 if rows[0][2] is None else rows[0][2]
+        record = await self.record_off_loop(session_id, rows, first)
+        return None if record is None else (first, record)
+
     async def record_off_loop(
         self, session_id: str, joined: list[Any], first: int = 0
     ) -> SessionRecord | None:
@@ -1142,6 +1170,16 @@ it has none), in one statement (one snapshot): :meth:`PostgresStore.load_last_tu
 :func:`load_rows`'s columns; the assistant message found backwards on the messages'
 primary key, a row or a few."""
 _LAST_TURN_NAME: Final = b"axon_last_turn_read"
+_LAST_TURNS_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
+FROM axon_sessions AS s
+LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
+    (SELECT a.idx FROM axon_messages AS a
+     WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC
+     LIMIT 1 OFFSET $2::bigint), 0)
+WHERE s.session_id = $1 ORDER BY m.idx"""
+""":data:`_LAST_TURN_SQL` from the session's ``$2 + 1``-th last assistant message on:
+:meth:`PostgresStore.load_last_turns`."""
+_LAST_TURNS_NAME: Final = b"axon_last_turns_read"
 _SESSION_KINDS: Final = tuple(kind for _, kind in SESSION_COLUMNS)
 
 

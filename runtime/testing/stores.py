@@ -81,6 +81,7 @@ from runtime.store import (
     deletion_mark,
     list_page,
     load_last_turn,
+    load_last_turns,
     save_keeping,
     version_and_mark,
 )
@@ -494,6 +495,23 @@ class StoreConformance:
             record("q", [UserMessage(content="only a question", id="u")]),
         )
         assert await load_last_turn(store, "never") is None
+
+    async def test_load_last_turns_reads_from_the_nth_last_assistant_message_on(self, store):
+        """:func:`~runtime.store.load_last_turns` over this store: the messages from its
+        ``turns``-th last assistant message on, with that message's index; every message
+        when it has fewer; ``None`` for a session never saved."""
+        tool = ToolMessage(tool_call_id="c", tool_name="t", step=0, output="ok", id="t1")
+        messages = [*turn(0), *turn(1), tool, *turn(2)]
+        await store.save("s", 0, messages, {"title": "x"})
+        assert await load_last_turns(store, "s", 1) == await load_last_turn(store, "s")
+        first, last = await load_last_turns(store, "s", 2)
+        assert first == 3 and last == record("s", messages[3:], {"title": "x"})
+        assert await load_last_turns(store, "s", 3) == (
+            1,
+            record("s", messages[1:], {"title": "x"}),
+        )
+        assert await load_last_turns(store, "s", 4) == (0, record("s", messages, {"title": "x"}))
+        assert await load_last_turns(store, "never", 2) is None
 
     # -- deletion marks, as a turn begun on a session not stored reads them --------------
 

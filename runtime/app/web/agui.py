@@ -640,7 +640,7 @@ class AGUIRoutes:
             )
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
-        out = QueuedTurnOutput(front, turn, history=True)  # (its closing snapshot)
+        out = QueuedTurnOutput(front, turn)
         return self._queued(run, out, agent, prelude=prelude)
 
     async def _continue(
@@ -734,7 +734,7 @@ class AGUIRoutes:
         turn = decided[-1].turn if decided else await front.queue.get_status(waiting[0].turn_id)
         if turn is None or turn.waiting:
             raise _pending_refusal([c for c in waiting_calls(checked) if not c.decided])
-        return QueuedTurnOutput(front, turn, after_pauses=turn.resumes, history=True)
+        return QueuedTurnOutput(front, turn, after_pauses=turn.resumes)
 
     def _queued(
         self, run: RunInput, out: QueuedTurnOutput, agent: Any, **encoding: Any
@@ -742,9 +742,11 @@ class AGUIRoutes:
         """A queued turn (a worker deployment's front end), streamed from the relay with
         the run's encoder; a client that leaves cancels it, as in the embedded app."""
         state = self.state
+        encoder = self._encoder(run, agent, **encoding)()
+        out.history = encoder.snapshot_due  # the whole thread only for its snapshot
         return QueuedStreamResponse(
             out,
-            self._encoder(run, agent, **encoding)(),
+            encoder,
             headers=HEADERS,
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,

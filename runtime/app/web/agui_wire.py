@@ -672,6 +672,14 @@ class RunEncoder:
                     out.append(_encrypted_event(entry["id"], entry["encryptedValue"]))
         return out
 
+    def snapshot_due(self) -> bool:
+        """Whether :meth:`closing` sends a ``MESSAGES_SNAPSHOT`` of the whole thread (it
+        replaces the client's messages: ``@ag-ui/client`` drops those it leaves out), so
+        its ``messages`` must be the whole history: a run that waits for input (the
+        interrupt outcome's state), or one whose step started over. Otherwise they are
+        not read, and a worker deployment's front end reads the turn alone."""
+        return self.reset or self.finish_reason == AWAITING_INPUT
+
     def closing(self, result: Any, messages: Sequence[Message]) -> list[dict[str, Any]]:
         """The events that end the run, once the turn is over and saved: ``result`` is
         its :class:`~runtime.output.TurnResult` (``None`` if it never came),

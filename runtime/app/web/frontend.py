@@ -88,6 +88,7 @@ from runtime.app.web.http import (
     ui_view,
     web_state,
 )
+from runtime.app.web.queued_turn import read_turn
 from runtime.app.web.resend import client_message_id
 from runtime.app.web.resume import (
     STOPPED,
@@ -551,9 +552,12 @@ class FrontEnd:
             return Response(status_code=204)
         announced: tuple[str, ...] = ()
         if turn.resumes:  # a continuation: the calls it answers were streamed before it
-            record = await self.store.load(session_id)
-            messages = record.messages if record is not None else ()
-            announced = awaited_calls(messages, turn.message_id)
+            # in the turn's own message: its rows alone, however long the session
+            found = await read_turn(self.store, session_id, turn.message_id)
+            if found is None:
+                record = await self.store.load(session_id)
+                found = 0, tuple(record.messages) if record is not None else ()
+            announced = awaited_calls(found[1], turn.message_id)
         return self._response(request, turn, after_seq, announced=announced)
 
     async def _active(self, session_id: str) -> Any:

@@ -28,7 +28,7 @@ text, the same calls) and sends only what is new, under the part ids the client 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -48,7 +48,7 @@ from runtime.logging import get_logger
 from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
 from runtime.relay import StepRestarted
-from runtime.store import load_last_turn
+from runtime.store import load_last_turns
 from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, TurnStatus
 
 _PART_STARTS = {o.TextStart: "text", o.ReasoningStart: "reasoning"}
@@ -193,13 +193,20 @@ class QueuedTurnOutput:
     ``after_pauses`` reads only what follows the turn's ``after_pauses``-th wait for
     input (a continuation). Once the chunks end, :meth:`settle` reads how the turn ended:
     :attr:`result`, :attr:`session` and :attr:`status` (its row). :attr:`session` holds
-    the turn's messages only (from its assistant message on), unless ``history`` asks
-    for the whole stored history (AG-UI's closing ``MESSAGES_SNAPSHOT``): the OpenAI,
-    A2A and MCP answers need the turn alone, and read a few rows of a session of any
-    length (they read all of it: a 5,000-message one 1.5 MB a turn)."""
+    the turn's messages only (from its assistant message on), unless ``history`` (or
+    what it returns, asked when the chunks ended) asks for the whole stored history
+    (AG-UI's closing ``MESSAGES_SNAPSHOT``, sent only when the run waits for input or
+    a step started over): the OpenAI, A2A and MCP answers need the turn alone, and read
+    a few rows of a session of any length (they read all of it: a 5,000-message one
+    1.5 MB a turn)."""
 
     def __init__(
-        self, front: Any, turn: TurnStatus, *, after_pauses: int = 0, history: bool = False
+        self,
+        front: Any,
+        turn: TurnStatus,
+        *,
+        after_pauses: int = 0,
+        history: bool | Callable[[], bool] = False,
     ) -> None:
         self.front = front
         self.turn = turn
@@ -304,8 +311,7 @@ class QueuedTurnOutput:
                     yield _error("RelayTurnGone", "the turn's stream was lost")
                 return
         turn = await self.front.queue.get_status(self.turn_id)
-        record = await self.front.store.load(self.session_id)
-        messages = record.messages if record is not None else ()
+        _, messages = await self._turn_messages(turn)
         if any(getattr(m, "id", None) == self.message_id for m in messages):
             for chunk in stored_turn_chunks(messages, self.message_id):
                 yield chunk
@@ -321,26 +327,31 @@ class QueuedTurnOutput:
         :attr:`session` and :attr:`status`; call once the chunks ended."""
         try:
             self.status = await self.front.queue.get_status(self.turn_id)
-            first, messages = await self._stored()
+            history = self.history() if callable(self.history) else self.history
+            first, messages = await self._turn_messages(self.status, history=history)
         finally:
             self.done.set()
         self.session = StoredSession(self.session_id, messages, first)
         self.result = turn_result(self.turn_id, self.message_id, messages, self.status, self.last)
         return self.result
 
-    async def _stored(self) -> tuple[int, tuple[Message, ...]]:
-        """The messages :meth:`settle` reads, with the index of the first: the session's
-        last turn (:func:`~runtime.store.load_last_turn`) when it holds the turn's
-        message, else (``history``, a later turn ran since, the turn stored no message)
-        the whole history, which alone tells those apart."""
+    async def _turn_messages(
+        self, status: TurnStatus | None, *, history: bool = False
+    ) -> tuple[int, tuple[Message, ...]]:
+        """The messages :meth:`settle` reads (and a turn rebuilt from the store, its
+        stream lost), with the index of the first, ``status`` the turn's row: none when the
+        turn ended without a save of its own (its row says so: cancelled while queued,
+        failed before its first step was stored); the turn from its assistant message
+        on (:func:`read_turn`) when the store's last turns hold it; else (``history``
+        asked for, a later turn ran since, the turn stored no answer) the whole
+        history, which alone tells those apart."""
         store = self.front.store
-        if not self.history:
-            last = await load_last_turn(store, self.session_id)
-            if last is None:
+        if not history:
+            if status is not None and status.finished and not status.saved:
                 return 0, ()
-            first, record = last
-            if any(m.id == self.message_id for m in record.messages if m.role == "assistant"):
-                return first, tuple(record.messages)
+            found = await read_turn(store, self.session_id, self.message_id)
+            if found is not None:
+                return found
         record = await store.load(self.session_id)
         return 0, tuple(record.messages) if record is not None else ()
 
@@ -349,6 +360,54 @@ class QueuedTurnOutput:
         turn = await self.front.queue.request_cancel(self.turn_id, reason)
         if turn is not None and turn.status == RUNNING:
             await self.front.relay.request_cancel(self.turn_id, reason)
+
+
+STEERED_MARK = "-s"
+"""What a turn's steered assistant message id puts after its first one's (``<id>-s<step>``:
+:func:`actors.turn.takeover.steered_message_id`, which this module cannot import)."""
+
+MAX_TURNS_BACK = 64
+"""How many assistant messages :func:`read_turn` goes back at most for a steered turn
+(one a steer; doubled a read) before it gives up and the whole history is read."""
+
+
+def of_turn(message_id: str, turn_message_id: str) -> bool:
+    """Whether ``message_id`` is the turn's first assistant message's or one a message
+    steered into the turn started."""
+    if message_id == turn_message_id:
+        return True
+    steered = turn_message_id + STEERED_MARK
+    return message_id.startswith(steered) and message_id[len(steered) :].isdigit()
+
+
+async def read_turn(
+    store: Any, session_id: str, message_id: str
+) -> tuple[int, tuple[Message, ...]] | None:
+    """The stored messages from the turn's assistant message ``message_id`` on, with the
+    index of the first, read from the session's last turns
+    (:func:`~runtime.store.load_last_turns`): the last one, and twice as many again
+    while the read starts at one of the turn's steered assistant messages (a message
+    steered into the turn starts another: ``<id>-s<step>``), so a turn steered ``k``
+    times costs ``log2(k) + 2`` reads of its own messages, not the session. ``(0, ())``
+    for a session never saved; ``None`` when the last turn is another's (a later turn
+    ran since, or this one stored no answer), which only the whole history tells apart."""
+    turns = 1
+    while True:
+        last = await load_last_turns(store, session_id, turns)
+        if last is None:
+            return 0, ()
+        first, record = last
+        messages = tuple(record.messages)
+        if any(m.role == "assistant" and m.id == message_id for m in messages):
+            return first, messages
+        if first == 0:  # the whole history, without the turn's message
+            return 0, messages
+        head = messages[0] if messages else None
+        if not isinstance(head, AssistantMessage) or not of_turn(head.id, message_id):
+            return None
+        if turns >= MAX_TURNS_BACK:
+            return None
+        turns *= 2
 
 
 def turn_result(
