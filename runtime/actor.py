@@ -440,6 +440,7 @@ class Supervisor:
                     except Exception as failure:
                         self._failed(actor, exc, failure, restarts, said=True)
                     actor.stop()
+                    _answer_cut_short(actor, exc, queued=True)
                     if not started:
                         if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
                             raise ActorFailed(
@@ -456,6 +457,7 @@ class Supervisor:
                     except Exception:
                         pass
                     actor.stop()
+                    _answer_cut_short(actor, ending, queued=True)
                     self.on_fatal(ending)
                     return
         finally:
@@ -500,7 +502,10 @@ class Supervisor:
                 session_id=actor.session_id,
             )
         )
-        actor.on_crash(exc)
+        try:
+            actor.on_crash(exc)
+        finally:
+            _answer_cut_short(actor, exc)
         if len(crashes) <= policy.intensity:
             return None
         log.error(
@@ -564,6 +569,29 @@ class Supervisor:
         except trio.WouldBlock:
             with trio.move_on_after(1):
                 await self.bus.publish(event)
+
+
+def _answer_cut_short(actor: Actor, exc: BaseException, *, queued: bool = False) -> None:
+    """Answer the message ``actor``'s crash ``exc`` cut short (and, given up on,
+    ``queued``, those left in its closed inbox), each whose class has an
+    ``answer_crash(actor_name, exc)`` (:class:`~runtime.actor_messages.ExecuteTools`):
+    a replacement tool executor that is a plain :class:`Actor`, not a
+    :class:`ServingActor`, lost the request it crashed on, and its turn waited to its
+    deadline. A :class:`ServingActor` has answered its own (its :meth:`~Actor.on_crash`
+    clears :attr:`~Actor.current_message`, its give-up drains its inbox). Never raises:
+    a failing answer is one requester's loss, not the supervisor's."""
+    messages = [actor.current_message]
+    actor.current_message = None
+    if queued:
+        actor.inbox.drain_nowait(messages)
+    for message in messages:
+        answer = getattr(type(message), "answer_crash", None)
+        if answer is None:
+            continue
+        try:
+            answer(message, actor.name, exc)
+        except Exception:  # (a custom message's own answer): the crash's line says enough
+            pass
 
 
 def _say_on_stderr(text: str) -> None:
