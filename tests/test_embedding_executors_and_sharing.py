@@ -5,11 +5,25 @@ request or a silent second task on one inbox."""
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.memory import MemoryStore
-from runtime import Actor, Agent, Budget, Host, RestartPolicy, tool
+from actors.tool_executor import ToolExecutor
+from runtime import (
+    Actor,
+    Agent,
+    Budget,
+    ConfigurationError,
+    Host,
+    RestartPolicy,
+    run_sync,
+    tool,
+)
+from runtime.events import TurnFinished
 
 
 @tool
@@ -88,3 +102,58 @@ async def test_a_plain_actor_executor_given_up_on_answers_the_requests_it_left_q
         "the tool executor 'SlowCrashingExecutor' crashed (RuntimeError: executor bug); "
         "the call did not complete"
     ] * 2
+
+
+class TurnCounter(Actor):
+    subscribes_to = (TurnFinished,)
+
+    def __init__(self) -> None:
+        super().__init__(name="turn-counter")
+        self.turns = 0
+
+    async def handle(self, event: object) -> None:
+        self.turns += 1
+
+
+async def test_an_observer_running_on_one_host_is_refused_by_a_second_host_of_the_run(
+    autojump_clock,
+):
+    # The second host started a second task on its inbox, subscribed to nothing of the
+    # second host's bus: it counted none of that host's turns, silently.
+    counter = TurnCounter()
+    agent = Agent(provider=ScriptedProvider([["hi"]] * 2))
+    async with Host.open(log_tap=False) as first, Host.open(log_tap=False) as second:
+        await first.start_actor(counter)
+        with pytest.raises(ConfigurationError, match="running on another host"):
+            await second.start_actor(counter)
+        await (await first.open_session(agent)).run("one")
+    assert counter.turns == 1
+
+
+def test_a_tool_executor_running_in_one_threads_host_is_refused_by_another_threads():
+    # A threaded app handing one executor instance to every thread's host: two Trio runs
+    # on one inbox (refused for providers only).
+    executor = ToolExecutor()
+    agent = Agent(provider=ScriptedProvider([["hi"]]))
+    opened, release = threading.Event(), threading.Event()
+
+    async def hold_open() -> None:
+        async with Host.open(log_tap=False, tool_executor=executor):
+            opened.set()
+            await trio.to_thread.run_sync(release.wait, 60)
+
+    thread = threading.Thread(target=trio.run, args=(hold_open,))
+    thread.start()
+    try:
+        assert opened.wait(60)
+
+        async def second() -> None:
+            async with Host.open(log_tap=False, tool_executor=executor):
+                pass
+
+        with pytest.raises(ConfigurationError, match="running on another host"):
+            trio.run(second)
+    finally:
+        release.set()
+        thread.join(60)
+    assert run_sync(agent, "after").text == "hi"  # another executor: its own
