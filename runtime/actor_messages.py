@@ -139,9 +139,7 @@ class ExecuteTools:
     depth: int = 0
     """How many agents-used-as-tools deep the session runs (``ToolContext.depth``)."""
 
-    def answer_crash(
-        self, actor: str, exc: BaseException, *, only: set[str] | None = None
-    ) -> None:
+    def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an
         error outcome saying that the executor ``actor`` crashed, with ``exc``: the turn
         goes on with the model seeing it, instead of waiting to its deadline. Called by
