@@ -10,7 +10,7 @@ import threading
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores.memory import MemoryStore
 from actors.tool_executor import ToolExecutor
 from runtime import (
@@ -20,10 +20,11 @@ from runtime import (
     ConfigurationError,
     Host,
     RestartPolicy,
+    TextChunk,
     run_sync,
     tool,
 )
-from runtime.events import TurnFinished
+from runtime.events import TurnFinished, TurnStarted
 
 
 @tool
@@ -157,3 +158,90 @@ def test_a_tool_executor_running_in_one_threads_host_is_refused_by_another_threa
         release.set()
         thread.join(60)
     assert run_sync(agent, "after").text == "hi"  # another executor: its own
+
+
+class StuckObserver(Actor):
+    """A plug-in that asked for ``block`` (it must not lose an event) and stopped reading:
+    it holds the first turn's start, its inbox of two fills with the next two events."""
+
+    subscribes_to = (TurnStarted, TurnFinished)
+    overflow = "block"
+    inbox_capacity = 2
+
+    async def handle(self, event: object) -> None:
+        await trio.sleep_forever()
+
+
+async def test_an_observer_that_blocks_and_stopped_reading_holds_a_turn_only_to_its_deadline(
+    autojump_clock,
+):
+    # The turn's start was announced before its cancel scope was entered: the third
+    # turn hung there for ever, past its deadline (the second's finish waited 5 s, its
+    # bound).
+    agent = Agent(provider=ScriptedProvider([["a"], ["b"], ["c"]]), budget=Budget(deadline=30))
+    async with Host.open(log_tap=False) as host:
+        await host.start_actor(StuckObserver())
+        session = await host.open_session(agent)
+        await session.run("one")
+        await session.run("two")
+        with trio.fail_after(1000):
+            third = await session.run("three")
+    assert (third.finish_reason, third.budget) == ("budget", "deadline")
+
+
+async def test_a_host_closing_ends_a_turn_an_observer_that_blocks_holds(autojump_clock):
+    store = MemoryStore()
+    agent = Agent(provider=ScriptedProvider([["a"], ["b"], ["c"]]))  # no deadline
+    with trio.fail_after(1000), trio.move_on_after(100):
+        async with Host.open(store=store, log_tap=False) as host:
+            await host.start_actor(StuckObserver())
+            session = await host.open_session(agent, "s")
+            for text in ("one", "two", "three"):
+                await session.run(text)
+    stored = await store.load("s")
+    assert stored is not None and [m.role for m in stored.messages] == ["user", "assistant"] * 3
+    assert stored.messages[5].interrupted  # type: ignore[union-attr]
+
+
+async def test_an_agent_shared_by_two_hosts_of_one_run_serves_one_after_the_other_closed(
+    autojump_clock,
+):
+    # Each host ran the provider; the first to close set the nursery both served in to
+    # None, and the other host's next turn crashed the provider (AssertionError).
+    agent = Agent(provider=ScriptedProvider([["hi"]] * 3))
+    async with Host.open(log_tap=False) as first:
+        session = await first.open_session(agent)
+        async with Host.open(log_tap=False) as second:
+            await (await second.open_session(agent)).run("one")
+        result = await session.run("two")
+    assert (result.finish_reason, result.text) == ("stop", "hi")
+
+
+async def test_a_host_closing_while_serving_another_hosts_call_fails_that_call_at_once(
+    autojump_clock,
+):
+    # The second host's task took the first host's model call from the provider's one
+    # inbox; closing, it cancelled the call, and the first host's turn waited for ever.
+    slow = [TextChunk(text="a "), Sleep(5), TextChunk(text="b")]
+    agent = Agent(provider=ScriptedProvider([slow] * 3))
+    results: list[object] = []
+    async with Host.open(log_tap=False) as first:
+        session = await first.open_session(agent)
+        async with trio.open_nursery() as nursery:
+            async with Host.open(log_tap=False) as second:
+                await (await second.open_session(agent)).run("first")  # taken by `first`'s
+                nursery.start_soon(lambda: _run_into(session, "go", results))
+                await trio.sleep(1)
+        with trio.fail_after(100):
+            again = await session.run("again")
+    (cut,) = results
+    assert cut.text == "a b" or (  # type: ignore[attr-defined]
+        cut.finish_reason == "error"  # type: ignore[attr-defined]
+        and "the host whose task served the call closed" in cut.error.message  # type: ignore[attr-defined]
+    )
+    assert again.text == "a b"
+
+
+async def _run_into(session: object, text: str, results: list[object]) -> None:
+    with trio.fail_after(100):
+        results.append(await session.run(text))  # type: ignore[attr-defined]
