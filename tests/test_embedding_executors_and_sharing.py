@@ -5,9 +5,12 @@ request or a silent second task on one inbox."""
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
 
 import pytest
+import structlog
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
@@ -21,6 +24,7 @@ from runtime import (
     Host,
     RestartPolicy,
     TextChunk,
+    configure_logging,
     run_sync,
     tool,
 )
@@ -245,3 +249,56 @@ async def test_a_host_closing_while_serving_another_hosts_call_fails_that_call_a
 async def _run_into(session: object, text: str, results: list[object]) -> None:
     with trio.fail_after(100):
         results.append(await session.run(text))  # type: ignore[attr-defined]
+
+
+class StalledSink:
+    """An application's own log file whose first write stalls (a stalled mount, a network
+    handler whose peer stopped reading) until ``flowing`` is set, 10 s at most."""
+
+    def __init__(self) -> None:
+        self.flowing = threading.Event()
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        if not self.lines:
+            self.flowing.wait(10)
+        self.lines.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.fixture
+def stalled_sink() -> Iterator[StalledSink]:
+    sink = StalledSink()
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+        logger_factory=structlog.WriteLoggerFactory(file=sink),  # type: ignore[arg-type]
+        wrapper_class=structlog.make_filtering_bound_logger(20),
+    )
+    try:
+        yield sink
+    finally:
+        sink.flowing.set()
+        configure_logging("warning")
+
+
+def test_an_applications_log_sink_that_stalls_does_not_stall_the_hosts_turns(stalled_sink):
+    # The log tap wrote the application's lines on the event loop: the first line's
+    # write held the loop, and every turn of the host, as long as the sink stalled.
+    agent = Agent(provider=ScriptedProvider([["hi"]] * 3))
+
+    async def three_turns() -> list[str]:
+        async with Host.open() as host:  # (its log tap on)
+            session = await host.open_session(agent)
+            texts = [(await session.run("go")).text for _ in range(3)]
+            written.append(len(stalled_sink.lines))  # while the sink stalled
+            stalled_sink.flowing.set()  # it takes lines again: the tap's are written
+        return texts
+
+    written: list[int] = []
+    assert trio.run(three_turns) == ["hi"] * 3
+    assert written == [0]  # the turns ran while the first line waited
+    kinds = [json.loads(line)["event"] for line in stalled_sink.lines]
+    assert kinds.count("turn.finished") == 3
