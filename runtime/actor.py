@@ -622,13 +622,14 @@ def _answer_cut_short(actor: Actor, exc: BaseException, *, queued: bool = False)
     clears :attr:`~Actor.current_message`, its give-up drains its inbox). Never raises:
     a failing answer is one requester's loss, not the supervisor's."""
     messages = [actor.current_message]
-    actor.current_message = None
     if queued:
         actor.inbox.drain_nowait(messages)
-    for message in messages:
+    for i, message in enumerate(messages):
         answer = getattr(type(message), "answer_crash", None)
         if answer is None:
             continue
+        if i == 0:  # answered: not again (another actor's on_give_up still sees others)
+            actor.current_message = None
         try:
             answer(message, actor.name, exc)
         except Exception:  # (a custom message's own answer): the crash's line says enough
