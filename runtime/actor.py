@@ -338,11 +338,8 @@ class ServingActor(Actor, Generic[Request]):
                 await super().run()
         except BaseException as exc:
             if _cancelled(exc):
-                closed = ActorFailed(
-                    "the host whose task served the call closed (the hosts of one Trio run "
-                    "share a provider)"
-                )
-                self._let_go(mine, closed)
+                # (another host's call, when hosts of one Trio run share a provider)
+                self._let_go(mine, ActorFailed("the host whose task served the call closed"))
             else:
                 crashed = True  # (on_crash answers them, in this task)
             raise
