@@ -11,9 +11,13 @@ same at info, so an info log had every turn twice, twelve lines where six tell i
 issue 24) and a ``tool-approval-request`` chunk (``tool.approval-requested`` says it all
 at info, issue 21); when debug is off the tap does not even subscribe to them, so a chunk
 that is not logged costs nothing. Its inbox is ``drop-oldest``: a tap that falls
-behind drops the oldest events (and says so), never makes an agent wait. Its lines are
-written on the event loop, though: a sink that blocks while writing holds every turn
-(:mod:`runtime.logging`).
+behind drops the oldest events (and says so), never makes an agent wait. Its lines go
+through :func:`runtime.configure_logging`'s chain on the event loop (that sink never
+waits for its reader: :mod:`runtime.logging`); a line of a chain the application
+configured itself (its structlog processors, a stdlib handler) is processed on the loop
+and written by a thread of the tap's own (:class:`_OffLoop`): such a sink that blocked
+(a handler sending each record over the network, a file on a stalled mount) held every
+turn of the host while it wrote.
 
 Every line is redacted exactly once: by the logger's own processors when they redact
 (those of :func:`runtime.configure_logging` do, for every line whoever logs it), else by
@@ -22,14 +26,18 @@ Redacting in both places was a third of each line's cost (issue 24).
 
 What a line takes from its event is worked out once per event class (:class:`_Plan`: its
 level, a cattrs function of its fields, which fields may hold media), and a line to one of
-structlog's filtering loggers goes through the processor chain in one call (:func:`_emit`):
+structlog's filtering loggers goes through the processor chain in one call
+(``_process_event``, :meth:`LogTap._foreign`):
 a line cost 16.6 us before, 11.4 after (``benchmarks/log_lines.py``).
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import types
 import typing
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -46,7 +54,15 @@ from runtime.events import (
     Lagged,
 )
 from runtime.inbox import OverflowPolicy
-from runtime.logging import JsonRenderer, UtcStamper, format_exc_info, get_logger, level_enabled
+from runtime.logging import (
+    JsonRenderer,
+    QuietStream,
+    UtcStamper,
+    _say_logging_failed,
+    format_exc_info,
+    get_logger,
+    level_enabled,
+)
 from runtime.logging import chain_redacts as _chain_redacts
 from runtime.media import elide_media
 from runtime.output import (
@@ -113,6 +129,9 @@ class LogTap(Actor):
         """Lines made while more events wait in the inbox (:meth:`handle`)."""
         self._stopping: trio.Event | None = None
         """Set by :meth:`stop`: a rest ends at once, the inbox is drained without one."""
+        self._off: _OffLoop | None = None
+        """Writes the lines of a chain the application configured, off the event loop
+        (made at the first such line)."""
 
     def attach(self, bus: Any) -> None:
         debug = level_enabled(self.log, "debug")
@@ -129,6 +148,9 @@ class LogTap(Actor):
             await super().run()
         finally:  # cancelled between two events: what was made is still written
             self._write_held()
+        off = self._off
+        if off is not None and off.pending():  # its last lines, for a bounded while
+            await trio.to_thread.run_sync(off.wait_empty, OFF_LOOP_WAIT, abandon_on_cancel=True)
 
     async def handle(self, event: Any) -> None:
         """The event's line, written at once if the inbox is empty, else with the lines
@@ -222,12 +244,109 @@ class LogTap(Actor):
             line = _json_line(log, plan.level, event.kind, fields)
             if line:
                 self._held.append(line)
-            elif line is None:
-                self._write_held()
-                _emit(log, plan.level, event.kind, fields)
+                return
+            if line is not None:
+                return  # (dropped by the chain)
+        self._write_held()
+        self._foreign(log, plan.level, event.kind, fields)
+
+    def _foreign(self, log: Any, level: str, kind: str, fields: dict[str, Any]) -> None:
+        """A line the tap's fast paths do not make: processed here, on the loop (a
+        processor that drops it, ``capture_logs``, drops it at once), then written at
+        once to :func:`runtime.configure_logging`'s sink (it never waits), or by
+        :class:`_OffLoop` to any other (the application's own). A logger without
+        structlog's ``_process_event`` is called whole in that thread."""
+        off = self._off
+        if off is None:
+            off = self._off = _OffLoop()
+        elif off.dropped and not off.pending():  # caught up: say how many it lost
+            lines, off.dropped = off.dropped, 0
+            self._foreign(log, "warning", "log.lines-dropped", {"lines": lines})
+        process = getattr(log, "_process_event", None)
+        if process is None:  # (its context variables, as the loop has them)
+            off.put(contextvars.copy_context().run, (getattr(log, level), kind), fields)
+            return
+        try:
+            args, kw = process(level, kind, fields)
+        except structlog.DropEvent:
+            return
+        except Exception as exc:  # the application's processor: dropped, as _Guarded does
+            _say_logging_failed(exc)
+            return
+        wrapped = log._logger
+        if type(wrapped) is _WRITE_LOGGER and type(wrapped._file) is QuietStream:
+            getattr(wrapped, level)(*args, **kw)  # configure_logging's sink: never waits
         else:
-            self._write_held()
-            getattr(log, plan.level)(event.kind, **fields)
+            off.put(getattr(wrapped, level), args, kw)
+
+
+OFF_LOOP_LINES = 10_000
+"""The most lines of an application's own chain :class:`_OffLoop` holds while its sink
+is behind; past that, lines are dropped, and a ``log.lines-dropped`` line (``lines``: how
+many) follows once it caught up."""
+OFF_LOOP_WAIT = 2.0
+"""Seconds a stopping tap waits for :class:`_OffLoop` to write the lines it holds."""
+OFF_LOOP_IDLE = 1.0
+"""Seconds :class:`_OffLoop`'s thread waits for another line before it ends (the next
+line starts another): an idle host holds no thread for it."""
+
+
+class _OffLoop:
+    """Writes the lines of an application's own logging chain in a thread, in order: the
+    sink's call (a stdlib handler's ``emit``, a ``WriteLogger``'s ``write``) may block,
+    and on the event loop it held every turn of the host. At most
+    :data:`OFF_LOOP_LINES` wait; past that a line is dropped and counted
+    (:attr:`dropped`). A write that raises is dropped and said once on stderr, as
+    :func:`runtime.get_logger`'s lines are."""
+
+    __slots__ = ("_cond", "_queue", "_thread", "_writing", "dropped")
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._writing = False
+        self.dropped = 0
+        """Lines dropped since the tap last said so (the tap reads and resets it)."""
+
+    def put(self, write: Callable[..., Any], args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        with self._cond:
+            if len(self._queue) >= OFF_LOOP_LINES:
+                self.dropped += 1
+                return
+            self._queue.append((write, args, kw))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="axon-log-tap", daemon=True)
+                self._thread.start()
+            else:
+                self._cond.notify()
+
+    def pending(self) -> bool:
+        """Whether lines wait, or one is being written."""
+        return bool(self._queue) or self._writing
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait (a thread: blocks) at most ``timeout`` s for every line to be written."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self.pending(), timeout)
+
+    def _work(self) -> None:
+        cond, queue = self._cond, self._queue
+        while True:
+            with cond:
+                self._writing = False
+                if not queue:
+                    cond.notify_all()  # (wait_empty)
+                    cond.wait(OFF_LOOP_IDLE)
+                    if not queue:
+                        self._thread = None
+                        return
+                write, args, kw = queue.popleft()
+                self._writing = True
+            try:
+                write(*args, **kw)
+            except Exception as exc:
+                _say_logging_failed(exc)
 
 
 HOLD_LINES = 64
@@ -341,7 +460,7 @@ def _filtering_classes() -> dict[type, frozenset[int]]:
     default and :func:`runtime.configure_logging`'s), each to the tap's levels it is
     enabled for (its ``is_enabled_for``, asked once here: a class's level is fixed, and a
     look-up is cheaper than the call a line): their level methods are only a level check
-    around ``_process_event``, which :func:`_emit` calls itself. Empty (every line the
+    around ``_process_event``, which :meth:`LogTap._foreign` calls itself. Empty (every line the
     public way) if this structlog's have no ``_process_event``."""
     classes = {structlog.make_filtering_bound_logger(n) for n in (0, 10, 20, 30, 40, 50)}
     needed = ("_process_event", "is_enabled_for")
@@ -356,22 +475,8 @@ def _filtering_classes() -> dict[type, frozenset[int]]:
 _FILTERING = _filtering_classes()
 
 
-def _emit(log: Any, level: str, kind: str, fields: dict[str, Any]) -> None:
-    """What ``getattr(log, level)(kind, **fields)`` does for a bound logger of
-    :data:`_FILTERING`, its level known to be enabled: the processor chain once
-    (``_process_event``, which structlog documents as available to custom wrapper
-    classes), then the wrapped logger's method, a dropped line dropped. Without the
-    method call, the format-string check and ``fields`` spread into keyword arguments
-    twice on the way. ``tests/test_log_tap.py`` checks the lines are the same."""
-    try:
-        args, kw = log._process_event(level, kind, fields)
-    except structlog.DropEvent:
-        return
-    getattr(log._logger, level)(*args, **kw)
-
-
 def _json_line(log: Any, level: str, kind: str, fields: dict[str, Any]) -> str | None:
-    """The line :func:`_emit` would write, when ``log``'s chain ends in
+    """The line :meth:`LogTap._foreign` would write, when ``log``'s chain ends in
     :class:`runtime.logging.JsonRenderer` and it writes to a ``structlog.WriteLogger``
     (:func:`runtime.configure_logging`'s), for the tap to write (``""``: dropped);
     ``None`` for any other logger. What ``_process_event`` does, without the fields

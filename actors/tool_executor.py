@@ -362,21 +362,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     def fail(self, request: ExecuteTools, exc: BaseException) -> None:
         """Answer each call of ``request`` still unanswered with the crash."""
         pending = self._pending.pop(id(request), None)
-        if request.cancel_scope.cancel_called:
-            return  # its requester stopped waiting: a later call could take these
-        for call in request.calls:
-            if pending is not None and call.tool_call_id not in pending:
-                continue
-            outcome = ToolOutcome(
-                tool_call_id=call.tool_call_id,
-                tool_name=call.tool_name,
-                error=f"the tool executor crashed ({describe_exception(exc)}); "
-                "the call did not complete",
-            )
-            try:
-                request.reply.put_nowait(outcome)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        request.answer_crash(self.name, exc, only=pending)
 
     async def run(self) -> None:
         async with trio.open_nursery() as background:

@@ -275,7 +275,13 @@ class ServingActor(Actor, Generic[Request]):
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         super().__init__(name=name, session_id=session_id)
         self._nursery: trio.Nursery | None = None
+        """The nursery of a running :meth:`run` (the latest that still runs)."""
         self._in_flight: dict[int, Request] = {}
+        """The requests in flight, of every :meth:`run` running."""
+        self._loops: dict[Any, tuple[trio.Nursery, dict[int, Request]]] = {}
+        """Per task running :meth:`run`: its nursery and the requests served in it. One
+        task, but for a provider the hosts of one Trio run share: each host runs it, so
+        each takes requests from the one inbox, maybe another host's (see :meth:`run`)."""
 
     @property
     def in_flight(self) -> list[Request]:
@@ -300,36 +306,68 @@ class ServingActor(Actor, Generic[Request]):
         if not isinstance(message, self.request_types):
             await self.handle_other(message)
             return
-        assert self._nursery is not None, "a ServingActor handles messages only inside run()"
+        loop = self._loops.get(trio.lowlevel.current_task())
+        assert loop is not None, "a ServingActor handles messages only inside run()"
         request = cast(Request, message)  # what request_types admits
-        self._in_flight[id(message)] = request
-        self._nursery.start_soon(self._serve_tracked, request)
+        self._in_flight[id(message)] = loop[1][id(message)] = request
+        loop[0].start_soon(self._serve_tracked, request, loop[1])
         self.current_message = None  # accepted: a crash from now on finds it in flight
 
-    async def _serve_tracked(self, request: Request) -> None:
+    async def _serve_tracked(self, request: Request, mine: dict[int, Request]) -> None:
         await self.serve(request)
         # Not in a ``finally``: when a crash cancels this task, the request must stay in
         # flight for on_crash to answer.
         self._in_flight.pop(id(request), None)
+        mine.pop(id(request), None)
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
+        """Serve until the inbox ends. Each task running this serves the requests it
+        takes in a nursery of its own: two hosts of one Trio run sharing a provider run
+        it twice, and the first to close set the one nursery both used to ``None`` (the
+        other's next request crashed it: ``AssertionError``) after cancelling the other
+        host's calls in it. Cancelled (its host closing), the requests it still serves,
+        maybe another host's, are failed, their requesters told at once."""
+        task = trio.lowlevel.current_task()
+        mine: dict[int, Request] = {}
+        nursery: trio.Nursery | None = None
+        crashed = False
+        try:
+            async with trio.open_nursery() as nursery:
+                self._loops[task] = (nursery, mine)
+                self._nursery = nursery
                 await super().run()
-            finally:
-                self._nursery = None
+        except BaseException as exc:
+            if _cancelled(exc):
+                # (another host's call, when hosts of one Trio run share a provider)
+                self._let_go(mine, ActorFailed("the host whose task served the call closed"))
+            else:
+                crashed = True  # (on_crash answers them, in this task)
+            raise
+        finally:
+            if not crashed:
+                self._loops.pop(task, None)
+            if self._nursery is nursery:
+                others = [n for n, _ in self._loops.values() if n is not nursery]
+                self._nursery = others[-1] if others else None
+
+    def _let_go(self, requests: dict[int, Request], exc: BaseException) -> None:
+        """Fail ``requests`` (still in flight, now out of it), telling each requester."""
+        cut = list(requests.values())
+        requests.clear()
+        for request in cut:
+            self._in_flight.pop(id(request), None)
+            self.fail(request, exc)
 
     def on_crash(self, exc: BaseException) -> None:
-        """Fail every request the crash cut short, so no requester waits forever."""
-        requests = list(self._in_flight.values())
+        """Fail every request the crash cut short, so no requester waits forever: those
+        of the crashed :meth:`run` (this task's), or, called from elsewhere, all."""
+        loop = self._loops.pop(trio.lowlevel.current_task(), None) if _in_trio() else None
+        requests = dict(self._in_flight) if loop is None else dict(loop[1])
         current = self.current_message
-        if isinstance(current, self.request_types) and id(current) not in self._in_flight:
-            requests.append(cast(Request, current))
-        self._in_flight.clear()
+        if isinstance(current, self.request_types) and id(current) not in requests:
+            requests[id(current)] = cast(Request, current)
         self.current_message = None
-        for request in requests:
-            self.fail(request, exc)
+        self._let_go(requests, exc)
 
     def on_give_up(self, exc: BaseException) -> None:
         """Fail the requests in flight and those still queued: nobody will read them."""
@@ -440,6 +478,7 @@ class Supervisor:
                     except Exception as failure:
                         self._failed(actor, exc, failure, restarts, said=True)
                     actor.stop()
+                    _answer_cut_short(actor, exc, queued=True)
                     if not started:
                         if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
                             raise ActorFailed(
@@ -456,6 +495,7 @@ class Supervisor:
                     except Exception:
                         pass
                     actor.stop()
+                    _answer_cut_short(actor, ending, queued=True)
                     self.on_fatal(ending)
                     return
         finally:
@@ -500,7 +540,10 @@ class Supervisor:
                 session_id=actor.session_id,
             )
         )
-        actor.on_crash(exc)
+        try:
+            actor.on_crash(exc)
+        finally:
+            _answer_cut_short(actor, exc)
         if len(crashes) <= policy.intensity:
             return None
         log.error(
@@ -566,6 +609,30 @@ class Supervisor:
                 await self.bus.publish(event)
 
 
+def _answer_cut_short(actor: Actor, exc: BaseException, *, queued: bool = False) -> None:
+    """Answer the message ``actor``'s crash ``exc`` cut short (and, given up on,
+    ``queued``, those left in its closed inbox), each whose class has an
+    ``answer_crash(actor_name, exc)`` (:class:`~runtime.actor_messages.ExecuteTools`):
+    a replacement tool executor that is a plain :class:`Actor`, not a
+    :class:`ServingActor`, lost the request it crashed on, and its turn waited to its
+    deadline. A :class:`ServingActor` has answered its own (its :meth:`~Actor.on_crash`
+    clears :attr:`~Actor.current_message`, its give-up drains its inbox). Never raises:
+    a failing answer is one requester's loss, not the supervisor's."""
+    messages = [actor.current_message]
+    if queued:
+        actor.inbox.drain_nowait(messages)
+    for i, message in enumerate(messages):
+        answer = getattr(type(message), "answer_crash", None)
+        if answer is None:
+            continue
+        if i == 0:  # answered: not again (another actor's on_give_up still sees others)
+            actor.current_message = None
+        try:
+            answer(message, actor.name, exc)
+        except Exception:  # (a custom message's own answer): the crash's line says enough
+            pass
+
+
 def _say_on_stderr(text: str) -> None:
     """A line on the process's stderr that never raises (when even logging failed)."""
     stream = sys.__stderr__
@@ -575,6 +642,22 @@ def _say_on_stderr(text: str) -> None:
             stream.flush()
     except Exception:  # a closed or broken stderr: nothing left to say it with
         pass
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is Trio's ``Cancelled``, alone or a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
+def _in_trio() -> bool:
+    """Whether the caller runs in a Trio task."""
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _ending(exc: BaseException) -> BaseException | None:

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from runtime.chunks import Usage, _eq, _hash, _repr
+from runtime.errors import describe_exception
 from runtime.inbox import MAX_BATCH, MAX_RUN, Batch, Batcher, Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk, TurnResult
@@ -137,6 +138,31 @@ class ExecuteTools:
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
     depth: int = 0
     """How many agents-used-as-tools deep the session runs (``ToolContext.depth``)."""
+
+    def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
+        """Answer each call (of ``only``, when given: those still unanswered) with an
+        error outcome saying that the executor ``actor`` crashed, with ``exc``: the turn
+        goes on with the model seeing it, instead of waiting to its deadline. Called by
+        the supervisor for a request a crash cut short (:class:`runtime.actor.Actor`,
+        any executor, a plain actor too) and by :class:`~actors.tool_executor.
+        ToolExecutor`; never waits, nor raises for a full or closed reply inbox. Nothing
+        for a request its turn stopped waiting for (its outcomes could answer a later
+        step's calls)."""
+        if self.cancel_scope.cancel_called:
+            return
+        why = f"the tool executor {actor!r} crashed ({describe_exception(exc)}); "
+        for call in self.calls:
+            if only is not None and call.tool_call_id not in only:
+                continue
+            outcome = ToolOutcome(
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                error=why + "the call did not complete",
+            )
+            try:
+                self.reply.put_nowait(outcome)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

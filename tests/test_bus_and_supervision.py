@@ -9,8 +9,10 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Actor, Agent, Bus, Host, Inbox, RestartPolicy, tool
+from runtime import bus as bus_module
 from runtime import events as ev
 from runtime import output as o
+from runtime.bus import Subscription
 from runtime.chunks import Usage
 
 
@@ -360,3 +362,30 @@ async def test_closing_one_of_two_scoped_subscriptions_keeps_routing_by_session(
     assert [e.session_id for e in _drain(second.inbox)] == ["s1"]
     assert [e.session_id for e in _drain(everything.inbox)] == ["s2", "s1"]
     assert bus.subscription_count == 2
+
+
+def test_closing_ten_thousand_unscoped_subscriptions_looks_at_each_once(monkeypatch):
+    # Each close scanned every subscription left (list.remove, then any() for a scoped
+    # one): 10,000 closes looked 50 million times, seconds of the loop held.
+    looks = [0]
+
+    class Counted(Subscription):
+        __slots__ = ()
+        __hash__ = object.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            looks[0] += 1
+            return self is other
+
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("session_id", "kinds"):
+                looks[0] += 1
+            return object.__getattribute__(self, name)
+
+    monkeypatch.setattr(bus_module, "Subscription", Counted)
+    bus = Bus()
+    subs = [bus.subscribe(name=f"sub{n}") for n in range(10_000)]
+    looks[0] = 0
+    for sub in subs:
+        sub.close()
+    assert bus.subscription_count == 0 and looks[0] <= 10_000

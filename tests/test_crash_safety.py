@@ -161,10 +161,10 @@ async def test_a_tool_executor_that_crashes_is_restarted_and_the_turn_goes_on(au
                 chunks = [c async for c in out]
         check_grammar(chunks)
         (err,) = [c for c in chunks if c.type == "tool-error"]
-        assert err.tool_call_id == "call_1" and "tool executor crashed" in err.error
+        assert err.tool_call_id == "call_1" and "tool executor 'flaky-tools' crashed" in err.error
         assert out.result.finish_reason == "stop" and out.result.text == "sorry"
         second = r.body()  # the model saw the crash as the tool's error result
-        assert "tool executor crashed" in second["messages"][2]["content"]
+        assert "tool executor 'flaky-tools' crashed" in second["messages"][2]["content"]
         # restarted: the next call on the same executor runs normally
         r.server.add(Reply(body=oa_tool_calls(("call_2", "echo", ['{"text": "b"}']))))
         r.server.add(Reply(body=oa_text("ok")))
@@ -222,7 +222,7 @@ async def test_past_its_restart_intensity_only_the_session_using_it_fails(autoju
         assert [e.actor for e in drain(watch.inbox)] == ["flaky-tools"]
         # the turn that was running when the executor gave up: its call failed visibly
         _, first = results["doomed-1"]
-        assert "tool executor crashed" in first.tool_messages[0].error
+        assert "tool executor 'flaky-tools' crashed" in first.tool_messages[0].error
         # the next tool call on that session: a clear, typed error, and a valid history
         async with r.session.stream("again") as out:
             chunks = [c async for c in out]

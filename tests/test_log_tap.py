@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -554,3 +555,25 @@ async def test_a_tap_without_a_window_writes_each_event_as_it_comes(mock_clock):
                 await trio.testing.wait_all_tasks_blocked()
                 assert (out.getvalue().count("\n"), out.writes) == (n, n)
             tap.stop()
+
+
+def test_lines_past_the_off_loop_bound_are_dropped_and_counted(monkeypatch):
+    # An application's sink that stopped: the lines waiting for it are bounded.
+    monkeypatch.setattr(log_tap, "OFF_LOOP_LINES", 2)
+    stalled, writing, written = threading.Event(), threading.Event(), []
+
+    def write(line: str) -> None:
+        writing.set()
+        stalled.wait(10)
+        written.append(line)
+
+    off = log_tap._OffLoop()
+    off.put(write, ("line 0",), {})
+    assert writing.wait(10)  # its thread writes the first, and stalls
+    for n in range(1, 6):
+        off.put(write, (f"line {n}",), {})
+    dropped = off.dropped
+    stalled.set()
+    assert off.wait_empty(10)
+    assert (dropped, off.dropped) == (3, 3)  # one written meanwhile, two waiting
+    assert written == ["line 0", "line 1", "line 2"]

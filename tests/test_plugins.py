@@ -11,7 +11,7 @@ from actors.plugins import ApprovalActor, JsonlRecorder, MetricsActor
 from actors.plugins.recorder import read_jsonl
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Actor, Agent, Host, ToolMessage, Usage, tool
-from runtime.events import ToolApprovalRequested
+from runtime.events import ToolApprovalRequested, TurnFinished, TurnStarted
 from runtime.tools import ToolContext
 
 ran: list[str] = []
@@ -113,6 +113,23 @@ async def test_metrics_forget_the_least_recently_active_session_past_their_bound
     assert list(metrics.sessions) == ["s1", "s3"]
     assert metrics.sessions["s1"].turns == 2
     assert len(metrics.sessions["s1"].turn_latencies) == 1
+
+
+async def test_metrics_hold_at_most_max_sessions_entries_after_ten_thousand_sessions():
+    # A long serve: every session the process ran stayed, and so did each turn start
+    # whose finish the drop-oldest inbox lost.
+    metrics = MetricsActor(max_sessions=100)
+    for n in range(10_000):
+        sid = f"s{n}"
+        await metrics.handle(TurnStarted(session_id=sid, turn_id=f"t{n}", agent="a", input="x"))
+        if n % 2:  # every other finish dropped
+            await metrics.handle(
+                TurnFinished(
+                    session_id=sid, turn_id=f"t{n}", finish_reason="stop", usage=Usage(), steps=1
+                )
+            )
+    assert len(metrics.sessions) == 100 and len(metrics._started) <= 100
+    assert list(metrics.sessions)[-1] == "s9999" and metrics.sessions["s9999"].turns == 1
 
 
 async def test_jsonl_recorder_writes_every_event_and_replay_renders_it(tmp_path):

@@ -228,6 +228,7 @@ async def test_an_executor_crash_answers_only_the_calls_not_yet_answered(autojum
         (
             "B",
             None,
-            "the tool executor crashed (RuntimeError: executor bug); the call did not complete",
+            "the tool executor 'tool-executor' crashed (RuntimeError: executor bug); "
+            "the call did not complete",
         ),
     ]

@@ -72,7 +72,7 @@ async def test_a_validator_raising_past_pydantic_is_the_calls_error():
 async def test_one_tools_odd_validator_does_not_fail_another_sessions_call_in_flight():
     """The executor serves every session: a call whose validator raised crashed it, and
     its crash answered every call then in flight, another session's too, with
-    'the tool executor crashed'."""
+    'the tool executor ... crashed'."""
     started, release = trio.Event(), trio.Event()
 
     @tool

@@ -325,8 +325,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         consumer=run.consumer,
                     )
                 )
-                started = await self._announce_start(run, turn, committed, superseded)
                 with scope:
+                    # In the turn's scope too: an observer that asked for ``block`` and
+                    # stopped reading held the turn here, past its deadline, a cancel and
+                    # a closing host, and every later turn of the host with it.
+                    started = await self._announce_start(run, turn, committed, superseded)
                     # A turn cancelled before it began (an ``interrupt`` that a newer message
                     # overtook) ends here: the first model call may reach the provider before
                     # any other checkpoint. A cancel already called is seen without yielding

@@ -470,9 +470,17 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started. Raises
         :class:`~runtime.errors.ActorFailed` when it never starts (its ``on_start``
-        crashed more often than its restart policy allows). An actor runs once: one
-        running here already, or one that has ended (stopped by a host that closed, given
-        up on), is a :class:`~runtime.errors.ConfigurationError`; start a new instance."""
+        crashed more often than its restart policy allows). An actor runs once, on one
+        host: one running here already, or on another host (of this Trio run or another
+        thread's), or one that has ended (stopped by a host that closed, given up on), is
+        a :class:`~runtime.errors.ConfigurationError`; start a new instance."""
+        return await self._start_actor(actor, policy)
+
+    async def _start_actor(
+        self, actor: Actor, policy: RestartPolicy | None, *, shared: bool = False
+    ) -> Any:
+        """:meth:`start_actor`; ``shared``: a provider, which hosts of one Trio run share
+        (:func:`_claim_provider` has refused one another run's host serves)."""
         self.check_open()
         if actor in self._actors:  # a second task on its inbox: two handle()s at once
             raise ConfigurationError(
@@ -483,6 +491,16 @@ class Host:
                 f"actor {actor.name!r} has ended (its host closed, or it was stopped or "
                 "given up on): an actor runs once; start a new instance of it"
             )
+        with _RUNS_LOCK:  # (two threads' hosts starting it at once: one wins)
+            if not shared and actor.bus is not None and actor.bus is not self.bus:
+                # A second task on its inbox, of another host's (or another run's: Trio's
+                # assertions fail); its subscription stayed the first host's bus.
+                raise ConfigurationError(
+                    f"actor {actor.name!r} is running on another host now (of this Trio "
+                    "run, or another thread's): an actor runs on one host; give each host "
+                    "an instance of its own"
+                )
+            actor.bus = self.bus  # (attach subscribes it; set here under the lock)
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
@@ -582,7 +600,7 @@ class Host:
                 backend = self.rate_limits
                 clock = getattr(backend, "clock", None) or TrioClock()
                 provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, clock)
-            actor = await self.start_actor(provider)
+            actor = await self._start_actor(provider, None, shared=True)
             self._providers[key] = actor
         finally:
             del self._providers_starting[key]
