@@ -473,21 +473,9 @@ class PostgresStore:
         deployment's front end reads of a turn that ended (where each loaded the whole
         session: a 5,000-message one 1.4 MB a turn)."""
         validate_session_id(session_id)
-        if self._closed:
-            raise StoreError(f"session store {self.url} is closed")
-        params = (session_id.encode(),)
-
-        async def once() -> Any:
-            return await self._lane.call(_LAST_TURN_NAME, _LAST_TURN_SQL, params, (0,), 1)
-
-        action = f"read of session {session_id!r}'s last turn"
-        result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
-        rows = await run_long_off_loop(result.ntuples, _last_turn_rows, result)
-        if not rows:
-            return None
-        first = 0 if rows[0][2] is None else rows[0][2]
-        record = await self.record_off_loop(session_id, rows, first)
-        return None if record is None else (first, record)
+        return await self._read_tail(
+            session_id, "last turn", _LAST_TURN_NAME, _LAST_TURN_SQL, (session_id.encode(),)
+        )
 
     async def load_last_turns(
         self, session_id: str, turns: int
@@ -501,14 +489,27 @@ class PostgresStore:
         validate_session_id(session_id)
         if turns < 1:
             raise ValueError(f"turns must be at least 1, not {turns}")
+        params = (session_id.encode(), str(turns - 1).encode())
+        return await self._read_tail(
+            session_id, f"last {turns} turns", _LAST_TURNS_NAME, _LAST_TURNS_SQL, params
+        )
+
+    async def _read_tail(
+        self, session_id: str, what: str, name: bytes, sql: bytes, params: tuple[bytes, ...]
+    ) -> tuple[int, SessionRecord] | None:
+        """``(the index of the first message read, the record of the messages from there
+        on)`` by one statement ``sql`` (prepared as ``name``) whose rows are
+        :func:`_last_turn_rows`' (the index of the first in each row's third column);
+        ``None`` when it reads none. What :meth:`load_last_turn` and
+        :meth:`load_last_turns` share."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
-        params = (session_id.encode(), str(turns - 1).encode())
+        formats = (0,) * len(params)
 
         async def once() -> Any:
-            return await self._lane.call(_LAST_TURNS_NAME, _LAST_TURNS_SQL, params, (0, 0), 1)
+            return await self._lane.call(name, sql, params, formats, 1)
 
-        action = f"read of session {session_id!r}'s last {turns} turns"
+        action = f"read of session {session_id!r}'s {what}"
         result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
         rows = await run_long_off_loop(result.ntuples, _last_turn_rows, result)
         if not rows:
