@@ -249,9 +249,11 @@ async def test_a_message_steered_into_an_approved_turns_continuation_is_answered
 
 
 async def test_a_regenerate_from_the_client_that_streamed_a_steered_turn_is_refused_intact():
-    """``useChat`` holds the steered message only as a transient data part: its last
+    """A client that streamed the turn but did not send the steered message (another
+    client did: the page, a script) holds it only as a transient data part: its last
     user message is the turn's first. Its regenerate (or edit) of the answer is refused
-    (409) and nothing is cut: the stored turn, steered message and answer, stays."""
+    (409) and nothing is cut: the stored turn, steered message and answer, stays. (A
+    ``useChat`` client that sent it holds it where it is stored: test_steer_node.py.)"""
     import httpx
 
     from tests.test_busy_web import agent_of
