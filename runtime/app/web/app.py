@@ -25,7 +25,9 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     :mod:`runtime.busy`): 409 (``reject``), its own stream once the running turn is
     over (``enqueue``), the running turn cancelled and its own stream (``interrupt``),
     or 202 ``{"steered": true, "turnId", "messageId"}`` once the running turn took it
-    at a step boundary, whose stream shows the answer (``steer``).
+    at a step boundary, whose stream shows the answer (``steer``); from the client that
+    shows the running turn (``useChat`` sending while it streams), the rest of the turn
+    as this message's stream instead, the running stream ending there (docs/approval.md).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
