@@ -580,7 +580,10 @@ class TurnStream:
         """Whether the stream that steered user message ``message_id`` into this turn
         follows it (:attr:`follow`): from the chunk that shows that message on, the turn's
         chunks go to that stream too, which shows them after its message; a consumer that
-        shows the turn to the same client ends its own showing there."""
+        shows the turn to the same client ends its own showing there (a following
+        stream's consumer too: the turn's are asked)."""
+        if self._host_stream is not None:
+            return self._host_stream.hands_over(message_id)
         followers = self._followers
         return followers is not None and message_id in followers
 
