@@ -336,7 +336,13 @@ class StreamController(Actor):
     def _steered(self, item: SteeredNotice, out: list[Any]) -> None:
         self._close_part(out)
         out.append(
-            self._chunk(o.Steered, step=item.step, message_id=item.message_id, text=item.text)
+            self._chunk(
+                o.Steered,
+                step=item.step,
+                message_id=item.message_id,
+                text=item.text,
+                answer_id=item.answer_id,
+            )
         )
 
     def _step_begin(self, item: StepBegin, out: list[Any]) -> None:

@@ -75,6 +75,8 @@ class SteeredNotice:
     step: int
     message_id: str
     text: str
+    answer_id: str = ""
+    """The id of the assistant message the turn's steps go to from ``step`` on."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

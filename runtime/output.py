@@ -262,11 +262,14 @@ class Steered(_Base):
     model call is the first to see it. Sent before that step's ``step-start``, so a UI
     shows the message where the model saw it, without a reload. ``text`` is the
     message's text (its text parts joined; its images and files are in the stored
-    message only)."""
+    message only). ``answer_id`` is the id of the assistant message the turn's steps go
+    to from here (stored after the steered message): a client that shows the rest of the
+    turn after the message it sent names its answer so."""
 
     step: int
     message_id: str
     text: str
+    answer_id: str = ""
 
 
 @_out("reset-step")

@@ -1060,3 +1060,32 @@ def test_a_hop_count_is_a_positive_int_or_none():
 def test_a2a_agent_as_tool_refuses_a_max_depth_below_one():
     with pytest.raises(ToolDefinitionError, match="max_depth must be an int >= 1"):
         A2AAgent("http://127.0.0.1:9").as_tool(max_depth=0)
+
+
+async def test_a_task_approved_then_superseded_before_it_resumed_reads_canceled(tmp_path):
+    """A decision recorded (``decide`` without ``resume``, or a ``serve`` stopped before
+    the continuation), then a new message in the context: that message's turn runs the
+    approved call, but the task's own turn never answered it. Read from the store (after
+    a restart), it is ``canceled``, as the task the live adapter superseded reads; it
+    read ``completed``."""
+    store = str(tmp_path / "a.db")
+    async with web_server(approval_agent, protocols=BOTH, store=store) as server:
+
+        async def ask(client: Any) -> Any:
+            return (await collect(client, user("weather?", message_id="q", context_id="w")))[0]
+
+        asked = await sdk(server, ask)
+        session = server.host.sessions["w"]
+        (call,) = session.pending
+        await session.decide(call.approval_id, approved=True)
+    async with web_server(approval_agent, protocols=BOTH, store=store) as server:
+
+        async def supersede(client: Any) -> tuple[Any, Any]:
+            new = await collect(client, user("never mind", message_id="n", context_id="w"))
+            return new, await client.get_task(GetTaskRequest(id=asked.task.id))
+
+        _, old = await sdk(server, supersede)
+        stored = await server.host.store.load("w")
+    assert [m.role for m in stored.messages] == ["user", "assistant", "tool", "user", "assistant"]
+    assert stored.messages[2].output == "sunny in Oslo"  # the approval held: the call ran
+    assert old.status.state == TaskState.TASK_STATE_CANCELED

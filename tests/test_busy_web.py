@@ -12,8 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, ConfigurationError
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, ConfigurationError, tool
 from runtime.app.web.serve import add_serve_arguments
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.events import TurnQueued
@@ -115,12 +115,121 @@ async def test_steer_answers_202_and_the_running_stream_answers_the_message():
     assert first[at] == {
         "type": "data-steered",
         "id": answer["messageId"],
-        "data": {"messageId": answer["messageId"], "text": "also this", "step": 2},
+        "data": {
+            "messageId": answer["messageId"],
+            "text": "also this",
+            "step": 2,
+            "answerId": f"{first[0]['messageId']}-s2",
+        },
         "transient": True,
     }
     roles = [m["role"] for m in stored["ui_messages"]]
     assert roles == ["user", "assistant", "user", "assistant"]
     assert stored["ui_messages"][2]["id"] == answer["messageId"]
+
+
+async def test_steer_from_the_client_that_shows_the_turn_streams_the_rest_as_its_answer():
+    """A steering body whose message before the new one is the running turn's answer
+    (``useChat`` sending while it streams): the running stream ends there (``finish``,
+    ``steered``), and the steering POST streams the rest of the turn in a message named
+    as stored after the steered message, instead of a 202 while the answer went on
+    growing above the message the client had put after it."""
+    script = Script(looking(), holding(), ["answer to both"])
+    async with (
+        web_server(agent_of(script, "steer")) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first", body("s", "first", message_id="u1"))
+            await held["open"].wait()
+            (shown,) = server.host.sessions["s"].current.answer_ids
+            steer = body("s", "also this", message_id="u2")
+            steer["messages"][-2]["id"] = shown  # the answer it shows, so far
+            nursery.start_soon(send, "steer", steer)
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()["ui_messages"]
+    first, rest = events(replies["first"].content), events(replies["steer"].content)
+    assert replies["steer"].status_code == 200
+    assert [c if c == "[DONE]" else c["type"] for c in first[-3:]] == [
+        "data-steered",
+        "finish",
+        "[DONE]",
+    ]
+    assert first[-2]["messageMetadata"]["finishReason"] == "steered"
+    assert _text(first) == "" and _text(rest) == "answer to both"
+    assert rest[0] == {"type": "start", "messageId": f"{shown}-s2"}
+    assert rest[-2]["type"] == "finish" and rest[-1] == "[DONE]"
+    assert [(m["id"], m["role"]) for m in stored] == [
+        ("u1", "user"),
+        (shown, "assistant"),
+        ("u2", "user"),
+        (f"{shown}-s2", "assistant"),
+    ]
+
+
+again = {"open": trio.Event(), "release": trio.Event()}
+
+
+@tool
+async def hold_again() -> str:
+    """Wait a second time until the test lets go."""
+    again["open"].set()
+    await again["release"].wait()
+    return "held again"
+
+
+async def test_a_second_steer_from_that_client_hands_over_the_stream_it_reads_now():
+    """The client steers twice, at two boundaries: the first steer's stream (the one it
+    reads now) ends at the second, whose stream shows the rest; each answer once."""
+    again["open"], again["release"] = trio.Event(), trio.Event()
+    script = Script(holding(), [*tool_call("hold_again", {}, tool_call_id="A")], ["answer"])
+    agent = Agent(
+        provider=ScriptedProvider(responder=script), tools=[hold, hold_again], on_busy="steer"
+    )
+    async with (
+        web_server(agent) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        def steering(text: str, message_id: str, shown: str) -> dict:
+            sent = body("s", text, message_id=message_id)
+            sent["messages"][-2]["id"] = shown
+            return sent
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first", body("s", "first", message_id="u1"))
+            await held["open"].wait()
+            (shown,) = server.host.sessions["s"].current.answer_ids
+            nursery.start_soon(send, "second", steering("second", "u2", shown))
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            held["release"].set()
+            await again["open"].wait()
+            nursery.start_soon(send, "third", steering("third", "u3", f"{shown}-s1"))
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            again["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()["ui_messages"]
+    first, second, third = (events(replies[k].content) for k in ("first", "second", "third"))
+    assert second[0] == {"type": "start", "messageId": f"{shown}-s1"}
+    assert third[0] == {"type": "start", "messageId": f"{shown}-s2"}
+    finishes = [
+        [c["messageMetadata"]["finishReason"] for c in s if c != "[DONE]" and c["type"] == "finish"]
+        for s in (first, second, third)
+    ]
+    assert finishes == [["steered"], ["steered"], ["stop"]]
+    assert [_text(s) for s in (first, second, third)] == ["", "", "answer"]
+    assert [m["id"] for m in stored] == ["u1", shown, "u2", f"{shown}-s1", "u3", f"{shown}-s2"]
 
 
 async def test_reject_is_the_default_409():

@@ -389,8 +389,23 @@ def test_the_reduced_body_is_the_last_user_message_and_the_scalar_fields() -> No
         "id": "s",
         "trigger": "submit-message",
         "junk": [],
-        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]}],
+        "messages": [
+            {"id": "a0", "role": "assistant"},  # the answer the client shows before it
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]},
+        ],
     }
+
+
+def test_a_long_assistant_id_before_the_last_user_message_is_not_kept() -> None:
+    body = {
+        "id": "s",
+        "messages": [
+            {"id": "a" * 10_000, "role": "assistant", "parts": []},
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]},
+        ],
+    }
+    reduced = chat_body.reduce_chat_body(orjson.dumps(body), 10, 10)
+    assert [m["id"] for m in reduced["messages"]] == ["u1"]
 
 
 def test_a_continuation_keeps_its_assistant_messages_answers() -> None:

@@ -249,9 +249,11 @@ async def test_a_message_steered_into_an_approved_turns_continuation_is_answered
 
 
 async def test_a_regenerate_from_the_client_that_streamed_a_steered_turn_is_refused_intact():
-    """``useChat`` holds the steered message only as a transient data part: its last
+    """A client that streamed the turn but did not send the steered message (another
+    client did: the page, a script) holds it only as a transient data part: its last
     user message is the turn's first. Its regenerate (or edit) of the answer is refused
-    (409) and nothing is cut: the stored turn, steered message and answer, stays."""
+    (409) and nothing is cut: the stored turn, steered message and answer, stays. (A
+    ``useChat`` client that sent it holds it where it is stored: test_steer_node.py.)"""
     import httpx
 
     from tests.test_busy_web import agent_of
@@ -285,3 +287,74 @@ async def test_a_regenerate_from_the_client_that_streamed_a_steered_turn_is_refu
     assert refused.status_code == 409, refused.text
     assert "last user message" in refused.json()["error"]
     assert after == before and len(script.requests) == 3
+
+
+async def test_a_followed_steer_yields_the_rest_of_the_turn_and_the_turn_stream_all_of_it():
+    """``session.stream(text, follow=True)`` under ``steer``: a ``start`` naming the
+    answer's stored message, then the turn's chunks from the steered one on (that one
+    left out); the running turn's own stream still yields every chunk, and says it hands
+    over at that message."""
+    script = Script(holding(), ["answer to both"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        seen: dict = {}
+
+        async def first() -> None:
+            async with session.stream("first") as out:
+                seen["first"] = [c async for c in out]
+                seen["hands_over"] = out.hands_over("u2")
+
+        async def steer() -> None:
+            async with session.stream("also this", user_message_id="u2", follow=True) as out:
+                seen["steered"] = out.steered
+                seen["rest"] = [c async for c in out]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await held["open"].wait()
+            nursery.start_soon(steer)
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+        record = await host.store.load("s")
+    answer = record.messages[-1]
+    types = [c.type for c in seen["first"]]
+    at = types.index("steered")
+    assert seen["steered"] and seen["hands_over"]
+    assert [c.type for c in seen["rest"]] == ["start", *types[at + 1 :]]
+    assert seen["rest"][0].message_id == answer.id == seen["first"][at].answer_id
+    assert answer.text == "answer to both"
+
+
+async def test_a_followed_steer_left_before_the_turn_took_it_hands_nothing_over():
+    """The steering caller leaves while its message waits for the boundary: it never
+    joins, and the running stream has nobody to hand over to (it shows the whole turn)."""
+    script = Script(holding(), ["only the first"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        seen: dict = {}
+
+        async def first() -> None:
+            async with session.stream("first") as out:
+                seen["first"] = [c async for c in out]
+                seen["hands_over"] = out.hands_over("u2")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await held["open"].wait()
+            leaving = trio.CancelScope()
+
+            async def steer() -> None:
+                with leaving:
+                    async with session.stream("also this", user_message_id="u2", follow=True):
+                        pass
+
+            nursery.start_soon(steer)
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.waiting_inputs == 1
+            leaving.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+        record = await host.store.load("s")
+    assert seen["hands_over"] is False
+    assert "steered" not in [c.type for c in seen["first"]]
+    assert kinds(record.messages) == ["User", "Assistant", "Tool"]  # no steered message

@@ -86,7 +86,12 @@ async def test_a_message_steered_during_step_1_is_seen_before_step_2s_model_call
     types = [c["type"] for c in chunks]
     at = types.index("data-steered")
     assert types[at + 1] == "start-step" and types[:at].count("start-step") == 2
-    assert chunks[at]["data"] == {"messageId": "u2", "text": "also this", "step": 2}
+    assert chunks[at]["data"] == {
+        "messageId": "u2",
+        "text": "also this",
+        "step": 2,
+        "answerId": f"{chunks[0]['messageId']}-s2",  # where the answer is stored
+    }
     assert chunks[at]["transient"] is True
     record = out["record"]
     assert record is not None and kinds(record.messages) == kinds(seen)

@@ -86,7 +86,12 @@ async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call
     types = [e["type"] for e in events]
     at = types.index("data-steered")
     assert types[:at].count("start-step") == 2 and types[at + 1] == "start-step"
-    assert events[at]["data"] == {"messageId": "u2", "text": "also this", "step": 2}
+    assert events[at]["data"] == {
+        "messageId": "u2",
+        "text": "also this",
+        "step": 2,
+        "answerId": f"{events[0]['messageId']}-s2",  # where the answer is stored
+    }
     answer = "".join(e["delta"] for e in events[at:] if e["type"] == "text-delta")
     assert answer == "echo: also this"  # step 2's request ended with the steered message
     assert record is not None

@@ -677,12 +677,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         steps from here on go to a new one (same turn, steps numbered on); the stored
         history shows the messages where the model saw them."""
         state = self.state
+        answer_id = steered_message_id(turn.first_message_id, turn.step)
         for item in turn.steering.take(turn.step):
             message = UserMessage(content=item.content, id=item.user_message_id)
             state.messages.append(message)
             turn.unsaved_steers.append((item, message))
             await turn.ctrl.send(
-                SteeredNotice(step=turn.step, message_id=message.id, text=message.text)
+                SteeredNotice(
+                    step=turn.step, message_id=message.id, text=message.text, answer_id=answer_id
+                )
             )
             await self.publish(
                 ev.TurnSteered(
@@ -693,7 +696,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     input=item.content,
                 )
             )
-        turn.message_id = steered_message_id(turn.first_message_id, turn.step)
+        turn.message_id = answer_id
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
         turn.parts = PartsManager()

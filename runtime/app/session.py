@@ -68,7 +68,7 @@ from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
 from runtime.messages import Message, UserContent, UserMessage
-from runtime.output import OutputChunk
+from runtime.output import OutputChunk, Start, Steered
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
 
@@ -195,6 +195,16 @@ class TurnStream:
     _receiving = False
     """While a task waits for the stream's next item (:meth:`_receive`): a second task
     reading it meanwhile is refused (a class default, as :attr:`_joining`)."""
+    _followers: dict[str, TurnStream] | None = None
+    """On a running turn's stream: the steering streams that :attr:`follow` it, by their
+    user message's id (a class default: set on the instance once one asks)."""
+    _followed: deque[OutputChunk] | None = None
+    """On a following stream (:attr:`follow`): the running turn's chunks from the one
+    that shows its message on, not read yet (``None`` until that chunk passed)."""
+    _follow_wake: trio.Event | None = None
+    answer_ids: tuple[str, ...] = ()
+    """The ids of the assistant messages its consumer was shown the turn's answer in: the
+    ``start`` chunk's, then each a following stream took over with (:meth:`hands_over`)."""
 
     continues: str | None = None
     """A continuation's (:class:`ResumeStream`): the id of the user message whose turn it
@@ -216,8 +226,14 @@ class TurnStream:
         on_busy: OnBusy | None = None,
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
+        follow: bool = False,
     ) -> None:
         self.session = session
+        self.follow = follow
+        """Once its input joined the running turn (``steer``), whether this stream yields
+        that turn's chunks from the one that shows the input on (:meth:`hands_over`):
+        first a ``start`` naming the assistant message the answer goes to (stored after
+        the input), then the rest of the turn. Without it a steered stream yields none."""
         self.on_busy = None if on_busy is None else check_on_busy(on_busy)
         """This turn's busy strategy, if not the session's (:meth:`Session.stream`)."""
         self.on_busy_now: OnBusy | None = None
@@ -521,7 +537,12 @@ class TurnStream:
             content=self.input, user_message_id=self.user_message_id or new_id("msg")
         )
         self.user_message_id = item.user_message_id
+        if self.follow:  # before the offer: the turn may take it at once
+            if running._followers is None:
+                running._followers = {}
+            running._followers[item.user_message_id] = self
         if not running._steering.offer(item):
+            self._unfollow(running, item.user_message_id)
             return False
         session = self.session
         self._joining = running._steering, item
@@ -532,6 +553,7 @@ class TurnStream:
             await item.taken.wait()
         except BaseException:
             running._steering.withdraw(item)  # the caller left first: it never joins
+            self._unfollow(running, item.user_message_id)
             raise
         finally:
             self._joining = None
@@ -539,12 +561,61 @@ class TurnStream:
             if not session._joiners:
                 session._joiners = None
         if self._withdrawn is not None:  # a stop named it before the turn took it
+            self._unfollow(running, item.user_message_id)
             raise self._withdrawn_error()
         if not item.accepted:
+            self._unfollow(running, item.user_message_id)
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
         return True
+
+    def _unfollow(self, running: TurnStream, message_id: str) -> None:
+        """This stream will not follow ``running`` (its input did not join it)."""
+        followers = running._followers
+        if followers is not None and followers.get(message_id) is self:
+            del followers[message_id]
+
+    def hands_over(self, message_id: str) -> bool:
+        """Whether the stream that steered user message ``message_id`` into this turn
+        follows it (:attr:`follow`): from the chunk that shows that message on, the turn's
+        chunks go to that stream too, which shows them after its message; a consumer that
+        shows the turn to the same client ends its own showing there (a following
+        stream's consumer too: the turn's are asked)."""
+        if self._host_stream is not None:
+            return self._host_stream.hands_over(message_id)
+        followers = self._followers
+        return followers is not None and message_id in followers
+
+    def _tee(self, chunks: Sequence[OutputChunk]) -> None:
+        """Hand the chunks its consumer takes to the streams that follow the turn: each
+        from the chunk that shows its message on (a ``start`` naming the answer's
+        message first), that chunk left out."""
+        followers = self._followers
+        assert followers is not None
+        for chunk in chunks:
+            for message_id, follower in followers.items():
+                if follower._followed is not None:
+                    follower._followed.append(chunk)
+                elif isinstance(chunk, Steered) and chunk.message_id == message_id:
+                    self.answer_ids = (*self.answer_ids, chunk.answer_id)
+                    follower._followed = deque(
+                        [
+                            Start(
+                                message_id=chunk.answer_id,
+                                seq=chunk.seq,
+                                session_id=chunk.session_id,
+                                turn_id=chunk.turn_id,
+                            )
+                        ]
+                    )
+        for follower in followers.values():
+            follower._wake_follower()
+
+    def _wake_follower(self) -> None:
+        event, self._follow_wake = self._follow_wake, None
+        if event is not None:
+            event.set()
 
     async def _wait_in_queue(self, strategy: OnBusy) -> None:
         """Wait in the session's queue (in arrival order) until no turn runs and none
@@ -609,6 +680,9 @@ class TurnStream:
         self._ended = True
         self.result = result
         self._steering.close()  # an input still waiting to join starts a turn of its own
+        if self._followers is not None:  # they end with this turn
+            for follower in self._followers.values():
+                follower._wake_follower()
         session = self.session
         if session.current is self:
             session.current = None
@@ -674,6 +748,14 @@ class TurnStream:
         try:
             if self._host_stream is not None:  # steered: nothing of its own, the turn's result
                 host = self._host_stream
+                if self.follow:  # ... or what that turn's consumer took from its step on
+                    while not self._followed and not host._over:
+                        self._follow_wake = trio.Event()
+                        await self._follow_wake.wait()
+                    if self._followed:
+                        self._buffer.extend(self._followed)
+                        self._followed.clear()
+                        return
                 await host.done.wait()
                 self._end(host.result)
                 return
@@ -701,6 +783,10 @@ class TurnStream:
         if isinstance(item, Batch):
             item.taken = True
             self._buffer.extend(item)
+            if not self.answer_ids and item and type(item[0]) is Start:
+                self.answer_ids = (item[0].message_id,)
+            if self._followers is not None:
+                self._tee(item)
         else:
             self._end(item.result)
 
@@ -1049,6 +1135,7 @@ class Session:
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
         regenerates: str | None = None,
+        follow: bool = False,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -1067,7 +1154,9 @@ class Session:
         :class:`~runtime.errors.SessionBusy` (``reject``), wait for the running turn to
         end (``enqueue``), cancel it (``interrupt``), or join it at its next step boundary
         (``steer``: then the stream's ``steered`` is set, it yields no chunks of its own,
-        and its ``result`` is the joined turn's).
+        and its ``result`` is the joined turn's; with ``follow``, it yields the joined
+        turn's chunks from the one that shows the input on, as :attr:`TurnStream.follow`
+        says).
 
         A durable turn (run by a worker, taken over by another if that one dies) names
         itself: ``turn_id`` is used instead of a new id (unless a turn of another session
@@ -1104,6 +1193,7 @@ class Session:
             on_busy=on_busy,
             tools=tools,
             instructions=instructions,
+            follow=follow,
         )
 
     @property

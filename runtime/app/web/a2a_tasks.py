@@ -203,6 +203,12 @@ def _stopped(part: ToolCallPart) -> bool:
     return w.reason in (SUPERSEDED, CANCELED_REASON) or w.error in (SUPERSEDED, CANCELED_REASON)
 
 
+def _continued(between: Sequence[Message]) -> bool:
+    """Whether a waiting turn went on after its calls' results: an assistant message of
+    its own follows them (before the next user message)."""
+    return any(isinstance(m, AssistantMessage) for m in between)
+
+
 def derive(
     messages: Sequence[Message], index: int, task_id: str, context_id: str, *, running: bool
 ) -> LiveTask:
@@ -234,6 +240,12 @@ def derive(
             note = pending_message(task_id, context_id, pending)
         else:  # decided, its continuation not run (yet): about to resume, or given up
             state = wire.WORKING if last else wire.CANCELED
+    elif awaiting and not last and not _continued(after[:nxt]):
+        # every call answered, but by the next message's turn (approved calls it ran, a
+        # denial's result), never by this task's own: superseded, as the live adapter
+        # marks a waiting task a new message overtakes
+        state = wire.CANCELED
+        note = _agent_note(task_id, context_id, "superseded by a later message")
     elif last and running:
         state = wire.WORKING
     else:

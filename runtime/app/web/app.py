@@ -25,7 +25,9 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     :mod:`runtime.busy`): 409 (``reject``), its own stream once the running turn is
     over (``enqueue``), the running turn cancelled and its own stream (``interrupt``),
     or 202 ``{"steered": true, "turnId", "messageId"}`` once the running turn took it
-    at a step boundary, whose stream shows the answer (``steer``).
+    at a step boundary, whose stream shows the answer (``steer``); from the client that
+    shows the running turn (``useChat`` sending while it streams), the rest of the turn
+    as this message's stream instead, the running stream ending there (docs/approval.md).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -103,11 +105,12 @@ from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import (
     classify_resend,
     client_message_id,
+    held_answer_id,
     regenerated_id,
     replay_response,
 )
 from runtime.app.web.resume import resume_stream, stop_turn
-from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, handed_over, ui_messages
 from runtime.app.web.writer import BodyWriter, SendDeadline
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
@@ -336,8 +339,14 @@ class TurnResponse:
         tools: tuple[Any, ...] = (),
         instructions: str | None = None,
         max_queued: int | None = None,
+        follow: bool = False,
     ) -> None:
         self.session = session
+        self.follow = follow
+        """Steered into the running turn (``steer``), stream the rest of that turn as the
+        answer to this message (the client shows the turn's answer so far, and ends its
+        showing of it where this message joined: :meth:`TurnStream.hands_over
+        <runtime.app.session.TurnStream.hands_over>`), instead of answering 202."""
         self.max_queued = max_queued
         """How many messages may wait for the session's running turn (``None``: no cap):
         one more is a 429 (:data:`MAX_QUEUED_PER_SESSION`)."""
@@ -411,6 +420,7 @@ class TurnResponse:
                         turn_id=self.turn_id,
                         tools=self.tools,
                         instructions=self.instructions,
+                        follow=self.follow,
                     )
                 )
                 waits = session.busy or session.queued > 0  # in the queue, or steered
@@ -420,7 +430,7 @@ class TurnResponse:
                     started = True
                     if self.disconnected:  # ... just as the turn started
                         out.cancel("client disconnected")
-                    if out.steered:  # the running turn took it: its stream shows the rest
+                    if out.steered and not out.follow:  # the running turn's stream shows the rest
                         await _steered(out)(scope, receive, send)
                         return
                     await self._stream(out, receive, send, self.background or local)
@@ -486,10 +496,16 @@ class TurnResponse:
                 nursery.cancel_scope.cancel()  # leave: the stream's exit waits for the save
             last_write = trio.current_time()
 
+        handed = False
+        """Whether the stream was handed over (:meth:`TurnStream.hands_over
+        <runtime.app.session.TurnStream.hands_over>`): ended for this client, the turn
+        goes on, and the stream of the message steered in shows the rest."""
+
         def cut() -> bool:
             """Whether the encoder ended the client's stream early (a chat.completions
-            stream after a ``reset-step``): the turn is no longer the client's to cancel."""
-            return bool(getattr(encoder, "cut", False))
+            stream after a ``reset-step``), or it was handed over: the turn is no longer
+            the client's to cancel."""
+            return handed or bool(getattr(encoder, "cut", False))
 
         async def watch_disconnect() -> None:
             while True:
@@ -512,9 +528,20 @@ class TurnResponse:
             if self.keepalive:
                 nursery.start_soon(keep_alive)
             async for chunk in out:
+                if handed:
+                    continue  # (read on: the turn feeds the stream that took over)
                 data = encoder.events(chunk)
+                if type(chunk) is o.Steered and out.hands_over(chunk.message_id):
+                    await write(data + handed_over(chunk))
+                    handed = True
+                    if not (self.disconnected or writer.stalled):
+                        await writer.close()  # the client's request is over
+                    continue
                 if data:
                     await write(data)
+            if handed:
+                nursery.cancel_scope.cancel()
+                return
             # [DONE] once the turn is saved and the session idle: a client may reload the
             # session or send its next message as soon as it sees it. An encoder with a
             # ``final(out)`` ends its protocol's stream its own way (AG-UI's RUN_FINISHED).
@@ -714,9 +741,13 @@ async def chat(request: Request) -> Any:
     )
     if resend == "retry":
         return replay_response(session.messages)
+    running = session.current
+    held = held_answer_id(payload)
     return TurnResponse(
         session,
         text,
+        # steered by the client that shows the running turn: the rest of it is its answer
+        follow=held is not None and running is not None and held in running.answer_ids,
         regenerate=regenerate or resend == "edit",
         user_message_id=client_id,
         regenerates=regenerated_id(payload) if regenerate else None,

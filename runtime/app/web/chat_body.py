@@ -33,6 +33,9 @@ ANSWER_KEYS = ("type", "toolCallId", "state", "approval", "input", "output", "er
 the call's input, which must be the stored call's."""
 MESSAGE_KEYS = ("id", "role", "content")
 """What the last user message has besides its parts that the server reads."""
+MAX_ID_CHARS = 256
+"""The longest assistant message id kept (:func:`_held_answer`): a turn's, even steered
+into, is far shorter."""
 CHILD_MEMORY = 2 << 30
 """Address space the parsing child may use (bytes): a body of nested empty arrays under
 the size limit still needs about a gigabyte of Python objects; past this it is refused."""
@@ -99,9 +102,25 @@ def _answers_message(message: dict[str, Any], max_parts: int) -> dict[str, Any]:
     return kept
 
 
+def _held_answer(messages: list[Any], at: int) -> list[dict[str, Any]]:
+    """The assistant message right before the last message ``messages[at]``, reduced to
+    its id (``[]`` if there is none): what a ``useChat`` client that sends while a turn
+    streams shows that turn's answer in (``steer``: :mod:`runtime.app.web.resend`)."""
+    if at != len(messages) - 1 or at == 0:
+        return []
+    held = messages[at - 1]
+    if type(held) is not dict or held.get("role") != "assistant":
+        return []
+    value = held.get("id")
+    if type(value) is not str or len(value) > MAX_ID_CHARS:  # (no stored id is longer)
+        return []
+    return [{"id": value, "role": "assistant"}]
+
+
 def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, Any]:
     """``raw``'s top-level scalar fields and ``messages``: its last user message alone,
-    with its parts reduced to :data:`PART_KEYS` (only text and file parts kept); or,
+    with its parts reduced to :data:`PART_KEYS` (only text and file parts kept), after
+    the id of the assistant message before it when the body ends with it; or,
     when the last message is the assistant's (a continuation answering a waiting turn,
     :mod:`runtime.app.web.answers`), that message alone with its tool parts.
 
@@ -123,13 +142,14 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
     if messages and type(messages[-1]) is dict and messages[-1].get("role") == "assistant":
         reduced["messages"] = [_answers_message(messages[-1], max_parts)]
         return reduced
-    for message in reversed(messages):
+    for at in range(len(messages) - 1, -1, -1):
+        message = messages[at]
         if type(message) is dict and message.get("role") == "user":
             last = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}
             parts = message.get("parts")
             if type(parts) is list:
                 last["parts"] = _counted_parts(parts, max_parts, max_files)
-            reduced["messages"] = [last]
+            reduced["messages"] = [*_held_answer(messages, at), last]
             return reduced
     raise BodyRefused(400, "no user message in 'messages'")
 

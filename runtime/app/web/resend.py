@@ -41,6 +41,19 @@ def client_message_id(payload: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and _ID.fullmatch(value) else None
 
 
+def held_answer_id(payload: dict[str, Any]) -> str | None:
+    """The id of the assistant message right before the body's last message: what a
+    ``useChat`` client that sends while a turn streams shows that turn's answer in."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return None
+    held = messages[-2]
+    if not isinstance(held, dict) or held.get("role") != "assistant":
+        return None
+    value = held.get("id")
+    return value if isinstance(value, str) else None
+
+
 def regenerated_id(payload: dict[str, Any]) -> str | None:
     """The id of the answer a regenerate replaces, as the client names it (the AI SDK's
     ``messageId``), if it is a string: a stop naming it stops the regenerate's turn."""
@@ -77,4 +90,11 @@ def replay_response(history: Sequence[Any]) -> Response:
     return Response(body + DONE, headers=HEADERS)
 
 
-__all__ = ["Resend", "classify_resend", "client_message_id", "regenerated_id", "replay_response"]
+__all__ = [
+    "Resend",
+    "classify_resend",
+    "client_message_id",
+    "held_answer_id",
+    "regenerated_id",
+    "replay_response",
+]

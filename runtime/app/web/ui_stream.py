@@ -28,8 +28,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
 * ``steered`` (a user message joined the running turn, ``on_busy="steer"``) ->
   ``data-steered`` with ``transient: true`` (``id`` and ``data.messageId``: the stored
-  user message's id; ``data.text``, ``data.step``), before the step that first sees it:
-  ``onData`` gets it and the page shows it as the user's bubble at once;
+  user message's id; ``data.text``, ``data.step``, ``data.answerId``: the id of the
+  assistant message stored after it), before the step that first sees it: ``onData``
+  gets it and the page shows it as the user's bubble at once;
 * ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
   fallback provider) -> ``reset-step``, the AI SDK's own chunk (``ai`` 7): its
   ``readUIMessageStream`` removes every part added since the step's ``start-step``;
@@ -140,6 +141,8 @@ class UIStreamEncoder:
         SDK hands it to ``onData``, it is no part of the assistant message), which the
         page shows as the user's bubble; the stored session has it as a user message."""
         data = {"messageId": chunk.message_id, "text": chunk.text, "step": chunk.step}
+        if chunk.answer_id:  # where the turn's answer goes on (stored after the message)
+            data["answerId"] = chunk.answer_id
         return [{"type": "data-steered", "id": chunk.message_id, "data": data, "transient": True}]
 
     def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
@@ -397,6 +400,17 @@ def ui_parts(content: UserContent) -> list[dict[str, Any]]:
 def ui_output(output: Any) -> Any:
     """A tool's output for the UI: media parts as :func:`ui_parts`, anything else as is."""
     return ui_parts(output) if is_media_output(output) else output
+
+
+def handed_over(chunk: o.Steered) -> bytes:
+    """The end of a stream whose client steered message ``chunk.message_id`` into the
+    turn and reads the rest of it from that message's own stream (``follow``): a
+    ``finish`` (``finishReason`` ``other``; ``messageMetadata.finishReason``
+    ``steered``, with the message's id and ``answerId``, the answer's message), then
+    ``[DONE]``. ``useChat`` ends this message there, and shows the rest in the message
+    after the one it sent, as the session stores it."""
+    meta = {"finishReason": "steered", "steeredBy": chunk.message_id, "answerId": chunk.answer_id}
+    return sse({"type": "finish", "finishReason": "other", "messageMetadata": meta}) + DONE
 
 
 def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:

@@ -1,0 +1,85 @@
+// Drives Axon's POST /api/chat with the `ai` package's AbstractChat (what useChat wraps)
+// through a steer: sendMessage "first"; once its turn streams a call of the `hold` tool,
+// sendMessage "also this" (the session's busy strategy is `steer`); then, with
+// `"regenerate": true`, regenerate().
+//
+//   node steer_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s"}'
+//
+// Prints one JSON object: the request bodies sent, the chat's messages once both sends
+// are over (`steered`) and at the end (`messages`), the data parts `onData` got, its
+// status and error (if any).
+
+const config = JSON.parse(process.argv[2]);
+const { AbstractChat, DefaultChatTransport } = await import(config.ai ?? "ai");
+
+class State {
+  status = "ready";
+  error = undefined;
+  messages = [];
+  pushMessage(m) {
+    this.messages = [...this.messages, m];
+  }
+  popMessage() {
+    this.messages = this.messages.slice(0, -1);
+  }
+  replaceMessage(i, m) {
+    this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)];
+  }
+  snapshot(x) {
+    return structuredClone(x);
+  }
+}
+
+class Chat extends AbstractChat {
+  constructor(init) {
+    super({ ...init, state: new State() });
+  }
+}
+
+const bodies = [];
+const data = [];
+const statuses = [];
+const transport = new DefaultChatTransport({
+  api: `${config.url}/api/chat`,
+  fetch: async (url, init) => {
+    bodies.push(JSON.parse(init.body));
+    return fetch(url, init);
+  },
+});
+const chat = new Chat({
+  id: config.chatId,
+  transport,
+  onData: (part) => data.push(part),
+});
+
+const holding = () =>
+  chat.messages.some(
+    (m) => m.role === "assistant" && m.parts.some((p) => p.type === "tool-hold"),
+  );
+
+const first = chat.sendMessage({ text: "first" });
+while (!holding()) {
+  await new Promise((resolve) => setTimeout(resolve, 5));
+}
+statuses.push(chat.status);
+const steer = chat.sendMessage({ text: "also this" });
+statuses.push(chat.status);
+await Promise.all([first, steer]);
+const steered = structuredClone(chat.messages);
+statuses.push(chat.status);
+const errors = [chat.error ? String(chat.error.message) : null];
+if (config.regenerate) {
+  await chat.regenerate();
+  errors.push(chat.error ? String(chat.error.message) : null);
+}
+console.log(
+  JSON.stringify({
+    bodies,
+    steered,
+    messages: chat.messages,
+    data,
+    statuses,
+    status: chat.status,
+    errors,
+  }),
+);
