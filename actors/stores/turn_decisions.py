@@ -224,9 +224,23 @@ class TurnDecisions:
                 f"{call.approval_id!r} can no longer be decided: a later message superseded it"
             ) from None
 
+    async def now(self) -> float:
+        """PostgreSQL's clock (``clock_timestamp()``, seconds since the epoch): the one
+        clock every worker's wait deadlines are set and expired by, so a worker whose own
+        wall clock is off neither cuts a person's wait short nor stretches it
+        (:class:`runtime.app.queue_clock.QueueClock`)."""
+        row = await self.store.run(
+            "the database's clock",
+            lambda conn: conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp())::float8"
+            ).fetchone(),
+            transaction=False,
+        )
+        return float(row[0])
+
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
-        """Waiting turns whose ``expires_at`` is at or before ``now`` (the caller's wall
-        clock, as the deadline was stored), oldest deadline first. Each is held back from
+        """Waiting turns whose ``expires_at`` is at or before ``now`` (the queue's clock,
+        :meth:`now`, as the deadline was stored), oldest deadline first. Each is held back from
         other callers for :data:`EXPIRY_HOLD` seconds (its deadline moved on by that
         much), so two workers looking at once do not both expire it; the one that does
         sets its next deadline (:meth:`set_expiry`) or resumes it."""
