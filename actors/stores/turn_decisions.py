@@ -228,7 +228,7 @@ class TurnDecisions:
         """PostgreSQL's clock (``clock_timestamp()``, seconds since the epoch): the one
         clock every worker's wait deadlines are set and expired by, so a worker whose own
         wall clock is off neither cuts a person's wait short nor stretches it
-        (:class:`runtime.app.queue_clock.QueueClock`)."""
+        (:class:`runtime.clocks.AnchoredClock`)."""
         row = await self.store.run(
             "the database's clock",
             lambda conn: conn.execute(

@@ -94,13 +94,14 @@ from runtime.app.commands import (
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
-from runtime.app.queue_clock import QueueClock
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
+from runtime.clocks import AnchoredClock
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
     InvalidHistory,
     LeaseLost,
+    RateLimitUnavailable,
     RegenerateOutdated,
     RelayUnavailable,
     StoreError,
@@ -444,7 +445,7 @@ class Worker:
         whose session was deleted while it ran is ``cancelled``)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
-        self._clock: QueueClock | None = None
+        self._clock: AnchoredClock | None = None
         """The queue's clock, which the host's wait deadlines run on (once running)."""
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
@@ -475,8 +476,8 @@ class Worker:
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             # Wait deadlines are set and expired by the queue's clock, not this machine's
-            # (runtime/app/queue_clock.py): workers' wall clocks differ.
-            clock = self._clock = QueueClock(self.queue)
+            # (runtime/clocks.py): workers' wall clocks differ.
+            clock = self._clock = AnchoredClock(self.queue.now)
             await self._sync_clock()
             host.clock = clock
             # The worker's loop waits on PostgreSQL and Redis between a turn's events, so
@@ -486,6 +487,12 @@ class Worker:
             shared = getattr(self.relay, "rate_limits", None)
             if shared is not None:  # rate limits kept by all the workers together
                 host.rate_limits = shared()
+                sync = getattr(host.rate_limits, "sync_clock", None)
+                if sync is not None:  # Redis's clock, before the first call counts
+                    try:
+                        await sync()
+                    except RateLimitUnavailable as exc:  # each call tries again
+                        log().warning("worker.clock_sync_failed", error=redact(str(exc)))
             self.host = host
             for plugin in self.plugins:
                 await host.start_actor(plugin)
@@ -644,8 +651,8 @@ class Worker:
 
     async def _expire_waits(self) -> None:
         """Every ``poll`` seconds: the waiting turns whose deadline passed (as of the
-        host's clock: the queue's, :class:`QueueClock`), each expired here (one worker
-        per turn: the queue holds it back from the others meanwhile)."""
+        host's clock: the queue's, :class:`~runtime.clocks.AnchoredClock`), each expired
+        here (one worker per turn: the queue holds it back from the others meanwhile)."""
         while True:
             await trio.sleep(self.poll)
             host = self.host

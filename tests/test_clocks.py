@@ -1,5 +1,5 @@
-"""The worker's wait clock (runtime/app/queue_clock.py): the queue's time, carried on
-the monotonic clock, so a step of this machine's wall clock does not move it."""
+"""An authority's clock (runtime/clocks.py): the queue's time, or Redis's, carried on the
+monotonic clock, so a step of this machine's wall clock does not move it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runtime.app.queue_clock import QueueClock
+from runtime.clocks import AnchoredClock
 
 
 class Source:
@@ -35,7 +35,7 @@ def monotonic(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 async def test_the_clock_reads_the_queues_time_not_the_machines(monotonic, monkeypatch):
     monkeypatch.setattr(time, "time", lambda: 5_000.0)  # the machine: an hour off
-    clock = QueueClock(Source(monotonic, reading=8_600.0))
+    clock = AnchoredClock(Source(monotonic, reading=8_600.0).now)
     await clock.sync()
     monotonic[0] += 30
     assert clock() == 8_630.0
@@ -44,7 +44,7 @@ async def test_the_clock_reads_the_queues_time_not_the_machines(monotonic, monke
 async def test_a_step_of_the_wall_clock_does_not_move_the_synced_clock(monotonic, monkeypatch):
     wall = [8_600.0]
     monkeypatch.setattr(time, "time", lambda: wall[0])
-    clock = QueueClock(Source(monotonic, reading=8_600.0))
+    clock = AnchoredClock(Source(monotonic, reading=8_600.0).now)
     await clock.sync()
     wall[0] -= 3600  # the machine's clock stepped back an hour
     monotonic[0] += 10
@@ -53,7 +53,7 @@ async def test_a_step_of_the_wall_clock_does_not_move_the_synced_clock(monotonic
 
 async def test_a_reading_with_a_slow_round_trip_does_not_replace_a_quick_one(monotonic):
     source = Source(monotonic, reading=8_600.0, trip=0.01)
-    clock = QueueClock(source)
+    clock = AnchoredClock(source.now)
     await clock.sync()
     source.reading, source.trip = 9_999.0, 30.0  # answered at some moment of 30 s
     await clock.sync()
@@ -61,7 +61,7 @@ async def test_a_reading_with_a_slow_round_trip_does_not_replace_a_quick_one(mon
 
 
 async def test_the_clock_is_due_for_a_reading_until_synced_and_again_a_minute_on(monotonic):
-    clock = QueueClock(Source(monotonic, reading=1.0))
+    clock = AnchoredClock(Source(monotonic, reading=1.0).now)
     assert clock.due()
     await clock.sync()
     assert not clock.due()
