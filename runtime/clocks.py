@@ -16,6 +16,10 @@ Reading the authority at every use would cost a round trip each time, so
 :class:`AnchoredClock` reads it once (:meth:`~AnchoredClock.sync`) and carries it forward
 on this process's monotonic clock, which no step of the wall clock moves; its owner
 syncs again every :data:`RESYNC` seconds, so the two clocks' drift stays negligible.
+
+In one process (the embedded host) the same rule takes the other form: durations on one
+monotonic clock. :class:`SteadyWallClock` reads the wall clock once and carries it on
+Trio's clock.
 """
 
 from __future__ import annotations
@@ -75,4 +79,23 @@ class AnchoredClock:
         return self.synced_at is None or time.monotonic() - self.synced_at >= RESYNC
 
 
-__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock"]
+class SteadyWallClock:
+    """``clock()``: this machine's wall clock as read once (at the first call), carried
+    on Trio's clock, which is monotonic: the embedded host's wait deadlines. A deadline
+    is stored as wall-clock time so that it holds across a restart (a new host reads the
+    wall clock again, and a wait whose deadline passed while it was down is past); while
+    the host runs, a step of the wall clock (NTP correcting it, a VM restored) neither
+    stretches a person's wait by the step nor cuts it short. The first call must be
+    made inside ``trio.run``."""
+
+    def __init__(self) -> None:
+        self._anchor: tuple[float, float] | None = None
+
+    def __call__(self) -> float:
+        if self._anchor is None:
+            self._anchor = (time.time(), trio.current_time())
+        wall, at = self._anchor
+        return wall + (trio.current_time() - at)
+
+
+__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock", "SteadyWallClock"]

@@ -14,7 +14,17 @@ from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.messages import ToolMessage
 from tests.support.skew import skewed
-from tests.test_workers import Workers, cluster, finished, redis_url, sql, wait_for, workers
+from tests.support.worker_agent import read_ledger
+from tests.test_workers import (
+    Workers,
+    cluster,
+    finished,
+    in_first_tool,
+    redis_url,
+    sql,
+    wait_for,
+    workers,
+)
 
 __all__ = ["cluster", "redis_url", "workers"]  # the fixtures, used by name
 
@@ -76,3 +86,17 @@ async def test_a_worker_an_hour_ahead_expires_only_the_waits_the_database_says_a
     results = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert [r.error for r in results] == ["the tool call was denied: timed out"]
     assert len(sql(pg_url, "SELECT 1 FROM axon_turns WHERE status = 'awaiting-input'")) == 1
+
+
+async def test_a_worker_an_hour_ahead_takes_no_live_workers_turn_over(
+    pg_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
+) -> None:
+    _, queue = cluster
+    workers.start("live", AXON_TEST_DELAY="0.03")  # a turn of several leases
+    turn = await queue.submit("s1", "tools one")
+    await in_first_tool(pg_url)
+    workers.start("ahead", **skewed(HOUR))
+    done = await finished(queue, turn.turn_id)
+    assert (done.status, done.attempts, done.epoch) == ("done", 1, 1)
+    effects, _ = read_ledger(pg_url)
+    assert sorted(effects.values()) == [1, 1]  # each tool ran once

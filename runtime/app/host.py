@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -40,6 +39,7 @@ from runtime.app.gcpacing import acquire_pacer, release_pacer
 from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
+from runtime.clocks import SteadyWallClock
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
@@ -323,9 +323,11 @@ class Host:
         self._ending: BaseException | None = None
         """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
         ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
-        self.clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = SteadyWallClock()
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
-        since the epoch; replaceable (a test's fake clock)."""
+        since the epoch: read once, then carried on Trio's clock, so a step of the
+        machine's clock does not move a deadline (:mod:`runtime.clocks`; a worker's is
+        the queue's clock); replaceable (a test's fake clock)."""
         self.expiry = ExpiryWatch(self)
         self.rate_limits: LimitBackend = MemoryBackend()
         """Where the providers' rate limits are counted (:mod:`runtime.ratelimit`): this
