@@ -14,8 +14,9 @@ Redis's ``TIME`` for rate limits.
 
 Reading the authority at every use would cost a round trip each time, so
 :class:`AnchoredClock` reads it once (:meth:`~AnchoredClock.sync`) and carries it forward
-on this process's monotonic clock, which no step of the wall clock moves; its owner
-syncs again every :data:`RESYNC` seconds, so the two clocks' drift stays negligible.
+on this process's steady clock (:func:`steady`), which no step of the wall clock moves
+and which counts a machine's suspend; its owner syncs again every :data:`RESYNC`
+seconds, so the two clocks' drift stays negligible.
 
 In one process (the embedded host) the same rule takes the other form: durations on one
 monotonic clock. :class:`SteadyWallClock` reads the wall clock once and carries it on
@@ -37,23 +38,39 @@ MAX_ROUND_TRIP: Final = 1.0
 could be from any moment of the trip), unless none is held yet."""
 
 
+if hasattr(time, "CLOCK_BOOTTIME"):  # Linux
+
+    def steady() -> float:
+        """Seconds on a clock no wall-clock step moves that counts the time the machine
+        was suspended (``CLOCK_BOOTTIME``): carried on ``time.monotonic``, which stops
+        while the machine sleeps, a worker resumed after an hour would set deadlines an
+        hour early until its next reading."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - elsewhere the monotonic clock is the steady one there is
+
+    def steady() -> float:
+        """Seconds on a clock no wall-clock step moves (``time.monotonic``)."""
+        return time.monotonic()
+
+
 class AnchoredClock:
     """``clock()`` (or ``clock.now()``): the authority's time in seconds since the epoch,
-    as of the last :meth:`sync` plus the monotonic time since. Until the first sync it
+    as of the last :meth:`sync` plus the :func:`steady` time since. Until the first sync it
     is this process's wall clock (an authority that never answered: nothing better is
     known). ``read`` is the authority: one round trip, its time."""
 
     def __init__(self, read: Callable[[], Awaitable[float]]) -> None:
         self.read = read
         self._base = time.time()
-        self._at = time.monotonic()
+        self._at = steady()
         self._trip: float | None = None
         """The round trip of the reading held (``None``: none yet)."""
         self.synced_at: float | None = None
-        """``time.monotonic()`` of the last reading taken."""
+        """``steady()`` of the last reading taken."""
 
     def __call__(self) -> float:
-        return self._base + (time.monotonic() - self._at)
+        return self._base + (steady() - self._at)
 
     def now(self) -> float:
         """The same as calling the clock (:class:`runtime.ratelimit.Clock`'s shape)."""
@@ -65,9 +82,9 @@ class AnchoredClock:
 
     async def sync(self) -> None:
         """Read the authority's clock (a failure propagates: the old reading stays)."""
-        sent = time.monotonic()
+        sent = steady()
         reading = await self.read()
-        back = time.monotonic()
+        back = steady()
         trip = back - sent
         self.synced_at = back
         if self._trip is not None and trip > MAX_ROUND_TRIP and trip > self._trip:
@@ -76,7 +93,7 @@ class AnchoredClock:
 
     def due(self) -> bool:
         """Whether :data:`RESYNC` seconds passed since the last reading (or none was)."""
-        return self.synced_at is None or time.monotonic() - self.synced_at >= RESYNC
+        return self.synced_at is None or steady() - self.synced_at >= RESYNC
 
 
 class SteadyWallClock:
@@ -98,4 +115,4 @@ class SteadyWallClock:
         return wall + (trio.current_time() - at)
 
 
-__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock", "SteadyWallClock"]
+__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock", "SteadyWallClock", "steady"]

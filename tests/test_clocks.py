@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from runtime import clocks
 from runtime.clocks import AnchoredClock
 
 
@@ -29,7 +30,7 @@ class Source:
 @pytest.fixture
 def monotonic(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clocks, "steady", lambda: now[0])
     return now
 
 
@@ -67,3 +68,8 @@ async def test_the_clock_is_due_for_a_reading_until_synced_and_again_a_minute_on
     assert not clock.due()
     monotonic[0] += 60
     assert clock.due()
+
+
+def test_the_steady_clock_counts_a_suspend_where_the_system_has_one():
+    if hasattr(time, "CLOCK_BOOTTIME"):  # Linux: time.monotonic stops while suspended
+        assert abs(clocks.steady() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1
