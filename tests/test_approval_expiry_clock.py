@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import trio
+import trio.testing
 
 from runtime.app.host import Host
 from runtime.events import ToolApprovalExpired
@@ -68,3 +69,40 @@ async def test_a_restart_after_the_deadline_reads_the_wall_clock_again(
         assert session.pending == ()
         await trio.testing.wait_all_tasks_blocked()
         assert results(session) == ["the tool call was denied: timed out"]
+
+
+HOUR = 3600.0
+
+
+def deadline_left(pg_url: str, session) -> float:  # type: ignore[no-untyped-def]
+    """The session's wait deadline less PostgreSQL's clock."""
+    from tests.test_workers import sql
+
+    ((now,),) = sql(pg_url, "SELECT extract(epoch FROM clock_timestamp())::float8")
+    (call,) = [p for p in session.messages[1].content if getattr(p, "awaiting", None)]
+    return float(call.awaiting.expires_at) - float(now)
+
+
+async def test_an_embedded_host_an_hour_behind_on_a_shared_store_sets_the_databases_deadline(
+    pg_url, monkeypatch
+):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - HOUR)  # this machine's clock
+    async with Host.open(store=pg_url, log_tap=False) as host:
+        session = await host.open_session(agent(600), session_id="s")
+        await session.run("go")
+    assert 500 < deadline_left(pg_url, session) <= 600
+
+
+async def test_an_embedded_host_an_hour_ahead_on_a_shared_store_keeps_anothers_wait(
+    pg_url, monkeypatch
+):
+    async with Host.open(store=pg_url, log_tap=False) as host:  # a host whose clock is right
+        await (await host.open_session(agent(600), session_id="s")).run("go")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + HOUR)  # another machine's clock
+    async with Host.open(store=pg_url, log_tap=False) as host:
+        session = await host.open_session(agent(600), session_id="s")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [c.tool_call_id for c in session.pending] == ["D"]  # not expired on load
+    assert ran == []

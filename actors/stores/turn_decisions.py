@@ -225,18 +225,11 @@ class TurnDecisions:
             ) from None
 
     async def now(self) -> float:
-        """PostgreSQL's clock (``clock_timestamp()``, seconds since the epoch): the one
-        clock every worker's wait deadlines are set and expired by, so a worker whose own
-        wall clock is off neither cuts a person's wait short nor stretches it
-        (:class:`runtime.clocks.AnchoredClock`)."""
-        row = await self.store.run(
-            "the database's clock",
-            lambda conn: conn.execute(
-                "SELECT extract(epoch FROM clock_timestamp())::float8"
-            ).fetchone(),
-            transaction=False,
-        )
-        return float(row[0])
+        """PostgreSQL's clock (:meth:`PostgresStore.now
+        <actors.stores.postgres.PostgresStore.now>`): the one clock every worker's wait
+        deadlines are set and expired by, so a worker whose own wall clock is off neither
+        cuts a person's wait short nor stretches it (:class:`runtime.clocks.AnchoredClock`)."""
+        return float(await self.store.now())
 
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
         """Waiting turns whose ``expires_at`` is at or before ``now`` (the queue's clock,
