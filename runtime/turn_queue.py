@@ -528,6 +528,11 @@ class TurnQueue(Protocol):
         (:func:`~runtime.approval.record_decision`)."""
         ...
 
+    async def now(self) -> float:
+        """The queue's clock, in seconds since the epoch (PostgreSQL's): what every
+        worker sets and expires wait deadlines by, whatever its own wall clock says."""
+        ...
+
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
         """Waiting turns whose deadline is at or before ``now``, each held back from
         other callers for a while (so that two workers do not expire it at once)."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -40,12 +39,14 @@ from runtime.app.gcpacing import acquire_pacer, release_pacer
 from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
+from runtime.clocks import AnchoredClock, SteadyWallClock
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
     HostClosed,
     InvalidHistory,
     SessionBusy,
+    StoreError,
     reraise,
     sole_exception,
 )
@@ -58,6 +59,7 @@ from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
+from runtime.redact import redact
 from runtime.store import SessionRecord, Store, validate_session_id
 
 if TYPE_CHECKING:
@@ -323,15 +325,30 @@ class Host:
         self._ending: BaseException | None = None
         """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
         ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
-        self.clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = SteadyWallClock()
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
-        since the epoch; replaceable (a test's fake clock)."""
+        since the epoch: read once, then carried on Trio's clock, so a step of the
+        machine's clock does not move a deadline; on a store with a clock of its own
+        (PostgreSQL, which hosts on several machines may share) that clock, read by
+        :meth:`sync_clock` (:mod:`runtime.clocks`); replaceable (a test's fake clock)."""
         self.expiry = ExpiryWatch(self)
         self.rate_limits: LimitBackend = MemoryBackend()
         """Where the providers' rate limits are counted (:mod:`runtime.ratelimit`): this
         process by default; a worker replaces it with its relay's Redis, shared by all
         the workers, before any provider starts."""
         """The timer of the waiting sessions this host has seen (:mod:`runtime.app.expiry`)."""
+
+    async def sync_clock(self) -> None:
+        """Read the store's clock again if a minute passed since the last reading (a
+        clock of a store shared by several machines: :class:`~runtime.clocks.AnchoredClock`);
+        a store that does not answer keeps the reading held (logged)."""
+        clock = self.clock
+        if not isinstance(clock, AnchoredClock) or not clock.due():
+            return
+        try:
+            await clock.sync()
+        except StoreError as exc:
+            get_logger("axon.host").warning("host.clock_sync_failed", error=redact(str(exc)))
 
     @classmethod
     @asynccontextmanager
@@ -414,6 +431,10 @@ class Host:
                     nursery.cancel_scope.cancel()
                     raise
                 made = host
+                read = getattr(the_store, "now", None)
+                if callable(read):  # a store other machines' hosts may share: its clock
+                    host.clock = AnchoredClock(read)
+                    await host.sync_clock()
                 host._block = outer.cancel_scope
                 host.supervisor.on_fatal = host.end_for
                 try:
@@ -759,6 +780,8 @@ class Host:
         # A worker's host never expires waits itself: there the turn queue owns a turn's
         # resumption (runtime.app.worker), and a resume outside it could run on two workers.
         expires_here = not self.expects_other_writers
+        if expires_here:
+            await self.sync_clock()
         if expires_here and record is not None and expired(record.messages, self.clock()):
             resume = await expire_session(self, sid, agent)  # decided before it is read
             record = await self.store.load(sid)
