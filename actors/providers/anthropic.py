@@ -403,23 +403,68 @@ def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
+def tool_loop_start(messages: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the first assistant message of the turn a request continues, or
+    ``None`` when it starts a turn (it ends with the user's own words, not only
+    ``tool_result`` s).
+
+    The API reads a tool loop as one assistant turn: its messages run from the first
+    assistant message after the user's last message that was more than tool results,
+    through each step and its results."""
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return None
+    start = None
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i]["content"]
+        if messages[i]["role"] == "assistant":
+            start = i
+        elif not (
+            isinstance(content, list) and content and content[0].get("type") == "tool_result"
+        ):
+            break
+    return start
+
+
 def thinking_allowed(messages: Sequence[dict[str, Any]]) -> bool:
     """Whether a request of these (mapped) ``messages`` may turn extended thinking on.
 
-    Not when it continues a tool loop (it ends with ``tool_result`` s) whose last
+    Not when it continues a tool loop (it ends with ``tool_result`` s) whose *first*
     assistant message does not start with a thinking block: the API refuses that ("When
     `thinking` is enabled, a final `assistant` message must start with a thinking
-    block"). That happens when the step was made by another model or provider (a
-    fallback, a turn continued after an approval or a restart under another model),
-    whose thinking cannot be sent here: that one call goes without thinking."""
-    if len(messages) < 2 or messages[-1]["role"] != "user":
+    block"), its "final assistant message" being the whole tool loop. That happens when
+    the loop was begun by another model or provider (a fallback, a turn continued after
+    an approval or a restart under another model), whose thinking cannot be sent here:
+    the rest of that loop goes without thinking. Later steps without thinking of their
+    own (Claude thinks once a turn without interleaved thinking) keep it on: the docs
+    want one thinking mode for the whole turn."""
+    start = tool_loop_start(messages)
+    if start is None:
         return True
-    last = messages[-1]["content"]
-    if not isinstance(last, list) or not last or last[0].get("type") != "tool_result":
-        return True
-    previous = messages[-2]["content"]
-    first = previous[0] if isinstance(previous, list) and previous else {}
+    content = messages[start]["content"]
+    first = content[0] if isinstance(content, list) and content else {}
     return first.get("type") in ("thinking", "redacted_thinking")
+
+
+def without_loop_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` less the thinking blocks of the tool loop they continue, for a request
+    with thinking off: the API refuses thinking there ("When thinking is disabled, an
+    `assistant` message in the final position cannot contain `thinking`"). A loop begun
+    with thinking and finished by Claude without it (a fallback to another
+    :class:`AnthropicProvider` of the same model, an agent that turned thinking off)
+    sends its steps without their thinking; earlier turns keep theirs, which the API
+    takes and ignores."""
+    start = tool_loop_start(messages)
+    if start is None:
+        return messages
+    out = list(messages[:start])
+    for msg in messages[start:]:
+        content = msg["content"]
+        if msg["role"] == "assistant" and isinstance(content, list):
+            kept = [b for b in content if b.get("type") not in ("thinking", "redacted_thinking")]
+            if kept != content:
+                msg = {**msg, "content": kept or EMPTY_INPUT}
+        out.append(msg)
+    return out
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
@@ -1262,6 +1307,8 @@ class AnthropicProvider(SDKProvider):
         thinking = self.thinking_budget is not None and thinking_allowed(messages)
         if thinking:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        else:
+            params["messages"] = without_loop_thinking(messages)
         if request.output is not None:
             map_output(params, request.output, thinking=thinking)
         known = self._known_params(self._get_client().messages.create)
@@ -1324,6 +1371,8 @@ class AnthropicProvider(SDKProvider):
             params["tools"] = map_tools(tools)
         if self.thinking_budget is not None and thinking_allowed(mapped):
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        else:
+            params["messages"] = without_loop_thinking(mapped)
         try:
             counted = await self._get_client().messages.count_tokens(**params)
         except Exception as exc:

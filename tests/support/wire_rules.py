@@ -11,7 +11,9 @@ and the errors they answer, not from the mapping code:
   has content ("content cannot be empty if `is_error` is true"), every ``tool_use`` is
   answered by a ``tool_result`` in the very next (user) message, the results first in
   it, and no result without its call;
-  ``thinking`` carries a signature; the request starts with a user message ("first
+  ``thinking`` carries a signature (anywhere in an assistant message: interleaved
+  thinking puts it after text and tool calls); a tool loop opens with thinking when
+  thinking is on and holds none when it is off; the request starts with a user message ("first
   message must use the "user" role") and ends with one (models without prefill answer
   a final assistant message with a 400);
 * Chat Completions: every assistant ``tool_calls`` id (1 to 40 characters; its
@@ -60,24 +62,63 @@ def _blank_result(content: Any) -> bool:
     return _blank(content)
 
 
-def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) -> list[str]:
-    """``thinking``: the request turns extended thinking on, so a tool loop's last
-    assistant message must start with a thinking block."""
+def _loop_start(messages: list[dict[str, Any]]) -> int | None:
+    """The first assistant message of the tool loop a request continues (the API's "final
+    assistant message": the loop's steps and their results are one assistant turn), or
+    ``None`` when the request ends with more than tool results."""
+    last = messages[-1].get("content")
+    if messages[-1].get("role") != "user" or not (
+        isinstance(last, list) and last and last[0].get("type") == "tool_result"
+    ):
+        return None
+    start = None
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content")
+        if messages[i].get("role") == "assistant":
+            start = i
+        elif not (
+            isinstance(content, list) and content and content[0].get("type") == "tool_result"
+        ):
+            break
+    return start
+
+
+def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = None) -> list[str]:
+    """``thinking``: whether the request turns extended thinking on (``None``: not
+    known, neither rule below checked). On, the tool loop the request continues must
+    start with a thinking block ("When `thinking` is enabled, a final `assistant`
+    message must start with a thinking block (preceeding the lastmost set of `tool_use`
+    and `tool_result` blocks)"); off, no message of that loop may hold one ("When
+    thinking is disabled, an `assistant` message in the final position cannot contain
+    `thinking`"). Thinking after text or a tool call in one message is allowed: Claude
+    writes it so with interleaved thinking."""
     errs: list[str] = []
     if not messages:
         return ["no messages"]
-    last = messages[-1].get("content")
-    if (
-        thinking
-        and len(messages) > 1
-        and isinstance(last, list)
-        and last
-        and last[0].get("type") == "tool_result"
-    ):
-        previous = messages[-2].get("content")
-        first = previous[0] if isinstance(previous, list) and previous else {}
-        if first.get("type") not in ("thinking", "redacted_thinking"):
-            errs.append("thinking on, and the tool loop's assistant message starts without it")
+    start = _loop_start(messages)
+    if thinking is not None and start is not None:
+        loop = messages[start:]
+        opening = loop[0].get("content")
+        first = opening[0] if isinstance(opening, list) and opening else {}
+        if thinking and first.get("type") not in ("thinking", "redacted_thinking"):
+            errs.append(
+                f"messages.{start}.content.0.type: Expected `thinking` or `redacted_thinking`, "
+                f"but found `{first.get('type')}`. When `thinking` is enabled, a final "
+                "`assistant` message must start with a thinking block"
+            )
+        if not thinking:
+            for k, msg in enumerate(loop, start):
+                content = msg.get("content")
+                for j, b in enumerate(content if isinstance(content, list) else []):
+                    if msg.get("role") == "assistant" and b.get("type") in (
+                        "thinking",
+                        "redacted_thinking",
+                    ):
+                        errs.append(
+                            f"messages.{k}.content.{j}: When thinking is disabled, an "
+                            "`assistant` message in the final position cannot contain "
+                            "`thinking`"
+                        )
     for i, msg in enumerate(messages):
         role, content = msg.get("role"), msg.get("content")
         where = f"messages[{i}]"
@@ -96,7 +137,6 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
         else:
             errs.append(f"{where}: content is {type(content).__name__}")
             continue
-        seen_other = False
         for j, block in enumerate(blocks):
             kind = block.get("type")
             at = f"{where}.content[{j}]"
@@ -114,14 +154,10 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
             if kind in ("thinking", "redacted_thinking"):
                 if role != "assistant":
                     errs.append(f"{at}: {kind} in a {role} message")
-                if seen_other:
-                    errs.append(f"{at}: {kind} after a text or tool_use block")
                 if kind == "thinking" and not block.get("signature"):
                     errs.append(f"{at}: thinking without a signature")
                 if kind == "redacted_thinking" and not block.get("data"):
                     errs.append(f"{at}: redacted_thinking without data")
-            elif kind in ("text", "tool_use"):
-                seen_other = True
             if kind == "tool_result":
                 if role != "user":
                     errs.append(f"{at}: tool_result in a {role} message")
