@@ -538,6 +538,18 @@ def test_thinking_budget_must_stay_below_max_tokens():
         AnthropicProvider(MODEL, thinking_budget=4096, max_tokens=4096)
 
 
+def test_thinking_budget_must_be_one_the_api_takes():
+    with pytest.raises(ConfigurationError, match="at least 1024"):
+        AnthropicProvider(MODEL, thinking_budget=512)
+
+
+def test_a_calls_max_tokens_at_or_below_the_budget_lowers_the_budget_below_it():
+    provider = AnthropicProvider(MODEL, api_key=KEY, thinking_budget=2000, max_tokens=4096)
+    params = provider.request_params(make_request(settings={"max_tokens": 1500}))
+    assert params["max_tokens"] == 1500
+    assert params["thinking"] == {"type": "enabled", "budget_tokens": 1499}
+
+
 async def test_request_options_and_call_settings_reach_the_body():
     request = make_request(settings={"temperature": 0.1, "metadata": {"user_id": "u-1"}})
     run = await replay(

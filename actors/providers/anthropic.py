@@ -467,6 +467,38 @@ def without_loop_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+MIN_THINKING_BUDGET = 1024
+"""The smallest ``budget_tokens`` the API takes."""
+
+
+def thinking_budget(budget: int | None, max_tokens: Any) -> int | None:
+    """The ``budget_tokens`` a call may send: the provider's, below the call's own
+    ``max_tokens`` (an agent's ``settings`` may lower it; the API refuses a budget that
+    is not below it), and ``None`` (thinking off for that call) when not even
+    :data:`MIN_THINKING_BUDGET` fits."""
+    if budget is None or not isinstance(max_tokens, int) or budget < max_tokens:
+        return budget
+    return max_tokens - 1 if max_tokens - 1 >= MIN_THINKING_BUDGET else None
+
+
+def refused_with_thinking(key: str, value: Any) -> bool:
+    """Whether the request option ``key`` = ``value`` is one the API refuses with
+    extended thinking on, which a call with thinking leaves out: ``temperature`` other
+    than 1 ("`temperature` may only be set to 1 when thinking is enabled"), ``top_k``,
+    ``top_p`` below 0.95, and a ``tool_choice`` that forces tool use (``any``, ``tool``).
+    Thinking goes off and on within a session (a tool loop begun without it), so these
+    stay in the agent's settings and go with the calls that do not think."""
+    if key == "temperature":
+        return value != 1
+    if key == "top_k":
+        return True
+    if key == "top_p":
+        return not (isinstance(value, int | float) and value >= 0.95)
+    if key == "tool_choice":
+        return isinstance(value, dict) and value.get("type") in ("any", "tool")
+    return False
+
+
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     """Tool definitions: ``{"name", "description", "input_schema"}`` from :meth:`Tool.spec`.
 
@@ -1232,6 +1264,11 @@ class AnthropicProvider(SDKProvider):
         price_as: str | None = None,
         **request_options: Any,
     ) -> None:
+        if thinking_budget is not None and thinking_budget < MIN_THINKING_BUDGET:
+            raise errors.ConfigurationError(
+                f"thinking_budget ({thinking_budget}) must be at least {MIN_THINKING_BUDGET}: "
+                "the API refuses a smaller budget_tokens"
+            )
         if thinking_budget is not None and thinking_budget >= max_tokens:
             raise errors.ConfigurationError(
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
@@ -1304,17 +1341,19 @@ class AnthropicProvider(SDKProvider):
         params["messages"] = messages
         if request.tools:
             params["tools"] = map_tools(request.tools)
-        thinking = self.thinking_budget is not None and thinking_allowed(messages)
+        settings = {**self.request_options, **request.settings}
+        budget = thinking_budget(self.thinking_budget, settings.get("max_tokens", self.max_tokens))
+        thinking = budget is not None and thinking_allowed(messages)
         if thinking:
-            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
         else:
             params["messages"] = without_loop_thinking(messages)
         if request.output is not None:
             map_output(params, request.output, thinking=thinking)
         known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
-        for key, value in {**self.request_options, **request.settings}.items():
-            if key in _RESERVED:
+        for key, value in settings.items():
+            if key in _RESERVED or (thinking and refused_with_thinking(key, value)):
                 continue
             if key == "extra_body":
                 extra_body.update(value)
@@ -1369,8 +1408,9 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        if self.thinking_budget is not None and thinking_allowed(mapped):
-            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        budget = thinking_budget(self.thinking_budget, self.max_tokens)
+        if budget is not None and thinking_allowed(mapped):
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
         else:
             params["messages"] = without_loop_thinking(mapped)
         try:

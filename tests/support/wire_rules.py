@@ -212,6 +212,33 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = 
     return errs
 
 
+def anthropic_params_errors(body: dict[str, Any]) -> list[str]:
+    """The rules of a Messages request's other fields with extended thinking on (the
+    API's own texts): a budget of at least 1024 and below ``max_tokens`` (no
+    interleaved-thinking beta asked for), ``temperature`` 1 or unset, no ``top_k``,
+    ``top_p`` from 0.95, no forced tool use; and the history's rules."""
+    errs: list[str] = []
+    thinking = body.get("thinking") or {}
+    on = thinking.get("type") == "enabled"
+    if on:
+        budget = thinking.get("budget_tokens", 0)
+        if budget < 1024:
+            errs.append(
+                "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+            )
+        if budget >= body.get("max_tokens", 0):
+            errs.append("`max_tokens` must be greater than `thinking.budget_tokens`")
+        if body.get("temperature", 1) != 1:
+            errs.append("`temperature` may only be set to 1 when thinking is enabled")
+        if "top_k" in body:
+            errs.append("`top_k` may not be set when thinking is enabled")
+        if body.get("top_p", 1) < 0.95:
+            errs.append("`top_p` must be greater than or equal to 0.95 when thinking is enabled")
+        if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+            errs.append("Thinking may not be enabled when tool_choice forces tool use.")
+    return errs + anthropic_errors(body["messages"], thinking=on)
+
+
 # -- Chat Completions -----------------------------------------------------------------------
 
 
