@@ -62,6 +62,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.tools import tool
+from tests.support import wire_rules
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
 from tests.support.provider_calls import (
     Run,
@@ -1188,3 +1189,26 @@ async def test_a_request_after_an_empty_tool_output_has_no_empty_tool_result():
     run = await replay(sse_reply("text.sse"), request=make_request(history))
     sent = run.server.requests[-1].json()["messages"][2]["content"][0]
     assert sent["content"] == EMPTY_OUTPUT
+
+
+def _thought(sig: str) -> ReasoningPart:
+    return ReasoningPart(text="hmm", signature=sig, provider="anthropic", step=0)
+
+
+@pytest.mark.parametrize(
+    ("parts", "sent"),
+    [
+        ((_thought("s1"),), []),  # cut between its thinking and its answer
+        ((_thought("s1"), TextPart(text="so", step=0), _thought("s2")), ["thinking", "text"]),
+    ],
+)
+def test_a_step_ending_with_thinking_is_sent_without_the_thinking_at_its_end(parts, sent):
+    history = [
+        UserMessage(content="hi"),
+        AssistantMessage(content=parts),
+        UserMessage(content="go"),
+    ]
+    _system, messages = map_messages(None, history)
+    assert wire_rules.anthropic_errors(messages) == []
+    steps = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert [b["type"] for step in steps for b in step] == sent

@@ -433,6 +433,23 @@ def own_signatures(messages: list[Message], target: Origin) -> list[str]:
     return out
 
 
+def trailing_thinking(messages: list[Message]) -> set[str]:
+    """Signatures of Anthropic reasoning with no call or text after it in its step: the
+    API refuses a message ending with thinking, so it stays home."""
+    out = set()
+    for m in messages:
+        if not isinstance(m, AssistantMessage):
+            continue
+        for i, p in enumerate(m.content):
+            later = [q for q in m.content[i + 1 :] if q.step == p.step]
+            if isinstance(p, ReasoningPart) and not any(
+                isinstance(q, ToolCallPart) or (isinstance(q, TextPart) and q.text.strip())
+                for q in later
+            ):
+                out.add(p.signature or p.redacted_data or "")
+    return out
+
+
 def check(
     kind: str,
     payload: list[dict[str, Any]],
@@ -445,6 +462,8 @@ def check(
     """``dropped``: own signatures the provider leaves out on purpose (the thinking of a
     tool loop it continues with thinking off)."""
     errs = errs + wire_rules.sdk_errors(kind, payload) + no_foreign_signatures(payload, target)
+    if kind == "anthropic":
+        dropped = {*dropped, *trailing_thinking(messages)}
     try:  # the body is JSON: no NaN or Infinity, which no API's parser takes
         json.dumps(payload, allow_nan=False)
     except ValueError as exc:

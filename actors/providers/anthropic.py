@@ -184,12 +184,14 @@ def map_messages(
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
-                blocks = _paired(
-                    [
-                        b
-                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                        if b is not None
-                    ]
+                blocks = _no_thinking_last(
+                    _paired(
+                        [
+                            b
+                            for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                            if b is not None
+                        ]
+                    )
                 )
                 if blocks:
                     _append(out, "assistant", blocks)
@@ -209,6 +211,18 @@ def map_messages(
         # message that is not the user's ("first message must use the "user" role").
         out.insert(0, {"role": "user", "content": EMPTY_INPUT})
     return ("\n\n".join(system) or None), out
+
+
+def _no_thinking_last(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's blocks less the thinking at their end: the API refuses an assistant
+    message whose last block is thinking ("The final block in an assistant message
+    cannot be `thinking`"), which a step cut between its thinking and its answer (an
+    interrupted turn, a stream that broke) leaves. Thinking with nothing after it
+    carries no answer; a tool loop's steps end with their calls, so none is lost there."""
+    end = len(blocks)
+    while end and blocks[end - 1].get("type") in ("thinking", "redacted_thinking"):
+        end -= 1
+    return blocks[:end]
 
 
 def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:

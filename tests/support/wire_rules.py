@@ -11,8 +11,9 @@ and the errors they answer, not from the mapping code:
   has content ("content cannot be empty if `is_error` is true"), every ``tool_use`` is
   answered by a ``tool_result`` in the very next (user) message, the results first in
   it, and no result without its call;
-  ``thinking`` carries a signature (anywhere in an assistant message: interleaved
-  thinking puts it after text and tool calls); a tool loop opens with thinking when
+  ``thinking`` carries a signature (after text and tool calls too, as interleaved
+  thinking writes it, but a message holding thinking starts with it and does not end
+  with it); a tool loop opens with thinking when
   thinking is on and holds none when it is off; the request starts with a user message ("first
   message must use the "user" role") and ends with one (models without prefill answer
   a final assistant message with a 400);
@@ -165,6 +166,14 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = 
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
                 if _blank_result(block.get("content")):  # with is_error or not (Zed #27130)
                     errs.append(f"{at}: a tool_result with empty content")
+        thinks = [b.get("type") in ("thinking", "redacted_thinking") for b in blocks]
+        if any(thinks) and not thinks[0]:
+            errs.append(
+                f"{where}.content.0: If an assistant message contains any thinking blocks, "
+                "the first block must be thinking or redacted_thinking."
+            )
+        if thinks and thinks[-1]:
+            errs.append(f"{where}: The final block in an assistant message cannot be `thinking`.")
         # a server tool's use and its result go together, in the same message
         server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
         server_results = {
