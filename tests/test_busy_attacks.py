@@ -638,3 +638,42 @@ async def test_a_stop_naming_a_message_waiting_to_be_steered_in_takes_it_out():
     assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["first"]
     assert len(script.requests) == 2
     assert "second" not in str(script.requests[1].messages)  # the model never saw it
+
+
+async def test_a_stop_naming_a_message_the_running_turn_took_in_stops_that_turn():
+    # Under steer the running turn took "second" in at a step boundary: the rest of the
+    # turn is its answer (its client shows it so), but a stop naming it found it neither
+    # waiting nor the turn's own message: 204, and the turn ran on to its end. It is the
+    # turn's input now: the stop stops the turn (saved, marked interrupted), as a stop
+    # naming the turn's first message does.
+    script = Script(holding("H1"), holding("H2"), ["never"])
+    async with (
+        web_server(agent_of(script), on_busy="steer") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        session = server.host.sessions
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(post_into, client, replies, "second", ui_body("s", "second", "u2"))
+            await waiting(session["s"], 1)
+            first = held["release"]
+            held["open"], held["release"] = trio.Event(), trio.Event()
+            first.set()  # the step ends; the next one takes "second" in and holds
+            await held["open"].wait()
+            running = session["s"].current.turn_id
+            stop = await client.post("/api/chat/s/stop", json={"messageId": "u2"})
+            with trio.move_on_after(LIMIT):  # (before: it ran until released)
+                while "first" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 202 and stop.json() == {"turn_id": running}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in replies["first"].text
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [
+        "first",
+        "second",
+    ]
+    assert len(script.requests) == 2  # "never" was not asked for

@@ -306,6 +306,11 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.held_stop: Callable[[str, str | None, str], str | None] | None = None
+        """Set by a relay's publisher (:func:`actors.relays.attach_relay`): the reason of
+        a stop that reached this host before the new message it names, asked as that
+        message would wait for the running turn (its stream takes it out, as
+        :meth:`stop_named` takes out a waiting one), or ``None``."""
         self.closed = False
         """Set once the host has closed: opening a session, running a turn or starting an
         actor then raises :class:`~runtime.errors.HostClosed`."""
