@@ -98,9 +98,6 @@ class SessionOwner(Protocol):
     """The sessions in memory, by id (an evicted session is not among them)."""
     shutting_down: bool
     """Set once the host is closing: a turn waiting for its session refuses to start."""
-    held_stop: Callable[[str, str | None, str], str | None] | None
-    """A relay's: the reason of a stop that reached the host before the new message it
-    names, asked as that message would wait (``TurnStream._check_not_stopped_before``)."""
 
     def touch(self, session: Session) -> None:
         """Mark the session used now (its idle age starts again)."""
@@ -119,6 +116,11 @@ class SessionOwner(Protocol):
 
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
+
+    def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
+        """The reason of a stop that reached the host before the new message it names
+        (user message ``message_id``, turn ``turn_id``), used up; asked as that message
+        would wait (``TurnStream._check_not_stopped_before``)."""
 
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
@@ -479,16 +481,17 @@ class TurnStream:
     def _check_not_stopped_before(self) -> None:
         """A new message that would wait for the running turn (queued, or to be steered
         into it): raise :class:`~runtime.errors.TurnWithdrawn` if a stop naming it (its
-        user message id or its turn id) reached the host before it did (a stop forwarded
-        by another host, held by the relay's publisher: ``Host.held_stop``). What
+        user message id or its turn id) reached the host before it did (sent to this
+        host, or forwarded by another and held by the relay's publisher). What
         ``Host.stop_named`` does to a waiting message when the stop comes after it, so
         both orders agree: it never waits, runs or is stored. Not a regenerate, an edit
         or a continuation: a stop naming the id they carry may be a late stop of the
         turn before (``Host.stop_new_turn``)."""
-        ask = self.session.host.held_stop
-        if ask is None or self.regenerate or self.resume or self.continues is not None:
+        if self.regenerate or self.resume or self.continues is not None:
             return
-        reason = ask(self.session.id, self.user_message_id, self.turn_id)
+        reason = self.session.host.stopped_before(
+            self.session.id, self.user_message_id, self.turn_id
+        )
         if reason is not None:
             self._withdrawn = reason
             raise self._withdrawn_error()
