@@ -420,6 +420,42 @@ async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_takes
     assert not publisher.held  # used once
 
 
+async def test_a_stop_sent_to_another_host_naming_a_message_the_running_turn_took_stops_it(
+    redis_url: str,
+) -> None:
+    # Under steer A's turn took "two" in: the rest of the turn is its answer. B forwards
+    # a stop naming "two"; A found it neither waiting nor the turn's own message, and
+    # the turn ran on to its end.
+    script = Script(holding("H1"), holding("H2"), ["never"])
+    async with _two_hosts(redis_url, agent_of(script, "steer")) as (a, b, _, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
+                await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
+                first = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                first.set()  # the step ends; the next one takes "two" in and holds
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                with trio.move_on_after(5):  # (before: it ran until released)
+                    await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert stop.status_code == 202 and stop.json()["forwarded"] is True
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert [m.content for m in stored if m.role == "user"] == ["one", "two"]
+    assert "never" not in str(stored) and len(script.requests) == 2
+
+
 @pytest.mark.parametrize("again", ["regenerate", "edit"])
 async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
     redis_url: str, again: str
