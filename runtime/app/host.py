@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -256,6 +257,12 @@ def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
         session.on_busy = on_busy
 
 
+STOP_HELD_KEPT = 1024
+"""Named stops a host keeps at most for messages not here yet (:meth:`Host.hold_stop`)."""
+STOP_HELD_FOR = 60.0
+"""Seconds a host keeps a named stop for a message not here yet."""
+
+
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
@@ -308,6 +315,15 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.held_stop: Callable[[str, str | None, str], str | None] | None = None
+        """Set by a relay's publisher (:func:`actors.relays.attach_relay`): the reason of
+        a stop that reached this host before the new message it names, asked as that
+        message would wait for the running turn (its stream takes it out, as
+        :meth:`stop_named` takes out a waiting one), or ``None``."""
+        self._stopped_here: OrderedDict[tuple[str, str | None, str | None], tuple[str, float]]
+        self._stopped_here = OrderedDict()
+        """Named stops sent to this host that found nothing here (:meth:`hold_stop`), by
+        (session, message, turn) named: the reason and when (trio clock), oldest first."""
         self.closed = False
         """Set once the host has closed: opening a session, running a turn or starting an
         actor then raises :class:`~runtime.errors.HostClosed`."""
@@ -1140,6 +1156,43 @@ class Host:
             return None
         current.cancel(reason)
         return current.turn_id or "", False
+
+    def hold_stop(
+        self, session_id: str, *, message_id: str | None, turn_id: str | None, reason: str
+    ) -> None:
+        """Keep a named stop sent to this host (``POST /api/chat/{id}/stop``) that found
+        nothing so named (:meth:`stop_named` ``None``) for :data:`STOP_HELD_FOR` seconds
+        (at most :data:`STOP_HELD_KEPT`, the oldest dropped): the message it names may be
+        on its way still (its POST and the stop race on two connections), and would wait
+        for the running turn when it comes; it is then taken out
+        (:meth:`stopped_before`), as it would have been had the stop come after it."""
+        if message_id is None and turn_id is None:
+            return
+        held, now = self._stopped_here, trio.current_time()
+        key = (session_id, message_id, turn_id)
+        held.pop(key, None)
+        held[key] = (reason, now)
+        while held and (
+            len(held) > STOP_HELD_KEPT or next(iter(held.values()))[1] < now - STOP_HELD_FOR
+        ):
+            held.popitem(last=False)
+
+    def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
+        """A new message of ``session_id`` (user message ``message_id``, turn ``turn_id``)
+        would wait for the running turn: the reason of a stop that came before it and
+        names it (:meth:`hold_stop`, or one another host forwarded: :attr:`held_stop`),
+        used up, or ``None``."""
+        held = self._stopped_here
+        if held:
+            since = trio.current_time() - STOP_HELD_FOR
+            for key in ((session_id, message_id, None), (session_id, None, turn_id)):
+                if key[1] is None and key[2] is None:
+                    continue
+                kept = held.pop(key, None)
+                if kept is not None and kept[1] >= since:
+                    return kept[0]
+        ask = self.held_stop
+        return ask(session_id, message_id, turn_id) if ask is not None else None
 
     def stop_new_turn(
         self,

@@ -402,6 +402,9 @@ async def stop_turn(request: Request) -> Response:
         if stopped is not None:
             turn_id, queued = stopped
             return json_response({"turn_id": turn_id, **({"queued": True} if queued else {})}, 202)
+        # The message it names may be on its way still (its POST and this stop race):
+        # kept, it is taken out if it comes to wait for the running turn.
+        state.host.hold_stop(session_id, message_id=message_id, turn_id=named_turn, reason=STOPPED)
         session = state.host.sessions.get(session_id)
         if state.relay is None or (session is not None and session.current is not None):
             return Response(status_code=204)  # not this session's running turn: left alone
