@@ -230,3 +230,82 @@ async def test_a_steer_submitted_right_after_a_boundary_is_taken_at_the_next(
     seen = script.requests[2].messages
     assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
     assert seen[4].text == "also this"
+
+
+def following(session_id: str, answer_id: str) -> dict[str, Any]:
+    """What ``useChat`` posts when it sends "also this" while the answer ``answer_id`` to
+    "first" streams: the whole conversation, that answer so far right before the new
+    message."""
+    sent = body(session_id, "also this", "u2")
+    answer = {"id": answer_id, "role": "assistant", "parts": [{"type": "step-start"}]}
+    first = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "first"}]}
+    sent["messages"] = [first, answer, *sent["messages"]]
+    return sent
+
+
+async def steer_from_the_answer(pg_url: str, redis_url: str) -> dict[str, Any]:
+    """``first`` streamed from front end 0; ``also this`` posted to front end 1 while
+    step 1's tool holds, by the client showing the turn's answer (:func:`following`)."""
+    script = Script(looking("call_L"), holding("call_H"), ["answer to both"])
+    out: dict[str, Any] = {}
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", fronts=2
+    ) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, url: str, sent: dict[str, Any]) -> None:
+                    out[name] = await client.post(f"{url}/api/chat", json=sent)
+
+                nursery.start_soon(post, "first", d.urls[0], body("s1", "first", "u1"))
+                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
+                (turn,) = await d.queue.turns("s1")
+                out["answer"] = f"msg_{turn.turn_id}"
+                nursery.start_soon(post, "steered", d.urls[1], following("s1", out["answer"]))
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+            stored = await client.get(f"{d.urls[0]}/api/sessions/s1")
+        out["ui"] = stored.json()["ui_messages"]
+        out["turns"] = await d.queue.turns("s1")
+    return out
+
+
+async def test_a_message_steered_from_the_answer_it_shows_gets_the_rest_of_the_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    """The client that shows the turn's answer and sends a message meanwhile (``useChat``)
+    gets the rest of the turn as that message's answer, read from the relay on another
+    front end; the stream it showed the answer in ends where the message joined. It
+    answered 202 and the first stream went on: the client showed the message at the
+    bottom, unanswered, the answer growing above it."""
+    out = await steer_from_the_answer(pg_url, redis_url)
+    first = sse_events(out["first"].text)
+    assert first[-1][1] == "[DONE]"
+    firsts = data(first)
+    assert [c["type"] for c in firsts[-2:]] == ["data-steered", "finish"]
+    answer_id = f"{out['answer']}-s2"
+    assert firsts[-1]["messageMetadata"] == {
+        "finishReason": "steered",
+        "steeredBy": "u2",
+        "answerId": answer_id,
+    }
+    assert not any(c["type"] == "text-delta" for c in firsts)
+    assert out["steered"].status_code == 200, out["steered"].text
+    rest = sse_events(out["steered"].text)
+    assert rest[-1][1] == "[DONE]"
+    rests = data(rest)
+    assert rests[0] == {"type": "start", "messageId": answer_id}
+    assert [c["type"] for c in rests[1:3]] == ["start-step", "text-start"]
+    assert "".join(c["delta"] for c in rests if c["type"] == "text-delta") == "answer to both"
+    assert rests[-1]["type"] == "finish" and "data-steered" not in [c["type"] for c in rests]
+    ids = [(m["id"], m["role"]) for m in out["ui"]]
+    assert ids == [
+        ("u1", "user"),
+        (out["answer"], "assistant"),
+        ("u2", "user"),
+        (answer_id, "assistant"),
+    ]
+    assert [(t.status, t.finish_reason) for t in out["turns"]] == [
+        ("done", "stop"),
+        ("done", "steered"),
+    ]
