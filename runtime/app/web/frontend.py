@@ -431,10 +431,18 @@ class FrontEnd:
                 user_message_id=client_message_id(payload) or new_id("msg"),
                 follows=held_answer_id(payload),
             )
-        elif regenerate and isinstance(payload.get("messageId"), str):
-            # the answer it replaces: refused by the worker if a later message's turn
-            # ran while it waited (not here: a retry of it finds its own turn running)
-            options = TurnOptions(regenerates=payload["messageId"])
+        elif regenerate:
+            # ``messageId``, the answer it replaces: refused by the worker if a later
+            # message's turn ran while it waited (not here: a retry of it finds its own
+            # turn running). The user message it stores again keeps the client's id, as
+            # the embedded app's does (it got one of the worker's, which the client that
+            # regenerated no longer matched; ``useChat`` sends no ``messageId`` when its
+            # last message is the user's)
+            named = payload.get("messageId")
+            options = TurnOptions(
+                regenerates=named if isinstance(named, str) else None,
+                user_message_id=client_message_id(payload),
+            )
         turn = await self.submit(
             session_id,
             text,
