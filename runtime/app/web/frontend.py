@@ -17,9 +17,13 @@ to any of them:
     starts when its turn does. Under ``serve --on-busy steer`` it is queued naming the
     running turn, whose worker inserts it at its next step boundary: the POST answers
     202 ``{"steered": true, "turnId", "messageId"}`` once that save stored it, or streams
-    it as a turn of its own when the running turn ended first. A POST over the queue's caps (``serve
-    --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
-    and queues nothing. Leaving the stream does **not** cancel the turn: the
+    it as a turn of its own when the running turn ended first. From the client that
+    shows the running turn (``useChat`` sending while it streams: the body's message
+    before the new one is one of that turn's answers) it answers 200 with the rest of
+    the turn from the relay (:class:`SteeredTurnResponse`), and the stream that showed
+    the answer ends at the message, on whichever front end reads it. A POST over the
+    queue's caps (``serve --max-queued-per-session``, ``--max-queued``) is answered 429
+    with ``Retry-After`` and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
 ``POST /api/chat`` with the assistant message last (the AI SDK's answer to a turn that
     waits for approval or a client tool's output, docs/approval.md)
