@@ -213,6 +213,9 @@ class RelayStreamResponse:
         self.background = background
         self.sent = False
         """Whether any of the turn's events went out."""
+        self.handed = False
+        """Whether the stream was handed over at a message its client steered in (it
+        ended with that ``finish`` and ``[DONE]``: :mod:`runtime.app.web.frontend`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = BodyWriter.ok(send, HEADERS, timeout=self.send_timeout)
@@ -232,7 +235,8 @@ class RelayStreamResponse:
 
         async def body(write: Write) -> None:
             await self._body(write, encoder)
-            await write(DONE)
+            if not self.handed:
+                await write(DONE)
 
         pump = BodyPump(writer, self.keepalive)
         await pump.run(receive, body)
