@@ -4,6 +4,9 @@ turn goes on denied ``timed out`` as if the timer had fired; the tool never runs
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import httpx
 import pytest
 import trio
@@ -116,3 +119,43 @@ async def test_a_continuation_post_after_a_restart_past_the_deadline_gets_409(tm
     assert late.status_code == 409
     assert denied == ["the tool call was denied: timed out"]
     assert ran == []
+
+
+async def test_a_late_a2a_decision_is_invalid_params_and_the_task_is_denied_timed_out():
+    """A2A answers a decision it cannot take (decided already, or late) ``invalid params``."""
+    from a2a.utils.errors import InvalidParamsError
+    from google.protobuf.json_format import MessageToDict
+
+    from tests.support.approval_agents import agent as approval_agent
+    from tests.test_a2a import BOTH, collect, sdk, user
+
+    now = [EPOCH]
+    timed = attrs.evolve(approval_agent, approval_timeout=60)
+    async with web_server(timed, protocols=BOTH) as server:
+        server.host.clock = lambda: now[0]
+
+        async def run(client: Any) -> Any:
+            asked = await collect(client, user("weather?", message_id="q"))
+            task = asked[0].task
+            status = asked[-1].status_update.status
+            pending = MessageToDict(status.message.parts[1].data)["pending"]
+            now[0] += 61  # past the deadline; the host's timer has not woken
+            decision = {"decisions": [{"id": pending[0]["id"], "approved": True}]}
+            with pytest.raises(InvalidParamsError) as caught:
+                await collect(
+                    client,
+                    user(
+                        message_id="d", task_id=task.id, context_id=task.context_id, data=decision
+                    ),
+                )
+            return task.context_id, caught.value
+
+        context_id, error = await sdk(server, run)
+        with trio.fail_after(10):
+            while True:
+                record = await server.host.store.load(context_id)
+                if results(record.messages):
+                    break
+                await trio.sleep(0.01)
+    assert "expired" in error.message
+    assert results(record.messages) == ["the tool call was denied: timed out"]
