@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from runtime.messages import ToolMessage
 from tests.test_frontend import LIMIT, deployment
@@ -56,3 +57,75 @@ async def test_an_approval_posted_past_the_deadline_with_every_worker_down_is_40
     results = [m.error for m in record.messages if isinstance(m, ToolMessage)]
     assert results == ["the tool call was denied: timed out"]
     assert ran == []
+
+
+@pytest.mark.parametrize("order", [("person", "expiry"), ("expiry", "person")])
+async def test_a_late_decision_and_the_expiry_racing_on_the_row_record_only_the_expiry(
+    pg_url: str, order: tuple[str, str]
+) -> None:
+    """Both wait on the turn's row, held by another transaction (the gate), queued in
+    ``order``, then go: whichever takes the row first, the person's is refused and the
+    expiry's denial is the one recorded."""
+    import psycopg
+    import trio
+
+    from actors.stores.postgres import PostgresStore, parse_url
+    from actors.stores.turns import TurnQueue
+    from runtime.approval import Decision
+    from runtime.errors import AlreadyDecided
+    from tests.test_pg_turn_statements import _past_deadline_turn
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    libpq, schema = parse_url(pg_url)
+    outcome: dict[str, object] = {}
+    try:
+        claim = await _past_deadline_turn(store, queue, {})
+        before = await store.version("s")
+        with psycopg.connect(libpq) as gate:
+            gate.execute(f"SET search_path TO {schema}")
+            gate.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s FOR UPDATE", (claim.turn.turn_id,)
+            )
+
+            async def person() -> None:
+                try:
+                    await queue.decide("s", "ap1", Decision(approved=True), {})
+                    outcome["person"] = "recorded"
+                except AlreadyDecided:  # WaitExpired, or the expiry took the row first
+                    outcome["person"] = "refused"
+
+            async def expiry() -> None:
+                denial = Decision(approved=False, reason="timed out")
+                decided = await queue.decide("s", "ap1", denial, {}, expiry=True)
+                outcome["expiry"] = decided.recorded.complete
+
+            with psycopg.connect(libpq, autocommit=True) as look:
+
+                async def waiting_on_the_row() -> int:
+                    row = look.execute(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    ).fetchone()
+                    return int(row[0])
+
+                with trio.fail_after(LIMIT):
+                    async with trio.open_nursery() as nursery:
+                        # Lock waiters are served in turn: the first queued takes the row.
+                        for n, racer in enumerate(order, start=1):
+                            nursery.start_soon({"person": person, "expiry": expiry}[racer])
+                            while True:
+                                if await waiting_on_the_row() >= n:
+                                    break
+                                await trio.sleep(0.01)
+                        gate.rollback()  # the gate opens: both go
+        after = await store.version("s")
+        record = await store.load("s")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert outcome == {"person": "refused", "expiry": True}
+    assert after == before + 1  # one write: the expiry's
+    assert record is not None
+    stored = record.messages[1].content[0].awaiting
+    assert stored.approved is False and stored.reason == "timed out"
