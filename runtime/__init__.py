@@ -88,6 +88,7 @@ if TYPE_CHECKING:
         TooManyParts,
         UnknownApproval,
         UnsupportedMedia,
+        WaitExpired,
     )
     from runtime.events import Event
     from runtime.inbox import Inbox
@@ -182,6 +183,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "ToolDefinitionError",
         "TooManyParts",
         "UnknownApproval",
+        "WaitExpired",
         "UnsupportedMedia",
     ),
     "runtime.events": ("Event",),
@@ -336,6 +338,7 @@ __all__ = [
     "UsageChunk",
     "UserMessage",
     "UserPart",
+    "WaitExpired",
     "configure_logging",
     "list_page",
     "run_sync",

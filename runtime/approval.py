@@ -23,6 +23,7 @@ from runtime.errors import (
     InvalidDecision,
     StoreConflict,
     UnknownApproval,
+    WaitExpired,
 )
 from runtime.events import ToolApprovalDecided
 from runtime.messages import (
@@ -321,6 +322,7 @@ def _decide(
     decision: Decision,
     tools: Mapping[str, Any],
     max_chars: int | None = None,
+    now: float | None = None,
 ) -> tuple[int, tuple[Message, ...], PendingCall, tuple[PendingCall, ...]]:
     """:func:`decide`, with the turn's waiting calls as the decision leaves them instead of
     whether all are decided: the history is scanned once (the last turn found, its calls
@@ -338,6 +340,8 @@ def _decide(
         raise AlreadyDecided(f"{key!r} was decided already")
     assert found is not None
     index, message = found
+    if now is not None:
+        _check_deadline(message, call, key, now)
     content = tuple(
         attrs.evolve(p, awaiting=_check(p, decision, tools, max_chars))
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
@@ -349,6 +353,19 @@ def _decide(
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after
+
+
+def _check_deadline(message: AssistantMessage, call: PendingCall, key: str, now: float) -> None:
+    """:class:`WaitExpired` when ``call``'s stored deadline is at or before ``now``: a
+    decision that arrives after the wait expired is refused even though no timer has
+    denied the call yet (every worker down, the host's timer not woken), or it would run
+    a tool the person's window had closed on."""
+    for part in message.content:
+        if isinstance(part, ToolCallPart) and part.tool_call_id == call.tool_call_id:
+            expires_at = part.awaiting.expires_at if part.awaiting is not None else None
+            if expires_at is not None and expires_at <= now:
+                raise WaitExpired(f"{key!r} can no longer be decided: the wait expired")
+            return
 
 
 def _ever_waited(messages: Sequence[Message], key: str) -> bool:
@@ -399,6 +416,7 @@ async def record_decision(
     only_known: bool = False,
     last_turn: LastTurn | None = None,
     max_chars: int | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
@@ -432,7 +450,13 @@ async def record_decision(
 
     ``max_chars``: the agent's ``max_tool_result_chars``; what the client gave (a reason,
     a client tool's output or error) is stored cut to it, with the marker, as a server
-    tool's result is (``None``: kept whole)."""
+    tool's result is (``None``: kept whole).
+
+    ``clock``: the clock that decides the waits' deadlines (the host's); a call whose
+    stored deadline is at or before its reading raises :class:`WaitExpired` (nothing
+    recorded), read at each attempt just before the decision is checked and saved on
+    top of the version checked, so an expiry saved meanwhile wins by the version check
+    (``None``: deadlines not checked, the expiry's own save)."""
     conflict: StoreConflict | None = None
     if only_known and known is None:
         raise ValueError("only_known needs the view to decide on: known")
@@ -444,8 +468,9 @@ async def record_decision(
             first, record = await _last_turn_read(last_turn, key)
         else:
             record = await _loaded(store, session_id, key)
+        now = None if clock is None else clock()
         try:
-            decided = _decide(record.messages, key, decision, tools, max_chars)
+            decided = _decide(record.messages, key, decision, tools, max_chars, now)
         except (UnknownApproval, AlreadyDecided) as exc:
             if known is not None and not only_known:
                 known = None  # the caller's view may be behind the store's: read it
@@ -455,7 +480,7 @@ async def record_decision(
             # Not a call of the last turn: only the whole history says whether an
             # earlier turn's call waited under it (decided then) or none ever did.
             first, record = 0, await _loaded(store, session_id, key)
-            decided = _decide(record.messages, key, decision, tools, max_chars)
+            decided = _decide(record.messages, key, decision, tools, max_chars, now)
         known = None
         try:
             return await _save_decided(store, session_id, record.version, decided, save, first)

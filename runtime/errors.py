@@ -311,6 +311,14 @@ class AlreadyDecided(DecisionError):
     """The call was decided already (perhaps by a concurrent caller, who won)."""
 
 
+class WaitExpired(AlreadyDecided):
+    """The call's wait expired (``Agent(approval_timeout=...)``) before this decision
+    arrived, by the clock that decides (PostgreSQL's in a worker deployment, the host's
+    otherwise), though nothing had noticed it yet: the decision is refused, as one for a
+    call decided already is (409 on the web), and the call is denied ``timed out`` as if
+    the timer had fired."""
+
+
 class InvalidDecision(DecisionError):
     """The decision does not fit the call: an approval given an output, a client tool's
     output that does not match its schema, or neither given."""

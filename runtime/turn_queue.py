@@ -528,6 +528,7 @@ class TurnQueue(Protocol):
         *,
         known: SessionRecord | None = None,
         max_chars: int | None = None,
+        expiry: bool = False,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         (:func:`runtime.approval.record_decision`) in one transaction with its turn's
@@ -538,7 +539,10 @@ class TurnQueue(Protocol):
         version check says whether it was current; a stale or refusing view is not
         believed: the store is read). ``max_chars``: the agent's
         ``max_tool_result_chars``, what the client gave is stored cut to
-        (:func:`~runtime.approval.record_decision`)."""
+        (:func:`~runtime.approval.record_decision`). A call past its stored deadline by
+        the queue's clock (:meth:`now`) is refused, :class:`~runtime.errors.WaitExpired`,
+        checked as the decision is recorded; ``expiry``: the decision is the expiry's
+        own denial (``timed out``), which is not."""
         ...
 
     async def now(self) -> float:

@@ -31,7 +31,14 @@ from actors.stores.turn_claims import _take_expired
 from actors.stores.turn_sql import TURNS_CHANNEL
 from actors.stores.turns import QueuedTurn, TurnQueue
 from runtime.approval import WAITING_META, Decision
-from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
+from runtime.errors import (
+    AlreadyDecided,
+    LeaseLost,
+    StoreConflict,
+    StoreError,
+    UnknownApproval,
+    WaitExpired,
+)
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
 from runtime.turn_queue import Claim, NextClaim, NextClaimed
 
@@ -483,14 +490,19 @@ async def test_a_last_save_through_the_function_ends_the_turn_in_its_call(pg_url
         await store.aclose()
 
 
-def _waiting_step(turn_id: str, message_id: str) -> list[Any]:
-    """The turn's user message and the step whose call waits for approval (until 900.0)."""
+DEADLINE = 4_000_000_000.0
+"""The waiting call's deadline (2096): a decision made now is in time."""
+
+
+def _waiting_step(turn_id: str, message_id: str, expires_at: float = DEADLINE) -> list[Any]:
+    """The turn's user message and the step whose call waits for approval (until
+    ``expires_at``)."""
     call = ToolCallPart(
         tool_call_id="c1",
         tool_name="delete",
         input={},
         step=0,
-        awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn_id, expires_at=900.0),
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn_id, expires_at=expires_at),
     )
     return [UserMessage(content="one"), AssistantMessage(id=message_id, content=(call,))]
 
@@ -529,7 +541,7 @@ async def test_the_step_that_waits_suspends_the_turn_in_one_call(pg_url, stateme
             "awaiting-input",
             None,
             None,
-            900.0,
+            DEADLINE,
             True,
             "awaiting-input",
         )
@@ -1421,3 +1433,50 @@ async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_
     assert taken is not None and taken.takeover and taken.turn.turn_id == second.turn_id
     assert (taken.owner, taken.epoch, taken.turn.attempts) == ("w2", 2, 2)
     assert not taken.turn.saved
+
+
+async def _past_deadline_turn(store: PostgresStore, queue: TurnQueue, meta: dict) -> Any:
+    """A turn of ``s`` suspended on a call whose deadline (1970) is past by the database's
+    clock, no worker having expired it; its claim."""
+    await store.save("s", 0, [], meta)
+    turn = await queue.submit("s", "one")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    version = await store.version("s")
+    with queue.fenced(claim, on_suspended=lambda: None):
+        messages = _waiting_step(turn.turn_id, claim.turn.message_id, expires_at=900.0)
+        await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=version)
+    return claim
+
+
+@pytest.mark.parametrize("path", ["the-function", "the-transaction"])
+async def test_a_decision_past_the_databases_deadline_is_refused_and_writes_nothing(
+    pg_url, statements, path, monkeypatch
+):
+    """Checked by the database's clock where the decision is written (the function's
+    statement, or the transaction after the row's lock): the session and the row stay as
+    they were, the turn waiting for a worker's look to deny it ``timed out``."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        claim = await _past_deadline_turn(store, queue, {})
+        if path == "the-transaction":  # as for a meta the function cannot merge
+
+            async def merged_here(*args: Any, **kwargs: Any) -> tuple[str, None, None]:
+                return "meta", None, None
+
+            monkeypatch.setattr(store, "save_decision", merged_here)
+        before = await store.version("s")
+        with pytest.raises(WaitExpired, match="expired"):
+            await queue.decide("s", "ap1", Decision(approved=True), {})
+        status = await queue.get_status(claim.turn.turn_id)
+        after = await store.version("s")
+        expired = await queue.decide(
+            "s", "ap1", Decision(approved=False, reason="timed out"), {}, expiry=True
+        )
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert after == before
+    assert status is not None and status.waiting
+    assert expired.recorded.complete and expired.turn.status == "running"

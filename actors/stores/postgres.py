@@ -15,7 +15,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
     axon_save_v5(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
-    axon_decide_v3(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
+    axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
     axon_save_next_v6(session, start, ..., token)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -820,6 +820,7 @@ class PostgresStore:
         expected_version: int,
         turn_id: str,
         complete: bool,
+        deadline: float | None = None,
     ) -> tuple[str, int | None, tuple[Any, ...] | None]:
         """A decision's save together with its turn's row, as one call of
         :data:`DECIDE_FUNCTION` sent from the event loop (not part of the
@@ -827,9 +828,11 @@ class PostgresStore:
         the call said: ``("ok", version, row)`` (saved; the turn's row after, as
         :data:`STATUS_COLUMNS`), ``("refused", None, row)`` (the turn does not wait, or is
         not this session's: the row as found, ``None`` when there is none; nothing
-        written), ``("meta", None, None)`` (the stored meta or the patch must be merged
-        here, the database's text is not UTF-8, or an index is past an ``INTEGER``'s:
-        save in the transaction instead, as :meth:`save` does). A version that moved raises
+        written), ``("expired", None, row)`` (``deadline``, the call's stored one, is
+        at or before the database's clock: nothing written), ``("meta", None, None)``
+        (the stored meta or the patch must be merged here, the database's text is not
+        UTF-8, or an index is past an ``INTEGER``'s: save in the transaction instead, as
+        :meth:`save` does). A version that moved raises
         :class:`~runtime.errors.StoreConflict`, another running turn of the session
         ``psycopg.errors.UniqueViolation``, both with nothing written."""
         import psycopg
@@ -851,6 +854,7 @@ class PostgresStore:
             patch,
             *(await _arrays_off_loop(rows)),
             _TURNS_CHANNEL.encode(),
+            None if deadline is None else repr(float(deadline)).encode(),
         )
         unique: list[BaseException] = []
         sent = 0
@@ -871,7 +875,7 @@ class PostgresStore:
         got = read_row(result, 0, _DECIDE_KINDS)
         status, version = got[0], got[1]
         row = None if got[2] is None else got[2:]
-        if sent > 1 and status in ("refused", "conflict"):
+        if sent > 1 and status in ("refused", "conflict", "expired"):
             # A retry of a call whose answer was lost after it committed: the version
             # moved and the call is decided because this very decision did it. Told
             # "already decided", the person whose decision is the one stored would try
@@ -884,7 +888,7 @@ class PostgresStore:
             check_version(self.url, session_id, version or 0, expected_version)
         if status == "hole":
             _beyond_end(session_id, start, version or 0)
-        if status in ("ok", "refused", "meta"):
+        if status in ("ok", "refused", "expired", "meta"):
             return status, version, row
         raise StoreError(f"{action}: the decision's function said {status!r}")
 
@@ -1365,12 +1369,12 @@ SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
 """The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (
     f"SELECT * FROM {DECIDE_FUNCTION_NAME}($1, $2, $3, $4, $5, $6, $7::int[], $8::text[], "
-    "$9::bytea[], $10)"
+    "$9::bytea[], $10, $11::float8)"
 ).encode()
 """The decision's function's call, as :class:`LoopLane` prepares it (``$6`` and the arrays
 in the binary format, the rest as text; the answer in the binary format)."""
 _DECIDE_NAME: Final = b"axon_decide_call"
-_DECIDE_FORMATS: Final = (0, 0, 0, 0, 0, 1, 1, 1, 1, 0)
+_DECIDE_FORMATS: Final = (0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0)
 _DECIDE_KINDS: Final = ("TEXT", "BIGINT", *STATUS_KINDS)
 _INT4, _TEXT, _BYTEA = 23, 25, 17
 """The element types' oids of the save's arrays."""

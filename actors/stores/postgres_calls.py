@@ -485,9 +485,10 @@ STATUS_COLUMNS: Final = (
 ``input`` or ``meta``, which may be megabytes."""
 STATUS_KINDS: Final = tuple(dict(CLAIMED_COLUMNS)[name] for name in STATUS_COLUMNS)
 
-DECIDE_FUNCTION_NAME: Final = "axon_decide_v3"
+DECIDE_FUNCTION_NAME: Final = "axon_decide_v4"
 """The server-side function of a decision's save (:data:`DECIDE_FUNCTION`); a new version
-of it gets a new name (``axon_decide_v1`` called ``axon_save_v3``, v2 ``axon_save_v4``)."""
+of it gets a new name (``axon_decide_v1`` called ``axon_save_v3``, v2 ``axon_save_v4``;
+v4 takes the call's deadline)."""
 
 _DECIDE_OUT = ", ".join(
     f"OUT o_{name} {kind}" for name, kind in zip(STATUS_COLUMNS, STATUS_KINDS, strict=True)
@@ -498,6 +499,7 @@ _DECIDE_INTO = ", ".join(f"o_{name}" for name in STATUS_COLUMNS)
 DECIDE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {DECIDE_FUNCTION_NAME}(
     p_turn TEXT, p_complete BOOLEAN, p_session TEXT, p_start INTEGER, p_expected BIGINT,
     p_meta BYTEA, p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[], p_channel TEXT,
+    p_deadline DOUBLE PRECISION,
     OUT o_result TEXT, OUT o_version BIGINT, {_DECIDE_OUT})
     LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
@@ -509,6 +511,14 @@ BEGIN
     IF NOT FOUND OR o_session_id IS DISTINCT FROM p_session
             OR o_status IS DISTINCT FROM 'awaiting-input' THEN
         o_result := 'refused';  -- the row as found (or none) says why; nothing written
+        RETURN;
+    END IF;
+    -- The call's wait expired by the database's clock (the one every worker expires
+    -- waits by), though no worker has noticed yet: refused, nothing written; the turn
+    -- stays waiting, past its deadline, for the next worker's look to deny it.
+    IF p_deadline IS NOT NULL
+            AND p_deadline <= extract(epoch FROM clock_timestamp())::float8 THEN
+        o_result := 'expired';
         RETURN;
     END IF;
     -- The decision's save, unfenced (not the turn's own write), version-checked: its
@@ -532,7 +542,8 @@ BEGIN
 END $$"""
 """A person's decision recorded in one call (issue 21): the waiting turn's row locked
 and checked (this session's, still ``awaiting-input``: else ``o_result`` ``refused``
-with the row as found), the decision's save (:data:`SAVE_FUNCTION`, version-checked,
+with the row as found; ``expired`` when ``p_deadline``, the call's stored deadline, is
+at or before ``clock_timestamp()``), the decision's save (:data:`SAVE_FUNCTION`, version-checked,
 unfenced), and, when the decision is the last its turn waited for (``p_complete``), the
 row back to ``running`` with no owner, a lapsed lease and ``resume_pending``, and the
 workers' wake-up; the row after in the ``o_`` status columns. ``o_result`` is the

@@ -26,8 +26,8 @@ from actors.stores.turn_sql import (
 )
 from actors.stores.validation import encode_rows
 from runtime.approval import Decision, PendingCall, record_decision
-from runtime.errors import AlreadyDecided
-from runtime.messages import Message
+from runtime.errors import AlreadyDecided, WaitExpired
+from runtime.messages import AssistantMessage, Message, ToolCallPart
 from runtime.store import SessionRecord, validate_session_id
 from runtime.turn_queue import QUEUED, RUNNING, WAITING, Decided, TurnStatus
 from runtime.turn_queue import Claim as BaseClaim
@@ -50,6 +50,28 @@ class _Written(Exception):
         super().__init__(version)
         self.version = version
         self.row = row
+
+
+def _deadline(messages: Sequence[Message], call: PendingCall) -> float | None:
+    """The stored deadline of ``call`` in a decision's save (``messages``: from its turn's
+    assistant message on), ``None`` when it has none."""
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            for part in message.content:
+                if isinstance(part, ToolCallPart) and part.tool_call_id == call.tool_call_id:
+                    return None if part.awaiting is None else part.awaiting.expires_at
+    return None
+
+
+def _database_now(conn: Any) -> float:
+    """PostgreSQL's clock, in the decision's transaction (as :data:`DECIDE_FUNCTION
+    <actors.stores.postgres_calls.DECIDE_FUNCTION>` reads it)."""
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    return float(row[0])
+
+
+def _expired(call: PendingCall) -> WaitExpired:
+    return WaitExpired(f"{call.approval_id!r} can no longer be decided: the wait expired")
 
 
 class TurnDecisions:
@@ -89,6 +111,7 @@ class TurnDecisions:
         *,
         known: SessionRecord | None = None,
         max_chars: int | None = None,
+        expiry: bool = False,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         together with its turn's row, in the save's transaction (the row locked first,
@@ -112,7 +135,15 @@ class TurnDecisions:
         checked a body's answers on it), is decided on first instead of reading it
         again: the decision is then the function's one call, whose version check says
         whether the view was what the store held (a conflict reads the last turn and
-        decides again; a view that refuses is not believed, the store is read)."""
+        decides again; a view that refuses is not believed, the store is read).
+
+        A call whose stored deadline (``Agent(approval_timeout=...)``) is at or before
+        PostgreSQL's clock is refused with :class:`~runtime.errors.WaitExpired`, checked
+        in the decision's own statement (or transaction, after the row's lock), so a
+        decision posted while every worker was down cannot run a tool past the person's
+        window; the turn stays waiting past its deadline, and the next worker's look
+        (:meth:`take_expired`) denies it ``timed out``. ``expiry``: the decision is that
+        denial itself (not refused for being late)."""
         validate_session_id(session_id)
         rows: list[TurnStatus] = []
 
@@ -126,6 +157,7 @@ class TurnDecisions:
             complete: bool,
         ) -> int:
             rows.clear()
+            deadline = None if expiry else _deadline(messages, call)
             if hasattr(self.store, "_lane"):  # one call from the event loop
                 said, version, row = await self._save_decision(
                     session_id,
@@ -135,6 +167,7 @@ class TurnDecisions:
                     meta=meta,
                     expected_version=expected_version,
                     complete=complete,
+                    deadline=deadline,
                 )
                 if said == "ok":
                     assert version is not None and row is not None
@@ -142,6 +175,8 @@ class TurnDecisions:
                     return version
                 if said == "refused":
                     _refuse_decision(row, session_id, call)
+                if said == "expired":
+                    raise _expired(call)
                 # "meta": merged by the client, in the transaction below
 
             tries = 0
@@ -161,6 +196,8 @@ class TurnDecisions:
                     if mine is not None:
                         raise _Written(version=mine[0], row=mine[1])
                 status, locked = _resume_if_decided(conn, session_id, call, complete)
+                if deadline is not None and deadline <= _database_now(conn):
+                    raise _expired(call)  # the transaction rolls back: nothing written
                 rows.append(status)
                 return locked
 

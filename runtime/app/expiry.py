@@ -181,6 +181,15 @@ class ExpiryWatch:
             self._started = True
             self.host.nursery.start_soon(self._run)
 
+    def expire_now(self, session_id: str, agent: Agent) -> None:
+        """Expire what is due in session ``session_id`` now, in the background: a decision
+        found its wait expired before this timer woke (:class:`~runtime.errors.WaitExpired`),
+        and the turn is to go on denied ``timed out`` as if it had. A worker's host
+        leaves it to the turn queue."""
+        if self.host.expects_other_writers or self.host.shutting_down:
+            return
+        self.host.nursery.start_soon(self._expire, session_id, agent)
+
     async def _run(self) -> None:
         clock: Callable[[], float] = self.host.clock
         while True:

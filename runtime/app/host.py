@@ -566,6 +566,12 @@ class Host:
         if self._block is not None:
             self._block.cancel()
 
+    def expire_now(self, session: Session) -> None:
+        """Deny what of ``session``'s wait expired, ``timed out``, and resume its turn, in
+        the background (:meth:`ExpiryWatch.expire_now`): a decision found it past its
+        deadline before the timer woke."""
+        self.expiry.expire_now(session.id, session.agent)
+
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` if the host has closed."""
         if self.closed:

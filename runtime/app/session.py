@@ -62,6 +62,7 @@ from runtime.errors import (
     SessionNotLoaded,
     StoreConflict,
     TurnWithdrawn,
+    WaitExpired,
 )
 from runtime.events import TurnQueued
 from runtime.ids import new_id
@@ -98,6 +99,14 @@ class SessionOwner(Protocol):
     """The sessions in memory, by id (an evicted session is not among them)."""
     shutting_down: bool
     """Set once the host is closing: a turn waiting for its session refuses to start."""
+    clock: Callable[[], float]
+    """The clock waits expire by (``Agent(approval_timeout=...)``): a decision for a call
+    past its deadline by it is refused (:class:`~runtime.errors.WaitExpired`)."""
+
+    def expire_now(self, session: Session) -> None:
+        """Deny what of the session's wait expired, ``timed out``, and resume its turn, in
+        the background: a decision found the wait past its deadline before the host's
+        timer woke."""
 
     def touch(self, session: Session) -> None:
         """Mark the session used now (its idle age starts again)."""
@@ -1281,16 +1290,23 @@ class Session:
                 actual=known.version if known is not None else 0,
             )
         self._decided = None
-        recorded = await record_decision(
-            self.host.store,
-            self._id,
-            id,
-            decision,
-            tools,
-            known=known,
-            only_known=expected_version is not None,
-            max_chars=self.agent.budget.max_tool_result_chars,
-        )
+        try:
+            recorded = await record_decision(
+                self.host.store,
+                self._id,
+                id,
+                decision,
+                tools,
+                known=known,
+                only_known=expected_version is not None,
+                max_chars=self.agent.budget.max_tool_result_chars,
+                clock=self.host.clock,
+            )
+        except WaitExpired:
+            # Past the deadline before the timer noticed: deny it now, as the timer
+            # would have, and resume the turn (in the background).
+            self.host.expire_now(self)
+            raise
         if recorded.messages is not None:
             self._decided = recorded
         event = approval_decided(

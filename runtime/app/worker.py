@@ -684,7 +684,8 @@ class Worker:
         session_id = turn.session_id
 
         async def record(key: str, decision: Decision, tools: Mapping[str, Any]) -> Recorded:
-            return (await self.queue.decide(session_id, key, decision, tools)).recorded
+            decided = await self.queue.decide(session_id, key, decision, tools, expiry=True)
+            return decided.recorded
 
         try:
             agent = self.agent_for(session_id)

@@ -93,6 +93,7 @@ from runtime.errors import (
     SessionNotLoaded,
     TooManyParts,
     UnknownApproval,
+    WaitExpired,
 )
 from runtime.media import check_limits
 from runtime.messages import (
@@ -119,7 +120,7 @@ HEADERS: dict[str, str] = {
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 """What the runtime takes as a turn or message id (a client's that is not is replaced)."""
 
-_DECISION_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409}
+_DECISION_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, WaitExpired: 409}
 
 
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:

@@ -38,6 +38,7 @@ from runtime.errors import (
     InvalidDecision,
     StoreConflict,
     UnknownApproval,
+    WaitExpired,
 )
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.store import SessionRecord, Store
@@ -45,7 +46,12 @@ from runtime.store import SessionRecord, Store
 STOPPED_WAIT = "stopped"
 """The reason a waiting turn's calls are denied with when the session is stopped."""
 
-_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, InvalidDecision: 400}
+_STATUS: dict[type, int] = {
+    UnknownApproval: 404,
+    AlreadyDecided: 409,
+    WaitExpired: 409,
+    InvalidDecision: 400,
+}
 
 
 def is_continuation(payload: dict[str, Any]) -> bool:
