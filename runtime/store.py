@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -322,6 +322,27 @@ async def load_last_turns(
     assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
     first = assistants[-turns] if len(assistants) >= turns else 0
     return first, attrs.evolve(record, messages=messages[first:])
+
+
+async def has_messages(store: Store, session_id: str, ids: Iterable[str]) -> frozenset[str]:
+    """Which of ``ids`` are the ids of messages stored in the session (none for a session
+    never saved): "was this message sent before", which a front end asks of every AG-UI
+    run, A2A ``message/send`` and AI SDK approval.
+
+    A store that offers ``has_messages(session_id, ids)`` (the PostgreSQL store: one
+    statement on an index of the stored messages' ids, whatever the session's length) is
+    asked for it; any other store's whole :meth:`Store.load` is read (the default a store
+    of a third party keeps, as :func:`load_last_turn`'s)."""
+    wanted = frozenset(ids)
+    if not wanted:
+        return frozenset()
+    own = getattr(store, "has_messages", None)
+    if own is not None:
+        return frozenset(await own(session_id, wanted))
+    record = await store.load(session_id)
+    if record is None:
+        return frozenset()
+    return frozenset(m.id for m in record.messages if m.id in wanted)
 
 
 async def deletion_mark(store: Store, session_id: str) -> int | None:

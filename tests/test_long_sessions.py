@@ -18,7 +18,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
-from actors.stores.postgres import _LIST_SQL, PostgresStore
+from actors.stores.postgres import _HAS_MESSAGES_SQL, _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
 from actors.stores.turns import TurnQueue
 from actors.turn.turn_state import CONTEXT_TOO_LONG_HINT
@@ -106,6 +106,38 @@ async def test_listing_a_long_postgres_session_reads_what_listing_a_short_one_do
         await store.aclose()
     assert info.message_count == LONG
     assert long <= short + 1, (short, long)  # (+1: the index one level deeper; was 3 -> 25)
+
+
+async def _lookup_buffers(store: PostgresStore, session_id: str) -> int:
+    def explain(conn: Any) -> Any:
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _HAS_MESSAGES_SQL,
+            (session_id, ["msg_new", "msg_other"]),
+        ).fetchone()
+        return plan if not isinstance(plan, str) else json.loads(plan)
+
+    return _buffers(await store.run("explain", explain, transaction=False))
+
+
+async def test_asking_whether_a_long_postgres_session_has_a_message_id_reads_what_a_short_one_does(
+    pg_url,
+):
+    """Whether a message was sent before (AG-UI's run, A2A's send, the AI SDK's approval)
+    read the whole session: the index of the stored messages' ids answers it, as many
+    pages for 1,000 messages as for 10 (the index one level deeper at most)."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("short", 0, history(SHORT))
+        await store.save("long", 0, history(LONG))
+        await _lookup_buffers(store, "short")  # (the catalog's and the plan's first reads)
+        short = await _lookup_buffers(store, "short")
+        long = await _lookup_buffers(store, "long")
+        ids = [m.id for m in history(1)]
+        found = await store.has_messages("long", {"msg_new", *ids})
+    finally:
+        await store.aclose()
+    assert found == frozenset()  # (history's ids are new each call)
+    assert long <= short + 1, (short, long)
 
 
 class SavesSeen(MemoryStore):

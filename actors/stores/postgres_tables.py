@@ -241,3 +241,32 @@ _QUEUE_INDEXES = (
     """CREATE INDEX IF NOT EXISTS axon_turns_leases
         ON axon_turns (lease_until) WHERE status = 'running'""",
 )
+
+MESSAGE_ID_FUNCTION = "axon_message_id_v1"
+"""The id a stored message's body holds (its JSON's ``id``), what :data:`_MESSAGE_IDS`
+indexes: "was message id X saved in this session" answered from the index
+(:meth:`~actors.stores.postgres.PostgresStore.has_messages`), where the front ends read
+the whole session (AG-UI's run start, A2A's ``message/send``, the AI SDK's approval).
+``NULL`` for a body it cannot read as PostgreSQL text: JSON text may hold ``\\u0000``
+(a tool's output), which ``->>`` refuses to turn into text, and a database that is not
+UTF-8 may not hold every character; the exception is caught (a save never fails on it)
+and a reader that meets a ``NULL`` reads the session's ids the long way. An expression
+index, not a column: every writer keeps it (a save's function of any version, a process
+of before during a rolling upgrade) and the messages stored before it are indexed when
+it is built; the save's statements and bytes are the same. A new version of it gets a
+new name (the index's expression names this one)."""
+
+_MESSAGE_ID_SCHEMA = (
+    f"""CREATE OR REPLACE FUNCTION {MESSAGE_ID_FUNCTION}(body BYTEA) RETURNS TEXT
+        LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    BEGIN
+        RETURN convert_from(body, 'UTF8')::json ->> 'id';
+    EXCEPTION WHEN OTHERS THEN
+        RETURN NULL;
+    END $$""",
+    f"""CREATE INDEX IF NOT EXISTS axon_messages_by_id
+        ON axon_messages (session_id, {MESSAGE_ID_FUNCTION}(body))""",
+)
+"""Created once, when the index is missing (``CREATE INDEX`` locks the table: a store of
+before takes it for the upgrade, :func:`~actors.stores.postgres_schema._lock_for_upgrade`,
+and builds the index over every message it holds)."""
