@@ -554,6 +554,31 @@ async def test_a_postgres_store_of_before_message_ids_indexes_the_messages_it_ho
     assert "axon_messages_by_id" in {name for (name,) in indexes}
 
 
+def test_the_message_id_index_builds_in_parallel(pg_url: str) -> None:
+    """PostgreSQL builds a large table's index with parallel workers, which cannot start
+    the subtransaction of the id function's exception block: marked ``PARALLEL SAFE``,
+    the build (an upgrade of a store holding many messages) failed."""
+    from actors.stores.postgres_tables import _MESSAGE_ID_SCHEMA
+
+    trio.run(_save_one, pg_url)
+    schema = parse_url(pg_url)[1]
+    _make_pre_message_ids(schema)
+    with pg_connect() as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute("ALTER TABLE axon_messages SET (parallel_workers = 2)")
+        conn.execute("SET max_parallel_maintenance_workers = 2")
+        for statement in _MESSAGE_ID_SCHEMA:
+            conn.execute(statement)
+
+
+async def _save_one(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("s", 0, [UserMessage(content="a", id="m_a")])
+    finally:
+        await store.aclose()
+
+
 _UPGRADE_THEN_HANG = """
 import sys, time, trio
 from actors.stores import postgres_schema

@@ -254,11 +254,14 @@ and a reader that meets a ``NULL`` reads the session's ids the long way. An expr
 index, not a column: every writer keeps it (a save's function of any version, a process
 of before during a rolling upgrade) and the messages stored before it are indexed when
 it is built; the save's statements and bytes are the same. A new version of it gets a
-new name (the index's expression names this one)."""
+new name (the index's expression names this one). Not ``PARALLEL SAFE``: its exception
+block starts a subtransaction, which a parallel worker cannot, and PostgreSQL builds the
+index of a large table in parallel ("cannot start subtransactions during a parallel
+operation" failed the upgrade)."""
 
 _MESSAGE_ID_SCHEMA = (
     f"""CREATE OR REPLACE FUNCTION {MESSAGE_ID_FUNCTION}(body BYTEA) RETURNS TEXT
-        LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+        LANGUAGE plpgsql IMMUTABLE STRICT AS $$
     BEGIN
         RETURN convert_from(body, 'UTF8')::json ->> 'id';
     EXCEPTION WHEN OTHERS THEN
