@@ -449,6 +449,9 @@ class TurnSteering:
 
     waiting: list[SteeredInput] = attrs.field(factory=list)
     closed: bool = False
+    took: list[str] = attrs.field(factory=list)
+    """The user message ids of the messages the turn took (:meth:`take`): they are the
+    turn's input now, so a stop naming one stops the turn (``TurnStream.named_by``)."""
     pull: Callable[[], Awaitable[Sequence[SteeredInput]]] | None = None
     """Where messages for the turn wait besides :meth:`offer`: asked by the runner at
     each step boundary, once the previous step's save is answered, before it takes what
@@ -479,6 +482,7 @@ class TurnSteering:
         items, self.waiting = self.waiting, []
         for item in items:
             item.accepted, item.step = True, step
+            self.took.append(item.user_message_id)
             item.taken.set()
         return items
 

@@ -133,6 +133,11 @@ class ActorStarter(Protocol):
 class TurnCanceller(ActorStarter, Protocol):
     """What the relay publisher asks of the host whose turns it publishes."""
 
+    held_stop: Callable[[str, str | None, str], str | None] | None
+    """Set by the publisher: asked as a new message of a session (its user message id,
+    its turn id) would wait for the running turn, the reason of a stop that reached the
+    host before the message did and names it (it is then taken out), or ``None``."""
+
     @property
     def nursery(self) -> trio.Nursery:
         """Where the publisher's background task (watching for cancel requests) runs."""

@@ -155,8 +155,11 @@ class NonBlockingSink:
     turns, every session stalled. Now a write that would wait is kept (up to
     :data:`PENDING_LIMIT` bytes, sent before any later line, never half a line lost);
     past that, lines are dropped, and once the reader has caught up a ``log.lines-dropped``
-    line says how many. What it still holds at exit is waited for while the reader takes
-    it (:data:`EXIT_WAIT`).
+    line says how many. Held lines do not wait for a later line to go: a thread of the
+    sink's own, started when a line is first held and ended once none is, sends them as
+    the reader makes room (before, the last lines of a turn stayed in the process until
+    the next line was logged, for ever on a quiet server). What it still holds at exit is
+    waited for while the reader takes it (:data:`EXIT_WAIT`).
 
     A pipe or a terminal is written through a description of its own, opened anew through
     ``/proc/self/fd`` with ``O_NONBLOCK`` (on the inherited one it would be the parent's
@@ -173,6 +176,7 @@ class NonBlockingSink:
     __slots__ = (
         "__weakref__",
         "_dest",
+        "_drainer",
         "_dropped",
         "_fd",
         "_lock",
@@ -200,6 +204,7 @@ class NonBlockingSink:
         self._notice = notice
         self._pending = bytearray()
         self._dropped = 0
+        self._drainer: threading.Thread | None = None
         self._lock = threading.Lock()  # stdlib handlers' threads write here too
 
     def write(self, text: str) -> int:
@@ -209,7 +214,39 @@ class NonBlockingSink:
                 self._behind(text, data)
             else:
                 self._send(data)
+            if self._pending and self._drainer is None:
+                self._start_drainer()
         return len(text)
+
+    def _start_drainer(self) -> None:
+        """Start the thread that sends the held lines as the reader makes room (called
+        with the lock held, while lines are held and no such thread runs)."""
+        self._drainer = threading.Thread(target=self._drain_held, name="axon-log-sink", daemon=True)
+        self._drainer.start()
+
+    def _drain_held(self) -> None:
+        """The held lines' thread: wait for the reader to make room (``POLLOUT``, looked
+        at again each second: the reader may have left), send what fits, and end once
+        nothing is held nor dropped unsaid. A reader gone (``OSError``) ends it too: the
+        next line's write raises as the stream's own would."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLOUT)
+        try:
+            while True:
+                poller.poll(1000)
+                with self._lock:
+                    if self._pending:
+                        self._send_pending()
+                    if not self._pending and self._dropped:
+                        notice = self._notice(self._dropped)
+                        self._dropped = 0
+                        self._send(notice.encode(self.encoding, "backslashreplace"))
+                    if not self._pending:
+                        self._drainer = None
+                        return
+        except OSError:
+            with self._lock:
+                self._drainer = None
 
     def _behind(self, text: str, data: bytes) -> None:
         """``write`` while lines are held or were dropped: the held ones go first; a line

@@ -319,6 +319,20 @@ def _seconds_until(value: str | None, now_epoch: float) -> float | None:
     return max(0.0, when.timestamp() - now_epoch)
 
 
+def _http_date(value: str | None) -> float | None:
+    """An HTTP date (a response's ``Date``) in seconds since the epoch; ``None`` if
+    absent or unreadable."""
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.timestamp()
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -342,10 +356,17 @@ def parse_rate_headers(
     """Seconds every caller should wait, from a response's headers (0: none): the
     longest reset among the ``x-ratelimit-*`` (OpenAI) and ``anthropic-ratelimit-*``
     limits whose remaining count is 0, and ``retry-after-ms`` / ``retry-after``. A
-    malformed header counts as absent."""
+    malformed header counts as absent. Absolute resets are read against the response's
+    ``Date`` when it has one (``now_epoch``, this machine's clock by default, otherwise)."""
     if headers is None:
         return 0.0
     now_epoch = time.time() if now_epoch is None else now_epoch
+    # An absolute reset is the provider's clock: read it against the response's own
+    # ``Date`` (that clock too), not this machine's, which may be off by an hour; the
+    # pause it sets is every worker's (docs/deployment.md, "One clock decides").
+    said = _http_date(headers.get("date"))
+    if said is not None:
+        now_epoch = said
     wait = 0.0
     get = headers.get
     for remaining, reset in _REMAINING_RESET:

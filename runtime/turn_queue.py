@@ -92,6 +92,13 @@ class TurnOptions:
     a user message follows that message in the session: the turn it waited for answered
     a later message, whose turn it would cut. ``None`` (a row queued before this field):
     the last turn is replaced whatever it is, as before."""
+    follows: str | None = None
+    """A steering message's (``on_busy="steer"``): the id of the assistant message its
+    client shows the running turn's answer in (the message before it in a ``useChat``
+    body). When that is one of the running turn's answers, the client reads the rest of
+    the turn from this message's own stream: the stream showing that answer ends at the
+    ``steered`` chunk (:mod:`runtime.app.web.frontend`), as the embedded app's
+    ``follow`` does."""
 
     @property
     def empty(self) -> bool:
@@ -382,6 +389,12 @@ class TurnQueue(Protocol):
         ``None`` (a stop naming a message by the client's id)."""
         ...
 
+    async def steering(self, session_id: str, steer_of: str, key: str) -> QueuedTurn | None:
+        """The latest turn of the session submitted under the idempotency key ``key`` to
+        steer turn ``steer_of``, whatever its status: a front end asks when the running
+        turn's stream shows a message steered in (a few a turn at most)."""
+        ...
+
     async def request_cancel(
         self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
     ) -> TurnStatus | None:
@@ -526,6 +539,11 @@ class TurnQueue(Protocol):
         believed: the store is read). ``max_chars``: the agent's
         ``max_tool_result_chars``, what the client gave is stored cut to
         (:func:`~runtime.approval.record_decision`)."""
+        ...
+
+    async def now(self) -> float:
+        """The queue's clock, in seconds since the epoch (PostgreSQL's): what every
+        worker sets and expires wait deadlines by, whatever its own wall clock says."""
         ...
 
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:

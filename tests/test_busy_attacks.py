@@ -17,6 +17,7 @@ from actors.providers.scripted import Sleep
 from actors.stores import SQLiteStore
 from runtime import Host, SessionBusy
 from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.errors import TurnWithdrawn
 from runtime.messages import UserMessage
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, held, holding
@@ -638,3 +639,188 @@ async def test_a_stop_naming_a_message_waiting_to_be_steered_in_takes_it_out():
     assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["first"]
     assert len(script.requests) == 2
     assert "second" not in str(script.requests[1].messages)  # the model never saw it
+
+
+async def test_a_stop_naming_a_message_the_running_turn_took_in_stops_that_turn():
+    # Under steer the running turn took "second" in at a step boundary: the rest of the
+    # turn is its answer (its client shows it so), but a stop naming it found it neither
+    # waiting nor the turn's own message: 204, and the turn ran on to its end. It is the
+    # turn's input now: the stop stops the turn (saved, marked interrupted), as a stop
+    # naming the turn's first message does.
+    script = Script(holding("H1"), holding("H2"), ["never"])
+    async with (
+        web_server(agent_of(script), on_busy="steer") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        session = server.host.sessions
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(post_into, client, replies, "second", ui_body("s", "second", "u2"))
+            await waiting(session["s"], 1)
+            first = held["release"]
+            held["open"], held["release"] = trio.Event(), trio.Event()
+            first.set()  # the step ends; the next one takes "second" in and holds
+            await held["open"].wait()
+            running = session["s"].current.turn_id
+            stop = await client.post("/api/chat/s/stop", json={"messageId": "u2"})
+            with trio.move_on_after(5):  # (before: it ran until released)
+                while "first" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 202 and stop.json() == {"turn_id": running}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in replies["first"].text
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == [
+        "first",
+        "second",
+    ]
+    assert len(script.requests) == 2  # "never" was not asked for
+
+
+# -- named stops and a long queue, another session's queue ------------------------------
+
+
+async def _queue_behind_a_held_turn(
+    nursery: trio.Nursery, session: Any, count: int, into: dict
+) -> None:
+    """Run "first" (held in its tool) and queue ``count`` messages ``m<i>`` (user message
+    ids ``u<i>``) behind it, in that order; each one's outcome into ``into``."""
+
+    async def send(i: int) -> None:
+        try:
+            async with session.stream(f"m{i}", user_message_id=f"u{i}") as out:
+                await out.collect()
+            into[i] = out.result
+        except TurnWithdrawn as exc:
+            into[i] = exc
+
+    nursery.start_soon(session.run, "first")
+    await held["open"].wait()
+    for i in range(count):
+        nursery.start_soon(send, i)
+        await waiting(session, i + 1)  # (arrival order is the order sent)
+
+
+async def test_a_stop_of_the_50th_of_100_queued_messages_takes_out_that_one_alone():
+    script = Script(holding(), *[["done"]] * 101)
+    outcomes: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            await _queue_behind_a_held_turn(nursery, session, 100, outcomes)
+            fiftieth = session.waiting_stream(message_id="u49", turn_id=None)
+            stopped = host.stop_named("s", message_id="u49", turn_id=None, reason="stopped")
+            again = host.stop_named("s", message_id="u49", turn_id=None, reason="stopped")
+            await trio.testing.wait_all_tasks_blocked()
+            left = session.waiting_inputs
+            held["release"].set()
+        users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert fiftieth is not None and stopped == (fiftieth.turn_id, True)
+    assert again == stopped  # a stop sent twice (before the first one's wake): the same answer
+    assert left == 99
+    assert isinstance(outcomes[49], TurnWithdrawn)
+    assert users == ["first", *(f"m{i}" for i in range(100) if i != 49)]  # in order
+    assert len(script.requests) == 2 + 99
+
+
+async def test_a_stop_naming_a_queued_message_of_another_session_changes_nothing():
+    script = Script(holding(), ["done"], ["done"])
+    outcomes: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        await host.open_session(agent_with(script, "enqueue"), session_id="t")
+        async with trio.open_nursery() as nursery:
+            await _queue_behind_a_held_turn(nursery, session, 1, outcomes)
+            queued = session.waiting_stream(message_id="u0", turn_id=None)
+            assert queued is not None
+            by_message = host.stop_named("t", message_id="u0", turn_id=None, reason="x")
+            by_turn = host.stop_named("t", message_id=None, turn_id=queued.turn_id, reason="x")
+            unknown = host.stop_named("nowhere", message_id="u0", turn_id=None, reason="x")
+            assert session.waiting_inputs == 1 and session.current is not None
+            held["release"].set()
+        users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert (by_message, by_turn, unknown) == (None, None, None)
+    assert users == ["first", "m0"] and outcomes[0].text == "done"
+
+
+async def test_a_stop_that_overtakes_its_queued_message_on_one_host_takes_it_out(monkeypatch):
+    # The client's POST of "two" and its stop naming "two" race on two connections to one
+    # host: the stop came while "two" was not in the queue yet (its POST on the way),
+    # found nothing (204), and "two" then queued and ran to its answer. The stop is kept,
+    # and "two" is taken out as it would wait: nothing of it run or stored.
+    from runtime.app.session import TurnStream
+
+    script = Script(holding(), ["first done"], ["never"])
+    arrived, go = trio.Event(), trio.Event()
+    enter = TurnStream.__aenter__
+
+    async def on_the_way(stream: Any) -> Any:
+        if stream.user_message_id == "u2":
+            arrived.set()
+            await go.wait()
+        return await enter(stream)
+
+    monkeypatch.setattr(TurnStream, "__aenter__", on_the_way)
+    async with (
+        web_server(agent_of(script), on_busy="enqueue") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(post_into, client, replies, "second", ui_body("s", "two", "u2"))
+            await arrived.wait()
+            stop = await client.post("/api/chat/s/stop", json={"messageId": "u2"})
+            go.set()
+            with trio.move_on_after(5):  # (before: it waited for "first")
+                while "second" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            left = server.host.sessions["s"].waiting_inputs
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 204  # nothing so named here yet
+    assert left == 0
+    assert [line for line in replies["second"].text.split("\n\n") if line] == [
+        'data: {"type":"abort","reason":"stopped by user"}',
+        "data: [DONE]",
+    ]
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["first"]
+    assert len(script.requests) == 2  # "never" was not asked for
+
+
+async def test_a_stop_kept_for_one_session_takes_out_no_message_of_another():
+    script = Script(holding(), ["first done"], ["done"])
+    outcomes: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        host.hold_stop("t", message_id="u0", turn_id=None, reason="stopped")
+        async with trio.open_nursery() as nursery:
+            await _queue_behind_a_held_turn(nursery, session, 1, outcomes)
+            held["release"].set()
+        assert host.stopped_before("t", "u0", "turn") == "stopped"  # still kept for "t"
+    assert outcomes[0].text == "done"
+
+
+async def test_a_kept_stop_is_used_once_dropped_after_a_minute_and_bounded(autojump_clock):
+    from runtime.app.host import STOP_HELD_FOR, STOP_HELD_KEPT
+
+    async with Host.open(log_tap=False) as host:
+        host.hold_stop("s", message_id="u1", turn_id=None, reason="r")
+        host.hold_stop("s", message_id=None, turn_id="t2", reason="r")
+        host.hold_stop("s", message_id=None, turn_id=None, reason="r")  # names nothing
+        assert host.stopped_before("s", "u1", "t1") == "r"
+        assert host.stopped_before("s", "u1", "t1") is None  # used once
+        assert host.stopped_before("s", "u9", "t2") == "r"  # by its turn id
+        host.hold_stop("s", message_id="u3", turn_id=None, reason="r")
+        await trio.sleep(STOP_HELD_FOR + 1)
+        assert host.stopped_before("s", "u3", "t3") is None
+        for n in range(STOP_HELD_KEPT + 5):
+            host.hold_stop(f"s{n}", message_id="u", turn_id=None, reason="r")
+        assert len(host._stopped_here) == STOP_HELD_KEPT
+        assert host.stopped_before("s4", "u", "t") is None
+        assert host.stopped_before("s5", "u", "t") == "r"

@@ -174,7 +174,8 @@ async def test_host_shutdown_cancels_running_turns_and_saves_them(autojump_clock
 
 
 class _StuckStore(MemoryStore):
-    """A store whose ``version`` call outlasts the host's shutdown bound and cannot be
+    """A store whose read of a session's version (with its deletion mark, as a turn of a
+    session not stored reads it) outlasts the host's shutdown bound and cannot be
     cancelled, like a store call running in a worker thread."""
 
     def __init__(self, *, checkpoint_after: bool) -> None:
@@ -183,11 +184,19 @@ class _StuckStore(MemoryStore):
 
     async def version(self, session_id: str) -> int:
         found = await super().version(session_id)
+        await self._stuck()
+        return found
+
+    async def version_and_deletions(self, session_id: str) -> tuple[int, int]:
+        found = await super().version_and_deletions(session_id)
+        await self._stuck()
+        return found
+
+    async def _stuck(self) -> None:
         with trio.CancelScope(shield=True):
             await trio.sleep(60)  # past the shutdown's 15 s: the host tears its actors down
         if self.checkpoint_after:
             await trio.lowlevel.checkpoint()  # the teardown's cancellation lands here
-        return found
 
 
 async def _consume_through_a_stuck_shutdown(store: MemoryStore) -> list:

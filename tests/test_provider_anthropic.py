@@ -62,6 +62,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.tools import tool
+from tests.support import wire_rules
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
 from tests.support.provider_calls import (
     Run,
@@ -536,6 +537,18 @@ def test_describe_never_includes_the_key():
 def test_thinking_budget_must_stay_below_max_tokens():
     with pytest.raises(ConfigurationError):
         AnthropicProvider(MODEL, thinking_budget=4096, max_tokens=4096)
+
+
+def test_thinking_budget_must_be_one_the_api_takes():
+    with pytest.raises(ConfigurationError, match="at least 1024"):
+        AnthropicProvider(MODEL, thinking_budget=512)
+
+
+def test_a_calls_max_tokens_at_or_below_the_budget_lowers_the_budget_below_it():
+    provider = AnthropicProvider(MODEL, api_key=KEY, thinking_budget=2000, max_tokens=4096)
+    params = provider.request_params(make_request(settings={"max_tokens": 1500}))
+    assert params["max_tokens"] == 1500
+    assert params["thinking"] == {"type": "enabled", "budget_tokens": 1499}
 
 
 async def test_request_options_and_call_settings_reach_the_body():
@@ -1176,3 +1189,26 @@ async def test_a_request_after_an_empty_tool_output_has_no_empty_tool_result():
     run = await replay(sse_reply("text.sse"), request=make_request(history))
     sent = run.server.requests[-1].json()["messages"][2]["content"][0]
     assert sent["content"] == EMPTY_OUTPUT
+
+
+def _thought(sig: str) -> ReasoningPart:
+    return ReasoningPart(text="hmm", signature=sig, provider="anthropic", step=0)
+
+
+@pytest.mark.parametrize(
+    ("parts", "sent"),
+    [
+        ((_thought("s1"),), []),  # cut between its thinking and its answer
+        ((_thought("s1"), TextPart(text="so", step=0), _thought("s2")), ["thinking", "text"]),
+    ],
+)
+def test_a_step_ending_with_thinking_is_sent_without_the_thinking_at_its_end(parts, sent):
+    history = [
+        UserMessage(content="hi"),
+        AssistantMessage(content=parts),
+        UserMessage(content="go"),
+    ]
+    _system, messages = map_messages(None, history)
+    assert wire_rules.anthropic_errors(messages) == []
+    steps = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert [b["type"] for step in steps for b in step] == sent

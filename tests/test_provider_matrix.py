@@ -326,3 +326,121 @@ async def test_a_tool_loop_begun_on_one_provider_is_finished_by_another_in_the_s
         history = history.replace(sentinel, "")
     for secret in ("signature", "encrypted_content", "thoughtSignature", "redacted_thinking"):
         assert secret not in history, secret
+
+
+# -- Claude with and without thinking in one tool loop ----------------------------------------
+
+
+def claude_api(*replies: Reply) -> Any:
+    """A loopback ``respond`` that answers as the Messages API does: a 400 with the API's
+    own text when the body breaks a wire rule (thinking on or off as the body says),
+    else the next of ``replies``."""
+    queue = list(replies)
+
+    def respond(request: Any) -> Reply:
+        errs = wire_rules.anthropic_params_errors(request.json())
+        if errs:
+            error = {"type": "invalid_request_error", "message": errs[0]}
+            payload = json.dumps({"type": "error", "error": error}).encode()
+            return Reply(status=400, body=payload, content_type="application/json")
+        return queue.pop(0)
+
+    return respond
+
+
+async def tool_loop(
+    providers: list[Any], replies: list[Reply], **agent: Any
+) -> tuple[Any, list[Any]]:
+    async with loopback_server(respond=claude_api(*replies)) as server:
+        async with Host.open(store=MemoryStore(), log_tap=False) as host:
+            agent = Agent(
+                provider=[make(p, server.url) for p in providers],
+                tools=[get_weather, get_time],
+                retry=RetryPolicy(max_attempts=1),
+                **agent,
+            )
+            session = await host.open_session(agent, session_id="s1")
+            result = await session.run("What is the weather?")
+        return result, list(server.requests)
+
+
+async def test_thinking_stays_on_through_a_tool_loop_whose_later_steps_did_not_think():
+    # Claude thinks once a turn without interleaved thinking: step two has none of its own
+    steps = ["interleaved-thinking.sse", "tool-use-several.sse", "text.sse"]
+    result, requests = await tool_loop(
+        ["anthropic-thinking"], [recording("anthropic", s) for s in steps]
+    )
+    assert result.error is None, result.error
+    assert [r.json().get("thinking", {}).get("type") for r in requests] == ["enabled"] * 3
+
+
+async def test_claude_without_thinking_finishes_a_loop_begun_with_thinking_without_it():
+    replies = [recording("anthropic", "interleaved-thinking.sse"), unavailable("anthropic")]
+    result, requests = await tool_loop(
+        ["anthropic-thinking", "anthropic"], [*replies, recording("anthropic", "text.sse")]
+    )
+    assert result.error is None, result.error
+    last = requests[-1].json()
+    assert "thinking" not in last
+    assert '"thinking"' not in json.dumps(last["messages"])  # the loop's, left out
+    assert any(p.type == "reasoning" for p in result.message.content)  # and still saved
+
+
+async def test_claude_with_thinking_finishes_a_loop_begun_without_it_without_thinking():
+    replies = [recording("anthropic", "tool-use-several.sse"), unavailable("anthropic")]
+    result, requests = await tool_loop(
+        ["anthropic", "anthropic-thinking"], [*replies, recording("anthropic", "text.sse")]
+    )
+    assert result.error is None, result.error
+    assert "thinking" not in requests[-1].json()
+
+
+async def test_thinking_after_text_in_one_step_is_sent_back_as_it_came():
+    # interleaved thinking: thinking, text, thinking, tool_use in one message
+    steps = ["interleaved-thinking.sse", "text.sse"]
+    result, requests = await tool_loop(
+        ["anthropic-thinking"], [recording("anthropic", s) for s in steps]
+    )
+    assert result.error is None, result.error
+    step = requests[-1].json()["messages"][1]["content"]
+    assert [b["type"] for b in step] == ["thinking", "text", "thinking", "tool_use"]
+
+
+SAMPLING = {"temperature": 0.2, "top_k": 5, "top_p": 0.5, "tool_choice": {"type": "any"}}
+
+
+async def test_sampling_options_refused_with_thinking_go_only_with_calls_that_do_not_think():
+    replies = [recording("anthropic", "tool-use-several.sse"), unavailable("anthropic")]
+    result, requests = await tool_loop(
+        ["anthropic", "anthropic-thinking"],
+        [*replies, recording("anthropic", "text.sse")],
+        settings=SAMPLING,
+    )
+    assert result.error is None, result.error
+    # the loop was begun without thinking: the fallback's call does not think, and takes them
+    assert {k: requests[-1].json().get(k) for k in SAMPLING} == SAMPLING
+
+
+async def test_a_thinking_call_leaves_out_the_sampling_options_the_api_refuses_with_it():
+    result, requests = await tool_loop(
+        ["anthropic-thinking"], [recording("anthropic", "text.sse")], settings=SAMPLING
+    )
+    assert result.error is None, result.error
+    body = requests[0].json()
+    assert body["thinking"]["type"] == "enabled"
+    assert not set(SAMPLING) & set(body)
+
+
+@pytest.mark.parametrize(("max_tokens", "budget"), [(1500, 1024), (1024, None)])
+async def test_an_agents_max_tokens_below_the_budget_lowers_it_or_turns_thinking_off(
+    max_tokens, budget
+):
+    result, requests = await tool_loop(
+        ["anthropic-thinking"],
+        [recording("anthropic", "text.sse")],
+        settings={"max_tokens": max_tokens},
+    )
+    assert result.error is None, result.error
+    body = requests[0].json()
+    assert body["max_tokens"] == max_tokens
+    assert body.get("thinking", {}).get("budget_tokens") == budget

@@ -3,6 +3,7 @@ same answers as the in-process backend, whichever process asks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import attrs
@@ -103,3 +104,43 @@ async def test_redis_and_memory_agree_on_a_mixed_load(relay):
         return out
 
     assert await times(relay.rate_limits()) == pytest.approx(await times(MemoryBackend()))
+
+
+HOUR = 3600.0
+
+
+async def started(backend) -> None:
+    """What a worker does with its shared limits as it starts (runtime/app/worker.py)."""
+    sync = getattr(backend, "sync_clock", None)
+    if sync is not None:
+        await sync()
+
+
+async def redis_time(relay: RedisRelay) -> float:
+    return (await relay.client.time()).timestamp()
+
+
+async def test_a_worker_an_hour_behind_does_not_spend_the_minute_a_second_time(relay, monkeypatch):
+    real, limit = time.time, RateLimit(requests_per_minute=2)
+    monkeypatch.setattr(time, "time", lambda: real() - HOUR)  # its machine's clock
+    behind = relay.rate_limits()
+    await started(behind)
+    slow = Limiter("k", limit, behind, behind.clock)
+    await slow.acquire()
+    await slow.acquire()
+    monkeypatch.setattr(time, "time", real)
+    right = relay.rate_limits()
+    await started(right)
+    verdict = await right.try_acquire("k", limit, right.clock.now(), "third", 0)
+    assert not verdict.granted  # two calls went in this minute already
+
+
+async def test_a_worker_an_hour_ahead_counts_its_grant_at_redis_time(relay, monkeypatch):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + HOUR)
+    ahead = relay.rate_limits()
+    await started(ahead)
+    await Limiter("k", RateLimit(requests_per_minute=2), ahead, ahead.clock).acquire()
+    monkeypatch.setattr(time, "time", real)
+    (granted,) = await ahead.granted("k")
+    assert abs(granted - await redis_time(relay)) < WINDOW  # not an hour on: the minute slides

@@ -376,14 +376,18 @@ async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its
     assert "never" not in replies["u1"].text
 
 
-async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_stops_its_turn(
-    redis_url: str,
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_takes_it_out(
+    redis_url: str, on_busy: str
 ) -> None:
     # A runs "one" (the relay streams it); Stop for "two" is pressed before "two"'s POST
-    # reaches A: B forwards it to A's turn, where nothing is so named yet, and "two",
-    # queued behind "one" when its POST came, ran to its answer.
-    script = Script(holding("H1"), ["first done"], holding("H2"), ["never"])
-    agent = agent_of(script, "enqueue")
+    # reaches A: B forwards it to A's turn, where nothing is so named yet. "two" then
+    # came and waited (queued behind "one", or to be steered into it): queued, it was
+    # stopped only as its turn started, its message and an interrupted answer saved;
+    # steered, the running turn took it in. A stop after it came takes it out, nothing
+    # stored (``Host.stop_named``): both orders now agree.
+    script = Script(holding("H1"), ["first done"], ["never"])
+    agent = agent_of(script, on_busy)
     async with _two_hosts(redis_url, agent) as (a, b, publisher, _):
         async with httpx.AsyncClient(timeout=30) as client:
             replies: dict = {}
@@ -398,19 +402,58 @@ async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_stops
                 nursery.start_soon(
                     _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
                 )
+                with trio.move_on_after(LIMIT):  # (before: it waited for "one")
+                    await _until(lambda: "u2" in replies)
+                waiting = a.host.sessions["s"].waiting_inputs
+                held["release"].set()
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert stop.status_code == 202 and stop.json()["forwarded"] is True
+    assert waiting == 0
+    assert _events(replies["u2"]) == [
+        'data: {"type":"abort","reason":"stopped by user"}',
+        "data: [DONE]",
+    ]
+    assert '"finishReason":"stop"' in replies["u1"].text  # the running turn went on
+    assert [m.content for m in stored if m.role == "user"] == ["one"]  # nothing of "two"
+    assert "never" not in str(stored) and len(script.requests) == 2
+    assert not publisher.held  # used once
+
+
+async def test_a_stop_sent_to_another_host_naming_a_message_the_running_turn_took_stops_it(
+    redis_url: str,
+) -> None:
+    # Under steer A's turn took "two" in: the rest of the turn is its answer. B forwards
+    # a stop naming "two"; A found it neither waiting nor the turn's own message, and
+    # the turn ran on to its end.
+    script = Script(holding("H1"), holding("H2"), ["never"])
+    async with _two_hosts(redis_url, agent_of(script, "steer")) as (a, b, _, _):
+        async with httpx.AsyncClient(timeout=30) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
                 await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
                 first = held["release"]
                 held["open"], held["release"] = trio.Event(), trio.Event()
-                first.set()  # "one" ends; "two" starts
-                await _until(lambda: "u1" in replies)
-                with trio.move_on_after(LIMIT):  # (before: held until released)
-                    await _until(lambda: "u2" in replies)
+                first.set()  # the step ends; the next one takes "two" in and holds
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                with trio.move_on_after(5):  # (before: it ran until released)
+                    await _until(lambda: "u1" in replies)
                 held["release"].set()
             await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
     assert stop.status_code == 202 and stop.json()["forwarded"] is True
-    assert '"finishReason":"stop"' in replies["u1"].text
-    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u2"])
-    assert "never" not in replies["u2"].text  # before: "two" answered "never"
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert [m.content for m in stored if m.role == "user"] == ["one", "two"]
+    assert "never" not in str(stored) and len(script.requests) == 2
 
 
 @pytest.mark.parametrize("again", ["regenerate", "edit"])

@@ -135,7 +135,10 @@ def test_anthropic_takes_any_hostile_history(history, target, foreign):
     _system, payload = anthropic.map_messages(
         "be brief", messages, origin=target, foreign_reasoning=foreign
     )
-    errs = wire_rules.anthropic_errors(payload, thinking=anthropic.thinking_allowed(payload))
+    errs = wire_rules.anthropic_errors(
+        payload, thinking=anthropic.thinking_allowed(payload) or None
+    )
+    errs += wire_rules.anthropic_errors(anthropic.without_loop_thinking(payload), thinking=False)
     check("anthropic", payload, errs, messages, target)
 
 
@@ -275,7 +278,24 @@ def through_the_sdk(kind: str, history: list[Message]) -> None:
     messages = request_messages(history)
     body = trio.run(sent_body, kind, messages)
     payload = wire_payload(kind, body)
+    if kind == "anthropic":  # a provider without thinking: a loop's thinking stays home
+        errs = wire_rules.anthropic_errors(payload, thinking="thinking" in body)
+        check("anthropic", payload, errs, messages, ORIGINS[0], dropped=loop_thinking(messages))
+        return
     check(WIRE[kind], payload, wire_errors(kind, payload), messages, SDK_TARGETS[kind][1])
+
+
+def loop_thinking(messages: list[Message]) -> set[str]:
+    """The signatures and redacted data of the thinking in the tool loop ``messages``
+    continue (as mapped for ``ORIGINS[0]``)."""
+    _system, mapped = anthropic.map_messages(None, messages, origin=ORIGINS[0])
+    start = anthropic.tool_loop_start(mapped)
+    return {
+        b.get("signature") or b.get("data")
+        for m in (mapped[start:] if start is not None else [])
+        for b in (m["content"] if isinstance(m["content"], list) else [])
+        if b.get("type") in ("thinking", "redacted_thinking")
+    }
 
 
 @SDK_SETTINGS

@@ -230,3 +230,155 @@ async def test_a_steer_submitted_right_after_a_boundary_is_taken_at_the_next(
     seen = script.requests[2].messages
     assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
     assert seen[4].text == "also this"
+
+
+def following(session_id: str, answer_id: str) -> dict[str, Any]:
+    """What ``useChat`` posts when it sends "also this" while the answer ``answer_id`` to
+    "first" streams: the whole conversation, that answer so far right before the new
+    message."""
+    sent = body(session_id, "also this", "u2")
+    answer = {"id": answer_id, "role": "assistant", "parts": [{"type": "step-start"}]}
+    first = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "first"}]}
+    sent["messages"] = [first, answer, *sent["messages"]]
+    return sent
+
+
+async def steer_from_the_answer(pg_url: str, redis_url: str) -> dict[str, Any]:
+    """``first`` streamed from front end 0; ``also this`` posted to front end 1 while
+    step 1's tool holds, by the client showing the turn's answer (:func:`following`)."""
+    script = Script(looking("call_L"), holding("call_H"), ["answer to both"])
+    out: dict[str, Any] = {}
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", fronts=2
+    ) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, url: str, sent: dict[str, Any]) -> None:
+                    out[name] = await client.post(f"{url}/api/chat", json=sent)
+
+                nursery.start_soon(post, "first", d.urls[0], body("s1", "first", "u1"))
+                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
+                (turn,) = await d.queue.turns("s1")
+                out["answer"] = f"msg_{turn.turn_id}"
+                nursery.start_soon(post, "steered", d.urls[1], following("s1", out["answer"]))
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+            stored = await client.get(f"{d.urls[0]}/api/sessions/s1")
+            # the steering POST again, on the other front end, having seen 3 events
+            seen = sse_events(out["steered"].text)[2][0]
+            out["seen"] = int(seen)
+            out["resumed"] = await client.post(
+                f"{d.urls[0]}/api/chat",
+                json=following("s1", out["answer"]),
+                headers={"last-event-id": seen},
+            )
+        out["ui"] = stored.json()["ui_messages"]
+        out["turns"] = await d.queue.turns("s1")
+    return out
+
+
+async def test_a_message_steered_from_the_answer_it_shows_gets_the_rest_of_the_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    """The client that shows the turn's answer and sends a message meanwhile (``useChat``)
+    gets the rest of the turn as that message's answer, read from the relay on another
+    front end; the stream it showed the answer in ends where the message joined. It
+    answered 202 and the first stream went on: the client showed the message at the
+    bottom, unanswered, the answer growing above it."""
+    out = await steer_from_the_answer(pg_url, redis_url)
+    first = sse_events(out["first"].text)
+    assert first[-1][1] == "[DONE]"
+    firsts = data(first)
+    assert [c["type"] for c in firsts[-2:]] == ["data-steered", "finish"]
+    answer_id = f"{out['answer']}-s2"
+    assert firsts[-1]["messageMetadata"] == {
+        "finishReason": "steered",
+        "steeredBy": "u2",
+        "answerId": answer_id,
+    }
+    assert not any(c["type"] == "text-delta" for c in firsts)
+    assert out["steered"].status_code == 200, out["steered"].text
+    rest = sse_events(out["steered"].text)
+    assert rest[-1][1] == "[DONE]"
+    rests = data(rest)
+    assert rests[0] == {"type": "start", "messageId": answer_id}
+    assert [c["type"] for c in rests[1:3]] == ["start-step", "text-start"]
+    assert "".join(c["delta"] for c in rests if c["type"] == "text-delta") == "answer to both"
+    assert rests[-1]["type"] == "finish" and "data-steered" not in [c["type"] for c in rests]
+    ids = [(m["id"], m["role"]) for m in out["ui"]]
+    assert ids == [
+        ("u1", "user"),
+        (out["answer"], "assistant"),
+        ("u2", "user"),
+        (answer_id, "assistant"),
+    ]
+    assert [(t.status, t.finish_reason) for t in out["turns"]] == [
+        ("done", "stop"),
+        ("done", "steered"),
+    ]
+
+
+async def test_a_steering_post_resumed_with_last_event_id_sends_only_what_followed(
+    pg_url: str, redis_url: str
+) -> None:
+    """Sent again with the ``Last-Event-ID`` of its third event, on the other front end,
+    the steering POST sends what came after that event, no ``start`` again."""
+    out = await steer_from_the_answer(pg_url, redis_url)
+    assert out["resumed"].status_code == 200
+    whole = sse_events(out["steered"].text)
+    resumed = sse_events(out["resumed"].text)
+    assert resumed == whole[3:]
+    assert all(int(i) > out["seen"] for i, _ in resumed if i is not None)
+
+
+async def test_a_second_steer_from_the_steered_answer_hands_over_again(
+    pg_url: str, redis_url: str
+) -> None:
+    """The client steers "also this" from the turn's answer (front end 1), then "and
+    this" from the answer the first steer started (front end 0): each stream ends where
+    the next message joined, each answer shows once, in the order the session stores."""
+    script = Script(looking("call_L"), holding("call_H"), holding("call_I"), ["answer to all"])
+    out: dict[str, Any] = {}
+    held = test_busy.held
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", fronts=2
+    ) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, url: str, sent: dict[str, Any]) -> None:
+                    out[name] = await client.post(f"{url}/api/chat", json=sent)
+
+                nursery.start_soon(post, "first", d.urls[0], body("s1", "first", "u1"))
+                await held["open"].wait()  # step 1's tool holds
+                (turn,) = await d.queue.turns("s1")
+                answer = f"msg_{turn.turn_id}"
+                nursery.start_soon(post, "second", d.urls[1], following("s1", answer))
+                await queued(d.queue, "s1", 2)
+                release = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                release.set()
+                await held["open"].wait()  # step 2's tool holds
+                third = following("s1", f"{answer}-s2")
+                third["messages"][-1] = {
+                    "id": "u3",
+                    "role": "user",
+                    "parts": [{"type": "text", "text": "and this"}],
+                }
+                nursery.start_soon(post, "third", d.urls[0], third)
+                await queued(d.queue, "s1", 3)
+                held["release"].set()
+            stored = (await client.get(f"{d.urls[1]}/api/sessions/s1")).json()["ui_messages"]
+    streams = [data(sse_events(out[name].text)) for name in ("first", "second", "third")]
+    assert [out[n].status_code for n in ("first", "second", "third")] == [200, 200, 200]
+    ends = [(s[-1]["type"], s[-1].get("messageMetadata", {}).get("steeredBy")) for s in streams]
+    assert ends == [("finish", "u2"), ("finish", "u3"), ("finish", None)]
+    starts = [s[0]["messageId"] for s in streams]
+    assert starts == [answer, f"{answer}-s2", f"{answer}-s3"]
+    calls = [[c["toolCallId"] for c in s if c["type"] == "tool-input-available"] for s in streams]
+    assert calls == [["call_L", "call_H"], ["call_I"], []]
+    assert "".join(c["delta"] for c in streams[2] if c["type"] == "text-delta") == "answer to all"
+    assert [m["id"] for m in stored] == [
+        *("u1", answer, "u2", f"{answer}-s2", "u3", f"{answer}-s3"),
+    ]

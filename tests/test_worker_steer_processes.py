@@ -20,9 +20,11 @@ import trio
 from actors.stores.postgres import PostgresStore
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.redis import require_redis, unique_prefix
+from tests.test_approval_node import ai6_entry
 from tests.test_relay_web import sse_events
 from tests.test_worker_approval_processes import FrontEnds, chat
 from tests.test_workers import Workers, sql
+from tests.web.harness import WEB, ensure_ai_package, run_node_script
 
 LIMIT = 60.0
 
@@ -104,3 +106,70 @@ async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call
     assert isinstance(steered_message, UserMessage) and steered_message.id == "u2"
     assert steered_message.content == "also this"
     assert isinstance(last, AssistantMessage) and last.text == "echo: also this"
+
+
+def parts_of(messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each message's id, role and parts (metadata aside: the live stream's and the
+    stored message's differ by design; so does a reasoning part's ``id``, which `ai` 7
+    keeps from ``reasoning-start`` and the stored UI form has not)."""
+    return [
+        (m["id"], m["role"], [{k: v for k, v in p.items() if k != "id"} for p in m["parts"]])
+        for m in messages
+    ]
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    return ensure_ai_package()
+
+
+@pytest.fixture(scope="module", params=["ai7", "ai6"])
+def ai(request: pytest.FixtureRequest, node: str) -> dict[str, str]:
+    return {} if request.param == "ai7" else {"ai": ai6_entry()}
+
+
+async def steered_chat(
+    deployment: tuple[Workers, FrontEnds], node: str, ai: dict[str, str], **config: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The real `ai` package's chat against two front ends and a worker: "tools please"
+    from the first, "also this" sent to the second while step 1's tool holds; the chat's
+    outcome and the stored session as a reload reads it."""
+    workers, fronts = deployment
+    urls = [await fronts.start(), await fronts.start()]
+    workers.start("w1", AXON_TEST_TOOL_HOLD="2")
+    config = {"url": urls[0], "urls": urls, "chatId": "s", "first": "tools please", **config}
+    with trio.fail_after(LIMIT):
+        chat = await run_node_script(
+            node, WEB / "steer_chat.mjs", {**config, "holdTool": "record", "holdCount": 2, **ai}
+        )
+    async with httpx.AsyncClient(timeout=LIMIT) as client:
+        stored = (await client.get(f"{urls[1]}/api/sessions/s")).json()
+    return chat, stored
+
+
+async def test_a_useChat_message_steered_into_a_workers_turn_shows_where_it_is_stored(
+    deployment: tuple[Workers, FrontEnds], node: str, ai: dict[str, str]
+) -> None:
+    """``sendMessage`` while the turn streams, the second POST on another front end: the
+    answer so far ends at the message, the rest shows after it, as stored. The front end
+    answered 202 and the first stream went on: the message sat at the bottom looking
+    unanswered while the answer grew above it, and a reload reordered it."""
+    chat, stored = await steered_chat(deployment, node, ai)
+    assert chat["errors"] == [None] and chat["status"] == "ready"
+    assert [b["trigger"] for b in chat["bodies"]] == ["submit-message", "submit-message"]
+    assert parts_of(chat["steered"]) == parts_of(stored["ui_messages"])
+    assert [m["role"] for m in chat["steered"]] == ["user", "assistant", "user", "assistant"]
+    assert chat["steered"][3]["parts"][-1]["text"] == "echo: also this"
+    (steered,) = chat["data"]
+    assert steered["data"]["answerId"] == chat["steered"][3]["id"]
+
+
+async def test_a_regenerate_after_a_steered_workers_turn_leaves_the_client_as_stored(
+    deployment: tuple[Workers, FrontEnds], node: str, ai: dict[str, str]
+) -> None:
+    chat, stored = await steered_chat(deployment, node, ai, regenerate=True)
+    assert chat["errors"] == [None, None]
+    assert chat["bodies"][-1]["trigger"] == "regenerate-message"
+    assert parts_of(chat["messages"]) == parts_of(stored["ui_messages"])
+    texts = [p.get("text") for m in chat["messages"] for p in m["parts"] if p["type"] == "text"]
+    assert texts[-2:] == ["also this", "echo: also this"]

@@ -184,12 +184,14 @@ def map_messages(
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
-                blocks = _paired(
-                    [
-                        b
-                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                        if b is not None
-                    ]
+                blocks = _no_thinking_last(
+                    _paired(
+                        [
+                            b
+                            for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                            if b is not None
+                        ]
+                    )
                 )
                 if blocks:
                     _append(out, "assistant", blocks)
@@ -209,6 +211,18 @@ def map_messages(
         # message that is not the user's ("first message must use the "user" role").
         out.insert(0, {"role": "user", "content": EMPTY_INPUT})
     return ("\n\n".join(system) or None), out
+
+
+def _no_thinking_last(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's blocks less the thinking at their end: the API refuses an assistant
+    message whose last block is thinking ("The final block in an assistant message
+    cannot be `thinking`"), which a step cut between its thinking and its answer (an
+    interrupted turn, a stream that broke) leaves. Thinking with nothing after it
+    carries no answer; a tool loop's steps end with their calls, so none is lost there."""
+    end = len(blocks)
+    while end and blocks[end - 1].get("type") in ("thinking", "redacted_thinking"):
+        end -= 1
+    return blocks[:end]
 
 
 def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -403,23 +417,100 @@ def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
+def tool_loop_start(messages: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the first assistant message of the turn a request continues, or
+    ``None`` when it starts a turn (it ends with the user's own words, not only
+    ``tool_result`` s).
+
+    The API reads a tool loop as one assistant turn: its messages run from the first
+    assistant message after the user's last message that was more than tool results,
+    through each step and its results."""
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return None
+    start = None
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i]["content"]
+        if messages[i]["role"] == "assistant":
+            start = i
+        elif not (
+            isinstance(content, list) and content and content[0].get("type") == "tool_result"
+        ):
+            break
+    return start
+
+
 def thinking_allowed(messages: Sequence[dict[str, Any]]) -> bool:
     """Whether a request of these (mapped) ``messages`` may turn extended thinking on.
 
-    Not when it continues a tool loop (it ends with ``tool_result`` s) whose last
+    Not when it continues a tool loop (it ends with ``tool_result`` s) whose *first*
     assistant message does not start with a thinking block: the API refuses that ("When
     `thinking` is enabled, a final `assistant` message must start with a thinking
-    block"). That happens when the step was made by another model or provider (a
-    fallback, a turn continued after an approval or a restart under another model),
-    whose thinking cannot be sent here: that one call goes without thinking."""
-    if len(messages) < 2 or messages[-1]["role"] != "user":
+    block"), its "final assistant message" being the whole tool loop. That happens when
+    the loop was begun by another model or provider (a fallback, a turn continued after
+    an approval or a restart under another model), whose thinking cannot be sent here:
+    the rest of that loop goes without thinking. Later steps without thinking of their
+    own (Claude thinks once a turn without interleaved thinking) keep it on: the docs
+    want one thinking mode for the whole turn."""
+    start = tool_loop_start(messages)
+    if start is None:
         return True
-    last = messages[-1]["content"]
-    if not isinstance(last, list) or not last or last[0].get("type") != "tool_result":
-        return True
-    previous = messages[-2]["content"]
-    first = previous[0] if isinstance(previous, list) and previous else {}
+    content = messages[start]["content"]
+    first = content[0] if isinstance(content, list) and content else {}
     return first.get("type") in ("thinking", "redacted_thinking")
+
+
+def without_loop_thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` less the thinking blocks of the tool loop they continue, for a request
+    with thinking off: the API refuses thinking there ("When thinking is disabled, an
+    `assistant` message in the final position cannot contain `thinking`"). A loop begun
+    with thinking and finished by Claude without it (a fallback to another
+    :class:`AnthropicProvider` of the same model, an agent that turned thinking off)
+    sends its steps without their thinking; earlier turns keep theirs, which the API
+    takes and ignores."""
+    start = tool_loop_start(messages)
+    if start is None:
+        return messages
+    out = list(messages[:start])
+    for msg in messages[start:]:
+        content = msg["content"]
+        if msg["role"] == "assistant" and isinstance(content, list):
+            kept = [b for b in content if b.get("type") not in ("thinking", "redacted_thinking")]
+            if kept != content:
+                msg = {**msg, "content": kept or EMPTY_INPUT}
+        out.append(msg)
+    return out
+
+
+MIN_THINKING_BUDGET = 1024
+"""The smallest ``budget_tokens`` the API takes."""
+
+
+def thinking_budget(budget: int | None, max_tokens: Any) -> int | None:
+    """The ``budget_tokens`` a call may send: the provider's, below the call's own
+    ``max_tokens`` (an agent's ``settings`` may lower it; the API refuses a budget that
+    is not below it), and ``None`` (thinking off for that call) when not even
+    :data:`MIN_THINKING_BUDGET` fits."""
+    if budget is None or not isinstance(max_tokens, int) or budget < max_tokens:
+        return budget
+    return max_tokens - 1 if max_tokens - 1 >= MIN_THINKING_BUDGET else None
+
+
+def refused_with_thinking(key: str, value: Any) -> bool:
+    """Whether the request option ``key`` = ``value`` is one the API refuses with
+    extended thinking on, which a call with thinking leaves out: ``temperature`` other
+    than 1 ("`temperature` may only be set to 1 when thinking is enabled"), ``top_k``,
+    ``top_p`` below 0.95, and a ``tool_choice`` that forces tool use (``any``, ``tool``).
+    Thinking goes off and on within a session (a tool loop begun without it), so these
+    stay in the agent's settings and go with the calls that do not think."""
+    if key == "temperature":
+        return value != 1
+    if key == "top_k":
+        return True
+    if key == "top_p":
+        return not (isinstance(value, int | float) and value >= 0.95)
+    if key == "tool_choice":
+        return isinstance(value, dict) and value.get("type") in ("any", "tool")
+    return False
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
@@ -1187,6 +1278,11 @@ class AnthropicProvider(SDKProvider):
         price_as: str | None = None,
         **request_options: Any,
     ) -> None:
+        if thinking_budget is not None and thinking_budget < MIN_THINKING_BUDGET:
+            raise errors.ConfigurationError(
+                f"thinking_budget ({thinking_budget}) must be at least {MIN_THINKING_BUDGET}: "
+                "the API refuses a smaller budget_tokens"
+            )
         if thinking_budget is not None and thinking_budget >= max_tokens:
             raise errors.ConfigurationError(
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
@@ -1259,15 +1355,19 @@ class AnthropicProvider(SDKProvider):
         params["messages"] = messages
         if request.tools:
             params["tools"] = map_tools(request.tools)
-        thinking = self.thinking_budget is not None and thinking_allowed(messages)
+        settings = {**self.request_options, **request.settings}
+        budget = thinking_budget(self.thinking_budget, settings.get("max_tokens", self.max_tokens))
+        thinking = budget is not None and thinking_allowed(messages)
         if thinking:
-            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        else:
+            params["messages"] = without_loop_thinking(messages)
         if request.output is not None:
             map_output(params, request.output, thinking=thinking)
         known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
-        for key, value in {**self.request_options, **request.settings}.items():
-            if key in _RESERVED:
+        for key, value in settings.items():
+            if key in _RESERVED or (thinking and refused_with_thinking(key, value)):
                 continue
             if key == "extra_body":
                 extra_body.update(value)
@@ -1322,8 +1422,11 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        if self.thinking_budget is not None and thinking_allowed(mapped):
-            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        budget = thinking_budget(self.thinking_budget, self.max_tokens)
+        if budget is not None and thinking_allowed(mapped):
+            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        else:
+            params["messages"] = without_loop_thinking(mapped)
         try:
             counted = await self._get_client().messages.count_tokens(**params)
         except Exception as exc:

@@ -11,9 +11,13 @@ backend does:
   flight scored by when their slot lapses (a dead worker's comes back after
   :data:`~runtime.ratelimit.LEASE`), ``…:pause`` the time before which nothing is
   granted (``retry-after``, a limit the provider says is spent);
+* time is Redis's (``TIME``, read by each worker and carried on its monotonic clock:
+  :class:`~runtime.clocks.AnchoredClock`), not each machine's: a worker whose wall clock
+  is an hour off neither spends a minute a second time (behind) nor holds the minute
+  for an hour (ahead);
 * the script never lets time go backwards (``…:now`` holds the latest time it was
-  given): processes whose clocks differ by a little still see one order of grants, and
-  no minute of that order ever holds more than the limit;
+  given): what is left of the workers' differences (a round trip's, a reading's age)
+  still gives one order of grants, and no minute of that order holds more than the limit;
 * every key expires two minutes after its last use: nothing is left behind.
 
 ``…:log`` keeps the times of the last :data:`AUDIT_SIZE` grants for an hour, for audits
@@ -38,8 +42,9 @@ from typing import Any, TypeVar
 import structlog
 
 from actors.relays.redis_failures import _retried
+from runtime.clocks import AnchoredClock
 from runtime.errors import RateLimitUnavailable
-from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
+from runtime.ratelimit import LEASE, POLL, WINDOW, RateLimit, Verdict
 
 log = structlog.get_logger("axon.limits")
 
@@ -149,9 +154,21 @@ class RedisLimitBackend:
         """Seconds a call is retried before :class:`~runtime.errors.RateLimitUnavailable`."""
         self.retry_base = retry_base
         self.retry_max = retry_max
-        self.clock: Clock = WallClock()
-        """The wall clock: the one processes on several machines agree on."""
+        self.clock: AnchoredClock = AnchoredClock(self._redis_time)
+        """Redis's clock (``TIME``), carried on this process's monotonic clock: the one
+        every worker's limiter reads, so machines whose wall clocks differ still count
+        one minute (runtime/clocks.py). :meth:`sync_clock` reads it."""
         self._scripts: dict[str, Any] = {}
+
+    async def _redis_time(self) -> float:
+        when = await self._call("time", self.client.time)
+        return float(when.timestamp())
+
+    async def sync_clock(self) -> None:
+        """Read Redis's clock (a worker does as it starts; each try again once a minute
+        passed): :class:`~runtime.errors.RateLimitUnavailable` when Redis does not
+        answer, the reading held kept."""
+        await self.clock.sync()
 
     def keys(self, key: str) -> list[str]:
         """The Redis keys of one limit key: grants, tokens, in flight, pause, time, log."""
@@ -202,6 +219,8 @@ class RedisLimitBackend:
     async def try_acquire(
         self, key: str, limit: RateLimit, now: float, call_id: str, tokens: int
     ) -> Verdict:
+        if self.clock.due():  # for the next try: this one's ``now`` is read
+            await self.sync_clock()
         reason, value = await self._run(
             "acquire",
             _ACQUIRE,

@@ -109,6 +109,30 @@ class RelayPublisher(Actor):
             ):
                 self._drop(chunk.session_id, names)
 
+    def take_held(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
+        """A new message of ``session_id`` (user message ``message_id``, turn ``turn_id``)
+        reaches this host while a turn runs, so it would wait (queued, or to be steered
+        into the running turn): the reason of a held stop naming it, dropped as used, or
+        ``None``. Its stream then takes it out as :meth:`Host.stop_named` would have, had
+        the stop come after it: nothing run, nothing stored (before, it waited and was
+        stopped only as its turn started, its message and an interrupted answer saved)."""
+        stops = self.held.get(session_id)
+        if not stops:
+            return None
+        since = trio.current_time() - HELD_FOR
+        for names, (stop, at) in list(stops.items()):
+            named_message, named_turn = names
+            if at < since:
+                self._drop(session_id, names)
+            elif (
+                (named_message is not None or named_turn is not None)
+                and named_message in (None, message_id)
+                and named_turn in (None, turn_id)
+            ):
+                self._drop(session_id, names)
+                return str(stop.reason)
+        return None
+
     async def handle(self, chunk: Any) -> None:
         turn_id = chunk.turn_id
         if not turn_id:
@@ -142,6 +166,7 @@ async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
     for them; returns the running publisher."""
     publisher = await host.start_actor(RelayPublisher(relay))
     publisher.host = host
+    host.held_stop = publisher.take_held
     watch = getattr(relay, "watch_cancels", None)
     if watch is not None:
 

@@ -380,6 +380,19 @@ class PostgresStore:
             utf8=encoding == "UTF8",
         )
 
+    async def now(self) -> float:
+        """PostgreSQL's clock (``clock_timestamp()``, seconds since the epoch): what every
+        process sharing this store sets and compares wait deadlines by, whatever its own
+        wall clock says (:class:`runtime.clocks.AnchoredClock`)."""
+        row = await self.run(
+            "the database's clock",
+            lambda conn: conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp())::float8"
+            ).fetchone(),
+            transaction=False,
+        )
+        return float(row[0])
+
     # -- running a transaction -----------------------------------------------------------
 
     async def run(self, action: str, fn: Callable[[Any], _T], *, transaction: bool = True) -> _T:

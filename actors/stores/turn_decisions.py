@@ -224,9 +224,16 @@ class TurnDecisions:
                 f"{call.approval_id!r} can no longer be decided: a later message superseded it"
             ) from None
 
+    async def now(self) -> float:
+        """PostgreSQL's clock (:meth:`PostgresStore.now
+        <actors.stores.postgres.PostgresStore.now>`): the one clock every worker's wait
+        deadlines are set and expired by, so a worker whose own wall clock is off neither
+        cuts a person's wait short nor stretches it (:class:`runtime.clocks.AnchoredClock`)."""
+        return float(await self.store.now())
+
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
-        """Waiting turns whose ``expires_at`` is at or before ``now`` (the caller's wall
-        clock, as the deadline was stored), oldest deadline first. Each is held back from
+        """Waiting turns whose ``expires_at`` is at or before ``now`` (the queue's clock,
+        :meth:`now`, as the deadline was stored), oldest deadline first. Each is held back from
         other callers for :data:`EXPIRY_HOLD` seconds (its deadline moved on by that
         much), so two workers looking at once do not both expire it; the one that does
         sets its next deadline (:meth:`set_expiry`) or resumes it."""

@@ -15,6 +15,7 @@ import orjson
 import trio
 
 from actors.stores.turn_sql import _COLUMNS, _STATUS_COLUMNS, _status
+from actors.stores.turn_submit import _message_key
 from runtime import serde
 from runtime.errors import StoreCorrupt
 from runtime.history import off_loop_limiter
@@ -139,6 +140,22 @@ class TurnReads:
             transaction=False,
         )
         return [self._decode(row) for row in rows]
+
+    async def steering(self, session_id: str, steer_of: str, key: str) -> QueuedTurn | None:
+        """The latest turn of the session submitted under ``key`` to steer ``steer_of``."""
+        validate_session_id(session_id)
+        hashed = _message_key(key)
+        row = await self.store.run(
+            f"steering of turn {steer_of!r}",
+            lambda conn: conn.execute(
+                f"""SELECT {_COLUMNS} FROM axon_turns
+                WHERE session_id = %s AND message_key = %s AND steer_of = %s
+                ORDER BY seq DESC LIMIT 1""",
+                (session_id, hashed, steer_of),
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else await self._decoded(row)
 
     async def wait_finished(self, turn_id: str, timeout: float) -> QueuedTurn | None:  # noqa: ASYNC109
         """Poll until turn ``turn_id`` is ``done``, ``failed`` or ``cancelled`` and return

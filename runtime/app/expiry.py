@@ -185,6 +185,7 @@ class ExpiryWatch:
         clock: Callable[[], float] = self.host.clock
         while True:
             self._changed = trio.Event()
+            await self.host.sync_clock()
             now = clock()
             for sid, (deadline, agent) in sorted(self._due.items(), key=lambda kv: kv[1][0]):
                 if deadline > now:

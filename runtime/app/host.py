@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -40,12 +40,14 @@ from runtime.app.gcpacing import acquire_pacer, release_pacer
 from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
+from runtime.clocks import AnchoredClock, SteadyWallClock
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
     HostClosed,
     InvalidHistory,
     SessionBusy,
+    StoreError,
     reraise,
     sole_exception,
 )
@@ -58,6 +60,7 @@ from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
+from runtime.redact import redact
 from runtime.store import SessionRecord, Store, validate_session_id
 
 if TYPE_CHECKING:
@@ -254,6 +257,12 @@ def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
         session.on_busy = on_busy
 
 
+STOP_HELD_KEPT = 1024
+"""Named stops a host keeps at most for messages not here yet (:meth:`Host.hold_stop`)."""
+STOP_HELD_FOR = 60.0
+"""Seconds a host keeps a named stop for a message not here yet."""
+
+
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
@@ -306,6 +315,15 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.held_stop: Callable[[str, str | None, str], str | None] | None = None
+        """Set by a relay's publisher (:func:`actors.relays.attach_relay`): the reason of
+        a stop that reached this host before the new message it names, asked as that
+        message would wait for the running turn (its stream takes it out, as
+        :meth:`stop_named` takes out a waiting one), or ``None``."""
+        self._stopped_here: OrderedDict[tuple[str, str | None, str | None], tuple[str, float]]
+        self._stopped_here = OrderedDict()
+        """Named stops sent to this host that found nothing here (:meth:`hold_stop`), by
+        (session, message, turn) named: the reason and when (trio clock), oldest first."""
         self.closed = False
         """Set once the host has closed: opening a session, running a turn or starting an
         actor then raises :class:`~runtime.errors.HostClosed`."""
@@ -323,15 +341,30 @@ class Host:
         self._ending: BaseException | None = None
         """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
         ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
-        self.clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = SteadyWallClock()
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
-        since the epoch; replaceable (a test's fake clock)."""
+        since the epoch: read once, then carried on Trio's clock, so a step of the
+        machine's clock does not move a deadline; on a store with a clock of its own
+        (PostgreSQL, which hosts on several machines may share) that clock, read by
+        :meth:`sync_clock` (:mod:`runtime.clocks`); replaceable (a test's fake clock)."""
         self.expiry = ExpiryWatch(self)
         self.rate_limits: LimitBackend = MemoryBackend()
         """Where the providers' rate limits are counted (:mod:`runtime.ratelimit`): this
         process by default; a worker replaces it with its relay's Redis, shared by all
         the workers, before any provider starts."""
         """The timer of the waiting sessions this host has seen (:mod:`runtime.app.expiry`)."""
+
+    async def sync_clock(self) -> None:
+        """Read the store's clock again if a minute passed since the last reading (a
+        clock of a store shared by several machines: :class:`~runtime.clocks.AnchoredClock`);
+        a store that does not answer keeps the reading held (logged)."""
+        clock = self.clock
+        if not isinstance(clock, AnchoredClock) or not clock.due():
+            return
+        try:
+            await clock.sync()
+        except StoreError as exc:
+            get_logger("axon.host").warning("host.clock_sync_failed", error=redact(str(exc)))
 
     @classmethod
     @asynccontextmanager
@@ -414,6 +447,10 @@ class Host:
                     nursery.cancel_scope.cancel()
                     raise
                 made = host
+                read = getattr(the_store, "now", None)
+                if callable(read):  # a store other machines' hosts may share: its clock
+                    host.clock = AnchoredClock(read)
+                    await host.sync_clock()
                 host._block = outer.cancel_scope
                 host.supervisor.on_fatal = host.end_for
                 try:
@@ -759,6 +796,8 @@ class Host:
         # A worker's host never expires waits itself: there the turn queue owns a turn's
         # resumption (runtime.app.worker), and a resume outside it could run on two workers.
         expires_here = not self.expects_other_writers
+        if expires_here:
+            await self.sync_clock()
         if expires_here and record is not None and expired(record.messages, self.clock()):
             resume = await expire_session(self, sid, agent)  # decided before it is read
             record = await self.store.load(sid)
@@ -1117,6 +1156,43 @@ class Host:
             return None
         current.cancel(reason)
         return current.turn_id or "", False
+
+    def hold_stop(
+        self, session_id: str, *, message_id: str | None, turn_id: str | None, reason: str
+    ) -> None:
+        """Keep a named stop sent to this host (``POST /api/chat/{id}/stop``) that found
+        nothing so named (:meth:`stop_named` ``None``) for :data:`STOP_HELD_FOR` seconds
+        (at most :data:`STOP_HELD_KEPT`, the oldest dropped): the message it names may be
+        on its way still (its POST and the stop race on two connections), and would wait
+        for the running turn when it comes; it is then taken out
+        (:meth:`stopped_before`), as it would have been had the stop come after it."""
+        if message_id is None and turn_id is None:
+            return
+        held, now = self._stopped_here, trio.current_time()
+        key = (session_id, message_id, turn_id)
+        held.pop(key, None)
+        held[key] = (reason, now)
+        while held and (
+            len(held) > STOP_HELD_KEPT or next(iter(held.values()))[1] < now - STOP_HELD_FOR
+        ):
+            held.popitem(last=False)
+
+    def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
+        """A new message of ``session_id`` (user message ``message_id``, turn ``turn_id``)
+        would wait for the running turn: the reason of a stop that came before it and
+        names it (:meth:`hold_stop`, or one another host forwarded: :attr:`held_stop`),
+        used up, or ``None``."""
+        held = self._stopped_here
+        if held:
+            since = trio.current_time() - STOP_HELD_FOR
+            for key in ((session_id, message_id, None), (session_id, None, turn_id)):
+                if key[1] is None and key[2] is None:
+                    continue
+                kept = held.pop(key, None)
+                if kept is not None and kept[1] >= since:
+                    return kept[0]
+        ask = self.held_stop
+        return ask(session_id, message_id, turn_id) if ask is not None else None
 
     def stop_new_turn(
         self,

@@ -117,6 +117,11 @@ class SessionOwner(Protocol):
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
 
+    def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
+        """The reason of a stop that reached the host before the new message it names
+        (user message ``message_id``, turn ``turn_id``), used up; asked as that message
+        would wait (``TurnStream._check_not_stopped_before``)."""
+
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
         ran (a new turn must not take that id)."""
@@ -358,6 +363,7 @@ class TurnStream:
                     "of its own session (it would wait for the turn that waits for the "
                     "tool); run it in another session"
                 )
+            self._check_not_stopped_before()
             queued = await self._when_busy()
             if self.steered:
                 return self
@@ -423,10 +429,15 @@ class TurnStream:
         (a regenerate) the id of the answer it replaces (:attr:`regenerates`), or (a
         continuation after a wait for input) the user message of the turn it continues
         (:attr:`continues`) or that turn's answer (the AI SDK continuation's
-        ``messageId``)."""
+        ``messageId``), or a message steered into it that it took (its input now, and
+        the rest of the turn that message's answer: a stop naming it stops the turn, as
+        one naming the turn's own message does; one the turn has not taken yet is taken
+        out instead, :meth:`withdraw`)."""
         if self.continues is not None and message_id in (self.continues, self.message_id):
             return True
-        return message_id in (self.user_message_id, self.regenerates)
+        return message_id in (self.user_message_id, self.regenerates) or (
+            message_id in self._steering.took
+        )
 
     def withdraw(self, reason: str) -> bool:
         """Take this stream's input out of its session's queue before its turn starts,
@@ -466,6 +477,24 @@ class TurnStream:
         if self._poked is None:
             self._poked = trio.Event()
         await self._poked.wait()
+
+    def _check_not_stopped_before(self) -> None:
+        """A new message that would wait for the running turn (queued, or to be steered
+        into it): raise :class:`~runtime.errors.TurnWithdrawn` if a stop naming it (its
+        user message id or its turn id) reached the host before it did (sent to this
+        host, or forwarded by another and held by the relay's publisher). What
+        ``Host.stop_named`` does to a waiting message when the stop comes after it, so
+        both orders agree: it never waits, runs or is stored. Not a regenerate, an edit
+        or a continuation: a stop naming the id they carry may be a late stop of the
+        turn before (``Host.stop_new_turn``)."""
+        if self.regenerate or self.resume or self.continues is not None:
+            return
+        reason = self.session.host.stopped_before(
+            self.session.id, self.user_message_id, self.turn_id
+        )
+        if reason is not None:
+            self._withdrawn = reason
+            raise self._withdrawn_error()
 
     def _check_not_held(self) -> None:
         """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the

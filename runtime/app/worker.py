@@ -95,11 +95,13 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
+from runtime.clocks import AnchoredClock
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
     InvalidHistory,
     LeaseLost,
+    RateLimitUnavailable,
     RegenerateOutdated,
     RelayUnavailable,
     StoreError,
@@ -443,6 +445,8 @@ class Worker:
         whose session was deleted while it ran is ``cancelled``)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
+        self._clock: AnchoredClock | None = None
+        """The queue's clock, which the host's wait deadlines run on (once running)."""
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
         self._waits = 0
@@ -471,6 +475,11 @@ class Worker:
             gc_pacing=self.gc_pacing,
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
+            # Wait deadlines are set and expired by the queue's clock, not this machine's
+            # (runtime/clocks.py): workers' wall clocks differ.
+            clock = self._clock = AnchoredClock(self.queue.now)
+            await self._sync_clock()
+            host.clock = clock
             # The worker's loop waits on PostgreSQL and Redis between a turn's events, so
             # a tap that wrote each as it came took a step and a write for nearly every
             # line: it rests between writes instead (issue 24 goal 3).
@@ -478,6 +487,12 @@ class Worker:
             shared = getattr(self.relay, "rate_limits", None)
             if shared is not None:  # rate limits kept by all the workers together
                 host.rate_limits = shared()
+                sync = getattr(host.rate_limits, "sync_clock", None)
+                if sync is not None:  # Redis's clock, before the first call counts
+                    try:
+                        await sync()
+                    except RateLimitUnavailable as exc:  # each call tries again
+                        log().warning("worker.clock_sync_failed", error=redact(str(exc)))
             self.host = host
             for plugin in self.plugins:
                 await host.start_actor(plugin)
@@ -636,13 +651,15 @@ class Worker:
 
     async def _expire_waits(self) -> None:
         """Every ``poll`` seconds: the waiting turns whose deadline passed (as of the
-        host's clock), each expired here (one worker per turn: the queue holds it back
-        from the others meanwhile)."""
+        host's clock: the queue's, :class:`~runtime.clocks.AnchoredClock`), each expired
+        here (one worker per turn: the queue holds it back from the others meanwhile)."""
         while True:
             await trio.sleep(self.poll)
             host = self.host
             if host is None or self._stopping.is_set():
                 return
+            if self._clock is not None and self._clock.due():
+                await self._sync_clock()
             try:
                 due = await self.queue.take_expired(host.clock())
             except StoreError as exc:
@@ -650,6 +667,15 @@ class Worker:
                 continue
             for turn in due:
                 await self._expire(host, turn)
+
+    async def _sync_clock(self) -> None:
+        """Read the queue's clock again; a failure keeps the reading held (logged)."""
+        if self._clock is None:
+            return
+        try:
+            await self._clock.sync()
+        except StoreError as exc:
+            log().warning("worker.clock_sync_failed", error=redact(str(exc)))
 
     async def _expire(self, host: Host, turn: TurnStatus) -> None:
         """Record the expired calls of a waiting turn as denied ``timed out`` through the

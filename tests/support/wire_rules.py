@@ -11,7 +11,10 @@ and the errors they answer, not from the mapping code:
   has content ("content cannot be empty if `is_error` is true"), every ``tool_use`` is
   answered by a ``tool_result`` in the very next (user) message, the results first in
   it, and no result without its call;
-  ``thinking`` carries a signature; the request starts with a user message ("first
+  ``thinking`` carries a signature (after text and tool calls too, as interleaved
+  thinking writes it, but a message holding thinking starts with it and does not end
+  with it); a tool loop opens with thinking when
+  thinking is on and holds none when it is off; the request starts with a user message ("first
   message must use the "user" role") and ends with one (models without prefill answer
   a final assistant message with a 400);
 * Chat Completions: every assistant ``tool_calls`` id (1 to 40 characters; its
@@ -60,24 +63,63 @@ def _blank_result(content: Any) -> bool:
     return _blank(content)
 
 
-def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) -> list[str]:
-    """``thinking``: the request turns extended thinking on, so a tool loop's last
-    assistant message must start with a thinking block."""
+def _loop_start(messages: list[dict[str, Any]]) -> int | None:
+    """The first assistant message of the tool loop a request continues (the API's "final
+    assistant message": the loop's steps and their results are one assistant turn), or
+    ``None`` when the request ends with more than tool results."""
+    last = messages[-1].get("content")
+    if messages[-1].get("role") != "user" or not (
+        isinstance(last, list) and last and last[0].get("type") == "tool_result"
+    ):
+        return None
+    start = None
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content")
+        if messages[i].get("role") == "assistant":
+            start = i
+        elif not (
+            isinstance(content, list) and content and content[0].get("type") == "tool_result"
+        ):
+            break
+    return start
+
+
+def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = None) -> list[str]:
+    """``thinking``: whether the request turns extended thinking on (``None``: not
+    known, neither rule below checked). On, the tool loop the request continues must
+    start with a thinking block ("When `thinking` is enabled, a final `assistant`
+    message must start with a thinking block (preceeding the lastmost set of `tool_use`
+    and `tool_result` blocks)"); off, no message of that loop may hold one ("When
+    thinking is disabled, an `assistant` message in the final position cannot contain
+    `thinking`"). Thinking after text or a tool call in one message is allowed: Claude
+    writes it so with interleaved thinking."""
     errs: list[str] = []
     if not messages:
         return ["no messages"]
-    last = messages[-1].get("content")
-    if (
-        thinking
-        and len(messages) > 1
-        and isinstance(last, list)
-        and last
-        and last[0].get("type") == "tool_result"
-    ):
-        previous = messages[-2].get("content")
-        first = previous[0] if isinstance(previous, list) and previous else {}
-        if first.get("type") not in ("thinking", "redacted_thinking"):
-            errs.append("thinking on, and the tool loop's assistant message starts without it")
+    start = _loop_start(messages)
+    if thinking is not None and start is not None:
+        loop = messages[start:]
+        opening = loop[0].get("content")
+        first = opening[0] if isinstance(opening, list) and opening else {}
+        if thinking and first.get("type") not in ("thinking", "redacted_thinking"):
+            errs.append(
+                f"messages.{start}.content.0.type: Expected `thinking` or `redacted_thinking`, "
+                f"but found `{first.get('type')}`. When `thinking` is enabled, a final "
+                "`assistant` message must start with a thinking block"
+            )
+        if not thinking:
+            for k, msg in enumerate(loop, start):
+                content = msg.get("content")
+                for j, b in enumerate(content if isinstance(content, list) else []):
+                    if msg.get("role") == "assistant" and b.get("type") in (
+                        "thinking",
+                        "redacted_thinking",
+                    ):
+                        errs.append(
+                            f"messages.{k}.content.{j}: When thinking is disabled, an "
+                            "`assistant` message in the final position cannot contain "
+                            "`thinking`"
+                        )
     for i, msg in enumerate(messages):
         role, content = msg.get("role"), msg.get("content")
         where = f"messages[{i}]"
@@ -96,7 +138,6 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
         else:
             errs.append(f"{where}: content is {type(content).__name__}")
             continue
-        seen_other = False
         for j, block in enumerate(blocks):
             kind = block.get("type")
             at = f"{where}.content[{j}]"
@@ -114,14 +155,10 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
             if kind in ("thinking", "redacted_thinking"):
                 if role != "assistant":
                     errs.append(f"{at}: {kind} in a {role} message")
-                if seen_other:
-                    errs.append(f"{at}: {kind} after a text or tool_use block")
                 if kind == "thinking" and not block.get("signature"):
                     errs.append(f"{at}: thinking without a signature")
                 if kind == "redacted_thinking" and not block.get("data"):
                     errs.append(f"{at}: redacted_thinking without data")
-            elif kind in ("text", "tool_use"):
-                seen_other = True
             if kind == "tool_result":
                 if role != "user":
                     errs.append(f"{at}: tool_result in a {role} message")
@@ -129,6 +166,14 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
                 if _blank_result(block.get("content")):  # with is_error or not (Zed #27130)
                     errs.append(f"{at}: a tool_result with empty content")
+        thinks = [b.get("type") in ("thinking", "redacted_thinking") for b in blocks]
+        if any(thinks) and not thinks[0]:
+            errs.append(
+                f"{where}.content.0: If an assistant message contains any thinking blocks, "
+                "the first block must be thinking or redacted_thinking."
+            )
+        if thinks and thinks[-1]:
+            errs.append(f"{where}: The final block in an assistant message cannot be `thinking`.")
         # a server tool's use and its result go together, in the same message
         server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
         server_results = {
@@ -174,6 +219,33 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
     if messages[-1].get("role") != "user":
         errs.append("the request ends with an assistant message (prefill)")
     return errs
+
+
+def anthropic_params_errors(body: dict[str, Any]) -> list[str]:
+    """The rules of a Messages request's other fields with extended thinking on (the
+    API's own texts): a budget of at least 1024 and below ``max_tokens`` (no
+    interleaved-thinking beta asked for), ``temperature`` 1 or unset, no ``top_k``,
+    ``top_p`` from 0.95, no forced tool use; and the history's rules."""
+    errs: list[str] = []
+    thinking = body.get("thinking") or {}
+    on = thinking.get("type") == "enabled"
+    if on:
+        budget = thinking.get("budget_tokens", 0)
+        if budget < 1024:
+            errs.append(
+                "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+            )
+        if budget >= body.get("max_tokens", 0):
+            errs.append("`max_tokens` must be greater than `thinking.budget_tokens`")
+        if body.get("temperature", 1) != 1:
+            errs.append("`temperature` may only be set to 1 when thinking is enabled")
+        if "top_k" in body:
+            errs.append("`top_k` may not be set when thinking is enabled")
+        if body.get("top_p", 1) < 0.95:
+            errs.append("`top_p` must be greater than or equal to 0.95 when thinking is enabled")
+        if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+            errs.append("Thinking may not be enabled when tool_choice forces tool use.")
+    return errs + anthropic_errors(body["messages"], thinking=on)
 
 
 # -- Chat Completions -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ An input of parts is read as its text parts joined (its images and files are ign
 Controlled by the environment of the worker process:
 
 * ``AXON_TEST_DELAY``: seconds before each streamed chunk (default 0);
+* ``AXON_TEST_APPROVAL_TIMEOUT``: the agent's ``approval_timeout`` (default none);
 * ``AXON_TEST_ANSWER_TAG``: put before each word of a ``tools`` turn's answer (default
   none), so the worker that takes a turn over can answer otherwise than the dead one;
 * ``AXON_TEST_TOOL_HOLD``: seconds ``record`` waits *after* its side effect, before it
@@ -199,5 +200,6 @@ agent = Agent(
     ),
     instructions="test",
     tools=[record, guarded, die],
+    approval_timeout=float(os.environ.get("AXON_TEST_APPROVAL_TIMEOUT", "0") or 0) or None,
 )
 """The worker tests' agent, for every session."""

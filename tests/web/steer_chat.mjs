@@ -5,6 +5,10 @@
 //
 //   node steer_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s"}'
 //
+// Optional: `"first"` (the first message's text), `"holdTool"` and `"holdCount"` (send
+// once the answer shows that many calls of that tool: default one `hold`), `"urls"`
+// (the n-th POST goes to `urls[n % urls.length]`: front ends of one worker deployment).
+//
 // Prints one JSON object: the request bodies sent, the chat's messages once both sends
 // are over (`steered`) and at the end (`messages`), the data parts `onData` got, its
 // status and error (if any).
@@ -43,7 +47,9 @@ const transport = new DefaultChatTransport({
   api: `${config.url}/api/chat`,
   fetch: async (url, init) => {
     bodies.push(JSON.parse(init.body));
-    return fetch(url, init);
+    const urls = config.urls;
+    const to = urls ? `${urls[(bodies.length - 1) % urls.length]}/api/chat` : url;
+    return fetch(to, init);
   },
 });
 const chat = new Chat({
@@ -52,12 +58,15 @@ const chat = new Chat({
   onData: (part) => data.push(part),
 });
 
+const holdType = `tool-${config.holdTool ?? "hold"}`;
 const holding = () =>
   chat.messages.some(
-    (m) => m.role === "assistant" && m.parts.some((p) => p.type === "tool-hold"),
+    (m) =>
+      m.role === "assistant" &&
+      m.parts.filter((p) => p.type === holdType).length >= (config.holdCount ?? 1),
   );
 
-const first = chat.sendMessage({ text: "first" });
+const first = chat.sendMessage({ text: config.first ?? "first" });
 while (!holding()) {
   await new Promise((resolve) => setTimeout(resolve, 5));
 }

@@ -17,9 +17,13 @@ to any of them:
     starts when its turn does. Under ``serve --on-busy steer`` it is queued naming the
     running turn, whose worker inserts it at its next step boundary: the POST answers
     202 ``{"steered": true, "turnId", "messageId"}`` once that save stored it, or streams
-    it as a turn of its own when the running turn ended first. A POST over the queue's caps (``serve
-    --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
-    and queues nothing. Leaving the stream does **not** cancel the turn: the
+    it as a turn of its own when the running turn ended first. From the client that
+    shows the running turn (``useChat`` sending while it streams: the body's message
+    before the new one is one of that turn's answers) it answers 200 with the rest of
+    the turn from the relay (:class:`SteeredTurnResponse`), and the stream that showed
+    the answer ends at the message, on whichever front end reads it. A POST over the
+    queue's caps (``serve --max-queued-per-session``, ``--max-queued``) is answered 429
+    with ``Retry-After`` and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
 ``POST /api/chat`` with the assistant message last (the AI SDK's answer to a turn that
     waits for approval or a client tool's output, docs/approval.md)
@@ -70,6 +74,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime import output as o
 from runtime.app.web.answers import (
     STOPPED_WAIT,
     awaited_calls,
@@ -88,8 +93,8 @@ from runtime.app.web.http import (
     ui_view,
     web_state,
 )
-from runtime.app.web.queued_turn import read_turn
-from runtime.app.web.resend import client_message_id
+from runtime.app.web.queued_turn import of_turn, read_turn
+from runtime.app.web.resend import client_message_id, held_answer_id
 from runtime.app.web.resume import (
     STOPPED,
     RelayEncoder,
@@ -99,7 +104,7 @@ from runtime.app.web.resume import (
     stop_target,
     unavailable_event,
 )
-from runtime.app.web.ui_stream import error_text, sse, ui_messages
+from runtime.app.web.ui_stream import error_text, handed_over, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch, follow_turn
 from runtime.approval import Decision, Recorded, approval_decided, pending_calls
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
@@ -253,6 +258,33 @@ class QueuedTurnResponse(RelayStreamResponse):
             after_pauses=self.after_pauses,
         )
 
+    async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
+        async for chunk in self._read():
+            if type(chunk) is o.Steered and await self._hands_over(chunk):
+                self.sent = self.handed = True
+                await write(encoder.events(chunk) + handed_over(chunk))
+                return
+            data = encoder.events(chunk)
+            if data:
+                self.sent = True
+                await write(data)
+
+    async def _hands_over(self, chunk: o.Steered) -> bool:
+        """Whether the client that sent the message ``chunk`` says was steered in reads
+        the rest of the turn from that message's stream (its steering row names one of
+        this turn's answers: :attr:`TurnOptions.follows`): this stream then ends here,
+        with ``data-steered`` and a ``finish`` (``steered``), as the embedded app's
+        does. One read of the queue per message steered in; a plain turn makes none."""
+        key = message_key(self.session_id, "submit", chunk.message_id)
+        try:
+            row = await self.queue.steering(self.session_id, self.turn_id, key)
+        except StoreError as exc:  # (the stream goes on: the client sees both answers)
+            get_logger("axon.web").warning(
+                "frontend.steering_unread", turn_id=self.turn_id, error=_one_line(exc)
+            )
+            return False
+        return row is not None and follows(row.options.follows, self.turn_id)
+
     async def _continuing(self) -> bool:
         """Whether the turn runs although its stream, read to its end, showed nothing:
         it waited for input, and its continuation has not streamed yet."""
@@ -282,6 +314,55 @@ class QueuedTurnResponse(RelayStreamResponse):
             await write(_error(turn.error or f"turn {turn.turn_id!r} failed"))
         else:
             await write(await self._rebuilt(gone, replay=False))
+
+
+class SteeredTurnResponse(QueuedTurnResponse):
+    """The rest of turn ``turn_id`` from the ``steered`` chunk of message ``steered_by``
+    on: a ``start`` naming the answer stored after that message (the chunk's
+    ``answer_id``), then what follows it. The relay is read from the turn's start to
+    find the chunk; ``resume_after`` (a client's ``Last-Event-ID``) leaves out what it
+    saw, and the ``start`` too once it saw it. A relay that lost the turn is an error
+    telling the client to reload the session (the stored turn's first answer is not
+    this message's)."""
+
+    def __init__(self, *args: Any, steered_by: str, resume_after: int | None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.steered_by = steered_by
+        self.resume_after = resume_after
+
+    async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
+        after = -1 if self.resume_after is None else self.resume_after
+        found = False
+        async for chunk in self._read():
+            if not found:
+                if type(chunk) is o.Steered and chunk.message_id == self.steered_by:
+                    found = True
+                    start = encoder.events(o.Start(message_id=chunk.answer_id, seq=chunk.seq))
+                    if chunk.seq > after:
+                        self.sent = True
+                        await write(start)
+                continue
+            if type(chunk) is o.Steered and await self._hands_over(chunk):
+                self.sent = self.handed = True
+                if chunk.seq > after:
+                    await write(encoder.events(chunk) + handed_over(chunk))
+                return
+            data = encoder.events(chunk)  # (what the client saw too: the encoder's state)
+            if data and getattr(chunk, "seq", 0) > after:
+                self.sent = True
+                await write(data)
+
+    async def _rebuilt(
+        self, exc: RelayTurnGone, *, replay: bool, message_id: str | None = None
+    ) -> bytes:
+        return await super()._rebuilt(exc, replay=False)
+
+
+def follows(answer_id: str | None, turn_id: str) -> bool:
+    """Whether ``answer_id`` (a steering message's :attr:`TurnOptions.follows`) is one of
+    turn ``turn_id``'s answers: its first assistant message, or one a message steered
+    into it started."""
+    return answer_id is not None and of_turn(answer_id, f"msg_{turn_id}")
 
 
 def _one_line(exc: Exception) -> str:
@@ -350,11 +431,22 @@ class FrontEnd:
         steer = state.on_busy == STEER and not regenerate
         options = None
         if steer:  # a steering message's id is the client's, whichever turn stores it
-            options = TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
-        elif regenerate and isinstance(payload.get("messageId"), str):
-            # the answer it replaces: refused by the worker if a later message's turn
-            # ran while it waited (not here: a retry of it finds its own turn running)
-            options = TurnOptions(regenerates=payload["messageId"])
+            options = TurnOptions(
+                user_message_id=client_message_id(payload) or new_id("msg"),
+                follows=held_answer_id(payload),
+            )
+        elif regenerate:
+            # ``messageId``, the answer it replaces: refused by the worker if a later
+            # message's turn ran while it waited (not here: a retry of it finds its own
+            # turn running). The user message it stores again keeps the client's id, as
+            # the embedded app's does (it got one of the worker's, which the client that
+            # regenerated no longer matched; ``useChat`` sends no ``messageId`` when its
+            # last message is the user's)
+            named = payload.get("messageId")
+            options = TurnOptions(
+                regenerates=named if isinstance(named, str) else None,
+                user_message_id=client_message_id(payload),
+            )
         turn = await self.submit(
             session_id,
             text,
@@ -366,11 +458,36 @@ class FrontEnd:
         if state.on_busy == INTERRUPT:
             await self._interrupt_running(session_id, turn)
         if turn.steer_of is not None and await self._steered(turn):
+            if follows(turn.options.follows, turn.steer_of):
+                return self._handover(request, turn)
             return json_response(
                 {"steered": True, "turnId": turn.steer_of, "messageId": turn.user_message_id},
                 202,
             )
         return self._response(request, turn, None)
+
+    def _handover(self, request: Request, turn: QueuedTurn) -> Any:
+        """The rest of the turn ``turn`` steered (``turn.steer_of``), from the relay, as
+        the answer to the message steered in: its client showed that turn's answer and
+        sent the message while it streamed (``useChat``), and the stream it read ends at
+        the ``steered`` chunk (:meth:`QueuedTurnResponse._hands_over`), on whichever front
+        end it is read. ``Last-Event-ID`` resumes it like any relayed stream."""
+        state = web_state(request)
+        assert turn.steer_of is not None
+        return SteeredTurnResponse(
+            self.relay,
+            self.store,
+            turn.session_id,
+            turn.steer_of,
+            after_seq=None,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+            queue=self.queue,
+            watch=self.watch,
+            steered_by=turn.user_message_id,
+            resume_after=parse_after_seq(request),
+        )
 
     async def _interrupt_running(self, session_id: str, turn: QueuedTurn) -> None:
         """After an ``interrupt`` submit: the session's running turn, which the submit's

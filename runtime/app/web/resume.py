@@ -213,6 +213,9 @@ class RelayStreamResponse:
         self.background = background
         self.sent = False
         """Whether any of the turn's events went out."""
+        self.handed = False
+        """Whether the stream was handed over at a message its client steered in (it
+        ended with that ``finish`` and ``[DONE]``: :mod:`runtime.app.web.frontend`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = BodyWriter.ok(send, HEADERS, timeout=self.send_timeout)
@@ -232,7 +235,8 @@ class RelayStreamResponse:
 
         async def body(write: Write) -> None:
             await self._body(write, encoder)
-            await write(DONE)
+            if not self.handed:
+                await write(DONE)
 
         pump = BodyPump(writer, self.keepalive)
         await pump.run(receive, body)
@@ -402,6 +406,9 @@ async def stop_turn(request: Request) -> Response:
         if stopped is not None:
             turn_id, queued = stopped
             return json_response({"turn_id": turn_id, **({"queued": True} if queued else {})}, 202)
+        # The message it names may be on its way still (its POST and this stop race):
+        # kept, it is taken out if it comes to wait for the running turn.
+        state.host.hold_stop(session_id, message_id=message_id, turn_id=named_turn, reason=STOPPED)
         session = state.host.sessions.get(session_id)
         if state.relay is None or (session is not None and session.current is not None):
             return Response(status_code=204)  # not this session's running turn: left alone
