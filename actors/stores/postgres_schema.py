@@ -40,6 +40,7 @@ from actors.stores.postgres_tables import (
     _SCHEMA,
     _SESSION_COLUMNS,
     _TURN_COLUMNS,
+    MESSAGE_ID_INDEX,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
 
@@ -121,7 +122,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _add_turn_columns(conn, schema)
     _add_session_columns(conn, schema)
     _ensure_incarnation_trigger(conn)
-    if _MESSAGE_ID_INDEX not in relations:  # a store of before builds it, once
+    if MESSAGE_ID_INDEX not in relations:  # a store of before builds it, once
         for statement in _MESSAGE_ID_SCHEMA:
             conn.execute(statement)
     _ensure_turn_heads(conn)
@@ -139,10 +140,6 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
 _ALTERED_TABLES = ("axon_turns", "axon_sessions", "axon_messages")
 """The tables an upgrade may alter, in the order writers lock them (a fenced save: the
 turn's row, then the session's, then its messages)."""
-
-_MESSAGE_ID_INDEX = "axon_messages_by_id"
-"""The index of the stored messages' ids (:data:`~actors.stores.postgres_tables.
-MESSAGE_ID_FUNCTION`), built on open when missing."""
 
 
 def _created_name(statement: str) -> str:
@@ -210,7 +207,7 @@ def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
             any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
             or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
         ),
-        "axon_messages": _MESSAGE_ID_INDEX not in relations,
+        "axon_messages": MESSAGE_ID_INDEX not in relations,
     }
     return [name for name in _ALTERED_TABLES if name in relations and lacking[name]]
 

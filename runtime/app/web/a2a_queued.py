@@ -55,7 +55,7 @@ from runtime.approval import APPROVAL, Decision, decide, pending_calls, record_d
 from runtime.errors import DecisionError
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Message, UserMessage
-from runtime.store import has_messages
+from runtime.store import has_user_messages
 from runtime.tools import AGENT_DEPTH_META
 from runtime.turn_queue import FINAL_STATUSES, QUEUED, RUNNING, TurnOptions, TurnStatus
 
@@ -238,7 +238,7 @@ class QueuedTaskBook(TaskBook):
         messages: tuple[Message, ...] = ()
         # The whole context only when the id is in it (a retry or a reused id): a new
         # message's send read every message of the context, 5,000 of them 1.2 MB a send.
-        if stored_id in await has_messages(self.front.store, context_id, (stored_id,)):
+        if stored_id in await has_user_messages(self.front.store, context_id, (stored_id,)):
             record = await self.front.store.load(context_id)
             messages = record.messages if record is not None else ()
         at = next(
