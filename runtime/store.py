@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import re
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import InvalidCursor, InvalidSessionId
-from runtime.messages import Message
+from runtime.messages import Message, UserMessage
 
 _SESSION_ID = r"[A-Za-z0-9_.:-]{1,128}"
 """Compiled on first use (``re.compile`` caches it), not on import (issue 24's start-up
@@ -322,6 +322,28 @@ async def load_last_turns(
     assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
     first = assistants[-turns] if len(assistants) >= turns else 0
     return first, attrs.evolve(record, messages=messages[first:])
+
+
+async def has_user_messages(store: Store, session_id: str, ids: Iterable[str]) -> frozenset[str]:
+    """Which of ``ids`` are the ids of user messages stored in the session (none for a
+    session never saved; an assistant's or a tool's message of that id is not one): "was
+    this message sent before", which a front end asks of an A2A ``message/send`` (the ids
+    a client gives are those of the messages it sends, the user's).
+
+    A store that offers ``has_user_messages(session_id, ids)`` (the PostgreSQL store: one
+    statement on an index of the user messages' ids, whatever the session's length) is
+    asked for it; any other store's whole :meth:`Store.load` is read (the default a store
+    of a third party keeps, as :func:`load_last_turn`'s)."""
+    wanted = frozenset(ids)
+    if not wanted:
+        return frozenset()
+    own = getattr(store, "has_user_messages", None)
+    if own is not None:
+        return frozenset(await own(session_id, wanted))
+    record = await store.load(session_id)
+    if record is None:
+        return frozenset()
+    return frozenset(m.id for m in record.messages if isinstance(m, UserMessage) and m.id in wanted)
 
 
 async def deletion_mark(store: Store, session_id: str) -> int | None:

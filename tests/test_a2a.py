@@ -254,6 +254,40 @@ async def test_a_resent_message_id_runs_no_second_turn():
     assert again[-1].task.status.state == TaskState.TASK_STATE_COMPLETED
 
 
+async def test_a_message_sent_to_a_stored_context_reads_none_of_its_messages(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the message was sent before is asked of the store's index of message ids
+    (a PostgreSQL host): it loaded the whole context each send (5,000 messages 1.2 MB)."""
+    from actors.stores.postgres import PostgresStore
+
+    loads: list[str] = []
+    load = PostgresStore.load
+
+    async def counted(self: PostgresStore, session_id: str) -> Any:
+        loads.append(session_id)
+        return await load(self, session_id)
+
+    provider = ScriptedProvider(turns=[["One."], ["Two."]])
+    store = await PostgresStore.open(pg_url)
+    try:
+        agent = Agent(name="two", provider=provider)
+        async with web_server(agent, store=store, protocols=BOTH) as server:
+            first = await sdk(server, lambda c: collect(c, user("hi", context_id="c1")))
+            await wait_idle(server, "c1")
+            monkeypatch.setattr(PostgresStore, "load", counted)
+            second = await sdk(
+                server, lambda c: collect(c, user("again", message_id="m2", context_id="c1"))
+            )
+            sent_loads = list(loads)
+            resent = await sdk(server, lambda c: collect(c, user("hi", context_id="c1")))
+    finally:
+        await store.aclose()
+    assert sent_loads == []
+    assert [answer_of(first), answer_of(second)] == ["One.", "Two."]
+    assert resent[0].task.id == first[0].task.id and len(provider.requests) == 2
+
+
 async def test_the_same_message_sent_twice_at_once_runs_one_turn():
     gate = trio.Event()
     async with web_server(gated_agent(gate), protocols=BOTH) as server:

@@ -52,10 +52,18 @@ def _sql(schema: str, query: str, params: tuple = ()) -> list[tuple]:
 
 def _make_pre_incarnation(schema: str) -> None:
     """Make the store in ``schema`` one of before incarnations (as 749b9ed left it: no
-    ``incarnation`` column, no trigger writing it, no deletion marks' table)."""
+    ``incarnation`` column, no trigger writing it, no deletion marks' table, no index of
+    its messages' ids)."""
     _sql(schema, "DROP TRIGGER axon_sessions_incarnation_v1 ON axon_sessions")
     _sql(schema, "ALTER TABLE axon_sessions DROP COLUMN incarnation")
     _sql(schema, "DROP TABLE axon_deletions")
+    _make_pre_message_ids(schema)
+
+
+def _make_pre_message_ids(schema: str) -> None:
+    """Make the store in ``schema`` one of before the index of its messages' ids."""
+    _sql(schema, "DROP INDEX axon_user_messages_by_id")
+    _sql(schema, "DROP FUNCTION axon_message_id_v1(bytea)")
 
 
 # -- PostgreSQL: an upgrade opened while a worker writes --------------------------------
@@ -511,6 +519,62 @@ async def test_a_postgres_store_of_before_deletion_marks_gains_them_on_open(pg_u
         assert await store.version_and_deletions("s") == (kept, 0)  # none counted before
         await store.delete("s")
         assert await store.version_and_deletions("s") == (0, 1)
+    finally:
+        await store.aclose()
+
+
+async def test_a_postgres_store_of_before_message_ids_indexes_the_messages_it_holds(
+    pg_url: str,
+) -> None:
+    """The index (of the user messages' ids only) is built on open over the messages
+    stored before it (one whose JSON holds a ``\\u0000`` too, which the index holds as
+    no id: read the long way), and the messages saved after it are in it."""
+    store = await PostgresStore.open(pg_url)
+    nul = UserMessage(content="a\x00b", id="m_nul")
+    try:
+        await store.save("s", 0, [UserMessage(content="a", id="m_a")])
+        await store.save("n", 0, [nul])
+    finally:
+        await store.aclose()
+    schema = parse_url(pg_url)[1]
+    _make_pre_message_ids(schema)
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 1, [UserMessage(content="b", id="m_b")])
+        assert version
+        assert await store.has_user_messages("s", {"m_a", "m_b", "m_c"}) == {"m_a", "m_b"}
+        assert await store.has_user_messages("n", {"m_nul", "m_a"}) == {"m_nul"}
+    finally:
+        await store.aclose()
+    indexes = _sql(
+        schema,
+        "SELECT indexname, indexdef FROM pg_indexes "
+        "WHERE tablename = 'axon_messages' AND schemaname = current_schema()",
+    )
+    assert dict(indexes)["axon_user_messages_by_id"].endswith("WHERE (role = 'user'::text)")
+
+
+def test_the_message_id_index_builds_in_parallel(pg_url: str) -> None:
+    """PostgreSQL builds a large table's index with parallel workers, which cannot start
+    the subtransaction of the id function's exception block: marked ``PARALLEL SAFE``,
+    the build (an upgrade of a store holding many messages) failed."""
+    from actors.stores.postgres_tables import _MESSAGE_ID_SCHEMA
+
+    trio.run(_save_one, pg_url)
+    schema = parse_url(pg_url)[1]
+    _make_pre_message_ids(schema)
+    with pg_connect() as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute("ALTER TABLE axon_messages SET (parallel_workers = 2)")
+        conn.execute("SET max_parallel_maintenance_workers = 2")
+        for statement in _MESSAGE_ID_SCHEMA:
+            conn.execute(statement)
+
+
+async def _save_one(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("s", 0, [UserMessage(content="a", id="m_a")])
     finally:
         await store.aclose()
 

@@ -722,6 +722,37 @@ async def test_an_a2a_task_is_a_queued_turn_that_any_front_end_answers_for(
     assert resent[0].task.id == task_id
 
 
+async def test_an_a2a_message_sent_to_a_stored_context_reads_none_of_its_messages(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``message/send`` asks whether its message id was sent before (a retry answers with
+    the task it started): the front end loaded the whole context for that, each send
+    (5,000 messages 1.2 MB). Now the id is looked up alone; only a resend loads it."""
+    from actors.stores.postgres import PostgresStore
+
+    loads: list[str] = []
+    load = PostgresStore.load
+
+    async def counted(self: PostgresStore, session_id: str) -> Any:
+        loads.append(session_id)
+        return await load(self, session_id)
+
+    async with protocols_deployment(pg_url, redis_url, fronts=1) as d:
+        front = at(d.urls[0])
+        with trio.fail_after(LIMIT):
+            await sdk(front, lambda c: collect(c, a2a_user("tools a2a", context_id="c1")))
+            monkeypatch.setattr(PostgresStore, "load", counted)
+            two = a2a_user("tools again", message_id="m2", context_id="c1")
+            second = await sdk(front, lambda c: collect(c, two))
+            sent_loads = list(loads)
+            resent = await sdk(front, lambda c: collect(c, two), streaming=False)
+        turns = await d.queue.turns("c1")
+    assert sent_loads == []
+    assert [t.status for t in turns] == ["done", "done"]
+    assert last_state(second) == TaskState.TASK_STATE_COMPLETED
+    assert resent[0].task.id == second[0].task.id
+
+
 async def test_an_a2a_messages_hop_count_is_the_depth_its_queued_turn_runs_at(
     pg_url: str, redis_url: str
 ) -> None:

@@ -35,10 +35,12 @@ from actors.stores.postgres_tables import (
     _HEAD_TRIGGERS,
     _INCARNATION_SCHEMA,
     _INCARNATION_TRIGGER,
+    _MESSAGE_ID_SCHEMA,
     _QUEUE_INDEXES,
     _SCHEMA,
     _SESSION_COLUMNS,
     _TURN_COLUMNS,
+    MESSAGE_ID_INDEX,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
 
@@ -120,6 +122,9 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _add_turn_columns(conn, schema)
     _add_session_columns(conn, schema)
     _ensure_incarnation_trigger(conn)
+    if MESSAGE_ID_INDEX not in relations:  # a store of before builds it, once
+        for statement in _MESSAGE_ID_SCHEMA:
+            conn.execute(statement)
     _ensure_turn_heads(conn)
     _ensure_claim_function(conn)
     _ensure_save_function(conn)
@@ -132,9 +137,9 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     )
 
 
-_ALTERED_TABLES = ("axon_turns", "axon_sessions")
+_ALTERED_TABLES = ("axon_turns", "axon_sessions", "axon_messages")
 """The tables an upgrade may alter, in the order writers lock them (a fenced save: the
-turn's row, then the session's)."""
+turn's row, then the session's, then its messages)."""
 
 
 def _created_name(statement: str) -> str:
@@ -202,6 +207,7 @@ def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
             any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
             or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
         ),
+        "axon_messages": MESSAGE_ID_INDEX not in relations,
     }
     return [name for name in _ALTERED_TABLES if name in relations and lacking[name]]
 

@@ -241,3 +241,42 @@ _QUEUE_INDEXES = (
     """CREATE INDEX IF NOT EXISTS axon_turns_leases
         ON axon_turns (lease_until) WHERE status = 'running'""",
 )
+
+MESSAGE_ID_FUNCTION = "axon_message_id_v1"
+"""The id a stored message's body holds (its JSON's ``id``), what :data:`_MESSAGE_ID_SCHEMA`
+indexes for the user's messages only: "was user message id X saved in this session"
+answered from the index (:meth:`~actors.stores.postgres.PostgresStore.has_user_messages`),
+where a front end read the whole session (A2A's ``message/send``: a message sent again).
+A partial index (``WHERE role = 'user'``): PostgreSQL runs an index's expression only for
+the rows its predicate admits, so a save parses the JSON of its user message and of none
+of its assistant and tool messages (a 100 KB tool output is the rows it would cost most,
+~1.5 ms of the server's time a save; the ids a front end asks about are those its client
+sent, user messages). ``NULL`` for a body it cannot read as PostgreSQL text: JSON text may
+hold ``\\u0000``, which ``->>`` refuses to turn into text, and a database that is not
+UTF-8 may not hold every character; the exception is caught (a save never fails on it)
+and a reader that meets a ``NULL`` reads the session's ids the long way. An expression
+index, not a column: every writer keeps it (a save's function of any version, a process
+of before during a rolling upgrade) and the messages stored before it are indexed when
+it is built; the save's statements and bytes are the same. A new version of it gets a
+new name (the index's expression names this one). Not ``PARALLEL SAFE``: its exception
+block starts a subtransaction, which a parallel worker cannot, and PostgreSQL builds the
+index of a large table in parallel ("cannot start subtransactions during a parallel
+operation" failed the upgrade)."""
+
+MESSAGE_ID_INDEX = "axon_user_messages_by_id"
+"""The partial index of the user messages' ids (:data:`MESSAGE_ID_FUNCTION`)."""
+
+_MESSAGE_ID_SCHEMA = (
+    f"""CREATE OR REPLACE FUNCTION {MESSAGE_ID_FUNCTION}(body BYTEA) RETURNS TEXT
+        LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+    BEGIN
+        RETURN convert_from(body, 'UTF8')::json ->> 'id';
+    EXCEPTION WHEN OTHERS THEN
+        RETURN NULL;
+    END $$""",
+    f"""CREATE INDEX IF NOT EXISTS {MESSAGE_ID_INDEX}
+        ON axon_messages (session_id, {MESSAGE_ID_FUNCTION}(body)) WHERE role = 'user'""",
+)
+"""Created once, when the index is missing (``CREATE INDEX`` locks the table: a store of
+before takes it for the upgrade, :func:`~actors.stores.postgres_schema._lock_for_upgrade`,
+and builds the index over every user message it holds)."""

@@ -79,6 +79,7 @@ from runtime.store import (
     SessionRecord,
     Store,
     deletion_mark,
+    has_user_messages,
     list_page,
     load_last_turn,
     load_last_turns,
@@ -512,6 +513,24 @@ class StoreConformance:
         )
         assert await load_last_turns(store, "s", 4) == (0, record("s", messages, {"title": "x"}))
         assert await load_last_turns(store, "never", 2) is None
+
+    async def test_has_user_messages_tells_which_user_ids_the_session_stores(self, store):
+        """:func:`~runtime.store.has_user_messages` over this store: the ids asked that
+        the session's user messages have (one whose JSON holds a ``\\u0000`` too, which
+        PostgreSQL's index cannot read), after a save that replaced the tail; never an
+        assistant's or a tool's id, nor another session's; none for a session never
+        saved."""
+        nul_user = UserMessage(content="a\x00b", id="un")
+        nul_tool = ToolMessage(tool_call_id="c", tool_name="t", step=0, output="a\x00b", id="t1")
+        version = await store.save("s", 0, [*turn(0), nul_tool, *turn(1)])
+        await store.save("o", 0, [UserMessage(content="other", id="o1")])
+        asked = {"u0", "a0", "t1", "u1", "a1", "o1", "un", "nope"}
+        assert await has_user_messages(store, "s", asked) == {"u0", "u1"}
+        await store.save("s", 3, [nul_user], expected_version=version)
+        assert await has_user_messages(store, "s", asked) == {"u0", "un"}
+        assert await has_user_messages(store, "o", asked) == {"o1"}
+        assert await has_user_messages(store, "never", asked) == frozenset()
+        assert await has_user_messages(store, "s", []) == frozenset()
 
     # -- deletion marks, as a turn begun on a session not stored reads them --------------
 

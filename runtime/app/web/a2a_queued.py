@@ -55,6 +55,7 @@ from runtime.approval import APPROVAL, Decision, decide, pending_calls, record_d
 from runtime.errors import DecisionError
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Message, UserMessage
+from runtime.store import has_user_messages
 from runtime.tools import AGENT_DEPTH_META
 from runtime.turn_queue import FINAL_STATUSES, QUEUED, RUNNING, TurnOptions, TurnStatus
 
@@ -234,14 +235,20 @@ class QueuedTaskBook(TaskBook):
         turn refuses a new task; a message that reuses the id of another is refused
         (:func:`~runtime.app.web.a2a_tasks.check_resend`)."""
         says = fingerprint(content)
-        record = await self.front.store.load(context_id)
-        messages = record.messages if record is not None else ()
+        messages: tuple[Message, ...] = ()
+        # The whole context only when the id is in it (a retry or a reused id): a new
+        # message's send read every message of the context, 5,000 of them 1.2 MB a send.
+        if stored_id in await has_user_messages(self.front.store, context_id, (stored_id,)):
+            record = await self.front.store.load(context_id)
+            messages = record.messages if record is not None else ()
         at = next(
             (i for i, m in enumerate(messages) if isinstance(m, UserMessage) and m.id == stored_id),
             None,
         )
         if at is not None:
-            check_resend(fingerprint(messages[at].content), says, incoming, context_id)
+            sent = messages[at]
+            assert isinstance(sent, UserMessage)
+            check_resend(fingerprint(sent.content), says, incoming, context_id)
             answer = next((m for m in messages[at + 1 :] if isinstance(m, AssistantMessage)), None)
             if answer is not None:
                 return await self.find(task_id_of(context_id, answer.id))

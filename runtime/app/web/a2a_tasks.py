@@ -61,7 +61,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import Start
-from runtime.store import validate_session_id
+from runtime.store import has_user_messages, validate_session_id
 from runtime.tools import AGENT_DEPTH_META, agent_depth
 
 CANCELED_REASON = "canceled by the A2A client"
@@ -423,6 +423,21 @@ class TaskBook:
         record = await self.state.host.store.load(context_id)
         return (record.messages, False) if record is not None else None
 
+    async def _history_if_sent(
+        self, context_id: str, stored_id: str
+    ) -> tuple[Sequence[Message], bool] | None:
+        """:meth:`_history` when message ``stored_id`` may be in it, else ``None``: a
+        stored session is read whole only when its store says the id is there
+        (:func:`~runtime.store.has_user_messages`; a 5,000-message one was 1.2 MB a send)."""
+        session = self.state.host.sessions.get(context_id)
+        if session is not None and session.loaded and session.busy:
+            return session.messages, True
+        store = self.state.host.store
+        if getattr(store, "has_user_messages", None) is not None:  # (else it would load twice)
+            if stored_id not in await has_user_messages(store, context_id, (stored_id,)):
+                return None
+        return await self._history(context_id)
+
     async def find(self, task_id: str) -> LiveTask:
         """The task ``task_id``: live, or read back from its session (and kept live from
         then on); ``TaskNotFound`` otherwise."""
@@ -504,7 +519,7 @@ class TaskBook:
         if isinstance(opened, LiveTask):
             return opened
         context_id, stored_id, content = opened
-        found = await self._history(context_id)
+        found = await self._history_if_sent(context_id, stored_id)
         if found is not None:
             messages, _ = found
             at = next(
