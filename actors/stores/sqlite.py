@@ -398,7 +398,15 @@ def _connect(path: str) -> sqlite3.Connection:
     except sqlite3.Error as err:
         raise _open_error(path, err) from err
     try:
-        found = _inspect(conn, path)
+        # One read transaction, so its reads see one state of the file: read one by one,
+        # another process creating the store could commit between the header's
+        # application_id (still 0) and the list of tables (all there), and the file read
+        # as "another application's" (1 in ~12 openings of 4 processes at once).
+        conn.execute("BEGIN")
+        try:
+            found = _inspect(conn, path)
+        finally:
+            conn.execute("COMMIT")
         if found is None or found < SCHEMA_VERSION:
             # Take the write lock, then look again: another process may have created or
             # upgraded the schema between our read and now.
