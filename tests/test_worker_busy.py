@@ -40,6 +40,8 @@ from tests.test_frontend import (
     wait_for_turn,
 )
 from tests.test_relay_web import sse_events
+from tests.test_worker_approval import answer, approval_agent, asked, first_part
+from tests.test_worker_approval import payloads as approval_payloads
 
 
 @pytest.fixture
@@ -412,7 +414,8 @@ async def test_a_stop_naming_a_queued_message_takes_it_out_and_the_running_turn_
     ]
     assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
     assert record is not None
-    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["one", "three"]
+    users = [m for m in record.messages if isinstance(m, UserMessage)]
+    assert [(m.id, m.content) for m in users] == [("u1", "one"), ("u3", "three")]
 
 
 async def test_a_stop_naming_the_running_message_stops_that_turn(
@@ -538,3 +541,84 @@ def test_the_workers_regenerate_check_asks_only_a_first_start_naming_a_known_ans
         _regenerate_claim(regenerates="a1", saved=True),
     ):
         assert _outdated_regenerate(claim, None, record) is None
+
+
+async def stored_user_ids(d: Any, session_id: str = "s1") -> list[str]:
+    record = await d.store.load(session_id)
+    assert record is not None
+    return [m.id for m in record.messages if isinstance(m, UserMessage)]
+
+
+@pytest.mark.parametrize("on_busy", [None, "enqueue", "interrupt", "steer", "reject"])
+async def test_each_busy_strategy_stores_user_messages_under_the_ids_the_client_sent(
+    pg_url: str, redis_url: str, on_busy: str | None
+) -> None:
+    # A second message while the first's turn runs (queued, interrupting, steering; under
+    # reject, once it ended): each stored under its ``useChat`` id, as the embedded app
+    # stores it, so a later regenerate, edit, stop or reload of it matches the session.
+    async with deployment(pg_url, redis_url, slow_agent(40), on_busy=on_busy) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(text: str, message_id: str) -> None:
+                    await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "one", "u1")
+                await wait_for_turn(d.queue, "s1", "running")
+                if on_busy != "reject":
+                    nursery.start_soon(post, "two", "u2")
+            if on_busy == "reject":
+                await post("two", "u2")
+        ids = await stored_user_ids(d)
+    assert ids == ["u1", "u2"]
+
+
+async def test_an_edit_of_the_last_message_is_stored_once_under_its_client_id(
+    pg_url: str, redis_url: str
+) -> None:
+    # The AI SDK's edit: the same id, other text, run in place of its turn (the queue's
+    # resend rule, unchanged): the history holds the edited message once, under its id.
+    async with deployment(pg_url, redis_url, slow_agent(3, 0.0)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            await client.post("/api/chat", json=body("s1", "one", "u1"))
+            await client.post("/api/chat", json=body("s1", "one, edited", "u1"))
+        record = await d.store.load("s1")
+    assert record is not None
+    users = [m for m in record.messages if isinstance(m, UserMessage)]
+    assert [(m.id, m.content) for m in users] == [("u1", "one, edited")]
+
+
+async def test_a_client_id_the_session_already_holds_gets_a_fresh_id_not_a_second_copy(
+    pg_url: str, redis_url: str
+) -> None:
+    # "u1" stored by an earlier writer (the embedded app on the same store, an AG-UI
+    # run), so no queued turn of the AI SDK's key for it: the message is a new turn, as
+    # before, and its user message gets an id of the worker's (ids stay unique).
+    async with deployment(pg_url, redis_url, slow_agent(3, 0.0)) as d:
+        history = [UserMessage(content="one", id="u1"), AssistantMessage(id="a1")]
+        await d.store.save("s1", 0, history)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            response = await client.post("/api/chat", json=body("s1", "two", "u1"))
+        record = await d.store.load("s1")
+    assert response.status_code == 200
+    assert record is not None
+    users = [m for m in record.messages if isinstance(m, UserMessage)]
+    assert [m.content for m in users] == ["one", "two"]
+    assert users[0].id == "u1" and users[1].id != "u1"
+    assert len({m.id for m in record.messages}) == len(record.messages)
+
+
+async def test_a_continuation_keeps_the_user_message_under_its_client_id(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent()) as d:
+        first = await first_part(d, d.urls[0])
+        message_id = approval_payloads(first)[0]["messageId"]
+        request = asked(first)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            decided = answer("s1", message_id, request["approvalId"], True)
+            response = await client.post("/api/chat", json=decided)
+        await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        ids = await stored_user_ids(d)
+    assert response.status_code == 200
+    assert ids == ["u1"]

@@ -136,6 +136,17 @@ _NO_TITLE: Any = object()
 """No title (:attr:`TurnRunner._stale_title`)."""
 
 
+def _user_id(run: RunTurn, state: SessionState) -> str:
+    """The id a new turn's user message is stored under: the caller's (a client's id of
+    the message), unless the session holds a message of that id already (a resend that
+    no resend rule caught: the history came from another writer), whose second copy
+    would make the id name two messages; then, as without one, a new id."""
+    wanted = run.user_message_id
+    if wanted is None or any(m.id == wanted for m in state.messages):
+        return new_id("msg")
+    return wanted
+
+
 class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     """Per-session actor running turns, one at a time. How a turn suspends for input and
     resumes comes from :class:`~actors.turn.suspension.Suspending`; saving, from
@@ -492,9 +503,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             approved_before=approved,
         )
         if committed is None:
-            state.messages.append(
-                UserMessage(content=run.input, id=run.user_message_id or new_id("msg"))
-            )
+            state.messages.append(UserMessage(content=run.input, id=_user_id(run, state)))
             turn.a_index = len(state.messages)
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:

@@ -429,7 +429,12 @@ class FrontEnd:
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
         steer = state.on_busy == STEER and not regenerate
-        options = None
+        # The user message is stored under the client's id (the last message's in the
+        # body), as the embedded app stores it, whichever strategy queued it: a later
+        # regenerate, edit or stop of it, or a reload, names it so. A resend of a stored
+        # id is the queue's (its key: the same turn, or an edit in place of it); an id
+        # the session holds without a turn of its key gets one of the worker's there.
+        options = TurnOptions(user_message_id=client_message_id(payload))
         if steer:  # a steering message's id is the client's, whichever turn stores it
             options = TurnOptions(
                 user_message_id=client_message_id(payload) or new_id("msg"),
