@@ -709,6 +709,10 @@ async def test_a_store_from_before_waiting_turns_gains_the_status_on_open(pg_url
         await reopened.aclose()
 
 
+FAR = 4_000_000_000.0
+"""A wait's deadline in 2096: a decision before it is in time (one past it is refused)."""
+
+
 async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, store):
     await queue.submit("s1", "delete it")
     claim = await queue.claim("w1")
@@ -718,7 +722,7 @@ async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, st
         tool_name="delete",
         input={},
         step=0,
-        awaiting=Awaiting(kind="approval", id="ap1", turn_id=claim.turn.turn_id, expires_at=900.0),
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=claim.turn.turn_id, expires_at=FAR),
     )
     messages = [
         UserMessage(content="delete it"),
@@ -738,7 +742,7 @@ async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, st
         # is ending): not the turn's own write, so not refused.
         decided = await queue.decide("s1", "ap1", Decision(approved=True), {})
     assert told == ["suspended"]
-    assert row == ("awaiting-input", None, None, 900.0)
+    assert row == ("awaiting-input", None, None, FAR)
     assert decided.recorded.complete and decided.turn.resumes == 1
 
 
