@@ -432,11 +432,14 @@ async def _serialized(
     try:
         body, input_hash = await trio.to_thread.run_sync(_encoded_and_hashed, content, regenerate)
         meta_json = orjson.dumps(dict(meta or {}))
-        options_json = (
-            b"{}"
-            if options is None or options.empty
-            else await trio.to_thread.run_sync(serde.to_json, options)
-        )
+        if options is None or options.empty:
+            options_json = b"{}"
+        elif options.history is None and not options.tools:
+            # ids and flags (every chat POST's: the client's message id): a few hundred
+            # bytes, not worth a thread's round trip on each submit
+            options_json = serde.to_json(options)
+        else:
+            options_json = await trio.to_thread.run_sync(serde.to_json, options)
     except (TypeError, ValueError, orjson.JSONEncodeError) as err:
         raise StoreError(
             f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
