@@ -478,3 +478,25 @@ async def test_a_store_without_deletion_marks_runs_turns_of_new_sessions() -> No
         result = await session.run("hello")
     record = await store.load("s")
     assert result.error is None and record is not None and _users(record) == ["hello"]
+
+
+async def test_a_title_the_host_sets_after_its_turn_was_refused_as_deleted_is_saved() -> None:
+    # The refused turn's title ("first") is the deleted conversation's; a title set after
+    # it (as a worker's next turn carries its front end's) is the new one's. The stale
+    # title was taken from the next turn's meta, so the new title was left out.
+    gate, store = _Gate(), MemoryStore()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(gate, []), session_id="s")
+        session.set_title("first")
+        await session.run("first")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "hold on")
+            with trio.fail_after(LIMIT):
+                await gate.entered.wait()
+            await store.delete("s")  # another process's delete: this host is not told
+            gate.opened.set()
+        session.set_title("new")
+        await session.run("again")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["again"]
+    assert record.meta["title"] == "new"  # before: no title

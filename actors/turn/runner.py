@@ -47,6 +47,7 @@ import trio
 from actors.turn import saving
 from actors.turn.inference import Inferring
 from actors.turn.parts import PartsManager
+from actors.turn.saving import NO_TITLE as _NO_TITLE
 from actors.turn.saving import SAVE_TIMEOUT as SAVE_TIMEOUT
 from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
@@ -130,10 +131,6 @@ def _cut_last_turn(state: SessionState) -> None:
             del messages[i:]
             state.saved_upto = min(state.saved_upto, i)
             return
-
-
-_NO_TITLE: Any = object()
-"""No title (:attr:`TurnRunner._stale_title`)."""
 
 
 def _user_id(run: RunTurn, state: SessionState) -> str:
@@ -776,7 +773,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             turn.unsaved_steers.clear()
             await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
         if turn.deleted:
-            self._forget_deleted()
+            self._forget_deleted(turn.meta)
 
     def _seal(self, turn: Turn, closing: list[Any]) -> None:
         """Close what the turn left open, into ``closing`` (what the controller gets

@@ -13,6 +13,7 @@ final save is waited for, bounded by :data:`SAVE_TIMEOUT`. Mixed into
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from runtime.hosting import TurnHost
     from runtime.inbox import Inbox
 
+NO_TITLE: Any = object()
+"""No title (``TurnRunner._stale_title``: no deleted conversation's title to leave out)."""
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
 
@@ -48,6 +51,7 @@ class Saving:
         _pending: SaveRequest | None
         _answered: SaveResult | None
         _deleted_since: bool
+        _stale_title: Any
         _absent_mark: int | None
         _log: Any
 
@@ -130,7 +134,7 @@ class Saving:
             if turn is not None:
                 turn.deleted = True  # it stops at its next save, and forgets at its end
             else:  # a turn's final save that outlived it: that turn is gone already
-                self._forget_deleted()
+                self._forget_deleted(req.meta)
         if turn is not None and turn.unsaved_steers and result.error is None:
             held = {id(m) for m in req.messages}
             for item, message in [s for s in turn.unsaved_steers if id(s[1]) in held]:
@@ -294,17 +298,20 @@ class Saving:
             )
         return None
 
-    def _forget_deleted(self) -> None:
+    def _forget_deleted(self, meta: Mapping[str, Any]) -> None:
         """The session was deleted while a turn of it ran (its save refused): forget its
         history, so nothing of it is saved again; a later turn starts a new
-        conversation, as a turn of a session never saved does. The title this session's
-        host holds is the deleted conversation's too: not saved with the next turn
-        (``TurnRunner._turn_meta``), which would name another writer's new one after it."""
+        conversation, as a turn of a session never saved does. The title in ``meta`` (the
+        refused turn's) is the deleted conversation's: not saved with a later turn that
+        still carries it (``TurnRunner._turn_meta``: an embedded host holds it), which
+        would name another writer's new conversation after it. Taken from the refused
+        turn, not from the next one's meta: a worker's next turn carries the new
+        conversation's own title (its front end's), which must be saved."""
         state = self.state
         state.messages.clear()
         state.saved_upto = 0
         state.version = 0
-        self._deleted_since = True
+        self._stale_title = meta.get("title", NO_TITLE)
         self._publish_history()
 
     def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
