@@ -306,7 +306,8 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive(float),
         default=SEND_TIMEOUT,
         help="seconds a stream waits for a client that takes no data before dropping it "
-        f"and cancelling its turn (default {SEND_TIMEOUT:g})",
+        "and cancelling its turn; every other write to a connection (an error answer "
+        f"too) is bounded by it as well (default {SEND_TIMEOUT:g})",
     )
 
 
