@@ -500,3 +500,21 @@ async def test_a_title_the_host_sets_after_its_turn_was_refused_as_deleted_is_sa
         record = await store.load("s")
     assert record is not None and _users(record) == ["again"]
     assert record.meta["title"] == "new"  # before: no title
+
+
+async def test_a_title_the_host_sets_after_its_session_was_deleted_while_idle_is_saved() -> None:
+    # As above, but the delete comes while the session is idle: the next turn's reload
+    # finds it gone. The deleted conversation's title is the one last saved ("first");
+    # the title set since ("new", as a worker's turn carries its front end's) is the new
+    # conversation's. It was taken from that turn's meta as the stale one and left out.
+    store = MemoryStore()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(_Gate(), []), session_id="s")
+        session.set_title("first")
+        await session.run("first")
+        await store.delete("s")  # another process's delete: this host is not told
+        session.set_title("new")
+        await session.run("again")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["again"]
+    assert record.meta["title"] == "new"  # before: no title

@@ -48,6 +48,7 @@ from actors.turn import saving
 from actors.turn.inference import Inferring
 from actors.turn.parts import PartsManager
 from actors.turn.saving import NO_TITLE as _NO_TITLE
+from actors.turn.saving import NO_TURN as _NO_TURN
 from actors.turn.saving import SAVE_TIMEOUT as SAVE_TIMEOUT
 from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
@@ -155,9 +156,10 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     handling_waits = True  # a turn waits for its model call (runtime.actor.Actor)
     _deleted_since = False
     """The reload before the turn about to open found the session deleted since the
-    version the history held (``Saving._sync``): the meta its run carries is the deleted
-    conversation's. (Class defaults, set on the instance only then: a runner whose session
-    was never deleted under it carries nothing more.)"""
+    version the history held (``Saving._sync``), and this runner opened no turn before
+    (:attr:`_held_title`): the meta its run carries is the deleted conversation's.
+    (Class defaults, set on the instance only then: a runner whose session was never
+    deleted under it carries nothing more.)"""
     _absent_mark: int | None = None
     """The session's deletion mark as the turn about to open read it, the session not
     stored (``Saving._absent``), for its saves (:attr:`SaveRequest.absent_mark`). (A
@@ -165,6 +167,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     _stale_title: Any = _NO_TITLE
     """The deleted conversation's title, which the session's host still holds and sends
     with each turn: not saved into the new conversation (:meth:`_turn_meta`)."""
+    _held_title: Any = _NO_TURN
+    """The title the last turn opened here carried (its host's for the conversation):
+    the stale one when the next turn's reload finds the session deleted since."""
 
     def __init__(
         self,
@@ -447,13 +452,16 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         session, its host here was not told). Saved, it named the new conversation after
         the deleted one, and, the session started again by another writer, replaced the
         title that writer gave it. A title the host sets afterwards is saved."""
+        held = meta.get("title", _NO_TITLE)
+        if held is not self._held_title:
+            self._held_title = held
         if self._deleted_since:
             self._deleted_since = False
-            self._stale_title = meta.get("title", _NO_TITLE)
+            self._stale_title = held
         stale = self._stale_title
         if stale is _NO_TITLE:
             return meta
-        if meta.get("title", _NO_TITLE) != stale:
+        if held != stale:
             self._stale_title = _NO_TITLE  # the host's title moved on: its own from here
             return meta
         return {key: value for key, value in meta.items() if key != "title"}

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 NO_TITLE: Any = object()
 """No title (``TurnRunner._stale_title``: no deleted conversation's title to leave out)."""
+NO_TURN: Any = object()
+"""No turn opened by this runner yet (``TurnRunner._held_title``: no title known)."""
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
 
@@ -52,6 +54,7 @@ class Saving:
         _answered: SaveResult | None
         _deleted_since: bool
         _stale_title: Any
+        _held_title: Any
         _absent_mark: int | None
         _log: Any
 
@@ -221,7 +224,14 @@ class Saving:
                 return
             adopted = adopt_record(state, record)
             if adopted.deleted:
-                self._deleted_since = True
+                # The deleted conversation's title is the one this runner's turns carried
+                # (a title set since, as a worker's next turn carries its front end's, is
+                # the new conversation's); a runner that opened no turn yet knows none
+                # but the one its host loaded, which the turn about to open carries.
+                if self._held_title is NO_TURN:
+                    self._deleted_since = True
+                else:
+                    self._stale_title = self._held_title
             self._publish_history()
             await self._concurrent(adopted, "reloaded", turn_id)
 
