@@ -24,7 +24,7 @@ saves: written in line, it held every other turn of the host at its next step's 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -295,6 +295,16 @@ class Persister(Actor):
         now = await deletion_mark(self.store, req.session_id)
         return now is not None and now != mark
 
+    def _gone(self, req: SaveRequest) -> NoReturn:
+        """Refuse ``req`` and every later save of its turn: its session was deleted while
+        the turn ran (:meth:`refuse`)."""
+        self.refuse(req.session_id, req.turn_id)
+        raise SessionDeleted(
+            f"save of session {req.session_id!r} refused: the session was deleted "
+            "while its turn ran; nothing was written",
+            session_id=req.session_id,
+        )
+
     def _ends(self, req: SaveRequest) -> dict[str, str]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
@@ -311,6 +321,16 @@ class Persister(Actor):
         expected = self._based_on(req)
         ends = self._ends(req)
         if expected is not None:
+            if (
+                expected == 0
+                and req.absent_mark is not None
+                and await self._deleted_since(req, req.absent_mark)
+            ):
+                # A turn's first save, its session not stored when it began: created and
+                # deleted since by another process (nothing re-created it: the save would
+                # meet no conflict and bring the deleted conversation back holding this
+                # turn). Refused as a deleted session's, with every later save of it.
+                self._gone(req)
             try:
                 version = _checked(
                     self.store,
@@ -352,12 +372,7 @@ class Persister(Actor):
                 # began (its deletion mark moved, read after the load: a deletion after it
                 # fails the save below and is read on the next attempt). Refused, and so
                 # is every later save of the turn (one already queued, based on this one).
-                self.refuse(req.session_id, req.turn_id)
-                raise SessionDeleted(
-                    f"save of session {req.session_id!r} refused: the session was deleted "
-                    "while its turn ran; nothing was written",
-                    session_id=req.session_id,
-                )
+                self._gone(req)
             stored = () if record is None else record.messages
             base, start = rebase(stored, req.messages)
             try:

@@ -319,11 +319,13 @@ async def test_two_hosts_deleting_one_session_at_once_both_answer_204_and_it_sta
     assert record is not None and _users(record) == ["fresh"] and record.meta["title"] == "fresh"
 
 
-async def _first_turn_meanwhile(shared_store: Any, *, delete: bool) -> tuple[Any, str]:
+async def _first_turn_meanwhile(
+    shared_store: Any, *, delete: bool, recreate: bool = True
+) -> tuple[Any, str]:
     """Two hosts on one store, no relay. A's turn of the new session "s" is held in its
     step 0 (nothing of "s" stored yet); B posts "other" (creating "s") and, with
-    ``delete``, deletes it and posts "fresh" (creating it again); A's turn is let go.
-    The stored record and A's stream."""
+    ``delete``, deletes it and (``recreate``) posts "fresh" (creating it again); A's turn
+    is let go. The stored record and A's stream."""
     gate = _Gate()
     agent = _agent(gate, [])
     async with (
@@ -346,13 +348,15 @@ async def _first_turn_meanwhile(shared_store: Any, *, delete: bool) -> tuple[Any
             assert other.status_code == 200
             if delete:
                 gone = await client.delete(f"{b.url}/api/sessions/s", headers=DELETE)
+                assert gone.status_code == 204
+            if delete and recreate:
                 fresh = await client.post(
                     f"{b.url}/api/chat", json=body("s", "fresh", message_id="u3")
                 )
-                assert (gone.status_code, fresh.status_code) == (204, 200)
+                assert fresh.status_code == 200
             gate.opened.set()
         record = await b.host.store.load("s")
-        if delete:  # A's next message: a turn of the new conversation, after "fresh"
+        if delete and recreate:  # A's next message: a turn of the new conversation, after "fresh"
             again = await client.post(f"{a.url}/api/chat", json=body("s", "again"))
             assert again.status_code == 200
             later = await b.host.store.load("s")
@@ -372,6 +376,18 @@ async def test_a_first_turn_of_a_session_deleted_and_re_created_meanwhile_stays_
     assert 'data: {"type":"abort","reason":"session deleted"}' in stream
 
 
+async def test_a_first_turn_of_a_session_created_and_deleted_meanwhile_is_not_saved(
+    shared_store: Any,
+) -> None:
+    # B created "s" and deleted it while A's first turn ran, and nothing started it
+    # again: A's first save met no session (no conflict, nothing read) and created it,
+    # holding A's turn ("hold on"), its stream ending "finish": the conversation B
+    # deleted came back. The delete ends the turn, as on a session A had stored.
+    record, stream = await _first_turn_meanwhile(shared_store, delete=True, recreate=False)
+    assert record is None
+    assert 'data: {"type":"abort","reason":"session deleted"}' in stream
+
+
 async def test_a_first_turn_of_a_session_another_host_created_meanwhile_is_rebased_onto_it(
     shared_store: Any,
 ) -> None:
@@ -386,8 +402,10 @@ async def test_a_new_sessions_turn_reads_the_mark_in_the_query_it_makes_anyway(
     tmp_path: Path,
 ) -> None:
     # The mark is read with the version query before the turn (one statement, as the
-    # version alone was): a turn of a new session takes the 7 statements it took before
-    # the marks, a stored session's the same 7, its version query unchanged.
+    # version alone was), and once more before the turn's first save (a session created
+    # and deleted meanwhile: that save meets no conflict). A turn of a new session takes
+    # 8 statements (7 before the marks), a stored session's 7, its version query
+    # unchanged.
     from actors.providers import ScriptedProvider
     from actors.stores import SQLiteStore
     from runtime import Agent
@@ -404,8 +422,8 @@ async def test_a_new_sessions_turn_reads_the_mark_in_the_query_it_makes_anyway(
         await session.run("two")
         stored = list(seen)
     both, alone = "SELECT (SELECT version FROM se", "SELECT version FROM sessions W"
-    assert len(new) == len(stored) == 7
-    assert [s for s in new if "version FROM" in s] == [both]  # version and mark: one read
+    assert (len(new), len(stored)) == (8, 7)
+    assert [s for s in new if "version FROM" in s] == [both, both]  # at start, first save
     assert [s for s in stored if "version FROM" in s] == [alone]
 
 
