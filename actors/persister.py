@@ -293,7 +293,9 @@ class Persister(Actor):
         again since, not a concurrent creator's. ``False`` for a store that keeps no
         mark (any more)."""
         now = await deletion_mark(self.store, req.session_id)
-        return now is not None and now != mark
+        # Above: a deletion since. Below or equal: none (a mark only grows while the store
+        # keeps it; one dropped since, DELETION_MARKS_KEPT deletions old, reads 0).
+        return now is not None and now > mark
 
     def _gone(self, req: SaveRequest) -> NoReturn:
         """Refuse ``req`` and every later save of its turn: its session was deleted while

@@ -136,16 +136,25 @@ class Store(Protocol):
     more: the creating save writes it with the session's row.
 
     **Deletion marks** (optional, as incarnations; the built-in stores keep them): a store
-    may count, per session id, the deletions of it, ``deletions(session_id) -> int``
-    (``0``: never deleted; one number per id, however often it is deleted), and read it
-    with the version in one go, ``version_and_deletions(session_id) -> (version,
-    deletions)``. A turn of a session its host holds nothing stored of reads the mark
-    as it starts (:func:`version_and_mark`, in place of the version query it makes
-    anyway); its first save, should it meet a conflict (based on no version, nothing
-    to compare an incarnation with), reads it again (:func:`deletion_mark`): moved, the
-    session it meets was deleted and created again since the turn began, and the save is
-    refused as a deleted session's; unmoved, another writer created the session
-    meanwhile, and the turn is rebased onto it. A store without them: rebased, as before.
+    may keep, per session id, a number that grows with each deletion of it,
+    ``deletions(session_id) -> int`` (``0``: never deleted, or not since long: one
+    number per id, however often it is deleted), and read it with the version in one
+    go, ``version_and_deletions(session_id) -> (version, deletions)``. A turn of a
+    session its host holds nothing stored of reads the mark as it starts
+    (:func:`version_and_mark`, in place of the version query it makes anyway); its
+    first save reads it again (:func:`deletion_mark`): above the one read at the start,
+    the session was deleted since the turn began (created and deleted by another
+    process, or created again since), and the save is refused as a deleted session's;
+    not above it, a session the save meets was created meanwhile by another writer, and
+    the turn is rebased onto it. A store without them: rebased, as before.
+
+    The built-in stores keep the marks of the last :data:`DELETION_MARKS_KEPT` deletions
+    only: a deletion's mark is one above the highest the store holds (so an id's mark
+    only grows while it is kept), and a mark that many deletions old is dropped (the id
+    reads ``0`` again, below any mark a turn read, which refuses nothing). The marks a
+    process that creates and deletes sessions without end keeps are so bounded; a turn
+    whose first save comes after that many deletions of other sessions since it began
+    may miss its own session's deletion (rebased, as a store without marks does).
 
     **Kept rows** (the built-in stores take them; a store that does not still works): a
     store whose ``save`` takes the keyword ``kept`` (a collection of positions in
@@ -344,6 +353,13 @@ async def has_user_messages(store: Store, session_id: str, ids: Iterable[str]) -
     if record is None:
         return frozenset()
     return frozenset(m.id for m in record.messages if isinstance(m, UserMessage) and m.id in wanted)
+
+
+DELETION_MARKS_KEPT = 10_000
+"""How many deletions' marks the built-in stores keep (:class:`Store`, "Deletion
+marks"): the marks of older deletions are dropped, so the marks a store holds are
+bounded whatever the number of sessions deleted. A turn's first save that comes after
+more deletions than this since its turn began may miss its session's deletion."""
 
 
 async def deletion_mark(store: Store, session_id: str) -> int | None:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import trio
 
+import runtime.store as store_module
 from actors.stores import MemoryStore
 from runtime import Host
 from runtime.actor_messages import SaveRequest, SaveResult
@@ -536,3 +537,132 @@ async def test_a_title_the_host_sets_after_its_session_was_deleted_while_idle_is
         record = await store.load("s")
     assert record is not None and _users(record) == ["again"]
     assert record.meta["title"] == "new"  # before: no title
+
+
+# -- the marks kept: bounded, and still telling a deletion since a turn began ------------
+
+
+async def _open(shared_store: Any) -> Any:
+    from actors.stores import open_store
+
+    return shared_store if isinstance(shared_store, MemoryStore) else await open_store(shared_store)
+
+
+def _mark_rows(store: Any) -> int:
+    """How many deletion marks ``store`` holds (its rows)."""
+    if isinstance(store, MemoryStore):
+        return len(store._deletions)
+    if hasattr(store, "schema"):  # PostgreSQL
+        from tests.test_turn_queue import sql
+
+        return int(sql(store, "SELECT count(*) FROM axon_deletions")[0][0])
+    return int(store._conn.execute("SELECT count(*) FROM deletions").fetchone()[0])
+
+
+async def test_a_store_keeps_the_marks_of_its_last_deletions_only(
+    shared_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12 sessions created and deleted, the marks of 4 kept: before, one row a deleted
+    # id for ever (12 here; a process deleting uuid sessions grew the table without end).
+    monkeypatch.setattr(store_module, "DELETION_MARKS_KEPT", 4)
+    store = await _open(shared_store)
+    try:
+        for n in range(12):
+            await store.save(f"s{n}", 0, turn(n), expected_version=0)
+            await store.delete(f"s{n}")
+        assert _mark_rows(store) == 4  # before: 12
+        marks = [await store.deletions(f"s{n}") for n in range(12)]
+    finally:
+        await store.aclose()
+    assert marks[:8] == [0] * 8  # dropped: as never deleted
+    assert 0 < marks[8] < marks[9] < marks[10] < marks[11]
+
+
+async def test_a_turns_first_save_sees_its_session_deleted_while_fewer_deletions_than_kept_followed(
+    shared_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The turn read "s"'s mark; "s" was created and deleted (nothing re-created it), then
+    # 3 other sessions were deleted, the marks of 4 kept: the turn's first save is refused.
+    monkeypatch.setattr(store_module, "DELETION_MARKS_KEPT", 4)
+    store = await _open(shared_store)
+    try:
+        mark = await store.deletions("s")
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+        for n in range(3):
+            await store.save(f"x{n}", 0, turn(n))
+            await store.delete(f"x{n}")
+        answer = await _first_save(store, mark)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert isinstance(answer.error, SessionDeleted) and record is None
+
+
+async def test_a_turns_first_save_is_not_refused_when_its_sessions_old_mark_was_dropped() -> None:
+    # "s" was deleted before the turn began (the turn read its mark); the mark was dropped
+    # since (later deletions of other sessions), "s" reads 0: not a deletion since, the
+    # turn's first save creates "s". Compared for difference, it was refused.
+    store = MemoryStore()
+    await store.save("s", 0, turn(0))
+    await store.delete("s")
+    mark = await store.deletions("s")
+    kept, store_module.DELETION_MARKS_KEPT = store_module.DELETION_MARKS_KEPT, 1
+    try:
+        await store.save("x", 0, turn(1))
+        await store.delete("x")
+    finally:
+        store_module.DELETION_MARKS_KEPT = kept
+    assert (mark, await store.deletions("s")) == (1, 0)
+    answer = await _first_save(store, mark)
+    record = await store.load("s")
+    assert answer.error is None and record is not None and list(record.messages) == turn(0)
+
+
+async def _first_save(store: Any, mark: int) -> SaveResult:
+    """A turn's first save of "s" (based on no version, ``absent_mark`` ``mark``): the
+    persister's answer."""
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+    async with Host.open(store=store, log_tap=False) as host:
+        await host.persister.send(_request(replies, "a", 0, expected_version=0, absent_mark=mark))
+        with trio.fail_after(5):
+            return await replies.get()
+
+
+# -- PostgreSQL: deletes by processes of before the marks -------------------------------
+
+
+_BARE_DELETE = "DELETE FROM axon_sessions WHERE session_id = 's'"
+"""A process of before the marks deletes so (with its messages, as here)."""
+_COUNTED_DELETE = """WITH gone AS (
+    DELETE FROM axon_sessions WHERE session_id = 's' RETURNING session_id
+) INSERT INTO axon_deletions (session_id, deletions) SELECT session_id, 1 FROM gone
+ON CONFLICT (session_id) DO UPDATE SET deletions = axon_deletions.deletions + 1"""
+"""A process of the marks' first version deletes so (its own count of the mark)."""
+
+
+@pytest.mark.parametrize("statement", [_BARE_DELETE, _COUNTED_DELETE], ids=["bare", "counted"])
+async def test_a_delete_by_a_postgres_process_of_before_moves_the_mark_up(
+    pg_url: str, statement: str
+) -> None:
+    # During a rolling upgrade a turn of this version read "s"'s mark; a process of before
+    # created "s" and deleted it with its own statement, nothing re-created it. The bare
+    # delete moved no mark: the turn's first save brought "s" back holding the turn.
+    from actors.stores.postgres import PostgresStore
+    from tests.test_turn_queue import sql
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("x", 0, turn(5))
+        await store.delete("x")  # another id's mark: "s"'s is set above it
+        mark = await store.deletions("s")
+        await store.save("s", 0, turn(0))
+        sql(store, statement)
+        sql(store, "DELETE FROM axon_messages WHERE session_id = 's'")
+        moved = await store.deletions("s")
+        answer = await _first_save(store, mark)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert moved > mark  # before (bare): unmoved, 0
+    assert isinstance(answer.error, SessionDeleted) and record is None

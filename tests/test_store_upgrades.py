@@ -52,12 +52,20 @@ def _sql(schema: str, query: str, params: tuple = ()) -> list[tuple]:
 
 def _make_pre_incarnation(schema: str) -> None:
     """Make the store in ``schema`` one of before incarnations (as 749b9ed left it: no
-    ``incarnation`` column, no trigger writing it, no deletion marks' table, no index of
-    its messages' ids)."""
+    ``incarnation`` column, no trigger writing it, no deletion marks' table nor trigger, no
+    index of its messages' ids)."""
     _sql(schema, "DROP TRIGGER axon_sessions_incarnation_v1 ON axon_sessions")
     _sql(schema, "ALTER TABLE axon_sessions DROP COLUMN incarnation")
     _sql(schema, "DROP TABLE axon_deletions")
+    _make_pre_deletion_trigger(schema)
     _make_pre_message_ids(schema)
+
+
+def _make_pre_deletion_trigger(schema: str) -> None:
+    """Make the store in ``schema`` one of before the trigger that moves the deletion
+    marks (the marks' first version counted them in its delete's statement)."""
+    _sql(schema, "DROP TRIGGER IF EXISTS axon_sessions_deletion_v1 ON axon_sessions")
+    _sql(schema, "DROP FUNCTION axon_sessions_deletion_v1()")
 
 
 def _make_pre_message_ids(schema: str) -> None:
@@ -379,6 +387,7 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
 # -- PostgreSQL: processes at once, upgrades killed, newer schemas ------------------------
 
 _STORE_TRIGGERS = [
+    ("axon_sessions", "axon_sessions_deletion_v1"),
     ("axon_sessions", "axon_sessions_incarnation_v1"),
     ("axon_turns", "axon_turns_head_insert_v1"),
     ("axon_turns", "axon_turns_head_v1"),
@@ -514,11 +523,31 @@ async def test_a_postgres_store_of_before_deletion_marks_gains_them_on_open(pg_u
     finally:
         await store.aclose()
     _sql(parse_url(pg_url)[1], "DROP TABLE axon_deletions")  # as a store of before them
+    _make_pre_deletion_trigger(parse_url(pg_url)[1])
     store = await PostgresStore.open(pg_url)
     try:
         assert await store.version_and_deletions("s") == (kept, 0)  # none counted before
         await store.delete("s")
         assert await store.version_and_deletions("s") == (0, 1)
+    finally:
+        await store.aclose()
+
+
+async def test_a_postgres_store_of_the_first_deletion_marks_gains_their_trigger_on_open(
+    pg_url: str,
+) -> None:
+    # The marks' first version counted them in its own delete statement: a process of
+    # before them (a bare DELETE) moved none. Opened by this version, every delete does.
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    schema = parse_url(pg_url)[1]
+    _make_pre_deletion_trigger(schema)
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("s", 0, [UserMessage(content="a")])
+        _sql(schema, "DELETE FROM axon_sessions WHERE session_id = 's'")  # an old process's
+        assert await store.version_and_deletions("s") == (0, 1)
+        assert _complete(_schema_parts(pg_url))
     finally:
         await store.aclose()
 

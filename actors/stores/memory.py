@@ -14,6 +14,7 @@ from typing import Any, Final
 import attrs
 import trio
 
+import runtime.store as store_contract
 from actors.stores.validation import check_limit, check_save, kept_tail, parse_cursor
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
@@ -49,7 +50,10 @@ class MemoryStore:
         self._sessions: dict[str, _Session] = {}
         self._deleted_version = 0
         self._deletions: dict[str, int] = {}
-        """How many times each id was deleted (:meth:`deletions`): one number per id."""
+        """Each deleted id's mark (:meth:`deletions`), in the order they were set: the
+        marks of the last :data:`~runtime.store.DELETION_MARKS_KEPT` deletions."""
+        self._top_mark = 0
+        """The highest mark set (the next deletion's is one above)."""
         self._seq = 0
         """How many saves the store has taken: the next save's place in recency order."""
         """The highest version a deleted session had: a re-created session starts above
@@ -200,7 +204,18 @@ class MemoryStore:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             self._deleted_version = max(self._deleted_version, session.version)
-            self._deletions[session_id] = self._deletions.get(session_id, 0) + 1
+            self._mark_deletion(session_id)
+
+    def _mark_deletion(self, session_id: str) -> None:
+        """Set ``session_id``'s mark one above the highest, and drop the marks
+        :data:`~runtime.store.DELETION_MARKS_KEPT` deletions old (the oldest come first)."""
+        marks = self._deletions
+        self._top_mark = top = self._top_mark + 1
+        marks.pop(session_id, None)  # to the end: set last
+        marks[session_id] = top
+        oldest = top - store_contract.DELETION_MARKS_KEPT
+        while marks[first := next(iter(marks))] <= oldest:
+            del marks[first]
 
     async def aclose(self) -> None:
         """Close the store; further calls raise :class:`~runtime.errors.StoreError`.

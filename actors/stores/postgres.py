@@ -10,8 +10,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   incarnation BIGINT)                    -- version of its first save
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
-    axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: how many
-                   deletions BIGINT)                     -- times each id was deleted
+    axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows
+                   deletions BIGINT)                     -- with each delete of the id
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
     axon_save_v5(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
@@ -1181,18 +1181,10 @@ class PostgresStore:
                 )
                 if status == "running":
                     conn.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, turn_id))
-            # The session's row, and its id's deletion mark moved if it was stored (one
-            # statement: a delete of a session never stored, or deleted at once by
-            # another, moves nothing).
-            conn.execute(
-                """WITH gone AS (
-                    DELETE FROM axon_sessions WHERE session_id = %s RETURNING session_id
-                ) INSERT INTO axon_deletions (session_id, deletions)
-                SELECT session_id, 1 FROM gone
-                ON CONFLICT (session_id) DO UPDATE
-                SET deletions = axon_deletions.deletions + 1""",
-                (session_id,),
-            )
+            # The session's row; its id's deletion mark moves if it was stored (the
+            # trigger axon_sessions_deletion_v1, in the statement: a delete of a session
+            # never stored, or deleted at once by another, moves nothing).
+            conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
             conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
 
         await self.run(f"delete of session {session_id!r}", delete)

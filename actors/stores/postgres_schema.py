@@ -17,6 +17,7 @@ import re
 import time
 from typing import Any
 
+import runtime.store as store_contract
 from actors.stores.postgres_calls import (
     CLAIM_FUNCTION,
     CLAIM_FUNCTION_NAME,
@@ -29,6 +30,7 @@ from actors.stores.postgres_calls import (
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
+    _DELETION_TRIGGER,
     _HEAD_INSERT_TRIGGER,
     _HEAD_SCHEMA,
     _HEAD_TRIGGER,
@@ -41,6 +43,7 @@ from actors.stores.postgres_tables import (
     _SESSION_COLUMNS,
     _TURN_COLUMNS,
     MESSAGE_ID_INDEX,
+    deletion_schema,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
 
@@ -122,6 +125,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _add_turn_columns(conn, schema)
     _add_session_columns(conn, schema)
     _ensure_incarnation_trigger(conn)
+    _ensure_deletion_trigger(conn)
     if MESSAGE_ID_INDEX not in relations:  # a store of before builds it, once
         for statement in _MESSAGE_ID_SCHEMA:
             conn.execute(statement)
@@ -206,6 +210,7 @@ def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
         "axon_sessions": (
             any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
             or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
+            or ("axon_sessions", _DELETION_TRIGGER) not in triggers
         ),
         "axon_messages": MESSAGE_ID_INDEX not in relations,
     }
@@ -302,6 +307,18 @@ def _ensure_incarnation_trigger(conn: Any) -> None:
     ).fetchone()
     if found is None:
         for statement in _INCARNATION_SCHEMA:
+            conn.execute(statement)
+
+
+def _ensure_deletion_trigger(conn: Any) -> None:
+    """The trigger that sets a deleted session's deletion mark (:data:`_DELETION_TRIGGER`),
+    created with its function when missing."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_sessions'::regclass AND tgname = %s",
+        (_DELETION_TRIGGER,),
+    ).fetchone()
+    if found is None:
+        for statement in deletion_schema(store_contract.DELETION_MARKS_KEPT):
             conn.execute(statement)
 
 

@@ -34,8 +34,9 @@ _SCHEMA = (
         body BYTEA NOT NULL,
         PRIMARY KEY (session_id, idx)
     )""",
-    # Each deleted id's deletion mark (runtime.store.Store, "Deletion marks"): how many
-    # times it was deleted, one row an id. A store of before gains it empty on open.
+    # Each deleted id's deletion mark (runtime.store.Store, "Deletion marks"): grows with
+    # each deletion of it, one row an id, written by :data:`_DELETION_TRIGGER`'s trigger
+    # (the last DELETION_MARKS_KEPT deletions'). A store of before gains it empty on open.
     """CREATE TABLE IF NOT EXISTS axon_deletions (
         session_id TEXT PRIMARY KEY,
         deletions BIGINT NOT NULL
@@ -140,6 +141,38 @@ _INCARNATION_SCHEMA = (
         FOR EACH ROW EXECUTE FUNCTION {_INCARNATION_TRIGGER}()""",
 )
 """Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table)."""
+
+_DELETION_TRIGGER = "axon_sessions_deletion_v1"
+"""The trigger (and its function) that sets a deleted session row's id's deletion mark
+(``axon_deletions``): one above the highest mark held (above the id's own, as it stands
+locked), then drops the marks ``kept`` deletions old (the marks stay bounded whatever
+the number of sessions deleted). Kept by the database, as :data:`_INCARNATION_TRIGGER`,
+so every delete moves the mark: this version's, a process's of before the marks (a bare
+``DELETE``, whose deletions went uncounted: a turn begun before it was rebased onto the
+session created again, or saved it back), or of before this trigger (its own ``+ 1``
+then moves it once more). A new version of it gets a new name."""
+
+
+def deletion_schema(kept: int) -> tuple[str, ...]:
+    """:data:`_DELETION_TRIGGER`'s function and trigger, keeping the marks of the last
+    ``kept`` deletions; created once, when the trigger is missing."""
+    return (
+        f"""CREATE OR REPLACE FUNCTION {_DELETION_TRIGGER}() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+        DECLARE
+            top BIGINT;
+        BEGIN
+            SELECT coalesce(max(deletions), 0) + 1 INTO top FROM axon_deletions;
+            INSERT INTO axon_deletions (session_id, deletions) VALUES (OLD.session_id, top)
+            ON CONFLICT (session_id) DO UPDATE
+            SET deletions = greatest(axon_deletions.deletions + 1, EXCLUDED.deletions);
+            DELETE FROM axon_deletions WHERE deletions <= top - {int(kept)};
+            RETURN NULL;
+        END $$""",
+        f"""CREATE TRIGGER {_DELETION_TRIGGER} AFTER DELETE ON axon_sessions
+            FOR EACH ROW EXECUTE FUNCTION {_DELETION_TRIGGER}()""",
+    )
+
 
 _HEAD_TRIGGER = "axon_turns_head_v1"
 """The trigger (and its function) that keeps ``axon_turns.head``: true on exactly the

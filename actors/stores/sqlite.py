@@ -12,8 +12,8 @@ Layout (schema version 4)::
     messages(session_id TEXT, idx INTEGER, role TEXT,
              body BLOB,                                  -- serde JSON of one Message
              PRIMARY KEY(session_id, idx))
-    deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: how many
-              count INTEGER)                             -- times each id was deleted
+    deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: grows
+              count INTEGER)                             -- with each delete of the id
 
 and ``PRAGMA application_id`` = :data:`APPLICATION_ID`, so ``file(1)`` and other tools
 can tell an Axon store from any other SQLite file.
@@ -53,6 +53,7 @@ from typing import Any, Final, TypeAlias, TypeVar
 import orjson
 import trio
 
+import runtime.store as store_contract
 from actors.stores.validation import (
     check_limit,
     check_version,
@@ -105,6 +106,17 @@ _DELETIONS_TABLE = """CREATE TABLE IF NOT EXISTS deletions (
 ) WITHOUT ROWID"""
 """Each deleted id's deletion mark (:meth:`SQLiteStore.deletions`): one row an id."""
 
+_MARK_SQL = """INSERT INTO deletions (session_id, count)
+    SELECT ?1, coalesce(max(count), 0) + 1 FROM deletions WHERE true
+    ON CONFLICT (session_id) DO UPDATE SET count = max(count + 1, excluded.count)"""
+"""A deleted session's mark: one above the highest the store holds, so an id's mark only
+grows while it is kept, and the marks of the last
+:data:`~runtime.store.DELETION_MARKS_KEPT` deletions are those less than that far below
+the highest (:data:`_PRUNE_SQL`)."""
+_PRUNE_SQL = """DELETE FROM deletions WHERE count <= (SELECT max(count) FROM deletions) - ?"""
+"""The marks of the deletions before the last ``?`` dropped: the table stays that small
+whatever the number of sessions deleted."""
+
 _SCHEMA = (
     """CREATE TABLE axon_meta (
         key TEXT PRIMARY KEY,
@@ -148,7 +160,7 @@ _MIGRATIONS = {
     # Existing sessions: 0, not recorded (their first save's version is not known).
     2: ("ALTER TABLE sessions ADD COLUMN incarnation INTEGER NOT NULL DEFAULT 0",),
     # 3 -> 4: the deletion marks (runtime.store.Store, "Deletion marks"): one row per id
-    # deleted since, its count of deletions. Empty: none counted before.
+    # deleted since (the last DELETION_MARKS_KEPT deletions'). Empty: none counted before.
     3: (_DELETIONS_TABLE,),
 }
 
@@ -943,11 +955,8 @@ class SQLiteStore:
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             if row[0] is not None:  # a session deleted: its id's mark moves (one row an id)
-                conn.execute(
-                    """INSERT INTO deletions (session_id, count) VALUES (?, 1)
-                    ON CONFLICT (session_id) DO UPDATE SET count = count + 1""",
-                    (session_id,),
-                )
+                conn.execute(_MARK_SQL, (session_id,))
+                conn.execute(_PRUNE_SQL, (store_contract.DELETION_MARKS_KEPT,))
             if row[0] is not None and row[0] > _deleted_version(conn):
                 conn.execute(
                     """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)

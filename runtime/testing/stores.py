@@ -43,9 +43,9 @@ class apart for the same reason: a store written before them reports ``0`` (the 
 default), which the runtime reads as "not recorded", and passes :class:`StoreConformance`
 as it did.
 
-A store that keeps deletion marks (``deletions`` and ``version_and_deletions``: how
-many times each id was deleted, which tells a turn begun on a session not stored yet a
-session deleted and created again since from another writer's new one) adds
+A store that keeps deletion marks (``deletions`` and ``version_and_deletions``: a number
+per id that grows with each deletion of it, which tells a turn begun on a session not
+stored yet a session deleted since from another writer's new one) adds
 :class:`StoreDeletionMarks`; the runtime's read of them over any store (``None``: none
 kept, rebased as before) is in :class:`StoreConformance`.
 
@@ -798,13 +798,23 @@ class StoreDeletionMarks:
         class TestMyStore(StoreConformance, StoreDeletionMarks): ...
     """
 
-    async def test_each_deletion_of_a_session_counts_once(self, store):
-        assert await store.deletions("s") == 0
+    async def test_each_deletion_of_a_session_moves_its_mark_up(self, store):
+        marks = [await store.deletions("s")]
+        assert marks == [0]
         for n in range(3):
             await store.save("s", 0, turn(n), expected_version=0)
             await store.delete("s")
-            assert await store.deletions("s") == n + 1
-        assert await store.version_and_deletions("s") == (0, 3)
+            marks.append(await store.deletions("s"))
+        assert marks == sorted(set(marks))  # each deletion: above the mark before
+        assert await store.version_and_deletions("s") == (0, marks[-1])
+
+    async def test_another_sessions_deletion_leaves_the_mark(self, store):
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+        mark = await store.deletions("s")
+        await store.save("x", 0, turn(1))
+        await store.delete("x")
+        assert await store.deletions("s") == mark
 
     async def test_deleting_a_session_never_stored_moves_no_mark(self, store):
         await store.delete("never")
@@ -814,11 +824,13 @@ class StoreDeletionMarks:
         await store.save("one", 0, turn(0))
         two = await store.save("two", 0, turn(1))
         await store.delete("one")
-        assert await store.version_and_deletions("one") == (0, 1)
+        version, mark = await store.version_and_deletions("one")
+        assert version == 0 and mark > 0
         assert await store.version_and_deletions("two") == (two, 0)
 
     async def test_a_re_created_session_keeps_its_mark(self, store):
         await store.save("s", 0, turn(0))
         await store.delete("s")
+        mark = await store.deletions("s")
         again = await store.save("s", 0, turn(1), expected_version=0)
-        assert await store.version_and_deletions("s") == (again, 1)
+        assert mark > 0 and await store.version_and_deletions("s") == (again, mark)
