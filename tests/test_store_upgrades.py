@@ -66,6 +66,7 @@ def _make_pre_deletion_trigger(schema: str) -> None:
     marks (the marks' first version counted them in its delete's statement)."""
     _sql(schema, "DROP TRIGGER IF EXISTS axon_sessions_deletion_v1 ON axon_sessions")
     _sql(schema, "DROP FUNCTION axon_sessions_deletion_v1()")
+    _sql(schema, "DROP INDEX IF EXISTS axon_deletions_by_mark")
 
 
 def _make_pre_message_ids(schema: str) -> None:
@@ -424,12 +425,17 @@ def _schema_parts(url: str) -> dict[str, Any]:
             "AND relname = 'axon_deletions' AND relkind = 'r'",
             (schema,),
         ).fetchone()
+        (by_mark,) = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace "
+            "AND relname = 'axon_deletions_by_mark' AND relkind = 'i'",
+            (schema,),
+        ).fetchone()
     return {
         "triggers": triggers,
         "functions": functions,
         "marker": marker,
         "incarnation": incarnation,
-        "deletions": deletions,
+        "deletions": deletions + by_mark,
     }
 
 
@@ -440,7 +446,7 @@ def _complete(parts: dict[str, Any]) -> bool:
         and {count for _, count in parts["functions"]} == {1}
         and parts["marker"] == [("magic", "axon-session-store"), ("schema_version", "1")]
         and parts["incarnation"] == 1
-        and parts["deletions"] == 1
+        and parts["deletions"] == 2  # the marks' table and its index
     )
 
 

@@ -484,9 +484,11 @@ async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_
 
 def make_schema_3(path: Path) -> None:
     """Make the current store file at ``path`` one of before deletion marks (schema 3:
-    no ``deletions`` table), as a store of that version left it."""
+    no ``deletions`` table, no highest mark in ``axon_meta``), as a store of that version
+    left it."""
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE deletions")
+    conn.execute("DELETE FROM axon_meta WHERE key = 'deletion_mark'")
     conn.execute("UPDATE axon_meta SET value = '3' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -838,3 +840,19 @@ async def test_a_built_in_store_refuses_a_cursor_it_did_not_write(store, bad):
     await store.save("s", 0, turn(0))
     with pytest.raises(InvalidCursor):
         await store.list_sessions(limit=2, after=bad)
+
+
+async def test_a_file_whose_marks_the_first_version_set_marks_the_next_deletion_above_them(
+    tmp_path: Path,
+):
+    # The marks' first version counted deletions per id and kept no highest mark: the
+    # next deletion's mark is read above the highest of them (an id's mark never falls).
+    path = tmp_path / "s.db"
+    store = await SQLiteStore.open(path)
+    try:
+        store._conn.execute("INSERT INTO deletions VALUES ('a', 7), ('s', 2)")
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+        assert await store.deletions("s") == 8
+    finally:
+        await store.aclose()

@@ -41,6 +41,9 @@ _SCHEMA = (
         session_id TEXT PRIMARY KEY,
         deletions BIGINT NOT NULL
     )""",
+    # The marks in order: the trigger's highest mark and its drop of the old ones read
+    # this index, not every mark (up to DELETION_MARKS_KEPT of them) each delete.
+    "CREATE INDEX IF NOT EXISTS axon_deletions_by_mark ON axon_deletions (deletions)",
     """CREATE TABLE IF NOT EXISTS axon_turns (
         turn_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL,

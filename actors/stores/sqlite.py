@@ -106,16 +106,33 @@ _DELETIONS_TABLE = """CREATE TABLE IF NOT EXISTS deletions (
 ) WITHOUT ROWID"""
 """Each deleted id's deletion mark (:meth:`SQLiteStore.deletions`): one row an id."""
 
-_MARK_SQL = """INSERT INTO deletions (session_id, count)
-    SELECT ?1, coalesce(max(count), 0) + 1 FROM deletions WHERE true
+_TOP_MARK_SQL = """SELECT coalesce(
+    (SELECT CAST(value AS INTEGER) FROM axon_meta WHERE key = 'deletion_mark'),
+    (SELECT max(count) FROM deletions), 0)"""
+"""The highest deletion mark set: kept in ``axon_meta`` (one primary-key probe), read
+from the marks the first time (a file whose marks a process of before set)."""
+_MARK_SQL = """INSERT INTO deletions (session_id, count) VALUES (?1, ?2)
     ON CONFLICT (session_id) DO UPDATE SET count = max(count + 1, excluded.count)"""
-"""A deleted session's mark: one above the highest the store holds, so an id's mark only
-grows while it is kept, and the marks of the last
-:data:`~runtime.store.DELETION_MARKS_KEPT` deletions are those less than that far below
-the highest (:data:`_PRUNE_SQL`)."""
-_PRUNE_SQL = """DELETE FROM deletions WHERE count <= (SELECT max(count) FROM deletions) - ?"""
-"""The marks of the deletions before the last ``?`` dropped: the table stays that small
-whatever the number of sessions deleted."""
+"""A deleted session's mark: one above the highest set (above the id's own, too)."""
+
+
+def _mark_deletion(conn: sqlite3.Connection, session_id: str) -> None:
+    """Set ``session_id``'s deletion mark (:data:`_MARK_SQL`), in the delete's transaction,
+    and drop the marks :data:`~runtime.store.DELETION_MARKS_KEPT` deletions old: every
+    tenth of that many deletions (a scan of the marks, which have no index: once a
+    deletion it cost a delete 7 ms at 10,000 marks), so the file holds at most that many
+    and a tenth more."""
+    kept = store_contract.DELETION_MARKS_KEPT
+    top = conn.execute(_TOP_MARK_SQL).fetchone()[0] + 1
+    conn.execute(_MARK_SQL, (session_id, top))
+    conn.execute(
+        """INSERT INTO axon_meta (key, value) VALUES ('deletion_mark', ?)
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+        (str(top),),
+    )
+    if top % max(1, kept // 10) == 0:
+        conn.execute("DELETE FROM deletions WHERE count <= ?", (top - kept,))
+
 
 _SCHEMA = (
     """CREATE TABLE axon_meta (
@@ -955,8 +972,7 @@ class SQLiteStore:
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             if row[0] is not None:  # a session deleted: its id's mark moves (one row an id)
-                conn.execute(_MARK_SQL, (session_id,))
-                conn.execute(_PRUNE_SQL, (store_contract.DELETION_MARKS_KEPT,))
+                _mark_deletion(conn, session_id)
             if row[0] is not None and row[0] > _deleted_version(conn):
                 conn.execute(
                     """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
