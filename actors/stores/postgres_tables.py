@@ -147,9 +147,11 @@ _INCARNATION_SCHEMA = (
 
 _DELETION_TRIGGER = "axon_sessions_deletion_v1"
 """The trigger (and its function) that sets a deleted session row's id's deletion mark
-(``axon_deletions``): one above the highest mark held (above the id's own, as it stands
-locked), then drops the marks ``kept`` deletions old (the marks stay bounded whatever
-the number of sessions deleted). Kept by the database, as :data:`_INCARNATION_TRIGGER`,
+(``axon_deletions``): one above the highest mark held (read from
+``axon_deletions_by_mark``; above the id's own, as it stands locked), and every tenth of
+``kept`` deletions drops the marks ``kept`` deletions old (the planner scans the marks
+for it: the marks stay bounded, at most a tenth more than ``kept``, whatever the number
+of sessions deleted). Kept by the database, as :data:`_INCARNATION_TRIGGER`,
 so every delete moves the mark: this version's, a process's of before the marks (a bare
 ``DELETE``, whose deletions went uncounted: a turn begun before it was rebased onto the
 session created again, or saved it back), or of before this trigger (its own ``+ 1``
@@ -169,7 +171,9 @@ def deletion_schema(kept: int) -> tuple[str, ...]:
             INSERT INTO axon_deletions (session_id, deletions) VALUES (OLD.session_id, top)
             ON CONFLICT (session_id) DO UPDATE
             SET deletions = greatest(axon_deletions.deletions + 1, EXCLUDED.deletions);
-            DELETE FROM axon_deletions WHERE deletions <= top - {int(kept)};
+            IF top % {max(1, int(kept) // 10)} = 0 THEN  -- a scan: every tenth of ``kept``
+                DELETE FROM axon_deletions WHERE deletions <= top - {int(kept)};
+            END IF;
             RETURN NULL;
         END $$""",
         f"""CREATE TRIGGER {_DELETION_TRIGGER} AFTER DELETE ON axon_sessions
