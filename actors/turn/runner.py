@@ -99,7 +99,7 @@ from runtime.errors import (
     SessionDeleted,
     describe_exception,
 )
-from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.history import INTERRUPTED, MessageIds, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -133,13 +133,15 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
-def _user_id(run: RunTurn, state: SessionState) -> str:
+def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
     """The id a new turn's user message is stored under: the caller's (a client's id of
     the message), unless the session holds a message of that id already (a resend that
     no resend rule caught: the history came from another writer), whose second copy
-    would make the id name two messages; then, as without one, a new id."""
+    would make the id name two messages; then, as without one, a new id. Asked of the
+    runner's kept ids (:class:`~runtime.history.MessageIds`): a pass over the history
+    here made every turn's cost grow with its session."""
     wanted = run.user_message_id
-    if wanted is None or any(m.id == wanted for m in state.messages):
+    if wanted is None or ids.holds(state.messages, wanted):
         return new_id("msg")
     return wanted
 
@@ -223,6 +225,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """Repairs the history once per message, for the requests of every step (given
         primed with ``state.messages`` when the host repaired a long one off the loop:
         :func:`runtime.history.repaired_off_loop`)."""
+        self._ids = MessageIds()
+        """The ids the history holds: whether a client's id of a message is stored
+        (a new turn's user message, a steered one) without a pass over the session."""
 
     @property
     def _log(self) -> Any:
@@ -500,7 +505,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             approved_before=approved,
         )
         if committed is None:
-            state.messages.append(UserMessage(content=run.input, id=_user_id(run, state)))
+            state.messages.append(
+                UserMessage(content=run.input, id=_user_id(run, state, self._ids))
+            )
             turn.a_index = len(state.messages)
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:
