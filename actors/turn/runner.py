@@ -146,6 +146,16 @@ def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
     return wanted
 
 
+def _stored_as_held(turn: Turn, state: SessionState, item: Any) -> None:
+    """Acknowledge a steered ``item`` whose id the history holds already when a save
+    holds that message: now if the store has it, else with the save that writes it."""
+    for message in state.messages[state.saved_upto :]:
+        if message.id == item.user_message_id:
+            turn.unsaved_steers.append((item, message))
+            return
+    item.stored.set()
+
+
 class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     """Per-session actor running turns, one at a time. How a turn suspends for input and
     resumes comes from :class:`~actors.turn.suspension.Suspending`; saving, from
@@ -688,10 +698,20 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         strategy) where the model sees them: after the last step's tool results, before
         the next model call. Each user input keeps its own assistant message, so the
         steps from here on go to a new one (same turn, steps numbered on); the stored
-        history shows the messages where the model saw them."""
+        history shows the messages where the model saw them.
+
+        A message whose id the session holds already is taken as it is, not stored
+        again: a client's retry that a worker's turn queue holds twice (its first copy
+        steered in, or stored by an earlier turn, before the retry's row was taken) was
+        stored twice under one id, and the model read it twice."""
         state = self.state
         answer_id = steered_message_id(turn.first_message_id, turn.step)
+        steered = False
         for item in turn.steering.take(turn.step):
+            if self._ids.holds(state.messages, item.user_message_id):
+                _stored_as_held(turn, state, item)
+                continue
+            steered = True
             message = UserMessage(content=item.content, id=item.user_message_id)
             state.messages.append(message)
             turn.unsaved_steers.append((item, message))
@@ -709,6 +729,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     input=item.content,
                 )
             )
+        if not steered:
+            return
         turn.message_id = answer_id
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
