@@ -129,7 +129,7 @@ class SessionOwner(Protocol):
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
         """The reason of a stop that reached the host before the new message it names
         (user message ``message_id``, turn ``turn_id``), used up; asked as that message
-        would wait (``TurnStream._check_not_stopped_before``)."""
+        would wait or its turn starts (``TurnStream._check_not_stopped_before``)."""
 
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
@@ -396,6 +396,13 @@ class TurnStream:
             # one of a deleted session's turn, whose saves are refused (a thread deleted
             # and started again, its client's runId constant).
             self.turn_id = new_id("turn")
+        if not queued:
+            # A stop that came before this message (its POST and the stop raced): its
+            # turn is cut before its model call, its input kept, as a stop just after it
+            # started would have. (A queued one was asked as it came to wait.)
+            stopped = self._stopped_before()
+            if stopped is not None:
+                self._cancel.cancel(stopped)
         session.host.wake(session)  # (it may renew actors given up on: a new runner)
         runner = session.runner
         assert runner is not None
@@ -495,15 +502,19 @@ class TurnStream:
         ``Host.stop_named`` does to a waiting message when the stop comes after it, so
         both orders agree: it never waits, runs or is stored. Not a regenerate, an edit
         or a continuation: a stop naming the id they carry may be a late stop of the
-        turn before (``Host.stop_new_turn``)."""
-        if self.regenerate or self.resume or self.continues is not None:
-            return
-        reason = self.session.host.stopped_before(
-            self.session.id, self.user_message_id, self.turn_id
-        )
+        turn before."""
+        reason = self._stopped_before()
         if reason is not None:
             self._withdrawn = reason
             raise self._withdrawn_error()
+
+    def _stopped_before(self) -> str | None:
+        """The reason of a stop that reached the host before this new message did and
+        names it (its user message id or its turn id), used up; ``None`` for a
+        regenerate, an edit or a continuation (:meth:`_check_not_stopped_before`)."""
+        if self.regenerate or self.resume or self.continues is not None:
+            return None
+        return self.session.host.stopped_before(self.session.id, self.user_message_id, self.turn_id)
 
     def _check_not_held(self) -> None:
         """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the
