@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 import trio.testing
@@ -811,6 +812,28 @@ async def test_a_stop_that_overtakes_the_message_of_an_idle_session_stops_its_tu
     assert "never" not in reply.text and script.requests == []
     assert [m["role"] for m in stored["messages"]][:1] == ["user"]  # kept, as a stop after
     assert not server.host.held_stops  # used
+
+
+async def test_a_stop_that_overtakes_a_regenerate_naming_the_answer_it_replaces_stops_it():
+    # "go" answered; the client regenerates that answer (the AI SDK's messageId: the
+    # answer's id, by which a stop names a regenerate) and presses Stop, whose POST
+    # overtakes the regenerate's: kept, but no regenerate asked for it (a stop naming
+    # the user message it carries may be a late stop of the turn before), so the
+    # regenerate ran to its answer. The answer's id names no turn before it.
+    script = Script(["first"], ["never"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        first = await client.post("/api/chat", json=ui_body("s", "go", "u1"))
+        answer = orjson.loads(first.text.split("data: ", 2)[1].split("\n")[0])["messageId"]
+        stop = await client.post("/api/chat/s/stop", json={"messageId": answer})
+        again = {**ui_body("s", "go", "u1"), "trigger": "regenerate-message", "messageId": answer}
+        reply = await client.post("/api/chat", json=again)
+        await wait_idle(server, "s")
+    assert stop.status_code == 204
+    assert '"type":"abort","reason":"stopped by user"' in reply.text
+    assert "never" not in reply.text and len(script.requests) == 1
 
 
 async def test_a_stop_kept_for_one_session_takes_out_no_message_of_another():

@@ -1158,7 +1158,12 @@ class Host:
         (forwarded over the relay): the message it names may be on its way still (its
         POST and the stop race on two connections). :attr:`held_stops` bounds them (a
         minute, 1024); the message's stream takes it when it comes
-        (:meth:`stopped_before`)."""
+        (:meth:`stopped_before`). Not one naming the answer the session's last turn here
+        continued (``Session.continued``): that turn's stop, late, which must not stop
+        a regenerate of that answer (named by it too)."""
+        session = self.sessions.get(session_id)
+        if session is not None and message_id is not None and session.continued == message_id:
+            return
         self.held_stops.hold(session_id, message_id, turn_id, reason)
 
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
