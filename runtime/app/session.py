@@ -129,7 +129,7 @@ class SessionOwner(Protocol):
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
         """The reason of a stop that reached the host before the new message it names
         (user message ``message_id``, turn ``turn_id``), used up; asked as that message
-        would wait (``TurnStream._check_not_stopped_before``)."""
+        would wait or its turn starts (``TurnStream._check_not_stopped_before``)."""
 
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
@@ -396,6 +396,13 @@ class TurnStream:
             # one of a deleted session's turn, whose saves are refused (a thread deleted
             # and started again, its client's runId constant).
             self.turn_id = new_id("turn")
+        if not queued:
+            # A stop that came before this message (its POST and the stop raced): its
+            # turn is cut before its model call, its input kept, as a stop just after it
+            # started would have. (A queued one was asked as it came to wait.)
+            stopped = self._stopped_before()
+            if stopped is not None:
+                self._cancel.cancel(stopped)
         session.host.wake(session)  # (it may renew actors given up on: a new runner)
         runner = session.runner
         assert runner is not None
@@ -493,17 +500,24 @@ class TurnStream:
         user message id or its turn id) reached the host before it did (sent to this
         host, or forwarded by another and held by the relay's publisher). What
         ``Host.stop_named`` does to a waiting message when the stop comes after it, so
-        both orders agree: it never waits, runs or is stored. Not a regenerate, an edit
-        or a continuation: a stop naming the id they carry may be a late stop of the
-        turn before (``Host.stop_new_turn``)."""
-        if self.regenerate or self.resume or self.continues is not None:
-            return
-        reason = self.session.host.stopped_before(
-            self.session.id, self.user_message_id, self.turn_id
-        )
+        both orders agree: it never waits, runs or is stored (:meth:`_stopped_before`:
+        a regenerate or an edit only by the answer it replaces or its turn id)."""
+        reason = self._stopped_before()
         if reason is not None:
             self._withdrawn = reason
             raise self._withdrawn_error()
+
+    def _stopped_before(self) -> str | None:
+        """The reason of a stop that reached the host before this new message did and
+        names it (its user message id or its turn id), used up. A regenerate or an edit
+        is asked by what only it has, the answer it replaces (:attr:`regenerates`, the
+        AI SDK's ``messageId``) or its turn id, not by its user message's id, which
+        named the turn before (a late stop of that turn cannot be told from an early
+        one of this); a continuation not at all (:meth:`_check_not_stopped_before`)."""
+        if self.resume or self.continues is not None:
+            return None
+        message_id = self.regenerates if self.regenerate else self.user_message_id
+        return self.session.host.stopped_before(self.session.id, message_id, self.turn_id)
 
     def _check_not_held(self) -> None:
         """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the
@@ -723,6 +737,8 @@ class TurnStream:
                 follower._wake_follower()
         session = self.session
         if session.current is self:
+            if self.continues is not None or session.continued is not None:
+                session.continued = self.message_id if self.continues is not None else None
             session.current = None
             session.changed()
             if not session.queued:  # idle: its actors rest until its next turn
@@ -909,6 +925,12 @@ class Session:
     class default: an idle session holds no list and no attribute of it; an empty list
     each, with ``TurnStream._joining`` set in ``__init__``, was +0.065 KB an idle
     session, 4.17 -> 4.23, ``bench_concurrency idle 10000 1000``)."""
+
+    continued: str | None = None
+    """The answer the session's last turn continued (after a wait for input), if it was
+    a continuation: a stop naming that answer that comes now is the continuation's,
+    late (``Host.hold_stop`` keeps none for a regenerate of it). A class default: an
+    idle session that never continued holds no attribute of it."""
 
     def __init__(
         self,

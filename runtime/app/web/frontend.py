@@ -722,7 +722,7 @@ class FrontEnd:
             found = await self.queue.open_by_key(session_id, keys)
             if found is None or (named is not None and found.turn_id != named):
                 return Response(status_code=204)
-            return await self._stop(found)
+            return await self._stop(found, steering=web_state(request).on_busy == STEER)
         if named is not None:  # that turn only, queued or running: never another
             turn = await self.queue.get_status(named)
             if (
@@ -745,9 +745,14 @@ class FrontEnd:
             return json_response({"turn_id": waiting}, 202)
         return await self._stop(turn)
 
-    async def _stop(self, turn: TurnStatus) -> Response:
+    async def _stop(self, turn: TurnStatus, *, steering: bool = False) -> Response:
+        """Cancel ``turn``; its worker hears it on the relay at once. With ``steering``
+        (a message named under ``--on-busy steer``), a queued one's too: the running
+        turn may have taken it in already (its row is marked at the save that stores
+        it), and its worker then stops that turn, whose rest is the message's answer."""
+        queued = turn.status == QUEUED
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
-        if turn.status == "running":  # its worker also hears it on the relay, at once
+        if turn.status == "running" or (steering and queued):
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))
         return json_response({"turn_id": turn.turn_id}, 202)
 
