@@ -187,6 +187,14 @@ class ExpiryWatch:
             self._started = True
             self.host.nursery.start_soon(self._run)
 
+    def forget(self, session_id: str) -> None:
+        """Stop watching session ``session_id``: its wait is over (every call decided, or
+        the session deleted). Kept until its deadline, each such wait held one of the
+        :data:`MAX_WATCHED` places, and a long timeout's decided waits left none for a
+        new one. (A wait a new message superseded leaves at its deadline: it is found
+        decided then.)"""
+        self._due.pop(session_id, None)
+
     def expire_now(self, session_id: str, agent: Agent) -> None:
         """Expire what is due in session ``session_id`` now, in the background: a decision
         found its wait expired before this timer woke (:class:`~runtime.errors.WaitExpired`),
