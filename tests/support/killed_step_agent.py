@@ -9,7 +9,6 @@ would answer ``finished``. Any other input than ``go`` is answered ``answered <i
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import trio
 
@@ -29,7 +28,7 @@ async def note(text: str) -> str:
 @tool
 async def hang() -> str:
     """Never end (it says so in a file first)."""
-    Path(os.environ["AXON_TEST_HANG_FILE"]).write_text(str(os.getpid()))
+    await trio.Path(os.environ["AXON_TEST_HANG_FILE"]).write_text(str(os.getpid()))
     await trio.sleep_forever()
     return "unreachable"  # pragma: no cover
 
