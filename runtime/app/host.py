@@ -553,6 +553,11 @@ class Host:
         if self._block is not None:
             self._block.cancel()
 
+    def wait_over(self, session: Session) -> None:
+        """Every call of ``session``'s wait is decided: its timer forgets it
+        (:meth:`ExpiryWatch.forget`)."""
+        self.expiry.forget(session.id)
+
     def expire_now(self, session: Session) -> None:
         """Deny what of ``session``'s wait expired, ``timed out``, and resume its turn, in
         the background (:meth:`ExpiryWatch.expire_now`): a decision found it past its
@@ -1076,6 +1081,7 @@ class Host:
         if session is not None:
             await self._stop_for_delete(session)
         await self.store.delete(sid)
+        self.expiry.forget(sid)
 
     async def _stop_for_delete(self, session: Session) -> None:
         """End what runs or waits on ``session`` (:meth:`delete_session`), then drop it

@@ -103,6 +103,9 @@ class SessionOwner(Protocol):
     """The clock waits expire by (``Agent(approval_timeout=...)``): a decision for a call
     past its deadline by it is refused (:class:`~runtime.errors.WaitExpired`)."""
 
+    def wait_over(self, session: Session) -> None:
+        """Every call of the session's wait is decided: the host's timer forgets it."""
+
     def expire_now(self, session: Session) -> None:
         """Deny what of the session's wait expired, ``timed out``, and resume its turn, in
         the background: a decision found the wait past its deadline before the host's
@@ -1331,6 +1334,8 @@ class Session:
             raise
         if recorded.messages is not None:
             self._decided = recorded
+        if recorded.complete:
+            self.host.wait_over(self)
         event = approval_decided(
             self._id,
             recorded.call,
