@@ -29,6 +29,7 @@ from runtime.actor_messages import (
     ToolProgress,
 )
 from runtime.approval import APPROVAL, CLIENT, denial_text
+from runtime.errors import BudgetExceeded
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Awaiting, Message, Part, ToolCallPart, ToolMessage
@@ -286,11 +287,17 @@ class Suspending:
         tools = {t.name: t for t in await self._tools(turn)}
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
-            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
+            oc = turn.outcomes[part.tool_call_id]
+            if oc.usage is not None:  # an agent used as a tool, approved: its tokens count
+                turn.usage = turn.usage + oc.usage  # (they were lost: the budget too)
+            self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
         self._snapshot(turn)
         self._publish_history()
         await self._save(turn, step)
+        over = self.agent.budget.tokens_exceeded(turn.usage)
+        if over:  # as after the step that ran them at once: no model call more
+            raise BudgetExceeded(over)
         return True
 
     async def _run_approved_before(self, turn: Any) -> None:
