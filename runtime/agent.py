@@ -13,7 +13,7 @@ from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
-from runtime.errors import ConfigurationError, DecisionError, ToolDefinitionError
+from runtime.errors import ConfigurationError, ToolDefinitionError
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.tools import AGENT_DEPTH_META, Tool, ToolContext, tool
@@ -268,8 +268,8 @@ class Agent:
         result. A sub-turn that fails, or suspends to wait for a person's input (a call
         that needs approval, with no in-process approver; a client tool), is a tool error
         the parent model sees, and the calls it waited for are denied there (reason
-        :data:`NESTED_WAIT`), so nobody can run them later; one a budget stopped ends its
-        text with a note saying so.
+        :data:`NESTED_WAIT`) and the sub-turn ended, so nobody can run them, or it,
+        later; one a budget stopped ends its text with a note saying so.
         The sub-session gets the calling session's ``deps``. ``needs_approval`` is
         ``@tool``'s: a call waits for a decision first (docs/approval.md).
 
@@ -314,23 +314,6 @@ NESTED_WAIT = "the agent that called this one as a tool cannot wait for a decisi
 error): the calling agent was told the sub-agent did not finish."""
 
 
-async def _close_waits(session: Any, pending: Sequence[Any]) -> None:
-    """Deny every call the suspended sub-turn of ``session`` waits for (a client tool's
-    call gets the error), reason :data:`NESTED_WAIT`, so that nothing waits there once
-    the calling agent was told the sub-agent did not finish. Left waiting, the sub-session
-    was listed as waiting for a person, and a client answering it there (its id is in
-    ``GET /api/sessions``) ran the approved tool after the calling model had gone on
-    without it. A call someone decided first keeps that decision."""
-    for call in pending:
-        try:
-            if call.kind == "client":
-                await session.decide(call.approval_id, error=NESTED_WAIT)
-            else:
-                await session.decide(call.approval_id, approved=False, reason=NESTED_WAIT)
-        except DecisionError:
-            continue
-
-
 async def _run_sub_turn(
     agent: Agent, tool_name: str, input: str, context: ToolContext, max_depth: int
 ) -> str:
@@ -362,7 +345,9 @@ async def _run_sub_turn(
             async for chunk in out:
                 await context.emit(chunk)
         if out.result is not None and out.result.finish_reason == "awaiting-input":
-            await _close_waits(session, out.result.pending)
+            # Nobody may run it on once the calling model is told it did not finish:
+            # its calls are denied and the turn ended, in its sub-session's store.
+            await session.end_wait(NESTED_WAIT)
     finally:
         await session.close()
     result = out.result
