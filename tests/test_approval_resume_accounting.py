@@ -42,3 +42,26 @@ async def test_an_approved_sub_agent_past_the_token_budget_ends_the_turn_before_
     assert result is not None
     assert (result.finish_reason, result.budget) == ("budget", "max_total_tokens")
     assert result.usage.total_tokens == 220 and result.text == ""  # no model call after it
+
+
+async def test_an_approved_sub_agent_run_before_a_new_message_counts_toward_that_turn():
+    """The call approved but never resumed runs as the next message's turn begins: that
+    turn spent its tokens. Before: 110 (its own model call), the sub-agent's lost."""
+    agent = Agent(
+        provider=ScriptedProvider(
+            turns=[[[*tool_call("helper", {"input": "do"}, tool_call_id="H")]], [["fine"]]],
+            usage=CALL,
+        ),
+        tools=[
+            Agent(name="helper", provider=ScriptedProvider([["sub"]], usage=CALL)).as_tool(
+                needs_approval=True
+            )
+        ],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        asked = await session.run("go")
+        await session.decide(asked.pending[0].approval_id, approved=True)
+        result = await session.run("and then?")
+    assert (result.finish_reason, result.text) == ("stop", "fine")
+    assert result.usage.total_tokens == 220

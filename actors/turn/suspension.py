@@ -318,6 +318,9 @@ class Suspending:
         try:
             await self._run_quietly(turn, parts, outcomes)
         finally:
+            for oc in outcomes.values():
+                if oc.usage is not None:  # an agent used as a tool: this turn spent it
+                    turn.usage = turn.usage + oc.usage
             results = [_result_of(p, outcomes.get(p.tool_call_id)) for p in parts]
             messages, at = self.state.messages, turn.start_index
             messages[at:at] = results
