@@ -314,6 +314,17 @@ NESTED_WAIT = "the agent that called this one as a tool cannot wait for a decisi
 error): the calling agent was told the sub-agent did not finish."""
 
 
+def _done_so_far(result: Any) -> str:
+    """What a sub-turn that did not finish had done, for the calling model's error: the
+    calls of its that ran (their effects stand: told only "it did not finish", a model
+    asked it again, and they ran twice) and its text so far."""
+    ran = ", ".join(m.tool_name for m in result.tool_messages if m.error is None)
+    said = result.text.strip()
+    return (f"; the calls it made that ran: {ran}" if ran else "") + (
+        f"; its text so far: {said}" if said else ""
+    )
+
+
 async def _run_sub_turn(
     agent: Agent, tool_name: str, input: str, context: ToolContext, max_depth: int
 ) -> str:
@@ -355,14 +366,15 @@ async def _run_sub_turn(
     context.add_usage(result.usage)
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason
-        raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
+        raise RuntimeError(f"sub-agent {tool_name} failed: {why}{_done_so_far(result)}")
     if result.finish_reason == "awaiting-input":
         # Its turn suspended for a person (a call needing approval, a client tool): its
         # answer was '', a success; and nobody would ever answer the wait.
         waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)
         raise RuntimeError(
             f"sub-agent {tool_name} stopped to wait for a person's input ({waits}), which "
-            "nobody can give it when another agent calls it: it did not finish"
+            f"nobody can give it when another agent calls it: it did not finish"
+            f"{_done_so_far(result)}"
         )
     if result.finish_reason == "budget":
         return f"{result.text}\n[the sub-agent stopped before it finished: {result.budget} reached]"

@@ -12,7 +12,7 @@ import pytest
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, AlreadyDecided, Host, NothingToResume, tool
 from runtime.approval import WAITING_META, pending_calls
-from runtime.messages import AssistantMessage
+from runtime.messages import AssistantMessage, ToolMessage
 from tests.test_web_http import body, events
 from tests.web.harness import web_server
 
@@ -153,3 +153,19 @@ async def test_a_sub_turn_its_caller_gave_up_on_can_no_longer_be_resumed():
     assert logged == ["first"]
     assert roles == [("user", None), ("assistant", None), ("tool", "L"), ("tool", "W")]
     assert "cannot wait for a decision" in sub.messages[-1].error
+
+
+async def test_the_calling_model_is_told_which_calls_of_the_sub_agent_ran():
+    """Before: only "it did not finish": a model that asked again ran ``log_it`` twice."""
+    logged.clear()
+    calling = Agent(
+        provider=ScriptedProvider(
+            [[*tool_call("helper", {"input": "pay"}, tool_call_id="H")], ["ok"]]
+        ),
+        tools=[helper_that_goes_on().as_tool()],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(calling, session_id="s")
+        await session.run("go")
+    (told,) = [m.error for m in session.messages if isinstance(m, ToolMessage)]
+    assert told.endswith("it did not finish; the calls it made that ran: log_it")
