@@ -166,6 +166,15 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
+def gone_text(call: ToolCallSpec) -> str:
+    """The result of an approved call whose tool the agent no longer has when its turn
+    resumes: it was not run."""
+    return (
+        f"the tool call was approved, but the tool {call.tool_name!r} is no longer "
+        "available, so it was not run"
+    )
+
+
 def in_call_order(messages: list[Message], a_index: int) -> None:
     """Put the tool messages after the assistant message ``a_index`` in the order of its
     calls (a continuation adds the waiting calls' results after the others of their
@@ -285,6 +294,15 @@ class Suspending:
             reason = w.reason if w is not None else None
             await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
         tools = {t.name: t for t in await self._tools(turn)}
+        for spec in [c for c in to_run if c.tool_name not in tools]:
+            # approved, but its tool went (a redeploy, a turn's own tool not given
+            # again): said so, not "unknown tool", as if the model had made it up
+            gone = ToolOutcome(
+                tool_call_id=spec.tool_call_id, tool_name=spec.tool_name, error=gone_text(spec)
+            )
+            turn.outcomes[spec.tool_call_id] = gone
+            await self._tool_done(turn.turn_id, step, gone, turn.ctrl)
+        to_run = [c for c in to_run if c.tool_name in tools]
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
             oc = turn.outcomes[part.tool_call_id]

@@ -1470,18 +1470,24 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        tools: Sequence[Tool] = (),
+        instructions: str | None = None,
     ) -> TurnResult | None:
         """:meth:`decide`, then, if that decided the last waiting call, run the
         continuation to its end and return its result (``None`` while other calls
         still wait). The continuation starts from what the decision stored, without
         reading the store or asking it for the version (:meth:`take_decided` says why
-        that is safe)."""
+        that is safe). ``tools`` and ``instructions`` are :meth:`resume`'s: a turn
+        given tools of its own (``stream(text, tools=...)``) needs them again to run
+        one a person approved (before, ``respond`` could not give them: the approved
+        call got ``unknown tool`` and never ran)."""
         recorded = await self.decide(
             id, approved=approved, reason=reason, output=output, error=error
         )
         if not recorded.complete:
             return None
-        async with self.resume(decided=recorded) as out:
+        resumed = self.resume(tools=tuple(tools), instructions=instructions, decided=recorded)
+        async with resumed as out:
             async for _ in out:
                 pass
         return out.result
