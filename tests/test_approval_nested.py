@@ -11,6 +11,7 @@ import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, AlreadyDecided, Host, NothingToResume, tool
+from runtime.agent import NESTED_WAIT
 from runtime.approval import WAITING_META, pending_calls
 from runtime.messages import AssistantMessage, ToolMessage
 from tests.test_web_http import body, events
@@ -169,3 +170,30 @@ async def test_the_calling_model_is_told_which_calls_of_the_sub_agent_ran():
         await session.run("go")
     (told,) = [m.error for m in session.messages if isinstance(m, ToolMessage)]
     assert told.endswith("it did not finish; the calls it made that ran: log_it")
+
+
+async def test_a_body_repeating_the_sub_turns_denial_is_refused_and_runs_nothing():
+    """Before: a repeat of the recorded answers resumes a turn decided and never
+    resumed: 200, and the sub-agent went on (``log_it`` ran again) after its caller."""
+    logged.clear()
+    calling = Agent(
+        provider=ScriptedProvider(
+            [[*tool_call("helper", {"input": "pay"}, tool_call_id="H")], ["ok"]]
+        ),
+        tools=[helper_that_goes_on().as_tool()],
+    )
+    async with web_server(calling) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            events((await client.post("/api/chat", json=body("s"))).content)
+            call = asked((await server.host.store.load(SUB)).messages)
+            part = {
+                "type": "tool-wire_money",
+                "toolCallId": "W",
+                "state": "approval-responded",
+                "input": {"to": "x"},
+                "approval": {"id": call.approval_id, "approved": False, "reason": NESTED_WAIT},
+            }
+            message = {"id": call.message_id, "role": "assistant", "parts": [part]}
+            sent = {"id": SUB, "messageId": call.message_id, "messages": [message]}
+            r = await client.post("/api/chat", json=sent)
+    assert r.status_code == 409 and logged == ["first"]
