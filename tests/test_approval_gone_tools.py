@@ -11,6 +11,10 @@ from runtime import Agent, Host, tool
 from runtime.messages import ToolMessage
 
 ran: list[str] = []
+GONE = (
+    "the tool call was approved, but the tool 'delete_file' is no longer available, "
+    "so it was not run"
+)
 
 
 @tool(needs_approval=True)
@@ -58,10 +62,20 @@ async def test_an_approved_call_whose_tool_went_is_told_it_was_not_run(tmp_path)
         session = await host.open_session(deleting([]), session_id="s")
         await session.respond(asked.pending[0].approval_id, approved=True)
     assert ran == []
-    assert results(session.messages) == [
-        (
-            None,
-            "the tool call was approved, but the tool 'delete_file' is no longer available, "
-            "so it was not run",
-        )
-    ]
+    assert results(session.messages) == [(None, GONE)]
+
+
+async def test_an_approved_call_whose_tool_went_before_a_new_message_is_told_so(tmp_path):
+    """Approved, never resumed, then a new message on a host without the tool: before,
+    ``unknown tool 'delete_file'; available tools: none``."""
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(deleting([delete_file]), session_id="s")
+        asked = await session.run("go")
+        await session.decide(asked.pending[0].approval_id, approved=True)
+    async with Host.open(store=db, log_tap=False) as host:
+        again = Agent(provider=ScriptedProvider(turns=[[], [["fine"]]]), tools=[])
+        session = await host.open_session(again, session_id="s")
+        await session.run("and now?")
+    assert ran == []
+    assert results(session.messages) == [(None, GONE)]

@@ -166,11 +166,11 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
-def gone_text(call: ToolCallSpec) -> str:
+def gone_text(tool_name: str) -> str:
     """The result of an approved call whose tool the agent no longer has when its turn
-    resumes: it was not run."""
+    resumes (or a new message runs it): it was not run."""
     return (
-        f"the tool call was approved, but the tool {call.tool_name!r} is no longer "
+        f"the tool call was approved, but the tool {tool_name!r} is no longer "
         "available, so it was not run"
     )
 
@@ -298,7 +298,9 @@ class Suspending:
             # approved, but its tool went (a redeploy, a turn's own tool not given
             # again): said so, not "unknown tool", as if the model had made it up
             gone = ToolOutcome(
-                tool_call_id=spec.tool_call_id, tool_name=spec.tool_name, error=gone_text(spec)
+                tool_call_id=spec.tool_call_id,
+                tool_name=spec.tool_name,
+                error=gone_text(spec.tool_name),
             )
             turn.outcomes[spec.tool_call_id] = gone
             await self._tool_done(turn.turn_id, step, gone, turn.ctrl)
@@ -361,10 +363,17 @@ class Suspending:
         awaited = parts[0].awaiting
         assert awaited is not None
         budget, sid = self.agent.budget, self.state.session_id
+        tools = {t.name: t for t in await self._tools(turn)}
         by_step: dict[int, list[ToolCallPart]] = {}
         for part in parts:
+            if part.tool_name not in tools:  # its tool went: said so, not run
+                outcomes[part.tool_call_id] = ToolOutcome(
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    error=gone_text(part.tool_name),
+                )
+                continue
             by_step.setdefault(part.step, []).append(part)
-        tools = {t.name: t for t in await self._tools(turn)}
         for step, same in by_step.items():
             request = ExecuteTools(
                 session_id=sid,
