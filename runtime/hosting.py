@@ -58,16 +58,10 @@ class SubSession(Protocol):
     async def close(self) -> None:
         """Stop the session's actors (after any running turn ends)."""
 
-    async def decide(
-        self,
-        id: str,
-        *,
-        approved: bool | None = None,
-        reason: str | None = None,
-        error: str | None = None,
-    ) -> Any:
-        """Record a decision for a call its turn waits for (docs/approval.md): how an
-        agent used as a tool closes the waits of a sub-turn that suspended."""
+    async def end_wait(self, reason: str) -> None:
+        """End the turn that waits for input without resuming it, its waiting calls
+        denied with ``reason`` and given their results (docs/approval.md): how an agent
+        used as a tool closes a sub-turn that suspended."""
 
 
 class ToolHost(Protocol):

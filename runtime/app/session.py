@@ -41,12 +41,15 @@ from runtime.actor_messages import (
     TurnSteering,
 )
 from runtime.approval import (
+    RECORD_ATTEMPTS,
+    WAITING_META,
     Decision,
     PendingCall,
     Recorded,
     approval_decided,
     pending_calls,
     record_decision,
+    supersede,
     waiting_calls,
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
@@ -1347,6 +1350,46 @@ class Session:
             await self.host.bus.publish(event)
         return recorded
 
+    async def end_wait(self, reason: str) -> None:
+        """End the turn that waits for input, for good, without resuming it: each call
+        it still waits for is denied with ``reason`` (a client tool's gets it as its
+        error), and every waiting call gets its result, in one version-checked save (a
+        conflicting writer: read again). The history is then whole and no
+        ``resume()``, continuation request or later decision can run the turn on.
+        How an agent used as a tool closes a sub-turn that suspended once its caller
+        was told it did not finish (before, its calls were only denied: the turn stayed
+        decided and unresumed, and a ``resume()`` ran the sub-agent on, tools and all,
+        after the calling model had gone on without it). Nothing waits: nothing done."""
+        store = self.host.store
+        max_chars = self.agent.budget.max_tool_result_chars
+        for _ in range(RECORD_ATTEMPTS):
+            record = await store.load(self._id)
+            if record is None:
+                return
+            messages = list(record.messages)
+            denied = pending_calls(messages)
+            at = supersede(messages, max_chars, reason=reason)
+            if at is None:
+                return
+            try:
+                await store.save(
+                    self._id,
+                    at,
+                    messages[at:],
+                    {WAITING_META: 0},
+                    expected_version=record.version,
+                )
+            except StoreConflict:
+                continue
+            self._decided = None
+            for call in denied:
+                event = approval_decided(
+                    self._id, call, approved=False, reason=reason, max_chars=max_chars
+                )
+                if event is not None:
+                    await self.host.bus.publish(event)
+            return
+
     def held_record(self) -> SessionRecord | None:
         """The session as this process last stored it, when memory holds all of it: what
         its latest decision stored (:meth:`decide`; no turn has run since, or it would
@@ -1454,18 +1497,24 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        tools: Sequence[Tool] = (),
+        instructions: str | None = None,
     ) -> TurnResult | None:
         """:meth:`decide`, then, if that decided the last waiting call, run the
         continuation to its end and return its result (``None`` while other calls
         still wait). The continuation starts from what the decision stored, without
         reading the store or asking it for the version (:meth:`take_decided` says why
-        that is safe)."""
+        that is safe). ``tools`` and ``instructions`` are :meth:`resume`'s: a turn
+        given tools of its own (``stream(text, tools=...)``) needs them again to run
+        one a person approved (before, ``respond`` could not give them: the approved
+        call got ``unknown tool`` and never ran)."""
         recorded = await self.decide(
             id, approved=approved, reason=reason, output=output, error=error
         )
         if not recorded.complete:
             return None
-        async with self.resume(decided=recorded) as out:
+        resumed = self.resume(tools=tuple(tools), instructions=instructions, decided=recorded)
+        async with resumed as out:
             async for _ in out:
                 pass
         return out.result
