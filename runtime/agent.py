@@ -13,7 +13,7 @@ from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
-from runtime.errors import ConfigurationError, DecisionError, ToolDefinitionError
+from runtime.errors import ConfigurationError, ToolDefinitionError
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.tools import AGENT_DEPTH_META, Tool, ToolContext, tool
@@ -268,8 +268,8 @@ class Agent:
         result. A sub-turn that fails, or suspends to wait for a person's input (a call
         that needs approval, with no in-process approver; a client tool), is a tool error
         the parent model sees, and the calls it waited for are denied there (reason
-        :data:`NESTED_WAIT`), so nobody can run them later; one a budget stopped ends its
-        text with a note saying so.
+        :data:`NESTED_WAIT`) and the sub-turn ended, so nobody can run them, or it,
+        later; one a budget stopped ends its text with a note saying so.
         The sub-session gets the calling session's ``deps``. ``needs_approval`` is
         ``@tool``'s: a call waits for a decision first (docs/approval.md).
 
@@ -314,21 +314,15 @@ NESTED_WAIT = "the agent that called this one as a tool cannot wait for a decisi
 error): the calling agent was told the sub-agent did not finish."""
 
 
-async def _close_waits(session: Any, pending: Sequence[Any]) -> None:
-    """Deny every call the suspended sub-turn of ``session`` waits for (a client tool's
-    call gets the error), reason :data:`NESTED_WAIT`, so that nothing waits there once
-    the calling agent was told the sub-agent did not finish. Left waiting, the sub-session
-    was listed as waiting for a person, and a client answering it there (its id is in
-    ``GET /api/sessions``) ran the approved tool after the calling model had gone on
-    without it. A call someone decided first keeps that decision."""
-    for call in pending:
-        try:
-            if call.kind == "client":
-                await session.decide(call.approval_id, error=NESTED_WAIT)
-            else:
-                await session.decide(call.approval_id, approved=False, reason=NESTED_WAIT)
-        except DecisionError:
-            continue
+def _done_so_far(result: Any) -> str:
+    """What a sub-turn that did not finish had done, for the calling model's error: the
+    calls of its that ran (their effects stand: told only "it did not finish", a model
+    asked it again, and they ran twice) and its text so far."""
+    ran = ", ".join(m.tool_name for m in result.tool_messages if m.error is None)
+    said = result.text.strip()
+    return (f"; the calls it made that ran: {ran}" if ran else "") + (
+        f"; its text so far: {said}" if said else ""
+    )
 
 
 async def _run_sub_turn(
@@ -362,7 +356,9 @@ async def _run_sub_turn(
             async for chunk in out:
                 await context.emit(chunk)
         if out.result is not None and out.result.finish_reason == "awaiting-input":
-            await _close_waits(session, out.result.pending)
+            # Nobody may run it on once the calling model is told it did not finish:
+            # its calls are denied and the turn ended, in its sub-session's store.
+            await session.end_wait(NESTED_WAIT)
     finally:
         await session.close()
     result = out.result
@@ -370,14 +366,15 @@ async def _run_sub_turn(
     context.add_usage(result.usage)
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason
-        raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
+        raise RuntimeError(f"sub-agent {tool_name} failed: {why}{_done_so_far(result)}")
     if result.finish_reason == "awaiting-input":
         # Its turn suspended for a person (a call needing approval, a client tool): its
         # answer was '', a success; and nobody would ever answer the wait.
         waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)
         raise RuntimeError(
             f"sub-agent {tool_name} stopped to wait for a person's input ({waits}), which "
-            "nobody can give it when another agent calls it: it did not finish"
+            f"nobody can give it when another agent calls it: it did not finish"
+            f"{_done_so_far(result)}"
         )
     if result.finish_reason == "budget":
         return f"{result.text}\n[the sub-agent stopped before it finished: {result.budget} reached]"

@@ -578,7 +578,10 @@ def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
 
 
 def supersede(
-    messages: list[Message], max_chars: int | None = None, leave: Collection[str] = ()
+    messages: list[Message],
+    max_chars: int | None = None,
+    leave: Collection[str] = (),
+    reason: str = SUPERSEDED,
 ) -> int | None:
     """Before a new user message: deny every call the last turn still waits for and that
     nobody decided, with reason ``superseded`` (what ``useChat`` does when the user types
@@ -590,7 +593,8 @@ def supersede(
     ``max_chars`` (the agent's ``max_tool_result_chars``), as a server tool's is.
 
     The calls named in ``leave`` (the approved ones, :func:`approved_waiting`) get no
-    result here: the caller runs them and adds theirs."""
+    result here: the caller runs them and adds theirs. ``reason``: why the turn will
+    not resume (an agent used as a tool whose caller went on: ``NESTED_WAIT``)."""
     waiting = waiting_calls(messages)
     if not waiting:
         return None
@@ -607,25 +611,26 @@ def supersede(
         ):
             w = p.awaiting
             if not w.decided:
-                w = attrs.evolve(w, decided=True, reason=SUPERSEDED)
+                w = attrs.evolve(w, decided=True, reason=reason)
                 w = attrs.evolve(w, approved=False) if w.kind == APPROVAL else w
                 if w.kind == CLIENT:
-                    w = attrs.evolve(w, error=SUPERSEDED)
+                    w = attrs.evolve(w, error=reason)
             p = attrs.evolve(p, awaiting=w)
             if p.tool_call_id not in leave:
-                results.append(_superseded_result(p, max_chars))
+                results.append(_superseded_result(p, max_chars, reason))
         content.append(p)
     messages[index] = attrs.evolve(message, content=tuple(content))
     messages.extend(results)
     return index
 
 
-def _superseded_result(part: ToolCallPart, max_chars: int | None) -> ToolMessage:
+def _superseded_result(part: ToolCallPart, max_chars: int | None, why: str) -> ToolMessage:
     w = part.awaiting
     assert w is not None
     if w.kind == APPROVAL:
+        not_run = "a new message superseded it" if why == SUPERSEDED else why
         error = (
-            "the tool call was not executed: a new message superseded it"
+            f"the tool call was not executed: {not_run}"
             if w.approved
             else truncate_output(denial_text(w.reason), max_chars)
         )

@@ -73,7 +73,10 @@ class Budget:
     does not list) cannot be held to it and ends as if it had gone over: a budget that
     cannot be kept is never silently ignored."""
     deadline: float | None = None
-    """Wall-clock seconds for the whole turn."""
+    """Wall-clock seconds for the whole turn. A turn that waits for a person
+    (docs/approval.md) is timed while it runs: the part before the wait and each
+    continuation get it afresh, the wait itself is not counted (``Agent.approval_timeout``
+    bounds that)."""
     tool_timeout: float | None = attrs.field(default=60.0, validator=_a_timeout)
     """Default per-tool timeout in seconds (a tool may set its own)."""
     max_tool_result_chars: int | None = attrs.field(default=100_000, validator=_a_count)

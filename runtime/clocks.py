@@ -20,7 +20,8 @@ seconds, so the two clocks' drift stays negligible.
 
 In one process (the embedded host) the same rule takes the other form: durations on one
 monotonic clock. :class:`SteadyWallClock` reads the wall clock once and carries it on
-Trio's clock.
+Trio's clock, plus the time the machine spent suspended (which Trio's clock does not
+count).
 """
 
 from __future__ import annotations
@@ -47,11 +48,21 @@ if hasattr(time, "CLOCK_BOOTTIME"):  # Linux
         hour early until its next reading."""
         return time.clock_gettime(time.CLOCK_BOOTTIME)
 
+    def suspended() -> float:
+        """Seconds this machine has spent suspended since it booted: what
+        ``CLOCK_BOOTTIME`` counts and ``CLOCK_MONOTONIC`` (``time.monotonic``, and so
+        Trio's clock) does not."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
+
 else:  # pragma: no cover - elsewhere the monotonic clock is the steady one there is
 
     def steady() -> float:
         """Seconds on a clock no wall-clock step moves (``time.monotonic``)."""
         return time.monotonic()
+
+    def suspended() -> float:
+        """No clock here says how long the machine was suspended: none counted."""
+        return 0.0
 
 
 class AnchoredClock:
@@ -98,21 +109,28 @@ class AnchoredClock:
 
 class SteadyWallClock:
     """``clock()``: this machine's wall clock as read once (at the first call), carried
-    on Trio's clock, which is monotonic: the embedded host's wait deadlines. A deadline
-    is stored as wall-clock time so that it holds across a restart (a new host reads the
-    wall clock again, and a wait whose deadline passed while it was down is past); while
-    the host runs, a step of the wall clock (NTP correcting it, a VM restored) neither
-    stretches a person's wait by the step nor cuts it short. The first call must be
+    on Trio's clock plus the time the machine has been suspended since (:func:`suspended`):
+    the embedded host's wait deadlines. A deadline is stored as wall-clock time so that it
+    holds across a restart (a new host reads the wall clock again, and a wait whose
+    deadline passed while it was down is past); while the host runs, a step of the wall
+    clock (NTP correcting it, a VM restored) neither stretches a person's wait by the step
+    nor cuts it short. Trio's clock (``CLOCK_MONOTONIC``) stops while the machine sleeps:
+    carried on it alone, a laptop suspended an hour past a 60 s deadline woke to a wait
+    still open, and a decision taken, for the rest of the minute. The first call must be
     made inside ``trio.run``."""
 
     def __init__(self) -> None:
-        self._anchor: tuple[float, float] | None = None
+        self._anchor: tuple[float, float, float] | None = None
+        self._slept = 0.0
+        """The most suspended time seen since the anchor (two clocks read one after the
+        other differ by a microsecond's noise: the clock never goes back by it)."""
 
     def __call__(self) -> float:
         if self._anchor is None:
-            self._anchor = (time.time(), trio.current_time())
-        wall, at = self._anchor
-        return wall + (trio.current_time() - at)
+            self._anchor = (time.time(), trio.current_time(), suspended())
+        wall, at, asleep = self._anchor
+        self._slept = max(self._slept, suspended() - asleep)
+        return wall + (trio.current_time() - at) + self._slept
 
 
-__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock", "SteadyWallClock", "steady"]
+__all__ = ["MAX_ROUND_TRIP", "RESYNC", "AnchoredClock", "SteadyWallClock", "steady", "suspended"]

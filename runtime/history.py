@@ -348,6 +348,65 @@ class RepairedHistory:
         return self._repaired + tuple(self._added + repair(messages[boundary:]))
 
 
+class MessageIds:
+    """Whether a history holds a message of a given id, for a history that grows at its
+    end: the ids are kept, each message's read once, so a question costs a look-up and
+    the messages added since the last one, not a pass over the session.
+
+    A turn asks it of the client's id of its user message (a resend that no resend rule
+    caught stores none twice) and of each message steered into it; a pass over the
+    history per question made a turn's cost grow with its session. The runner's
+    :class:`~runtime.actor_messages.History` says, through its
+    :class:`~runtime.actor_messages.Watermark`, the lowest position an edit changed: the
+    ids from there on are read again (all of them after a reload, or for a list that
+    keeps no watermark). An edit by list's own methods, which the History does not note,
+    is seen when it changed the length or the kept part's last id (as the runner's
+    snapshot sees it)."""
+
+    __slots__ = ("_counts", "_ids", "_watched", "read")
+
+    def __init__(self) -> None:
+        self._ids: list[str] = []
+        """The ids of the messages read, by position."""
+        self._counts: dict[str, int] = {}
+        """How many of them hold each id."""
+        self._watched: tuple[Sequence[Message], Any] | None = None
+        """The history last read and its watermark, when it keeps one."""
+        self.read = 0
+        """Messages whose id was read, in all (a count for tests and benchmarks)."""
+
+    def holds(self, messages: Sequence[Message], message_id: str) -> bool:
+        """Whether a message of ``messages`` has the id ``message_id``."""
+        self._catch_up(messages)
+        return message_id in self._counts
+
+    def _catch_up(self, messages: Sequence[Message]) -> None:
+        ids, counts = self._ids, self._counts
+        watched = self._watched
+        mark = watched[1] if watched is not None and watched[0] is messages else None
+        keep = 0 if mark is None else min(mark.low, len(ids), len(messages))
+        if keep and messages[keep - 1].id != ids[keep - 1]:
+            keep = 0  # (list's own methods changed it: read again)
+        for gone in ids[keep:]:
+            left = counts[gone] - 1
+            if left:
+                counts[gone] = left
+            else:
+                del counts[gone]
+        del ids[keep:]
+        for message in messages[keep:] if keep else messages:
+            message_id = message.id
+            ids.append(message_id)
+            counts[message_id] = counts.get(message_id, 0) + 1
+        self.read += len(ids) - keep
+        if mark is not None:
+            mark.settle()
+        elif (watch := getattr(messages, "watch", None)) is not None:
+            self._watched = (messages, watch())
+        else:
+            self._watched = None
+
+
 # -- where reasoning may be replayed ------------------------------------------------------
 
 

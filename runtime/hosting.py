@@ -58,16 +58,10 @@ class SubSession(Protocol):
     async def close(self) -> None:
         """Stop the session's actors (after any running turn ends)."""
 
-    async def decide(
-        self,
-        id: str,
-        *,
-        approved: bool | None = None,
-        reason: str | None = None,
-        error: str | None = None,
-    ) -> Any:
-        """Record a decision for a call its turn waits for (docs/approval.md): how an
-        agent used as a tool closes the waits of a sub-turn that suspended."""
+    async def end_wait(self, reason: str) -> None:
+        """End the turn that waits for input without resuming it, its waiting calls
+        denied with ``reason`` and given their results (docs/approval.md): how an agent
+        used as a tool closes a sub-turn that suspended."""
 
 
 class ToolHost(Protocol):
@@ -133,11 +127,6 @@ class ActorStarter(Protocol):
 class TurnCanceller(ActorStarter, Protocol):
     """What the relay publisher asks of the host whose turns it publishes."""
 
-    held_stop: Callable[[str, str | None, str], str | None] | None
-    """Set by the publisher: asked as a new message of a session (its user message id,
-    its turn id) would wait for the running turn, the reason of a stop that reached the
-    host before the message did and names it (it is then taken out), or ``None``."""
-
     @property
     def nursery(self) -> trio.Nursery:
         """Where the publisher's background task (watching for cancel requests) runs."""
@@ -157,18 +146,12 @@ class TurnCanceller(ActorStarter, Protocol):
         if the host holds it (a waiting message taken out, or the running turn
         cancelled): ``(turn_id, queued)``, or ``None``."""
 
-    def stop_new_turn(
-        self,
-        session_id: str,
-        turn_id: str,
-        *,
-        message_id: str | None,
-        named_turn: str | None,
-        reason: str,
-    ) -> bool:
-        """Cancel turn ``turn_id`` of ``session_id``, a new message's turn starting here,
-        if a stop sent before it started names it (its user message's id or its own):
-        whether it did."""
+    def hold_stop(
+        self, session_id: str, *, message_id: str | None, turn_id: str | None, reason: str
+    ) -> None:
+        """Keep a named stop that found nothing so named here (:meth:`stop_named`
+        ``None``) for the new message it names, whose POST may not have reached the host
+        yet: stopped when it comes."""
 
 
 ToolSource: TypeAlias = Callable[[Agent], Awaitable[tuple[Tool, ...]]]

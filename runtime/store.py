@@ -339,8 +339,9 @@ async def has_user_messages(store: Store, session_id: str, ids: Iterable[str]) -
     this message sent before", which a front end asks of an A2A ``message/send`` (the ids
     a client gives are those of the messages it sends, the user's).
 
-    A store that offers ``has_user_messages(session_id, ids)`` (the PostgreSQL store: one
-    statement on an index of the user messages' ids, whatever the session's length) is
+    A store that offers ``has_user_messages(session_id, ids)`` (the PostgreSQL and SQLite
+    stores: one statement on an index of the user messages' ids, whatever the session's
+    length) is
     asked for it; any other store's whole :meth:`Store.load` is read (the default a store
     of a third party keeps, as :func:`load_last_turn`'s)."""
     wanted = frozenset(ids)

@@ -385,8 +385,9 @@ class TurnQueue(Protocol):
 
     async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
         """The session's running turn submitted under one of ``keys`` (idempotency keys
-        as :meth:`submit` was given them), else its oldest such queued one, else
-        ``None`` (a stop naming a message by the client's id)."""
+        as :meth:`submit` was given them), else its oldest such queued one, else the
+        open turn that a message so submitted to steer it took in (:data:`STEERED`),
+        else ``None`` (a stop naming a message by the client's id)."""
         ...
 
     async def steering(self, session_id: str, steer_of: str, key: str) -> QueuedTurn | None:

@@ -1156,3 +1156,22 @@ async def test_a_run_id_the_relay_cannot_check_gets_a_new_turn_id():
     assert await _unrelayed(down, "run-1") is None and down.asked == ["run-1"]
     assert await _unrelayed(None, "run-1") == "run-1"
     assert await _unrelayed(down, None) is None and down.asked == ["run-1"]
+
+
+async def test_a_later_run_on_a_thread_held_here_reads_no_history_from_the_store():
+    """A client's every run read the whole thread from the store before anything else
+    (a 5,000-message one ~1.5 MB a run): the session open here holds it, checked current
+    by a version query."""
+    from tests.test_approval_reads import count_calls
+
+    agent = Agent(provider=ScriptedProvider([["a"], ["b"]]))
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+        first = await run(server, run_input("t", user("one", "m1")))
+        assistant = next(e["messageId"] for e in first if e["type"] == "TEXT_MESSAGE_START")
+        history = [user("one", "m1"), {"id": assistant, "role": "assistant", "content": "a"}]
+        calls = count_calls(server.host.store)
+        second = await run(server, run_input("t", *history, user("two", "m2")))
+        record = await server.host.store.load("t")
+    assert "MESSAGES_SNAPSHOT" not in types(second)
+    assert calls["load"] == 1  # (the test's own, after the run)
+    assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["m1", "m2"]

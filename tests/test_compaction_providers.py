@@ -133,6 +133,23 @@ async def test_anthropic_counts_with_its_count_tokens_endpoint():
     assert counted == window.tokens(body)
 
 
+async def test_anthropic_counts_with_the_interleaved_thinking_beta_its_calls_send():
+    window = AnthropicWindow(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider = AnthropicProvider(
+            "claude-sonnet-4-5",
+            base_url=server.url,
+            api_key="sk-ant-test",
+            thinking_budget=8000,
+            max_tokens=4096,
+            interleaved_thinking=True,
+        )
+        await provider.count_tokens("be brief", HISTORY, [lookup_tool()])
+        (request,) = server.requests
+    assert request.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+    assert request.json()["thinking"]["budget_tokens"] == 8000  # above max_tokens, with tools
+
+
 async def test_gemini_counts_the_request_it_sends_with_its_count_tokens_endpoint():
     window = GeminiWindow(window=WINDOW)
     async with loopback_server(respond=window) as server:

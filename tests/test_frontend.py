@@ -435,6 +435,22 @@ def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
     assert again == b""
 
 
+def test_a_step_a_takeover_runs_again_numbers_its_reasoning_from_the_start() -> None:
+    from runtime.relay import StepRestarted
+
+    encoder = RelayEncoder()
+    encoder.encode(o.Start(message_id="msg_t1", seq=1))
+    encoder.encode(o.StepStart(step=0, seq=2))
+    ids = []
+    for part_id, seq in (("p1", 3), ("p2", 6)):  # p1 by the first worker, p2 by the next
+        if part_id == "p2":
+            encoder.encode(StepRestarted(step=0, seq=5))
+        (ui,) = encoder.encode(o.ReasoningStart(step=0, part_id=part_id, seq=seq))
+        encoder.encode(o.ReasoningFinish(step=0, part_id=part_id, seq=seq + 1))
+        ids.append(ui["id"])
+    assert ids == ["msg_t1.s0.r0"] * 2  # as the stored message has the re-run's part
+
+
 def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> None:
 
     submit = body("s1", message_id="u-7")

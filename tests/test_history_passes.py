@@ -191,3 +191,56 @@ async def test_a_plain_list_a_plugin_assigned_is_taken_in_once(monkeypatch):
         assert not compared
         assert len(script.requests) == 6
         assert session.messages == tuple(runner.state.messages)
+
+
+async def test_a_turn_with_a_client_message_id_reads_no_more_of_its_long_session():
+    """A turn whose user message carries the client's id (every chat POST's) asks whether
+    the session holds that id already: a look-up in the runner's kept ids, not a pass
+    over the history (``_user_id``'s was one per turn, a cost growing with the session)."""
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        await session.run("warm")
+        runner = session.runner
+        runner.state.messages = Noting(runner.state.messages)
+        async with session.stream("again", user_message_id="c1") as out:
+            await out.collect()  # (the runner takes the new list in: its ids read once)
+        Noting.reads.clear()
+        async with session.stream("and again", user_message_id="c2") as out:
+            await out.collect()
+        messages = session.messages
+    assert dict(Noting.reads) == {"snapshot": 1, "_publish_history": 1, "__call__": 1}
+    assert [m.id for m in messages[-4::2]] == ["c1", "c2"]
+
+
+def test_kept_message_ids_answer_as_a_scan_after_every_kind_of_edit():
+    from runtime.history import MessageIds
+
+    def msg(i: int) -> UserMessage:
+        return UserMessage(content="u", id=f"m{i}")
+
+    h = History([msg(i) for i in range(6)])
+    ids = MessageIds()
+    edits = [
+        lambda: h.append(msg(6)),
+        lambda: h.extend([msg(7), msg(0)]),  # (an id twice)
+        lambda: h.pop(),
+        lambda: h.__delitem__(slice(5, None)),  # (a regenerate's cut)
+        lambda: h.__setitem__(slice(0, 2), [msg(8)]),  # (a reload's new prefix)
+        lambda: h.insert(1, msg(9)),
+        lambda: h.remove(h[0]),
+        lambda: list.append(h, msg(10)),  # (list's own: not noted by the History)
+        lambda: list.__setitem__(h, len(h) - 1, msg(11)),
+        lambda: list.__delitem__(h, slice(2, None)),
+        lambda: h.clear(),
+    ]
+    for edit in [lambda: None, *edits]:
+        edit()
+        for i in range(12):
+            assert ids.holds(h, f"m{i}") == any(m.id == f"m{i}" for m in h), (i, list(h))
+    h += [msg(1), msg(2)]
+    ids.holds(h, "m1")
+    ids.read = 0
+    h += [msg(3), msg(4)]
+    assert ids.holds(h, "m4") and not ids.holds(h, "m5")
+    assert ids.read == 2  # the messages added since, not the history

@@ -34,6 +34,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
+from runtime.store import has_user_messages
 from tests.support.pg import own_database, pg_connect
 from tests.web.harness import web_server
 
@@ -150,6 +151,45 @@ async def test_asking_whether_a_long_postgres_session_has_a_message_id_reads_wha
     assert long <= short + 1, (short, long)
 
 
+async def _lookup_steps(store: SQLiteStore, session_id: str, ids: list[str]) -> int:
+    """The SQLite virtual machine steps of asking which of ``ids`` the session's user
+    messages have (:func:`runtime.store.has_user_messages`, as a front end asks)."""
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(step, 1)
+    try:
+        await has_user_messages(store, session_id, ids)
+    finally:
+        store._conn.set_progress_handler(None, 1)
+    return steps
+
+
+async def test_asking_whether_a_long_sqlite_session_has_a_message_id_costs_what_a_short_one_does(
+    tmp_path,
+):
+    """As PostgreSQL's: the SQLite store read the whole session (every row's body, then
+    decoded) to answer it; the index of the user messages' ids (schema 5) answers it
+    in the same steps for 1,000 messages as for 10."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        short_history, long_history = history(SHORT), history(LONG)
+        await store.save("short", 0, short_history)
+        await store.save("long", 0, long_history)
+        asked = ["msg_new", long_history[-2].id]
+        short = await _lookup_steps(store, "short", asked)
+        long = await _lookup_steps(store, "long", asked)
+        found = await has_user_messages(store, "long", asked)
+    finally:
+        await store.aclose()
+    assert found == {long_history[-2].id}
+    assert long <= short + 10, (short, long)  # (the index a level deeper at most)
+
+
 async def _save_a_tool_turn(url: str) -> None:
     store = await PostgresStore.open(url)
     try:
@@ -262,7 +302,7 @@ def _count_written(store: SQLiteStore) -> list[int]:
     save_rows = store._save_rows
 
     def counted(session_id: str, start: int, rows: Any, *args: Any) -> Any:
-        written.append(sum(len(row[3]) for row in rows))
+        written.append(sum(len(row[3]) for row in rows.rows()))
         return save_rows(session_id, start, rows, *args)
 
     store._save_rows = counted  # type: ignore[method-assign]

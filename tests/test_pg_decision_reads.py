@@ -25,6 +25,7 @@ from actors.stores.postgres import PostgresStore
 from actors.stores.postgres_lane import LoopLane
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.http import ApiError
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, UnknownApproval
 from runtime.messages import (
@@ -236,10 +237,14 @@ async def test_a_stale_or_refusing_view_is_not_believed(store_and_queue, counted
     assert call.awaiting.approved is True
 
 
-async def test_a_front_ends_approve_post_reads_the_session_once(store_and_queue, counted):
+async def test_a_front_ends_approve_post_reads_the_last_turn_not_the_session(
+    store_and_queue, counted
+):
     """The continuation POST of a worker deployment's front end checks the body's answers
-    on the session it reads, and records the first on that read: one load (the check's)
-    and the decision's one call, where the decision read the session a second time."""
+    on the session's last turn, and the decision reads that turn again: three statements
+    from the event loop (the two reads, the decision's function), the last turn's
+    messages decoded, no load, no thread. It loaded the whole session (203 messages
+    decoded, in a thread) to check the answers on."""
     store, queue = store_and_queue
     claim = await _waiting_after_history(store, queue, calls=2)
     published: list[Any] = []
@@ -283,7 +288,45 @@ async def test_a_front_ends_approve_post_reads_the_session_once(store_and_queue,
     counted.clear()
     response = await front._continue(request, "s", payload)
     assert response.status_code == 202  # ap2 still waits
-    assert (loads, counted["loop statements"], counted["thread hops"]) == (1, 1, 1), counted
+    assert (loads, counted["loop statements"], counted["thread hops"]) == (0, 3, 0), counted
+    assert counted["decoded"] == 2, counted  # the waiting turn's message, read twice
     assert [e.causation_id for e in published] == ["ap1"]
     stored = await store.load("s")
     assert stored is not None and stored.meta[WAITING_META] == 1
+
+
+async def test_a_front_ends_approve_post_of_an_earlier_turns_call_is_refused_as_it_was(
+    store_and_queue,
+):
+    """Checked on the last turn, an answer to a call an earlier turn decided is refused
+    there; the whole session read then tells it decided (409), as the whole read did,
+    not unknown (404); nothing written."""
+    store, queue = store_and_queue
+    claim = await _waiting_after_history(store, queue)
+    state = SimpleNamespace(
+        agent_for=lambda session_id: SimpleNamespace(
+            tools=(), budget=SimpleNamespace(max_tool_result_chars=None)
+        ),
+        host=SimpleNamespace(bus=SimpleNamespace(publish=None)),
+    )
+    request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
+    part = {
+        "type": "tool-delete",
+        "toolCallId": "c0",
+        "state": "approval-responded",
+        "input": {},
+        "approval": {"id": "old", "approved": False},
+    }
+    payload = {
+        "id": "s",
+        "messages": [
+            {"id": "u", "role": "user", "parts": [{"type": "text", "text": "now"}]},
+            {"id": claim.turn.message_id, "role": "assistant", "parts": [part]},
+        ],
+    }
+    front = FrontEnd(store=store, queue=queue, relay=None)
+    before = await store.load("s")
+    with pytest.raises(ApiError) as refused:
+        await front._continue(request, "s", payload)
+    assert refused.value.status == 409, refused.value
+    assert await store.load("s") == before

@@ -551,6 +551,35 @@ def test_a_calls_max_tokens_at_or_below_the_budget_lowers_the_budget_below_it():
     assert params["thinking"] == {"type": "enabled", "budget_tokens": 1499}
 
 
+async def test_interleaved_thinking_adds_its_beta_to_the_betas_a_caller_asked_for():
+    request = make_request(settings={"extra_headers": {"anthropic-beta": "context-1m-2025-08-07"}})
+    run = await replay(
+        sse_reply("text.sse"),
+        request=request,
+        thinking_budget=2048,
+        interleaved_thinking=True,
+    )
+    sent = run.server.requests[-1].headers["anthropic-beta"]
+    assert sent == "context-1m-2025-08-07,interleaved-thinking-2025-05-14"
+    assert "interleaved_thinking" not in run.body  # an option of Axon's, not of the API
+
+
+async def test_interleaved_thinking_asks_no_beta_for_a_call_that_does_not_think():
+    run = await replay(sse_reply("text.sse"), interleaved_thinking=True)
+    assert "anthropic-beta" not in run.server.requests[-1].headers
+    assert "thinking" not in run.body
+
+
+def test_with_interleaved_thinking_a_call_with_tools_may_send_a_budget_above_max_tokens():
+    provider = AnthropicProvider(
+        MODEL, api_key=KEY, thinking_budget=8000, max_tokens=4096, interleaved_thinking=True
+    )
+    with_tools = provider.request_params(make_request(tools=(get_weather,)))
+    assert with_tools["thinking"] == {"type": "enabled", "budget_tokens": 8000}
+    without = provider.request_params(make_request())  # the API allows it with tools only
+    assert without["thinking"] == {"type": "enabled", "budget_tokens": 4095}
+
+
 async def test_request_options_and_call_settings_reach_the_body():
     request = make_request(settings={"temperature": 0.1, "metadata": {"user_id": "u-1"}})
     run = await replay(

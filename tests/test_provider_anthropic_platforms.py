@@ -206,6 +206,15 @@ async def test_bedrock_signs_with_sigv4_and_puts_the_model_in_the_url():
     assert "model" not in body and "stream" not in body and body["anthropic_version"]
 
 
+async def test_bedrock_asks_for_interleaved_thinking_in_the_body():
+    # Bedrock reads betas from the body's anthropic_beta (the SDK moves the header there)
+    run = await replay(
+        lambda url: bedrock(url, thinking_budget=1024, max_tokens=2048, interleaved_thinking=True),
+        frames(*THINKING_ANSWER),
+    )
+    assert run.request.json()["anthropic_beta"] == ["interleaved-thinking-2025-05-14"]
+
+
 async def test_bedrock_api_key_is_sent_as_a_bearer_token():
     def make(url: str) -> AnthropicBedrockProvider:
         return AnthropicBedrockProvider(

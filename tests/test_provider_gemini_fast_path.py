@@ -10,12 +10,19 @@ real SDK client with only its socket replaced: once through the SDK's
 ``generate_content_stream`` and the old parser, once through the fast path, once through
 the fallback (the SDK's types turned into dicts). All three must emit the same chunks
 and fail with the same error class.
+
+Each way's streams are closed as the provider closes them. The fast path then leaves no
+async generator to the garbage collector (Trio's ``ResourceWarning``, an error under
+``-W error``); the SDK's own generators do when a stream stops before its end or with
+an error object (``google.genai._api_client`` iterates its inner generators without
+closing them): recorded for the two ways through the SDK, and only theirs allowed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -27,6 +34,7 @@ from actors.providers.gemini import GENERATED_ID, parse_stream
 from actors.providers.gemini_wire import open_stream, sdk_chunks, wire_chunks, wire_request
 from runtime.chunks import ToolCallChunk, ToolInputDeltaChunk, ToolInputStartChunk
 from tests.support import gemini_reference
+from tests.support.leaks import abandoned_generators
 
 MODEL = "gemini-2.5-flash"
 PARAMS = {
@@ -189,20 +197,34 @@ def _fields(chunk: Any) -> dict[str, Any]:
     return {a.name: getattr(chunk, a.name) for a in attrs.fields(type(chunk)) if a.init}
 
 
+SDK_SIDE = ("google.genai.", "httpx.", f"{__name__}._Body")
+"""The generators a stream read through the SDK's types may leave open: the SDK's, and
+those of the HTTP response below them (the test's body among them)."""
+
+
 async def _three_ways(*hops: list[bytes]) -> list[tuple[list[Any], type | None]]:
-    client = _client(*hops)
-    sdk_stream = await client.aio.models.generate_content_stream(**PARAMS)
-    oracle = await _run(gemini_reference.parse_stream, sdk_stream)
+    with abandoned_generators(1) as left_by_sdk:
+        client = _client(*hops)
+        sdk_stream = await client.aio.models.generate_content_stream(**PARAMS)
+        async with aclosing(sdk_stream):
+            oracle = await _run(gemini_reference.parse_stream, sdk_stream)
     wire = wire_request(_client(*hops), PARAMS)
     assert wire is not None
 
     async def heard(_: Any) -> None:
         return None
 
-    fast = await _run(parse_stream, wire_chunks(wire, open_stream, heard))
-    client = _client(*hops)
-    fallback_stream = await client.aio.models.generate_content_stream(**PARAMS)
-    fallback = await _run(parse_stream, sdk_chunks(fallback_stream))
+    with abandoned_generators(1) as left_by_fast_path:
+        async with aclosing(wire_chunks(wire, open_stream, heard)) as chunks:
+            fast = await _run(parse_stream, chunks)
+    assert left_by_fast_path == []
+    with abandoned_generators(1) as left_by_fallback:
+        client = _client(*hops)
+        fallback_stream = await client.aio.models.generate_content_stream(**PARAMS)
+        async with aclosing(fallback_stream), aclosing(sdk_chunks(fallback_stream)) as chunks:
+            fallback = await _run(parse_stream, chunks)
+    for name in left_by_sdk + left_by_fallback:
+        assert name.startswith(SDK_SIDE), name
     return [oracle, fast, fallback]
 
 
@@ -293,7 +315,11 @@ def test_a_continuation_hop_is_followed_as_the_sdk_follows_it() -> None:
     async def heard(_: Any) -> None:
         return None
 
-    trio.run(_run, parse_stream, wire_chunks(wire, open_stream, heard))
+    async def fast_path() -> None:
+        async with aclosing(wire_chunks(wire, open_stream, heard)) as chunks:
+            await _run(parse_stream, chunks)
+
+    trio.run(fast_path)
     bodies = [b if isinstance(b, dict) else json.loads(b) for b in sent]
     assert "continuationToken" not in bodies[0]
     assert base64.urlsafe_b64decode(bodies[1]["continuationToken"] + "==") == b"resume-here"

@@ -38,7 +38,13 @@ from runtime.messages import (
 )
 from runtime.retry import RetryPolicy
 from tests.support import wire_rules
-from tests.support.loopback import Reply, loopback_server
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+)
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
 KEY = "sk-test-not-a-real-key-4243"
@@ -59,6 +65,15 @@ async def get_time(tz: str = "", city: str = "") -> str:
 
 
 def make(provider: str, url: str) -> Any:
+    if provider == "anthropic-interleaved":  # a budget above max_tokens: the beta allows it
+        return AnthropicProvider(
+            "claude-sonnet-4-5",
+            base_url=url,
+            api_key=KEY,
+            thinking_budget=4096,
+            max_tokens=2048,
+            interleaved_thinking=True,
+        )
     if provider == "anthropic-thinking":
         return AnthropicProvider(
             "claude-sonnet-4-5", base_url=url, api_key=KEY, thinking_budget=1024, max_tokens=2048
@@ -338,7 +353,7 @@ def claude_api(*replies: Reply) -> Any:
     queue = list(replies)
 
     def respond(request: Any) -> Reply:
-        errs = wire_rules.anthropic_params_errors(request.json())
+        errs = wire_rules.anthropic_params_errors(request.json(), request.headers)
         if errs:
             error = {"type": "invalid_request_error", "message": errs[0]}
             payload = json.dumps({"type": "error", "error": error}).encode()
@@ -444,3 +459,51 @@ async def test_an_agents_max_tokens_below_the_budget_lowers_it_or_turns_thinking
     body = requests[0].json()
     assert body["max_tokens"] == max_tokens
     assert body.get("thinking", {}).get("budget_tokens") == budget
+
+
+def thinking_then_call(call_id: str) -> Reply:
+    """A step of interleaved thinking after a tool result: signed thinking, one call."""
+    blocks = [
+        {"type": "thinking", "thinking": "", "signature": ""},
+        {"type": "tool_use", "id": call_id, "name": "get_time", "input": {}},
+    ]
+    deltas = [
+        [
+            {"type": "thinking_delta", "thinking": "Oslo is sunny; now the time."},
+            {"type": "signature_delta", "signature": "c2lnbmVkLXN0ZXAtdHdv"},
+        ],
+        [{"type": "input_json_delta", "partial_json": '{"city": "Oslo"}'}],
+    ]
+    events: list[dict[str, Any]] = [anthropic_start("claude-sonnet-4-5")]
+    for i, (block, ds) in enumerate(zip(blocks, deltas, strict=True)):
+        events.append({"type": "content_block_start", "index": i, "content_block": block})
+        events += [{"type": "content_block_delta", "index": i, "delta": d} for d in ds]
+        events.append({"type": "content_block_stop", "index": i})
+    return Reply(body=anthropic_sse(*events, *anthropic_end("tool_use")))
+
+
+async def test_interleaved_thinking_asks_for_the_beta_and_thinks_on_every_step_of_a_loop():
+    steps = [
+        recording("anthropic", "interleaved-thinking.sse"),
+        thinking_then_call("toolu_01StepTwo"),
+        recording("anthropic", "text.sse"),
+    ]
+    result, requests = await tool_loop(["anthropic-interleaved"], steps)
+    assert result.error is None, result.error
+    assert [r.headers.get("anthropic-beta") for r in requests] == [
+        "interleaved-thinking-2025-05-14"
+    ] * 3
+    bodies = [r.json() for r in requests]
+    assert [b["thinking"] for b in bodies] == [{"type": "enabled", "budget_tokens": 4096}] * 3
+    assert all(b["max_tokens"] == 2048 for b in bodies)
+    step_two = bodies[-1]["messages"][3]["content"]  # its own thinking goes back with it
+    assert [b["type"] for b in step_two] == ["thinking", "tool_use"]
+
+
+async def test_without_interleaved_thinking_no_beta_is_asked_for():
+    steps = ["interleaved-thinking.sse", "text.sse"]
+    result, requests = await tool_loop(
+        ["anthropic-thinking"], [recording("anthropic", s) for s in steps]
+    )
+    assert result.error is None, result.error
+    assert [r.headers.get("anthropic-beta") for r in requests] == [None, None]

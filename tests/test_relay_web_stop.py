@@ -328,10 +328,10 @@ async def test_a_stop_that_reaches_another_host_before_the_message_reaches_its_o
     # hears it holding nothing so named, and the turn that then starts on A ran to its
     # answer.
     script = Script(holding(), ["never"])
-    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, _, _):
         async with httpx.AsyncClient(timeout=30) as client:
             stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
-            await _until(lambda: publisher.held)  # A heard it
+            await _until(lambda: a.host.held_stops)  # A heard it
             replies: dict = {}
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
@@ -345,7 +345,7 @@ async def test_a_stop_that_reaches_another_host_before_the_message_reaches_its_o
     assert stop.status_code == 202 and stop.json() == {"turn_id": None, "forwarded": True}
     assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
     assert "never" not in replies["u1"].text  # before: the turn answered "never"
-    assert not publisher.held  # used once
+    assert not a.host.held_stops  # used once
     assert stored[0].id == "u1" and "never" not in str(stored)  # saved as stopped early
 
 
@@ -356,12 +356,12 @@ async def test_a_stop_that_reaches_a_deaf_host_before_the_message_does_stops_its
     # again, read back the unplaced stops of the sessions its writers streamed, and it
     # streamed none (the turn had not reached it), so the stop was lost.
     script = Script(holding(), ["never"])
-    async with _two_hosts(redis_url, agent_of(script), deaf_a=True) as (a, b, publisher, proxy):
+    async with _two_hosts(redis_url, agent_of(script), deaf_a=True) as (a, b, _, proxy):
         async with httpx.AsyncClient(timeout=30) as client:
             assert proxy.hold_subscriptions() == 1  # A is deaf from now on
             stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
             with trio.move_on_after(LIMIT):  # A subscribes again and reads it back
-                await _until(lambda: publisher.held)
+                await _until(lambda: a.host.held_stops)
             replies: dict = {}
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
@@ -388,7 +388,7 @@ async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_takes
     # stored (``Host.stop_named``): both orders now agree.
     script = Script(holding("H1"), ["first done"], ["never"])
     agent = agent_of(script, on_busy)
-    async with _two_hosts(redis_url, agent) as (a, b, publisher, _):
+    async with _two_hosts(redis_url, agent) as (a, b, _, _):
         async with httpx.AsyncClient(timeout=30) as client:
             replies: dict = {}
             async with trio.open_nursery() as nursery:
@@ -398,7 +398,7 @@ async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_takes
                 await held["open"].wait()
                 await wait_streaming(client, f"{b.url}/api/chat/s/stream")
                 stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
-                await _until(lambda: publisher.held)  # A heard it: nothing named "u2" here
+                await _until(lambda: a.host.held_stops)  # A heard it: nothing named "u2" here
                 nursery.start_soon(
                     _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
                 )
@@ -417,7 +417,7 @@ async def test_a_stop_that_reaches_a_busy_host_before_the_message_it_names_takes
     assert '"finishReason":"stop"' in replies["u1"].text  # the running turn went on
     assert [m.content for m in stored if m.role == "user"] == ["one"]  # nothing of "two"
     assert "never" not in str(stored) and len(script.requests) == 2
-    assert not publisher.held  # used once
+    assert not a.host.held_stops  # used once
 
 
 async def test_a_stop_sent_to_another_host_naming_a_message_the_running_turn_took_stops_it(
@@ -465,11 +465,11 @@ async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
     # names u1 too: a stop before its POST cannot be told from this late one, so it
     # must not stop it.
     script = Script(["first"], ["second"])
-    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, _, _):
         async with httpx.AsyncClient(timeout=30) as client:
             first = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
             stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u1"})
-            await _until(lambda: publisher.held)
+            await _until(lambda: a.host.held_stops)
             sent = (
                 body("s", "go", "regenerate-message", message_id="u1")
                 if again == "regenerate"
@@ -486,78 +486,13 @@ async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
 
 async def test_a_stop_naming_another_message_does_not_stop_a_new_turn(redis_url: str) -> None:
     script = Script(["done"])
-    async with _two_hosts(redis_url, agent_of(script)) as (a, b, publisher, _):
+    async with _two_hosts(redis_url, agent_of(script)) as (a, b, _, _):
         async with httpx.AsyncClient(timeout=30) as client:
             await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u9"})
-            await _until(lambda: publisher.held)
+            await _until(lambda: a.host.held_stops)
             reply = await client.post(f"{a.url}/api/chat", json=body("s", "go", message_id="u1"))
     assert "abort" not in reply.text and "done" in reply.text
-    assert list(publisher.held["s"]) == [("u9", None)]  # kept (till it expires)
-
-
-class _Starts:
-    """A host as far as a publisher's held stops use it: every turn is a new one that
-    each stop asked of it names."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, str, str | None]] = []
-
-    def stop_new_turn(self, session_id: str, turn_id: str, **names: Any) -> bool:
-        self.asked.append((session_id, turn_id, names["message_id"]))
-        return True
-
-
-def _unplaced(session_id: str = "s", message_id: str = "u1") -> Any:
-    from actors.relays.redis_entries import NamedStop
-
-    return NamedStop(
-        turn_id="", session_id=session_id, message_id=message_id, named_turn=None, reason="r"
-    )
-
-
-def _held_by(host: _Starts) -> Any:
-    from actors.relays.publisher import RelayPublisher
-
-    publisher = RelayPublisher(None)
-    publisher.host = host  # type: ignore[assignment]
-    return publisher
-
-
-async def test_a_stop_for_a_turn_that_never_starts_is_dropped_after_its_records_life(
-    autojump_clock: Any,
-) -> None:
-    from actors.relays.publisher import HELD_FOR
-    from runtime.output import Start
-
-    host = _Starts()
-    publisher = _held_by(host)
-    publisher.hold(_unplaced())
-    await trio.sleep(HELD_FOR + 1)
-    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
-    assert host.asked == [] and not publisher.held
-
-
-async def test_the_stops_a_host_holds_are_bounded_the_oldest_dropped() -> None:
-    from actors.relays.publisher import HELD_KEPT
-
-    publisher = _held_by(_Starts())
-    for n in range(HELD_KEPT + 5):
-        publisher.hold(_unplaced(f"s{n}"))
-    assert len(publisher.held) == HELD_KEPT
-    assert "s4" not in publisher.held and "s5" in publisher.held
-
-
-async def test_a_stop_sent_twice_is_held_once_and_stops_its_turn_once() -> None:
-    from runtime.output import Start
-
-    host = _Starts()
-    publisher = _held_by(host)
-    publisher.hold(_unplaced())
-    publisher.hold(_unplaced())
-    publisher.hold(_unplaced("other"))
-    publisher._stop_if_held(Start(message_id="m", session_id="s", turn_id="t"))
-    assert host.asked == [("s", "t", "u1")]
-    assert {s: list(stops) for s, stops in publisher.held.items()} == {"other": [("u1", None)]}
+    assert a.host.stopped_before("s", "u9", "t9") == "stopped by user"  # kept till it expires
 
 
 async def test_the_record_of_unplaced_stops_is_one_bounded_key_that_expires(

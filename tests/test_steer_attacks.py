@@ -18,6 +18,7 @@ from actors.providers.openai import map_messages as openai_messages
 from actors.providers.openai_responses import map_messages as responses_messages
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, Image, tool
+from runtime.actor_messages import SteeredInput
 from runtime.app.web.ui_stream import ui_messages
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.history import repair
@@ -358,3 +359,29 @@ async def test_a_followed_steer_left_before_the_turn_took_it_hands_nothing_over(
     assert seen["hands_over"] is False
     assert "steered" not in [c.type for c in seen["first"]]
     assert kinds(record.messages) == ["User", "Assistant", "Tool"]  # no steered message
+
+
+async def test_a_steered_message_taken_again_under_its_stored_id_is_stored_once():
+    """A worker's turn takes at each step boundary what front ends recorded to steer it
+    (``TurnSteering.pull``): a client's retry of a steered message whose first copy the
+    turn took already (the retry's row is another) joins as that copy, acknowledged,
+    not stored a second time under the same id nor shown to the model twice."""
+    script = Script(looking("L1"), looking("L2"), ["answer"])
+    retry = SteeredInput(content="also this", user_message_id="u2")
+    rows = [[SteeredInput(content="also this", user_message_id="u2")], [retry]]
+
+    async def pull() -> list[SteeredInput]:
+        return rows.pop(0) if rows else []
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        stream = session.stream("first", user_message_id="u1")
+        stream.steer_from(pull)
+        async with stream as out:
+            await out.collect()
+        record = await host.store.load("s")
+    assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]
+    seen = script.requests[2].messages
+    assert [m.text for m in seen if isinstance(m, UserMessage)] == ["first", "also this"]
+    assert retry.accepted and retry.stored.is_set()
+    assert out.result.text == "answer"

@@ -117,3 +117,23 @@ async def test_a_stop_on_another_embedded_front_end_reaches_a_running_continuati
     assert 'data: {"type":"abort","reason":"stopped by user"}' in rest
     assert ran == ["/x"]
     assert record is not None and _stored_answer(record.messages).interrupted
+
+
+async def test_a_late_stop_of_a_continuation_does_not_stop_a_regenerate_of_its_answer() -> None:
+    # The continuation of answer A ended before the client's stop naming A (the AI SDK
+    # continuation's messageId) arrived; a regenerate of A names A too (what only a
+    # regenerate has, so a stop that overtakes its POST stops it), and was stopped by
+    # that late stop of the turn before.
+    async with web_server(approval_agent()) as server:
+        async with httpx.AsyncClient(timeout=LIMIT, base_url=server.url) as client:
+            first = sse_events((await client.post("/api/chat", json=chat("s1"))).text)
+            answer_id = payloads(first)[0]["messageId"]
+            sent = answer("s1", answer_id, asked(first)["approvalId"], True)
+            continued = await client.post("/api/chat", json=sent)
+            stop = await client.post("/api/chat/s1/stop", json={"messageId": answer_id})
+            again = {**chat("s1"), "trigger": "regenerate-message", "messageId": answer_id}
+            regenerated = await client.post("/api/chat", json=again)
+        await wait_idle(server, "s1")
+    assert '"finishReason":"stop"' in continued.text
+    assert stop.status_code == 204
+    assert regenerated.status_code == 200 and "abort" not in regenerated.text

@@ -37,7 +37,7 @@ from runtime.history import repair
 from runtime.messages import UserMessage
 from tests.support import wire_rules
 from tests.support.pg import drop_schema, own_database, pg_connect
-from tests.test_stores import make_schema_3
+from tests.test_stores import make_schema_3, schema_4_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -303,7 +303,7 @@ def _schema_3_file(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "start", [None, FIXTURE_V1, FIXTURE_V2, "v3"], ids=["fresh", "v1", "v2", "v3"]
+    "start", [None, FIXTURE_V1, FIXTURE_V2, "v3", "v4"], ids=["fresh", "v1", "v2", "v3", "v4"]
 )
 def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_once(
     tmp_path: Path, start: Path | str | None
@@ -311,6 +311,8 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     path = tmp_path / "sessions.db"
     if start == "v3":
         _schema_3_file(path)
+    elif start == "v4":
+        schema_4_file(path)
     elif start is not None:
         shutil.copy(start, path)
     results = _open_at_once(str(path))
@@ -319,16 +321,20 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     try:
         assert dict(conn.execute("SELECT key, value FROM axon_meta")) == {
             "magic": "axon-session-store",
-            "schema_version": "4",
+            "schema_version": "5",
         }
         objects = sorted(conn.execute("SELECT type, name FROM sqlite_master"))
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
         versions = {row[0] for row in conn.execute("SELECT version FROM sessions")}
         marks = list(conn.execute("SELECT * FROM deletions"))
+        unread = conn.execute(
+            "SELECT count(*) FROM messages WHERE role = 'user' AND message_id IS NULL"
+        ).fetchone()
     finally:
         conn.close()
     assert [name for kind, name in objects if kind != "index" or "autoindex" not in name] == [
         "sessions_by_update",
+        "user_messages_by_id",
         "axon_meta",
         "deletions",
         "messages",
@@ -336,8 +342,18 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     ]
     assert columns.count("version") == 1 and columns.count("incarnation") == 1
     # Migrated once: schema 1's sessions start at 1, schema 2's and 3's keep theirs.
-    assert versions == {None: set(), FIXTURE_V1: {1}, FIXTURE_V2: {1, 2, 4}, "v3": {1, 2}}[start]
+    assert (
+        versions
+        == {
+            None: set(),
+            FIXTURE_V1: {1},
+            FIXTURE_V2: {1, 2, 4},
+            "v3": {1, 2},
+            "v4": {1},
+        }[start]
+    )
     assert marks == []  # none counted before the marks
+    assert unread == (0,)  # every stored user message's id read into the index
 
 
 _MIGRATE_THEN_HANG = """
@@ -353,13 +369,17 @@ trio.run(sqlite.SQLiteStore.open, sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("start", [FIXTURE_V1, FIXTURE_V2, "v3"], ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize(
+    "start", [FIXTURE_V1, FIXTURE_V2, "v3", "v4"], ids=["v1", "v2", "v3", "v4"]
+)
 async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_open(
     tmp_path: Path, start: Path | str
 ) -> None:
     path = tmp_path / "sessions.db"
     if start == "v3":
         await trio.to_thread.run_sync(_schema_3_file, path)
+    elif start == "v4":
+        await trio.to_thread.run_sync(schema_4_file, path)
     else:
         shutil.copy(start, path)
     before = sqlite3.connect(path)
@@ -378,7 +398,7 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
         after = sorted(conn.execute("SELECT session_id, idx, body FROM messages"))
     finally:
         conn.close()

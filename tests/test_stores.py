@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 import runtime
 import runtime.registry
@@ -38,7 +39,7 @@ from runtime.errors import (
     StoreCorrupt,
     StoreError,
 )
-from runtime.messages import Message, ToolMessage, UserMessage
+from runtime.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from runtime.testing.stores import (
     BAD_IDS,
     StoreConformance,
@@ -439,7 +440,7 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
     conn = sqlite3.connect(path)
     try:
         meta = dict(conn.execute("SELECT key, value FROM axon_meta"))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "4"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "5"
     finally:
         conn.close()
     again = await SQLiteStore.open(path)  # an upgraded file opens as a current one
@@ -460,6 +461,7 @@ async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_
     old = await store.save("s", 0, turn(0))
     old = await store.save("s", 2, turn(1), expected_version=old)
     await store.aclose()
+    make_schema_4(path)
     conn = sqlite3.connect(path)
     conn.execute("ALTER TABLE sessions DROP COLUMN incarnation")
     conn.execute("UPDATE axon_meta SET value = '2' WHERE key = 'schema_version'")
@@ -477,15 +479,27 @@ async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
     finally:
         conn.close()
+
+
+def make_schema_4(path: Path) -> None:
+    """Make the current store file at ``path`` one of before the index of its user
+    messages' ids (schema 4: no ``message_id`` column), as a store of that version left it."""
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX user_messages_by_id")
+    conn.execute("ALTER TABLE messages DROP COLUMN message_id")
+    conn.execute("UPDATE axon_meta SET value = '4' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
 
 
 def make_schema_3(path: Path) -> None:
     """Make the current store file at ``path`` one of before deletion marks (schema 3:
     no ``deletions`` table, no highest mark in ``axon_meta``), as a store of that version
     left it."""
+    make_schema_4(path)
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE deletions")
     conn.execute("DELETE FROM axon_meta WHERE key = 'deletion_mark'")
@@ -515,10 +529,78 @@ async def test_schema_3_file_is_upgraded_in_place_and_gains_the_deletion_marks(t
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "4"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
         assert list(conn.execute("SELECT session_id, count FROM deletions")) == [("s", 1)]
     finally:
         conn.close()
+
+
+def schema_4_file(path: Path) -> None:
+    """A store file at ``path`` as schema 4 left one (before the index of the user
+    messages' ids): session ``s`` (user messages ``u1``, ``u2``), ``t`` (``u3``)."""
+
+    async def write() -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            await store.save(
+                "s",
+                0,
+                [
+                    UserMessage(content="a", id="u1"),
+                    AssistantMessage(id="x"),
+                    UserMessage(content="b", id="u2"),
+                ],
+            )
+            await store.save("t", 0, [UserMessage(content="c", id="u3")])
+        finally:
+            await store.aclose()
+
+    trio.run(write)
+    make_schema_4(path)
+
+
+async def test_schema_4_file_is_upgraded_in_place_and_its_user_message_ids_indexed(
+    tmp_path: Path,
+):
+    path = tmp_path / "v4.db"
+    await trio.to_thread.run_sync(schema_4_file, path)
+    store = await SQLiteStore.open(path)
+    try:
+        assert await store.has_user_messages("s", ["u1", "u2", "u3", "x"]) == {"u1", "u2"}
+        assert await store.has_user_messages("t", ["u1", "u3"]) == {"u3"}
+        version = await store.version("s")
+        await store.save("s", 3, [UserMessage(content="d", id="u4")], expected_version=version)
+        assert await store.has_user_messages("s", ["u4"]) == {"u4"}
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
+        ids = list(conn.execute("SELECT session_id, idx, message_id FROM messages ORDER BY 1, 2"))
+    finally:
+        conn.close()
+    assert ids == [("s", 0, "u1"), ("s", 1, None), ("s", 2, "u2"), ("s", 3, "u4"), ("t", 0, "u3")]
+
+
+async def test_a_user_message_whose_id_the_upgrade_cannot_read_is_asked_the_long_way(
+    tmp_path: Path,
+):
+    """A damaged user row of a schema-4 file: the upgrade leaves its id ``NULL`` (it does
+    not fail on it), and asking its session reads the session, which says what is wrong;
+    the other sessions are answered from the index."""
+    path = tmp_path / "v4.db"
+    await trio.to_thread.run_sync(schema_4_file, path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE messages SET body = x'7b7b7b' WHERE session_id = 't'")
+    conn.commit()
+    conn.close()
+    store = await SQLiteStore.open(path)
+    try:
+        assert await store.has_user_messages("s", ["u1", "u3"]) == {"u1"}
+        with pytest.raises(StoreCorrupt, match="'t' message 0 cannot be read"):
+            await store.has_user_messages("t", ["u3"])
+    finally:
+        await store.aclose()
 
 
 # -- SQLite: damaged rows -------------------------------------------------------------------

@@ -76,12 +76,13 @@ CASES = [
         o.ObjectDelta(step=0, part_id="p1", value={"city": "Par"}),
         [{"type": "data-object", "id": "p1", "data": {"city": "Par"}}],
     ),
-    (o.ReasoningStart(step=0, part_id="r1"), [{"type": "reasoning-start", "id": "r1"}]),
+    # the id: the message's (m1, from the start above), the step, the part's place in it
+    (o.ReasoningStart(step=0, part_id="r1"), [{"type": "reasoning-start", "id": "m1.s0.r0"}]),
     (
         o.ReasoningDelta(step=0, part_id="r1", text="hmm"),
-        [{"type": "reasoning-delta", "id": "r1", "delta": "hmm"}],
+        [{"type": "reasoning-delta", "id": "m1.s0.r0", "delta": "hmm"}],
     ),
-    (o.ReasoningFinish(step=0, part_id="r1"), [{"type": "reasoning-end", "id": "r1"}]),
+    (o.ReasoningFinish(step=0, part_id="r1"), [{"type": "reasoning-end", "id": "m1.s0.r0"}]),
     (
         o.ToolInputStart(step=0, tool_call_id="c1", tool_name="lookup"),
         [{"type": "tool-input-start", "toolCallId": "c1", "toolName": "lookup"}],
@@ -379,7 +380,7 @@ def test_ui_messages_fold_tool_results_into_their_calls_by_step():
             "metadata": {"interrupted": False},
             "parts": [
                 {"type": "step-start"},
-                {"type": "reasoning", "text": "plan", "state": "done"},
+                {"type": "reasoning", "id": "a1.s0.r0", "text": "plan", "state": "done"},
                 {"type": "text", "text": "first ", "state": "done"},
                 {
                     "type": "tool-lookup",
@@ -389,6 +390,8 @@ def test_ui_messages_fold_tool_results_into_their_calls_by_step():
                     "output": "value of a",
                 },
                 {"type": "step-start"},
+                # redacted: streamed as a start and an end, so a part with no text
+                {"type": "reasoning", "id": "a1.s1.r0", "text": "", "state": "done"},
                 {
                     "type": "tool-broken",
                     "toolCallId": "B",
@@ -477,3 +480,20 @@ def test_ui_messages_give_each_turn_its_own_results_when_call_ids_repeat():
         ("output-error", None, "second failed"),
         ("input-available", None, None),
     ]
+
+
+def test_a_reasoning_part_of_a_step_started_over_has_the_id_of_its_stored_part():
+    busy = ErrorInfo(kind="Overloaded", message="busy")
+    chunks = [o.Start(message_id="msg_1"), o.StepStart(step=0)]
+    for part_id in ("p1", "p2"):  # p1 streamed, then discarded by the reset
+        chunks += [
+            o.ReasoningStart(step=0, part_id=part_id),
+            o.ReasoningDelta(step=0, part_id=part_id, text="think"),
+            o.ReasoningFinish(step=0, part_id=part_id),
+        ]
+        if part_id == "p1":
+            chunks.append(o.ResetStep(step=0, provider="backup", error=busy))
+    sent = [ui["id"] for ui in encode_turn(chunks) if ui["type"].startswith("reasoning-")]
+    stored = AssistantMessage(id="msg_1", content=(ReasoningPart(text="think", step=0),))
+    (ui,) = [p for p in ui_messages([stored])[0]["parts"] if p["type"] == "reasoning"]
+    assert sent[3:] == [ui["id"]] * 3

@@ -162,6 +162,39 @@ async def test_the_ai_package_reads_a_turn_with_reasoning_two_tool_steps_and_an_
     assert fail["message"]["parts"][-1]["text"] == "Partial answer"
 
 
+REDACTED_THEN_THINKING = [
+    [
+        ReasoningChunk(text="", redacted_data="b3BhcXVl", provider="anthropic"),
+        ReasoningChunk(text="Then plain thinking."),
+        "The answer.",
+    ]
+]
+
+
+async def test_a_reloaded_session_has_the_reasoning_parts_the_stream_built(node):
+    # AI SDK 7 keeps a reasoning part's stream id on the part; a redacted block streams a
+    # start and an end with no text, and is a part (with no text) of the built message
+    agents = {
+        "tools": AGENTS["tools"],
+        "redacted": lambda: Agent(name="r", provider=ScriptedProvider(REDACTED_THEN_THINKING)),
+    }
+    async with web_server(lambda sid: agents[sid.split("-")[0]](), token="tok") as server:
+        results = await read_with_ai_package(
+            node,
+            server.url,
+            [
+                {"chatId": "tools-1", "text": "What are a and b?"},
+                {"chatId": "redacted-1", "text": "Hm"},
+            ],
+        )
+    for result in results:
+        assert result["error"] is None and result.get("storedError") is None, result
+        built = [p for p in result["message"]["parts"] if p["type"] == "reasoning"]
+        stored = [p for p in result["stored"][-1]["parts"] if p["type"] == "reasoning"]
+        assert len(built) == 2 and all(p.get("id") for p in built)
+        assert stored == built
+
+
 async def test_every_mapped_chunk_passes_the_ai_package_chunk_schema(node):
     from runtime.app.web.ui_stream import DONE, UIStreamEncoder, sse
     from tests.test_web_protocol import CASES

@@ -382,3 +382,59 @@ async def test_a_second_steer_from_the_steered_answer_hands_over_again(
     assert [m["id"] for m in stored] == [
         *("u1", answer, "u2", f"{answer}-s2", "u3", f"{answer}-s3"),
     ]
+
+
+async def stop_a_taken_steer(pg_url: str, redis_url: str, *, marked: bool) -> dict[str, Any]:
+    """``first`` holds in step 1's tool; ``also this`` is steered in at the boundary,
+    and the turn then holds again (in step 2's tool, the steering row still ``queued``
+    till that step's save; with ``marked``, in step 3's, that row ``done``,
+    ``steered``): the stop naming ``u2`` sent then, and what the turn did."""
+    script = Script(holding("H1"), *([looking("L")] if marked else []), holding("H2"), ["never"])
+    held = test_busy.held
+    out: dict[str, Any] = {"script": script}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await held["open"].wait()  # step 1's tool holds
+                nursery.start_soon(post, "steered", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                first = held["release"]
+                held["open"], held["release"] = trio.Event(), trio.Event()
+                first.set()  # the boundary takes "also this"; a later tool holds
+                await held["open"].wait()
+                out["row"] = (await d.queue.turns("s1"))[1].status
+                out["stop"] = await client.post("/api/chat/s1/stop", json={"messageId": "u2"})
+                with trio.move_on_after(LIMIT):  # (before: it ran until released)
+                    while "first" not in out:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                held["release"].set()
+        out["turns"] = await d.queue.turns("s1")
+        out["record"] = await d.store.load("s1")
+    return out
+
+
+@pytest.mark.parametrize("marked", [False, True], ids=["row-queued", "row-steered"])
+async def test_a_stop_naming_a_message_the_running_turn_took_stops_that_turn(
+    pg_url: str, redis_url: str, marked: bool
+) -> None:
+    """Stop pressed for ``also this`` after the worker's turn took it in: the rest of the
+    turn is its answer, so the stop stops the turn, as a stop naming the turn's own
+    message does (the embedded app's ``TurnStream.named_by``). Before, the row marked
+    ``steered`` was found by no key (204), and the row still queued was cancelled
+    (202) while the turn that had taken it ran on, to its end, either way."""
+    out = await stop_a_taken_steer(pg_url, redis_url, marked=marked)
+    turns, record = out["turns"], out["record"]
+    assert out["row"] == ("done" if marked else "queued")
+    assert out["stop"].status_code == 202, out["stop"].text
+    if marked:
+        assert out["stop"].json()["turn_id"] == turns[0].turn_id
+    assert turns[0].status == "cancelled"
+    assert record is not None and "never" not in str(record.messages)
+    users = [m.text for m in record.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "also this"]
+    assert '"type":"abort"' in out["first"].text

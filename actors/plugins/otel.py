@@ -34,7 +34,10 @@ unaffected: this is one more observer beside the log tap.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import re
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, ClassVar
@@ -239,14 +242,20 @@ class OpenTelemetryActor(Actor):
 
     async def run(self) -> None:
         """Handle events; when cancelled (the host is closing) or stopped, first record
-        what is still queued, end every open span, and flush the exporter."""
+        what is still queued, end every open span, and flush the exporter. While it
+        runs, the interpreter's exit does the same (:meth:`_end_at_exit`)."""
+        at_exit = functools.partial(self._end_at_exit, trio.lowlevel.current_trio_token())
+        atexit.register(at_exit)
         try:
-            await super().run()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._close()
-            raise
-        await self._close()
+            try:
+                await super().run()
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    await self._close()
+                raise
+            await self._close()
+        finally:
+            atexit.unregister(at_exit)
 
     async def handle(self, message: Any) -> None:
         self.record(message)
@@ -286,6 +295,15 @@ class OpenTelemetryActor(Actor):
                 turn.incomplete = True
 
     async def _close(self) -> None:
+        self._end_open()
+        flush = getattr(self.tracer_provider, "force_flush", None)
+        if flush is not None:
+            with trio.move_on_after(FLUSH_TIMEOUT):
+                millis = int(FLUSH_TIMEOUT * 1000)
+                await trio.to_thread.run_sync(lambda: flush(millis), abandon_on_cancel=True)
+
+    def _end_open(self) -> None:
+        """Record what is still queued, then end every open turn's spans, incomplete."""
         while True:
             try:
                 self.record(self.inbox.get_nowait())
@@ -296,11 +314,32 @@ class OpenTelemetryActor(Actor):
             turn = self._turns[turn_id]
             turn.incomplete = True
             self._end_turn(turn_id, now)
+
+    def _end_at_exit(self, token: trio.lowlevel.TrioToken) -> None:
+        """The interpreter exits while this actor still runs: its host's Trio run is on a
+        thread of its own that nothing closed (an :class:`~runtime.app.aio.AsyncHost`
+        left open), which exit stops where it is. The spans of the turns still open are
+        ended (``axon.trace.incomplete``) on that run's thread and flushed, each for at
+        most :data:`FLUSH_TIMEOUT`: before, they were never ended, so never exported, and
+        the trace lacked the very turns the exit cut. (Runs before the SDK provider's own
+        exit hook, registered earlier, which exports them if this flush could not.)"""
+        ended = threading.Event()
+
+        def end() -> None:
+            try:
+                self._end_open()
+            finally:
+                ended.set()
+
+        try:
+            token.run_sync_soon(end)
+        except trio.RunFinishedError:
+            return
+        if not ended.wait(FLUSH_TIMEOUT):
+            return
         flush = getattr(self.tracer_provider, "force_flush", None)
         if flush is not None:
-            with trio.move_on_after(FLUSH_TIMEOUT):
-                millis = int(FLUSH_TIMEOUT * 1000)
-                await trio.to_thread.run_sync(lambda: flush(millis), abandon_on_cancel=True)
+            flush(int(FLUSH_TIMEOUT * 1000))
 
     # -- turns -------------------------------------------------------------------------
 

@@ -485,14 +485,35 @@ MIN_THINKING_BUDGET = 1024
 """The smallest ``budget_tokens`` the API takes."""
 
 
-def thinking_budget(budget: int | None, max_tokens: Any) -> int | None:
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+"""The beta (``anthropic-beta`` header) with which Claude 4 thinks between tool calls, on
+every step of a tool loop, instead of once a turn."""
+
+
+def thinking_budget(
+    budget: int | None, max_tokens: Any, *, interleaved: bool = False
+) -> int | None:
     """The ``budget_tokens`` a call may send: the provider's, below the call's own
     ``max_tokens`` (an agent's ``settings`` may lower it; the API refuses a budget that
     is not below it), and ``None`` (thinking off for that call) when not even
-    :data:`MIN_THINKING_BUDGET` fits."""
-    if budget is None or not isinstance(max_tokens, int) or budget < max_tokens:
+    :data:`MIN_THINKING_BUDGET` fits. ``interleaved``: a call with tools and the
+    interleaved-thinking beta, whose budget is the whole turn's and may exceed
+    ``max_tokens`` (the docs: "the token limit becomes your entire context window")."""
+    if budget is None or interleaved or not isinstance(max_tokens, int) or budget < max_tokens:
         return budget
     return max_tokens - 1 if max_tokens - 1 >= MIN_THINKING_BUDGET else None
+
+
+def with_beta(headers: Any, beta: str) -> dict[str, Any]:
+    """``headers`` (a call's ``extra_headers``, maybe ``None``) with ``beta`` added to
+    their ``anthropic-beta`` list, which keeps the betas a caller asked for there (the
+    header's name in any case). The SDK sends the header as it is; its Bedrock client
+    moves it into the body's ``anthropic_beta``."""
+    out = dict(headers or {})
+    key = next((k for k in out if k.lower() == "anthropic-beta"), "anthropic-beta")
+    given = [b.strip() for b in str(out.get(key) or "").split(",") if b.strip()]
+    out[key] = ",".join(given if beta in given else [*given, beta])
+    return out
 
 
 def refused_with_thinking(key: str, value: Any) -> bool:
@@ -1276,6 +1297,7 @@ class AnthropicProvider(SDKProvider):
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
         price_as: str | None = None,
+        interleaved_thinking: bool = False,
         **request_options: Any,
     ) -> None:
         if thinking_budget is not None and thinking_budget < MIN_THINKING_BUDGET:
@@ -1283,7 +1305,11 @@ class AnthropicProvider(SDKProvider):
                 f"thinking_budget ({thinking_budget}) must be at least {MIN_THINKING_BUDGET}: "
                 "the API refuses a smaller budget_tokens"
             )
-        if thinking_budget is not None and thinking_budget >= max_tokens:
+        if (
+            thinking_budget is not None
+            and thinking_budget >= max_tokens
+            and not interleaved_thinking
+        ):
             raise errors.ConfigurationError(
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
                 "thinking tokens count towards max_tokens"
@@ -1303,6 +1329,12 @@ class AnthropicProvider(SDKProvider):
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
         self.max_tokens = max_tokens
         """Output token limit per call (thinking included)."""
+        self.interleaved_thinking = interleaved_thinking
+        """Ask for interleaved thinking (the :data:`INTERLEAVED_THINKING_BETA` header on
+        every call that thinks): Claude 4 then thinks on each step of a tool loop, after
+        the tool results, not only before its first call. With it a call that has tools
+        may send a ``thinking_budget`` at or above ``max_tokens``. Off by default: a
+        beta, and more thinking tokens."""
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
@@ -1319,6 +1351,7 @@ class AnthropicProvider(SDKProvider):
         return {
             "thinking_budget": self.thinking_budget,
             "max_tokens": self.max_tokens,
+            "interleaved_thinking": self.interleaved_thinking,
             "foreign_reasoning": self.foreign_reasoning,
         }
 
@@ -1356,7 +1389,11 @@ class AnthropicProvider(SDKProvider):
         if request.tools:
             params["tools"] = map_tools(request.tools)
         settings = {**self.request_options, **request.settings}
-        budget = thinking_budget(self.thinking_budget, settings.get("max_tokens", self.max_tokens))
+        budget = thinking_budget(
+            self.thinking_budget,
+            settings.get("max_tokens", self.max_tokens),
+            interleaved=self.interleaved_thinking and bool(request.tools),
+        )
         thinking = budget is not None and thinking_allowed(messages)
         if thinking:
             params["thinking"] = {"type": "enabled", "budget_tokens": budget}
@@ -1377,6 +1414,10 @@ class AnthropicProvider(SDKProvider):
                 extra_body[key] = value
         if extra_body:
             params["extra_body"] = extra_body
+        if thinking and self.interleaved_thinking:
+            params["extra_headers"] = with_beta(
+                params.get("extra_headers"), INTERLEAVED_THINKING_BETA
+            )
         params["stream"] = True
         return params
 
@@ -1422,9 +1463,12 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        budget = thinking_budget(self.thinking_budget, self.max_tokens)
+        interleaved = self.interleaved_thinking and bool(tools)
+        budget = thinking_budget(self.thinking_budget, self.max_tokens, interleaved=interleaved)
         if budget is not None and thinking_allowed(mapped):
             params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            if self.interleaved_thinking:
+                params["extra_headers"] = with_beta(None, INTERLEAVED_THINKING_BETA)
         else:
             params["messages"] = without_loop_thinking(mapped)
         try:

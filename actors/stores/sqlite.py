@@ -1,6 +1,6 @@
 """A :class:`~runtime.store.Store` in one embedded SQLite file.
 
-Layout (schema version 4)::
+Layout (schema version 5)::
 
     axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
                                                          -- deleted_version (see delete)
@@ -11,7 +11,9 @@ Layout (schema version 4)::
              incarnation INTEGER)                        -- version of its first save
     messages(session_id TEXT, idx INTEGER, role TEXT,
              body BLOB,                                  -- serde JSON of one Message
+             message_id TEXT,                            -- a user message's id, else NULL
              PRIMARY KEY(session_id, idx))
+    user_messages_by_id ON messages(session_id, message_id) WHERE role = 'user'
     deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: grows
               count INTEGER)                             -- with each delete of the id
 
@@ -30,7 +32,9 @@ added and every existing session starts at version 1. Schema version 2 (no
 ``incarnation`` column) likewise: its sessions get ``0`` ("not recorded", which refuses
 nothing), a session created after records its own. Schema version 3 (no ``deletions``
 table) gains the empty table: no id was deleted as far as it knows, which is what a
-turn that read no mark assumes too. Newer schemas are refused.
+turn that read no mark assumes too. Schema version 4 (no ``message_id`` column) gains
+the column, filled for its user messages from their bodies, and its index
+(:meth:`SQLiteStore.has_user_messages`). Newer schemas are refused.
 
 The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
 established that the file is empty or an Axon store, and raises
@@ -74,7 +78,7 @@ APPLICATION_ID = 0x41584F4E
 MAGIC = "axon-session-store"
 """The ``magic`` row of ``axon_meta``."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema this code writes. Older files are upgraded in place; newer ones are refused."""
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -134,6 +138,16 @@ def _mark_deletion(conn: sqlite3.Connection, session_id: str) -> None:
         conn.execute("DELETE FROM deletions WHERE count <= ?", (top - kept,))
 
 
+_MESSAGE_ID_INDEX = """CREATE INDEX IF NOT EXISTS user_messages_by_id
+    ON messages (session_id, message_id) WHERE role = 'user'"""
+"""The user messages' ids, by session (:meth:`SQLiteStore.has_user_messages`): "was user
+message id X saved in this session" answered from it, where a front end read the whole
+session (A2A's ``message/send``, a message sent again). Partial, as PostgreSQL's
+``axon_user_messages_by_id``: an assistant's or a tool's row adds no entry. A column
+the save writes (it has the message, no JSON to parse), not an expression index: a
+writer of schema 4 writes nothing into a file of schema 5 (``_schema_moved``), and the
+rows stored before are filled once by the upgrade (:func:`_fill_message_ids`)."""
+
 _SCHEMA = (
     """CREATE TABLE axon_meta (
         key TEXT PRIMARY KEY,
@@ -154,9 +168,11 @@ _SCHEMA = (
         idx INTEGER NOT NULL,
         role TEXT NOT NULL,
         body BLOB NOT NULL,
+        message_id TEXT,
         PRIMARY KEY (session_id, idx)
     )""",
     _DELETIONS_TABLE,
+    _MESSAGE_ID_INDEX,
 )
 _COLUMNS_V1 = {
     "axon_meta": {"key", "value"},
@@ -165,8 +181,27 @@ _COLUMNS_V1 = {
 }
 _COLUMNS_V2 = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
 _COLUMNS_V3 = {**_COLUMNS_V2, "sessions": _COLUMNS_V2["sessions"] | {"incarnation"}}
-_COLUMNS = {**_COLUMNS_V3, "deletions": {"session_id", "count"}}
-_MIGRATIONS = {
+_COLUMNS_V4 = {**_COLUMNS_V3, "deletions": {"session_id", "count"}}
+_COLUMNS = {**_COLUMNS_V4, "messages": _COLUMNS_V4["messages"] | {"message_id"}}
+
+
+def _fill_message_ids(conn: sqlite3.Connection) -> None:
+    """The upgrade to schema 5: each stored user message's id, read from its body. A
+    body that holds none that can be read (a damaged row) leaves it ``NULL``: the
+    upgrade never fails on it, and :meth:`SQLiteStore.has_user_messages` of that session
+    reads the session the long way (its load then says what is wrong)."""
+    found = []
+    for rowid, body in conn.execute("SELECT rowid, body FROM messages WHERE role = 'user'"):
+        try:
+            message_id = orjson.loads(body).get("id")
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            continue
+        if isinstance(message_id, str):
+            found.append((message_id, rowid))
+    conn.executemany("UPDATE messages SET message_id = ? WHERE rowid = ?", found)
+
+
+_MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     # 1 -> 2: per-session versions. Existing sessions start at 1, since 0 means "absent".
     1: (
         "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
@@ -179,7 +214,15 @@ _MIGRATIONS = {
     # 3 -> 4: the deletion marks (runtime.store.Store, "Deletion marks"): one row per id
     # deleted since (the last DELETION_MARKS_KEPT deletions'). Empty: none counted before.
     3: (_DELETIONS_TABLE,),
+    # 4 -> 5: the user messages' ids, indexed (SQLiteStore.has_user_messages): the
+    # column, the ids of the user messages stored before, the index.
+    4: (
+        "ALTER TABLE messages ADD COLUMN message_id TEXT",
+        _fill_message_ids,
+        _MESSAGE_ID_INDEX,
+    ),
 }
+
 
 _T = TypeVar("_T")
 
@@ -372,6 +415,8 @@ def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
         raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
     expected = (
         _COLUMNS
+        if version >= 5
+        else _COLUMNS_V4
         if version >= 4
         else _COLUMNS_V3
         if version >= 3
@@ -398,7 +443,10 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
     caller's write transaction (so a failure leaves the file as it was)."""
     for step in range(version, SCHEMA_VERSION):
         for statement in _MIGRATIONS[step]:
-            conn.execute(statement)
+            if callable(statement):
+                statement(conn)
+            else:
+                conn.execute(statement)
     conn.execute(
         "UPDATE axon_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
     )
@@ -560,6 +608,40 @@ _VERSION_MARK_SQL = """SELECT (SELECT version FROM sessions WHERE session_id = ?
     (SELECT count FROM deletions WHERE session_id = ?1)"""
 """A session's version and deletion mark in one statement: two primary-key probes, one
 row (``NULL`` for a session not stored, an id never deleted)."""
+
+
+_HAS_USER_MESSAGES_SQL = """SELECT DISTINCT message_id FROM messages INDEXED BY user_messages_by_id
+    WHERE session_id = ?1 AND role = 'user' AND message_id IN ({asked})
+UNION ALL SELECT NULL FROM (SELECT 1 FROM messages INDEXED BY user_messages_by_id
+    WHERE session_id = ?1 AND role = 'user' AND message_id IS NULL LIMIT 1)"""
+"""The ids asked that the session's user messages have, and ``NULL`` when one of them has
+none recorded: probes of ``user_messages_by_id`` (``INDEXED BY``: the plan cannot fall
+back to reading the session's rows), the rows read those of the ids asked."""
+_IDS_A_STATEMENT = 500
+"""Ids asked in one statement (SQLite's default limit of parameters is 32,766; of 999
+before 3.32)."""
+_IDS_ON_LOOP = 64
+"""Ids asked on the calling thread at most (more go to a worker thread)."""
+
+
+class _Written:
+    """A save's rows (:func:`~actors.stores.validation.encode_rows`'s) and the messages
+    they encode: :meth:`rows` adds each user message's id (``message_id``), made where
+    the save's statements run (a long save's in its worker thread)."""
+
+    __slots__ = ("_encoded", "_messages", "_start")
+
+    def __init__(
+        self, encoded: list[tuple[str, int, str, bytes]], messages: Sequence[Message], start: int
+    ) -> None:
+        self._encoded, self._messages, self._start = encoded, messages, start
+
+    def rows(self) -> list[tuple[str, int, str, bytes, str | None]]:
+        messages, start = self._messages, self._start
+        return [
+            (session_id, idx, role, body, messages[idx - start].id if role == "user" else None)
+            for session_id, idx, role, body in self._encoded
+        ]
 
 
 class SQLiteStore:
@@ -757,27 +839,28 @@ class SQLiteStore:
         """
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
-        _, rows = await encoded_off_loop(
+        new, rows = await encoded_off_loop(
             session_id, start, messages, meta, expected_version, kept_at
         )
         meta = storable_meta(session_id, meta)  # fail before the transaction, not inside it
+        written = _Written(rows, new, start)
         start += tail  # (the rows below it, if any, go over their places: _write)
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(
-                action, self._save_rows, session_id, start, rows, meta, expected_version
+                action, self._save_rows, session_id, start, written, meta, expected_version
             )
             if not isinstance(version, _Large):
                 return version
         return await self._run(
-            action, self._save_rows, session_id, start, rows, meta, expected_version
+            action, self._save_rows, session_id, start, written, meta, expected_version
         )
 
     def _save_rows(
         self,
         session_id: str,
         start: int,
-        rows: list[tuple[str, int, str, bytes]],
+        written: _Written,
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
     ) -> int:
@@ -788,7 +871,7 @@ class SQLiteStore:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            version = self._write(conn, session_id, start, rows, meta, expected_version, now)
+            version = self._write(conn, session_id, start, written, meta, expected_version, now)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -800,7 +883,7 @@ class SQLiteStore:
         conn: sqlite3.Connection,
         session_id: str,
         start: int,
-        rows: list[tuple[str, int, str, bytes]],
+        written: _Written,
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
         now: float,
@@ -834,15 +917,19 @@ class SQLiteStore:
             conn.execute(
                 "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
             )
+        rows = written.rows()
         if rows and rows[0][1] < start:  # rows written over, before the kept ones
             over = [row for row in rows if row[1] < start]
             conn.executemany(
-                "UPDATE messages SET role = ?3, body = ?4 WHERE session_id = ?1 AND idx = ?2",
+                """UPDATE messages SET role = ?3, body = ?4, message_id = ?5
+                WHERE session_id = ?1 AND idx = ?2""",
                 over,
             )
             rows = rows[len(over) :]
         conn.executemany(
-            "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
+            """INSERT INTO messages (session_id, idx, role, body, message_id)
+            VALUES (?, ?, ?, ?, ?)""",
+            rows,
         )
         return version
 
@@ -891,6 +978,44 @@ class SQLiteStore:
             "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         return 0 if row is None else row[0]
+
+    # -- user message ids ----------------------------------------------------------------
+
+    async def has_user_messages(self, session_id: str, ids: Collection[str]) -> frozenset[str]:
+        """Which of ``ids`` are the ids of the session's stored user messages
+        (:func:`runtime.store.has_user_messages`): one statement on the index of the user
+        messages' ids (``user_messages_by_id``), a probe an id asked, whatever the
+        session's length, where it read the whole session. A stored user message whose
+        id the upgrade to schema 5 could not read from its body (``NULL``: a damaged row)
+        makes it read the session the long way, as before (its load says what is wrong).
+        On the calling thread when it need not wait, as :meth:`version`."""
+        validate_session_id(session_id)
+        wanted = sorted(frozenset(ids))
+        if not wanted:
+            return frozenset()
+        action = ("user message ids", session_id)
+        found: Any = _LARGE
+        if len(wanted) <= _IDS_ON_LOOP:
+            found = await self._on_loop(action, self._user_ids, session_id, wanted)
+        if isinstance(found, _Large):
+            found = await self._run(action, self._user_ids, session_id, wanted)
+        if None in found:
+            record = await self.load(session_id)
+            messages = record.messages if record is not None else ()
+            asked = frozenset(wanted)
+            return frozenset(m.id for m in messages if m.role == "user" and m.id in asked)
+        return frozenset(found)
+
+    def _user_ids(self, session_id: str, wanted: list[str]) -> set[str | None]:
+        """The ids of ``wanted`` the session's user messages have, and ``None`` if one of
+        them has no id recorded; in statements of at most :data:`_IDS_A_STATEMENT` ids."""
+        conn = self._conn
+        found: set[str | None] = set()
+        for at in range(0, len(wanted), _IDS_A_STATEMENT):
+            part = wanted[at : at + _IDS_A_STATEMENT]
+            sql = _HAS_USER_MESSAGES_SQL.format(asked=", ".join("?" * len(part)))
+            found.update(row[0] for row in conn.execute(sql, (session_id, *part)))
+        return found
 
     # -- deletion marks ------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from runtime.busy import ENQUEUE, INTERRUPT, REJECT, STEER, OnBusy
 from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
-from runtime.turn_queue import FINAL_STATUSES, QueuedTurn, TurnOptions, TurnStatus
+from runtime.turn_queue import FINAL_STATUSES, STEERED, QueuedTurn, TurnOptions, TurnStatus
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
@@ -250,9 +250,11 @@ class TurnSubmitting:
 
     async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
         """The session's running turn submitted under one of ``keys`` (idempotency keys,
-        as :meth:`submit` was given them), else its oldest such queued one, else
-        ``None``: a front end's stop naming a message by the client's id. At most one
-        turn of a key is open at a time (an edit waits for its turn's end)."""
+        as :meth:`submit` was given them), else its oldest such queued one, else the
+        turn a message submitted so to steer it took in (``done``, :data:`STEERED`: the
+        rest of that turn is the message's answer), if it is still open, else ``None``:
+        a front end's stop naming a message by the client's id. At most one turn of a
+        key is open at a time (an edit waits for its turn's end)."""
         validate_session_id(session_id)
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
         if not hashed:
@@ -261,10 +263,14 @@ class TurnSubmitting:
             f"open turn of a message of session {session_id!r}",
             lambda conn: conn.execute(
                 f"""SELECT {_STATUS_COLUMNS} FROM axon_turns
-                WHERE message_key = ANY(%s) AND session_id = %s
-                    AND status IN ('running', 'queued')
+                WHERE session_id = %s AND status IN ('running', 'queued')
+                    AND (message_key = ANY(%s) OR turn_id = (
+                        SELECT steer_of FROM axon_turns
+                        WHERE message_key = ANY(%s) AND session_id = %s
+                            AND status = 'done' AND finish_reason = %s
+                        ORDER BY seq DESC LIMIT 1))
                 ORDER BY status = 'running' DESC, seq LIMIT 1""",
-                (hashed, session_id),
+                (session_id, hashed, hashed, session_id, STEERED),
             ).fetchone(),
             transaction=False,
         )

@@ -100,7 +100,7 @@ from runtime.errors import (
     SessionDeleted,
     describe_exception,
 )
-from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.history import INTERRUPTED, MessageIds, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -134,15 +134,27 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
-def _user_id(run: RunTurn, state: SessionState) -> str:
+def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
     """The id a new turn's user message is stored under: the caller's (a client's id of
     the message), unless the session holds a message of that id already (a resend that
     no resend rule caught: the history came from another writer), whose second copy
-    would make the id name two messages; then, as without one, a new id."""
+    would make the id name two messages; then, as without one, a new id. Asked of the
+    runner's kept ids (:class:`~runtime.history.MessageIds`): a pass over the history
+    here made every turn's cost grow with its session."""
     wanted = run.user_message_id
-    if wanted is None or any(m.id == wanted for m in state.messages):
+    if wanted is None or ids.holds(state.messages, wanted):
         return new_id("msg")
     return wanted
+
+
+def _stored_as_held(turn: Turn, state: SessionState, item: Any) -> None:
+    """Acknowledge a steered ``item`` whose id the history holds already when a save
+    holds that message: now if the store has it, else with the save that writes it."""
+    for message in state.messages[state.saved_upto :]:
+        if message.id == item.user_message_id:
+            turn.unsaved_steers.append((item, message))
+            return
+    item.stored.set()
 
 
 class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
@@ -228,6 +240,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """Repairs the history once per message, for the requests of every step (given
         primed with ``state.messages`` when the host repaired a long one off the loop:
         :func:`runtime.history.repaired_off_loop`)."""
+        self._ids = MessageIds()
+        """The ids the history holds: whether a client's id of a message is stored
+        (a new turn's user message, a steered one) without a pass over the session."""
 
     @property
     def _log(self) -> Any:
@@ -508,7 +523,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             approved_before=approved,
         )
         if committed is None:
-            state.messages.append(UserMessage(content=run.input, id=_user_id(run, state)))
+            state.messages.append(
+                UserMessage(content=run.input, id=_user_id(run, state, self._ids))
+            )
             turn.a_index = len(state.messages)
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:
@@ -689,10 +706,20 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         strategy) where the model sees them: after the last step's tool results, before
         the next model call. Each user input keeps its own assistant message, so the
         steps from here on go to a new one (same turn, steps numbered on); the stored
-        history shows the messages where the model saw them."""
+        history shows the messages where the model saw them.
+
+        A message whose id the session holds already is taken as it is, not stored
+        again: a client's retry that a worker's turn queue holds twice (its first copy
+        steered in, or stored by an earlier turn, before the retry's row was taken) was
+        stored twice under one id, and the model read it twice."""
         state = self.state
         answer_id = steered_message_id(turn.first_message_id, turn.step)
+        steered = False
         for item in turn.steering.take(turn.step):
+            if self._ids.holds(state.messages, item.user_message_id):
+                _stored_as_held(turn, state, item)
+                continue
+            steered = True
             message = UserMessage(content=item.content, id=item.user_message_id)
             state.messages.append(message)
             turn.unsaved_steers.append((item, message))
@@ -710,6 +737,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     input=item.content,
                 )
             )
+        if not steered:
+            return
         turn.message_id = answer_id
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))

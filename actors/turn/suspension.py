@@ -29,6 +29,7 @@ from runtime.actor_messages import (
     ToolProgress,
 )
 from runtime.approval import APPROVAL, CLIENT, denial_text
+from runtime.errors import BudgetExceeded
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Awaiting, Message, Part, ToolCallPart, ToolMessage
@@ -165,6 +166,15 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
+def gone_text(tool_name: str) -> str:
+    """The result of an approved call whose tool the agent no longer has when its turn
+    resumes (or a new message runs it): it was not run."""
+    return (
+        f"the tool call was approved, but the tool {tool_name!r} is no longer "
+        "available, so it was not run"
+    )
+
+
 def in_call_order(messages: list[Message], a_index: int) -> None:
     """Put the tool messages after the assistant message ``a_index`` in the order of its
     calls (a continuation adds the waiting calls' results after the others of their
@@ -284,13 +294,30 @@ class Suspending:
             reason = w.reason if w is not None else None
             await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
         tools = {t.name: t for t in await self._tools(turn)}
+        for spec in [c for c in to_run if c.tool_name not in tools]:
+            # approved, but its tool went (a redeploy, a turn's own tool not given
+            # again): said so, not "unknown tool", as if the model had made it up
+            gone = ToolOutcome(
+                tool_call_id=spec.tool_call_id,
+                tool_name=spec.tool_name,
+                error=gone_text(spec.tool_name),
+            )
+            turn.outcomes[spec.tool_call_id] = gone
+            await self._tool_done(turn.turn_id, step, gone, turn.ctrl)
+        to_run = [c for c in to_run if c.tool_name in tools]
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
-            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
+            oc = turn.outcomes[part.tool_call_id]
+            if oc.usage is not None:  # an agent used as a tool, approved: its tokens count
+                turn.usage = turn.usage + oc.usage  # (they were lost: the budget too)
+            self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
         self._snapshot(turn)
         self._publish_history()
         await self._save(turn, step)
+        over = self.agent.budget.tokens_exceeded(turn.usage)
+        if over:  # as after the step that ran them at once: no model call more
+            raise BudgetExceeded(over)
         return True
 
     async def _run_approved_before(self, turn: Any) -> None:
@@ -311,6 +338,9 @@ class Suspending:
         try:
             await self._run_quietly(turn, parts, outcomes)
         finally:
+            for oc in outcomes.values():
+                if oc.usage is not None:  # an agent used as a tool: this turn spent it
+                    turn.usage = turn.usage + oc.usage
             results = [_result_of(p, outcomes.get(p.tool_call_id)) for p in parts]
             messages, at = self.state.messages, turn.start_index
             messages[at:at] = results
@@ -333,10 +363,17 @@ class Suspending:
         awaited = parts[0].awaiting
         assert awaited is not None
         budget, sid = self.agent.budget, self.state.session_id
+        tools = {t.name: t for t in await self._tools(turn)}
         by_step: dict[int, list[ToolCallPart]] = {}
         for part in parts:
+            if part.tool_name not in tools:  # its tool went: said so, not run
+                outcomes[part.tool_call_id] = ToolOutcome(
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    error=gone_text(part.tool_name),
+                )
+                continue
             by_step.setdefault(part.step, []).append(part)
-        tools = {t.name: t for t in await self._tools(turn)}
         for step, same in by_step.items():
             request = ExecuteTools(
                 session_id=sid,

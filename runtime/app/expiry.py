@@ -58,6 +58,12 @@ MAX_WATCHED = 10_000
 """Most waiting sessions one host's timer keeps; past it, a session's wait is noticed on
 its next load only."""
 
+NAP = 10.0
+"""Longest the timer sleeps while it watches a wait. Its sleep is timed on Trio's clock,
+which stops while the machine is suspended, and the host's clock is not (it counts the
+suspend: :class:`runtime.clocks.SteadyWallClock`): a machine woken past a deadline has
+the wait expired within this, not after the rest of the sleep it was in."""
+
 LOGGER = "runtime.app.expiry"
 log = structlog.get_logger(LOGGER)
 
@@ -153,9 +159,9 @@ async def resume_expired(session: Session) -> None:
 class ExpiryWatch:
     """One host's timer: the earliest deadline of each waiting session it has seen, and
     the task (started on the first :meth:`note`) that sleeps until the earliest of all and
-    expires what is due. Trio's clock times the sleep; the stored wall-clock deadline,
-    compared with ``host.clock()``, decides what is due (a wake-up too early for the
-    wall clock just sleeps again)."""
+    expires what is due. Trio's clock times the sleep, at most :data:`NAP` at a time; the
+    stored wall-clock deadline, compared with ``host.clock()``, decides what is due (a
+    wake-up too early for the wall clock just sleeps again)."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -181,6 +187,14 @@ class ExpiryWatch:
             self._started = True
             self.host.nursery.start_soon(self._run)
 
+    def forget(self, session_id: str) -> None:
+        """Stop watching session ``session_id``: its wait is over (every call decided, or
+        the session deleted). Kept until its deadline, each such wait held one of the
+        :data:`MAX_WATCHED` places, and a long timeout's decided waits left none for a
+        new one. (A wait a new message superseded leaves at its deadline: it is found
+        decided then.)"""
+        self._due.pop(session_id, None)
+
     def expire_now(self, session_id: str, agent: Agent) -> None:
         """Expire what is due in session ``session_id`` now, in the background: a decision
         found its wait expired before this timer woke (:class:`~runtime.errors.WaitExpired`),
@@ -196,13 +210,14 @@ class ExpiryWatch:
             self._changed = trio.Event()
             await self.host.sync_clock()
             now = clock()
-            for sid, (deadline, agent) in sorted(self._due.items(), key=lambda kv: kv[1][0]):
-                if deadline > now:
-                    break
-                del self._due[sid]
-                await self._expire(sid, agent)
+            due = sorted((d, sid) for sid, (d, _) in self._due.items() if d <= now)
+            for _, sid in due:
+                watched = self._due.pop(sid, None)
+                if watched is not None:
+                    await self._expire(sid, watched[1])
             wake = min((d for d, _ in self._due.values()), default=math.inf)
-            with trio.move_on_after(max(0.0, wake - clock())):
+            nap = math.inf if wake == math.inf else min(max(0.0, wake - clock()), NAP)
+            with trio.move_on_after(nap):
                 await self._changed.wait()
 
     async def _expire(self, session_id: str, agent: Agent) -> None:

@@ -23,7 +23,6 @@ import os
 import signal
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -39,7 +38,7 @@ from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expi
 from runtime.app.gcpacing import acquire_pacer, release_pacer
 from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
-from runtime.busy import OnBusy, check_on_busy
+from runtime.busy import HeldStops, OnBusy, check_on_busy
 from runtime.clocks import AnchoredClock, SteadyWallClock
 from runtime.errors import (
     SESSION_DELETED,
@@ -257,12 +256,6 @@ def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
         session.on_busy = on_busy
 
 
-STOP_HELD_KEPT = 1024
-"""Named stops a host keeps at most for messages not here yet (:meth:`Host.hold_stop`)."""
-STOP_HELD_FOR = 60.0
-"""Seconds a host keeps a named stop for a message not here yet."""
-
-
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
@@ -315,15 +308,9 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
-        self.held_stop: Callable[[str, str | None, str], str | None] | None = None
-        """Set by a relay's publisher (:func:`actors.relays.attach_relay`): the reason of
-        a stop that reached this host before the new message it names, asked as that
-        message would wait for the running turn (its stream takes it out, as
-        :meth:`stop_named` takes out a waiting one), or ``None``."""
-        self._stopped_here: OrderedDict[tuple[str, str | None, str | None], tuple[str, float]]
-        self._stopped_here = OrderedDict()
-        """Named stops sent to this host that found nothing here (:meth:`hold_stop`), by
-        (session, message, turn) named: the reason and when (trio clock), oldest first."""
+        self.held_stops = HeldStops()
+        """Named stops that found nothing here (:meth:`hold_stop`): sent to this host, or
+        heard from another through the relay (:func:`actors.relays.attach_relay`)."""
         self.closed = False
         """Set once the host has closed: opening a session, running a turn or starting an
         actor then raises :class:`~runtime.errors.HostClosed`."""
@@ -565,6 +552,11 @@ class Host:
         self.cancel_turns(type(exc).__name__)
         if self._block is not None:
             self._block.cancel()
+
+    def wait_over(self, session: Session) -> None:
+        """Every call of ``session``'s wait is decided: its timer forgets it
+        (:meth:`ExpiryWatch.forget`)."""
+        self.expiry.forget(session.id)
 
     def expire_now(self, session: Session) -> None:
         """Deny what of ``session``'s wait expired, ``timed out``, and resume its turn, in
@@ -1089,6 +1081,7 @@ class Host:
         if session is not None:
             await self._stop_for_delete(session)
         await self.store.delete(sid)
+        self.expiry.forget(sid)
 
     async def _stop_for_delete(self, session: Session) -> None:
         """End what runs or waits on ``session`` (:meth:`delete_session`), then drop it
@@ -1166,73 +1159,25 @@ class Host:
     def hold_stop(
         self, session_id: str, *, message_id: str | None, turn_id: str | None, reason: str
     ) -> None:
-        """Keep a named stop sent to this host (``POST /api/chat/{id}/stop``) that found
-        nothing so named (:meth:`stop_named` ``None``) for :data:`STOP_HELD_FOR` seconds
-        (at most :data:`STOP_HELD_KEPT`, the oldest dropped): the message it names may be
-        on its way still (its POST and the stop race on two connections), and would wait
-        for the running turn when it comes; it is then taken out
-        (:meth:`stopped_before`), as it would have been had the stop come after it."""
-        if message_id is None and turn_id is None:
+        """Keep a named stop that found nothing so named here (:meth:`stop_named`
+        ``None``), sent to this host (``POST /api/chat/{id}/stop``) or to another
+        (forwarded over the relay): the message it names may be on its way still (its
+        POST and the stop race on two connections). :attr:`held_stops` bounds them (a
+        minute, 1024); the message's stream takes it when it comes
+        (:meth:`stopped_before`). Not one naming the answer the session's last turn here
+        continued (``Session.continued``): that turn's stop, late, which must not stop
+        a regenerate of that answer (named by it too)."""
+        session = self.sessions.get(session_id)
+        if session is not None and message_id is not None and session.continued == message_id:
             return
-        held, now = self._stopped_here, trio.current_time()
-        key = (session_id, message_id, turn_id)
-        held.pop(key, None)
-        held[key] = (reason, now)
-        while held and (
-            len(held) > STOP_HELD_KEPT or next(iter(held.values()))[1] < now - STOP_HELD_FOR
-        ):
-            held.popitem(last=False)
+        self.held_stops.hold(session_id, message_id, turn_id, reason)
 
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
         """A new message of ``session_id`` (user message ``message_id``, turn ``turn_id``)
-        would wait for the running turn: the reason of a stop that came before it and
-        names it (:meth:`hold_stop`, or one another host forwarded: :attr:`held_stop`),
-        used up, or ``None``."""
-        held = self._stopped_here
-        if held:
-            since = trio.current_time() - STOP_HELD_FOR
-            for key in ((session_id, message_id, None), (session_id, None, turn_id)):
-                if key[1] is None and key[2] is None:
-                    continue
-                kept = held.pop(key, None)
-                if kept is not None and kept[1] >= since:
-                    return kept[0]
-        ask = self.held_stop
-        return ask(session_id, message_id, turn_id) if ask is not None else None
-
-    def stop_new_turn(
-        self,
-        session_id: str,
-        turn_id: str,
-        *,
-        message_id: str | None,
-        named_turn: str | None,
-        reason: str,
-    ) -> bool:
-        """Cancel turn ``turn_id`` of ``session_id`` if it runs here, is a new message's
-        turn and a stop that reached this host before the turn did names it
-        (``message_id``, its user message's id; ``named_turn``, its own id); whether it
-        did. Used by the relay's publisher as the turn starts (:mod:`actors.relays.
-        publisher`: a stop another host forwarded before the turn's POST got here). Only
-        a new message's turn: a regenerate, an edit and a continuation carry the id of a
-        message the session held before (:meth:`stop_named` finds them by it), so a stop
-        naming that id may be a late stop of the turn before, which must not stop the
-        one that follows."""
-        session = self.sessions.get(session_id)
-        current = session.current if session is not None else None
-        if (
-            current is None
-            or current.turn_id != turn_id
-            or (message_id is None and named_turn is None)
-            or current.regenerate
-            or current.resume
-            or current.continues is not None
-            or (named_turn is not None and named_turn != turn_id)
-            or (message_id is not None and message_id != current.user_message_id)
-        ):
-            return False
-        current.cancel(reason)
-        return True
+        reaches this host: the reason of a stop that came before it and names it
+        (:meth:`hold_stop`), used up, or ``None``."""
+        held = self.held_stops
+        return held.take(session_id, message_id, turn_id) if held else None
 
     def cancel_turn(self, turn_id: str, reason: str) -> bool:
         """Cancel the turn ``turn_id`` if this host runs it; whether it did. With reason

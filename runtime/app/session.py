@@ -41,12 +41,15 @@ from runtime.actor_messages import (
     TurnSteering,
 )
 from runtime.approval import (
+    RECORD_ATTEMPTS,
+    WAITING_META,
     Decision,
     PendingCall,
     Recorded,
     approval_decided,
     pending_calls,
     record_decision,
+    supersede,
     waiting_calls,
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
@@ -103,6 +106,9 @@ class SessionOwner(Protocol):
     """The clock waits expire by (``Agent(approval_timeout=...)``): a decision for a call
     past its deadline by it is refused (:class:`~runtime.errors.WaitExpired`)."""
 
+    def wait_over(self, session: Session) -> None:
+        """Every call of the session's wait is decided: the host's timer forgets it."""
+
     def expire_now(self, session: Session) -> None:
         """Deny what of the session's wait expired, ``timed out``, and resume its turn, in
         the background: a decision found the wait past its deadline before the host's
@@ -129,7 +135,7 @@ class SessionOwner(Protocol):
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
         """The reason of a stop that reached the host before the new message it names
         (user message ``message_id``, turn ``turn_id``), used up; asked as that message
-        would wait (``TurnStream._check_not_stopped_before``)."""
+        would wait or its turn starts (``TurnStream._check_not_stopped_before``)."""
 
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
@@ -396,6 +402,13 @@ class TurnStream:
             # one of a deleted session's turn, whose saves are refused (a thread deleted
             # and started again, its client's runId constant).
             self.turn_id = new_id("turn")
+        if not queued:
+            # A stop that came before this message (its POST and the stop raced): its
+            # turn is cut before its model call, its input kept, as a stop just after it
+            # started would have. (A queued one was asked as it came to wait.)
+            stopped = self._stopped_before()
+            if stopped is not None:
+                self._cancel.cancel(stopped)
         session.host.wake(session)  # (it may renew actors given up on: a new runner)
         runner = session.runner
         assert runner is not None
@@ -493,17 +506,24 @@ class TurnStream:
         user message id or its turn id) reached the host before it did (sent to this
         host, or forwarded by another and held by the relay's publisher). What
         ``Host.stop_named`` does to a waiting message when the stop comes after it, so
-        both orders agree: it never waits, runs or is stored. Not a regenerate, an edit
-        or a continuation: a stop naming the id they carry may be a late stop of the
-        turn before (``Host.stop_new_turn``)."""
-        if self.regenerate or self.resume or self.continues is not None:
-            return
-        reason = self.session.host.stopped_before(
-            self.session.id, self.user_message_id, self.turn_id
-        )
+        both orders agree: it never waits, runs or is stored (:meth:`_stopped_before`:
+        a regenerate or an edit only by the answer it replaces or its turn id)."""
+        reason = self._stopped_before()
         if reason is not None:
             self._withdrawn = reason
             raise self._withdrawn_error()
+
+    def _stopped_before(self) -> str | None:
+        """The reason of a stop that reached the host before this new message did and
+        names it (its user message id or its turn id), used up. A regenerate or an edit
+        is asked by what only it has, the answer it replaces (:attr:`regenerates`, the
+        AI SDK's ``messageId``) or its turn id, not by its user message's id, which
+        named the turn before (a late stop of that turn cannot be told from an early
+        one of this); a continuation not at all (:meth:`_check_not_stopped_before`)."""
+        if self.resume or self.continues is not None:
+            return None
+        message_id = self.regenerates if self.regenerate else self.user_message_id
+        return self.session.host.stopped_before(self.session.id, message_id, self.turn_id)
 
     def _check_not_held(self) -> None:
         """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the
@@ -723,6 +743,8 @@ class TurnStream:
                 follower._wake_follower()
         session = self.session
         if session.current is self:
+            if self.continues is not None or session.continued is not None:
+                session.continued = self.message_id if self.continues is not None else None
             session.current = None
             session.changed()
             if not session.queued:  # idle: its actors rest until its next turn
@@ -909,6 +931,12 @@ class Session:
     class default: an idle session holds no list and no attribute of it; an empty list
     each, with ``TurnStream._joining`` set in ``__init__``, was +0.065 KB an idle
     session, 4.17 -> 4.23, ``bench_concurrency idle 10000 1000``)."""
+
+    continued: str | None = None
+    """The answer the session's last turn continued (after a wait for input), if it was
+    a continuation: a stop naming that answer that comes now is the continuation's,
+    late (``Host.hold_stop`` keeps none for a regenerate of it). A class default: an
+    idle session that never continued holds no attribute of it."""
 
     def __init__(
         self,
@@ -1309,6 +1337,8 @@ class Session:
             raise
         if recorded.messages is not None:
             self._decided = recorded
+        if recorded.complete:
+            self.host.wait_over(self)
         event = approval_decided(
             self._id,
             recorded.call,
@@ -1319,6 +1349,46 @@ class Session:
         if event is not None:
             await self.host.bus.publish(event)
         return recorded
+
+    async def end_wait(self, reason: str) -> None:
+        """End the turn that waits for input, for good, without resuming it: each call
+        it still waits for is denied with ``reason`` (a client tool's gets it as its
+        error), and every waiting call gets its result, in one version-checked save (a
+        conflicting writer: read again). The history is then whole and no
+        ``resume()``, continuation request or later decision can run the turn on.
+        How an agent used as a tool closes a sub-turn that suspended once its caller
+        was told it did not finish (before, its calls were only denied: the turn stayed
+        decided and unresumed, and a ``resume()`` ran the sub-agent on, tools and all,
+        after the calling model had gone on without it). Nothing waits: nothing done."""
+        store = self.host.store
+        max_chars = self.agent.budget.max_tool_result_chars
+        for _ in range(RECORD_ATTEMPTS):
+            record = await store.load(self._id)
+            if record is None:
+                return
+            messages = list(record.messages)
+            denied = pending_calls(messages)
+            at = supersede(messages, max_chars, reason=reason)
+            if at is None:
+                return
+            try:
+                await store.save(
+                    self._id,
+                    at,
+                    messages[at:],
+                    {WAITING_META: 0},
+                    expected_version=record.version,
+                )
+            except StoreConflict:
+                continue
+            self._decided = None
+            for call in denied:
+                event = approval_decided(
+                    self._id, call, approved=False, reason=reason, max_chars=max_chars
+                )
+                if event is not None:
+                    await self.host.bus.publish(event)
+            return
 
     def held_record(self) -> SessionRecord | None:
         """The session as this process last stored it, when memory holds all of it: what
@@ -1427,18 +1497,24 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        tools: Sequence[Tool] = (),
+        instructions: str | None = None,
     ) -> TurnResult | None:
         """:meth:`decide`, then, if that decided the last waiting call, run the
         continuation to its end and return its result (``None`` while other calls
         still wait). The continuation starts from what the decision stored, without
         reading the store or asking it for the version (:meth:`take_decided` says why
-        that is safe)."""
+        that is safe). ``tools`` and ``instructions`` are :meth:`resume`'s: a turn
+        given tools of its own (``stream(text, tools=...)``) needs them again to run
+        one a person approved (before, ``respond`` could not give them: the approved
+        call got ``unknown tool`` and never ran)."""
         recorded = await self.decide(
             id, approved=approved, reason=reason, output=output, error=error
         )
         if not recorded.complete:
             return None
-        async with self.resume(decided=recorded) as out:
+        resumed = self.resume(tools=tuple(tools), instructions=instructions, decided=recorded)
+        async with resumed as out:
             async for _ in out:
                 pass
         return out.result

@@ -180,6 +180,9 @@ class _Running:
     (nothing more of it is written), but its stream ends with ``abort``."""
     last_out: Any = None
     """The last chunk written to the relay (:meth:`Worker._relay`)."""
+    steered: list[str] = attrs.Factory(list)
+    """The ids of the steering messages the turn took (:meth:`Worker._take_steering`):
+    a cancel naming one stops the turn, whose rest is that message's answer."""
 
     def claimed_next(self, claimed: NextClaimed) -> None:
         self.next = claimed
@@ -704,6 +707,10 @@ class Worker:
             entry.cancel(reason)
         elif self._leases is not None:  # claimed (by the loop or a last save), not started yet
             self._leases.cancel_held(turn_id, reason)
+        if entry is None:  # a steering message a running turn took: stop that turn
+            for running in self.running.values():
+                if turn_id in running.steered:
+                    running.cancel(reason)
 
     # -- one turn ----------------------------------------------------------------------------
 
@@ -818,7 +825,7 @@ class Worker:
         outdated = _outdated_regenerate(claim, session.messages if was_open else None, loaded)
         if outdated is not None:
             return await self._refuse(entry, outdated)
-        steered: list[str] = []  # the ids of the steering messages the turn took
+        steered = entry.steered  # the ids of the steering messages the turn took
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
         tools = await _client_tools(turn.options.tools)

@@ -221,11 +221,17 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = 
     return errs
 
 
-def anthropic_params_errors(body: dict[str, Any]) -> list[str]:
+def anthropic_params_errors(
+    body: dict[str, Any], headers: dict[str, str] | None = None
+) -> list[str]:
     """The rules of a Messages request's other fields with extended thinking on (the
-    API's own texts): a budget of at least 1024 and below ``max_tokens`` (no
-    interleaved-thinking beta asked for), ``temperature`` 1 or unset, no ``top_k``,
-    ``top_p`` from 0.95, no forced tool use; and the history's rules."""
+    API's own texts): a budget of at least 1024 and below ``max_tokens`` (unless the
+    request has tools and the ``interleaved-thinking-2025-05-14`` beta in its
+    ``anthropic-beta`` header: ``headers``, names in lower case), ``temperature`` 1 or
+    unset, no ``top_k``, ``top_p`` from 0.95, no forced tool use; and the history's
+    rules."""
+    betas = (headers or {}).get("anthropic-beta", "").split(",")
+    interleaved = "interleaved-thinking-2025-05-14" in [b.strip() for b in betas]
     errs: list[str] = []
     thinking = body.get("thinking") or {}
     on = thinking.get("type") == "enabled"
@@ -235,7 +241,7 @@ def anthropic_params_errors(body: dict[str, Any]) -> list[str]:
             errs.append(
                 "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
             )
-        if budget >= body.get("max_tokens", 0):
+        if budget >= body.get("max_tokens", 0) and not (interleaved and body.get("tools")):
             errs.append("`max_tokens` must be greater than `thinking.budget_tokens`")
         if body.get("temperature", 1) != 1:
             errs.append("`temperature` may only be set to 1 when thinking is enabled")

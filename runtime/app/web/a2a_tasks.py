@@ -896,16 +896,11 @@ class TaskBook:
             return await self.find(task_id)
         record = await session.host.store.load(session.id)
         pending = pending_calls(record.messages) if record is not None else ()
-        for call in pending:
-            if call.message_id != live.message_id:
-                continue
-            try:
-                if call.kind == APPROVAL:
-                    await session.decide(call.approval_id, approved=False, reason=CANCELED_REASON)
-                else:
-                    await session.decide(call.approval_id, error=CANCELED_REASON)
-            except DecisionError:
-                pass  # decided meanwhile: the task goes on as that decision says
+        if any(call.message_id == live.message_id for call in pending):
+            # Denied and answered, the turn ended: only denied, it stayed decided and
+            # never resumed, and a resume() of the session ran the model on after the
+            # client had canceled it. A call decided meanwhile keeps its decision.
+            await session.end_wait(CANCELED_REASON)
         live.set_state(wire.CANCELED, _agent_note(live.id, live.context_id, CANCELED_REASON))
         return live
 

@@ -106,7 +106,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.store import validate_session_id
+from runtime.store import SessionRecord, validate_session_id
 from runtime.turn_queue import ClientToolSpec, TurnOptions
 
 PATH = "/ag-ui"
@@ -461,7 +461,7 @@ class AGUIRoutes:
             raise bad_input(f"threadId: {exc}", "invalid_thread_id") from None
         if await self._busy(session_id):
             raise AGUIError(409, f"thread {session_id!r} is running a run already", "thread_busy")
-        record = await state.host.store.load(session_id)
+        record = await self._stored(session_id)
         stored: tuple[Message, ...] = record.messages if record is not None else ()
         last = effective[-1] if effective else None
         # (a thread's stored history is as long as the one a client posted to start it)
@@ -481,6 +481,18 @@ class AGUIRoutes:
         current = tuple(self._current(session_id, stored))  # the thread's own copy
         reply = partial(snapshot_response, run, metadata=None)
         return await off_loop(reply, current, big=len(current) > INLINE_MESSAGES, state=state)
+
+    async def _stored(self, session_id: str) -> SessionRecord | None:
+        """The thread as stored: the history of its session open here when that holds
+        all of it at the version the store is at (``Session.held_record``, checked by a
+        version query: one key's probe), else read whole. A client's every run read the
+        whole thread (a 5,000-message one ~1.5 MB a run), which the process held."""
+        store = self.state.host.store
+        session = self.state.host.sessions.get(session_id)
+        held = session.held_record() if session is not None else None
+        if held is not None and await store.version(session_id) == held.version:
+            return held  # type: ignore[no-any-return]
+        return await store.load(session_id)
 
     async def _busy(self, session_id: str) -> bool:
         """Whether the thread runs a turn: here, or (a worker deployment's front end)

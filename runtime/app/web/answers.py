@@ -343,6 +343,19 @@ async def check_and_record_on(
     return announced, await record_all(answers, record)
 
 
+def answers_refused(
+    stored_record: SessionRecord | None, tools: Mapping[str, Any], payload: dict[str, Any]
+) -> bool:
+    """Whether :func:`check_and_record_on` would refuse the body's answers on
+    ``stored_record`` (an :class:`ApiError`), recording nothing."""
+    stored = stored_record.messages if stored_record is not None else ()
+    try:
+        _checked(stored, payload, tools)
+    except ApiError:
+        return True
+    return False
+
+
 async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
     """The calls session ``session_id``'s stored last turn still waits for, undecided."""
     record = await store.load(session_id)
@@ -396,6 +409,7 @@ def awaited_calls(messages: Sequence[Message], message_id: str) -> tuple[str, ..
 
 
 __all__ = [
+    "answers_refused",
     "awaited_calls",
     "check_and_record",
     "check_and_record_on",

@@ -77,6 +77,7 @@ from starlette.responses import Response
 from runtime import output as o
 from runtime.app.web.answers import (
     STOPPED_WAIT,
+    answers_refused,
     awaited_calls,
     check_and_record_on,
     deny_pending,
@@ -122,7 +123,7 @@ from runtime.ids import new_id
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.store import SessionRecord
+from runtime.store import SessionRecord, load_last_turn
 from runtime.turn_queue import (
     DONE,
     FINAL_STATUSES,
@@ -584,18 +585,37 @@ class FrontEnd:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
         decided: list[Decided] = []
-        # The body's answers are checked on this read, and the first decided on it too
-        # (its version-checked save proves it current, else the queue reads again).
-        stored = await self.store.load(session_id)
-        record = self._recorder(request, session_id, decided, known=stored)
-        announced, recorded = await check_and_record_on(
-            stored, self._tools(request, session_id), payload, record
-        )
+        tools = self._tools(request, session_id)
+        stored, whole = await self._answered_on(session_id, tools, payload)
+        # The body's answers are checked on this read, and, when it is the whole session,
+        # the first decided on it too (its version-checked save proves it current, else
+        # the queue reads again); on a last turn, the queue reads its own.
+        record = self._recorder(request, session_id, decided, known=stored if whole else None)
+        announced, recorded = await check_and_record_on(stored, tools, payload, record)
         if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
             # as the decision left them: no read of the session just saved
             return json_response({"recorded": True, "waiting": recorded.left}, 202)
         turn = decided[-1].turn
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    async def _answered_on(
+        self, session_id: str, tools: Mapping[str, Any], payload: dict[str, Any]
+    ) -> tuple[SessionRecord | None, bool]:
+        """What a continuation's answers are checked on, and whether it is the whole
+        session: its last turn (:func:`~runtime.store.load_last_turn`: the calls it
+        waits for, the results after it), where the POST read the whole session (every
+        message of a long one decoded, in a thread); the whole session when the answers
+        are refused on the last turn, which alone tells a call an earlier turn decided
+        (409) from one that never waited (404), as the queue's decision does."""
+        last = await load_last_turn(self.store, session_id)
+        if last is None:
+            return None, True
+        first, record = last
+        if first == 0:
+            return record, True
+        if answers_refused(record, tools, payload):
+            return await self.store.load(session_id), True
+        return record, False
 
     @staticmethod
     def _tools(request: Request, session_id: str) -> dict[str, Any]:
@@ -702,7 +722,7 @@ class FrontEnd:
             found = await self.queue.open_by_key(session_id, keys)
             if found is None or (named is not None and found.turn_id != named):
                 return Response(status_code=204)
-            return await self._stop(found)
+            return await self._stop(found, steering=web_state(request).on_busy == STEER)
         if named is not None:  # that turn only, queued or running: never another
             turn = await self.queue.get_status(named)
             if (
@@ -725,9 +745,14 @@ class FrontEnd:
             return json_response({"turn_id": waiting}, 202)
         return await self._stop(turn)
 
-    async def _stop(self, turn: TurnStatus) -> Response:
+    async def _stop(self, turn: TurnStatus, *, steering: bool = False) -> Response:
+        """Cancel ``turn``; its worker hears it on the relay at once. With ``steering``
+        (a message named under ``--on-busy steer``), a queued one's too: the running
+        turn may have taken it in already (its row is marked at the save that stores
+        it), and its worker then stops that turn, whose rest is the message's answer."""
+        queued = turn.status == QUEUED
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
-        if turn.status == "running":  # its worker also hears it on the relay, at once
+        if turn.status == "running" or (steering and queued):
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))
         return json_response({"turn_id": turn.turn_id}, 202)
 

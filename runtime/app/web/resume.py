@@ -76,6 +76,7 @@ class RelayEncoder(UIStreamEncoder):
             self._started.add(chunk.message_id)
         elif type(chunk) is StepRestarted:
             self._reset_step = chunk.step
+            self.restart_step(chunk.step)
             return [{"type": "reset-step"}]
         if type(chunk) is o.StepStart and chunk.step == self._reset_step:
             self._reset_step = None

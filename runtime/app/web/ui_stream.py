@@ -13,6 +13,10 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   text part's id, ``data``: the value): the AI SDK replaces a data part's ``data`` when
   one with the same type and id arrives, so the UI message holds the latest object;
 * ``reasoning-start/delta/finish`` -> ``reasoning-start/delta/end`` (``id``, ``delta``);
+  the ``id`` is :func:`reasoning_ui_id` (the message, the step, the part's place among
+  the step's reasoning), which the AI SDK 7 keeps on the reasoning part it builds and
+  :func:`ui_messages` gives the stored part too, so a reloaded page has the parts the
+  stream built;
 * ``tool-input-start`` -> ``tool-input-start`` (``toolCallId``, ``toolName``);
 * ``tool-input-delta`` -> ``tool-input-delta`` (``toolCallId``, ``inputTextDelta``);
 * ``tool-call`` -> ``tool-input-available`` (``toolCallId``, ``toolName``, ``input``);
@@ -100,6 +104,16 @@ def error_text(kind: str, message: str) -> str:
     return f"{kind}: {message}" if message else kind
 
 
+def reasoning_ui_id(message_id: str, step: int, index: int) -> str:
+    """The ``id`` of the ``index``-th reasoning part of step ``step`` of assistant message
+    ``message_id``, in the stream and in the stored form alike. Derived, not the
+    runtime's ``part_id`` (random, and not stored); counted within a step, so a
+    continuation (its steps numbered after the suspended one's) and a step started over
+    (``reset-step``: the AI SDK drops the step's parts) number their parts as the stored
+    message has them."""
+    return f"{message_id}.s{step}.r{index}"
+
+
 def _usage(usage: Any) -> dict[str, Any]:
     return {k: v for k, v in unstructure(usage).items() if v is not None}
 
@@ -107,15 +121,22 @@ def _usage(usage: Any) -> dict[str, Any]:
 class UIStreamEncoder:
     """Maps one turn's output chunks to UI message stream chunks.
 
-    Stateful for two things: a tool result whose call the stream never announced gets a
-    ``tool-input-available`` first (the AI SDK rejects a result for an unknown call), and
-    a streaming tool's text is accumulated for its preliminary outputs.
+    Stateful for three things: a tool result whose call the stream never announced gets
+    a ``tool-input-available`` first (the AI SDK rejects a result for an unknown call), a
+    streaming tool's text is accumulated for its preliminary outputs, and each reasoning
+    part's id is :func:`reasoning_ui_id` (the message from ``start``; a stream read from
+    the middle of a turn, which had no ``start``, keeps the runtime's ``part_id``).
     """
 
     def __init__(self, announced: Iterable[str] = ()) -> None:
         self._announced: set[str] = set(announced)
         """Calls the client knows already: a continuation's waiting calls (docs/approval.md)."""
         self._streamed: dict[str, str] = {}
+        self._message_id: str | None = None
+        self._reasoning_count: dict[int, int] = {}
+        """Per step, the reasoning parts it has streamed (since its start or reset)."""
+        self._reasoning_ids: dict[str, str] = {}
+        """Open reasoning parts: ``part_id`` -> the ``id`` the stream gives them."""
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
         """The UI message stream chunks for one ``OutputChunk`` (usually exactly one).
@@ -147,6 +168,7 @@ class UIStreamEncoder:
 
     def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
         # the AI SDK drops the step's parts itself; the reason goes to onData only
+        self.restart_step(chunk.step)
         info = chunk.error
         data = {
             "step": chunk.step,
@@ -158,8 +180,30 @@ class UIStreamEncoder:
             {"type": "data-reset-step", "data": data, "transient": True},
         ]
 
+    def restart_step(self, step: int) -> None:
+        """Step ``step`` starts, or starts over: its reasoning parts count from 0."""
+        self._reasoning_count.pop(step, None)
+
+    def _step_start(self, chunk: o.StepStart) -> list[dict[str, Any]]:
+        self.restart_step(chunk.step)
+        return [{"type": "start-step"}]
+
+    def _reasoning_start(self, chunk: o.ReasoningStart) -> list[dict[str, Any]]:
+        ui_id = chunk.part_id
+        if self._message_id is not None:
+            k = self._reasoning_count.get(chunk.step, 0)
+            self._reasoning_count[chunk.step] = k + 1
+            ui_id = reasoning_ui_id(self._message_id, chunk.step, k)
+        self._reasoning_ids[chunk.part_id] = ui_id
+        return [{"type": "reasoning-start", "id": ui_id}]
+
     def _reasoning_delta(self, chunk: o.ReasoningDelta) -> list[dict[str, Any]]:
-        return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
+        ui_id = self._reasoning_ids.get(chunk.part_id, chunk.part_id)
+        return [{"type": "reasoning-delta", "id": ui_id, "delta": chunk.text}]
+
+    def _reasoning_finish(self, chunk: o.ReasoningFinish) -> list[dict[str, Any]]:
+        ui_id = self._reasoning_ids.pop(chunk.part_id, chunk.part_id)
+        return [{"type": "reasoning-end", "id": ui_id}]
 
     def _tool_input_start(self, chunk: o.ToolInputStart) -> list[dict[str, Any]]:
         return [
@@ -241,6 +285,7 @@ class UIStreamEncoder:
         ]
 
     def _start(self, chunk: o.Start) -> list[dict[str, Any]]:
+        self._message_id = chunk.message_id
         return [{"type": "start", "messageId": chunk.message_id}]
 
     def _finish(self, chunk: o.Finish) -> list[dict[str, Any]]:
@@ -290,16 +335,16 @@ def _part_edge(ui_type: str) -> _Encode:
 
 _ENCODERS: dict[type, _Encode] = {
     o.Start: UIStreamEncoder._start,
-    o.StepStart: _only_type("start-step"),
+    o.StepStart: UIStreamEncoder._step_start,
     o.TextStart: _part_edge("text-start"),
     o.TextFinish: _part_edge("text-end"),
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
     o.Steered: UIStreamEncoder._steered,
     o.ResetStep: UIStreamEncoder._reset,
-    o.ReasoningStart: _part_edge("reasoning-start"),
+    o.ReasoningStart: UIStreamEncoder._reasoning_start,
     o.ReasoningDelta: UIStreamEncoder._reasoning_delta,
-    o.ReasoningFinish: _part_edge("reasoning-end"),
+    o.ReasoningFinish: UIStreamEncoder._reasoning_finish,
     o.ToolInputStart: UIStreamEncoder._tool_input_start,
     o.ToolInputDelta: UIStreamEncoder._tool_input_delta,
     o.ToolCall: UIStreamEncoder._tool_call,
@@ -361,12 +406,16 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
     parts: list[dict[str, Any]] = []
     for step in message.steps():
         parts.append({"type": "step-start"})
+        k = 0
         for p in step:
             if isinstance(p, TextPart):
                 parts.append({"type": "text", "text": p.text, "state": "done"})
             elif isinstance(p, ReasoningPart):
-                if p.text:
-                    parts.append({"type": "reasoning", "text": p.text, "state": "done"})
+                # as the stream built it: its id, and a part even with no text to show
+                # (redacted or encrypted reasoning streams a start and an end)
+                ui_id = reasoning_ui_id(message.id, p.step, k)
+                k += 1
+                parts.append({"type": "reasoning", "id": ui_id, "text": p.text, "state": "done"})
             elif isinstance(p, ToolCallPart):
                 parts.append(_tool_part(p, results.get(p.tool_call_id)))
             # provider-data parts are opaque to a UI
