@@ -282,6 +282,20 @@ def utf8_text(text: str) -> str:
     return text
 
 
+def utf8_dumps(value: Any, default: Any = None, option: int | None = None) -> bytes:
+    """``orjson.dumps(value, default=default, option=option)``; a value holding half a
+    character, which orjson refuses (a delta ending or starting with half an emoji a
+    server split across two deltas), written as :func:`without_lone_surrogates` makes it
+    (each half alone U+FFFD). Why: a web stream's event or a relay's batch holding such a
+    delta raised instead, and the stream was cut or the batch lost."""
+    try:
+        return orjson.dumps(value, default=default, option=option)
+    except TypeError as exc:
+        if "surrogates" not in str(exc):
+            raise
+        return orjson.dumps(without_lone_surrogates(value), default=default, option=option)
+
+
 def without_lone_surrogates(value: Any, depth: int = 0) -> Any:
     """``value`` (JSON values) with each string that UTF-8 cannot hold made text, keys
     included: two halves of a character side by side (a surrogate pair: a server's

@@ -6,12 +6,24 @@ terminal. Each test says what the user sees and what is saved (journal
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import orjson
 import pytest
 
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent
+from runtime.chunks import TextChunk
 from tests.support.attacks import KINDS, attack_rig
 from tests.support.loopback import Reply
+from tests.support.redis import require_redis
+from tests.test_agui import user as agui_user
+from tests.test_mcp_server import MCP, Progress, mcp_client
 from tests.test_provider_attacks import ONCE, texts, turn
+from tests.test_relay import opened, read_all, text_turn
+from tests.test_web_http import body
+from tests.web.harness import web_server
 
 HALVES = ("a\ud83d", "\ude00b\u0000c\ud800d")
 """Two deltas as a server escapes them in JSON: an emoji's surrogate pair split between
@@ -36,3 +48,80 @@ async def test_a_delta_escaping_half_a_character_is_read_as_the_sdk_reads_it(kin
         raw = r.server.requests[-1].body
     sent = orjson.dumps(orjson.loads(raw)).decode()  # orjson refuses a lone half
     assert "a😀b\\u0000c\ufffdd" in sent
+
+
+# -- the web protocols' streams ----------------------------------------------------------------
+
+SPLIT = [TextChunk(text="a\ud83d"), TextChunk(text="\ude00b"), TextChunk(text="c\ud800d")]
+"""A model's deltas holding halves of characters, as a provider's reader gives them."""
+
+
+def a2a_stream(text: str) -> dict[str, Any]:
+    message = {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": text}]}
+    params = {"message": {**message, "contextId": "c1"}}
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage", "params": params}
+
+
+USER = {"role": "user", "content": "go"}
+WEB_STREAMS = {
+    "ai-sdk": ("/api/chat", body("s1", "go")),
+    "ag-ui": ("/ag-ui", {"threadId": "t1", "runId": "r1", "messages": [agui_user("go")]}),
+    "openai": ("/v1/chat/completions", {"model": "m", "stream": True, "messages": [USER]}),
+    "openai-whole": ("/v1/chat/completions", {"model": "m", "messages": [USER]}),
+    "a2a": ("/a2a/jsonrpc", a2a_stream("go")),
+}
+
+
+@pytest.mark.parametrize("protocol", list(WEB_STREAMS))
+async def test_a_delta_holding_half_a_character_is_sent_as_json_every_client_reads(protocol):
+    """Before: orjson refused the event, the server raised in the middle of the stream
+    and the client saw the connection cut (``incomplete chunked read``), the answer and
+    its end lost. Now each half alone is U+FFFD in the event (the saved message keeps
+    the emoji whole: the test above)."""
+    path, payload = WEB_STREAMS[protocol]
+    agent = Agent(name="m", provider=ScriptedProvider([SPLIT]))
+    name = protocol.removesuffix("-whole")
+    async with web_server(agent, protocols=("ai-sdk", name)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            r = await client.post(path, json=payload)
+    assert r.status_code == 200
+    if protocol == "openai-whole":
+        answer = orjson.loads(r.content)["choices"][0]["message"]["content"]
+        assert answer == "a😀bc\ufffdd"
+        return
+    lines = [line for line in r.content.split(b"\n") if line.startswith(b"data: ")]
+    events = [orjson.loads(line[6:]) for line in lines if line != b"data: [DONE]"]
+    text = orjson.dumps(events).decode()
+    assert "c\ufffdd" in text and "\ud800" not in text
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_a_relayed_batch_holding_half_a_character_is_kept_whole(redis_url):
+    """Before: the Redis relay's flush raised on the batch (``relay.flush_refused``),
+    every chunk of it was dropped and readers in other processes were told to rebuild
+    the turn from the store. Now the batch is written; each half alone reads U+FFFD."""
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["a\ud83d", "\ude00b"]):
+            writer.append(chunk)
+        await writer.aclose()
+        assert writer.lost == 0
+        read = await read_all(relay, "t")
+    assert [c.text for c in read if c.type == "text-delta"] == ["a\ufffd", "\ufffdb"]
+
+
+async def test_a_progress_message_holding_half_a_character_does_not_fail_the_mcp_call():
+    """Before: the official MCP client could not parse the progress notification whose
+    message was a delta ending with half an emoji, and the whole call failed (-32700,
+    ``Failed to parse SSE message``) though the turn ran and was saved. Now each half
+    alone is U+FFFD in the notification; the call's answer has the emoji whole."""
+    progress = Progress()
+    agent = Agent(name="m", provider=ScriptedProvider([SPLIT]))
+    async with web_server(agent, protocols=MCP) as server, mcp_client(server) as client:
+        result = await client.call_tool("m", {"prompt": "go"}, progress_callback=progress)
+    assert [block.text for block in result.content] == ["a😀bc\ufffdd"]
+    assert [message for _, message in progress.seen] == ["a\ufffd", "\ufffdb", "c\ufffdd"]

@@ -47,6 +47,7 @@ from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_value
 from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
 from runtime.ids import new_id
+from runtime.serde import utf8_dumps
 
 PREFIX = "/a2a"
 """Where the bindings are mounted (the Agent Card is at the well-known path)."""
@@ -75,7 +76,7 @@ NOT_SERVED = {
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps(data), status_code=status, headers=headers, media_type="application/json"
+        utf8_dumps(data), status_code=status, headers=headers, media_type="application/json"
     )
 
 

@@ -97,6 +97,7 @@ from runtime.messages import (
     Message,
     UserContent,
 )
+from runtime.serde import utf8_dumps
 from runtime.store import validate_session_id
 from runtime.turn_queue import TurnOptions
 
@@ -182,7 +183,7 @@ class CompletionWhole:
         if self.encoder.error is not None:
             response = error_response(self.encoder.error, headers)
         else:
-            body = orjson.dumps(self.encoder.completion())
+            body = utf8_dumps(self.encoder.completion())
             response = Response(body, headers=headers, media_type="application/json")
         await response(scope, receive, send)
 
@@ -421,7 +422,7 @@ class QueuedCompletionWhole:
         if self.encoder.error is not None:
             response = error_response(self.encoder.error, self.headers)
         else:
-            body = orjson.dumps(self.encoder.completion())
+            body = utf8_dumps(self.encoder.completion())
             response = Response(body, headers=self.headers, media_type="application/json")
         await response(scope, receive, send)
 
