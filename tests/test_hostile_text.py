@@ -13,6 +13,8 @@ import orjson
 import pytest
 
 from actors.providers.scripted import ScriptedProvider
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime import Agent
 from runtime.chunks import TextChunk
 from tests.support.attacks import KINDS, attack_rig
@@ -125,3 +127,33 @@ async def test_a_progress_message_holding_half_a_character_does_not_fail_the_mcp
         result = await client.call_tool("m", {"prompt": "go"}, progress_callback=progress)
     assert [block.text for block in result.content] == ["a😀bc\ufffdd"]
     assert [message for _, message in progress.seen] == ["a\ufffd", "\ufffdb", "c\ufffdd"]
+
+
+# -- PostgreSQL's turn queue --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ["\x00", "\ud800"])
+async def test_a_turn_failed_by_an_error_quoting_a_nul_or_half_a_character_ends_failed_with_it(
+    pg_url, odd
+):
+    """A provider's error quoting a NUL or a lone ``"\\ud800"`` escape (its message is the
+    turn's error). Before: the worker's ``finish`` raised (a ``StoreError``: PostgreSQL
+    text refuses a NUL; a raw ``UnicodeEncodeError`` for the half) and the worker marked
+    the turn failed with that error, and front ends told the user it, not the provider's.
+    Now the row holds the provider's message, the character U+FFFD."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        turn = await queue.submit("s", "go")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        error = f"Bad request: {odd} is no text"
+        assert await queue.finish(claim, status="failed", finish_reason="error", error=error)
+        row = await queue.get(turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert row is not None and (row.status, row.error) == (
+        "failed",
+        "Bad request: \ufffd is no text",
+    )
