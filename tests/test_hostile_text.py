@@ -6,6 +6,8 @@ terminal. Each test says what the user sees and what is saved (journal
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 import httpx
@@ -15,12 +17,15 @@ import pytest
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
-from runtime import Agent
+from runtime import Agent, Host
+from runtime.app.cli import describe_call, sessions_command
+from runtime.approval import PendingCall
 from runtime.chunks import TextChunk
 from tests.support.attacks import KINDS, attack_rig
 from tests.support.loopback import Reply
 from tests.support.redis import require_redis
 from tests.test_agui import user as agui_user
+from tests.test_cli_attacks import axon
 from tests.test_mcp_server import MCP, Progress, mcp_client
 from tests.test_provider_attacks import ONCE, texts, turn
 from tests.test_relay import opened, read_all, text_turn
@@ -157,3 +162,73 @@ async def test_a_turn_failed_by_an_error_quoting_a_nul_or_half_a_character_ends_
         "failed",
         "Bad request: \ufffd is no text",
     )
+
+
+# -- the terminal --------------------------------------------------------------------------------
+
+CLIPBOARD = "\x1b]52;c;aGk=\x07"  # OSC 52: writes "hi" into the user's clipboard
+
+
+def test_replay_names_an_unfinished_turn_with_its_escapes_shown_not_obeyed(tmp_path):
+    """A shared recording whose turn id is an escape sequence. Before: the ``is
+    incomplete`` line on stderr printed it as it was, and the terminal wrote the user's
+    clipboard. Now the user reads ``\\x1b]52;c;aGk=\\x07`` (the text is shown as before)."""
+    log = tmp_path / "events.jsonl"
+    record = {"kind": "output.text-delta", "turn_id": CLIPBOARD, "seq": 0, "step": 0}
+    log.write_text(json.dumps({**record, "part_id": "p", "text": "hi"}) + "\n")
+    proc = axon("replay", str(log))
+    assert proc.returncode == 1 and proc.stdout == "hi\n"
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+    assert "turn \\x1b]52;c;aGk=\\x07 has no turn.finished event" in proc.stderr
+
+
+def test_replay_of_a_turn_id_that_is_no_text_is_one_error_line(tmp_path):
+    """Before: a traceback (``unhashable type: 'dict'``)."""
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"kind":"turn.started","turn_id":{"a":1}}\n')
+    proc = axon("replay", str(log))
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"error: {log} is not a JSONL event log: line 1's turn_id is no text\n",
+    )
+
+
+SPOOF = "mine\r\x08\x08\x08\x08theirs\x07\nfake-session\t9 messages"
+"""A name that rewrites its line with a CR and backspaces, rings the bell, and adds a line
+of its own: rich drops CR, BS and BEL, a plain write passes them to the terminal."""
+
+
+async def test_sessions_lists_a_stored_agent_name_on_its_line_with_its_controls_shown(
+    tmp_path, capsys
+):
+    """Before: the listing wrote the stored agent name as it was: the terminal showed
+    ``theirs`` over ``mine``, rang, and listed a session ``fake-session`` that is not in
+    the store. Now one line per session, the name's controls as escapes (stored as is)."""
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        agent = Agent(name=SPOOF, provider=ScriptedProvider([["ok"]]))
+        session = await host.open_session(agent, "s1")
+        await session.run("hi")
+    capsys.readouterr()
+    assert await sessions_command(argparse.Namespace(store=str(db), json=False)) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        "s1\t2 messages\tmine\\x0d\\x08\\x08\\x08\\x08theirs\\x07\\x0afake-session\\x099 messages\n"
+    )
+
+
+def test_the_approval_prompt_shows_a_stored_tool_names_cr_and_backspaces():
+    """The prompt is a plain write. Before: a waiting call of a stored session named
+    ``delete\\rread`` read ``read(...)?`` at the prompt, the call approved being
+    ``delete``. Now the name is shown with its CR escaped."""
+    call = PendingCall(
+        approval_id="a1",
+        tool_call_id="c1",
+        tool_name="delete\rread",
+        input={},
+        kind="approval",
+        step=0,
+        message_id="m1",
+        turn_id="t1",
+    )
+    assert describe_call(call) == "delete\\x0dread({})"
