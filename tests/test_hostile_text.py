@@ -17,7 +17,7 @@ import pytest
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
-from runtime import Agent, Host
+from runtime import Agent, Host, ProviderError, RetryPolicy
 from runtime.app.cli import describe_call, sessions_command
 from runtime.approval import PendingCall
 from runtime.chunks import TextChunk
@@ -30,7 +30,7 @@ from tests.test_mcp_server import MCP, Progress, mcp_client
 from tests.test_provider_attacks import ONCE, texts, turn
 from tests.test_relay import opened, read_all, text_turn
 from tests.test_web_http import body
-from tests.web.harness import web_server
+from tests.web.harness import wait_idle, web_server
 
 HALVES = ("a\ud83d", "\ude00b\u0000c\ud800d")
 """Two deltas as a server escapes them in JSON: an emoji's surrogate pair split between
@@ -232,3 +232,33 @@ def test_the_approval_prompt_shows_a_stored_tool_names_cr_and_backspaces():
         turn_id="t1",
     )
     assert describe_call(call) == "delete\\x0dread({})"
+
+
+async def test_a_stored_error_holding_half_a_character_does_not_stop_the_conversation_loading():
+    """A provider's error quoting half a character, kept in the session (the memory
+    store keeps it as it came). Before: ``GET /api/sessions/s1`` answered 500, and the
+    chat page could not load the conversation again. Now it loads; the error reads
+    U+FFFD where the half was."""
+    provider = ScriptedProvider([["hi", ProviderError("bad \ud800 input", provider="x")]])
+    agent = Agent(name="m", provider=provider, retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            await client.post("/api/chat", json=body("s1", "go"))
+            await wait_idle(server, "s1")
+            r = await client.get("/api/sessions/s1")
+    assert r.status_code == 200
+    assert "ProviderError: bad \ufffd input" in r.text
+
+
+async def test_a_whole_openai_completion_failed_by_an_error_quoting_half_a_character_says_so():
+    """``/v1/chat/completions`` without streaming, the turn failed by a provider's error
+    quoting half a character. Before: a bare 500 ``Internal Server Error``, the provider's
+    message lost. Now OpenAI's error shape (500 ``server_error``) with the message,
+    U+FFFD for the half."""
+    provider = ScriptedProvider([[ProviderError("bad \ud800 input", provider="x")]])
+    agent = Agent(name="m", provider=provider, retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent, protocols=("ai-sdk", "openai")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "m", "messages": [USER]})
+    error = orjson.loads(r.content)["error"]  # was b"Internal Server Error"
+    assert (error["code"], error["message"]) == ("ProviderError", "ProviderError: bad \ufffd input")

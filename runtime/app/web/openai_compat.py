@@ -118,7 +118,7 @@ def error_response(error: OpenAIError, headers: dict[str, str] | None = None) ->
     """``error`` answered in OpenAI's shape with its status (and its own headers, a
     ``retry-after``)."""
     return Response(
-        orjson.dumps(error.body()),
+        utf8_dumps(error.body()),  # a provider's message may quote half a character
         status_code=error.status,
         headers={**error.headers, **(headers or {})},
         media_type="application/json",
