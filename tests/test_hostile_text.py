@@ -7,16 +7,20 @@ terminal. Each test says what the user sees and what is saved (journal
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from actors.turn.parts import PartsManager
 from runtime import Agent, Host, ProviderError, RetryPolicy
 from runtime.app.cli import describe_call, sessions_command
 from runtime.approval import PendingCall
@@ -262,3 +266,33 @@ async def test_a_whole_openai_completion_failed_by_an_error_quoting_half_a_chara
             r = await client.post("/v1/chat/completions", json={"model": "m", "messages": [USER]})
     error = orjson.loads(r.content)["error"]  # was b"Internal Server Error"
     assert (error["code"], error["message"]) == ("ProviderError", "ProviderError: bad \ufffd input")
+
+
+# -- the parts a model's deltas make -------------------------------------------------------------
+
+
+def utf16_halves(text: str) -> str:
+    """``text`` with each astral character as its two surrogate halves (what
+    ``json.loads`` gives for a server's ``"\\ud83d\\ude00"`` cut between deltas)."""
+    return "".join(
+        chr(0xD800 + ((ord(c) - 0x10000) >> 10)) + chr(0xDC00 + ((ord(c) - 0x10000) & 0x3FF))
+        if ord(c) >= 0x10000
+        else c
+        for c in text
+    )
+
+
+@given(st.text(), st.lists(st.integers(0, 10**6)))
+def test_a_text_cut_into_deltas_anywhere_closes_as_the_same_characters(text, cuts):
+    """Any text (astral characters, ZWJ sequences, NUL, CR, U+2028 included) cut into
+    deltas at any UTF-16 position, an emoji's halves in two deltas: the saved part is the
+    text as the model wrote it, which UTF-8 writes."""
+    units = utf16_halves(text)
+    points = sorted({c % (len(units) + 1) for c in cuts} | {0, len(units)})
+    parts, out = PartsManager(), []
+    for a, b in itertools.pairwise(points):
+        parts.text(TextChunk(text=units[a:b]), out)
+    parts.close(out)
+    saved = "".join(p.text for p in parts.content)
+    assert saved == text
+    saved.encode()  # UTF-8 holds it: the store and every provider write it as it is
