@@ -7,6 +7,7 @@ terminal. Each test says what the user sees and what is saved (journal
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import json
 from typing import Any
@@ -16,13 +17,16 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from actors.turn.parts import PartsManager
 from runtime import Agent, Host, ProviderError, RetryPolicy
+from runtime import output as o
 from runtime.app.cli import describe_call, sessions_command
+from runtime.app.render import TerminalRenderer
 from runtime.approval import PendingCall
 from runtime.chunks import TextChunk
 from tests.support.attacks import KINDS, attack_rig
@@ -296,3 +300,20 @@ def test_a_text_cut_into_deltas_anywhere_closes_as_the_same_characters(text, cut
     saved = "".join(p.text for p in parts.content)
     assert saved == text
     saved.encode()  # UTF-8 holds it: the store and every provider write it as it is
+
+
+LINK = "[link=https://evil.example]lookup[/link]"
+"""Rich markup for a hyperlink: rendered, ``lookup`` is a link to another site."""
+
+
+def test_a_tool_name_that_is_rich_markup_titles_its_card_as_written():
+    """A model calling a tool by a name that is rich markup (it gets an ``unknown tool``
+    error card). Before: the card's title was read as markup, and the terminal showed
+    ``lookup`` as a hyperlink (OSC 8) to the model's site. Now the title shows the
+    name as the model wrote it, brackets and all."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, force_terminal=True, color_system=None)
+    renderer = TerminalRenderer(console)
+    renderer.render(o.ToolError(step=0, tool_call_id="c", tool_name=LINK, error="unknown"))
+    shown = buf.getvalue()
+    assert "\x1b]8" not in shown and f"tool · {LINK}" in shown

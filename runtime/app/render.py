@@ -151,8 +151,10 @@ class TerminalRenderer:
         if self.console.width < NARROW:  # a box would leave its content no room at all
             self.console.print(Text.assemble((title, border), "\n", body), soft_wrap=True)
             return
+        # A str title is read as rich markup: a tool name "[link=URL]x[/link]" (the
+        # model's, for a tool it made up) became a hyperlink to its site. Text is text.
         self.console.print(
-            Panel(body, title=title, title_align="left", border_style=border, expand=False)
+            Panel(body, title=Text(title), title_align="left", border_style=border, expand=False)
         )
 
     def _approval_request(self, chunk: Any) -> None:
