@@ -25,7 +25,7 @@ from actors.stores.turns import TurnQueue
 from actors.turn.parts import PartsManager
 from runtime import Agent, Host, ProviderError, RetryPolicy
 from runtime import output as o
-from runtime.app.cli import describe_call, sessions_command
+from runtime.app.cli import describe_call, sessions_command, show_command
 from runtime.app.render import TerminalRenderer
 from runtime.approval import PendingCall
 from runtime.chunks import TextChunk
@@ -317,3 +317,16 @@ def test_a_tool_name_that_is_rich_markup_titles_its_card_as_written():
     renderer.render(o.ToolError(step=0, tool_call_id="c", tool_name=LINK, error="unknown"))
     shown = buf.getvalue()
     assert "\x1b]8" not in shown and f"tool · {LINK}" in shown
+
+
+async def test_show_prints_a_stored_texts_emoji_codes_as_written(tmp_path, capsys):
+    """``show`` prints with rich, whose emoji codes turned a stored ``:warning:`` into
+    ⚠: the user did not read what the session holds. Now it is printed as stored."""
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        agent = Agent(provider=ScriptedProvider([["run :rm: now :warning:"]]))
+        session = await host.open_session(agent, "s1")
+        await session.run("hi")
+    capsys.readouterr()
+    assert await show_command(argparse.Namespace(session_id="s1", store=str(db), json=False)) == 0
+    assert "text: run :rm: now :warning:" in capsys.readouterr().out

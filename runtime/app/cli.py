@@ -628,7 +628,8 @@ async def show_command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
         return 0
-    console = Console(highlight=False, markup=False)  # stored text is never markup
+    # stored text is never markup, nor emoji codes (":warning:" was printed as ⚠)
+    console = Console(highlight=False, markup=False, emoji=False)
 
     def say(text: str, **options: Any) -> None:  # stored text never drives the terminal
         console.print(terminal_text(text), **options)
