@@ -330,3 +330,15 @@ async def test_show_prints_a_stored_texts_emoji_codes_as_written(tmp_path, capsy
     capsys.readouterr()
     assert await show_command(argparse.Namespace(session_id="s1", store=str(db), json=False)) == 0
     assert "text: run :rm: now :warning:" in capsys.readouterr().out
+
+
+async def test_an_mcp_call_failed_by_an_error_quoting_half_a_character_says_why():
+    """Before: the official client could not parse the ``isError`` result and the call
+    raised ``Failed to parse JSON response``. Now the result says the turn failed and
+    why, U+FFFD for the half."""
+    provider = ScriptedProvider([["hi", ProviderError("bad \ud800 input", provider="x")]])
+    agent = Agent(name="m", provider=provider, retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent, protocols=MCP) as server, mcp_client(server) as client:
+        result = await client.call_tool("m", {"prompt": "go"})
+    assert result.is_error
+    assert result.content[0].text.startswith("the turn failed: bad \ufffd input (session ")
