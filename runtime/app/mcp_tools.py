@@ -148,8 +148,8 @@ def tool_name(agent_name: str) -> str:
 def _error(text: str) -> types.CallToolResult:
     # utf8_text: a provider's error quoting half a character was a response the
     # official client could not parse, and the call failed instead of saying why
-    content = [types.TextContent(type="text", text=utf8_text(text))]
-    return types.CallToolResult(content=content, is_error=True)
+    block = types.TextContent(type="text", text=utf8_text(text))
+    return types.CallToolResult(content=[block], is_error=True)
 
 
 class BadArguments(Exception):
