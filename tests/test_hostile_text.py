@@ -115,7 +115,7 @@ def redis_url() -> str:
     return require_redis()
 
 
-async def test_a_relayed_batch_holding_half_a_character_is_kept_whole(redis_url):
+async def test_a_relayed_batch_holding_half_a_character_is_written_not_dropped(redis_url):
     """Before: the Redis relay's flush raised on the batch (``relay.flush_refused``),
     every chunk of it was dropped and readers in other processes were told to rebuild
     the turn from the store. Now the batch is written; each half alone reads U+FFFD."""
