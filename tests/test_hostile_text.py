@@ -342,3 +342,29 @@ async def test_an_mcp_call_failed_by_an_error_quoting_half_a_character_says_why(
         result = await client.call_tool("m", {"prompt": "go"})
     assert result.is_error
     assert result.content[0].text.startswith("the turn failed: bad \ufffd input (session ")
+
+
+HALF_IN_BODY = {
+    "/api/chat": b'{"id":"s1","messages":[{"id":"u1","role":"user","parts":[{"type":"text",'
+    b'"text":"a\\ud800"}]}],"trigger":"submit-message"}',
+    "/v1/chat/completions": b'{"model":"m","messages":[{"role":"user","content":"a\\ud800"}]}',
+    "/ag-ui": b'{"threadId":"t","runId":"r","messages":[{"id":"u","role":"user",'
+    b'"content":"a\\ud800"}]}',
+    "/a2a/jsonrpc": b'{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":'
+    b'{"messageId":"m","role":"ROLE_USER","parts":[{"text":"a\\ud800"}]}}}',
+}
+
+
+@pytest.mark.parametrize("path", list(HALF_IN_BODY))
+async def test_a_message_holding_half_a_character_is_refused_saying_so(path):
+    """A client's text holding a lone surrogate (a browser's ``JSON.stringify`` writes
+    it as ``"\\ud800"``). Before: refused as "the body is not JSON", sending the person
+    to look for a syntax error. Now the refusal names the half character; nothing runs."""
+    agent = Agent(name="m", provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    async with web_server(agent, protocols=("ai-sdk", "ag-ui", "a2a", "openai")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            r = await client.post(
+                path, content=HALF_IN_BODY[path], headers={"content-type": "application/json"}
+            )
+    assert r.status_code == (200 if path == "/a2a/jsonrpc" else 400)  # A2A: JSON-RPC -32700
+    assert "holds half a character (a lone surrogate escape such as \\\\ud800)" in r.text

@@ -43,6 +43,7 @@ from starlette.types import Receive, Scope, Send
 from actors.a2a import legacy, wire
 from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.a2a_tasks import LiveTask, TaskBook
+from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
@@ -94,8 +95,8 @@ def _parsed(raw: bytes) -> Any:
     """A JSON-RPC or REST body's JSON."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise wire.A2AError("ParseError", "the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise wire.A2AError("ParseError", not_json(exc)) from None
 
 
 class _BodyRefused(wire.A2AError):

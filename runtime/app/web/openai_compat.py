@@ -65,6 +65,7 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
+from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
     INLINE_BODY,
     _read_body,
@@ -514,8 +515,8 @@ def _chat_request(raw: bytes) -> Any:
     """A Chat Completions body, parsed and checked (``off_loop``: a big one in a thread)."""
     try:
         payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise bad_request("the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(not_json(exc)) from None
     return parse_chat_request(payload)
 
 
