@@ -269,6 +269,33 @@ MAX_DEPTH = 1000
 1024) reads back, with room for the levels a message adds around its values."""
 
 
+def utf8_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: two halves of a character side by side (a surrogate
+    pair) become that character, a half alone U+FFFD (:func:`without_lone_surrogates`'
+    rule for one string). ``text`` itself, not walked, when it is ASCII."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def utf8_dumps(value: Any, default: Any = None, option: int | None = None) -> bytes:
+    """``orjson.dumps(value, default=default, option=option)``; a value holding half a
+    character, which orjson refuses (a delta ending or starting with half an emoji a
+    server split across two deltas), written as :func:`without_lone_surrogates` makes it
+    (each half alone U+FFFD). Why: a web stream's event or a relay's batch holding such a
+    delta raised instead, and the stream was cut or the batch lost."""
+    try:
+        return orjson.dumps(value, default=default, option=option)
+    except TypeError as exc:
+        if "surrogates" not in str(exc):
+            raise
+        return orjson.dumps(without_lone_surrogates(value), default=default, option=option)
+
+
 def without_lone_surrogates(value: Any, depth: int = 0) -> Any:
     """``value`` (JSON values) with each string that UTF-8 cannot hold made text, keys
     included: two halves of a character side by side (a surrogate pair: a server's
@@ -279,13 +306,7 @@ def without_lone_surrogates(value: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise ValueError("nested too deeply")
     if isinstance(value, str):
-        if value.isascii():
-            return value
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return value
+        return utf8_text(value)
     if isinstance(value, dict):
         return {
             without_lone_surrogates(k, depth): without_lone_surrogates(v, depth + 1)

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from runtime.messages import File, Image, TextPart, UserContent
+from runtime.serde import utf8_dumps
 
 PROTOCOL_VERSION = "1.0"
 VERSION_HEADER = "A2A-Version"
@@ -449,7 +450,7 @@ def artifact_update(
 
 def sse(data: Any) -> bytes:
     """One SSE event carrying ``data`` as JSON."""
-    return b"data: " + orjson.dumps(data) + b"\n\n"
+    return b"data: " + utf8_dumps(data) + b"\n\n"
 
 
 def agent_card(

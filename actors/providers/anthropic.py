@@ -41,6 +41,7 @@ from actors.providers.failures import (
     finite,
     fitted_name,
     hook_error,
+    loads_refused,
     missing_key,
     retry_after,
     strict_loads,
@@ -1078,8 +1079,11 @@ class _EventReader:
             try:
                 event = loads(data)
             except ValueError as exc:
-                failure = exc
-                break
+                try:
+                    event = loads_refused(data, exc)  # half a character: as the SDK reads it
+                except ValueError:
+                    failure = exc
+                    break
             if type(event) is not dict:
                 failure = _not_an_object(data)
                 break

@@ -316,6 +316,24 @@ def strict_loads(raw: str | bytes) -> Any:
     return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
 
 
+def loads_refused(data: bytes, refused: ValueError) -> Any:
+    """An event's JSON that ``orjson.loads`` refused with ``refused``, read as the SDKs
+    read it (``json.loads``) when orjson refused only half a character: a server's
+    ``"\\ud83d"`` escape (an emoji's surrogate pair split across two deltas, or one
+    half alone). Else ``refused`` is raised.
+
+    Why: the OpenAI and Anthropic readers (orjson) failed such an event as
+    ``MalformedStream`` on every retry, where their SDKs read it; the turn was lost. The
+    half stays in the text as it came (the stores write U+FFFD for a half left alone,
+    the next request too: :func:`created`)."""
+    if "surrogate" not in str(refused):
+        raise refused
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise refused from None
+
+
 def finite(value: Any) -> Any:
     """``value`` (JSON as Python) with each float that is not finite as ``None``, as the
     store writes it (orjson); ``value`` itself when it holds none. For an input already

@@ -44,6 +44,7 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
     created,
+    loads_refused,
     strict_loads,
     text_of,
     tokens,
@@ -958,8 +959,11 @@ class _ChunkReader:
             try:
                 chunk = loads(data)
             except ValueError as exc:
-                failure = exc
-                break
+                try:
+                    chunk = loads_refused(data, exc)  # half a character: as the SDK reads it
+                except ValueError:
+                    failure = exc
+                    break
             if type(chunk) is not dict:
                 # A JSON array here was read downstream as a run of texts (the form
                 # this reader gives those in) and crashed the engine with its numbers.

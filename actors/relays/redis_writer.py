@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import orjson
 import structlog
 import trio
 
@@ -52,7 +51,7 @@ from actors.relays.redis_entries import (
 from actors.relays.redis_failures import _backoff, _described, _duplicate, _retryable
 from runtime.errors import RelayUnavailable
 from runtime.relay import RESTART_STEP as RESTART
-from runtime.serde import unstructurer
+from runtime.serde import unstructurer, utf8_dumps
 
 if TYPE_CHECKING:
     from actors.relays.redis_streams import RedisRelay
@@ -631,7 +630,7 @@ class RedisRelayWriter:
         opening = self.flushes == 0  # a continuation's or a takeover's first entry too
         fields: dict[str, str | bytes] = {
             "first": str(first),
-            "items": orjson.dumps(batch, default=str),
+            "items": utf8_dumps(batch, default=str),
             "w": self.writer_id,
         }
         if self._prev is not None:

@@ -48,6 +48,7 @@ from runtime.approval import WAITING_META
 from runtime.errors import SESSION_DELETED, StoreError
 from runtime.history import run_long_off_loop
 from runtime.messages import Message
+from runtime.serde import utf8_text
 from runtime.store import SessionRecord
 from runtime.turn_queue import (
     FINAL_STATUSES,
@@ -574,6 +575,8 @@ class TurnClaiming:
                 f"{sorted(FINAL_STATUSES)}, not {status!r}"
             )
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        if error is not None:
+            error = _text_column(error)
 
         def finish(conn: Any) -> bool:
             return _write_once(
@@ -802,6 +805,16 @@ def _found_in(result: Any, at: int) -> Any:
         ]
         return turn, RESUMED, rows
     return turn, STARTED, None if row[1] else []
+
+
+def _text_column(text: str) -> str:
+    """``text`` as a ``TEXT`` column holds it: a NUL (which PostgreSQL refuses) and half
+    a character alone (which UTF-8 cannot write) each U+FFFD, as the store writes them
+    in a message. Why: a turn failed by a provider's error quoting a NUL or a lone
+    ``"\\ud800"`` escape could not be finished (a ``StoreError``, or a raw
+    ``UnicodeEncodeError``): its worker then marked it failed with that error in place
+    of the provider's."""
+    return utf8_text(text).replace("\x00", "\ufffd")
 
 
 def _utf8(text: str) -> bool:

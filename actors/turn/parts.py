@@ -60,6 +60,7 @@ from runtime.messages import (
     ToolCallPart,
 )
 from runtime.provider import TextRun
+from runtime.serde import utf8_text
 
 
 class PartsManager:
@@ -217,7 +218,10 @@ class PartsManager:
         kind = self._kind
         if kind is None:
             return
-        text = "".join(self._pieces)
+        # Halves of a character a server sent in two deltas joined, a half alone U+FFFD:
+        # the session holds what the store writes, so every later request is text a
+        # strict JSON reader takes (Gemini's SDK sent the lone half as its escape).
+        text = utf8_text("".join(self._pieces))
         if kind is TEXT:
             part: Part = TextPart(text=text, step=self.step, refusal=self._refusal)
         else:

@@ -68,7 +68,7 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
-from runtime.app.render import TerminalRenderer, describe_usage, terminal_text
+from runtime.app.render import TerminalRenderer, describe_usage, terminal_line, terminal_text
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
@@ -421,7 +421,8 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
         return WAITING_STATUS
     for call in calls:
         if call.kind == "client":
-            say_on_stderr(f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n")
+            name = terminal_line(call.tool_name)  # the stored session's
+            say_on_stderr(f"{NO_CLIENT.format(name)}: it gets an error as its result\n")
     prompt_out = sys.stderr if renderer is None else sys.stdout  # --jsonl keeps stdout JSON
     for index, call in enumerate(calls):
         decision: dict[str, Any]
@@ -452,7 +453,7 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
 def describe_call(call: PendingCall) -> str:
     """``NAME({"arg": ...})``: a waiting call as a person reads it (its control characters
     and bidirectional overrides escaped: what is approved is what is shown)."""
-    return terminal_text(f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})")
+    return terminal_line(f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})")
 
 
 def waiting_line(calls: list[PendingCall], session_id: str, args: argparse.Namespace) -> str:
@@ -520,10 +521,15 @@ def replay_command(args: argparse.Namespace) -> int:
         if args.session and record.get("session_id") != args.session:
             continue
         kind = str(record.get("kind", ""))
+        turn_id = record.get("turn_id")
+        if turn_id is not None and not isinstance(turn_id, str):  # was a traceback (a dict)
+            raise BadInput(
+                f"{args.file} is not a JSONL event log: line {number}'s turn_id is no text"
+            )
         if kind == "turn.finished":
-            turns[record.get("turn_id")] = True
-        elif record.get("turn_id"):
-            turns.setdefault(record.get("turn_id"), False)
+            turns[turn_id] = True
+        elif turn_id:
+            turns.setdefault(turn_id, False)
         if not kind.startswith("output."):
             continue
         if renderer is None:
@@ -542,7 +548,8 @@ def replay_command(args: argparse.Namespace) -> int:
         if renderer is not None:
             renderer.end_line()
         sys.stdout.flush()
-        missing = f"turn {unfinished[0]} has" if unfinished else "it has"
+        # the turn id is the recording's: an escape in it must not reach the terminal
+        missing = f"turn {terminal_line(unfinished[0])} has" if unfinished else "it has"
         say_on_stderr(
             f"error: {args.file} is incomplete: {missing} no turn.finished event"
             " (the recording was cut short)\n"
@@ -589,16 +596,16 @@ async def sessions_command(args: argparse.Namespace) -> int:
         sys.stdout.write(body.decode() + "\n")
         return 0
     for info in infos:
-        agent = info.meta.get("agent", "")
-        line = f"{info.session_id}\t{info.message_count} messages\t{agent}"
+        agent = terminal_line(str(info.meta.get("agent", "")))  # one field, whatever it holds
+        line = f"{terminal_line(info.session_id)}\t{info.message_count} messages\t{agent}"
         waiting = info.meta.get(WAITING_META)
         if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
             line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
-        sys.stdout.write(terminal_text(line) + "\n")
+        sys.stdout.write(line + "\n")
     if after is not None:  # on stderr: the listing on stdout stays one session a line
         sys.stdout.flush()
         say_on_stderr(  # the cursor is the store's text: a plug-in's, maybe anything
-            terminal_text(
+            terminal_line(
                 f"(the {len(infos)} most recent; more after them: add --after {after}, "
                 "or --all for every session)"
             )
@@ -621,7 +628,8 @@ async def show_command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
         return 0
-    console = Console(highlight=False, markup=False)  # stored text is never markup
+    # stored text is never markup, nor emoji codes (":warning:" was printed as ⚠)
+    console = Console(highlight=False, markup=False, emoji=False)
 
     def say(text: str, **options: Any) -> None:  # stored text never drives the terminal
         console.print(terminal_text(text), **options)

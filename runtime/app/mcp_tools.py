@@ -60,6 +60,7 @@ from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.ids import new_id
 from runtime.output import ResetStep, TextDelta, ToolCall
+from runtime.serde import utf8_text
 from runtime.store import validate_session_id
 
 TOOL_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -145,7 +146,10 @@ def tool_name(agent_name: str) -> str:
 
 
 def _error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    # utf8_text: a provider's error quoting half a character was a response the
+    # official client could not parse, and the call failed instead of saying why
+    block = types.TextContent(type="text", text=utf8_text(text))
+    return types.CallToolResult(content=[block], is_error=True)
 
 
 class BadArguments(Exception):
@@ -322,7 +326,9 @@ class Progress:
 
     async def chunk(self, chunk: Any) -> None:
         if isinstance(chunk, TextDelta):
-            message = chunk.text
+            # half a character alone U+FFFD: the official client refused the escape of
+            # a lone half, and failed the whole call (-32700) over one notification
+            message = utf8_text(chunk.text)
         elif isinstance(chunk, ToolCall):
             message = f"[tool {chunk.tool_name}]"
         elif isinstance(chunk, ResetStep):

@@ -49,6 +49,18 @@ def terminal_text(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
+_LINE_ESCAPES = {**_ESCAPES, **{c: f"\\x{c:02x}" for c in range(0x07, 0x0E)}}
+
+
+def terminal_line(text: str) -> str:
+    """:func:`terminal_text` for a line written without rich (a listing's field, a
+    prompt, a line on stderr): BEL, BS, the tab, VT, FF, CR and the newline escaped too. Rich
+    drops the first five itself; a plain write passed them, so a CR or a backspace in a
+    stored agent's name wrote over the line before it, a BEL rang, and a newline made a
+    line of its own (another session, in ``sessions``' listing), a tab another column."""
+    return text.translate(_LINE_ESCAPES)
+
+
 NARROW = 16
 """Columns under which a tool card is printed without its box: at four columns or fewer
 the box's borders and padding left its input and result no room, and they vanished."""
@@ -139,8 +151,10 @@ class TerminalRenderer:
         if self.console.width < NARROW:  # a box would leave its content no room at all
             self.console.print(Text.assemble((title, border), "\n", body), soft_wrap=True)
             return
+        # A str title is read as rich markup: a tool name "[link=URL]x[/link]" (the
+        # model's, for a tool it made up) became a hyperlink to its site. Text is text.
         self.console.print(
-            Panel(body, title=title, title_align="left", border_style=border, expand=False)
+            Panel(body, title=Text(title), title_align="left", border_style=border, expand=False)
         )
 
     def _approval_request(self, chunk: Any) -> None:

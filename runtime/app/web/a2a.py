@@ -43,10 +43,12 @@ from starlette.types import Receive, Scope, Send
 from actors.a2a import legacy, wire
 from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.a2a_tasks import LiveTask, TaskBook
+from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
 from runtime.ids import new_id
+from runtime.serde import utf8_dumps
 
 PREFIX = "/a2a"
 """Where the bindings are mounted (the Agent Card is at the well-known path)."""
@@ -75,7 +77,7 @@ NOT_SERVED = {
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps(data), status_code=status, headers=headers, media_type="application/json"
+        utf8_dumps(data), status_code=status, headers=headers, media_type="application/json"
     )
 
 
@@ -93,8 +95,8 @@ def _parsed(raw: bytes) -> Any:
     """A JSON-RPC or REST body's JSON."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise wire.A2AError("ParseError", "the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise wire.A2AError("ParseError", not_json(exc)) from None
 
 
 class _BodyRefused(wire.A2AError):

@@ -74,6 +74,7 @@ from runtime.app.web.agui_wire import (
     finished,
     sse,
 )
+from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.frontend import message_key
 from runtime.app.web.guard import is_json
@@ -349,8 +350,8 @@ def _seed(earlier: Sequence[dict[str, Any]], limits: Any) -> tuple[Message, ...]
 def _json_body(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise bad_input("the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise bad_input(not_json(exc)) from None
 
 
 def _checked_run(payload: Any) -> tuple[RunInput, list[dict[str, Any]]]:

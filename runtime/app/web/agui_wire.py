@@ -71,7 +71,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.serde import unstructure
+from runtime.serde import unstructure, utf8_dumps
 
 PROTOCOL_VERSION = "1.0"
 """The AG-UI protocol version these events follow (``RUN_STARTED.protocolVersion``)."""
@@ -233,7 +233,7 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def sse(event: dict[str, Any]) -> bytes:
     """One Server-Sent Event carrying ``event`` as JSON."""
-    return b"data: " + orjson.dumps(event, default=str) + b"\n\n"
+    return b"data: " + utf8_dumps(event, default=str) + b"\n\n"
 
 
 def step_name(step: int) -> str:

@@ -117,6 +117,16 @@ def _held_answer(messages: list[Any], at: int) -> list[dict[str, Any]]:
     return [{"id": value, "role": "assistant"}]
 
 
+def not_json(refused: ValueError) -> str:
+    """Why a body orjson refused (``refused``) is refused: it is not JSON, or it is JSON
+    whose text holds half a character (a lone surrogate's escape, ``"\\ud800"``), which
+    no message can hold: said so, where "the body is not JSON" sent the person looking
+    for a syntax error."""
+    if "surrogate" in str(refused):
+        return "the body's text holds half a character (a lone surrogate escape such as \\ud800)"
+    return "the body is not JSON"
+
+
 def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, Any]:
     """``raw``'s top-level scalar fields and ``messages``: its last user message alone,
     with its parts reduced to :data:`PART_KEYS` (only text and file parts kept), after
@@ -129,8 +139,8 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
     ``max_parts`` parts or ``max_files`` file parts."""
     try:
         payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BodyRefused(400, "the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise BodyRefused(400, not_json(exc)) from None
     if type(payload) is not dict:
         raise BodyRefused(400, "the body must be a JSON object")
     if "id" not in payload:

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from runtime.errors import InvalidCursor, InvalidSessionId
+from runtime.serde import utf8_dumps
 from runtime.store import SessionPage, Store, list_page, validate_session_id
 
 
@@ -29,7 +30,8 @@ class ApiError(Exception):
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
+    # utf8_dumps: a stored error quoting half a character made a session's page a 500
+    body = utf8_dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 

@@ -65,6 +65,7 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
+from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
     INLINE_BODY,
     _read_body,
@@ -97,6 +98,7 @@ from runtime.messages import (
     Message,
     UserContent,
 )
+from runtime.serde import utf8_dumps
 from runtime.store import validate_session_id
 from runtime.turn_queue import TurnOptions
 
@@ -117,7 +119,7 @@ def error_response(error: OpenAIError, headers: dict[str, str] | None = None) ->
     """``error`` answered in OpenAI's shape with its status (and its own headers, a
     ``retry-after``)."""
     return Response(
-        orjson.dumps(error.body()),
+        utf8_dumps(error.body()),  # a provider's message may quote half a character
         status_code=error.status,
         headers={**error.headers, **(headers or {})},
         media_type="application/json",
@@ -182,7 +184,7 @@ class CompletionWhole:
         if self.encoder.error is not None:
             response = error_response(self.encoder.error, headers)
         else:
-            body = orjson.dumps(self.encoder.completion())
+            body = utf8_dumps(self.encoder.completion())
             response = Response(body, headers=headers, media_type="application/json")
         await response(scope, receive, send)
 
@@ -421,7 +423,7 @@ class QueuedCompletionWhole:
         if self.encoder.error is not None:
             response = error_response(self.encoder.error, self.headers)
         else:
-            body = orjson.dumps(self.encoder.completion())
+            body = utf8_dumps(self.encoder.completion())
             response = Response(body, headers=self.headers, media_type="application/json")
         await response(scope, receive, send)
 
@@ -513,8 +515,8 @@ def _chat_request(raw: bytes) -> Any:
     """A Chat Completions body, parsed and checked (``off_loop``: a big one in a thread)."""
     try:
         payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise bad_request("the body is not JSON") from None
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(not_json(exc)) from None
     return parse_chat_request(payload)
 
 

@@ -30,6 +30,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
+from runtime.serde import utf8_dumps
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "content-filter": "content_filter"}
 """The runtime's finish reasons OpenAI has a word for; ``budget`` is ``length``, the
@@ -391,7 +392,7 @@ class CompletionEncoder:
 
     def events(self, chunk: Any) -> bytes:
         """``chunk`` as SSE events (``data: {json}``), for :class:`TurnResponse`."""
-        return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in self.chunks(chunk))
+        return b"".join(b"data: " + utf8_dumps(c) + b"\n\n" for c in self.chunks(chunk))
 
     def completion(self) -> dict[str, Any]:
         """The whole ``chat.completion`` of the turn gathered so far."""

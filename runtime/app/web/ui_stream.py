@@ -71,7 +71,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.serde import unstructure
+from runtime.serde import unstructure, utf8_dumps
 
 AWAITING_INPUT = "awaiting-input"
 
@@ -91,7 +91,7 @@ FINISH_REASONS = frozenset({"stop", "length", "content-filter", "tool-calls", "e
 
 
 def _json(value: Any) -> bytes:
-    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS)
+    return utf8_dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS)
 
 
 def sse(chunk: dict[str, Any]) -> bytes:
