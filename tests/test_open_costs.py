@@ -408,3 +408,60 @@ def test_a_provider_s_endpoint_origin_and_price_key_import_nothing_after_the_fir
     monkeypatch.undo()
     assert imports == []
     assert again == first and first[0] == "https://api.anthropic.com"
+
+
+def test_a_stream_s_readers_slots_and_gemini_s_chunks_import_nothing_after_the_first(
+    monkeypatch,
+):
+    """What reads a stream (the Anthropic and OpenAI readers, a learned slot, Gemini's
+    chunk decoder) keeps ``orjson`` once imported: no ``import`` statement after the first
+    stream (three to four a turn before, and one per Gemini chunk, ~1,300 instructions
+    each); the same answers."""
+    import json
+    from types import SimpleNamespace
+
+    from actors.providers import anthropic, gemini_wire, openai
+
+    event = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}
+    event["delta"]["text"] = "hi"
+    data = json.dumps(event).encode()
+    chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "obfuscation": "abc"}
+    chunk_data = json.dumps(chunk).encode()
+
+    def read_all() -> tuple[Any, ...]:
+        stream = SimpleNamespace(response=None)
+        readers = (anthropic._EventReader(stream, True), openai._ChunkReader(None, True))
+        slot = anthropic.learn(
+            data, event, b'"text":', anthropic._delta_text, anthropic._put_delta_text
+        )
+        two = openai.learn(
+            chunk_data,
+            chunk,
+            b'"content":',
+            openai._text_or_none,
+            openai._put_text,
+            pad=openai._OBFUSCATION,
+        )
+        assert slot is not None and two is not None
+        return (
+            [r.loads(data) for r in readers],
+            slot.text(data),
+            type(two).__name__,
+            two.text(chunk_data),
+            gemini_wire._decode(b'{"a": 1}'),
+        )
+
+    first = read_all()
+    imports: list[str] = []
+    real_import = builtins.__import__
+
+    def counted_import(name: str, *args: object, **kwargs: object) -> object:
+        imports.append(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", counted_import)
+    again = read_all()
+    monkeypatch.undo()
+    assert imports == []
+    assert again == first
+    assert first == ([event, event], "hi", "TwoStringSlot", "hi", {"a": 1})

@@ -49,7 +49,7 @@ from actors.providers.failures import (
     tokens,
     unreadable,
 )
-from actors.providers.json_slot import StringSlot, learn
+from actors.providers.json_slot import StringSlot, learn, orjson_module
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
 from actors.providers.sse import (
@@ -1015,9 +1015,7 @@ class _EventReader:
     __slots__ = ("learning", "loads", "response", "slot", "stopped", "stream", "texts")
 
     def __init__(self, stream: Any, texts: bool) -> None:
-        import orjson
-
-        self.loads = orjson.loads
+        self.loads = orjson_module().loads
         self.stream = stream
         self.response = stream.response
         self.texts = texts

@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
+from actors.providers.json_slot import orjson_module
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
 
@@ -270,8 +271,7 @@ class _RawJson:
 def _decode(data: bytes) -> Any:
     """A chunk's JSON; the SDK decodes bytes as UTF-8 with replacement first, so bytes
     orjson refuses are given that chance before the chunk counts as undecodable."""
-    import orjson
-
+    orjson = orjson_module()  # (kept: an ``import`` here ran the import system a chunk)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -36,10 +36,24 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import getitem, itemgetter
 from typing import Any, overload
+
+
+@functools.cache
+def orjson_module() -> Any:
+    """``orjson``, imported where a stream is first read (importing a provider does not
+    load it) and kept. Why kept: an ``import`` statement in a function runs the import
+    system on every call, ~1,300 instructions for a module already loaded; a stream's
+    readers and slots ran three to four a turn, and Gemini's chunk decoder one a chunk
+    (issue 24 goal 1); a cached call is ~100."""
+    import orjson
+
+    return orjson
+
 
 _PROBE = "\x00axon-probe\u2603"
 _PROBE_TOKEN = '"\\u0000axon-probe\u2603"'.encode()  # an escape and a multibyte character
@@ -67,11 +81,9 @@ class StringSlot:
     )
 
     def __init__(self, prefix: bytes, suffix: bytes) -> None:
-        import orjson  # where a stream is read: importing the provider does not load it
-
         if not suffix:
             raise ValueError("a slot needs bytes after the string")
-        self._loads = orjson.loads
+        self._loads = orjson_module().loads
         self.prefix = prefix
         self.suffix = suffix
         self.window = _WINDOW  # the events its next run reads at first (:func:`_run`)
@@ -297,11 +309,9 @@ class TwoStringSlot:
     )
 
     def __init__(self, prefix: bytes, middle: bytes, suffix: bytes) -> None:
-        import orjson
-
         if not middle or not suffix:
             raise ValueError("a slot needs bytes between and after the strings")
-        self._loads = orjson.loads
+        self._loads = orjson_module().loads
         self.prefix = prefix
         self.middle = middle
         self.suffix = suffix
@@ -461,8 +471,7 @@ def learn(
     as ``b'"obfuscation":'`` and what puts a string in its value's place), an event whose
     padding string follows its text gets a :class:`TwoStringSlot` if both probes prove
     it, else the one-string slot as without."""
-    import orjson
-
+    orjson = orjson_module()
     text = read(doc)
     if type(text) is not str:
         return None
@@ -504,8 +513,7 @@ def _learn_two(
     """The two-string slot of ``data`` whose text token is ``data[start:end]`` (proven)
     and whose padding token follows the first ``pad`` key after it, if a probe in each
     hole proves both (see the module); ``None`` otherwise."""
-    import orjson
-
+    orjson = orjson_module()
     key, write_pad = pad
     at = data.find(key, end)
     if at < 0:

@@ -50,7 +50,7 @@ from actors.providers.failures import (
     tokens,
     unreadable,
 )
-from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
+from actors.providers.json_slot import StringSlot, TwoStringSlot, learn, orjson_module
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -897,9 +897,7 @@ class _ChunkReader:
     )
 
     def __init__(self, response: Any, texts: bool, usage: bool | None = None) -> None:
-        import orjson
-
-        self.loads = orjson.loads
+        self.loads = orjson_module().loads
         self.response = response
         self.slot: StringSlot | TwoStringSlot | None = None
         self.learning = SLOT_LEARNING if texts else 0
