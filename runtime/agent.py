@@ -15,6 +15,7 @@ from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError, ToolDefinitionError
 from runtime.media import MediaLimits
+from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
 from runtime.retry import RetryPolicy
 from runtime.tools import AGENT_DEPTH_META, Tool, ToolContext, tool
 
@@ -270,6 +271,9 @@ class Agent:
         the parent model sees, and the calls it waited for are denied there (reason
         :data:`NESTED_WAIT`) and the sub-turn ended, so nobody can run them, or it,
         later; one a budget stopped ends its text with a note saying so.
+        The sub-turn is named by the call's :attr:`ToolContext.idempotency_key`: the
+        same call run again (a retried continuation) takes that turn's answer, or goes on
+        from its committed steps, instead of running the sub-agent again.
         The sub-session gets the calling session's ``deps``. ``needs_approval`` is
         ``@tool``'s: a call waits for a decision first (docs/approval.md).
 
@@ -318,11 +322,67 @@ def _done_so_far(result: Any) -> str:
     """What a sub-turn that did not finish had done, for the calling model's error: the
     calls of its that ran (their effects stand: told only "it did not finish", a model
     asked it again, and they ran twice) and its text so far."""
-    ran = ", ".join(m.tool_name for m in result.tool_messages if m.error is None)
-    said = result.text.strip()
+    return _done(result.tool_messages, result.text)
+
+
+def _done(tool_messages: Sequence[Any], text: str) -> str:
+    ran = ", ".join(m.tool_name for m in tool_messages if m.error is None)
+    said = text.strip()
     return (f"; the calls it made that ran: {ran}" if ran else "") + (
         f"; its text so far: {said}" if said else ""
     )
+
+
+def _waited(tool_name: str, waits: str, done: str) -> str:
+    """The calling model's error for a sub-turn that stopped to wait for a person."""
+    return (
+        f"sub-agent {tool_name} stopped to wait for a person's input ({waits}), which "
+        f"nobody can give it when another agent calls it: it did not finish{done}"
+    )
+
+
+def _sub_turn_ids(context: ToolContext, tool_name: str) -> tuple[str, str]:
+    """The turn id and assistant message id of the sub-turn one call runs: derived from
+    the sub-session and the call's :attr:`ToolContext.idempotency_key`, so every run of
+    the call (a retried continuation) names the same turn."""
+    raw = f"{_sub_session_id(context, tool_name)}\n{context.idempotency_key}"
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"turn_sub_{digest}", f"msg_sub_{digest}"
+
+
+def _ended_before(messages: Sequence[Any], message_id: str, tool_name: str) -> str | None:
+    """The calling model's error again when the history holds the sub-turn
+    ``message_id`` and it waited for a person and was ended (:data:`NESTED_WAIT`): a
+    retried call gets what the first run said, and the sub-turn is not gone on with (its
+    calls have their results: resumed, its model would be asked again)."""
+    at = next(
+        (
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m, AssistantMessage) and m.id == message_id
+        ),
+        None,
+    )
+    if at is None:
+        return None
+    content = messages[at].content
+    ended = [
+        f"{p.tool_name} ({p.awaiting.kind})"
+        for p in content
+        if isinstance(p, ToolCallPart)
+        and p.awaiting is not None
+        and p.awaiting.reason == NESTED_WAIT
+    ]
+    if not ended:
+        return None
+    waits = ", ".join(ended)
+    results = []
+    for m in messages[at + 1 :]:
+        if not isinstance(m, ToolMessage):
+            break
+        results.append(m)  # the denied calls' have an error: not counted as run
+    text = "".join(p.text for p in content if isinstance(p, TextPart))
+    return _waited(tool_name, waits, _done(results, text))
 
 
 async def _run_sub_turn(
@@ -351,8 +411,19 @@ async def _run_sub_turn(
         },
         deps=context.deps,  # the sub-agent's tools reach the same objects
     )
+    # Named by the calling call's idempotency key: a retry of that call (a continuation
+    # whose process died before it saved the result) finds this turn in the sub-session
+    # and takes its answer, or goes on from its committed steps, its tools keyed as the
+    # first time; before, it ran the sub-agent again from the start (issue 21).
+    turn_id, message_id = _sub_turn_ids(context, tool_name)
+    ended = _ended_before(session.messages, message_id, tool_name)
+    if ended is not None:  # it waited, and was ended: nothing of it runs again
+        await session.close()
+        raise RuntimeError(ended)
     try:
-        async with session.stream(input) as out:
+        async with session.stream(
+            input, turn_id=turn_id, message_id=message_id, resume=True
+        ) as out:
             async for chunk in out:
                 await context.emit(chunk)
         if out.result is not None and out.result.finish_reason == "awaiting-input":
@@ -371,11 +442,7 @@ async def _run_sub_turn(
         # Its turn suspended for a person (a call needing approval, a client tool): its
         # answer was '', a success; and nobody would ever answer the wait.
         waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)
-        raise RuntimeError(
-            f"sub-agent {tool_name} stopped to wait for a person's input ({waits}), which "
-            f"nobody can give it when another agent calls it: it did not finish"
-            f"{_done_so_far(result)}"
-        )
+        raise RuntimeError(_waited(tool_name, waits, _done_so_far(result)))
     if result.finish_reason == "budget":
         return f"{result.text}\n[the sub-agent stopped before it finished: {result.budget} reached]"
     return result.text

@@ -52,8 +52,21 @@ class SubTurn(Protocol):
 class SubSession(Protocol):
     """A session a tool opened (``ToolHost.open_session``): one turn, then closed."""
 
-    def stream(self, input: UserInput) -> AbstractAsyncContextManager[SubTurn]:
-        """Start a turn for ``input``; ``async with session.stream(task) as out``."""
+    def stream(
+        self,
+        input: UserInput,
+        *,
+        turn_id: str | None = None,
+        message_id: str | None = None,
+        resume: bool = False,
+    ) -> AbstractAsyncContextManager[SubTurn]:
+        """Start a turn for ``input``; ``async with session.stream(task) as out``. With
+        ``resume``, the turn named ``turn_id``/``message_id`` goes on from its committed
+        steps, if the history holds it (``Session.stream``'s durable turn)."""
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        """The session's history, as loaded."""
 
     async def close(self) -> None:
         """Stop the session's actors (after any running turn ends)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host
 from runtime.chunks import Usage
+from tests.support.grammar import check_grammar
 
 CALL = Usage(input_tokens=100, output_tokens=10, total_tokens=110)  # each model call's
 
@@ -65,3 +66,17 @@ async def test_an_approved_sub_agent_run_before_a_new_message_counts_toward_that
         result = await session.run("and then?")
     assert (result.finish_reason, result.text) == ("stop", "fine")
     assert result.usage.total_tokens == 220
+
+
+async def test_a_continuation_a_budget_ends_before_any_step_streams_its_results_and_finish():
+    """``start``, the sub-agent's result, ``finish`` (``budget``): no step, a shape the
+    grammar allows only there (tests/support/grammar). Before, the checker wanted one."""
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(parent(Budget(max_total_tokens=200)), session_id="s")
+        asked = await session.run("go")
+        await session.decide(asked.pending[0].approval_id, approved=True)
+        async with session.resume() as out:
+            chunks = [c async for c in out]
+    assert [c.type for c in chunks if c.type != "tool-stream"] == ["start", "tool-result", "finish"]
+    assert chunks[-1].finish_reason == "budget"
+    check_grammar(chunks)

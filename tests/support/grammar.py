@@ -16,10 +16,13 @@ RESUMED_RESULTS = ("tool-result", "tool-error", "tool-output-denied")
 def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     """Assert ``start RESULT* (step-start CONTENT* (reset-step CONTENT*)* step-finish)+
     finish`` (RESULT: what a
-    resumed turn's waiting calls give, docs/approval.md; or cut short by
+    resumed turn's waiting calls give, docs/approval.md, with the ``tool-stream``
+    chunks of an approved agent-as-tool running among them; or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
     part ids, ``object-delta`` only inside the text part it parses, and strictly
-    increasing ``seq``."""
+    increasing ``seq``. A continuation that a budget ends before its first step (the
+    results it ran took the turn past it) is ``start RESULT+ finish``, its ``finish``
+    ``budget``: no step is needed then, and only then."""
     types = [_get(c, "type") for c in chunks]
     assert types[0] == "start", types[:3]
     assert types[-1] == ending, types[-3:]
@@ -30,8 +33,12 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     seen_parts: set[str] = set()
     steps_seen = 0
     leading = True  # a resumed turn's results come before its first step (approval.md)
+    results = 0
     for c, t in zip(chunks[1:-1], types[1:-1], strict=True):
         if leading and t in RESUMED_RESULTS:
+            results += 1
+            continue
+        if leading and t == "tool-stream":  # an approved agent-as-tool's, as it runs
             continue
         leading = False
         if t == "step-start":
@@ -58,6 +65,7 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
                 assert _get(c, "part_id") == open_part, "finish of a part that is not open"
                 open_part = None
     if ending == "finish":
-        assert steps_seen >= 1 and not in_step
+        ended_by_budget = results >= 1 and _get(chunks[-1], "finish_reason") == "budget"
+        assert (steps_seen >= 1 or ended_by_budget) and not in_step, "a turn with no step"
     else:
         assert open_part is None, "parts must be closed before error/abort"

@@ -1,0 +1,48 @@
+"""The output grammar checker (tests/support/grammar) on streams written by hand: the
+zero-step continuation a budget ends is the one turn with no step it accepts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.grammar import check_grammar
+
+LEADING = ("tool-result", "tool-error", "tool-output-denied", "tool-stream")
+REASONS = ("stop", "budget", "awaiting-input", "length")
+
+
+def stream(*types: str, reason: str = "stop") -> list[dict]:
+    chunks = [{"type": t, "seq": i} for i, t in enumerate(("start", *types, "finish"))]
+    chunks[-1]["finish_reason"] = reason
+    return chunks
+
+
+def test_a_continuation_a_budget_ended_before_any_step_is_accepted():
+    check_grammar(stream("tool-stream", "tool-result", reason="budget"))
+
+
+@pytest.mark.parametrize(
+    ("types", "reason"),
+    [
+        ((), "budget"),  # no result: nothing resumed
+        (("tool-result",), "stop"),  # not a budget: a model call was due
+        (("tool-stream",), "budget"),  # progress, no result
+        (("step-start", "step-finish", "tool-stream"), "stop"),  # after a step: outside
+    ],
+)
+def test_a_turn_with_no_step_otherwise_is_refused(types, reason):
+    with pytest.raises(AssertionError):
+        check_grammar(stream(*types, reason=reason))
+
+
+@given(st.lists(st.sampled_from(LEADING), max_size=5), st.sampled_from(REASONS))
+def test_a_stream_without_steps_is_accepted_only_as_a_budgets_continuation(leading, reason):
+    legal = reason == "budget" and any(t != "tool-stream" for t in leading)
+    chunks = stream(*leading, reason=reason)
+    if legal:
+        check_grammar(chunks)
+    else:
+        with pytest.raises(AssertionError):
+            check_grammar(chunks)
