@@ -65,23 +65,27 @@ def retry_after(headers: Any) -> float | None:
     ``retry-after-ms`` wins (OpenAI and Anthropic send it, more precise); else
     ``retry-after`` as seconds or as an HTTP date (a date in the past is 0). A header
     that is malformed, or not a finite number (``inf``, ``nan``), counts as absent: a
-    bad header must turn into neither a crash nor an endless wait.
+    bad header must turn into neither a crash nor an endless wait, and a bad
+    ``retry-after-ms`` leaves a good ``retry-after`` beside it to say the wait (as
+    :func:`runtime.ratelimit.parse_rate_headers` reads them).
     """
     if headers is None:
         return None
     try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            seconds = float(ms) / 1000
-        else:
-            value = headers.get("retry-after")
-            if value is None:
-                return None
-            try:
-                seconds = float(value)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(value)
-                seconds = when.timestamp() - time.time()
+        ms = float(headers.get("retry-after-ms")) / 1000
+    except (TypeError, ValueError, OverflowError):
+        ms = math.nan  # absent or malformed
+    if math.isfinite(ms):
+        return max(0.0, ms)
+    try:
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            seconds = when.timestamp() - time.time()
     except (TypeError, ValueError, OverflowError):
         return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
