@@ -6,15 +6,18 @@ regression test for each defect found."""
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
 import pytest
 import trio
 
 from actors.providers.failures import retry_after
 from runtime import RetryPolicy
 from runtime.ratelimit import MAX_PAUSE, RateLimit
-from tests.support.attacks import attack_rig
+from tests.support.attacks import KINDS, attack_rig
 from tests.support.faults import consume
-from tests.support.loopback import Reply
+from tests.support.loopback import Reply, loopback_server
 from tests.test_provider_attacks import http_error
 
 
@@ -85,3 +88,76 @@ def test_a_retry_after_ms_that_is_no_finite_number_leaves_the_pause_to_retry_aft
     from runtime.ratelimit import parse_rate_headers
 
     assert parse_rate_headers({"retry-after-ms": ms, "retry-after": "30"}) == 30.0
+
+
+# -- a key quoted in a body the error cuts -----------------------------------------------------
+
+PROXY_KEY = "pk9Lmq2Rt7Vx4Wz8Ab3Cd6Ef1Gh5Jk0N"
+"""A key of no known shape (a proxy's): only its registered value finds it."""
+
+
+def proxied(kind: str, url: str) -> Any:
+    from actors.providers import (
+        AnthropicProvider,
+        GeminiProvider,
+        OpenAIProvider,
+        OpenAIResponsesProvider,
+    )
+    from tests.support.faults import resolve_platform
+
+    if kind == "gemini":
+        return GeminiProvider("gemini-2.5-flash", base_url=url, api_key=PROXY_KEY)
+    if kind == "anthropic":
+        provider: Any = AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key=PROXY_KEY)
+    elif kind == "openai":
+        provider = OpenAIProvider("gpt-4o-mini", base_url=url + "/v1", api_key=PROXY_KEY)
+    else:
+        provider = OpenAIResponsesProvider("gpt-5-mini", base_url=url + "/v1", api_key=PROXY_KEY)
+    resolve_platform(provider)
+    return provider
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_200_page_quoting_the_key_where_the_error_cuts_it_shows_no_piece_of_it(
+    kind, autojump_clock
+):
+    """A proxy's 200 HTML page echoing the key from byte 170: the error quotes the
+    body's first 200 bytes, and the 30 characters of the key before the cut were no
+    longer the registered value, so they reached the stream, the store and the log."""
+    from runtime import Agent, Host
+    from runtime.logging import configure_logging
+    from runtime.serde import to_json
+
+    page = b"<html>" + b"x" * 164 + PROXY_KEY.encode() + b"</html>"
+    log = io.StringIO()
+    configure_logging("debug", stream=log)
+    try:
+        async with loopback_server(Reply(body=page, content_type="text/html")) as server:
+            provider = proxied(kind, server.url)
+            try:
+                async with Host.open(log_tap=False) as host:
+                    agent = Agent(provider=provider, retry=RetryPolicy(max_attempts=1))
+                    session = await host.open_session(agent, session_id="s")
+                    async with session.stream("hi") as out:
+                        chunks = await consume(out)
+                    stored = await host.store.load("s")
+            finally:
+                await provider.aclose()
+    finally:
+        configure_logging("warning")
+    assert out.result.error.kind == "MalformedStream"
+    assert "[redacted]" in out.result.error.message
+    seen = to_json([chunks, out.result.error, stored.messages]).decode() + log.getvalue()
+    assert PROXY_KEY[:12] not in seen
+
+
+@pytest.mark.parametrize("at", [0, 100, 168, 180, 190, 199, 200])
+def test_a_quote_cut_through_a_registered_key_shows_none_of_it(at):
+    from actors.providers.failures import quoted
+    from runtime.redact import register_secret
+
+    register_secret(PROXY_KEY)
+    body = b"x" * at + PROXY_KEY.encode() + b"y" * 300
+    shown = quoted(body)
+    assert PROXY_KEY[:4] not in shown
+    assert shown.startswith("b'xxx" if at else "b'[redacted]") and shown.endswith("'")
