@@ -49,6 +49,13 @@ WINDOW = 60.0
 LEASE = 600.0
 """Seconds a granted call holds a concurrency slot at most: a process that died with a
 call in flight gives its slot back after that."""
+MAX_PAUSE = 600.0
+"""Seconds a pause the provider asks for (``retry-after`` on a 429, a spent limit's
+``x-ratelimit-reset-*`` / ``anthropic-ratelimit-*-reset``) holds every caller at most:
+above the longest reset of a per-minute limit (OpenAI says ``6m0s`` for tokens). A longer
+one (a daily quota, a hostile server's ``retry-after: 1e9``) held every session of the key
+in the limiter for hours or for ever, each stream saying ``throttled``; now the call goes
+after this, and a provider still refusing it ends the turn with its 429."""
 POLL = 0.25
 """Seconds between two tries while every concurrency slot is taken (a slot frees when a
 call ends, which a waiter elsewhere cannot hear of)."""
@@ -200,7 +207,8 @@ class Limiter:
 
     async def pause_for(self, seconds: float) -> None:
         """Grant nothing for ``seconds`` (the provider said so: ``retry-after``, or a
-        limit of its own at zero until its reset)."""
+        limit of its own at zero until its reset), at most :data:`MAX_PAUSE`."""
+        seconds = min(seconds, MAX_PAUSE)
         if seconds > 0:
             now = self.clock.now()
             await self.backend.pause(self.key, now, now + seconds)
@@ -376,7 +384,7 @@ def parse_rate_headers(
                 wait = max(wait, seconds)
     ms = get("retry-after-ms")
     after = float(str(ms)) / 1000 if _is_number(ms) else None
-    if after is None:
+    if after is None or not math.isfinite(after):  # a bad one leaves it to retry-after
         after = _seconds_until(get("retry-after"), now_epoch)
     if after is not None and math.isfinite(after):
         wait = max(wait, after)

@@ -34,6 +34,7 @@ import trio
 
 from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
+    HEAD_BYTES,
     SHAPE_ERRORS,
     classify_status,
     classify_transport,
@@ -43,6 +44,7 @@ from actors.providers.failures import (
     hook_error,
     loads_refused,
     missing_key,
+    quoted,
     retry_after,
     strict_loads,
     text_of,
@@ -982,7 +984,7 @@ async def json_event_batches(
             else:
                 failure = reader.events(batch, out) if batch else None
             if not seen:  # an event read (its chunk given, or a failure raised)
-                head, seen = head or chunk[:200], bool(out or batch)
+                head, seen = head or chunk[:HEAD_BYTES], bool(out or batch)
             if out:
                 yield out
             if failure is not None:
@@ -1118,7 +1120,8 @@ def _not_an_object(data: bytes) -> errors.MalformedStream:
     """The error of an event whose data is JSON but no object (no event the API sends):
     :func:`json_event_batches` raises it after the events of the same read before it."""
     return errors.MalformedStream(
-        f"an event's data is not a JSON object: {data[:200].decode('utf-8', 'replace')!r}",
+        "an event's data is not a JSON object: "
+        + quoted(data[:HEAD_BYTES].decode("utf-8", "replace")),
         provider=PROVIDER,
     )
 

@@ -48,7 +48,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Self
 
-from actors.providers.failures import classify_status
+from actors.providers.failures import QUOTE_MARGIN, classify_status, quoted
 from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -85,6 +85,9 @@ endpoint's host name (``https://{region}-aiplatform.googleapis.com``,
 ``bedrock-runtime.{region}.amazonaws.com``), so a region such as ``evil.example#`` (from
 ``CLOUD_ML_REGION`` or ``AWS_REGION``) sent the access token or Bedrock API key to
 ``evil.example`` (branch ``platatk``)."""
+
+BEDROCK_HEAD = 40
+"""Bytes of a Bedrock body that is no event stream its error quotes."""
 
 
 def valid_region(region: str | None) -> bool:
@@ -491,8 +494,8 @@ def frame_decoder_class() -> type | None:
             read = False
             async for data in iterator:
                 frames.add_data(data)
-                if not read and len(head) < 40:
-                    head += data[: 40 - len(head)]
+                if not read and len(head) < BEDROCK_HEAD + QUOTE_MARGIN:
+                    head += data[: BEDROCK_HEAD + QUOTE_MARGIN - len(head)]
                 while True:
                     try:
                         frame = next(frames)
@@ -501,7 +504,7 @@ def frame_decoder_class() -> type | None:
                     except Exception as exc:  # botocore's, or its KeyError / struct.error
                         said = f"{type(exc).__name__}: {exc}"
                         if not read:  # an HTML page, a JSON body, SSE: say what came
-                            said = f"it begins {head!r} ({said})"
+                            said = f"it begins {quoted(head, BEDROCK_HEAD)} ({said})"
                             raise _bad_frame(
                                 f"the body holds no event-stream frames: {said}"
                             ) from exc
@@ -511,7 +514,7 @@ def frame_decoder_class() -> type | None:
                     if event is not None:
                         yield event
             if not read:  # not even a whole first frame
-                said = f"it begins {head!r}" if head else "it is empty"
+                said = f"it begins {quoted(head, BEDROCK_HEAD)}" if head else "it is empty"
                 raise _bad_frame(f"the body holds no event-stream frames: {said}")
 
         def _parse_message_from_event(self, frame: Any) -> Any:
@@ -527,7 +530,7 @@ def frame_decoder_class() -> type | None:
             except (ValueError, KeyError, TypeError) as exc:
                 raise _bad_frame(
                     f"a Bedrock chunk that does not decode ({type(exc).__name__}: {exc}): "
-                    f"{bytes(frame.payload[:200])!r}"
+                    f"{quoted(bytes(frame.payload[: 200 + QUOTE_MARGIN]))}"
                 ) from exc
             return to_sse(raw)
 

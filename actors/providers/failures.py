@@ -49,6 +49,32 @@ chunk: a few MiB), low enough that a server sending one endless line cannot take
 process's memory. Past it the stream is :class:`EventTooLarge`."""
 
 
+QUOTED = 200
+"""Bytes of a server's body an error message quotes (:func:`quoted`)."""
+
+QUOTE_MARGIN = 4096
+"""Bytes past the cut :func:`quoted` reads to find a secret that runs across it."""
+
+HEAD_BYTES = QUOTED + QUOTE_MARGIN
+"""How much of a body's first bytes a provider keeps for :func:`quoted`."""
+
+
+def quoted(data: bytes | str, limit: int = QUOTED) -> str:
+    """``repr(data[:limit])`` for an error message, with every secret redacted before the
+    cut. Why: an error's text is redacted where it is made, but a key the cut runs
+    through was no longer the registered value (nor key-shaped): a proxy's HTML page or
+    an undecodable body quoting a key at byte 170 showed 30 of its 32 characters in the
+    stream, the store and the logs. Give it ``HEAD_BYTES`` of the body when there are
+    more: a secret that starts before the cut and ends within the margin is hidden."""
+    from runtime.redact import redact_text
+
+    shown = repr(data[:limit])
+    if len(data) <= limit:
+        return redact_text(shown)
+    whole = redact_text(repr(data[: limit + QUOTE_MARGIN]))
+    return whole[: len(shown) - 1] + shown[-1]
+
+
 class EventTooLarge(ValueError):
     """A line or an event of a stream over :data:`MAX_EVENT_BYTES`, with no end: read as
     :class:`~runtime.errors.MalformedStream` (:func:`classify_transport`)."""
@@ -65,23 +91,27 @@ def retry_after(headers: Any) -> float | None:
     ``retry-after-ms`` wins (OpenAI and Anthropic send it, more precise); else
     ``retry-after`` as seconds or as an HTTP date (a date in the past is 0). A header
     that is malformed, or not a finite number (``inf``, ``nan``), counts as absent: a
-    bad header must turn into neither a crash nor an endless wait.
+    bad header must turn into neither a crash nor an endless wait, and a bad
+    ``retry-after-ms`` leaves a good ``retry-after`` beside it to say the wait (as
+    :func:`runtime.ratelimit.parse_rate_headers` reads them).
     """
     if headers is None:
         return None
     try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            seconds = float(ms) / 1000
-        else:
-            value = headers.get("retry-after")
-            if value is None:
-                return None
-            try:
-                seconds = float(value)
-            except ValueError:
-                when = email.utils.parsedate_to_datetime(value)
-                seconds = when.timestamp() - time.time()
+        ms = float(headers.get("retry-after-ms")) / 1000
+    except (TypeError, ValueError, OverflowError):
+        ms = math.nan  # absent or malformed
+    if math.isfinite(ms):
+        return max(0.0, ms)
+    try:
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            seconds = when.timestamp() - time.time()
     except (TypeError, ValueError, OverflowError):
         return None
     return max(0.0, seconds) if math.isfinite(seconds) else None

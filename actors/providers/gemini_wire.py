@@ -38,6 +38,8 @@ import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
 from actors.providers.json_slot import orjson_module
+
+from actors.providers.failures import HEAD_BYTES, MAX_EVENT_BYTES, EventTooLarge, quoted
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
 
@@ -279,7 +281,7 @@ def _decode(data: bytes) -> Any:
             return json.loads(data.decode("utf-8", errors="replace"))
         except ValueError as exc:
             raise errors.MalformedStream(
-                f"undecodable stream data: {data[:200].decode('utf-8', 'replace')!r}",
+                f"undecodable stream data: {quoted(data[:HEAD_BYTES].decode('utf-8', 'replace'))}",
                 provider=PROVIDER,
             ) from exc
 
@@ -316,7 +318,7 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                 value = _decode(data)
                 if type(value) is not dict:
                     raise errors.MalformedStream(
-                        f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
+                        f"a chunk is not a JSON object: {quoted(data)}", provider=PROVIDER
                     )
                 if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
                     code, value = _error_object(value["error"])

@@ -41,10 +41,13 @@ from urllib.parse import urlsplit
 import trio
 
 from actors.providers.failures import (
+    HEAD_BYTES,
     SHAPE_ERRORS,
     arguments_json,
     created,
     loads_refused,
+
+    quoted,
     strict_loads,
     text_of,
     tokens,
@@ -856,7 +859,7 @@ async def json_chunk_batches(
             else:
                 failure, done = reader.events(batch, out) if batch else (None, False)
             if not seen:  # an event read (its chunk given, or a failure or the end raised)
-                head, seen = head or chunk[:200], bool(out or batch)
+                head, seen = head or chunk[:HEAD_BYTES], bool(out or batch)
             if out:
                 yield out
             if failure is not None:
@@ -966,7 +969,7 @@ class _ChunkReader:
                 # A JSON array here was read downstream as a run of texts (the form
                 # this reader gives those in) and crashed the engine with its numbers.
                 failure = errors.MalformedStream(
-                    f"a chunk is not a JSON object: {data[:200]!r}", provider="openai"
+                    f"a chunk is not a JSON object: {quoted(data)}", provider="openai"
                 )
                 break
             if chunk.get("error"):

@@ -51,6 +51,7 @@ from contextlib import aclosing
 from typing import Any, ClassVar
 
 from actors.providers.failures import (
+    HEAD_BYTES,
     SHAPE_ERRORS,
     arguments_json,
     classify_status,
@@ -767,7 +768,7 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
                 batch = decoder.finish()
                 last = True
             else:
-                head = head or chunk[:200]
+                head = head or chunk[:HEAD_BYTES]
                 batch = decoder.feed(chunk)
                 last = False
             for name, data in batch:

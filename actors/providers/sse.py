@@ -42,7 +42,7 @@ from typing import Any
 
 import trio
 
-from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
+from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge, quoted
 
 Event = tuple[str | None, bytes]
 """One event: its ``event`` field (``None`` when it has none) and its data."""
@@ -376,7 +376,7 @@ def no_events(response: Any, head: bytes, provider: str) -> Exception:
     from runtime import errors
 
     kind = getattr(response, "headers", {}).get("content-type") or "none"
-    what = f"it begins {head[:200]!r}" if head else "it is empty"
+    what = f"it begins {quoted(head)}" if head else "it is empty"
     return errors.MalformedStream(
         f"the response holds no server-sent events (content-type {kind}; {what})",
         provider=provider,
