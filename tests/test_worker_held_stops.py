@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
@@ -135,3 +136,17 @@ async def test_the_held_stops_are_bounded_the_oldest_dropped(queue: TurnQueue) -
 async def test_a_stop_naming_an_overlong_id_is_not_held(queue: TurnQueue) -> None:
     await queue.hold_stop("s1", "u" * 257, [], "stopped by user")
     assert await held_rows(queue) == []
+
+
+async def test_racing_holds_all_succeed_and_the_next_one_trims_to_the_cap(
+    queue: TurnQueue,
+) -> None:
+    # Many front ends hold stops at once (an attack's): no hold fails on another's
+    # locks, and the table is back within its cap at the next hold.
+    queue.held_stops_kept = 5
+    async with trio.open_nursery() as nursery:
+        for n in range(40):
+            nursery.start_soon(queue.hold_stop, f"s{n}", "u1", [], "stopped by user")
+    await queue.hold_stop("last", "u1", [], "stopped by user")
+    rows = await held_rows(queue)
+    assert len(rows) <= 5 and rows[-1][0] == "last"

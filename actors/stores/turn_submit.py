@@ -361,9 +361,14 @@ class TurnSubmitting:
 
         def hold(conn: Any) -> None:
             conn.execute(
+                # (rows another hold is dropping are skipped, not waited for: two
+                # holds never wait on each other here, so never deadlock)
                 """DELETE FROM axon_held_stops WHERE ctid IN (
-                    SELECT ctid FROM axon_held_stops ORDER BY held_at DESC OFFSET %s)
-                    OR held_at < clock_timestamp() - make_interval(secs => %s)""",
+                    SELECT ctid FROM axon_held_stops
+                    WHERE ctid IN (SELECT ctid FROM axon_held_stops
+                            ORDER BY held_at DESC OFFSET %s)
+                        OR held_at < clock_timestamp() - make_interval(secs => %s)
+                    FOR UPDATE SKIP LOCKED)""",
                 (max(kept - 1, 0), held_for),
             )
             conn.execute(
