@@ -18,15 +18,22 @@ import trio
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.messages import AssistantMessage
+from tests import test_busy
 from tests.support.redis import require_redis
-from tests.test_busy import Script, agent_with
-from tests.test_frontend import LIMIT, body, data, deployment
+from tests.test_busy import Script, agent_with, holding
+from tests.test_frontend import LIMIT, body, data, deployment, streamed_text
 from tests.test_relay_web import sse_events
+from tests.test_worker_steer import queued
 
 
 @pytest.fixture
 def redis_url() -> str:
     return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
 
 
 async def held_rows(queue: Any) -> list[tuple[Any, ...]]:
@@ -150,3 +157,40 @@ async def test_racing_holds_all_succeed_and_the_next_one_trims_to_the_cap(
     await queue.hold_stop("last", "u1", [], "stopped by user")
     rows = await held_rows(queue)
     assert len(rows) <= 5 and rows[-1][0] == "last"
+
+
+async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
+    pg_url: str, redis_url: str
+) -> None:
+    # Under --on-busy steer a message held stopped is not handed to the running turn
+    # (whose model would have seen it): it waits for its own turn, stopped as it starts.
+    script = Script(holding("H1"), ["first done"], ["never"])
+    agent = agent_with(script, "steer")
+    async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="steer") as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            out: dict[str, Any] = {}
+
+            async def post(name: str, text: str, message_id: str) -> None:
+                out[name] = await client.post(
+                    f"{d.urls[0]}/api/chat", json=body("s1", text, message_id)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u2"})
+                nursery.start_soon(post, "second", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert stop.status_code == 204
+    first = sse_events(out["first"].text)
+    assert streamed_text(first) == "first done" and "abort" not in out["first"].text
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(out["second"].text))
+    assert turns[1].steer_of is None and turns[1].status == "cancelled"
+    assert len(script.requests) == 2  # "never" was not asked for
+    assert all("also this" not in str(r.messages) for r in script.requests)
+    assert record is not None
+    assert [m.text for m in record.messages if m.role == "user"] == ["first", "also this"]
+    assert isinstance(record.messages[-1], AssistantMessage) and record.messages[-1].interrupted
