@@ -17,6 +17,7 @@ import trio
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.app.web.frontend import message_key
 from runtime.messages import AssistantMessage
 from tests import test_busy
 from tests.support.redis import require_redis
@@ -194,3 +195,25 @@ async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
     assert record is not None
     assert [m.text for m in record.messages if m.role == "user"] == ["first", "also this"]
     assert isinstance(record.messages[-1], AssistantMessage) and record.messages[-1].interrupted
+
+
+async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_turn(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The POST's submit commits between the stop's look for its turn and its hold: the
+    # submit found nothing to take, the hold sees the turn (a late stop, by its rule)
+    # and keeps nothing; the stop looks again and stops it.
+    hold = TurnQueue.hold_stop
+
+    async def racing_hold(self: TurnQueue, session_id: str, *args: Any) -> None:
+        key = message_key(session_id, "submit", "u1")
+        await self.submit(session_id, "go", idempotency_key=key, stop_name="u1")
+        await hold(self, session_id, *args)
+
+    async with deployment(pg_url, redis_url, agent_with(Script()), worker=False) as d:
+        monkeypatch.setattr(TurnQueue, "hold_stop", racing_hold)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"messageId": "u1"})
+        (turn,) = await d.queue.turns("s1")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": turn.turn_id}
+    assert turn.status == "cancelled"
