@@ -348,6 +348,7 @@ class TurnQueue(Protocol):
         turn_id: str | None = None,
         options: TurnOptions | None = None,
         on_busy: OnBusy | None = None,
+        stop_name: str | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; a resubmit with the same
         ``idempotency_key`` and input returns the turn already queued. ``options`` are
@@ -357,7 +358,19 @@ class TurnQueue(Protocol):
         :class:`~runtime.errors.SessionBusy` while a turn of the session is queued or
         running; ``interrupt``: those are cancelled first; ``steer``: the row names the
         session's running turn in :attr:`QueuedTurn.steer_of`, whose worker takes it at
-        its next step boundary) is decided atomically with the insert."""
+        its next step boundary) is decided atomically with the insert. ``stop_name``:
+        the client's id a stop names this message by; a message never submitted before
+        takes the stop :meth:`hold_stop` kept for it, and its turn is stopped as it
+        starts."""
+        ...
+
+    async def hold_stop(
+        self, session_id: str, message_id: str, keys: Sequence[str], reason: str
+    ) -> None:
+        """Keep, for a minute, a stop naming the client's message ``message_id`` whose
+        turn was not found (its POST may come after it), unless a turn was ever submitted
+        under one of ``keys`` (a late stop); bounded, each used once by the submit that
+        names it (``stop_name``)."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...

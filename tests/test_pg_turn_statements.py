@@ -1480,3 +1480,27 @@ async def test_a_decision_past_the_databases_deadline_is_refused_and_writes_noth
     assert after == before
     assert status is not None and status.waiting
     assert expired.recorded.complete and expired.turn.status == "running"
+
+
+async def test_a_submit_that_may_take_a_held_stop_sends_no_statement_more(pg_url, statements):
+    """A front end's submit names the message a stop held before its POST would name
+    (``stop_name``): the stop is taken in the insert's own statement (a ``WITH`` in
+    place of the ``INSERT``), so a keyed submit costs what it did, taken or not."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("s0", "zero", idempotency_key="k0")  # the connection opened
+        counts = []
+        for n, name in enumerate([None, "u2", "u3"]):
+            if name == "u3":
+                await queue.hold_stop("s3", "u3", [], "stopped by user")
+            statements.clear()
+            turn = await queue.submit(
+                f"s{n + 1}", "one", idempotency_key=f"k{n + 1}", stop_name=name
+            )
+            counts.append(sum(statements.values()))
+        assert turn.cancel_reason == "stopped by user"
+        assert counts[0] == counts[1] == counts[2], (counts, statements)
+    finally:
+        await queue.aclose()
+        await store.aclose()

@@ -943,3 +943,20 @@ async def test_a2a_bad_input_in_a_worker_deployment_is_answered_in_a2as_shape_an
         b_turns = await d.queue.turns("b")
     assert mallory == [] and len(b_turns) == 1
     assert "ctx" not in sessions and "mallory" not in sessions
+
+
+async def test_an_agui_run_stopped_before_it_came_through_another_front_end_is_stopped(
+    pg_url: str, redis_url: str
+) -> None:
+    # Stop (naming the run's message) reached a front end before the run reached the
+    # other: nothing was kept, and the run went on to its answer.
+    async with protocols_deployment(pg_url, redis_url, fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as c:
+            stop = await c.post(f"{d.urls[1]}/api/chat/t1/stop", json={"messageId": "m1"})
+        events = await agui_run(d.urls[0], run_input("t1", user("hi", "m1")))
+        record = await d.store.load("t1")
+    assert stop.status_code == 204
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert record is not None and [m.role for m in record.messages] == ["user", "assistant"]
+    assert record.messages[-1].interrupted

@@ -13,6 +13,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows
                    deletions BIGINT)                     -- with each delete of the id
     axon_turns(...)                                      -- durable turns: stores/turns.py
+    axon_held_stops(session_id, message_id, reason,      -- stops before their message's
+                    held_at)                             -- POST: stores/turn_submit.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
     axon_save_v5(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION

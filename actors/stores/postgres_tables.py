@@ -78,6 +78,19 @@ _SCHEMA = (
     """CREATE INDEX IF NOT EXISTS axon_turns_open
         ON axon_turns (seq) WHERE status IN ('queued', 'running')""",
     "CREATE INDEX IF NOT EXISTS axon_turns_by_session ON axon_turns (session_id, seq)",
+    # Named stops that came before the POST of the message they name (a front end found
+    # no turn of it): the submit of that message takes its stop in its insert, and its
+    # worker stops the turn as it starts (actors.stores.turn_submit). A minute each, at
+    # most ``TurnQueue.held_stops_kept`` of them, the oldest dropped: what a stop adds.
+    # A store of before gains it empty on open.
+    """CREATE TABLE IF NOT EXISTS axon_held_stops (
+        session_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        held_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY (session_id, message_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS axon_held_stops_by_age ON axon_held_stops (held_at)",
 )
 
 _TURN_COLUMNS = (

@@ -29,7 +29,15 @@ from actors.stores.turn_sql import (
     _steer_running,
 )
 from runtime import serde
-from runtime.busy import ENQUEUE, INTERRUPT, REJECT, STEER, OnBusy
+from runtime.busy import (
+    ENQUEUE,
+    HELD_STOP_FOR,
+    HELD_STOPS_KEPT,
+    INTERRUPT,
+    REJECT,
+    STEER,
+    OnBusy,
+)
 from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
@@ -55,6 +63,11 @@ class _Submission:
     options_json: bytes
     regenerate: bool
     on_busy: OnBusy | None
+    stop_name: str | None
+    """The client's id a stop held before this submit names it by
+    (:meth:`TurnSubmitting.hold_stop`), if the caller gave one."""
+    held_for: float
+    """Seconds a held stop is kept (:data:`~runtime.busy.HELD_STOP_FOR`)."""
     check_room: Callable[[Any, str, str | None, str, bool], None]
     """The queue's caps before the insert (:meth:`TurnQueue._check_room`)."""
     check_total: Callable[[Any], None]
@@ -66,8 +79,14 @@ class _Submission:
         will refuse should be refused before its insert, not after."""
         return len(self.body) + len(self.options_json) + len(self.meta_json) > LARGE_ROW
 
-    def insert(self, conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
-        """Insert the turn (after the busy strategy and the caps), or find its twin."""
+    def insert(
+        self, conn: Any, key: str | None, regenerate: bool, *, new: bool = False
+    ) -> tuple[Any, ...]:
+        """Insert the turn (after the busy strategy and the caps), or find its twin.
+        ``new``: a message never submitted before, which takes in the same statement a
+        stop held for it (:meth:`TurnSubmitting.hold_stop`): the row's ``cancel_reason``
+        without ``cancel_requested`` (:data:`HELD_STOP_INSERT`), which its worker stops
+        as it starts; a stop it took names no steered message (it runs as a turn)."""
         session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
             _interrupt(conn, session_id)
@@ -77,24 +96,23 @@ class _Submission:
         self.check_room(conn, session_id, key, turn_id, self.large)
         if on_busy == REJECT and _busy(conn, session_id):
             raise SessionBusy(f"session {session_id!r} is already running a turn")
-        row = conn.execute(
-            f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-                message_key, input_hash, input, meta, regenerate, options, steer_of)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-            ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
-            (
-                turn_id,
-                session_id,
-                key,
-                self.message_key,
-                self.input_hash,
-                self.body,
-                self.meta_json,
-                regenerate,
-                self.options_json,
-                steer_of,
-            ),
-        ).fetchone()
+        values = (
+            turn_id,
+            session_id,
+            key,
+            self.message_key,
+            self.input_hash,
+            self.body,
+            self.meta_json,
+            regenerate,
+            self.options_json,
+            steer_of,
+        )
+        if new and self.stop_name is not None:  # (one statement, as without)
+            held = (session_id, self.stop_name, self.held_for)
+            row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
+        else:
+            row = conn.execute(_INSERT, values).fetchone()
         if row is not None:
             self.check_total(conn)  # counting this row, under the queue's lock
             _notify_turns(conn, turn_id)
@@ -122,7 +140,7 @@ class _Submission:
         ).fetchone()
         if latest is None:
             key = _sha256(orjson.dumps([message_key, input_hash]))
-            return self.insert(conn, key, self.regenerate)
+            return self.insert(conn, key, self.regenerate, new=True)
         old_id, old_session, seq, status, saved, old_hash = latest
         if old_session == self.session_id and old_hash != input_hash:
             return self.edit(conn, old_id, seq, status, saved)
@@ -157,9 +175,44 @@ class _Submission:
         return self.insert(conn, key, self.regenerate or saved)
 
 
+_INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+        message_key, input_hash, input, meta, regenerate, options, steer_of)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
+
+HELD_STOP_INSERT = f"""WITH held AS (
+        DELETE FROM axon_held_stops
+        WHERE session_id = %s AND message_id = %s
+            AND held_at >= clock_timestamp() - make_interval(secs => %s)
+        RETURNING reason
+    ), turn (turn_id, session_id, idempotency_key, message_key, input_hash, input, meta,
+        regenerate, options, steer_of) AS (
+        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
+    )
+    INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+        input_hash, input, meta, regenerate, options, steer_of, cancel_reason)
+    SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
+        t.input, t.meta, t.regenerate, t.options,
+        CASE WHEN h.reason IS NULL THEN t.steer_of END, h.reason
+    FROM turn AS t LEFT JOIN held AS h ON true
+    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
+"""A new message's insert that takes the stop held for it (at most one: the table's
+key), in one statement: a queued row with a ``cancel_reason`` and no
+``cancel_requested`` (no other writer leaves a row so: a cancel of a queued turn ends it
+``cancelled`` at once) is a turn to stop as it starts. Its claim takes it as any
+(a cancel requested would keep it from every claim: never run, nothing of it stored),
+and its worker cancels its stream before the model call: the user message saved, with
+an interrupted answer, as a stop just after it started would leave it."""
+
+
 class TurnSubmitting:
     """The turn queue's submits (mixed into :class:`~actors.stores.turns.TurnQueue`, whose
     store, caps and row decoding they use)."""
+
+    held_stops_kept: int = HELD_STOPS_KEPT
+    """Stops :meth:`hold_stop` keeps at most, the fleet's (the oldest dropped first)."""
+    held_stop_for: float = HELD_STOP_FOR
+    """Seconds a held stop is kept for the message it names."""
 
     if TYPE_CHECKING:  # provided by the turn queue
         store: PostgresStore
@@ -180,6 +233,7 @@ class TurnSubmitting:
         turn_id: str | None = None,
         options: TurnOptions | None = None,
         on_busy: OnBusy | None = None,
+        stop_name: str | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; returns its row.
 
@@ -212,6 +266,13 @@ class TurnSubmitting:
         tools, instructions, a starting history), stored with the row for its worker.
         A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
         :class:`~runtime.errors.QueueFull` and stores nothing.
+
+        ``stop_name``: the client's id a stop names this message by (a front end's: its
+        user message's, or the answer's a regenerate replaces). A keyed submit never
+        made before takes the stop :meth:`hold_stop` kept under that id, in its insert:
+        its worker stops the turn as it starts (its message saved, with an interrupted
+        answer). A retry or an edit takes none: a stop of that id may be a late one of
+        the turn before.
         """
         validate_session_id(session_id)
         _check_names(session_id, idempotency_key, turn_id, on_busy)
@@ -231,6 +292,8 @@ class TurnSubmitting:
             options_json=options_json,
             regenerate=regenerate,
             on_busy=on_busy,
+            stop_name=stop_name,
+            held_for=self.held_stop_for,
             check_room=self._check_room,
             check_total=self._check_total,
         )
@@ -275,6 +338,49 @@ class TurnSubmitting:
             transaction=False,
         )
         return None if row is None else _status(row)
+
+    async def hold_stop(
+        self, session_id: str, message_id: str, keys: Sequence[str], reason: str
+    ) -> None:
+        """Keep a stop of ``session_id`` naming the client's message ``message_id``, whose
+        turn a front end did not find: its POST may be on its way still (Stop and the
+        POST race on two connections, maybe to two front ends). The submit that names
+        it so (``stop_name``) takes it, once, within :attr:`held_stop_for` seconds. Not
+        kept when a turn was ever submitted under one of ``keys`` (the idempotency keys
+        the message's submits would have: a late stop, which an edit or a retry must not
+        take), nor an id longer than :data:`HELD_STOP_ID_MAX`. The table stays bounded:
+        each hold drops the stops past their time, then the oldest past
+        :attr:`held_stops_kept` (two holds racing may each keep one more, for a moment).
+        A stop sent twice is kept once, from its last sending. Two statements, one
+        transaction; a submit racing it may miss it (its caller looks again)."""
+        validate_session_id(session_id)
+        if not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
+            return
+        hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
+        kept, held_for = self.held_stops_kept, self.held_stop_for
+
+        def hold(conn: Any) -> None:
+            conn.execute(
+                # (rows another hold is dropping are skipped, not waited for: two
+                # holds never wait on each other here, so never deadlock)
+                """DELETE FROM axon_held_stops WHERE ctid IN (
+                    SELECT ctid FROM axon_held_stops
+                    WHERE ctid IN (SELECT ctid FROM axon_held_stops
+                            ORDER BY held_at DESC OFFSET %s)
+                        OR held_at < clock_timestamp() - make_interval(secs => %s)
+                    FOR UPDATE SKIP LOCKED)""",
+                (max(kept - 1, 0), held_for),
+            )
+            conn.execute(
+                """INSERT INTO axon_held_stops (session_id, message_id, reason)
+                SELECT %s, %s, %s WHERE %s > 0 AND NOT EXISTS (
+                    SELECT 1 FROM axon_turns WHERE message_key = ANY(%s))
+                ON CONFLICT (session_id, message_id) DO UPDATE
+                SET reason = EXCLUDED.reason, held_at = EXCLUDED.held_at""",
+                (session_id, message_id, reason, kept, hashed),
+            )
+
+        await self.store.run(f"stop held for a message of session {session_id!r}", hold)
 
     def _check_room(
         self,
@@ -361,6 +467,10 @@ class TurnSubmitting:
             retry_after=self.retry_after,
         )
 
+
+HELD_STOP_ID_MAX = 256
+"""Characters of a message id past which a stop naming it is not held (the AI SDK's are
+a few dozen): the held stops' size is bounded by their count and this."""
 
 LARGE_ROW = 64 * 1024
 """Bytes of a submit's input, options and meta past which the queue's total cap is looked

@@ -651,6 +651,7 @@ class AGUIRoutes:
                 False,
                 turn_id=turn_id,
                 options=options,
+                stop_name=user_id,  # a stop held for it before the run came
             )
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None

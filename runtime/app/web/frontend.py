@@ -151,20 +151,10 @@ def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) 
     the JSON list ``[session, kind, id]``: whole ids, and no separator an id could
     contain, so two different tuples never share a key. An id with a NUL (which
     PostgreSQL's text refuses) is a 400."""
-    if regenerate:
-        message_id = payload.get("messageId")
-        kind = "regenerate"
-    else:
-        messages = payload.get("messages")
-        users = [
-            m
-            for m in (messages if isinstance(messages, list) else [])
-            if isinstance(m, dict) and m.get("role") == "user"
-        ]
-        message_id = users[-1].get("id") if users else None
-        kind = "submit"
-    if not isinstance(message_id, str) or not message_id:
+    message_id = stop_name(payload, regenerate)
+    if message_id is None:
         return None
+    kind = "regenerate" if regenerate else "submit"
     if "\x00" in message_id:
         raise ApiError(400, "a message id must not contain NUL characters")
     return message_key(session_id, kind, message_id)
@@ -175,6 +165,23 @@ def message_key(session_id: str, kind: str, message_id: str) -> str:
     ``kind`` (``submit``, ``regenerate``; AG-UI's run: ``ag-ui``): a hash of the JSON
     list ``[session, kind, id]``."""
     return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
+
+
+def stop_name(payload: dict[str, Any], regenerate: bool) -> str | None:
+    """The client's id a stop names an AI SDK POST's message by, as its key is made
+    (:func:`idempotency_key`): its last user message's, or the answer's a regenerate
+    replaces (``messageId``); ``None`` for none."""
+    if regenerate:
+        named = payload.get("messageId")
+    else:
+        messages = payload.get("messages")
+        users = [
+            m
+            for m in (messages if isinstance(messages, list) else [])
+            if isinstance(m, dict) and m.get("role") == "user"
+        ]
+        named = users[-1].get("id") if users else None
+    return named if isinstance(named, str) and named else None
 
 
 STOPPABLE_KINDS = ("submit", "ag-ui", "regenerate")
@@ -460,6 +467,7 @@ class FrontEnd:
             regenerate,
             on_busy=state.on_busy,
             options=options,
+            stop_name=stop_name(payload, regenerate),
         )
         if state.on_busy == INTERRUPT:
             await self._interrupt_running(session_id, turn)
@@ -539,6 +547,7 @@ class FrontEnd:
         titled: bool = True,
         on_busy: OnBusy | None = None,
         meta: Mapping[str, Any] | None = None,
+        stop_name: str | None = None,
     ) -> Any:
         """Queue the turn (``titled``: naming a session that has no title yet after its
         input; ``meta``: set on the session as the turn starts); a refusal is an
@@ -560,6 +569,7 @@ class FrontEnd:
                 turn_id=turn_id,
                 options=options,
                 on_busy=on_busy,
+                stop_name=stop_name,
             )
         except SessionBusy:  # ``--on-busy reject``: which turn runs, how to wait or stop
             try:
@@ -720,6 +730,12 @@ class FrontEnd:
                 return Response(status_code=204)  # (no key holds one: none of its turns)
             keys = [message_key(session_id, kind, message_id) for kind in STOPPABLE_KINDS]
             found = await self.queue.open_by_key(session_id, keys)
+            if found is None and named is None:
+                # Its POST may be on its way still (maybe to another front end): held
+                # for the submit that names it so (``TurnQueue.hold_stop``). A submit
+                # that committed meanwhile did not see it: look again.
+                await self.queue.hold_stop(session_id, message_id, keys, STOPPED)
+                found = await self.queue.open_by_key(session_id, keys)
             if found is None or (named is not None and found.turn_id != named):
                 return Response(status_code=204)
             return await self._stop(found, steering=web_state(request).on_busy == STEER)

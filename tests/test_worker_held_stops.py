@@ -1,0 +1,219 @@
+"""A named stop that reaches a front end before the POST of the message it names, in a
+worker deployment (real PostgreSQL and Redis, front ends and a worker as
+tests/test_frontend.py runs them): the front end finds no turn of it and holds it in
+``axon_held_stops`` (``TurnQueue.hold_stop``); the submit of that message, on any front
+end, takes it in its insert, and the worker stops the turn as it starts. A late stop
+(its turn ended) is not held: an edit or regenerate that follows runs. The held stops
+stay bounded."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime.app.web.frontend import message_key
+from runtime.messages import AssistantMessage
+from tests import test_busy
+from tests.support.redis import require_redis
+from tests.test_busy import Script, agent_with, holding
+from tests.test_frontend import LIMIT, body, data, deployment, streamed_text
+from tests.test_relay_web import sse_events
+from tests.test_worker_steer import queued
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+
+
+async def held_rows(queue: Any) -> list[tuple[Any, ...]]:
+    return await queue.store.run(
+        "held stops",
+        lambda conn: conn.execute(
+            "SELECT session_id, message_id, reason FROM axon_held_stops ORDER BY held_at"
+        ).fetchall(),
+        transaction=False,
+    )
+
+
+async def test_a_stop_before_its_message_through_another_front_end_stops_its_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    script = Script(["never"])
+    async with deployment(pg_url, redis_url, agent_with(script), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u1"})
+            reply = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+        (turn,) = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+        left = await held_rows(d.queue)
+    assert stop.status_code == 204
+    chunks = data(sse_events(reply.text))
+    assert {"type": "abort", "reason": "stopped by user"} in chunks
+    assert "never" not in reply.text and script.requests == []
+    assert (turn.status, turn.finish_reason) == ("cancelled", "aborted")  # as any stop
+    assert record is not None
+    user, answer = record.messages
+    assert user.text == "go" and user.id == "u1"
+    assert isinstance(answer, AssistantMessage) and answer.interrupted
+    assert left == []  # used once
+
+
+@pytest.mark.parametrize("again", ["regenerate", "edit"])
+async def test_a_late_stop_does_not_stop_the_regenerate_or_edit_that_follows(
+    pg_url: str, redis_url: str, again: str
+) -> None:
+    script = Script(["first"], ["second"])
+    async with deployment(pg_url, redis_url, agent_with(script), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+            stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u1"})
+            left = await held_rows(d.queue)
+            if again == "regenerate":
+                sent = {**body("s1", "go", "u1"), "trigger": "regenerate-message"}
+            else:
+                sent = body("s1", "went", "u1")
+            second = await client.post(f"{d.urls[0]}/api/chat", json=sent)
+        record = await d.store.load("s1")
+    assert "first" in first.text and stop.status_code == 204
+    assert left == []  # its turn ended: a late stop, not held
+    assert "abort" not in second.text and "second" in second.text
+    assert record is not None and record.messages[-1].text == "second"
+
+
+@pytest.fixture
+async def queue(pg_url: str) -> AsyncIterator[TurnQueue]:
+    store = await PostgresStore.open(pg_url)
+    turns = TurnQueue(store)
+    try:
+        yield turns
+    finally:
+        await turns.aclose()
+        await store.aclose()
+
+
+async def test_a_held_stop_is_taken_by_the_first_submit_of_its_message_only(
+    queue: TurnQueue,
+) -> None:
+    # A retry or an edit names a message sent before: a stop of it may be a late one
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    first = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    await queue.hold_stop("s1", "u1", [], "stopped by user")  # late (its keys not told)
+    again = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    await queue.request_cancel(first.turn_id, "stopped by user")  # ended: it may be edited
+    edit = await queue.submit("s1", "went", idempotency_key="k1", stop_name="u1")
+    assert (first.cancel_reason, first.cancel_requested) == ("stopped by user", False)
+    assert again.turn_id == first.turn_id
+    assert edit.turn_id != first.turn_id and edit.cancel_reason is None
+    assert await held_rows(queue) == [("s1", "u1", "stopped by user")]  # left to expire
+
+
+async def test_a_stop_of_another_message_or_session_is_not_taken(queue: TurnQueue) -> None:
+    await queue.hold_stop("s1", "u9", [], "stopped by user")
+    await queue.hold_stop("s2", "u1", [], "stopped by user")
+    turn = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    assert turn.cancel_reason is None and len(await held_rows(queue)) == 2
+
+
+async def test_a_stop_past_its_time_is_not_taken(queue: TurnQueue) -> None:
+    queue.held_stop_for = 0.0
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    turn = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    assert turn.cancel_reason is None
+
+
+async def test_the_held_stops_are_bounded_the_oldest_dropped(queue: TurnQueue) -> None:
+    # 100,000 stops for ids never sent keep at most ``held_stops_kept`` rows
+    queue.held_stops_kept = 3
+    for n in range(6):
+        await queue.hold_stop(f"s{n}", "u1", [], "stopped by user")
+    assert [row[0] for row in await held_rows(queue)] == ["s3", "s4", "s5"]
+
+
+async def test_a_stop_naming_an_overlong_id_is_not_held(queue: TurnQueue) -> None:
+    await queue.hold_stop("s1", "u" * 257, [], "stopped by user")
+    assert await held_rows(queue) == []
+
+
+async def test_racing_holds_all_succeed_and_the_next_one_trims_to_the_cap(
+    queue: TurnQueue,
+) -> None:
+    # Many front ends hold stops at once (an attack's): no hold fails on another's
+    # locks, and the table is back within its cap at the next hold.
+    queue.held_stops_kept = 5
+    async with trio.open_nursery() as nursery:
+        for n in range(40):
+            nursery.start_soon(queue.hold_stop, f"s{n}", "u1", [], "stopped by user")
+    await queue.hold_stop("last", "u1", [], "stopped by user")
+    rows = await held_rows(queue)
+    assert len(rows) <= 5 and rows[-1][0] == "last"
+
+
+async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
+    pg_url: str, redis_url: str
+) -> None:
+    # Under --on-busy steer a message held stopped is not handed to the running turn
+    # (whose model would have seen it): it waits for its own turn, stopped as it starts.
+    script = Script(holding("H1"), ["first done"], ["never"])
+    agent = agent_with(script, "steer")
+    async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="steer") as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            out: dict[str, Any] = {}
+
+            async def post(name: str, text: str, message_id: str) -> None:
+                out[name] = await client.post(
+                    f"{d.urls[0]}/api/chat", json=body("s1", text, message_id)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u2"})
+                nursery.start_soon(post, "second", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert stop.status_code == 204
+    first = sse_events(out["first"].text)
+    assert streamed_text(first) == "first done" and "abort" not in out["first"].text
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(out["second"].text))
+    assert turns[1].steer_of is None and turns[1].status == "cancelled"
+    assert len(script.requests) == 2  # "never" was not asked for
+    assert all("also this" not in str(r.messages) for r in script.requests)
+    assert record is not None
+    assert [m.text for m in record.messages if m.role == "user"] == ["first", "also this"]
+    assert isinstance(record.messages[-1], AssistantMessage) and record.messages[-1].interrupted
+
+
+async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_turn(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The POST's submit commits between the stop's look for its turn and its hold: the
+    # submit found nothing to take, the hold sees the turn (a late stop, by its rule)
+    # and keeps nothing; the stop looks again and stops it.
+    hold = TurnQueue.hold_stop
+
+    async def racing_hold(self: TurnQueue, session_id: str, *args: Any) -> None:
+        key = message_key(session_id, "submit", "u1")
+        await self.submit(session_id, "go", idempotency_key=key, stop_name="u1")
+        await hold(self, session_id, *args)
+
+    async with deployment(pg_url, redis_url, agent_with(Script()), worker=False) as d:
+        monkeypatch.setattr(TurnQueue, "hold_stop", racing_hold)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"messageId": "u1"})
+        (turn,) = await d.queue.turns("s1")
+    assert stop.status_code == 202 and stop.json() == {"turn_id": turn.turn_id}
+    assert turn.status == "cancelled"
