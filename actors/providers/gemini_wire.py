@@ -36,10 +36,8 @@ from typing import Any
 import attrs
 import trio
 
-from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
-from actors.providers.json_slot import orjson_module
-
 from actors.providers.failures import HEAD_BYTES, MAX_EVENT_BYTES, EventTooLarge, quoted
+from actors.providers.json_slot import orjson_module
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
 

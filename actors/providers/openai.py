@@ -46,7 +46,6 @@ from actors.providers.failures import (
     arguments_json,
     created,
     loads_refused,
-
     quoted,
     strict_loads,
     text_of,
