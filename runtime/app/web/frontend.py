@@ -230,6 +230,30 @@ class QueuedTurnResponse(RelayStreamResponse):
                 if status != "queued":
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
+            await self._unavailable_end(exc, write)
+
+    async def _unavailable_end(self, exc: RelayUnavailable, write: Any) -> None:
+        """The end of a stream whose relay stopped answering. Its worker runs the turn
+        and saves it all the same (``relay.unflushed``: readers rebuild from the store),
+        so a client shown nothing of it waits, on the queue, for the turn to end and
+        gets what the store then holds, as if the turn had ended unread
+        (:meth:`_finished`); a client shown part of it, or a store that fails too, gets
+        the relay's error."""
+        if self.sent or self.after_seq is not None:
+            await write(unavailable_event(exc))
+            return
+        try:
+            status: Any = object()
+            while status not in FINAL_STATUSES and status != WAITING:
+                status = await self.watch.changed(self.turn_id, status)
+                if status is None:
+                    break
+            turn = await self.queue.get(self.turn_id)
+            if turn is None:
+                await write(_error(f"turn {self.turn_id!r} does not exist"))
+                return
+            await self._stored_end(turn, write, RelayTurnGone(exc.message))
+        except StoreError:
             await write(unavailable_event(exc))
 
     async def _lost_end(self, exc: RelayTurnGone) -> bytes:
@@ -304,6 +328,11 @@ class QueuedTurnResponse(RelayStreamResponse):
                 await write(await self._lost_end(exc))
                 return
             gone = exc
+        await self._stored_end(turn, write, gone)
+
+    async def _stored_end(self, turn: Any, write: Any, gone: RelayTurnGone) -> None:
+        """The end of turn ``turn`` (ended or waiting) from the store, its relay having
+        none of it: its stored message, else why it ended."""
         record = await self.store.load(self.session_id)
         if record is not None and any(
             getattr(m, "id", None) == turn.message_id for m in record.messages

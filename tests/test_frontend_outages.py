@@ -1,0 +1,38 @@
+"""The worker deployment when a service goes away: front ends, an in-process worker, the
+test run's own PostgreSQL and Redis (:mod:`tests.support.services`) stopped, paused or
+filled under them. Waits are bounded by the deployment's limit; nothing is timed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from actors.relays import RedisRelay
+from tests.support.redis import redis_restored, start_redis, stop_redis
+from tests.test_frontend import body, data, deployment, redis_url, slow_agent, stored_text
+from tests.test_relay_web import sse_events
+
+__all__ = ["redis_url"]  # (the fixture, imported for pytest)
+
+
+async def test_a_post_whose_turn_ran_while_redis_was_down_gets_the_stored_answer(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis is down: the front end queues the turn, the worker runs and saves it (its
+    # relay writes fail), and the reader's relay read gives up. What the client gets is
+    # the answer the store holds, not an error about a relay it needs no more.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                response = await client.post("/api/chat", json=body("s1"))
+            await trio.to_thread.run_sync(start_redis)
+            turns = await d.queue.turns("s1")
+            stored = await d.assistant("s1")
+    events = data(sse_events(response.text))
+    assert turns[0].status == "done"
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    assert events[0] == {"type": "start", "messageId": stored.id}
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
