@@ -9,8 +9,16 @@ import pytest
 import trio
 
 from actors.relays import RedisRelay
-from tests.support.redis import redis_restored, start_redis, stop_redis
-from tests.test_frontend import body, data, deployment, redis_url, slow_agent, stored_text
+from tests.support.redis import redis_full, redis_restored, start_redis, stop_redis
+from tests.test_frontend import (
+    EventReader,
+    body,
+    data,
+    deployment,
+    redis_url,
+    slow_agent,
+    stored_text,
+)
 from tests.test_relay_web import sse_events
 
 __all__ = ["redis_url"]  # (the fixture, imported for pytest)
@@ -36,3 +44,23 @@ async def test_a_post_whose_turn_ran_while_redis_was_down_gets_the_stored_answer
     assert [e["type"] for e in events if e["type"] == "error"] == []
     assert events[0] == {"type": "start", "messageId": stored.id}
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
+
+
+async def test_a_turn_redis_refuses_as_full_mid_stream_is_saved_and_its_reader_told_to_reload(
+    pg_url: str, redis_url: str
+) -> None:
+    # Redis fills up (noeviction) while a reader follows the turn: the worker's relay
+    # writes are refused, the turn runs on and is saved, and the reader, shown part of
+    # it, is told to reload the session; it is not left waiting for the rest.
+    async with deployment(pg_url, redis_url, slow_agent(200, 0.02)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                reader = EventReader(response)
+                await reader.until(4)
+                with redis_full():
+                    events = data(await reader.all())
+        turns = await d.queue.turns("s1")
+        stored = await d.assistant("s1")
+    assert turns[0].status == "done" and not stored.interrupted
+    assert stored_text(stored) == " ".join(["w"] * 200)
+    assert events[-1]["type"] == "error" and "reload the session" in events[-1]["errorText"]
