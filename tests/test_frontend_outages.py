@@ -4,11 +4,14 @@ filled under them. Waits are bounded by the deployment's limit; nothing is timed
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 import trio
 
 from actors.relays import RedisRelay
+from runtime.errors import StoreUnavailable
 from tests.support.redis import redis_full, redis_restored, start_redis, stop_redis
 from tests.test_frontend import (
     EventReader,
@@ -64,3 +67,23 @@ async def test_a_turn_redis_refuses_as_full_mid_stream_is_saved_and_its_reader_t
     assert turns[0].status == "done" and not stored.interrupted
     assert stored_text(stored) == " ".join(["w"] * 200)
     assert events[-1]["type"] == "error" and "reload the session" in events[-1]["errorText"]
+
+
+async def test_a_store_that_fails_the_ended_turn_look_does_not_end_the_relay_read() -> None:
+    # The look is a guard against a stream nobody ends; a store that cannot answer it
+    # (PostgreSQL restarting) tells it nothing, so the live read goes on: the relay, and
+    # the worker streaming into it, are fine. It raised StoreUnavailable out of the read,
+    # which cut the reader's response with no end event.
+    from runtime.app.web.watch import IDLE_LOOK, EndedTurnLook
+
+    asked: list[str] = []
+
+    class Queue:
+        async def get_status(self, turn_id: str) -> Any:
+            asked.append(turn_id)
+            raise StoreUnavailable("the PostgreSQL server cannot be reached")
+
+    look = EndedTurnLook(Queue(), "t1")  # type: ignore[arg-type]
+    await look(IDLE_LOOK)
+    await look(IDLE_LOOK * 2)
+    assert asked == ["t1", "t1"] and look.looks == 2
