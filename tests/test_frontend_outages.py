@@ -11,7 +11,9 @@ import pytest
 import trio
 
 from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
 from runtime.errors import StoreUnavailable
+from tests.support.pg import postgres_stopped
 from tests.support.redis import redis_full, redis_restored, start_redis, stop_redis
 from tests.test_frontend import (
     EventReader,
@@ -21,6 +23,7 @@ from tests.test_frontend import (
     redis_url,
     slow_agent,
     stored_text,
+    wait_for_turn,
 )
 from tests.test_relay_web import sse_events
 
@@ -87,3 +90,22 @@ async def test_a_store_that_fails_the_ended_turn_look_does_not_end_the_relay_rea
     await look(IDLE_LOOK)
     await look(IDLE_LOOK * 2)
     assert asked == ["t1", "t1"] and look.looks == 2
+
+
+async def test_a_post_waiting_for_its_queued_turn_while_postgresql_is_down_ends_with_an_error(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No worker: the POST's stream waits on the queue for its turn to be claimed. The
+    # run's own PostgreSQL stops; once the store gives up (2 s here), the client gets an
+    # error event and the stream's end, not a response cut off by the server's crash.
+    monkeypatch.setitem(PostgresStore.open.__func__.__kwdefaults__, "retry_for", 2.0)  # type: ignore[attr-defined]
+    async with deployment(pg_url, redis_url, slow_agent(3, 0), worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                await wait_for_turn(d.queue, "s1", "queued")
+                with postgres_stopped():
+                    raw = "".join([text async for text in response.aiter_text()])
+    events = sse_events(raw)
+    assert events[-1][1] == "[DONE]"
+    error = events[-2][1]
+    assert error["type"] == "error" and "reload the session" in error["errorText"]

@@ -231,6 +231,14 @@ class QueuedTurnResponse(RelayStreamResponse):
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await self._unavailable_end(exc, write)
+        except StoreError as exc:
+            # The queue's store went away under the stream (PostgreSQL restarting): a
+            # clear end, not a response the server cuts off; the turn goes on regardless.
+            await write(
+                _error(
+                    f"{_one_line(exc)}; reload the session (GET /api/sessions/{self.session_id})"
+                )
+            )
 
     async def _unavailable_end(self, exc: RelayUnavailable, write: Any) -> None:
         """The end of a stream whose relay stopped answering. Its worker runs the turn
