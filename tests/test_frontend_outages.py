@@ -109,3 +109,26 @@ async def test_a_post_waiting_for_its_queued_turn_while_postgresql_is_down_ends_
     assert events[-1][1] == "[DONE]"
     error = events[-2][1]
     assert error["type"] == "error" and "reload the session" in error["errorText"]
+
+
+async def test_an_openai_stream_waiting_for_its_queued_turn_while_postgresql_is_down_ends(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' queued-turn reader (QueuedTurnOutput), the same outage: an
+    # error in the protocol's shape and the stream's end, not a cut response.
+    monkeypatch.setitem(PostgresStore.open.__func__.__kwdefaults__, "retry_for", 2.0)  # type: ignore[attr-defined]
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    async with deployment(
+        pg_url, redis_url, slow_agent(3, 0), worker=False, protocols=("ai-sdk", "openai")
+    ) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=request, headers=headers
+            ) as response:
+                assert response.status_code == 200, await response.aread()
+                await wait_for_turn(d.queue, "oa-1", "queued")
+                with postgres_stopped():
+                    raw = "".join([text async for text in response.aiter_text()])
+    assert "PostgreSQL server cannot be reached" in raw
+    assert raw.rstrip().endswith("data: [DONE]")

@@ -275,6 +275,10 @@ class QueuedTurnOutput:
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             yield _error(exc.kind, exc.message)
+        except StoreError as exc:
+            # The queue's store went away under the stream (PostgreSQL restarting): an
+            # error in the protocol's shape, not a response the server cuts off.
+            yield _error(exc.kind, exc.message)
 
     def _relay(self) -> AsyncIterator[Any]:
         """The relay's read, given up once the queue says the turn ended and its stream
