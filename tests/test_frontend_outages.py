@@ -132,3 +132,26 @@ async def test_an_openai_stream_waiting_for_its_queued_turn_while_postgresql_is_
                     raw = "".join([text async for text in response.aiter_text()])
     assert "PostgreSQL server cannot be reached" in raw
     assert raw.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_openai_stream_whose_turn_ran_while_redis_was_down_gets_the_stored_answer(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' reader, Redis down while the worker runs the turn: the
+    # stored answer, as the AI SDK stream gets it, not the relay's error.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    with redis_restored():
+        async with deployment(
+            pg_url, redis_url, slow_agent(3, 0), protocols=("ai-sdk", "openai")
+        ) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                response = await client.post("/v1/chat/completions", json=request, headers=headers)
+            await trio.to_thread.run_sync(start_redis)
+            turns = await d.queue.turns("oa-1")
+    assert turns[0].status == "done"
+    assert "RelayUnavailable" not in response.text
+    assert '"content":"w w w"' in response.text
+    assert response.text.rstrip().endswith("data: [DONE]")
