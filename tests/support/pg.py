@@ -128,3 +128,17 @@ def own_database(encoding: str) -> Iterator[str]:
     finally:
         with pg_connect() as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.contextmanager
+def postgres_stopped() -> Iterator[None]:
+    """Inside, the run's own server is stopped (``pg_ctl stop -m fast``: every
+    connection cut, none accepted); started again after. Skips the test when the server
+    is the user's (``AXON_TEST_PG``)."""
+    if EXTERNAL_PG is not None:
+        pytest.skip("AXON_TEST_PG points at a server this run did not start: not stopping it")
+    own_postgres().stop("fast")
+    try:
+        yield
+    finally:
+        own_postgres().start()

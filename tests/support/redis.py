@@ -75,3 +75,27 @@ def redis_restored() -> Iterator[None]:
         yield
     finally:
         own_redis().start()
+
+
+def _config_set(name: str, value: str) -> None:
+    """``CONFIG SET name value`` on the run's own Redis (an inline command, one reply)."""
+    import socket
+
+    with socket.create_connection(redis_address(), timeout=10) as sock:
+        sock.sendall(f"CONFIG SET {name} {value}\r\n".encode())
+        reply = sock.recv(1024)
+    if not reply.startswith(b"+OK"):
+        raise RuntimeError(f"CONFIG SET {name} {value}: {reply!r}")
+
+
+@contextmanager
+def redis_full() -> Iterator[None]:
+    """Inside, the run's own Redis is full: ``maxmemory`` 1 byte, ``noeviction``, so
+    every write that needs memory is refused with ``OOM`` (reads go on). Restored after."""
+    _restartable()
+    _config_set("maxmemory-policy", "noeviction")
+    _config_set("maxmemory", "1")
+    try:
+        yield
+    finally:
+        _config_set("maxmemory", "0")

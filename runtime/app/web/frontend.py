@@ -237,6 +237,38 @@ class QueuedTurnResponse(RelayStreamResponse):
                 if status != "queued":
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
+            await self._unavailable_end(exc, write)
+        except StoreError as exc:
+            # The queue's store went away under the stream (PostgreSQL restarting): a
+            # clear end, not a response the server cuts off; the turn goes on regardless.
+            await write(
+                _error(
+                    f"{_one_line(exc)}; reload the session (GET /api/sessions/{self.session_id})"
+                )
+            )
+
+    async def _unavailable_end(self, exc: RelayUnavailable, write: Any) -> None:
+        """The end of a stream whose relay stopped answering. Its worker runs the turn
+        and saves it all the same (``relay.unflushed``: readers rebuild from the store),
+        so a client shown nothing of it waits, on the queue, for the turn to end and
+        gets what the store then holds, as if the turn had ended unread
+        (:meth:`_finished`); a client shown part of it, or a store that fails too, gets
+        the relay's error."""
+        if self.sent or self.after_seq is not None:
+            await write(unavailable_event(exc))
+            return
+        try:
+            status: Any = object()
+            while status not in FINAL_STATUSES and status != WAITING:
+                status = await self.watch.changed(self.turn_id, status)
+                if status is None:
+                    break
+            turn = await self.queue.get(self.turn_id)
+            if turn is None:
+                await write(_error(f"turn {self.turn_id!r} does not exist"))
+                return
+            await self._stored_end(turn, write, RelayTurnGone(exc.message))
+        except StoreError:
             await write(unavailable_event(exc))
 
     async def _lost_end(self, exc: RelayTurnGone) -> bytes:
@@ -311,6 +343,11 @@ class QueuedTurnResponse(RelayStreamResponse):
                 await write(await self._lost_end(exc))
                 return
             gone = exc
+        await self._stored_end(turn, write, gone)
+
+    async def _stored_end(self, turn: Any, write: Any, gone: RelayTurnGone) -> None:
+        """The end of turn ``turn`` (ended or waiting) from the store, its relay having
+        none of it: its stored message, else why it ended."""
         record = await self.store.load(self.session_id)
         if record is not None and any(
             getattr(m, "id", None) == turn.message_id for m in record.messages

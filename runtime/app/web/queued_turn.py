@@ -274,6 +274,24 @@ class QueuedTurnOutput:
                 if status != "queued":
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
+            if self.sent:
+                yield _error(exc.kind, exc.message)
+                return
+            # Its worker runs and saves the turn without the relay (``relay.unflushed``):
+            # a client shown nothing of it waits on the queue for its end and gets what
+            # the store then holds, as for a turn that ended unread.
+            try:
+                while status not in FINAL_STATUSES and status != WAITING:
+                    status = await front.watch.changed(self.turn_id, status)
+                    if status is None:
+                        break
+                async for chunk in self._stored():
+                    yield chunk
+            except StoreError:
+                yield _error(exc.kind, exc.message)
+        except StoreError as exc:
+            # The queue's store went away under the stream (PostgreSQL restarting): an
+            # error in the protocol's shape, not a response the server cuts off.
             yield _error(exc.kind, exc.message)
 
     def _relay(self) -> AsyncIterator[Any]:
@@ -310,6 +328,12 @@ class QueuedTurnOutput:
                 if not self._ended():
                     yield _error("RelayTurnGone", "the turn's stream was lost")
                 return
+        async for chunk in self._stored():
+            yield chunk
+
+    async def _stored(self) -> AsyncIterator[Any]:
+        """An ended (or waiting) turn from the store: its stored message, else why it
+        ended."""
         turn = await self.front.queue.get_status(self.turn_id)
         _, messages = await self._turn_messages(turn)
         if any(getattr(m, "id", None) == self.message_id for m in messages):

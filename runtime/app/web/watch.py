@@ -21,7 +21,8 @@ from typing import Any, Final
 
 import trio
 
-from runtime.errors import RelayTurnGone
+from runtime.errors import RelayTurnGone, StoreError
+from runtime.logging import get_logger
 from runtime.turn_queue import TurnQueue
 
 POLL_FIRST: Final = 0.02
@@ -126,7 +127,8 @@ class EndedTurnLook:
     once the stream has shown nothing for :data:`IDLE_LOOK` seconds, ask ``queue``
     whether turn ``turn_id`` ended, and again each :data:`IDLE_LOOK` seconds after; the
     second look in a row that finds it ended (or gone) while the stream still shows
-    nothing gives the stream up (:class:`~runtime.errors.RelayTurnGone`). A worker
+    nothing gives the stream up (:class:`~runtime.errors.RelayTurnGone`); a look the
+    store fails counts as none (logged ``frontend.turn_look_failed``). A worker
     killed between a turn's last commit and its stream's end leaves a stream nobody
     ends: its readers waited for it until the relay's stream expired, a day later."""
 
@@ -147,7 +149,16 @@ class EndedTurnLook:
             return
         self._due = quiet + IDLE_LOOK
         self.looks += 1
-        turn = await self.queue.get_status(self.turn_id)
+        try:
+            turn = await self.queue.get_status(self.turn_id)
+        except StoreError as exc:
+            # A store that cannot say (PostgreSQL restarting) does not say the turn
+            # ended: the read goes on, on a relay and a worker that may well be fine.
+            get_logger("axon.web").warning(
+                "frontend.turn_look_failed", turn_id=self.turn_id, error=str(exc)
+            )
+            self._ended = 0
+            return
         self._ended = self._ended + 1 if turn is None or turn.finished else 0
         if self._ended >= 2:
             raise RelayTurnGone(

@@ -1,0 +1,157 @@
+"""The worker deployment when a service goes away: front ends, an in-process worker, the
+test run's own PostgreSQL and Redis (:mod:`tests.support.services`) stopped, paused or
+filled under them. Waits are bounded by the deployment's limit; nothing is timed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
+from runtime.errors import StoreUnavailable
+from tests.support.pg import postgres_stopped
+from tests.support.redis import redis_full, redis_restored, start_redis, stop_redis
+from tests.test_frontend import (
+    EventReader,
+    body,
+    data,
+    deployment,
+    redis_url,
+    slow_agent,
+    stored_text,
+    wait_for_turn,
+)
+from tests.test_relay_web import sse_events
+
+__all__ = ["redis_url"]  # (the fixture, imported for pytest)
+
+
+async def test_a_post_whose_turn_ran_while_redis_was_down_gets_the_stored_answer(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis is down: the front end queues the turn, the worker runs and saves it (its
+    # relay writes fail), and the reader's relay read gives up. What the client gets is
+    # the answer the store holds, not an error about a relay it needs no more.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                response = await client.post("/api/chat", json=body("s1"))
+            await trio.to_thread.run_sync(start_redis)
+            turns = await d.queue.turns("s1")
+            stored = await d.assistant("s1")
+    events = data(sse_events(response.text))
+    assert turns[0].status == "done"
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    assert events[0] == {"type": "start", "messageId": stored.id}
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
+
+
+async def test_a_turn_redis_refuses_as_full_mid_stream_is_saved_and_its_reader_told_to_reload(
+    pg_url: str, redis_url: str
+) -> None:
+    # Redis fills up (noeviction) while a reader follows the turn: the worker's relay
+    # writes are refused, the turn runs on and is saved, and the reader, shown part of
+    # it, is told to reload the session; it is not left waiting for the rest.
+    async with deployment(pg_url, redis_url, slow_agent(200, 0.02)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                reader = EventReader(response)
+                await reader.until(4)
+                with redis_full():
+                    events = data(await reader.all())
+        turns = await d.queue.turns("s1")
+        stored = await d.assistant("s1")
+    assert turns[0].status == "done" and not stored.interrupted
+    assert stored_text(stored) == " ".join(["w"] * 200)
+    assert events[-1]["type"] == "error" and "reload the session" in events[-1]["errorText"]
+
+
+async def test_a_store_that_fails_the_ended_turn_look_does_not_end_the_relay_read() -> None:
+    # The look is a guard against a stream nobody ends; a store that cannot answer it
+    # (PostgreSQL restarting) tells it nothing, so the live read goes on: the relay, and
+    # the worker streaming into it, are fine. It raised StoreUnavailable out of the read,
+    # which cut the reader's response with no end event.
+    from runtime.app.web.watch import IDLE_LOOK, EndedTurnLook
+
+    asked: list[str] = []
+
+    class Queue:
+        async def get_status(self, turn_id: str) -> Any:
+            asked.append(turn_id)
+            raise StoreUnavailable("the PostgreSQL server cannot be reached")
+
+    look = EndedTurnLook(Queue(), "t1")  # type: ignore[arg-type]
+    await look(IDLE_LOOK)
+    await look(IDLE_LOOK * 2)
+    assert asked == ["t1", "t1"] and look.looks == 2
+
+
+async def test_a_post_waiting_for_its_queued_turn_while_postgresql_is_down_ends_with_an_error(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No worker: the POST's stream waits on the queue for its turn to be claimed. The
+    # run's own PostgreSQL stops; once the store gives up (2 s here), the client gets an
+    # error event and the stream's end, not a response cut off by the server's crash.
+    monkeypatch.setitem(PostgresStore.open.__func__.__kwdefaults__, "retry_for", 2.0)  # type: ignore[attr-defined]
+    async with deployment(pg_url, redis_url, slow_agent(3, 0), worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                await wait_for_turn(d.queue, "s1", "queued")
+                with postgres_stopped():
+                    raw = "".join([text async for text in response.aiter_text()])
+    events = sse_events(raw)
+    assert events[-1][1] == "[DONE]"
+    error = events[-2][1]
+    assert error["type"] == "error" and "reload the session" in error["errorText"]
+
+
+async def test_an_openai_stream_waiting_for_its_queued_turn_while_postgresql_is_down_ends(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' queued-turn reader (QueuedTurnOutput), the same outage: an
+    # error in the protocol's shape and the stream's end, not a cut response.
+    monkeypatch.setitem(PostgresStore.open.__func__.__kwdefaults__, "retry_for", 2.0)  # type: ignore[attr-defined]
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    async with deployment(
+        pg_url, redis_url, slow_agent(3, 0), worker=False, protocols=("ai-sdk", "openai")
+    ) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=request, headers=headers
+            ) as response:
+                assert response.status_code == 200, await response.aread()
+                await wait_for_turn(d.queue, "oa-1", "queued")
+                with postgres_stopped():
+                    raw = "".join([text async for text in response.aiter_text()])
+    assert "PostgreSQL server cannot be reached" in raw
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_openai_stream_whose_turn_ran_while_redis_was_down_gets_the_stored_answer(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' reader, Redis down while the worker runs the turn: the
+    # stored answer, as the AI SDK stream gets it, not the relay's error.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    with redis_restored():
+        async with deployment(
+            pg_url, redis_url, slow_agent(3, 0), protocols=("ai-sdk", "openai")
+        ) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                response = await client.post("/v1/chat/completions", json=request, headers=headers)
+            await trio.to_thread.run_sync(start_redis)
+            turns = await d.queue.turns("oa-1")
+    assert turns[0].status == "done"
+    assert "RelayUnavailable" not in response.text
+    assert '"content":"w w w"' in response.text
+    assert response.text.rstrip().endswith("data: [DONE]")
