@@ -124,6 +124,7 @@ from runtime.errors import (
     SessionBusy,
     TurnWithdrawn,
 )
+from runtime.liveness import settle
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -829,6 +830,8 @@ async def get_session(request: Request) -> Response:
     record = await state.host.store.load(session_id)
     if record is None:
         raise ApiError(404, f"no session {session_id!r}")
+    if not state.host.expects_other_writers:  # a turn a dead process left running
+        record = await settle(state.host.store, record)  # (runtime.liveness)
     open_session = state.host.sessions.get(session_id)
     if open_session is not None:
         state.host.touch(open_session)  # a read is a use: it keeps the session in memory
