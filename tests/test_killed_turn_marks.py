@@ -243,23 +243,22 @@ async def test_two_loaders_at_once_mark_the_killed_turn_once(tmp_path, autojump_
 # -- what it costs: nothing ----------------------------------------------------------------
 
 
-@tool
-async def other(text: str) -> str:
-    """Another note."""
-    return f"other {text}"
-
-
 def three_steps(request: InferRequest) -> list:  # type: ignore[type-arg]
     step = current_step(request.messages)
     if step < 2:
         return [f"step {step} ", *tool_call("note", {"text": str(step)}, tool_call_id=f"c{step}")]
-    return ["done"]
+    return ['{"n": 2}']
 
 
-async def statements_of_a_turn(path: Path) -> list[str]:
+ANSWER = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+async def statements_of_a_turn(path: Path, output_type: object) -> list[str]:
     """The SQLite statements a three-step turn (two tool steps, an answer) runs."""
     provider = ScriptedProvider(responder=three_steps)
-    the_agent = Agent(name="a", provider=provider, instructions="test", tools=[note])
+    the_agent = Agent(
+        name="a", provider=provider, instructions="test", tools=[note], output_type=output_type
+    )
     seen: list[str] = []
     async with Host.open(store=str(path), log_tap=False) as host:
         session = await host.open_session(the_agent, session_id="s1")
@@ -267,16 +266,17 @@ async def statements_of_a_turn(path: Path) -> list[str]:
         conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())[:24]))
         result = await session.run("go")
         conn.set_trace_callback(None)
-    assert result.text == "step 0 step 1 done" and result.steps == 3
+    assert result.steps == 3 and result.finish_reason == "stop"
     return seen
 
 
-async def test_the_running_marker_costs_a_turn_no_statement(tmp_path, monkeypatch):
-    marked = await statements_of_a_turn(tmp_path / "marked.db")
+@pytest.mark.parametrize("output_type", [None, ANSWER], ids=["text", "structured"])
+async def test_the_running_marker_costs_a_turn_no_statement(tmp_path, monkeypatch, output_type):
+    marked = await statements_of_a_turn(tmp_path / "marked.db", output_type)
     record = await load(tmp_path / "marked.db")
     assert record.meta[RUNNING_META] is None  # set by its steps, cleared by its last
     monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id: None)
-    unmarked = await statements_of_a_turn(tmp_path / "unmarked.db")
+    unmarked = await statements_of_a_turn(tmp_path / "unmarked.db", output_type)
     assert RUNNING_META not in (await load(tmp_path / "unmarked.db")).meta
     assert marked == unmarked
     assert marked.count("BEGIN IMMEDIATE") == 3  # a save a step, the last one the final

@@ -61,7 +61,7 @@ class Saving:
         def _publish_history(self) -> None: ...
 
     async def _save(
-        self, turn: Turn, step: int | None, *, ends: str | None = None, final: bool = False
+        self, turn: Turn, step: int | None, *, ends: str | None = None, running: bool = True
     ) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
         save) with the persister; returns the request (its answer comes on
@@ -71,8 +71,8 @@ class Saving:
         is still in flight, that version is not known yet: the request names the previous
         one instead, and the persister resolves it (see :class:`SaveRequest`).
 
-        A save the turn goes on after (not ``final``, not the step that ends it, not one
-        that suspends it) stores the turn as running in this process
+        A save the turn goes on after (``running``: not its final save, nor a step's that
+        may end or suspend it) stores the turn as running in this process
         (:mod:`runtime.liveness`): a host that loads the session after this process died
         marks the turn interrupted. It rides in the save's meta: no statement more."""
         state = self.state
@@ -92,7 +92,7 @@ class Saving:
             turn_id=turn.turn_id,
             start=start,
             messages=tuple(state.messages[start:]),
-            meta=self._save_meta(turn, running=not final and ends is None and not turn.held),
+            meta=self._save_meta(turn, running=running and ends is None and not turn.held),
             step=step,
             expected_version=state.version if prev is None else None,
             after=None if prev is None else prev.request_id,
@@ -296,7 +296,7 @@ class Saving:
             if turn.deleted:  # refused already: a save now would only be refused again
                 return None
             try:
-                final = await self._save(turn, None, final=True)
+                final = await self._save(turn, None, running=False)
             except SessionDeleted:  # the step's save, answered meanwhile, was refused
                 return None
             return await self._adopt(final, turn)
