@@ -17,6 +17,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from actors.stores.sqlite import SQLiteStore
@@ -280,3 +281,56 @@ async def test_the_running_marker_costs_a_turn_no_statement(tmp_path, monkeypatc
     assert RUNNING_META not in (await load(tmp_path / "unmarked.db")).meta
     assert marked == unmarked
     assert marked.count("BEGIN IMMEDIATE") == 3  # a save a step, the last one the final
+
+
+# -- the same on an embedded host's PostgreSQL store ----------------------------------------
+
+
+async def step_0_saved(store):  # type: ignore[no-untyped-def]
+    """The running marker, once step 0's save (not waited for by the turn) landed."""
+    for _ in range(1000):  # (bounded: at most 10 s)
+        record = await store.load("s1")
+        if record is not None:
+            return record.meta[RUNNING_META]
+        await trio.sleep(0.01)
+    raise AssertionError("step 0 was never saved")
+
+
+async def test_on_postgresql_a_step_names_its_process_and_a_dead_ones_turn_loads_interrupted(
+    pg_url,
+):
+    from actors.stores import open_store
+    from runtime.store import save_keeping
+
+    the_agent, _ = agent()
+    async with Host.open(store=pg_url, log_tap=False) as host:
+        session = await host.open_session(the_agent, session_id="s1")
+        async with session.stream("go") as out:
+            async for chunk in out:
+                if chunk.type == "step-start" and chunk.step == 1:
+                    running = await step_0_saved(host.store)
+                    assert running["writer"] == liveness.this_process()
+                    out.cancel("stopped")
+    store = await open_store(pg_url)
+    try:
+        record = await store.load("s1")
+        assert record.meta[RUNNING_META] is None  # the stopped turn's last save cleared it
+        (a,) = [i for i, m in enumerate(record.messages) if m.role == "assistant"]
+        killed = {**running, "writer": exited_writer()}  # as if its process had died
+        await save_keeping(
+            store,
+            "s1",
+            a,
+            (attrs.evolve(record.messages[a], interrupted=False), *record.messages[a + 1 :]),
+            {RUNNING_META: killed},
+            kept=range(1, len(record.messages) - a),
+            expected_version=record.version,
+        )
+        first, second = await store.load("s1"), await store.load("s1")
+        assert not first.messages[a].interrupted
+        one, two = await liveness.settle(store, first), await liveness.settle(store, second)
+        assert one.version == two.version == first.version + 1  # marked once
+        assert one == two == await store.load("s1")
+        assert one.messages == record.messages and one.meta[RUNNING_META] is None
+    finally:
+        await store.aclose()
