@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import attrs
 
-from runtime.errors import StoreConflict
+from runtime.errors import StoreConflict, StoreError
 from runtime.messages import AssistantMessage
 from runtime.store import SessionRecord, Store, save_keeping
 
@@ -124,6 +124,14 @@ def process_state(writer: object, *, proc: str = _PROC) -> State:
     return ALIVE
 
 
+def public_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``meta`` without the running marker (it names a machine and a process): what a
+    web client is shown."""
+    if RUNNING_META not in meta:
+        return meta
+    return {key: value for key, value in meta.items() if key != RUNNING_META}
+
+
 def running_marker(turn_id: str, message_id: str) -> dict[str, str] | None:
     """What a save of a turn that goes on after it stores under :data:`RUNNING_META`;
     ``None`` when this process cannot name itself (nothing to store then)."""
@@ -185,7 +193,8 @@ async def settle(store: Store, record: SessionRecord, *, proc: str = _PROC) -> S
     marker cleared in one save based on ``record``'s version; the session as stored then.
     Another loader that saved first (a conflict): the session is read again and judged
     again (its marker is cleared by then, so it is marked once). ``record`` itself when
-    there is nothing to settle: no statement for a session without a marker."""
+    there is nothing to settle (no statement for a session without a marker), or when
+    the store fails the save: a read never fails for it, a later one marks it."""
     for _ in range(SETTLE_ATTEMPTS):
         marker = killed_marker(record.meta, proc=proc)
         if marker is None:
@@ -206,11 +215,16 @@ async def settle(store: Store, record: SessionRecord, *, proc: str = _PROC) -> S
                 expected_version=record.version,
             )
         except StoreConflict:
-            again = await store.load(record.session_id)
+            try:
+                again = await store.load(record.session_id)
+            except StoreError:
+                return record
             if again is None:
                 return record
             record = again
             continue
+        except StoreError:  # (a busy file, a full disk: marked at a later load)
+            return record
         return attrs.evolve(
             record,
             messages=(*record.messages[:start], *messages),

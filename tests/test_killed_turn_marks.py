@@ -334,3 +334,23 @@ async def test_on_postgresql_a_step_names_its_process_and_a_dead_ones_turn_loads
         assert one.messages == record.messages and one.meta[RUNNING_META] is None
     finally:
         await store.aclose()
+
+
+async def test_a_store_that_fails_the_marking_save_still_loads_the_session(tmp_path):
+    from runtime.errors import StoreError
+
+    class Failing(SQLiteStore):
+        async def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            raise StoreError("disk full")
+
+    answer = AssistantMessage(id="a1")
+    marker = {"turn_id": "t", "message_id": "a1", "writer": exited_writer()}
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.save("s1", 0, (UserMessage(content="go"), answer), {RUNNING_META: marker})
+    await store.aclose()
+    store = await Failing.open(tmp_path / "s.db")
+    try:
+        record = await store.load("s1")
+        assert await liveness.settle(store, record) is record
+    finally:
+        await store.aclose()

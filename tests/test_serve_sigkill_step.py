@@ -131,6 +131,10 @@ def test_a_serve_sigkilled_after_a_committed_step_keeps_that_step_once(tmp_path)
         tool_parts = [p for p in shown["ui_messages"][1]["parts"] if p["type"] == "tool-note"]
         assert [p["output"] for p in tool_parts] == ["noted a"]
         assert shown["ui_messages"][1]["metadata"]["interrupted"] is True
+        with httpx.Client(timeout=60) as client:
+            listed = client.get(f"{url}/api/sessions").json()["sessions"]
+        assert "running_turn" not in shown["meta"]  # (it names this machine's processes)
+        assert ["running_turn" in s["meta"] for s in listed] == [False]
         assert [m.interrupted for m in stored(db).messages if isinstance(m, AssistantMessage)] == [
             True
         ]
