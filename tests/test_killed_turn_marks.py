@@ -354,3 +354,31 @@ async def test_a_store_that_fails_the_marking_save_still_loads_the_session(tmp_p
         assert await liveness.settle(store, record) is record
     finally:
         await store.aclose()
+
+
+async def test_a_host_holding_the_session_marks_another_dead_processs_turn_before_its_next(
+    tmp_path, autojump_clock
+):
+    """Host A holds the session loaded; another process stored a turn in it and died
+    mid-way: A's next turn takes that history marked interrupted, as a fresh load does."""
+    path = tmp_path / "s.db"
+    the_agent, provider = agent()
+    async with Host.open(store=str(path), log_tap=False) as host:
+        session = await host.open_session(the_agent, session_id="s1")
+        await session.run("hi")
+        other = await SQLiteStore.open(path)
+        try:
+            stored = await other.load("s1")
+            killed = (UserMessage(content="go"), AssistantMessage(id="a-killed"))
+            marker = {"turn_id": "t", "message_id": "a-killed", "writer": exited_writer()}
+            await other.save(
+                "s1", 2, killed, {RUNNING_META: marker}, expected_version=stored.version
+            )
+        finally:
+            await other.aclose()
+        await session.run("more")
+    sent = provider.requests[-1].messages
+    assert [m.interrupted for m in sent if isinstance(m, AssistantMessage)] == [False, True, False]
+    record = await load(path)
+    assert [m.interrupted for m in record.messages if m.role == "assistant"] == [False, True, False]
+    assert record.meta[RUNNING_META] is None

@@ -24,7 +24,7 @@ from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
 from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exception
 from runtime.ids import new_id
-from runtime.liveness import RUNNING_META, running_marker
+from runtime.liveness import RUNNING_META, running_marker, settle
 from runtime.redact import redact
 from runtime.store import SessionRecord, version_and_mark
 
@@ -219,6 +219,10 @@ class Saving:
                     record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
                     return  # (``reload``) it had not moved after all
+                if record is not None and not self.host.expects_other_writers:
+                    # another process's turn, left running as it died: marked interrupted
+                    # (runtime.liveness) before this one's turn reads it
+                    record = await settle(store, record)
             except StoreError as exc:
                 self._log.warning(
                     "session.reload-failed",
