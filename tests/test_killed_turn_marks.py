@@ -27,7 +27,7 @@ from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.liveness import ALIVE, DEAD, RUNNING_META, UNKNOWN, process_state
-from runtime.messages import AssistantMessage, UserMessage
+from runtime.messages import AssistantMessage, TextPart, UserMessage
 from runtime.tools import tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,3 +382,24 @@ async def test_a_host_holding_the_session_marks_another_dead_processs_turn_befor
     record = await load(path)
     assert [m.interrupted for m in record.messages if m.role == "assistant"] == [False, True, False]
     assert record.meta[RUNNING_META] is None
+
+
+def test_show_prints_a_dead_processs_turn_as_interrupted(tmp_path):
+    path = tmp_path / "s.db"
+    marker = {"turn_id": "t", "message_id": "a1", "writer": exited_writer()}
+
+    async def stored() -> None:
+        store = await SQLiteStore.open(path)
+        answer = AssistantMessage(id="a1", content=(TextPart(text="half", step=0),))
+        await store.save("s1", 0, (UserMessage(content="go"), answer), {RUNNING_META: marker})
+        await store.aclose()
+
+    trio.run(stored)
+    shown = subprocess.run(
+        [sys.executable, "-m", "runtime", "show", "s1", "--store", str(path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    assert "assistant (interrupted)" in shown
