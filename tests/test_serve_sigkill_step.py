@@ -2,8 +2,10 @@
 committed: a real process, killed while the turn's second step runs a tool that never
 ends (:mod:`tests.support.killed_step_agent`). Started again on the same file, the turn's
 committed step is there, once (its text, its call, the call's result), and nothing of
-the step in flight is; the same client's next message is answered after it, and the
-killed turn is not run again."""
+the step in flight is; the turn shows interrupted (the page's message, the stored one:
+its step saves named this process as running it, :mod:`runtime.liveness`, and that
+process is dead); the same client's next message is answered after it, and the killed
+turn is not run again."""
 
 from __future__ import annotations
 
@@ -128,10 +130,24 @@ def test_a_serve_sigkilled_after_a_committed_step_keeps_that_step_once(tmp_path)
         assert [m["role"] for m in shown["ui_messages"]] == ["user", "assistant"]
         tool_parts = [p for p in shown["ui_messages"][1]["parts"] if p["type"] == "tool-note"]
         assert [p["output"] for p in tool_parts] == ["noted a"]
+        assert shown["ui_messages"][1]["metadata"]["interrupted"] is True
+        with httpx.Client(timeout=60) as client:
+            listed = client.get(f"{url}/api/sessions").json()["sessions"]
+        assert "running_turn" not in shown["meta"]  # (it names this machine's processes)
+        assert ["running_turn" in s["meta"] for s in listed] == [False]
+        assert [m.interrupted for m in stored(db).messages if isinstance(m, AssistantMessage)] == [
+            True
+        ]
         with httpx.Client(timeout=60) as client:
             r = client.post(f"{url}/api/chat", json=chat("more", "u2"))
             assert r.status_code == 200, r.text
-        assert shape(stored(db)) == [*step_0, ("user", "more"), ("assistant", "answered more")]
+        after = stored(db)
+        assert shape(after) == [*step_0, ("user", "more"), ("assistant", "answered more")]
+        assert [m.interrupted for m in after.messages if isinstance(m, AssistantMessage)] == [
+            True,
+            False,
+        ]
+        assert after.meta["running_turn"] is None  # the answer's turn ended: no marker
     finally:
         if proc.poll() is None:
             proc.kill()

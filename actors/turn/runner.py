@@ -691,7 +691,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         )
         if turn.held and not over:  # what the sessions list reads (docs/approval.md)
             turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
-        await self._save(turn, step, ends=_ends(turn, result, over))
+        # Stored as running (runtime.liveness) only when its calls make the turn go on:
+        # a step without calls mostly ends it, and its save is then the final one (a
+        # structured answer rejected after it is not marked: one save a turn less).
+        goes_on = bool(result.calls) and not over
+        await self._save(turn, step, ends=_ends(turn, result, over), running=goes_on)
 
     def _trace_meta(self, turn: Turn) -> dict[str, Any]:
         """What the suspending save stores of the turn's trace context (a tracing

@@ -24,6 +24,7 @@ from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
 from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exception
 from runtime.ids import new_id
+from runtime.liveness import RUNNING_META, running_marker, settle
 from runtime.redact import redact
 from runtime.store import SessionRecord, version_and_mark
 
@@ -62,14 +63,21 @@ class Saving:
 
         def _publish_history(self) -> None: ...
 
-    async def _save(self, turn: Turn, step: int | None, *, ends: str | None = None) -> SaveRequest:
+    async def _save(
+        self, turn: Turn, step: int | None, *, ends: str | None = None, running: bool = True
+    ) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
         save) with the persister; returns the request (its answer comes on
         :attr:`save_replies`, see :meth:`_answer`).
 
         The save is based on the stored version the state matches. If the previous save
         is still in flight, that version is not known yet: the request names the previous
-        one instead, and the persister resolves it (see :class:`SaveRequest`)."""
+        one instead, and the persister resolves it (see :class:`SaveRequest`).
+
+        A save the turn goes on after (``running``: not its final save, nor a step's that
+        may end or suspend it) stores the turn as running in this process
+        (:mod:`runtime.liveness`): a host that loads the session after this process died
+        marks the turn interrupted. It rides in the save's meta: no statement more."""
         state = self.state
         prev = self._pending
         if prev is not None and self._answer(prev) is not None:
@@ -87,7 +95,7 @@ class Saving:
             turn_id=turn.turn_id,
             start=start,
             messages=tuple(state.messages[start:]),
-            meta=turn.meta,
+            meta=self._save_meta(turn, running=running and ends is None and not turn.held),
             step=step,
             expected_version=state.version if prev is None else None,
             after=None if prev is None else prev.request_id,
@@ -214,6 +222,10 @@ class Saving:
                     record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
                     return  # (``reload``) it had not moved after all
+                if record is not None and not self.host.expects_other_writers:
+                    # another process's turn, left running as it died: marked interrupted
+                    # (runtime.liveness) before this one's turn reads it
+                    record = await settle(store, record)
             except StoreError as exc:
                 self._log.warning(
                     "session.reload-failed",
@@ -298,7 +310,7 @@ class Saving:
             if turn.deleted:  # refused already: a save now would only be refused again
                 return None
             try:
-                final = await self._save(turn, None)
+                final = await self._save(turn, None, running=False)
             except SessionDeleted:  # the step's save, answered meanwhile, was refused
                 return None
             return await self._adopt(final, turn)
@@ -324,12 +336,29 @@ class Saving:
         self._stale_title = meta.get("title", NO_TITLE)
         self._publish_history()
 
+    def _save_meta(self, turn: Turn, *, running: bool) -> Mapping[str, Any]:
+        """The meta a save of ``turn`` writes: the turn's, with the marker that it runs in
+        this process (:data:`~runtime.liveness.RUNNING_META`) when it goes on after the
+        save, cleared (``None``) by its saves that do not once a save of it set one. A
+        worker's host marks nothing: its turn queue knows which turns run."""
+        if self.host.expects_other_writers:
+            return turn.meta
+        if running:
+            marker = running_marker(turn.turn_id, turn.message_id)
+            if marker is not None:
+                turn.marked = True
+                return {**turn.meta, RUNNING_META: marker}
+        elif turn.marked:
+            return {**turn.meta, RUNNING_META: None}
+        return turn.meta
+
     def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
-        """Whether ``req`` writes the session exactly as it is now (from the turn on)."""
+        """Whether ``req`` writes the session exactly as it is now (from the turn on),
+        as the turn's final save would (its meta too: the running marker cleared)."""
         start = min(turn.start_index, self.state.saved_upto)
         return (
             req.start == start
-            and req.meta == turn.meta
+            and req.meta == self._save_meta(turn, running=False)
             and len(req.messages) == len(self.state.messages) - start
             # the same objects: an equal message may hold values of other types
             and all(map(operator.is_, req.messages, self.state.messages[start:]))

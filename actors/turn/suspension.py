@@ -236,7 +236,7 @@ class Suspending:
         def _publish_history(self) -> None: ...
 
         async def _save(
-            self, turn: Any, step: int | None, *, ends: str | None = None
+            self, turn: Any, step: int | None, *, ends: str | None = None, running: bool = True
         ) -> SaveRequest: ...
 
     async def _hold(self, turn: Any, step: int) -> None:

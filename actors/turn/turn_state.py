@@ -99,6 +99,9 @@ class Turn:
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
     steering: TurnSteering = attrs.field(factory=TurnSteering)
     """User messages that join the turn at its next step boundary (``steer``)."""
+    marked: bool = False
+    """A save of the turn stored it as running in this process (``Saving._save_meta``):
+    its saves that end it clear the marker."""
 
 
 CONTEXT_TOO_LONG_HINT = (

@@ -85,6 +85,7 @@ from runtime.errors import (
 )
 from runtime.events import Event
 from runtime.ids import new_id
+from runtime.liveness import settle
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, is_media_output
@@ -620,6 +621,8 @@ async def show_command(args: argparse.Namespace) -> int:
     store = await open_store(args.store)
     try:
         record = await store.load(args.session_id)
+        if record is not None:  # a turn a dead process left running (runtime.liveness)
+            record = await settle(store, record)
     finally:
         await store.aclose()
     if record is None:

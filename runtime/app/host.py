@@ -54,6 +54,7 @@ from runtime.events import SessionEvicted
 from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.liveness import RUNNING_META, settle
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
@@ -216,7 +217,10 @@ def _session_state(
         state.messages.extend(record.messages)
         state.saved_upto = len(record.messages)
         state.version = record.version
-        session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+        # (the running marker is the writer's to keep, never a turn's meta: _save_meta)
+        session_meta.update(
+            {k: v for k, v in record.meta.items() if k != "agent" and k != RUNNING_META}
+        )
     if meta:
         session_meta.update(meta)
     return state, session_meta
@@ -794,6 +798,11 @@ class Host:
         # A worker's host never expires waits itself: there the turn queue owns a turn's
         # resumption (runtime.app.worker), and a resume outside it could run on two workers.
         expires_here = not self.expects_other_writers
+        if expires_here and record is not None:
+            # A turn a dead process left running (killed mid-turn): marked interrupted
+            # (runtime.liveness), once, before anything reads it. A worker's turn queue
+            # takes such a turn over instead.
+            record = await settle(self.store, record)
         if expires_here:
             await self.sync_clock()
         if expires_here and record is not None and expired(record.messages, self.clock()):

@@ -124,6 +124,7 @@ from runtime.errors import (
     SessionBusy,
     TurnWithdrawn,
 )
+from runtime.liveness import public_meta, settle
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -798,7 +799,7 @@ async def list_sessions(request: Request) -> Response:
                         info.session_id in open_sessions and open_sessions[info.session_id].busy
                     ),
                     "waiting": waiting_in_meta(info.meta),
-                    "meta": info.meta,
+                    "meta": public_meta(info.meta),
                 }
                 for info in infos
             ],
@@ -829,6 +830,8 @@ async def get_session(request: Request) -> Response:
     record = await state.host.store.load(session_id)
     if record is None:
         raise ApiError(404, f"no session {session_id!r}")
+    if not state.host.expects_other_writers:  # a turn a dead process left running
+        record = await settle(state.host.store, record)  # (runtime.liveness)
     open_session = state.host.sessions.get(session_id)
     if open_session is not None:
         state.host.touch(open_session)  # a read is a use: it keeps the session in memory
@@ -838,7 +841,7 @@ async def get_session(request: Request) -> Response:
             "title": record.meta.get("title"),
             "busy": bool(open_session is not None and open_session.busy),
             "waiting": len(pending_calls(record.messages)),
-            "meta": record.meta,
+            "meta": public_meta(record.meta),
             **({} if ui_only else {"messages": unstructure(list(record.messages))}),
             "ui_messages": ui_messages(record.messages),
         }

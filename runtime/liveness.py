@@ -1,0 +1,234 @@
+"""Which process runs a turn, and whether it still lives: how a host that loads a session
+tells a turn killed mid-way (SIGKILL, a power cut) from one another process still runs.
+
+An embedded host's step saves (a turn that goes on after them) carry, in the session's
+meta under :data:`RUNNING_META`, the turn, its assistant message and its writer
+(:func:`this_process`); the save that ends the turn writes ``None`` there. A marker still
+there when a host loads the session names a turn that never ended: if its writer is dead
+(:func:`process_state`), the message is marked interrupted, as a stopped turn's is
+(:func:`interrupted_record`), and the marker cleared, in one version-checked save
+(whichever of two loaders saves first marks it; the other meets the new version).
+
+The writer is ``host:boot:pidns:pid:start`` (Linux): the machine's name, its boot id
+(``/proc/sys/kernel/random/boot_id``), the pid namespace, the pid and the process's start
+time in clock ticks since boot (``/proc/PID/stat`` field 22). A pid reused by another
+process has another start time; a machine restarted since has another boot id. Nothing
+is written, so no extra statement: the marker rides in the step save's meta, which every
+save writes anyway. A writer this process cannot see (another machine sharing the store,
+another container's pid namespace) is ``unknown``, and its turn is left as it is: never
+marked while it may run. Off Linux no marker is written (``this_process`` is ``None``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+from runtime.errors import StoreConflict, StoreError
+from runtime.messages import AssistantMessage
+from runtime.store import SessionRecord, Store, save_keeping
+
+RUNNING_META = "running_turn"
+"""The session meta key of the turn running in some process (``None``: none)."""
+
+ALIVE: Literal["alive"] = "alive"
+DEAD: Literal["dead"] = "dead"
+UNKNOWN: Literal["unknown"] = "unknown"
+State = Literal["alive", "dead", "unknown"]
+
+_PROC = "/proc"
+_mine: tuple[int, str | None] | None = None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _start_time(proc: str, pid: int) -> tuple[str, str] | None:
+    """The process's ``(state, start time)`` from ``/proc/PID/stat``, ``None`` if it has
+    no entry (it is gone). The name (field 2) may hold spaces and parentheses: the
+    fields are read after its last ``)``."""
+    stat = _read(f"{proc}/{pid}/stat")
+    if stat is None:
+        return None
+    rest = stat[stat.rfind(")") + 2 :].split()
+    if len(rest) < 20:
+        return None
+    return rest[0], rest[19]  # field 3 (state), field 22 (starttime)
+
+
+def _namespace(proc: str, pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _boot(proc: str) -> str | None:
+    boot = _read(f"{proc}/sys/kernel/random/boot_id")
+    return None if boot is None else boot.strip()
+
+
+def describe(proc: str, pid: int) -> str | None:
+    """The writer name of process ``pid`` as seen through ``proc`` (``None`` when it
+    cannot be read: not Linux, or no such process)."""
+    boot, ns, st = _boot(proc), _namespace(proc, "self"), _start_time(proc, pid)
+    if boot is None or ns is None or st is None:
+        return None
+    return ":".join(
+        (os.uname().nodename, boot, ns.removeprefix("pid:").strip("[]"), str(pid), st[1])
+    )
+
+
+def this_process() -> str | None:
+    """This process's writer name (read once per pid: a fork gets its own)."""
+    global _mine
+    pid = os.getpid()
+    if _mine is None or _mine[0] != pid:
+        _mine = (pid, describe(_PROC, pid))
+    return _mine[1]
+
+
+def process_state(writer: object, *, proc: str = _PROC) -> State:
+    """Whether the process ``writer`` names (:func:`this_process`) still runs, seen from
+    this one: ``dead`` when this machine restarted since (same host name, another boot
+    id), or when in this boot and pid namespace the pid is gone, a zombie, or another
+    process's (another start time); ``alive`` when it is there; ``unknown`` for a writer
+    of another machine or pid namespace, or one that cannot be read."""
+    if not isinstance(writer, str):
+        return UNKNOWN
+    fields = writer.rsplit(":", 4)
+    if len(fields) != 5 or not fields[3].isdigit():
+        return UNKNOWN
+    host, boot, ns, pid, start = fields
+    if host != os.uname().nodename:
+        return UNKNOWN
+    mine = _boot(proc)
+    if mine is None:
+        return UNKNOWN
+    if boot != mine:
+        return DEAD
+    here = _namespace(proc, "self")
+    if here is None or here.removeprefix("pid:").strip("[]") != ns:
+        return UNKNOWN
+    st = _start_time(proc, int(pid))
+    if st is None or st[0] in ("Z", "X") or st[1] != start:
+        return DEAD
+    return ALIVE
+
+
+def public_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``meta`` without the running marker (it names a machine and a process): what a
+    web client is shown."""
+    if RUNNING_META not in meta:
+        return meta
+    return {key: value for key, value in meta.items() if key != RUNNING_META}
+
+
+def running_marker(turn_id: str, message_id: str) -> dict[str, str] | None:
+    """What a save of a turn that goes on after it stores under :data:`RUNNING_META`;
+    ``None`` when this process cannot name itself (nothing to store then)."""
+    writer = this_process()
+    if writer is None:
+        return None
+    return {"turn_id": turn_id, "message_id": message_id, "writer": writer}
+
+
+def killed_marker(meta: Mapping[str, Any], *, proc: str = _PROC) -> Mapping[str, Any] | None:
+    """The session's running marker when its writer is dead (its turn never ended and
+    never will); ``None`` when there is none, or its writer lives or is unknown."""
+    marker = meta.get(RUNNING_META)
+    if not isinstance(marker, Mapping):
+        return None
+    if process_state(marker.get("writer"), proc=proc) != DEAD:
+        return None
+    return marker
+
+
+@attrs.frozen
+class Settled:
+    """A killed turn's settlement (:func:`interrupted_record`): the session's messages
+    from ``start`` on as they are to be saved (its assistant message marked interrupted),
+    and the positions among them that are stored as they are."""
+
+    start: int
+    messages: tuple[Any, ...]
+    kept: tuple[int, ...]
+
+
+def interrupted_record(messages: tuple[Any, ...], marker: Mapping[str, Any]) -> Settled | None:
+    """The save that marks the killed turn's assistant message (``marker``'s) interrupted,
+    as a turn stopped after its last committed step is stored; ``None`` when there is no
+    such message, or it is marked interrupted or failed already (the marker alone is
+    cleared then). Only the message is written: the tool results after it are kept."""
+    message_id = marker.get("message_id")
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, AssistantMessage) and m.id == message_id:
+            if m.interrupted or m.error is not None:
+                return None
+            rest = messages[i + 1 :]
+            return Settled(
+                start=i,
+                messages=(attrs.evolve(m, interrupted=True), *rest),
+                kept=tuple(range(1, len(rest) + 1)),
+            )
+    return None
+
+
+SETTLE_ATTEMPTS = 3
+"""Loads and saves :func:`settle` tries before it leaves the session as it read it."""
+
+
+async def settle(store: Store, record: SessionRecord, *, proc: str = _PROC) -> SessionRecord:
+    """``record`` (as just loaded from ``store``), with its killed turn settled: when its
+    running marker names a dead writer, its assistant message marked interrupted and the
+    marker cleared in one save based on ``record``'s version; the session as stored then.
+    Another loader that saved first (a conflict): the session is read again and judged
+    again (its marker is cleared by then, so it is marked once). ``record`` itself when
+    there is nothing to settle (no statement for a session without a marker), or when
+    the store fails the save: a read never fails for it, a later one marks it."""
+    for _ in range(SETTLE_ATTEMPTS):
+        marker = killed_marker(record.meta, proc=proc)
+        if marker is None:
+            return record
+        settled = interrupted_record(record.messages, marker)
+        if settled is None:  # (nothing to mark: the marker alone is cleared)
+            settled = Settled(start=len(record.messages), messages=(), kept=())
+        start, messages = settled.start, settled.messages
+        meta = {RUNNING_META: None}
+        try:
+            version = await save_keeping(
+                store,
+                record.session_id,
+                start,
+                messages,
+                meta,
+                kept=settled.kept,
+                expected_version=record.version,
+            )
+        except StoreConflict:
+            try:
+                again = await store.load(record.session_id)
+            except StoreError:
+                return record
+            if again is None:
+                return record
+            record = again
+            continue
+        except StoreError:  # (a busy file, a full disk: marked at a later load)
+            return record
+        return attrs.evolve(
+            record,
+            messages=(*record.messages[:start], *messages),
+            meta={**record.meta, **meta},
+            version=version,
+        )
+    return record
