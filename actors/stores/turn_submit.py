@@ -340,7 +340,13 @@ class TurnSubmitting:
         return None if row is None else _status(row)
 
     async def hold_stop(
-        self, session_id: str, message_id: str, keys: Sequence[str], reason: str
+        self,
+        session_id: str,
+        message_id: str,
+        keys: Sequence[str],
+        reason: str,
+        *,
+        turn_id: str | None = None,
     ) -> None:
         """Keep a stop of ``session_id`` naming the client's message ``message_id``, whose
         turn a front end did not find: its POST may be on its way still (Stop and the
@@ -352,12 +358,23 @@ class TurnSubmitting:
         each hold drops the stops past their time, then the oldest past
         :attr:`held_stops_kept` (two holds racing may each keep one more, for a moment).
         A stop sent twice is kept once, from its last sending. Two statements, one
-        transaction; a submit racing it may miss it (its caller looks again)."""
+        transaction; a submit racing it may miss it (its caller looks again).
+
+        Nor one naming the answer of a turn of the session that was ever continued (its
+        ``resumes``; the answer's id is ``msg_<turn id>``,
+        :attr:`~runtime.turn_queue.TurnStatus.message_id`): a continuation is keyed by
+        its user message, and a stop naming its answer that comes now is the
+        continuation's, late, which a regenerate of that answer (named by it too) must
+        not take (the embedded host's ``Session.continued``). A stop that also names a
+        turn (``turn_id``: an AG-UI client knows its run's before the POST) is kept by
+        its message id only while no turn has that id: one that exists is found, or
+        ended, or is another message's. (Both checks in the insert's one statement.)"""
         validate_session_id(session_id)
         if not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
             return
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
         kept, held_for = self.held_stops_kept, self.held_stop_for
+        answered = message_id.removeprefix("msg_") if message_id.startswith("msg_") else None
 
         def hold(conn: Any) -> None:
             conn.execute(
@@ -374,10 +391,11 @@ class TurnSubmitting:
             conn.execute(
                 """INSERT INTO axon_held_stops (session_id, message_id, reason)
                 SELECT %s, %s, %s WHERE %s > 0 AND NOT EXISTS (
-                    SELECT 1 FROM axon_turns WHERE message_key = ANY(%s))
+                    SELECT 1 FROM axon_turns WHERE message_key = ANY(%s) OR turn_id = %s
+                        OR (turn_id = %s AND session_id = %s AND resumes > 0))
                 ON CONFLICT (session_id, message_id) DO UPDATE
                 SET reason = EXCLUDED.reason, held_at = EXCLUDED.held_at""",
-                (session_id, message_id, reason, kept, hashed),
+                (session_id, message_id, reason, kept, hashed, turn_id, answered, session_id),
             )
 
         await self.store.run(f"stop held for a message of session {session_id!r}", hold)
