@@ -243,6 +243,38 @@ async def test_a_late_stop_of_a_continuation_does_not_stop_a_regenerate_of_its_a
     assert regenerated.status_code == 200 and "abort" not in regenerated.text
 
 
+async def test_a_stopped_message_does_not_interrupt_the_running_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    # Under --on-busy interrupt a message whose stop came first is stopped as it starts:
+    # it is no new message to interrupt the running turn for.
+    script = Script(holding("H1"), ["first done"], ["never"])
+    agent = agent_with(script, "interrupt")
+    async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="interrupt") as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            out: dict[str, Any] = {}
+
+            async def post(name: str, text: str, message_id: str) -> None:
+                out[name] = await client.post(
+                    f"{d.urls[0]}/api/chat", json=body("s1", text, message_id)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u2"})
+                nursery.start_soon(post, "second", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+    assert stop.status_code == 204
+    assert streamed_text(sse_events(out["first"].text)) == "first done"
+    assert "abort" not in out["first"].text
+    assert (turns[0].status, turns[0].cancel_requested) == ("done", False)
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(out["second"].text))
+    assert turns[1].status == "cancelled" and len(script.requests) == 2
+
+
 async def test_a_stop_naming_a_message_and_a_turn_not_there_yet_is_held_by_the_message(
     pg_url: str, redis_url: str
 ) -> None:

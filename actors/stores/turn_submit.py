@@ -88,8 +88,11 @@ class _Submission:
         without ``cancel_requested`` (:data:`HELD_STOP_INSERT`), which its worker stops
         as it starts; a stop it took names no steered message (it runs as a turn)."""
         session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
+        held = None
+        if new and self.stop_name is not None:
+            held = (session_id, self.stop_name, self.held_for)
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-            _interrupt(conn, session_id)
+            _interrupt(conn, session_id, held)  # (a stopped message interrupts nothing)
         steer_of = None  # (row locks first here too: the running turn's count of steers)
         if on_busy == STEER and not regenerate:
             steer_of = _steer_running(conn, session_id)
@@ -108,8 +111,7 @@ class _Submission:
             self.options_json,
             steer_of,
         )
-        if new and self.stop_name is not None:  # (one statement, as without)
-            held = (session_id, self.stop_name, self.held_for)
+        if held is not None:  # (one statement, as without)
             row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
         else:
             row = conn.execute(_INSERT, values).fetchone()
@@ -271,8 +273,8 @@ class TurnSubmitting:
         user message's, or the answer's a regenerate replaces). A keyed submit never
         made before takes the stop :meth:`hold_stop` kept under that id, in its insert:
         its worker stops the turn as it starts (its message saved, with an interrupted
-        answer). A retry or an edit takes none: a stop of that id may be a late one of
-        the turn before.
+        answer), and under ``interrupt`` it interrupts nothing. A retry or an edit
+        takes none: a stop of that id may be a late one of the turn before.
         """
         validate_session_id(session_id)
         _check_names(session_id, idempotency_key, turn_id, on_busy)
