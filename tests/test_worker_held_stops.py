@@ -300,3 +300,17 @@ async def test_a_stop_naming_a_message_and_another_existing_turn_is_not_held(
     other = await queue.submit("s1", "go", idempotency_key="k0")
     await queue.hold_stop("s1", "u1", [], "stopped by user", turn_id=other.turn_id)
     assert await held_rows(queue) == []
+
+
+async def test_a_stop_past_its_time_does_not_keep_a_message_from_interrupting(
+    queue: TurnQueue,
+) -> None:
+    queue.held_stop_for = 0.0
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    second = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
+    )
+    before = await queue.get_status(first.turn_id)
+    assert before is not None and before.status == "cancelled"
+    assert second.cancel_reason is None
