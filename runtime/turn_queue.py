@@ -365,12 +365,19 @@ class TurnQueue(Protocol):
         ...
 
     async def hold_stop(
-        self, session_id: str, message_id: str, keys: Sequence[str], reason: str
+        self,
+        session_id: str,
+        message_id: str,
+        keys: Sequence[str],
+        reason: str,
+        *,
+        turn_id: str | None = None,
     ) -> None:
         """Keep, for a minute, a stop naming the client's message ``message_id`` whose
         turn was not found (its POST may come after it), unless a turn was ever submitted
-        under one of ``keys`` (a late stop); bounded, each used once by the submit that
-        names it (``stop_name``)."""
+        under one of ``keys``, or continued the answer ``message_id`` names (a late
+        stop), or has the id ``turn_id`` the stop names too; bounded, each used once by
+        the submit that names it (``stop_name``)."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...

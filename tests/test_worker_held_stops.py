@@ -24,6 +24,7 @@ from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding
 from tests.test_frontend import LIMIT, body, data, deployment, streamed_text
 from tests.test_relay_web import sse_events
+from tests.test_worker_approval import answer, approval_agent, asked, chat, payloads, ran
 from tests.test_worker_steer import queued
 
 
@@ -205,10 +206,10 @@ async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_t
     # and keeps nothing; the stop looks again and stops it.
     hold = TurnQueue.hold_stop
 
-    async def racing_hold(self: TurnQueue, session_id: str, *args: Any) -> None:
+    async def racing_hold(self: TurnQueue, session_id: str, *args: Any, **kwargs: Any) -> None:
         key = message_key(session_id, "submit", "u1")
         await self.submit(session_id, "go", idempotency_key=key, stop_name="u1")
-        await hold(self, session_id, *args)
+        await hold(self, session_id, *args, **kwargs)
 
     async with deployment(pg_url, redis_url, agent_with(Script()), worker=False) as d:
         monkeypatch.setattr(TurnQueue, "hold_stop", racing_hold)
@@ -217,3 +218,99 @@ async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_t
         (turn,) = await d.queue.turns("s1")
     assert stop.status_code == 202 and stop.json() == {"turn_id": turn.turn_id}
     assert turn.status == "cancelled"
+
+
+async def test_a_late_stop_of_a_continuation_does_not_stop_a_regenerate_of_its_answer(
+    pg_url: str, redis_url: str
+) -> None:
+    # The continuation of answer A ended before the client's stop naming A arrived (a
+    # continuation's turn is keyed by its user message: no turn was ever keyed by A);
+    # a regenerate of A names A too, and was stopped by that late stop held for it.
+    ran.clear()
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = sse_events((await client.post(f"{a}/api/chat", json=chat("s1"))).text)
+            answer_id = payloads(first)[0]["messageId"]
+            sent = answer("s1", answer_id, asked(first)["approvalId"], True)
+            continued = await client.post(f"{a}/api/chat", json=sent)
+            stop = await client.post(f"{b}/api/chat/s1/stop", json={"messageId": answer_id})
+            left = await held_rows(d.queue)
+            again = {**chat("s1"), "trigger": "regenerate-message", "messageId": answer_id}
+            regenerated = await client.post(f"{a}/api/chat", json=again)
+    assert '"finishReason":"stop"' in continued.text
+    assert stop.status_code == 204 and left == []
+    assert regenerated.status_code == 200 and "abort" not in regenerated.text
+
+
+async def test_a_stopped_message_does_not_interrupt_the_running_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    # Under --on-busy interrupt a message whose stop came first is stopped as it starts:
+    # it is no new message to interrupt the running turn for.
+    script = Script(holding("H1"), ["first done"], ["never"])
+    agent = agent_with(script, "interrupt")
+    async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="interrupt") as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            out: dict[str, Any] = {}
+
+            async def post(name: str, text: str, message_id: str) -> None:
+                out[name] = await client.post(
+                    f"{d.urls[0]}/api/chat", json=body("s1", text, message_id)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={"messageId": "u2"})
+                nursery.start_soon(post, "second", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+    assert stop.status_code == 204
+    assert streamed_text(sse_events(out["first"].text)) == "first done"
+    assert "abort" not in out["first"].text
+    assert (turns[0].status, turns[0].cancel_requested) == ("done", False)
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(out["second"].text))
+    assert turns[1].status == "cancelled" and len(script.requests) == 2
+
+
+async def test_a_stop_naming_a_message_and_a_turn_not_there_yet_is_held_by_the_message(
+    pg_url: str, redis_url: str
+) -> None:
+    # An AG-UI client knows its run's turn id (its runId) before the POST: a stop naming
+    # both that overtakes the run was not kept, and the run went on to its answer.
+    script = Script(["never"])
+    async with deployment(pg_url, redis_url, agent_with(script), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            named = {"messageId": "u1", "turnId": "run_1"}
+            stop = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json=named)
+            left = await held_rows(d.queue)
+            reply = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+        (turn,) = await d.queue.turns("s1")
+    assert stop.status_code == 204 and left == [("s1", "u1", "stopped by user")]
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(reply.text))
+    assert turn.status == "cancelled" and script.requests == []
+
+
+async def test_a_stop_naming_a_message_and_another_existing_turn_is_not_held(
+    queue: TurnQueue,
+) -> None:
+    # The turn it names is there and is not the message's: it names nothing to come.
+    other = await queue.submit("s1", "go", idempotency_key="k0")
+    await queue.hold_stop("s1", "u1", [], "stopped by user", turn_id=other.turn_id)
+    assert await held_rows(queue) == []
+
+
+async def test_a_stop_past_its_time_does_not_keep_a_message_from_interrupting(
+    queue: TurnQueue,
+) -> None:
+    queue.held_stop_for = 0.0
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    second = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
+    )
+    before = await queue.get_status(first.turn_id)
+    assert before is not None and before.status == "cancelled"
+    assert second.cancel_reason is None

@@ -151,18 +151,25 @@ def _busy(conn: Any, session_id: str) -> bool:
     return busy is not None
 
 
-def _interrupt(conn: Any, session_id: str) -> None:
+def _interrupt(conn: Any, session_id: str, held: tuple[str, str, float] | None = None) -> None:
     """In a submit's transaction, before its insert: cancel the session's queued turns
     (``cancelled`` at once) and ask its running one to stop (its worker hears it on
     ``axon_cancel``, or on its next renewal), the reason ``interrupted by a new
     message``. The rows are locked first, in line order, as a claim locks a head before
     the trigger takes the session's lock; each is then updated by a statement of its
-    own (the head trigger moves the head on to the next, which a later one cancels)."""
+    own (the head trigger moves the head on to the next, which a later one cancels).
+    ``held``: ``(session, the client's id, seconds)`` of a new message that takes a stop
+    held for it (``actors.stores.turn_submit.HELD_STOP_INSERT``): when one is held, it
+    interrupts nothing (a stopped message; in the same statement)."""
+    session, name, held_for = held if held is not None else (None, None, 0.0)
     rows = conn.execute(
         """SELECT turn_id, status FROM axon_turns
         WHERE session_id = %s AND status IN ('queued', 'running')
+            AND NOT EXISTS (SELECT 1 FROM axon_held_stops
+                WHERE session_id = %s AND message_id = %s
+                    AND held_at >= clock_timestamp() - make_interval(secs => %s))
         ORDER BY seq FOR UPDATE""",
-        (session_id,),
+        (session_id, session, name, held_for),
     ).fetchall()
     for turn_id, status in rows:
         if status == QUEUED:

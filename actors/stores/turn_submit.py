@@ -88,8 +88,11 @@ class _Submission:
         without ``cancel_requested`` (:data:`HELD_STOP_INSERT`), which its worker stops
         as it starts; a stop it took names no steered message (it runs as a turn)."""
         session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
+        held = None
+        if new and self.stop_name is not None:
+            held = (session_id, self.stop_name, self.held_for)
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-            _interrupt(conn, session_id)
+            _interrupt(conn, session_id, held)  # (a stopped message interrupts nothing)
         steer_of = None  # (row locks first here too: the running turn's count of steers)
         if on_busy == STEER and not regenerate:
             steer_of = _steer_running(conn, session_id)
@@ -108,8 +111,7 @@ class _Submission:
             self.options_json,
             steer_of,
         )
-        if new and self.stop_name is not None:  # (one statement, as without)
-            held = (session_id, self.stop_name, self.held_for)
+        if held is not None:  # (one statement, as without)
             row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
         else:
             row = conn.execute(_INSERT, values).fetchone()
@@ -271,8 +273,8 @@ class TurnSubmitting:
         user message's, or the answer's a regenerate replaces). A keyed submit never
         made before takes the stop :meth:`hold_stop` kept under that id, in its insert:
         its worker stops the turn as it starts (its message saved, with an interrupted
-        answer). A retry or an edit takes none: a stop of that id may be a late one of
-        the turn before.
+        answer), and under ``interrupt`` it interrupts nothing. A retry or an edit
+        takes none: a stop of that id may be a late one of the turn before.
         """
         validate_session_id(session_id)
         _check_names(session_id, idempotency_key, turn_id, on_busy)
@@ -340,7 +342,13 @@ class TurnSubmitting:
         return None if row is None else _status(row)
 
     async def hold_stop(
-        self, session_id: str, message_id: str, keys: Sequence[str], reason: str
+        self,
+        session_id: str,
+        message_id: str,
+        keys: Sequence[str],
+        reason: str,
+        *,
+        turn_id: str | None = None,
     ) -> None:
         """Keep a stop of ``session_id`` naming the client's message ``message_id``, whose
         turn a front end did not find: its POST may be on its way still (Stop and the
@@ -352,12 +360,23 @@ class TurnSubmitting:
         each hold drops the stops past their time, then the oldest past
         :attr:`held_stops_kept` (two holds racing may each keep one more, for a moment).
         A stop sent twice is kept once, from its last sending. Two statements, one
-        transaction; a submit racing it may miss it (its caller looks again)."""
+        transaction; a submit racing it may miss it (its caller looks again).
+
+        Nor one naming the answer of a turn of the session that was ever continued (its
+        ``resumes``; the answer's id is ``msg_<turn id>``,
+        :attr:`~runtime.turn_queue.TurnStatus.message_id`): a continuation is keyed by
+        its user message, and a stop naming its answer that comes now is the
+        continuation's, late, which a regenerate of that answer (named by it too) must
+        not take (the embedded host's ``Session.continued``). A stop that also names a
+        turn (``turn_id``: an AG-UI client knows its run's before the POST) is kept by
+        its message id only while no turn has that id: one that exists is found, or
+        ended, or is another message's. (Both checks in the insert's one statement.)"""
         validate_session_id(session_id)
         if not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
             return
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
         kept, held_for = self.held_stops_kept, self.held_stop_for
+        answered = message_id.removeprefix("msg_") if message_id.startswith("msg_") else None
 
         def hold(conn: Any) -> None:
             conn.execute(
@@ -374,10 +393,11 @@ class TurnSubmitting:
             conn.execute(
                 """INSERT INTO axon_held_stops (session_id, message_id, reason)
                 SELECT %s, %s, %s WHERE %s > 0 AND NOT EXISTS (
-                    SELECT 1 FROM axon_turns WHERE message_key = ANY(%s))
+                    SELECT 1 FROM axon_turns WHERE message_key = ANY(%s) OR turn_id = %s
+                        OR (turn_id = %s AND session_id = %s AND resumes > 0))
                 ON CONFLICT (session_id, message_id) DO UPDATE
                 SET reason = EXCLUDED.reason, held_at = EXCLUDED.held_at""",
-                (session_id, message_id, reason, kept, hashed),
+                (session_id, message_id, reason, kept, hashed, turn_id, answered, session_id),
             )
 
         await self.store.run(f"stop held for a message of session {session_id!r}", hold)
