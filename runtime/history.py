@@ -385,6 +385,12 @@ class MessageIds:
         self._catch_up(messages)
         return message_id in self._counts
 
+    def first(self, messages: Sequence[Message], message_id: str) -> int:
+        """The position of the first message of ``messages`` with id ``message_id``, -1
+        if none (a look-up when none has it; else a search of the kept ids, in C)."""
+        self._catch_up(messages)
+        return self._ids.index(message_id) if message_id in self._counts else -1
+
     def read_some(self, messages: Sequence[Message]) -> bool:
         """Read at most :attr:`chunk` more of ``messages``' ids; whether they are all read
         now (:meth:`holds` then reads only what is added or edited after this)."""

@@ -734,6 +734,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         for item in turn.steering.take(turn.step):
             if self._ids.holds(state.messages, item.user_message_id):
                 _stored_as_held(turn, state, item)
+                answered = self._answered_before(turn, item.user_message_id)
+                if answered is not None:  # (its client is told: it follows none of this turn)
+                    await turn.ctrl.send(answered)
                 continue
             steered = True
             message = UserMessage(content=item.content, id=item.user_message_id)
@@ -762,6 +765,32 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if turn.output is not None:
             turn.output.message_id = turn.message_id
         self._publish_history()
+
+    def _answered_before(self, turn: Turn, message_id: str) -> SteeredNotice | None:
+        """The notice of a steered message whose id an earlier turn stored (a client's
+        retry of it): ``answered``, naming the answer stored after it ("" if none).
+        ``None`` when the copy held is this turn's (its ``steered`` chunk was sent).
+        Without it, a client that follows its steer saw nothing until the turn's end."""
+        messages = self.state.messages
+        at = self._ids.first(messages, message_id)
+        if at < 0 or at >= turn.start_index:
+            return None
+        held = messages[at]
+        answer_id = ""
+        for i in range(at + 1, turn.start_index):  # (to its turn's answer: no slice copied)
+            message = messages[i]
+            if isinstance(message, AssistantMessage):
+                answer_id = message.id
+                break
+            if isinstance(message, UserMessage):
+                break
+        return SteeredNotice(
+            step=turn.step,
+            message_id=message_id,
+            text=held.text if isinstance(held, UserMessage) else "",
+            answer_id=answer_id,
+            answered=True,
+        )
 
     def _add_result(self, turn: Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(

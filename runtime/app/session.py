@@ -667,7 +667,11 @@ class TurnStream:
             for message_id, follower in followers.items():
                 if follower._followed is not None:
                     follower._followed.append(chunk)
-                elif isinstance(chunk, Steered) and chunk.message_id == message_id:
+                elif (
+                    isinstance(chunk, Steered)
+                    and chunk.message_id == message_id
+                    and not chunk.answered  # (an earlier turn's: none of this answers it)
+                ):
                     self.answer_ids = (*self.answer_ids, chunk.answer_id)
                     follower._followed = deque(
                         [
