@@ -309,3 +309,56 @@ async def test_a_long_sessions_message_ids_are_read_a_chunk_per_loop_step(monkey
         finally:
             trio.lowlevel.remove_instrument(steps)
     assert ids.read == 2 * N and max(most) == 16
+
+
+async def test_a_message_arriving_at_a_busy_long_session_reads_its_ids_a_chunk_per_step(
+    monkeypatch,
+):
+    """A message with a client id arriving while a turn with none runs (so the runner
+    read no ids yet) is checked against the session's ids (``holds_input``): read at
+    most ``MessageIds.chunk`` per loop step before the check, not in one."""
+    import trio
+    import trio.testing
+
+    from tests import test_busy
+
+    monkeypatch.setattr(runtime.history.MessageIds, "chunk", 16)
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+    script = test_busy.Script(test_busy.holding(), ["one"], ["two"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(
+            test_busy.agent_with(script, "enqueue"), "long", history=history(N)
+        )
+        ids = session.runner._ids
+        most = []
+
+        class Steps(trio.abc.Instrument):
+            read = 0
+
+            def before_task_step(self, task):
+                self.read = ids.read
+
+            def after_task_step(self, task):
+                most.append(ids.read - self.read)
+
+        async def first() -> None:
+            async with session.stream("first") as out:
+                await out.collect()
+
+        async def second() -> None:
+            async with session.stream("second", user_message_id="c2") as out:
+                await out.collect()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await test_busy.held["open"].wait()
+            steps = Steps()
+            trio.lowlevel.add_instrument(steps)
+            try:
+                nursery.start_soon(second)
+                await trio.testing.wait_all_tasks_blocked()  # (it waits in the queue)
+                test_busy.held["release"].set()
+            finally:
+                trio.lowlevel.remove_instrument(steps)
+            read = ids.read  # (all of it, for the check: the first turn read none)
+    assert read >= 2 * N and max(most) <= 16
