@@ -342,6 +342,7 @@ class StreamController(Actor):
                 message_id=item.message_id,
                 text=item.text,
                 answer_id=item.answer_id,
+                answered=item.answered,
             )
         )
 

@@ -77,6 +77,9 @@ class SteeredNotice:
     text: str
     answer_id: str = ""
     """The id of the assistant message the turn's steps go to from ``step`` on."""
+    answered: bool = False
+    """The message was stored and answered by an earlier turn (a client's retry of it):
+    not stored again; ``answer_id`` is that earlier answer's id ("" if none follows it)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

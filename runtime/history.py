@@ -365,6 +365,11 @@ class MessageIds:
 
     __slots__ = ("_counts", "_ids", "_watched", "read")
 
+    chunk = 4096
+    """The most messages :meth:`read_some` reads in one call: :meth:`caught_up` yields
+    between calls, so a first read of a long session (600,000 messages) is many short
+    loop steps, not one stall of every session of the process."""
+
     def __init__(self) -> None:
         self._ids: list[str] = []
         """The ids of the messages read, by position."""
@@ -380,7 +385,26 @@ class MessageIds:
         self._catch_up(messages)
         return message_id in self._counts
 
-    def _catch_up(self, messages: Sequence[Message]) -> None:
+    def first(self, messages: Sequence[Message], message_id: str) -> int:
+        """The position of the first message of ``messages`` with id ``message_id``, -1
+        if none (a look-up when none has it; else a search of the kept ids, in C)."""
+        self._catch_up(messages)
+        return self._ids.index(message_id) if message_id in self._counts else -1
+
+    def read_some(self, messages: Sequence[Message]) -> bool:
+        """Read at most :attr:`chunk` more of ``messages``' ids; whether they are all read
+        now (:meth:`holds` then reads only what is added or edited after this)."""
+        return self._catch_up(messages, self.chunk)
+
+    async def caught_up(self, messages: Callable[[], Sequence[Message]]) -> None:
+        """Read the ids of the history ``messages()`` returns (asked again after each
+        yield: a reload may replace it), :attr:`chunk` at a time with a schedule point
+        between: none when one chunk reads them all (the common case, a few messages
+        added since the last turn), so a caught-up reader's caller never yields here."""
+        while not self.read_some(messages()):
+            await trio.lowlevel.checkpoint()
+
+    def _catch_up(self, messages: Sequence[Message], most: int | None = None) -> bool:
         ids, counts = self._ids, self._counts
         watched = self._watched
         mark = watched[1] if watched is not None and watched[0] is messages else None
@@ -394,17 +418,23 @@ class MessageIds:
             else:
                 del counts[gone]
         del ids[keep:]
-        for message in messages[keep:] if keep else messages:
+        if mark is None and not hasattr(messages, "watch"):
+            most = None  # (nothing says what a partial read of it still holds: all now)
+        end = len(messages) if most is None else min(len(messages), keep + most)
+        for message in messages[keep:end] if keep or end < len(messages) else messages:
             message_id = message.id
             ids.append(message_id)
             counts[message_id] = counts.get(message_id, 0) + 1
         self.read += len(ids) - keep
+        # (the mark is settled at a partial read too: ``keep`` is never past ``ids``,
+        # so the part not read yet is read next, and an edit from here on lowers it)
         if mark is not None:
             mark.settle()
         elif (watch := getattr(messages, "watch", None)) is not None:
             self._watched = (messages, watch())
         else:
             self._watched = None
+        return end == len(messages)
 
 
 # -- where reasoning may be replayed ------------------------------------------------------

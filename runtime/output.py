@@ -264,12 +264,18 @@ class Steered(_Base):
     message's text (its text parts joined; its images and files are in the stored
     message only). ``answer_id`` is the id of the assistant message the turn's steps go
     to from here (stored after the steered message): a client that shows the rest of the
-    turn after the message it sent names its answer so."""
+    turn after the message it sent names its answer so.
+
+    ``answered``: the message (a client's retry of it) was stored and answered by an
+    earlier turn already; it is not stored again and nothing of this turn answers it:
+    ``answer_id`` is that stored answer's id ("" when none follows it). A client that
+    follows its steer ends there; the turn's own stream goes on."""
 
     step: int
     message_id: str
     text: str
     answer_id: str = ""
+    answered: bool = False
 
 
 @_out("reset-step")

@@ -244,3 +244,121 @@ def test_kept_message_ids_answer_as_a_scan_after_every_kind_of_edit():
     h += [msg(3), msg(4)]
     assert ids.holds(h, "m4") and not ids.holds(h, "m5")
     assert ids.read == 2  # the messages added since, not the history
+
+
+class NotingTuple(tuple):
+    """A snapshot's messages that count the passes over them."""
+
+    passes = 0
+
+    def __iter__(self):
+        NotingTuple.passes += 1
+        return super().__iter__()
+
+
+async def test_a_busy_sessions_check_of_a_new_messages_id_reads_no_history():
+    """``Session.holds_input`` (a message arriving while a turn runs) asks the runner's
+    kept ids whether the history stores the id: it scanned the snapshot, a pass over
+    the session per message that found it busy."""
+    import attrs
+
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        async with session.stream("warm", user_message_id="c1") as out:
+            await out.collect()  # (the runner's ids read)
+        runner = session.runner
+        runner.snapshot = attrs.evolve(
+            runner.snapshot, messages=NotingTuple(runner.snapshot.messages)
+        )
+        NotingTuple.passes = 0
+        read = runner._ids.read
+        held = [session.holds_input(i) for i in ("c1", "c2", "c3")]
+        # (the ids of the warm turn's own two messages, added after its start: read once)
+        assert (NotingTuple.passes, runner._ids.read - read) == (0, 2)
+    assert held == ["stored", None, None]
+
+
+async def test_a_long_sessions_message_ids_are_read_a_chunk_per_loop_step(monkeypatch):
+    """The runner's kept ids of a session are read at its first turn with a client id:
+    at most ``MessageIds.chunk`` messages per loop step, not the whole session in one
+    (600,000 messages stalled every session of the process)."""
+    import trio
+
+    monkeypatch.setattr(runtime.history.MessageIds, "chunk", 16)
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        ids = session.runner._ids
+        most = []
+
+        class Steps(trio.abc.Instrument):
+            read = 0
+
+            def before_task_step(self, task):
+                self.read = ids.read
+
+            def after_task_step(self, task):
+                most.append(ids.read - self.read)
+
+        steps = Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            async with session.stream("again", user_message_id="c1") as out:
+                await out.collect()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+    assert ids.read == 2 * N and max(most) == 16
+
+
+async def test_a_message_arriving_at_a_busy_long_session_reads_its_ids_a_chunk_per_step(
+    monkeypatch,
+):
+    """A message with a client id arriving while a turn with none runs (so the runner
+    read no ids yet) is checked against the session's ids (``holds_input``): read at
+    most ``MessageIds.chunk`` per loop step before the check, not in one."""
+    import trio
+    import trio.testing
+
+    from tests import test_busy
+
+    monkeypatch.setattr(runtime.history.MessageIds, "chunk", 16)
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+    script = test_busy.Script(test_busy.holding(), ["one"], ["two"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(
+            test_busy.agent_with(script, "enqueue"), "long", history=history(N)
+        )
+        ids = session.runner._ids
+        most = []
+
+        class Steps(trio.abc.Instrument):
+            read = 0
+
+            def before_task_step(self, task):
+                self.read = ids.read
+
+            def after_task_step(self, task):
+                most.append(ids.read - self.read)
+
+        async def first() -> None:
+            async with session.stream("first") as out:
+                await out.collect()
+
+        async def second() -> None:
+            async with session.stream("second", user_message_id="c2") as out:
+                await out.collect()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await test_busy.held["open"].wait()
+            steps = Steps()
+            trio.lowlevel.add_instrument(steps)
+            try:
+                nursery.start_soon(second)
+                await trio.testing.wait_all_tasks_blocked()  # (it waits in the queue)
+                test_busy.held["release"].set()
+            finally:
+                trio.lowlevel.remove_instrument(steps)
+            read = ids.read  # (all of it, for the check: the first turn read none)
+    assert read >= 2 * N and max(most) <= 16

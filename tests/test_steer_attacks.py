@@ -19,7 +19,7 @@ from actors.providers.openai_responses import map_messages as responses_messages
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, Image, tool
 from runtime.actor_messages import SteeredInput
-from runtime.app.web.ui_stream import ui_messages
+from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.history import repair
 from runtime.messages import UserMessage
@@ -385,3 +385,44 @@ async def test_a_steered_message_taken_again_under_its_stored_id_is_stored_once(
     assert [m.text for m in seen if isinstance(m, UserMessage)] == ["first", "also this"]
     assert retry.accepted and retry.stored.is_set()
     assert out.result.text == "answer"
+
+
+async def test_a_steer_retried_after_an_earlier_turn_answered_it_says_so_in_the_stream():
+    """A steering message whose id an earlier turn stored and answered (a client's retry
+    of it, taken by a worker's turn) is not stored again; the turn's AI SDK stream says
+    so as a first steer does, ``data-steered`` naming the message, now ``answered`` and
+    with the answer stored after it: a front end following it saw nothing of it before
+    (no chunk), only the end of a turn that was not its answer."""
+    script = Script(["answer 1"], looking("L1"), ["answer 2"])
+    rows = [[SteeredInput(content="first", user_message_id="u1")]]
+
+    async def pull() -> list[SteeredInput]:
+        return rows.pop(0) if rows else []
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        async with session.stream("first", user_message_id="u1") as out:
+            await out.collect()
+        first_answer = out.answer_ids[0]
+        stream = session.stream("second", user_message_id="u2")
+        stream.steer_from(pull)
+        async with stream as out:
+            chunks = await out.collect()
+        record = await host.store.load("s")
+    encoder = UIStreamEncoder()
+    steered = [c for chunk in chunks for c in encoder.encode(chunk) if c["type"] == "data-steered"]
+    assert steered == [
+        {
+            "type": "data-steered",
+            "id": "u1",
+            "data": {
+                "messageId": "u1",
+                "text": "first",
+                "step": 1,
+                "answerId": first_answer,
+                "answered": True,
+            },
+            "transient": True,
+        }
+    ]
+    assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]

@@ -438,3 +438,47 @@ async def test_a_stop_naming_a_message_the_running_turn_took_stops_that_turn(
     users = [m.text for m in record.messages if isinstance(m, UserMessage)]
     assert users == ["first", "also this"]
     assert '"type":"abort"' in out["first"].text
+
+
+async def test_a_followed_steer_an_earlier_turn_answered_ends_at_its_answered_chunk() -> None:
+    """The stream of a client following its steer (another front end's relay read) whose
+    message an earlier turn stored and answered ends at the turn's ``steered`` chunk for
+    it (``answered``): ``data-steered``, then ``finish`` (``steered``, naming that
+    answer), as the stream a first steer hands over from ends; before, no chunk came and
+    it showed the end of a turn that was not its answer."""
+    from runtime import output as o
+    from runtime.app.web.frontend import SteeredTurnResponse
+    from runtime.app.web.resume import RelayEncoder
+
+    chunks = [
+        o.Start(message_id="msg_t2", seq=1),
+        o.Steered(step=1, message_id="u1", text="first", answer_id="msg_t1", answered=True, seq=2),
+        o.StepStart(step=1, seq=3),
+        o.TextStart(step=1, part_id="p", seq=4),
+        o.TextDelta(step=1, part_id="p", text="answer 2", seq=5),
+    ]
+
+    async def read() -> Any:
+        for chunk in chunks:
+            yield chunk
+
+    response = SteeredTurnResponse(
+        None, None, "s1", "t2", after_seq=None, keepalive=0, send_timeout=None,
+        background=None, queue=None, watch=object(), steered_by="u1", resume_after=None,
+    )  # fmt: skip
+    response._read = read  # type: ignore[method-assign]
+    sent: list[bytes] = []
+
+    async def write(data: bytes) -> None:
+        sent.append(data)
+
+    await response._relay_events(write, RelayEncoder())
+    events = data(sse_events(b"".join(sent).decode()))
+    assert [e["type"] for e in events] == ["data-steered", "finish"]
+    assert events[0]["data"]["answered"] is True
+    assert events[1]["messageMetadata"] == {
+        "finishReason": "steered",
+        "steeredBy": "u1",
+        "answerId": "msg_t1",
+        "answered": True,
+    }

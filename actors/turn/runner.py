@@ -244,6 +244,18 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """The ids the history holds: whether a client's id of a message is stored
         (a new turn's user message, a steered one) without a pass over the session."""
 
+    def holds_message(self, message_id: str) -> bool:
+        """Whether the history holds a message of id ``message_id`` (the kept ids: after
+        :meth:`read_ids`, a look-up and the messages added since)."""
+        return self._ids.holds(self.state.messages, message_id)
+
+    async def read_ids(self) -> None:
+        """Catch the kept ids up with the history in bounded loop steps
+        (:meth:`MessageIds.caught_up`): the first read of a long session's, at its first
+        turn with a client's id, was one pass on the loop (a 600,000-message session
+        stalled every session of the process)."""
+        await self._ids.caught_up(lambda: self.state.messages)
+
     @property
     def _log(self) -> Any:
         """The runner's logger, asked for when a line is written (a failure, a warning),
@@ -335,6 +347,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         agent, budget = self.agent, self.agent.budget
         try:
             await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
+            if run.user_message_id is not None:  # (``_user_id`` asks them)
+                await self.read_ids()
             turn, committed, superseded = self._open_turn(run)
         except Exception:
             run.consumer.close()  # a bug before the turn began: its stream just ends
@@ -716,12 +730,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         again: a client's retry that a worker's turn queue holds twice (its first copy
         steered in, or stored by an earlier turn, before the retry's row was taken) was
         stored twice under one id, and the model read it twice."""
+        if turn.steering.waiting:  # (each is asked of the kept ids: read them first)
+            await self.read_ids()
         state = self.state
         answer_id = steered_message_id(turn.first_message_id, turn.step)
         steered = False
         for item in turn.steering.take(turn.step):
             if self._ids.holds(state.messages, item.user_message_id):
                 _stored_as_held(turn, state, item)
+                answered = self._answered_before(turn, item.user_message_id)
+                if answered is not None:  # (its client is told: it follows none of this turn)
+                    await turn.ctrl.send(answered)
                 continue
             steered = True
             message = UserMessage(content=item.content, id=item.user_message_id)
@@ -750,6 +769,32 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if turn.output is not None:
             turn.output.message_id = turn.message_id
         self._publish_history()
+
+    def _answered_before(self, turn: Turn, message_id: str) -> SteeredNotice | None:
+        """The notice of a steered message whose id an earlier turn stored (a client's
+        retry of it): ``answered``, naming the answer stored after it ("" if none).
+        ``None`` when the copy held is this turn's (its ``steered`` chunk was sent).
+        Without it, a client that follows its steer saw nothing until the turn's end."""
+        messages = self.state.messages
+        at = self._ids.first(messages, message_id)
+        if at < 0 or at >= turn.start_index:
+            return None
+        held = messages[at]
+        answer_id = ""
+        for i in range(at + 1, turn.start_index):  # (to its turn's answer: no slice copied)
+            message = messages[i]
+            if isinstance(message, AssistantMessage):
+                answer_id = message.id
+                break
+            if isinstance(message, UserMessage):
+                break
+        return SteeredNotice(
+            step=turn.step,
+            message_id=message_id,
+            text=held.text if isinstance(held, UserMessage) else "",
+            answer_id=answer_id,
+            answered=True,
+        )
 
     def _add_result(self, turn: Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(

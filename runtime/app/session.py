@@ -199,6 +199,10 @@ class SessionRunner(Protocol):
 
     async def send(self, message: RunTurn) -> None: ...
 
+    def holds_message(self, message_id: str) -> bool: ...
+
+    async def read_ids(self) -> None: ...
+
 
 class TurnStream:
     """One turn as its consumer sees it: an async iterator of output chunks.
@@ -368,6 +372,14 @@ class TurnStream:
         self._entered = True
         if not session.loaded:
             await session.reopen()
+        elif (session.busy or session.queued) and self.user_message_id is not None:
+            # What ``_check_not_held`` asks, read in bounded loop steps first: a running
+            # turn with no client id of its own read none (it yields only when more than
+            # one step's worth is unread; the session's state is asked again after).
+            assert session.runner is not None
+            await session.runner.read_ids()
+            if not session.loaded:
+                await session.reopen()
         queued = False
         if session.busy or session.queued:
             self._check_not_held()
@@ -655,7 +667,11 @@ class TurnStream:
             for message_id, follower in followers.items():
                 if follower._followed is not None:
                     follower._followed.append(chunk)
-                elif isinstance(chunk, Steered) and chunk.message_id == message_id:
+                elif (
+                    isinstance(chunk, Steered)
+                    and chunk.message_id == message_id
+                    and not chunk.answered  # (an earlier turn's: none of this answers it)
+                ):
                     self.answer_ids = (*self.answer_ids, chunk.answer_id)
                     follower._followed = deque(
                         [
@@ -1100,7 +1116,9 @@ class Session:
     def holds_input(self, message_id: str) -> str | None:
         """Where the session holds user message ``message_id`` while a turn runs or waits:
         ``"running"`` (the running turn's input), ``"waiting"`` (a queued turn's, or one
-        waiting to join the running turn), ``"stored"`` (in the history), else ``None``.
+        waiting to join the running turn), ``"stored"`` (a message of the history has the
+        id: asked of the runner's kept ids, as the runner asks them of a new turn's or a
+        steered message's id, which it would not store again), else ``None``.
         A client that sends a message again while the session is busy (a retry after a
         timeout) must not get a second copy of it: the web app asks this first."""
         running = self.current
@@ -1111,10 +1129,10 @@ class Session:
                 return "waiting"
         if any(s.user_message_id == message_id for s in self._queue):
             return "waiting"
-        if self.loaded and any(
-            m.id == message_id for m in self.messages if isinstance(m, UserMessage)
-        ):
-            return "stored"
+        runner = self.runner
+        if self.loaded and runner is not None and runner.holds_message(message_id):
+            return "stored"  # (the runner's kept ids: a scan of the history cost a pass
+            # over the session per message that found it busy)
         return None
 
     def changed(self) -> None:

@@ -532,7 +532,11 @@ class TurnResponse:
                 if handed:
                     continue  # (read on: the turn feeds the stream that took over)
                 data = encoder.events(chunk)
-                if type(chunk) is o.Steered and out.hands_over(chunk.message_id):
+                if (
+                    type(chunk) is o.Steered
+                    and not chunk.answered  # (an earlier turn answered it: this goes on)
+                    and out.hands_over(chunk.message_id)
+                ):
                     await write(data + handed_over(chunk))
                     handed = True
                     if not (self.disconnected or writer.stalled):

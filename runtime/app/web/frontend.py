@@ -300,7 +300,11 @@ class QueuedTurnResponse(RelayStreamResponse):
 
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         async for chunk in self._read():
-            if type(chunk) is o.Steered and await self._hands_over(chunk):
+            if (
+                type(chunk) is o.Steered
+                and not chunk.answered  # (an earlier turn answered it: this goes on)
+                and await self._hands_over(chunk)
+            ):
                 self.sent = self.handed = True
                 await write(encoder.events(chunk) + handed_over(chunk))
                 return
@@ -381,13 +385,19 @@ class SteeredTurnResponse(QueuedTurnResponse):
         async for chunk in self._read():
             if not found:
                 if type(chunk) is o.Steered and chunk.message_id == self.steered_by:
+                    if chunk.answered:  # an earlier turn stored and answered it: it ends
+                        # here, as the stream it was sent from ends at a first steer
+                        self.sent = self.handed = True
+                        if chunk.seq > after:
+                            await write(encoder.events(chunk) + handed_over(chunk))
+                        return
                     found = True
                     start = encoder.events(o.Start(message_id=chunk.answer_id, seq=chunk.seq))
                     if chunk.seq > after:
                         self.sent = True
                         await write(start)
                 continue
-            if type(chunk) is o.Steered and await self._hands_over(chunk):
+            if type(chunk) is o.Steered and not chunk.answered and await self._hands_over(chunk):
                 self.sent = self.handed = True
                 if chunk.seq > after:
                     await write(encoder.events(chunk) + handed_over(chunk))

@@ -164,6 +164,8 @@ class UIStreamEncoder:
         data = {"messageId": chunk.message_id, "text": chunk.text, "step": chunk.step}
         if chunk.answer_id:  # where the turn's answer goes on (stored after the message)
             data["answerId"] = chunk.answer_id
+        if chunk.answered:  # (a retry of a message an earlier turn stored and answered)
+            data["answered"] = True
         return [{"type": "data-steered", "id": chunk.message_id, "data": data, "transient": True}]
 
     def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
@@ -458,7 +460,13 @@ def handed_over(chunk: o.Steered) -> bytes:
     ``steered``, with the message's id and ``answerId``, the answer's message), then
     ``[DONE]``. ``useChat`` ends this message there, and shows the rest in the message
     after the one it sent, as the session stores it."""
-    meta = {"finishReason": "steered", "steeredBy": chunk.message_id, "answerId": chunk.answer_id}
+    meta: dict[str, Any] = {
+        "finishReason": "steered",
+        "steeredBy": chunk.message_id,
+        "answerId": chunk.answer_id,
+    }
+    if chunk.answered:
+        meta["answered"] = True
     return sse({"type": "finish", "finishReason": "other", "messageMetadata": meta}) + DONE
 
 
