@@ -672,24 +672,16 @@ async def test_a_delete_by_a_postgres_process_of_before_moves_the_mark_up(
 # -- the mark checked in the creating save itself ----------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def checking_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """A store whose save checks a first save's deletion mark itself."""
-    if request.param == "memory":
-        return MemoryStore()
-    return str(tmp_path / "sessions.db")
-
-
 async def test_a_first_save_is_refused_when_the_session_was_created_and_deleted_just_before_it(
-    checking_store: Any, monkeypatch: pytest.MonkeyPatch
+    shared_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Another process creates "s" and deletes it after everything the persister does
     # before the turn's first save (its read of the mark, when it read one) and before
     # the save's write. Read apart from the save, the mark was still the turn's: the
     # save met no session and created "s" holding the turn (the deleted conversation
     # back). Checked inside the save's transaction, the save is refused.
-    store = await _open(checking_store)
-    other = store if isinstance(store, MemoryStore) else await _open(checking_store)
+    store = await _open(shared_store)
+    other = store if isinstance(store, MemoryStore) else await _open(shared_store)
     real = store.save
     raced: list[bool] = []
 
@@ -741,3 +733,24 @@ async def test_a_store_whose_save_takes_no_absent_mark_has_the_mark_read_apart()
     await store.delete("s")  # since the turn read its mark: still refused
     answer = await _first_save(store, mark)
     assert isinstance(answer.error, SessionDeleted) and await store.load("s") is None
+
+
+@pytest.mark.parametrize("meta", [None, {"k": "\x00"}], ids=["function", "transaction"])
+async def test_a_postgres_save_creating_a_session_deleted_since_its_mark_writes_nothing(
+    pg_url: str, meta: Any
+) -> None:
+    # Both ways a PostgreSQL save goes: its one function call, and its transaction (here
+    # for a meta holding an escaped NUL, which the function cannot merge).
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        mark = await store.deletions("s")
+        await store.save("s", 0, turn(100))
+        await store.delete("s")
+        with pytest.raises(SessionDeleted):
+            await store.save("s", 0, turn(0), meta, expected_version=0, absent_mark=mark)
+        assert await store.load("s") is None
+        assert await store.save("s", 0, turn(0), meta, expected_version=0, absent_mark=mark + 1)
+    finally:
+        await store.aclose()
