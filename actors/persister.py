@@ -30,7 +30,13 @@ import trio
 
 from runtime.actor import Actor
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import SessionDeleted, StoreConflict, StoreError, describe_exception
+from runtime.errors import (
+    LeaseLost,
+    SessionDeleted,
+    StoreConflict,
+    StoreError,
+    describe_exception,
+)
 from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
@@ -365,7 +371,9 @@ class Persister(Actor):
                 if expected == 0:
                     await self._created_refused(req)
                 return version, None
-            except SessionDeleted:
+            except SessionDeleted as exc:
+                if not self._absent(first) or isinstance(exc, LeaseLost):
+                    raise  # (not the store's answer to absent_mark: a fence's, a refusal's)
                 self._gone(req)  # created and deleted since the turn began (the store said)
             except StoreConflict:
                 pass  # another writer saved the session since: rebase below
@@ -404,7 +412,9 @@ class Persister(Actor):
                     **ends,
                     **self._absent(mark if record is None else None),
                 )
-            except SessionDeleted:
+            except SessionDeleted as exc:
+                if record is not None or not self._absent(mark) or isinstance(exc, LeaseLost):
+                    raise
                 self._gone(req)  # created and deleted between the load and the write
             except StoreConflict as exc:
                 conflict = exc  # overtaken again between our load and our write
