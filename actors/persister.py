@@ -30,13 +30,19 @@ import trio
 
 from runtime.actor import Actor
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import SessionDeleted, StoreConflict, StoreError, describe_exception
+from runtime.errors import (
+    LeaseLost,
+    SessionDeleted,
+    StoreConflict,
+    StoreError,
+    describe_exception,
+)
 from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact
-from runtime.store import Store, deletion_mark, rebase, save_keeping
+from runtime.store import Store, checks_absent_mark, deletion_mark, rebase, save_keeping
 
 REBASE_ATTEMPTS = 5
 """Reload-and-append attempts for one save before it fails with StoreConflict (another
@@ -57,6 +63,9 @@ class Persister(Actor):
         """Whether the store finishes a turn in its save (:meth:`_ends`): asked once, not
         a save each (a store without the attribute built and dropped an AttributeError
         every save, issue 24 goal 1)."""
+        self._marks_in_save = checks_absent_mark(store)
+        """Whether the store checks a first save's deletion mark in the save itself
+        (:func:`~runtime.store.checks_absent_mark`); otherwise it is read just before."""
         self._log = get_logger("axon.persister")
         self._latest: OrderedDict[str, tuple[str, int | None, bool, int]] = OrderedDict()
         """Each session's latest request id, the version it left if it was saved in place,
@@ -307,6 +316,14 @@ class Persister(Actor):
             session_id=req.session_id,
         )
 
+    def _absent(self, mark: int | None) -> dict[str, int]:
+        """The save's ``absent_mark`` keyword, for a save that may create its session
+        (based on version ``0``) of a turn that read the mark ``mark``, when the store
+        checks it in the save; nothing otherwise."""
+        if mark is None or not self._marks_in_save:
+            return {}
+        return {"absent_mark": mark}
+
     def _ends(self, req: SaveRequest) -> dict[str, str]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
@@ -323,15 +340,18 @@ class Persister(Actor):
         expected = self._based_on(req)
         ends = self._ends(req)
         if expected is not None:
+            first = req.absent_mark if expected == 0 else None
             if (
-                expected == 0
-                and req.absent_mark is not None
-                and await self._deleted_since(req, req.absent_mark)
+                first is not None
+                and not self._marks_in_save
+                and await self._deleted_since(req, first)
             ):
                 # A turn's first save, its session not stored when it began: created and
                 # deleted since by another process (nothing re-created it: the save would
                 # meet no conflict and bring the deleted conversation back holding this
-                # turn). Refused as a deleted session's, with every later save of it.
+                # turn). Refused as a deleted session's, with every later save of it. A
+                # store that checks the mark in the save itself does it there (no create
+                # and delete can fall between the check and the write); read apart here.
                 self._gone(req)
             try:
                 version = _checked(
@@ -345,11 +365,16 @@ class Persister(Actor):
                         kept=self._unchanged(req, expected),
                         expected_version=expected,
                         **ends,
+                        **self._absent(first),
                     ),
                 )
                 if expected == 0:
                     await self._created_refused(req)
                 return version, None
+            except SessionDeleted as exc:
+                if not self._absent(first) or isinstance(exc, LeaseLost):
+                    raise  # (not the store's answer to absent_mark: a fence's, a refusal's)
+                self._gone(req)  # created and deleted since the turn began (the store said)
             except StoreConflict:
                 pass  # another writer saved the session since: rebase below
         conflict: StoreConflict | None = None
@@ -385,7 +410,12 @@ class Persister(Actor):
                     dict(req.meta),
                     expected_version=0 if record is None else record.version,
                     **ends,
+                    **self._absent(mark if record is None else None),
                 )
+            except SessionDeleted as exc:
+                if record is not None or not self._absent(mark) or isinstance(exc, LeaseLost):
+                    raise
+                self._gone(req)  # created and deleted between the load and the write
             except StoreConflict as exc:
                 conflict = exc  # overtaken again between our load and our write
                 continue

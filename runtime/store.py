@@ -374,6 +374,32 @@ async def deletion_mark(store: Store, session_id: str) -> int | None:
     return await own(session_id)  # type: ignore[no-any-return]
 
 
+def checks_absent_mark(store: Store) -> bool:
+    """Whether ``store``'s ``save`` takes ``absent_mark``: with ``expected_version=0`` and
+    ``absent_mark`` a deletion mark read before (:func:`deletion_mark`), the save checks
+    the session's mark inside its own transaction, under the write it guards, and raises
+    :class:`~runtime.errors.SessionDeleted`, writing nothing, when the mark is above
+    ``absent_mark``: the session was created and deleted since it was read. A store
+    without it (``checks_absent_mark`` not true) has the mark read apart, just before
+    the save, where a create and delete by another process between the two is missed.
+
+    Asked as :func:`_takes_kept` asks for ``kept``: the keyword named in ``save``'s
+    signature, or a save taking any keyword (a wrapper's) of a store that says it checks
+    (``checks_absent_mark``); a subclass whose ``save`` names its keywords without it (a
+    save of before the keyword) has the mark read apart."""
+    if getattr(store, "checks_absent_mark", False) is not True:
+        return False
+    import inspect  # here, not at import: the contract's import time (issue 24)
+
+    try:
+        params = inspect.signature(store.save).parameters
+    except (TypeError, ValueError):
+        return False
+    return "absent_mark" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
 async def version_and_mark(store: Store, session_id: str) -> tuple[int, int | None]:
     """The session's version and deletion mark (:func:`deletion_mark`), read together:
     what a turn of a session its host holds nothing stored of reads before it begins.

@@ -403,10 +403,11 @@ async def test_a_new_sessions_turn_reads_the_mark_in_the_query_it_makes_anyway(
     tmp_path: Path,
 ) -> None:
     # The mark is read with the version query before the turn (one statement, as the
-    # version alone was), and once more before the turn's first save (a session created
-    # and deleted meanwhile: that save meets no conflict). A turn of a new session takes
-    # 8 statements (7 before the marks), a stored session's 7, its version query
-    # unchanged.
+    # version alone was), and checked again by the turn's first save in the statement
+    # that reads the version in its transaction (a session created and deleted
+    # meanwhile: that save meets no conflict). A turn of a new session takes 7
+    # statements (8 when the mark was read once more, apart, before the first save), a
+    # stored session's 7, its version query unchanged.
     from actors.providers import ScriptedProvider
     from actors.stores import SQLiteStore
     from runtime import Agent
@@ -423,8 +424,8 @@ async def test_a_new_sessions_turn_reads_the_mark_in_the_query_it_makes_anyway(
         await session.run("two")
         stored = list(seen)
     both, alone = "SELECT (SELECT version FROM se", "SELECT version FROM sessions W"
-    assert (len(new), len(stored)) == (8, 7)
-    assert [s for s in new if "version FROM" in s] == [both, both]  # at start, first save
+    assert (len(new), len(stored)) == (7, 7)
+    assert [s for s in new if "version FROM" in s] == [both]  # at the turn's start only
     assert [s for s in stored if "version FROM" in s] == [alone]
 
 
@@ -666,3 +667,90 @@ async def test_a_delete_by_a_postgres_process_of_before_moves_the_mark_up(
         await store.aclose()
     assert moved > mark  # before (bare): unmoved, 0
     assert isinstance(answer.error, SessionDeleted) and record is None
+
+
+# -- the mark checked in the creating save itself ----------------------------------------
+
+
+async def test_a_first_save_is_refused_when_the_session_was_created_and_deleted_just_before_it(
+    shared_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process creates "s" and deletes it after everything the persister does
+    # before the turn's first save (its read of the mark, when it read one) and before
+    # the save's write. Read apart from the save, the mark was still the turn's: the
+    # save met no session and created "s" holding the turn (the deleted conversation
+    # back). Checked inside the save's transaction, the save is refused.
+    store = await _open(shared_store)
+    other = store if isinstance(store, MemoryStore) else await _open(shared_store)
+    real = store.save
+    raced: list[bool] = []
+
+    async def save(*args: Any, **kw: Any) -> int:
+        if not raced:  # the other process's create+delete, once, just before the write
+            raced.append(True)
+            await other.save("s", 0, turn(100), expected_version=0)
+            await other.delete("s")
+        return await real(*args, **kw)
+
+    try:
+        mark = await store.deletions("s")
+        monkeypatch.setattr(store, "save", save)
+        answer = await _first_save(store, mark)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+        if other is not store:
+            await other.aclose()
+    assert raced and record is None
+    assert isinstance(answer.error, SessionDeleted)
+
+
+class SaveOfBefore(MemoryStore):
+    """A store subclass whose ``save`` names its keywords, ``absent_mark`` not among them
+    (written before it): it inherits ``checks_absent_mark``."""
+
+    async def save(  # type: ignore[override]
+        self,
+        session_id: str,
+        start: int,
+        messages: Any,
+        meta: Any = None,
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        return await super().save(
+            session_id, start, messages, meta, expected_version=expected_version
+        )
+
+
+async def test_a_store_whose_save_takes_no_absent_mark_has_the_mark_read_apart() -> None:
+    # Given the keyword its save does not take, a new session's first save failed
+    # (TypeError) and the turn with it; the mark is read before the save instead.
+    store = SaveOfBefore()
+    assert not store_module.checks_absent_mark(store)
+    mark = await store.deletions("s")
+    await store.save("s", 0, turn(100))
+    await store.delete("s")  # since the turn read its mark: still refused
+    answer = await _first_save(store, mark)
+    assert isinstance(answer.error, SessionDeleted) and await store.load("s") is None
+
+
+@pytest.mark.parametrize("meta", [None, {"k": "\x00"}], ids=["function", "transaction"])
+async def test_a_postgres_save_creating_a_session_deleted_since_its_mark_writes_nothing(
+    pg_url: str, meta: Any
+) -> None:
+    # Both ways a PostgreSQL save goes: its one function call, and its transaction (here
+    # for a meta holding an escaped NUL, which the function cannot merge).
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        mark = await store.deletions("s")
+        await store.save("s", 0, turn(100))
+        await store.delete("s")
+        with pytest.raises(SessionDeleted):
+            await store.save("s", 0, turn(0), meta, expected_version=0, absent_mark=mark)
+        assert await store.load("s") is None
+        assert await store.save("s", 0, turn(0), meta, expected_version=0, absent_mark=mark + 1)
+    finally:
+        await store.aclose()

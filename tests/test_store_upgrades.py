@@ -578,6 +578,35 @@ async def test_a_postgres_store_of_the_first_deletion_marks_gains_their_trigger_
         await store.aclose()
 
 
+async def test_a_postgres_store_of_before_the_save_v6_gains_it_and_keeps_v5(pg_url: str) -> None:
+    # A schema the version before made has axon_save_v5, not v6 (its first save's mark in
+    # the save): opened by this version it gains v6, keeps v5, and a process of before
+    # still saves through its own.
+    from actors.stores.postgres_calls import SAVE_FUNCTION_NAME, SAVE_V5_FUNCTION_NAME
+
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    schema = parse_url(pg_url)[1]
+    _sql(schema, f"DROP FUNCTION {SAVE_FUNCTION_NAME}")  # as the version before left it
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("s", 0, [UserMessage(content="a")], expected_version=0, absent_mark=0)
+        old = _sql(
+            schema,
+            f"SELECT o_status FROM {SAVE_V5_FUNCTION_NAME}('t', 0, 0, NULL, ARRAY[0], "
+            "ARRAY['user'], ARRAY[%s]::bytea[], NULL, NULL, NULL, false, NULL, 'axon_turns', "
+            "false, NULL)",
+            (b'{"role": "user", "content": "b"}',),
+        )
+        parts = _schema_parts(pg_url)
+        assert (await store.load("s")) is not None and (await store.load("t")) is not None
+    finally:
+        await store.aclose()
+    assert old == [("ok",)]
+    names = {name for name, _ in parts["functions"]}
+    assert {SAVE_FUNCTION_NAME, SAVE_V5_FUNCTION_NAME} <= names and _complete(parts)
+
+
 async def test_a_postgres_store_of_before_message_ids_indexes_the_messages_it_holds(
     pg_url: str,
 ) -> None:

@@ -15,7 +15,13 @@ import attrs
 import trio
 
 import runtime.store as store_contract
-from actors.stores.validation import check_limit, check_save, kept_tail, parse_cursor
+from actors.stores.validation import (
+    check_limit,
+    check_save,
+    deleted_since,
+    kept_tail,
+    parse_cursor,
+)
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
@@ -43,6 +49,9 @@ class MemoryStore:
 
     keeps_rows: Final = True
     """Its ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
+
+    checks_absent_mark: Final = True
+    """Its ``save`` takes ``absent_mark`` (:func:`~runtime.store.checks_absent_mark`)."""
 
     def __init__(self) -> None:
         # Insertion order is recency: save moves its session to the end, so
@@ -114,6 +123,7 @@ class MemoryStore:
         *,
         expected_version: int | None = None,
         kept: Collection[int] = (),
+        absent_mark: int | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta`` into the session's;
         returns the session's new version. The messages at positions ``kept`` are held
@@ -129,7 +139,9 @@ class MemoryStore:
         hide that. The merge is shallow (``dict.update``): keys in ``meta`` replace the
         stored ones, others are kept. Raises :class:`~runtime.errors.StoreError` for a
         bad ``start``, messages that are not ``Message`` values, or a non-dict ``meta``;
-        the session is then unchanged.
+        the session is then unchanged. With ``absent_mark``, a save that would create the
+        session raises :class:`~runtime.errors.SessionDeleted` instead when its deletion
+        mark is above it (:func:`~runtime.store.checks_absent_mark`).
         """
         await trio.lowlevel.checkpoint()
         self._check_open()
@@ -146,6 +158,8 @@ class MemoryStore:
                 expected=expected_version,
                 actual=current,
             )
+        if session is None and absent_mark is not None:
+            deleted_since(session_id, self._deletions.get(session_id, 0), absent_mark)
         count = 0 if session is None else len(session.messages)
         if start + tail > count:  # (kept: every kept message must be there)
             raise StoreError(

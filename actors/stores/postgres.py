@@ -16,7 +16,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_held_stops(session_id, message_id, reason,      -- stops before their message's
                     held_at)                             -- POST: stores/turn_submit.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v5(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v6(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
     axon_save_next_v6(session, start, ..., token)        -- a last save and the next claim
 
@@ -97,6 +97,7 @@ from actors.stores.validation import (
     check_version,
     decode_message,
     decode_meta,
+    deleted_since,
     encode_meta,
     encoded_off_loop,
     kept_tail,
@@ -271,6 +272,8 @@ class PostgresStore:
     turn lets the fence finish the turn's queue row in the same commit."""
     keeps_rows: Final = True
     """:meth:`save` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
+    checks_absent_mark: Final = True
+    """:meth:`save` takes ``absent_mark`` (:func:`~runtime.store.checks_absent_mark`)."""
 
     def __init__(
         self,
@@ -607,6 +610,7 @@ class PostgresStore:
         unfenced: bool = False,
         ends: str | None = None,
         kept: Collection[int] = (),
+        absent_mark: int | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -628,7 +632,12 @@ class PostgresStore:
         checks against the turn's row), made by the process that runs the turn.
         ``ends`` (not part of the protocol either): the turn ends with this save, with that
         finish reason (:attr:`runtime.actor_messages.SaveRequest.ends`); the fence's
-        :attr:`~Fence.in_save` may finish the turn's row in the save's commit."""
+        :attr:`~Fence.in_save` may finish the turn's row in the save's commit.
+        ``absent_mark``: a save that creates the session reads its deletion mark after
+        its insert, in its transaction, and raises
+        :class:`~runtime.errors.SessionDeleted`, the insert undone, when the mark is above
+        (:func:`~runtime.store.checks_absent_mark`): another process's create and delete
+        committed before the insert show there, none can fall between."""
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         new, rows = await encoded_off_loop(
             session_id, start, messages, meta, expected_version, kept_at
@@ -644,7 +653,16 @@ class PostgresStore:
             wrote.clear()
             steers.clear()
             version = self._save_in(
-                conn, session_id, start, rows, patch, expected_version, fence, guard, steers
+                conn,
+                session_id,
+                start,
+                rows,
+                patch,
+                expected_version,
+                fence,
+                guard,
+                steers,
+                absent_mark,
             )
             if fence is not None and fence.in_save is not None:
                 wrote.append(fence.in_save(conn, new, meta, ends))
@@ -676,6 +694,7 @@ class PostgresStore:
                         ends if ending is True else None,
                         steers,
                         ending if isinstance(ending, Suspend) else None,
+                        absent_mark,
                     )
                     wrote.append(ending is not False)
             if version is None:
@@ -734,6 +753,7 @@ class PostgresStore:
         ends: str | None,
         steers: list[int],
         suspend: Suspend | None = None,
+        absent_mark: int | None = None,
     ) -> int | None:
         """The save as one call of :data:`SAVE_FUNCTION`, sent from the event loop on a
         connection of the :class:`LoopLane` (in autocommit: the call is its own
@@ -760,6 +780,7 @@ class PostgresStore:
             None
             if suspend is None or suspend.expires_at is None
             else repr(suspend.expires_at).encode(),
+            None if absent_mark is None else b"%d" % absent_mark,
         )
         name, sql = (
             (_SAVE_NAME, _SAVE_SQL) if ends is None else (_SAVE_NAME_ENDING, _SAVE_SQL_ENDING)
@@ -835,6 +856,8 @@ class PostgresStore:
             check_version(self.url, session_id, version or 0, expected_version)
         if status == "created":
             raise _created_meanwhile(self.url, session_id, expected_version, version or 0)
+        if status == "deleted" and absent_mark is not None:
+            deleted_since(session_id, version or 0, absent_mark)
         if status == "hole":
             _beyond_end(session_id, start, version or 0)
         if status == "meta":
@@ -934,6 +957,7 @@ class PostgresStore:
         fence: Fence | None,
         guard: Callable[[Any], LockedSession | None] | None,
         steers: list[int] | None = None,
+        absent_mark: int | None = None,
     ) -> int:
         """The save's transaction: check the fence, run the guard, check the version, write
         the session row (meta merged), replace the messages from ``start`` on; the new
@@ -967,6 +991,11 @@ class PostgresStore:
             if start > 0:
                 _beyond_end(session_id, start, 0)
             version = self._insert_session(conn, session_id, merged, expected_version, rows)
+            if absent_mark is not None:  # (read after the insert: see save)
+                got = conn.execute(
+                    "SELECT deletions FROM axon_deletions WHERE session_id = %s", (session_id,)
+                ).fetchone()
+                deleted_since(session_id, 0 if got is None else int(got[0]), absent_mark)
         else:
             version = _replace_messages(conn, session_id, start, merged, rows)
         if mark:
@@ -1381,7 +1410,7 @@ def _created_meanwhile(
 
 _SAVE_SQL: Final = (
     f"SELECT * FROM {SAVE_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16)"
 ).encode()
 """The save function's call, as :class:`LoopLane` prepares it (parameters: ``$4`` and the
 arrays in PostgreSQL's binary format, the rest as text: :data:`_SAVE_FORMATS`)."""
@@ -1391,7 +1420,7 @@ _SAVE_SQL_ENDING = _SAVE_SQL
 own (a crash test holds a worker inside it, before its commit, by replacing it:
 ``tests/support/worker_agent.py``)."""
 _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
-_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 _SAVE_NEXT_SQL: Final = (
     f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
     "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16)"

@@ -175,7 +175,7 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v5"
+SAVE_V5_FUNCTION_NAME: Final = "axon_save_v5"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
 ``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
@@ -186,7 +186,7 @@ suspension as at an end, and does neither of the others: issue 24 goal 3, ``apw`
 v4 wrote rows from ``p_start`` on only, where v5 also writes rows below it over their
 places: a save's kept rows, :class:`~runtime.store.Store`, branch ``steprows``)."""
 
-SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
+SAVE_V5_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_V5_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
     p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
     p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_mark BOOLEAN, p_ends TEXT, p_channel TEXT,
@@ -346,6 +346,64 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
+SAVE_FUNCTION_NAME: Final = "axon_save_v6"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`), the one
+the store calls. ``axon_save_v5`` (:data:`SAVE_V5_FUNCTION`, still created: a process of
+the version before calls it, and so do :data:`SAVE_NEXT_FUNCTION` and
+:data:`DECIDE_FUNCTION`) had no ``p_absent_mark``: a first save's deletion mark was read
+in a call of its own just before it, and a create and delete by another process between
+the two was missed (branch ``delsave``)."""
+
+_V5_CREATE = """        INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+        VALUES (p_session, coalesce(p_meta, '\\x7b7d'::bytea), nextval('axon_update_seq'),
+                nextval('axon_versions'))
+        ON CONFLICT (session_id) DO NOTHING RETURNING version INTO o_version;
+"""
+_V6_CREATE = (
+    """        -- With p_absent_mark (the deletion mark the turn read before it began), the
+        -- session's mark is read after the insert: another process's create and delete
+        -- that committed before it shows there (read before, it could fall between the
+        -- two). Moved above: created and deleted since, the insert is undone (the
+        -- block's savepoint, entered only then) and nothing written: 'deleted'.
+        IF p_absent_mark IS NULL THEN
+"""
+    + _V5_CREATE.replace("        ", "            ", 1).replace("\n        ", "\n            ")
+    + """        ELSE
+            BEGIN
+"""
+    + _V5_CREATE.replace("        ", "                ", 1).replace(
+        "\n        ", "\n                "
+    )
+    + """                IF o_version IS NOT NULL AND coalesce((SELECT deletions FROM axon_deletions
+                        WHERE session_id = p_session), 0) > p_absent_mark THEN
+                    RAISE EXCEPTION USING ERRCODE = 'AXDEL';
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'AXDEL' THEN
+                o_status := 'deleted';
+                o_version := (SELECT deletions FROM axon_deletions
+                    WHERE session_id = p_session);
+                RETURN;
+            END;
+        END IF;
+"""
+)
+
+
+def _save_v6(v5: str) -> str:
+    """:data:`SAVE_V5_FUNCTION`'s text with its name, ``p_absent_mark`` and the check."""
+    text = v5.replace(SAVE_V5_FUNCTION_NAME + "(", SAVE_FUNCTION_NAME + "(", 1)
+    head = "p_suspend BOOLEAN, p_expires DOUBLE PRECISION,\n"
+    assert text.count(head) == 1 and text.count(_V5_CREATE) == 1
+    text = text.replace(head, head[:-1] + " p_absent_mark BIGINT DEFAULT NULL,\n", 1)
+    return text.replace(_V5_CREATE, _V6_CREATE, 1)
+
+
+SAVE_FUNCTION: Final = _save_v6(SAVE_V5_FUNCTION)
+""":data:`SAVE_V5_FUNCTION` with ``p_absent_mark``: a save that creates the session
+checks its deletion mark under the insert (``o_status`` ``deleted``, its mark in
+``o_version``, nothing written, when it is above; :func:`runtime.store.checks_absent_mark`)."""
+
+
 SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v6"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
@@ -396,7 +454,7 @@ BEGIN
     -- is written and before anything is claimed. Called as an expression, its one row a
     -- record: PL/pgSQL evaluates it without a query of its own (`SELECT ... FROM` the
     -- function was one more executor start-up, a function scan and its tuplestore).
-    v_save := {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+    v_save := {SAVE_V5_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
         p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL);
     o_status := v_save.o_status;
     o_version := v_save.o_version;
@@ -524,7 +582,7 @@ BEGIN
     -- The decision's save, unfenced (not the turn's own write), version-checked: its
     -- refusals (a conflict: a concurrent decision saved first) write nothing.
     SELECT s.o_status, s.o_version INTO o_result, o_version
-    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+    FROM {SAVE_V5_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
         p_bodies, NULL, NULL, NULL, false, NULL, p_channel, false, NULL) AS s;
     IF o_result <> 'ok' OR NOT p_complete THEN
         RETURN;

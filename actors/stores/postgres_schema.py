@@ -27,6 +27,8 @@ from actors.stores.postgres_calls import (
     SAVE_FUNCTION_NAME,
     SAVE_NEXT_FUNCTION,
     SAVE_NEXT_FUNCTION_NAME,
+    SAVE_V5_FUNCTION,
+    SAVE_V5_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
@@ -132,6 +134,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_turn_heads(conn)
     _ensure_claim_function(conn)
     _ensure_save_function(conn)
+    _ensure_function(conn, SAVE_V5_FUNCTION_NAME, SAVE_V5_FUNCTION)  # (called by the next two)
     _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
     conn.execute(

@@ -63,6 +63,7 @@ from actors.stores.validation import (
     check_version,
     decode_message,
     decode_meta,
+    deleted_since,
     encoded_off_loop,
     kept_tail,
     parse_cursor,
@@ -594,14 +595,17 @@ so it orders the sessions without ties."""
 _BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
         (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
         (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1),
-        (SELECT value FROM axon_meta WHERE key = 'schema_version')
+        (SELECT value FROM axon_meta WHERE key = 'schema_version'),
+        (SELECT count FROM deletions WHERE session_id = ?1)
     FROM (SELECT 1) LEFT JOIN sessions AS s ON s.session_id = ?1"""
 """What a save checks and builds on, in one statement inside its transaction: the
 session's meta and version (``NULL`` for a session not stored), the highest version a
 deleted session had (``NULL``: none ever deleted), the message count (``max(idx)`` is
 one index probe; ``count(*)`` would scan the whole session) and the file's schema
 version (another process's newer axon-runtime may have upgraded it since this one
-opened it). Three statements before (issue 24 goal 1)."""
+opened it), and the session's deletion mark (``NULL``: none kept; one primary-key probe:
+a save that creates the session with ``absent_mark`` checks it under the write lock).
+Three statements before (issue 24 goal 1)."""
 
 
 _VERSION_MARK_SQL = """SELECT (SELECT version FROM sessions WHERE session_id = ?1),
@@ -660,6 +664,10 @@ class SQLiteStore:
     Other processes may open the same file: WAL mode lets them read while this one writes,
     writes take the lock up front (``BEGIN IMMEDIATE``) and wait up to ten seconds for it.
     """
+
+    checks_absent_mark: Final = True
+    """Its ``save`` takes ``absent_mark``, checked in the save's transaction
+    (:func:`~runtime.store.checks_absent_mark`)."""
 
     keeps_rows: Final = True
     """Its ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
@@ -814,6 +822,7 @@ class SQLiteStore:
         *,
         expected_version: int | None = None,
         kept: Collection[int] = (),
+        absent_mark: int | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction;
         returns the session's new version.
@@ -836,6 +845,12 @@ class SQLiteStore:
         :class:`~runtime.errors.StoreConflict`, writing nothing: another process saved the
         session since this one loaded it. The check and the write hold the file's write
         lock together, so no other writer can slip in between.
+
+        With ``absent_mark``, a save that would create the session reads its deletion
+        mark in the same transaction (the statement that reads the version) and raises
+        :class:`~runtime.errors.SessionDeleted`, writing nothing, when it is above
+        (:func:`~runtime.store.checks_absent_mark`): another process's create and delete
+        cannot fall between the check and the write.
         """
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
@@ -848,12 +863,26 @@ class SQLiteStore:
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(
-                action, self._save_rows, session_id, start, written, meta, expected_version
+                action,
+                self._save_rows,
+                session_id,
+                start,
+                written,
+                meta,
+                expected_version,
+                absent_mark,
             )
             if not isinstance(version, _Large):
                 return version
         return await self._run(
-            action, self._save_rows, session_id, start, written, meta, expected_version
+            action,
+            self._save_rows,
+            session_id,
+            start,
+            written,
+            meta,
+            expected_version,
+            absent_mark,
         )
 
     def _save_rows(
@@ -863,6 +892,7 @@ class SQLiteStore:
         written: _Written,
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
+        absent_mark: int | None = None,
     ) -> int:
         """The save's transaction. On the event loop SQLite does not wait for the write
         lock: another process holding it raises ``SQLITE_BUSY`` before anything is
@@ -871,7 +901,9 @@ class SQLiteStore:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            version = self._write(conn, session_id, start, written, meta, expected_version, now)
+            version = self._write(
+                conn, session_id, start, written, meta, expected_version, now, absent_mark
+            )
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -887,12 +919,13 @@ class SQLiteStore:
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
         now: float,
+        absent_mark: int | None = None,
     ) -> int:
         """The save's statements, inside its transaction: check the version and
         ``start``, upsert the session row with the merged meta and the next version,
         replace the messages from ``start`` on (rows below it, a save's kept rows'
         neighbours, go over theirs); the new version."""
-        raw_meta, current, deleted, count, schema = conn.execute(
+        raw_meta, current, deleted, count, schema, mark = conn.execute(
             _BEFORE_SAVE_SQL, (session_id,)
         ).fetchone()
         if schema != _SCHEMA_TEXT:
@@ -901,6 +934,8 @@ class SQLiteStore:
         if not stored:
             current = 0
         check_version(self._path, session_id, current, expected_version)
+        if not stored and absent_mark is not None:
+            deleted_since(session_id, mark or 0, absent_mark)
         # A re-created session starts above every version a deleted one had, so a
         # writer still holding the deleted session's version cannot match it.
         version = current + 1 if stored else (0 if deleted is None else int(deleted)) + 1

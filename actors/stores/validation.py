@@ -19,7 +19,13 @@ import orjson
 import trio
 
 from runtime import serde
-from runtime.errors import InvalidCursor, StoreConflict, StoreCorrupt, StoreError
+from runtime.errors import (
+    InvalidCursor,
+    SessionDeleted,
+    StoreConflict,
+    StoreCorrupt,
+    StoreError,
+)
 from runtime.history import OFF_LOOP_MESSAGES, off_loop_limiter
 from runtime.messages import Message
 from runtime.store import validate_session_id
@@ -296,6 +302,20 @@ def check_version(store: str, session_id: str, current: int, expected: int | Non
 
 
 _MAX_SEQ = 2**63 - 1
+
+
+def deleted_since(session_id: str, mark: int, absent_mark: int) -> None:
+    """Raise :class:`~runtime.errors.SessionDeleted` when a save that would create
+    ``session_id`` finds its deletion mark ``mark`` above ``absent_mark``, the one its
+    turn read before it began: created and deleted since by another process, the save
+    would bring the deleted conversation back (:func:`runtime.store.checks_absent_mark`).
+    A mark dropped since (read ``0``) is below: nothing refused."""
+    if mark > absent_mark:
+        raise SessionDeleted(
+            f"save of session {session_id!r} refused: the session was deleted since its "
+            f"turn began (deletion mark {mark}, read {absent_mark}); nothing was written",
+            session_id=session_id,
+        )
 
 
 def parse_cursor(after: Any) -> int:

@@ -62,7 +62,13 @@ import attrs
 import pytest
 import trio
 
-from runtime.errors import InvalidCursor, InvalidSessionId, StoreConflict, StoreError
+from runtime.errors import (
+    InvalidCursor,
+    InvalidSessionId,
+    SessionDeleted,
+    StoreConflict,
+    StoreError,
+)
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -78,6 +84,7 @@ from runtime.store import (
     SessionInfo,
     SessionRecord,
     Store,
+    checks_absent_mark,
     deletion_mark,
     has_user_messages,
     list_page,
@@ -834,3 +841,18 @@ class StoreDeletionMarks:
         mark = await store.deletions("s")
         again = await store.save("s", 0, turn(1), expected_version=0)
         assert mark > 0 and await store.version_and_deletions("s") == (again, mark)
+
+    async def test_a_creating_save_checks_the_absent_mark_when_it_takes_one(self, store):
+        # A store whose save takes ``absent_mark`` (``runtime.store.checks_absent_mark``)
+        # refuses a save that would create a session deleted since that mark was read,
+        # writing nothing, and creates it when the mark has not moved.
+        if not checks_absent_mark(store):
+            pytest.skip("the store's save takes no absent_mark: the mark is read apart")
+        mark = await store.deletions("s")
+        await store.save("s", 0, turn(0))
+        await store.delete("s")
+        with pytest.raises(SessionDeleted):
+            await store.save("s", 0, turn(1), expected_version=0, absent_mark=mark)
+        assert await store.load("s") is None
+        now = await store.deletions("s")
+        assert await store.save("s", 0, turn(1), expected_version=0, absent_mark=now) > 0

@@ -60,7 +60,7 @@ if _FINISH_HOLD:
     # ``done``) held in the same statement, before its commit.
     postgres._SAVE_SQL_ENDING = postgres._SAVE_SQL.replace(
         b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
-    ).replace(b"$15)", b"$15) AS f")
+    ).replace(b"$16)", b"$16) AS f")
     postgres._SAVE_NEXT_SQL = postgres._SAVE_NEXT_SQL.replace(  # type: ignore[misc]
         b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
     ).replace(b"$16)", b"$16) AS f")
