@@ -403,11 +403,15 @@ class TurnQueue(Protocol):
         recently submitted first: ``(session id, its oldest open turn's meta)``."""
         ...
 
-    async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
+    async def open_by_key(
+        self, session_id: str, keys: Sequence[str], *, message_id: str | None = None
+    ) -> TurnStatus | None:
         """The session's running turn submitted under one of ``keys`` (idempotency keys
         as :meth:`submit` was given them), else its oldest such queued one, else the
         open turn that a message so submitted to steer it took in (:data:`STEERED`),
-        else ``None`` (a stop naming a message by the client's id)."""
+        else ``None`` (a stop naming a message by the client's id). With
+        ``message_id``, also the open turn whose answer (:attr:`TurnStatus.message_id`)
+        it is, once continued (``resumes``): a continuation named by its answer."""
         ...
 
     async def steering(self, session_id: str, steer_of: str, key: str) -> QueuedTurn | None:

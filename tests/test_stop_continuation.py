@@ -79,6 +79,27 @@ async def test_a_stop_after_a_reload_reaches_a_running_continuation_in_the_worke
     assert record is not None and _stored_answer(record.messages).interrupted
 
 
+async def test_a_stop_naming_its_answer_reaches_a_running_continuation_in_the_worker_deployment(
+    pg_url: str, redis_url: str
+) -> None:
+    # The AI SDK's stop of a continuation names the continuation POST's messageId: the
+    # answer (msg_<turn id>), not the user message the continuation is keyed by. It found
+    # no turn: 204, and the continuation ran on (the embedded app's named_by finds it).
+    async with deployment(pg_url, redis_url, approval_agent(delay=0.05), fronts=2) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = sse_events((await client.post(f"{a}/api/chat", json=chat("s1"))).text)
+            turn = await waiting_turn(d)
+            answer_id = payloads(first)[0]["messageId"]
+            sent = answer("s1", answer_id, asked(first)["approvalId"], True)
+            await _continue_until_text(client, a, sent, leave=True)
+            stopped = await client.post(f"{b}/api/chat/s1/stop", json={"messageId": answer_id})
+        finished = await d.queue.wait_finished(turn.turn_id, LIMIT)
+    assert answer_id == turn.message_id
+    assert stopped.status_code == 202 and stopped.json()["turn_id"] == turn.turn_id
+    assert finished is not None and finished.status == "cancelled"
+
+
 @pytest.mark.parametrize("stop", STOPS.values(), ids=STOPS.keys())
 async def test_a_stop_from_another_tab_reaches_a_running_continuation_in_the_embedded_app(
     stop: dict,

@@ -314,3 +314,11 @@ async def test_a_stop_past_its_time_does_not_keep_a_message_from_interrupting(
     before = await queue.get_status(first.turn_id)
     assert before is not None and before.status == "cancelled"
     assert second.cancel_reason is None
+
+
+async def test_a_stop_naming_the_answer_of_a_turn_never_continued_does_not_find_it(
+    queue: TurnQueue,
+) -> None:
+    # Only a continuation is named by its answer (the embedded TurnStream.named_by).
+    turn = await queue.submit("s1", "go", idempotency_key="k0")
+    assert await queue.open_by_key("s1", [], message_id=turn.message_id) is None

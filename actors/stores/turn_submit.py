@@ -313,29 +313,44 @@ class TurnSubmitting:
             )
         return turn
 
-    async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
+    async def open_by_key(
+        self, session_id: str, keys: Sequence[str], *, message_id: str | None = None
+    ) -> TurnStatus | None:
         """The session's running turn submitted under one of ``keys`` (idempotency keys,
         as :meth:`submit` was given them), else its oldest such queued one, else the
         turn a message submitted so to steer it took in (``done``, :data:`STEERED`: the
         rest of that turn is the message's answer), if it is still open, else ``None``:
         a front end's stop naming a message by the client's id. At most one turn of a
-        key is open at a time (an edit waits for its turn's end)."""
+        key is open at a time (an edit waits for its turn's end).
+
+        With ``message_id`` (the client's id the keys were made of), also the open
+        turn of the session whose answer it is (``msg_<turn id>``,
+        :attr:`~runtime.turn_queue.TurnStatus.message_id`) once a decision continued it
+        (``resumes``): the AI SDK continuation's ``messageId`` names the answer, and the
+        continuation is keyed by its user message only. As the embedded host's
+        ``TurnStream.named_by``: a turn not continued is not named by its answer."""
         validate_session_id(session_id)
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
-        if not hashed:
+        answered = (
+            message_id.removeprefix("msg_")
+            if message_id is not None and message_id.startswith("msg_")
+            else None
+        )
+        if not hashed and answered is None:
             return None
         row = await self.store.run(
             f"open turn of a message of session {session_id!r}",
             lambda conn: conn.execute(
                 f"""SELECT {_STATUS_COLUMNS} FROM axon_turns
                 WHERE session_id = %s AND status IN ('running', 'queued')
-                    AND (message_key = ANY(%s) OR turn_id = (
+                    AND (message_key = ANY(%s) OR (turn_id = %s AND resumes > 0)
+                        OR turn_id = (
                         SELECT steer_of FROM axon_turns
                         WHERE message_key = ANY(%s) AND session_id = %s
                             AND status = 'done' AND finish_reason = %s
                         ORDER BY seq DESC LIMIT 1))
                 ORDER BY status = 'running' DESC, seq LIMIT 1""",
-                (session_id, hashed, hashed, session_id, STEERED),
+                (session_id, hashed, answered, hashed, session_id, STEERED),
             ).fetchone(),
             transaction=False,
         )

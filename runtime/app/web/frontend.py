@@ -776,14 +776,14 @@ class FrontEnd:
             if "\x00" in message_id:
                 return Response(status_code=204)  # (no key holds one: none of its turns)
             keys = [message_key(session_id, kind, message_id) for kind in STOPPABLE_KINDS]
-            found = await self.queue.open_by_key(session_id, keys)
+            found = await self.queue.open_by_key(session_id, keys, message_id=message_id)
             if found is None:
                 # Its POST may be on its way still (maybe to another front end): held
                 # for the submit that names it so (``TurnQueue.hold_stop``; one naming a
                 # turn too, while no turn has that id). A submit that committed
                 # meanwhile did not see it: look again.
                 await self.queue.hold_stop(session_id, message_id, keys, STOPPED, turn_id=named)
-                found = await self.queue.open_by_key(session_id, keys)
+                found = await self.queue.open_by_key(session_id, keys, message_id=message_id)
             if found is None or (named is not None and found.turn_id != named):
                 return Response(status_code=204)
             return await self._stop(found, steering=web_state(request).on_busy == STEER)
