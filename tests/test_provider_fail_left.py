@@ -5,6 +5,11 @@ provider's pause held to the limit's ``max_pause`` and to the turn's own deadlin
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 import trio
 
@@ -67,3 +72,131 @@ async def test_a_pause_past_the_turns_deadline_ends_the_turn_at_its_deadline(aut
         assert len(r.server.requests) == 1
         stored = await r.host.store.load("s")
         assert stored.messages[-1].interrupted and not stored.messages[-1].content
+
+
+# -- the usage of a call that fails mid-stream -------------------------------------------------
+
+
+async def test_an_anthropic_call_failing_mid_stream_counts_the_input_message_start_billed(
+    autojump_clock,
+):
+    """``message_start`` counted 25 input tokens, then ``overloaded_error`` after "Hel":
+    the turn's usage (and so its cost and budget) said 0 though the call was billed."""
+    from tests.support.faults import a_body, a_error, a_start, a_text
+
+    async with attack_rig("anthropic") as r:
+        body = a_body(a_start(25), a_text(0, "Hel", stop=False), a_error())
+        chunks, result = await turn(r, Reply(body=body))
+        stored = await r.host.store.load("s")
+    assert result.error.kind == "Overloaded" and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 1)
+    assert chunks[-1].type == "error"
+    assert stored.messages[-1].usage.input_tokens == 25
+    assert len(r.server.requests) == 1
+
+
+async def test_a_retried_anthropic_call_counts_each_attempt_once(autojump_clock):
+    """An ``overloaded_error`` right after ``message_start`` (no output: retried), then
+    a whole answer: 25 + 10 input tokens, 1 + 5 output, each attempt once."""
+    from tests.support.faults import a_body, a_end, a_error, a_start, a_text
+
+    policy = RetryPolicy(max_attempts=2, jitter=0)
+    async with attack_rig("anthropic", retry=policy) as r:
+        failed = Reply(body=a_body(a_start(25), a_error()))
+        ok = Reply(body=a_body(a_start(10), a_text(0, "ok"), a_end(output_tokens=5)))
+        _, result = await turn(r, failed, ok)
+    assert (result.finish_reason, result.text) == ("stop", "ok")
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (35, 6)
+    assert len(r.server.requests) == 2
+
+
+@asynccontextmanager
+async def fallback_rig(primary: Reply, backup: Reply) -> AsyncIterator[Any]:
+    """Anthropic failing, then OpenAI behind a whole Host (no retries)."""
+    from runtime import Agent, FallbackProvider, Host
+    from tests.support.attacks import make
+    from tests.support.faults import resolve_platform
+    from tests.support.loopback import loopback_server
+
+    async with loopback_server(primary) as a, loopback_server(backup) as o:
+        first, second = make("anthropic", a.url), make("openai", o.url)
+        resolve_platform(first)
+        resolve_platform(second)
+        try:
+            async with Host.open(log_tap=False) as host:
+                chain = FallbackProvider([first, second])
+                agent = Agent(provider=chain, retry=RetryPolicy(max_attempts=1))
+                session = await host.open_session(agent, session_id="s")
+                yield SimpleNamespace(
+                    host=host, session=session, a=a, o=o, first=first, second=second
+                )
+        finally:
+            with trio.CancelScope(shield=True):
+                await first.aclose()
+                await second.aclose()
+
+
+async def test_a_fallback_after_a_failed_anthropic_call_counts_both_calls_once(autojump_clock):
+    """Anthropic billed 25 input tokens and failed after "Hel"; OpenAI made the step
+    again (10 in, 5 out): the turn counts 35 in, 6 out (each call priced by its own
+    provider's key; a loopback server is never priced, so no cost here)."""
+    from tests.support.faults import a_body, a_error, a_start, a_text, oa_text
+
+    failed = Reply(body=a_body(a_start(25), a_text(0, "Hel", stop=False), a_error()))
+    async with fallback_rig(failed, Reply(body=oa_text("ok"))) as r:
+        async with r.session.stream("hi") as out:
+            await consume(out)
+        stored = await r.host.store.load("s")
+    result = out.result
+    assert (result.finish_reason, result.text) == ("stop", "ok")
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (35, 6)
+    assert stored.messages[-1].usage == result.usage
+    assert len(r.a.requests) == len(r.o.requests) == 1
+
+
+def responses_failed(*events: dict[str, Any], usage: dict[str, int] | None) -> bytes:
+    """A Responses stream: ``response.created``, ``events``, then ``response.failed``
+    (``server_error``) carrying ``usage``."""
+    import json
+
+    response = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-5-mini",
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    failed = {
+        **response,
+        "status": "failed",
+        "error": {"code": "server_error", "message": "boom"},
+        "usage": usage,
+    }
+    every = [
+        {"type": "response.created", "response": {**response, "status": "in_progress"}},
+        *events,
+        {"type": "response.failed", "response": failed},
+    ]
+    return "".join(
+        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
+        for i, e in enumerate(every)
+    ).encode()
+
+
+async def test_a_failed_responses_call_counts_the_usage_its_response_failed_gave(
+    autojump_clock,
+):
+    """``response.failed`` after "Hel" says 25 tokens in, 3 out: the turn said 0."""
+    from tests.support.attacks import responses_message
+
+    usage = {"input_tokens": 25, "output_tokens": 3, "total_tokens": 28}
+    text = responses_message(0, "msg_1", "Hel")[:-1]  # the item never done
+    async with attack_rig("responses") as r:
+        _, result = await turn(r, Reply(body=responses_failed(*text, usage=usage)))
+        stored = await r.host.store.load("s")
+    assert result.error is not None and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 3)
+    assert stored.messages[-1].usage.input_tokens == 25

@@ -657,17 +657,25 @@ async def parse_batches(
     through their slot go as a :class:`~runtime.provider.TextRun`)."""
     parse = _MessageParse(emit, answer_tool)
     out = ReadBatch(emit, coalesce=coalesce, runs=runs)
-    async for batch in batches:
-        try:
-            await _parse_read(batch, parse, out)
-        except SHAPE_ERRORS as exc:  # an event of the wrong shape
+    try:
+        async for batch in batches:
+            try:
+                await _parse_read(batch, parse, out)
+            except SHAPE_ERRORS as exc:  # an event of the wrong shape
+                await out.flush()
+                raise unreadable(exc, PROVIDER) from exc
+            except Exception:
+                await out.flush()  # what the read gave before the failure stays emitted
+                raise
             await out.flush()
-            raise unreadable(exc, PROVIDER) from exc
-        except Exception:
-            await out.flush()  # what the read gave before the failure stays emitted
-            raise
-        await out.flush()
-    await parse.finish()
+        await parse.finish()
+    except Exception:
+        # Billed though the call failed: ``message_start`` counted the input (and
+        # ``message_delta`` the output so far); the turn counts it (branch ``provleft``).
+        if parse.usage and not parse.usage_sent:
+            parse.usage_sent = True
+            await emit(UsageChunk(usage=_total_usage(parse.usage)))
+        raise
 
 
 async def _parse_read(
@@ -726,6 +734,7 @@ class _MessageParse:
         "stop_reason",
         "stopped",
         "usage",
+        "usage_sent",
     )
 
     def __init__(self, emit: Emit, answer_tool: str | None) -> None:
@@ -737,6 +746,7 @@ class _MessageParse:
         self.stop_reason: str | None = None
         self.stopped = False
         self.usage: dict[str, int | None] = {}
+        self.usage_sent = False
         self.on_event = self.handlers()
         self.run_index: Any = None
         """The block of the last text delta (a text run never spans two blocks)."""
@@ -820,6 +830,7 @@ class _MessageParse:
                 if stop_reason != "max_tokens":
                     cut = f"the tool input was cut off ({stop_reason}); the call was not executed"
                 await self.emit(_tool_call(block, cut))
+        self.usage_sent = True
         await self.emit(UsageChunk(usage=_total_usage(self.usage)))
         reason = map_finish_reason(stop_reason)
         if reason == "tool-calls" and not self.calls and self.answer_tool is not None:
