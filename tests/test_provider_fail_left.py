@@ -111,15 +111,17 @@ async def test_a_retried_anthropic_call_counts_each_attempt_once(autojump_clock)
 
 
 @asynccontextmanager
-async def fallback_rig(primary: Reply, backup: Reply) -> AsyncIterator[Any]:
-    """Anthropic failing, then OpenAI behind a whole Host (no retries)."""
+async def fallback_rig(
+    primary: Reply, backup: Reply, kinds: tuple[str, str] = ("anthropic", "openai")
+) -> AsyncIterator[Any]:
+    """``kinds[0]`` failing, then ``kinds[1]`` behind a whole Host (no retries)."""
     from runtime import Agent, FallbackProvider, Host
     from tests.support.attacks import make
     from tests.support.faults import resolve_platform
     from tests.support.loopback import loopback_server
 
     async with loopback_server(primary) as a, loopback_server(backup) as o:
-        first, second = make("anthropic", a.url), make("openai", o.url)
+        first, second = make(kinds[0], a.url), make(kinds[1], o.url)
         resolve_platform(first)
         resolve_platform(second)
         try:
@@ -200,3 +202,51 @@ async def test_a_failed_responses_call_counts_the_usage_its_response_failed_gave
     assert result.error is not None and result.text == "Hel"
     assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 3)
     assert stored.messages[-1].usage.input_tokens == 25
+
+
+# -- an error event after a whole answer ------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["after-message-delta", "after-message-stop"])
+async def test_an_anthropic_error_after_a_whole_answer_keeps_it_and_asks_no_fallback(
+    stop, autojump_clock
+):
+    """``message_delta`` said ``end_turn`` (then maybe ``message_stop``), then an
+    ``overloaded_error``: the answer was whole, yet the turn failed, and with a fallback
+    the step was asked again (billed twice) after a ``reset-step``."""
+    from tests.support.faults import a_body, a_end, a_error, a_start, a_text, oa_text
+
+    end = a_end(output_tokens=5) if stop else a_end(output_tokens=5)[:1]
+    whole = Reply(body=a_body(a_start(10), a_text(0, "ok"), end, a_error()))
+    async with fallback_rig(whole, Reply(body=oa_text("again"))) as r:
+        async with r.session.stream("hi") as out:
+            chunks = await consume(out)
+        stored = await r.host.store.load("s")
+    result = out.result
+    assert (result.finish_reason, result.text, result.error) == ("stop", "ok", None)
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+    assert "reset-step" not in [c.type for c in chunks] and chunks[-1].type == "finish"
+    assert len(r.a.requests) == 1 and not r.o.requests
+    saved = stored.messages[-1]
+    assert saved.error is None and not saved.interrupted and saved.content[0].text == "ok"
+
+
+async def test_an_openai_error_chunk_after_finish_reason_stop_keeps_the_answer(autojump_clock):
+    """A chunk with ``finish_reason: stop``, then an error chunk (where the usage chunk
+    would be): the answer was whole, yet the turn failed and the fallback asked again."""
+    from tests.support.faults import a_text_answer, oa_chunk, sse
+
+    error = {"error": {"message": "upstream hiccup", "type": "server_error", "code": 502}}
+    body = sse(oa_chunk({"role": "assistant", "content": "ok"}), oa_chunk({}, "stop"), error)
+    async with fallback_rig(
+        Reply(body=body), Reply(body=a_text_answer("again")), ("openai", "anthropic")
+    ) as r:
+        async with r.session.stream("hi") as out:
+            chunks = await consume(out)
+        stored = await r.host.store.load("s")
+    result = out.result
+    assert (result.finish_reason, result.text, result.error) == ("stop", "ok", None)
+    assert "reset-step" not in [c.type for c in chunks] and chunks[-1].type == "finish"
+    assert len(r.a.requests) == 1 and not r.o.requests
+    saved = stored.messages[-1]
+    assert saved.error is None and not saved.interrupted and saved.content[0].text == "ok"

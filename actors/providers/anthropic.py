@@ -75,6 +75,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
+from runtime.errors import describe_exception
 from runtime.history import (
     EMPTY_INPUT,
     ForeignReasoning,
@@ -84,6 +85,7 @@ from runtime.history import (
     replays_to,
     split_steps,
 )
+from runtime.logging import get_logger
 from runtime.messages import (
     File,
     Image,
@@ -100,6 +102,7 @@ from runtime.messages import (
 )
 from runtime.output_schema import OUTPUT_TOOL
 from runtime.provider import Emit, ProviderOptions
+from runtime.redact import redact
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -669,7 +672,19 @@ async def parse_batches(
                 raise
             await out.flush()
         await parse.finish()
-    except Exception:
+    except Exception as exc:
+        if _after_a_whole_answer(parse, exc):
+            # ``message_delta`` gave the stop reason and every block had ended: the answer
+            # is whole; failing it made a fallback ask again and bill it twice.
+            get_logger("axon.providers").warning(
+                "provider.error_after_answer",
+                provider=PROVIDER,
+                stop_reason=parse.stop_reason,
+                error=redact(describe_exception(exc)),
+            )
+            parse.stopped = True
+            await parse.finish()
+            return
         # Billed though the call failed: ``message_start`` counted the input (and
         # ``message_delta`` the output so far); the turn counts it (branch ``provleft``).
         if parse.usage and not parse.usage_sent:
@@ -718,6 +733,26 @@ async def _parse_read(
             if handler is not None:
                 await out.flush()  # what came before goes first
                 await handler(event)
+
+
+_WHOLE = frozenset({"end_turn", "tool_use", "stop_sequence"})
+"""The stop reasons after which an ``error`` event leaves the answer whole (not
+``max_tokens``, ``refusal``, ``pause_turn``: their error stays the call's)."""
+
+
+def _after_a_whole_answer(parse: _MessageParse, exc: Exception) -> bool:
+    """Whether ``exc`` is an ``error`` event that came after the message was whole: its
+    ``stop_reason`` read and no block left open (``message_stop`` alone missing; after
+    it nothing is read)."""
+    import anthropic
+
+    return (
+        isinstance(exc, anthropic.APIStatusError)
+        and exc.status_code < 400  # in the stream, not the response's status
+        and type(parse.stop_reason) is str
+        and parse.stop_reason in _WHOLE
+        and not parse.blocks
+    )
 
 
 class _MessageParse:
