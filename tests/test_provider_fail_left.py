@@ -156,6 +156,27 @@ async def test_a_fallback_after_a_failed_anthropic_call_counts_both_calls_once(a
     assert len(r.a.requests) == len(r.o.requests) == 1
 
 
+@pytest.mark.parametrize("usage", [None, (25, 3)], ids=["no-usage", "usage-on-error"])
+async def test_an_openai_call_failing_mid_stream_counts_the_usage_its_error_chunk_gave(
+    usage, autojump_clock
+):
+    """Chat Completions sends usage only at the end: an error chunk after "Hel" leaves it
+    unknown (0), unless the error chunk carries it (OpenRouter does): then it counts."""
+    from tests.support.faults import oa_chunk, sse
+
+    error: dict[str, Any] = {"error": {"message": "upstream died", "code": 502}}
+    if usage:
+        error["usage"] = {"prompt_tokens": 25, "completion_tokens": 3, "total_tokens": 28}
+    body = sse(oa_chunk({"role": "assistant", "content": "Hel"}), error)
+    async with attack_rig("openai") as r:
+        _, result = await turn(r, Reply(body=body))
+        stored = await r.host.store.load("s")
+    assert result.error is not None and result.text == "Hel"
+    seen = (result.usage.input_tokens, result.usage.output_tokens)
+    assert seen == (usage or (0, 0))
+    assert stored.messages[-1].usage == result.usage
+
+
 def responses_failed(*events: dict[str, Any], usage: dict[str, int] | None) -> bytes:
     """A Responses stream: ``response.created``, ``events``, then ``response.failed``
     (``server_error``) carrying ``usage``."""

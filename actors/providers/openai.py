@@ -597,6 +597,8 @@ async def parse_batches(
             break
         except Exception as exc:
             await out.flush()
+            if state.usage is not None:  # billed though the call failed: the turn counts it
+                await emit(UsageChunk(usage=state.usage))
             raise classify_error(exc, provider=provider) from exc
         i, n = 0, len(batch)
         while i < n:
@@ -977,6 +979,8 @@ class _ChunkReader:
                 )
                 break
             if chunk.get("error"):
+                if type(chunk.get("usage")) is dict:  # billed, said beside the error
+                    out.append({"choices": [], "usage": chunk["usage"]})  # (OpenRouter)
                 if self.whole:
                     # After choice 0's stop or tool calls the answer is whole (only its
                     # usage may be missing): failing it made a fallback ask again, billed
