@@ -50,12 +50,13 @@ LEASE = 600.0
 """Seconds a granted call holds a concurrency slot at most: a process that died with a
 call in flight gives its slot back after that."""
 MAX_PAUSE = 600.0
-"""Seconds a pause the provider asks for (``retry-after`` on a 429, a spent limit's
-``x-ratelimit-reset-*`` / ``anthropic-ratelimit-*-reset``) holds every caller at most:
-above the longest reset of a per-minute limit (OpenAI says ``6m0s`` for tokens). A longer
-one (a daily quota, a hostile server's ``retry-after: 1e9``) held every session of the key
-in the limiter for hours or for ever, each stream saying ``throttled``; now the call goes
-after this, and a provider still refusing it ends the turn with its 429."""
+"""The default of :attr:`RateLimit.max_pause`: seconds a pause the provider asks for
+(``retry-after`` on a 429, a spent limit's ``x-ratelimit-reset-*`` /
+``anthropic-ratelimit-*-reset``) holds every caller at most: above the longest reset of a
+per-minute limit (OpenAI says ``6m0s`` for tokens). A longer one (a daily quota, a
+hostile server's ``retry-after: 1e9``) held every session of the key in the limiter for
+hours or for ever, each stream saying ``throttled``; now the call goes after this, and a
+provider still refusing it ends the turn with its 429."""
 POLL = 0.25
 """Seconds between two tries while every concurrency slot is taken (a slot frees when a
 call ends, which a waiter elsewhere cannot hear of)."""
@@ -94,6 +95,16 @@ def _positive(_: object, attribute: attrs.Attribute[Any], value: int | None) -> 
         raise ConfigurationError(f"{attribute.name} must be a whole number >= 1 or None")
 
 
+def _a_pause(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigurationError(f"{attribute.name} must be a finite number of seconds >= 0")
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class RateLimit:
     """The limits of one provider configuration (its provider, model and endpoint),
@@ -107,6 +118,10 @@ class RateLimit:
     then at what it used (``usage.total_tokens``) once it ends."""
     max_concurrency: int | None = attrs.field(default=None, validator=_positive)
     """Calls in flight at once."""
+    max_pause: float = attrs.field(default=MAX_PAUSE, validator=_a_pause)
+    """Seconds a pause the provider asks for holds every caller at most
+    (:data:`MAX_PAUSE`, 600 s, by default). A turn's own deadline (``Budget.deadline``)
+    still ends a wait that would pass it."""
     clock: Clock | None = attrs.field(default=None, eq=False)
     """``None``: the backend's (:class:`TrioClock` in one process, :class:`WallClock`
     over Redis). Tests give a virtual one."""
@@ -207,8 +222,8 @@ class Limiter:
 
     async def pause_for(self, seconds: float) -> None:
         """Grant nothing for ``seconds`` (the provider said so: ``retry-after``, or a
-        limit of its own at zero until its reset), at most :data:`MAX_PAUSE`."""
-        seconds = min(seconds, MAX_PAUSE)
+        limit of its own at zero until its reset), at most the limit's ``max_pause``."""
+        seconds = min(seconds, self.limit.max_pause)
         if seconds > 0:
             now = self.clock.now()
             await self.backend.pause(self.key, now, now + seconds)

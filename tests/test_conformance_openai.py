@@ -245,7 +245,10 @@ EXPECTED: dict[str, Expect] = {
         status=400,
     ),
     "openrouter/length-then-error-chunk.sse": Expect(
-        reasoning="We need to respond to a greeting. The user", error=BadRequest, status=400
+        reasoning="We need to respond to a greeting. The user",
+        error=BadRequest,
+        status=400,
+        usage=(43, 10, 53),  # on the error chunk: billed, counted (branch provleft)
     ),
 }
 

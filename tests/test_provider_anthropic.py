@@ -374,7 +374,9 @@ async def test_refusal_finishes_with_content_filter():
 
 async def test_overloaded_error_event_mid_stream_raises_overloaded_after_chunks():
     run = await replay(sse_reply("overloaded-midstream.sse"), expect_error=True)
-    assert [c.text for c in run.chunks] == ["Partial ", "answer"]
+    *texts, usage = run.chunks  # what message_start counted was billed (branch provleft)
+    assert [c.text for c in texts] == ["Partial ", "answer"]
+    assert isinstance(usage, UsageChunk) and usage.usage.input_tokens
     assert isinstance(run.error, Overloaded) and run.error.retryable
     assert (run.error.status_code, run.error.provider) == (529, "anthropic")
 
@@ -467,12 +469,18 @@ async def test_cancelling_the_request_stops_the_stream_promptly():
 
 
 async def test_a_failure_reaches_the_requester_as_stream_failed():
-    """Through the actor path: chunks first, then StreamFailed as the last item."""
+    """Through the actor path: chunks first (the usage ``message_start`` counted last),
+    then StreamFailed as the last item."""
     items = await served_items(
         lambda url: AnthropicProvider(MODEL, base_url=url, api_key=KEY),
         sse_reply("overloaded-midstream.sse"),
     )
-    assert [type(i).__name__ for i in items] == ["TextChunk", "TextChunk", "StreamFailed"]
+    assert [type(i).__name__ for i in items] == [
+        "TextChunk",
+        "TextChunk",
+        "UsageChunk",
+        "StreamFailed",
+    ]
     assert isinstance(items[-1], StreamFailed) and isinstance(items[-1].error, Overloaded)
 
 

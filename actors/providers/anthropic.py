@@ -75,6 +75,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
+from runtime.errors import describe_exception
 from runtime.history import (
     EMPTY_INPUT,
     ForeignReasoning,
@@ -84,6 +85,7 @@ from runtime.history import (
     replays_to,
     split_steps,
 )
+from runtime.logging import get_logger
 from runtime.messages import (
     File,
     Image,
@@ -100,6 +102,7 @@ from runtime.messages import (
 )
 from runtime.output_schema import OUTPUT_TOOL
 from runtime.provider import Emit, ProviderOptions
+from runtime.redact import redact
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -657,17 +660,37 @@ async def parse_batches(
     through their slot go as a :class:`~runtime.provider.TextRun`)."""
     parse = _MessageParse(emit, answer_tool)
     out = ReadBatch(emit, coalesce=coalesce, runs=runs)
-    async for batch in batches:
-        try:
-            await _parse_read(batch, parse, out)
-        except SHAPE_ERRORS as exc:  # an event of the wrong shape
+    try:
+        async for batch in batches:
+            try:
+                await _parse_read(batch, parse, out)
+            except SHAPE_ERRORS as exc:  # an event of the wrong shape
+                await out.flush()
+                raise unreadable(exc, PROVIDER) from exc
+            except Exception:
+                await out.flush()  # what the read gave before the failure stays emitted
+                raise
             await out.flush()
-            raise unreadable(exc, PROVIDER) from exc
-        except Exception:
-            await out.flush()  # what the read gave before the failure stays emitted
-            raise
-        await out.flush()
-    await parse.finish()
+        await parse.finish()
+    except Exception as exc:
+        if _after_a_whole_answer(parse, exc):
+            # ``message_delta`` gave the stop reason and every block had ended: the answer
+            # is whole; failing it made a fallback ask again and bill it twice.
+            get_logger("axon.providers").warning(
+                "provider.error_after_answer",
+                provider=PROVIDER,
+                stop_reason=parse.stop_reason,
+                error=redact(describe_exception(exc)),
+            )
+            parse.stopped = True
+            await parse.finish()
+            return
+        # Billed though the call failed: ``message_start`` counted the input (and
+        # ``message_delta`` the output so far); the turn counts it (branch ``provleft``).
+        if parse.usage and not parse.usage_sent:
+            parse.usage_sent = True
+            await emit(UsageChunk(usage=_total_usage(parse.usage)))
+        raise
 
 
 async def _parse_read(
@@ -712,6 +735,26 @@ async def _parse_read(
                 await handler(event)
 
 
+_WHOLE = frozenset({"end_turn", "tool_use", "stop_sequence"})
+"""The stop reasons after which an ``error`` event leaves the answer whole (not
+``max_tokens``, ``refusal``, ``pause_turn``: their error stays the call's)."""
+
+
+def _after_a_whole_answer(parse: _MessageParse, exc: Exception) -> bool:
+    """Whether ``exc`` is an ``error`` event that came after the message was whole: its
+    ``stop_reason`` read and no block left open (``message_stop`` alone missing; after
+    it nothing is read)."""
+    import anthropic
+
+    return (
+        isinstance(exc, anthropic.APIStatusError)
+        and exc.status_code < 400  # in the stream, not the response's status
+        and type(parse.stop_reason) is str
+        and parse.stop_reason in _WHOLE
+        and not parse.blocks
+    )
+
+
 class _MessageParse:
     """What :func:`parse_stream` has read of one message: its open blocks, how many tool
     calls it made, its stop reason and usage so far; a method per event type."""
@@ -726,6 +769,7 @@ class _MessageParse:
         "stop_reason",
         "stopped",
         "usage",
+        "usage_sent",
     )
 
     def __init__(self, emit: Emit, answer_tool: str | None) -> None:
@@ -737,6 +781,7 @@ class _MessageParse:
         self.stop_reason: str | None = None
         self.stopped = False
         self.usage: dict[str, int | None] = {}
+        self.usage_sent = False
         self.on_event = self.handlers()
         self.run_index: Any = None
         """The block of the last text delta (a text run never spans two blocks)."""
@@ -820,6 +865,7 @@ class _MessageParse:
                 if stop_reason != "max_tokens":
                     cut = f"the tool input was cut off ({stop_reason}); the call was not executed"
                 await self.emit(_tool_call(block, cut))
+        self.usage_sent = True
         await self.emit(UsageChunk(usage=_total_usage(self.usage)))
         reason = map_finish_reason(stop_reason)
         if reason == "tool-calls" and not self.calls and self.answer_tool is not None:

@@ -93,6 +93,7 @@ from runtime.history import (
     split_steps,
 )
 from runtime.ids import new_id
+from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -107,6 +108,7 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.provider import Emit, ProviderOptions
+from runtime.redact import redact
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -595,6 +597,8 @@ async def parse_batches(
             break
         except Exception as exc:
             await out.flush()
+            if state.usage is not None:  # billed though the call failed: the turn counts it
+                await emit(UsageChunk(usage=state.usage))
             raise classify_error(exc, provider=provider) from exc
         i, n = 0, len(batch)
         while i < n:
@@ -896,6 +900,7 @@ class _ChunkReader:
         "slot",
         "usage",
         "watching",
+        "whole",
     )
 
     def __init__(self, response: Any, texts: bool, usage: bool | None = None) -> None:
@@ -907,6 +912,8 @@ class _ChunkReader:
         """Whether the request asked for usage; ``None``: read to ``[DONE]``."""
         self.finished = False
         """Choice 0's ``finish_reason`` was read."""
+        self.whole = False
+        """That ``finish_reason`` says the answer is whole (:data:`_WHOLE`)."""
         self.deadline: float | None = None
         """When reading the body stops, once the answer is whole (:meth:`_ends`) or its
         usage is late (:data:`USAGE_GRACE`)."""
@@ -972,6 +979,20 @@ class _ChunkReader:
                 )
                 break
             if chunk.get("error"):
+                if type(chunk.get("usage")) is dict:  # billed, said beside the error
+                    out.append({"choices": [], "usage": chunk["usage"]})  # (OpenRouter)
+                if self.whole:
+                    # After choice 0's stop or tool calls the answer is whole (only its
+                    # usage may be missing): failing it made a fallback ask again, billed
+                    # twice. (After ``length`` OpenRouter's "Token limit reached" stays
+                    # the error it was.)
+                    get_logger("axon.providers").warning(
+                        "provider.error_after_answer",
+                        provider="openai",
+                        error=redact(quoted(data)),
+                    )
+                    done = True
+                    break
                 failure = _stream_error(chunk["error"], self.response)
                 break
             out.append(chunk)
@@ -1002,6 +1023,8 @@ class _ChunkReader:
                     and choice.get("finish_reason") is not None
                 ):
                     self.finished = True
+                    reason = choice.get("finish_reason")
+                    self.whole = type(reason) is str and reason in _WHOLE
             if not self.finished:
                 return False
             if self.usage:  # the usage asked, from now on a grace to come in
@@ -1021,6 +1044,10 @@ async def _drain_after_done(events: AsyncIterator[Any]) -> None:
     with trio.move_on_after(DRAIN_AFTER_DONE):
         async for _ in events:
             pass
+
+
+_WHOLE = frozenset({"stop", "tool_calls", "function_call"})
+"""The finish reasons after which an error chunk leaves the answer whole."""
 
 
 def _stream_error(body: Any, response: Any) -> Exception:

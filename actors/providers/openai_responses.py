@@ -703,6 +703,9 @@ class _Parser:
         status = getattr(response, "status", None) or event.type.removeprefix("response.")
         if event.type == "response.failed" or status == "failed":
             error = getattr(response, "error", None)
+            usage = _usage(getattr(response, "usage", None))
+            if usage is not None:  # billed though it failed: the turn counts it
+                await self.emit(UsageChunk(usage=usage))
             raise _in_stream_error(getattr(error, "code", None), getattr(error, "message", None))
         details = getattr(response, "incomplete_details", None)
         reason = getattr(details, "reason", None)

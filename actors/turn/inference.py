@@ -104,6 +104,10 @@ class Inferring:
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
+                if result.usage.total_tokens:  # a failed call billed what it read and wrote
+                    price_key = getattr(self._provider_at(turn.provider), "price_key", None)
+                    spent = await priced(result.usage, price_key() if price_key else None)
+                    turn.usage = turn.usage + spent
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
                     if not await self._fall_back(turn, exc, reset=result.produced):
