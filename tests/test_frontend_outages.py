@@ -72,6 +72,71 @@ async def test_a_turn_redis_refuses_as_full_mid_stream_is_saved_and_its_reader_t
     assert events[-1]["type"] == "error" and "reload the session" in events[-1]["errorText"]
 
 
+async def test_a_reader_whose_turn_redis_refuses_as_full_is_told_redis_is_out_of_memory(
+    pg_url: str, redis_url: str
+) -> None:
+    # The reload is right; the reason is Redis refusing the stream's writes, not a
+    # worker that stopped before it wrote the end (what the reader was told before).
+    async with deployment(pg_url, redis_url, slow_agent(200, 0.02)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                reader = EventReader(response)
+                await reader.until(4)
+                with redis_full():
+                    events = data(await reader.all())
+    text = events[-1]["errorText"]
+    assert "Redis is out of memory" in text and "refused the stream's writes" in text
+    assert "worker stopped" not in text
+
+
+async def test_a_reader_shown_part_of_a_turn_when_redis_stays_down_is_told_to_reload(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis goes down mid-stream and stays down past the relay's retry window (1 s
+    # here): the worker saves the turn all the same, so the reader, shown part of it,
+    # is told to reload the session for it, not only that Redis did not answer.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(200, 0.02)) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                    reader = EventReader(response)
+                    await reader.until(4)
+                    await trio.to_thread.run_sync(stop_redis)
+                    events = data(await reader.all())
+            await trio.to_thread.run_sync(start_redis)
+    text = events[-1]["errorText"]
+    assert text.startswith("RelayUnavailable: Redis did not answer")
+    assert text.endswith("; reload the session (GET /api/sessions/s1)")
+
+
+async def test_an_openai_stream_shown_part_of_a_turn_when_redis_stays_down_names_the_store(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' reader (QueuedTurnOutput), the same outage: the error says
+    # the stored session has the turn, as its error for a relay that lost it does.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    with redis_restored():
+        async with deployment(
+            pg_url, redis_url, slow_agent(200, 0.02), protocols=("ai-sdk", "openai")
+        ) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=request, headers=headers
+                ) as response:
+                    texts = response.aiter_text()
+                    raw = ""
+                    while raw.count('"content":"w') < 3:
+                        raw += await texts.__anext__()
+                    await trio.to_thread.run_sync(stop_redis)
+                    raw += "".join([text async for text in texts])
+            await trio.to_thread.run_sync(start_redis)
+    assert "Redis did not answer" in raw and "the stored session has the turn" in raw
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
 async def test_a_store_that_fails_the_ended_turn_look_does_not_end_the_relay_read() -> None:
     # The look is a guard against a stream nobody ends; a store that cannot answer it
     # (PostgreSQL restarting) tells it nothing, so the live read goes on: the relay, and

@@ -404,6 +404,32 @@ class RedisRelay:
             what=what,
         )
 
+    async def _out_of_memory(self) -> str | None:
+        """Why Redis refuses writes, if it is full (``used_memory`` at ``maxmemory``),
+        else ``None``: asked (``INFO memory``, one try within :attr:`op_timeout`) only
+        of a stream a reader gives up on, so it can say what stopped it."""
+        info: Any = None
+        with trio.move_on_after(self.op_timeout) as scope:
+            try:
+                info = await self.client.info("memory")
+            except Exception:  # (a Redis that cannot say: nothing to tell)
+                return None
+        if scope.cancelled_caught:
+            self._gave_up()  # (as :meth:`_call` does: no reply to queue behind)
+        if not isinstance(info, dict):
+            return None
+        try:
+            used, most = int(info["used_memory"]), int(info["maxmemory"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not 0 < most <= used:
+            return None
+        policy = info.get("maxmemory_policy", "?")
+        return (
+            f"Redis is out of memory ({used} of maxmemory {most} bytes used, policy "
+            f"{policy}) and refused the stream's writes"
+        )
+
     def _gave_up(self) -> None:
         """A non-blocking command on the coredis client got no reply within its deadline.
         coredis keeps the pooled connection a cancelled request was sent on, and
@@ -605,7 +631,18 @@ class RedisRelay:
             if not exists:
                 raise RelayTurnGone(f"the relay's stream of turn {turn_id!r} expired or was lost")
             if on_quiet is not None:
-                await on_quiet(trio.current_time() - since)
+                try:
+                    await on_quiet(trio.current_time() - since)
+                except RelayTurnGone as exc:
+                    full = await self._out_of_memory()
+                    if full is None:
+                        raise
+                    # The stream did not end because Redis refused its writes (the
+                    # worker logged ``relay.flush_refused``), not because its worker
+                    # stopped: the reader is told what happened.
+                    raise RelayTurnGone(
+                        f"turn {turn_id!r} ended and its relay stream did not: {full}"
+                    ) from exc
 
     def _next(
         self, place: _Place, turn_id: str, seq: int, item: dict[str, Any], *, tail: bool

@@ -253,9 +253,9 @@ class QueuedTurnResponse(RelayStreamResponse):
         so a client shown nothing of it waits, on the queue, for the turn to end and
         gets what the store then holds, as if the turn had ended unread
         (:meth:`_finished`); a client shown part of it, or a store that fails too, gets
-        the relay's error."""
+        the relay's error, telling it to reload the session (the saved answer)."""
         if self.sent or self.after_seq is not None:
-            await write(unavailable_event(exc))
+            await write(unavailable_event(exc, self.session_id))
             return
         try:
             status: Any = object()
@@ -269,7 +269,7 @@ class QueuedTurnResponse(RelayStreamResponse):
                 return
             await self._stored_end(turn, write, RelayTurnGone(exc.message))
         except StoreError:
-            await write(unavailable_event(exc))
+            await write(unavailable_event(exc, self.session_id))
 
     async def _lost_end(self, exc: RelayTurnGone) -> bytes:
         """The end of a stream shown in part whose relay lost the rest: ``abort``

@@ -274,8 +274,8 @@ class QueuedTurnOutput:
                 if status != "queued":
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
-            if self.sent:
-                yield _error(exc.kind, exc.message)
+            if self.sent:  # its worker saves the turn all the same
+                yield _error(exc.kind, f"{exc.message}; the stored session has the turn")
                 return
             # Its worker runs and saves the turn without the relay (``relay.unflushed``):
             # a client shown nothing of it waits on the queue for its end and gets what

@@ -252,7 +252,7 @@ class RelayStreamResponse:
             replay = self.after_seq is None and not self.sent
             await write(await self._rebuilt(exc, replay=replay))
         except RelayUnavailable as exc:
-            await write(unavailable_event(exc))
+            await write(unavailable_event(exc, self.session_id))
 
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         """Write the turn's events from the relay until it ends (:attr:`sent` tells
@@ -285,9 +285,14 @@ class RelayStreamResponse:
         return sse({"type": "error", "errorText": text})
 
 
-def unavailable_event(exc: RelayUnavailable) -> bytes:
-    """The ``error`` event of a stream whose relay stopped answering."""
-    return sse({"type": "error", "errorText": error_text(exc.kind, exc.message)})
+def unavailable_event(exc: RelayUnavailable, session_id: str | None = None) -> bytes:
+    """The ``error`` event of a stream whose relay stopped answering; with
+    ``session_id`` (a client shown part of the turn, whose worker saves it all the
+    same), it tells the client to reload the session for the saved answer."""
+    message = exc.message
+    if session_id is not None:
+        message += f"; reload the session (GET /api/sessions/{session_id})"
+    return sse({"type": "error", "errorText": error_text(exc.kind, message)})
 
 
 async def local_turn_id(host: Any, session_id: str) -> str | None:
