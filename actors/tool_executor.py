@@ -162,6 +162,7 @@ async def run_tool_call(
             error=None if error is None else truncate_output(writable(error), max_chars),
             duration=trio.current_time() - start,
             usage=context.usage if context is not None else None,
+            waits_for=context.waits_for if context is not None and error is None else None,
         )
 
     tool = tools.get(call.tool_name)
@@ -461,6 +462,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 emit=emit,
                 deps=request.deps,
                 depth=request.depth,
+                may_wait=request.may_wait and not call.approved,
+                decision=call.decision,
             )
             try:
                 outcome = await run_tool_call(

@@ -119,6 +119,9 @@ class ToolCallSpec:
     input: Any
     approved: bool = False
     """A person approved this call already (a resumed turn): it runs without asking."""
+    decision: Any = None
+    """A call that waited for its sub-agent's approval (``Awaiting.nested``), decided:
+    the decision, for :attr:`ToolContext.decision`."""
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -143,6 +146,9 @@ class ExecuteTools:
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
     depth: int = 0
     """How many agents-used-as-tools deep the session runs (``ToolContext.depth``)."""
+    may_wait: bool = False
+    """Whether the turn can suspend for a call whose sub-agent waits (a step's calls run
+    by the turn runner): ``ToolContext.may_wait`` for each call not approved already."""
 
     def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an
@@ -181,6 +187,9 @@ class ToolOutcome:
     duration: float = 0.0
     usage: Usage | None = None
     """Tokens the tool spent (an agent used as a tool); added to the calling turn's."""
+    waits_for: str | None = None
+    """An agent used as a tool whose sub-turn waits for this approval id
+    (:attr:`ToolContext.waits_for`): no result; the calling turn suspends."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -13,7 +13,12 @@ from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
-from runtime.errors import ConfigurationError, ToolDefinitionError
+from runtime.errors import (
+    AlreadyDecided,
+    ConfigurationError,
+    NothingToResume,
+    ToolDefinitionError,
+)
 from runtime.media import MediaLimits
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
 from runtime.retry import RetryPolicy
@@ -259,6 +264,7 @@ class Agent:
         description: str | None = None,
         needs_approval: Any = False,
         max_depth: int = 8,
+        pass_approvals: bool = False,
     ) -> Tool:
         """This agent as a tool another agent can call with a task (``input``).
 
@@ -283,6 +289,16 @@ class Agent:
         nesting deeper than <max_depth>``. Without it, an agent that is its own tool
         recursed until its tool timeout or its budget's steps ran out, every level
         holding a turn.
+
+        ``pass_approvals``: a sub-turn that suspends for one approval (a call of the
+        sub-agent's that needs it) suspends the calling turn instead of ending as a tool
+        error: the calling turn streams a ``tool-approval-request`` for the call with the
+        sub-turn's approval id and waits for it (``awaiting-input``); a decision for that
+        id on the calling session (``respond``) runs the call again, which records the
+        decision in the sub-session and goes on with the sub-turn from its committed
+        step (a denial is the sub-agent's to answer); its answer is the call's result.
+        A sub-turn that waits for more than one call, for a client tool, or again after
+        the decision, is a tool error as without it (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
@@ -290,7 +306,9 @@ class Agent:
         tool_name = name or self.name
 
         async def run_agent(input: str, context: ToolContext) -> str:
-            return await _run_sub_turn(agent, tool_name, input, context, max_depth)
+            return await _run_sub_turn(
+                agent, tool_name, input, context, max_depth, pass_approvals=pass_approvals
+            )
 
         # resolved here: this module's annotations are strings (PEP 563)
         run_agent.__annotations__ = {"input": str, "context": ToolContext, "return": str}
@@ -350,6 +368,51 @@ def _sub_turn_ids(context: ToolContext, tool_name: str) -> tuple[str, str]:
     return f"turn_sub_{digest}", f"msg_sub_{digest}"
 
 
+def _passes(result: Any, may: bool) -> bool:
+    """Whether the calling turn may wait for the suspended sub-turn's ``result``
+    (``as_tool(pass_approvals=True)``, a call its turn can suspend for): it waits for
+    exactly one call, an approval."""
+    pending = result.pending
+    return may and len(pending) == 1 and pending[0].kind == "approval"  # runtime.approval.APPROVAL
+
+
+async def _sub_stream(
+    session: Any, context: ToolContext, input: str, turn_id: str, message_id: str
+) -> Any:
+    """Stream the sub-turn (or go on with it from its committed steps), inside the call."""
+    async with session.stream(input, turn_id=turn_id, message_id=message_id, resume=True) as out:
+        async for chunk in out:
+            await context.emit(chunk)
+    assert out.result is not None
+    return out.result
+
+
+async def _go_on(
+    session: Any,
+    decision: Any,
+    context: ToolContext,
+    input: str,
+    turn_id: str,
+    message_id: str,
+) -> Any:
+    """A call whose sub-turn waited, decided: record the decision in the sub-session and
+    resume the sub-turn. Run again (a continuation retried after a crash), the decision
+    is there already and the sub-turn resumed or finished: it goes on from its committed
+    steps, or gives its answer, as any retried sub-turn does."""
+    try:
+        await session.decide(decision.id, approved=bool(decision.approved), reason=decision.reason)
+    except AlreadyDecided:
+        pass  # recorded by the run a crash cut short
+    try:
+        async with session.resume() as out:
+            async for chunk in out:
+                await context.emit(chunk)
+    except NothingToResume:  # resumed already: it went on, or finished
+        return await _sub_stream(session, context, input, turn_id, message_id)
+    assert out.result is not None
+    return out.result
+
+
 def _ended_before(messages: Sequence[Any], message_id: str, tool_name: str) -> str | None:
     """The calling model's error again when the history holds the sub-turn
     ``message_id`` and it waited for a person and was ended (:data:`NESTED_WAIT`): a
@@ -386,7 +449,13 @@ def _ended_before(messages: Sequence[Any], message_id: str, tool_name: str) -> s
 
 
 async def _run_sub_turn(
-    agent: Agent, tool_name: str, input: str, context: ToolContext, max_depth: int
+    agent: Agent,
+    tool_name: str,
+    input: str,
+    context: ToolContext,
+    max_depth: int,
+    *,
+    pass_approvals: bool = False,
 ) -> str:
     """One call of ``agent`` as a tool: a turn in a sub-session of its own, streamed inside
     the call, its usage added to the parent turn's; its text, or an error the parent
@@ -420,21 +489,30 @@ async def _run_sub_turn(
     if ended is not None:  # it waited, and was ended: nothing of it runs again
         await session.close()
         raise RuntimeError(ended)
+    decision = context.decision
+    if decision is not None and decision.approved is None:
+        # the calling turn went on without it (a new message): nobody resumes it now
+        await session.end_wait(NESTED_WAIT)
+        await session.close()
+        raise RuntimeError(f"sub-agent {tool_name} was ended: its caller went on")
     try:
-        async with session.stream(
-            input, turn_id=turn_id, message_id=message_id, resume=True
-        ) as out:
-            async for chunk in out:
-                await context.emit(chunk)
-        if out.result is not None and out.result.finish_reason == "awaiting-input":
+        if decision is not None:
+            result = await _go_on(session, decision, context, input, turn_id, message_id)
+        else:
+            result = await _sub_stream(session, context, input, turn_id, message_id)
+        passes = result.finish_reason == "awaiting-input" and _passes(
+            result, pass_approvals and context.may_wait
+        )
+        if result.finish_reason == "awaiting-input" and not passes:
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
             await session.end_wait(NESTED_WAIT)
     finally:
         await session.close()
-    result = out.result
-    assert result is not None
     context.add_usage(result.usage)
+    if passes:  # the calling turn waits for its approval (issue 21)
+        context.waits_for = result.pending[0].approval_id
+        return ""
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason
         raise RuntimeError(f"sub-agent {tool_name} failed: {why}{_done_so_far(result)}")

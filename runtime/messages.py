@@ -98,6 +98,11 @@ class Awaiting:
     """When the wait expires (``Agent(approval_timeout=...)``): wall-clock seconds since
     the epoch, so it survives a restart. ``None`` (and every record stored before the
     field existed): never. Past it the call is denied with reason ``timed out``."""
+    nested: bool = False
+    """The call is an agent used as a tool (``as_tool(pass_approvals=True)``) whose
+    sub-turn waits for this approval: :attr:`id` is the sub-turn's approval id. Decided
+    either way, the call runs again and its sub-turn goes on with the decision (a denial
+    is the sub-agent's to answer); its answer is the call's result."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

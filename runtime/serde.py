@@ -46,7 +46,12 @@ _Dict = dict[str, Any]
 # A wait without a deadline stores the JSON it always had (docs/approval.md).
 converter.register_unstructure_hook_factory(
     lambda t: t is messages.Awaiting,
-    lambda t: make_dict_unstructure_fn(t, converter, expires_at=override(omit_if_default=True)),
+    lambda t: make_dict_unstructure_fn(
+        t,
+        converter,
+        expires_at=override(omit_if_default=True),
+        nested=override(omit_if_default=True),
+    ),
 )
 
 

@@ -66,15 +66,18 @@ class ToolContext(Generic[Deps]):
 
     __slots__ = (
         "_emit",
+        "decision",
         "deps",
         "depth",
         "host",
+        "may_wait",
         "session_id",
         "step",
         "tool_call_id",
         "tool_name",
         "turn_id",
         "usage",
+        "waits_for",
     )
 
     def __init__(
@@ -89,6 +92,8 @@ class ToolContext(Generic[Deps]):
         emit: Any,
         deps: Deps = None,  # type: ignore[assignment]
         depth: int = 0,
+        may_wait: bool = False,
+        decision: Any = None,
     ) -> None:
         self.host = host
         """The host running the call: its bus, and sub-sessions
@@ -111,6 +116,18 @@ class ToolContext(Generic[Deps]):
         self.tool_name = tool_name
         self.usage: Any = None
         """Usage to add to the calling turn's (set with :meth:`add_usage`)."""
+        self.may_wait = may_wait
+        """Whether the call's turn can suspend on its behalf (:attr:`waits_for`): a call
+        of a step the model just made; not one a person approved (its turn's
+        continuation runs it), nor one made outside a turn."""
+        self.decision = decision
+        """A call that waited (:attr:`waits_for`) run again once a person decided: the
+        decision (the call's decided :class:`~runtime.messages.Awaiting`); else ``None``."""
+        self.waits_for: str | None = None
+        """Set by an agent used as a tool whose sub-turn suspended for a person's approval
+        (when :attr:`may_wait`): that approval's id. The call then has no result: its
+        turn suspends, waiting for that id, and the call runs again with
+        :attr:`decision` once it is decided (docs/approval.md)."""
         self._emit = emit
 
     @property

@@ -147,6 +147,19 @@ def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
     return wanted
 
 
+def _nested_in(message: Any, ids: set[str]) -> tuple[ToolCallPart, ...]:
+    """The calls of ``message`` named in ``ids`` whose sub-agent's turn waits for them
+    (``Awaiting.nested``)."""
+    return tuple(
+        p
+        for p in getattr(message, "content", ())
+        if isinstance(p, ToolCallPart)
+        and p.tool_call_id in ids
+        and p.awaiting is not None
+        and p.awaiting.nested
+    )
+
+
 def _stored_as_held(turn: Turn, state: SessionState, item: Any) -> None:
     """Acknowledge a steered ``item`` whose id the history holds already when a save
     holds that message: now if the store has it, else with the save that writes it."""
@@ -509,6 +522,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
         approved: tuple[Any, ...] = ()
+        ended_nested: tuple[Any, ...] = ()
         # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
         was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
@@ -516,7 +530,10 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             # a turn waiting for input gives way; what a person approved runs first
             approved = approved_waiting(state.messages)
             leave = {p.tool_call_id for p in approved}
+            ended = {c.tool_call_id for c in waiting_calls(state.messages)} - leave
             at = supersede(state.messages, self.agent.budget.max_tool_result_chars, leave)
+            if at is not None:  # sub-turns of calls the new message denies: ended too
+                ended_nested = _nested_in(state.messages[at], ended)
             if at is not None:
                 state.saved_upto = min(state.saved_upto, at)
         turn = Turn(
@@ -535,6 +552,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             tools=run.tools,
             instructions=run.instructions,
             approved_before=approved,
+            ended_before=ended_nested,
         )
         if committed is None:
             state.messages.append(
@@ -667,6 +685,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         over = await self._run_tools(turn, result, refuse=over) or over
         for call in result.calls:  # call order, not completion order
             if call.tool_call_id in turn.held:
+                waited = turn.outcomes.get(call.tool_call_id)
+                if waited is not None and waited.usage is not None:  # its sub-turn's, so far
+                    turn.usage = turn.usage + waited.usage
                 continue  # it waits: no result until it is decided
             oc = turn.outcomes[call.tool_call_id]
             if oc.usage is not None:  # an agent used as a tool spent tokens

@@ -99,6 +99,13 @@ def awaiting(
     )
 
 
+def nested_wait(approval_id: str, turn_id: str) -> Awaiting:
+    """The stored wait of a call whose sub-agent (an agent used as a tool) suspended for
+    the approval ``approval_id``: the calling turn waits for that same id
+    (``ToolOutcome.waits_for``); its deadline, if any, is the sub-turn's own."""
+    return Awaiting(kind=APPROVAL, id=approval_id, turn_id=turn_id, nested=True)
+
+
 def expiry_time(host: TurnHost, agent: Agent) -> float | None:
     """When a wait that starts now expires (the host's wall clock), by
     ``agent.approval_timeout``."""
@@ -145,6 +152,14 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     output reached the model whole, and the step's save stored it again)."""
     w = part.awaiting
     assert w is not None and w.decided
+    if w.nested:  # run again, approved or not: its sub-turn goes on with the decision
+        return ToolCallSpec(
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            input=part.input,
+            approved=True,
+            decision=w,
+        )
     if w.kind == APPROVAL and w.approved:
         return ToolCallSpec(
             tool_call_id=part.tool_call_id,
@@ -330,6 +345,9 @@ class Suspending:
         call cut short (the turn cancelled meanwhile) gets the ``interrupted`` result.
         The results are saved before the model call (with this turn's user message and
         its assistant message, still empty)."""
+        if turn.ended_before:  # their results were given: only their sub-turns to end
+            ended, turn.ended_before = turn.ended_before, ()
+            await self._run_quietly(turn, ended, {}, end=True)
         parts: tuple[ToolCallPart, ...] = turn.approved_before
         if not parts:
             return
@@ -356,10 +374,17 @@ class Suspending:
         await self._save(turn, None)
 
     async def _run_quietly(
-        self, turn: Any, parts: tuple[ToolCallPart, ...], outcomes: dict[str, ToolOutcome]
+        self,
+        turn: Any,
+        parts: tuple[ToolCallPart, ...],
+        outcomes: dict[str, ToolOutcome],
+        *,
+        end: bool = False,
     ) -> None:
         """Run ``parts`` (approved, of one earlier turn) on the tool executor, each
-        outcome into ``outcomes``, announced on the bus and to the hook, not streamed."""
+        outcome into ``outcomes``, announced on the bus and to the hook, not streamed.
+        ``end``: calls whose sub-agent waits, denied by a new message: each is given the
+        decision ``approved=None``, which ends its sub-turn (``ToolContext.decision``)."""
         awaited = parts[0].awaiting
         assert awaited is not None
         budget, sid = self.agent.budget, self.state.session_id
@@ -386,6 +411,7 @@ class Suspending:
                             tool_name=p.tool_name,
                             input=p.input,
                             approved=True,
+                            decision=_decision_of(p, end),
                         )
                         for p in same
                     ]
@@ -423,6 +449,15 @@ class Suspending:
                     )
             finally:
                 request.cancel_scope.cancel()
+
+
+def _decision_of(part: ToolCallPart, end: bool) -> Awaiting | None:
+    """What a call run before a new message is told of its decision: a nested one's
+    (``approved=None`` when the new message ends its sub-turn), else nothing."""
+    w = part.awaiting
+    if w is None or not w.nested:
+        return None
+    return attrs.evolve(w, approved=None) if end else w
 
 
 def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.turn.suspension import awaiting, expiry_time, hold_context, hold_kind
+from actors.turn.suspension import awaiting, expiry_time, hold_context, hold_kind, nested_wait
 from actors.turn.turn_state import Step, Turn
 from runtime import events as ev
 from runtime.actor_messages import (
@@ -149,6 +149,7 @@ class ToolCalling:
                 host=self.host,
                 deps=turn.deps,
                 depth=agent_depth(turn.meta),
+                may_wait=True,
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}
@@ -163,6 +164,9 @@ class ToolCalling:
                         continue  # a late outcome of a cancelled earlier request
                     pending.discard(item.tool_call_id)
                     turn.outcomes[item.tool_call_id] = item
+                    if item.waits_for is not None:  # its sub-agent waits: so does the turn
+                        turn.held[item.tool_call_id] = nested_wait(item.waits_for, turn.turn_id)
+                        continue
                     await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()

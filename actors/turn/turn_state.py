@@ -94,6 +94,10 @@ class Turn:
     """The calls a person approved in the turn this one superseded and that never ran:
     they run as this turn begins, before its model call, their results stored before its
     user message (:func:`runtime.approval.approved_waiting`)."""
+    ended_before: tuple[ToolCallPart, ...] = ()
+    """The calls of the turn this one superseded whose sub-agent waits for them
+    (``Awaiting.nested``) and that got a denial's result: their sub-turns are ended as
+    this turn begins (nobody resumes them after the calling turn went on)."""
     provider: int = 0
     """Which of the runner's providers the turn's calls go to: the primary, or the
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
