@@ -5,6 +5,7 @@ page's ``GET /api/sessions/{id}`` or ``show`` (``Host.load_settled``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -86,3 +87,28 @@ async def test_a_hosts_settled_read_marks_the_killed_turn_once(killed):
     assert [m.interrupted for m in first.messages if m.role == "assistant"] == [True]
     assert first.meta[RUNNING_META] is None
     assert again.version == first.version  # (nothing left to settle: no save)
+
+
+async def test_a_resumed_stream_the_relay_lost_replays_the_killed_turn_interrupted(killed):
+    from actors.relays import RedisRelay
+    from tests.support.redis import require_redis, unique_prefix
+
+    url = require_redis()
+    async with (
+        RedisRelay.open(url, prefix=unique_prefix()) as relay,
+        web_server(agent(), store=str(killed), relay=relay) as server,
+    ):
+        # the killed host's turn is still the session's active one; its stream is gone
+        await relay.client.set(relay.turn_key("t"), "not a stream")
+        await relay.client.set(relay.active_key("s1"), "t")
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
+            response = await http.get("/api/chat/s1/stream")
+    assert response.status_code == 200
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in response.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    assert events[0] == {"type": "start", "messageId": "a1"}
+    assert events[-1]["type"] == "abort"
+    assert await stored_interrupted(killed) == [True]
