@@ -254,9 +254,9 @@ def three_steps(request: InferRequest) -> list:  # type: ignore[type-arg]
 ANSWER = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
-async def statements_of_a_turn(path: Path, output_type: object) -> list[str]:
+async def statements_of_a_turn(path: Path, output_type: object, responder=three_steps) -> list[str]:
     """The SQLite statements a three-step turn (two tool steps, an answer) runs."""
-    provider = ScriptedProvider(responder=three_steps)
+    provider = ScriptedProvider(responder=responder)
     the_agent = Agent(
         name="a", provider=provider, instructions="test", tools=[note], output_type=output_type
     )
@@ -403,3 +403,51 @@ def test_show_prints_a_dead_processs_turn_as_interrupted(tmp_path):
         check=True,
     ).stdout.decode()
     assert "assistant (interrupted)" in shown
+
+
+# -- a structured answer rejected: the turn goes on, marked as running ---------------------
+
+
+def rejected_then_waits(request: InferRequest) -> list:  # type: ignore[type-arg]
+    """Step 0 answers no JSON (rejected: the turn asks again); step 1 waits an hour."""
+    return ["not json"] if current_step(request.messages) == 0 else [Sleep(3600)]
+
+
+async def test_a_structured_turn_retrying_a_rejected_answer_is_stored_as_running(tmp_path):
+    """The rejected answer's step save names the turn running (a kill during the retry
+    leaves a marker a later load settles); before, that save cleared it."""
+    provider = ScriptedProvider(responder=rejected_then_waits)
+    the_agent = Agent(name="a", provider=provider, instructions="test", output_type=ANSWER)
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(the_agent, session_id="s1")
+        async with session.stream("go") as out:
+            async for chunk in out:
+                if chunk.type == "step-start" and chunk.step == 1:
+                    for _ in range(1000):  # (bounded: step 0's save is not waited for)
+                        record = await host.store.load("s1")
+                        if record is not None:
+                            break
+                        await trio.sleep(0.01)
+                    running = record.meta.get(RUNNING_META)
+                    out.cancel("stopped")
+    assert running is not None and running["writer"] == liveness.this_process()
+    assert (await load(tmp_path / "s.db")).meta[RUNNING_META] is None  # its end cleared it
+
+
+def tool_rejected_answer(request: InferRequest) -> list:  # type: ignore[type-arg]
+    """A tool step, an answer rejected, the answer."""
+    step = current_step(request.messages)
+    if step == 0:
+        return ["step 0 ", *tool_call("note", {"text": "0"}, tool_call_id="c0")]
+    return ["not json"] if step == 1 else ['{"n": 2}']
+
+
+async def test_marking_a_rejected_structured_answer_as_running_costs_no_statement(
+    tmp_path, monkeypatch
+):
+    marked = await statements_of_a_turn(tmp_path / "m.db", ANSWER, tool_rejected_answer)
+    assert (await load(tmp_path / "m.db")).meta[RUNNING_META] is None
+    monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id: None)
+    unmarked = await statements_of_a_turn(tmp_path / "u.db", ANSWER, tool_rejected_answer)
+    assert marked == unmarked
+    assert marked.count("BEGIN IMMEDIATE") == 3  # a save a step, the last one the final

@@ -97,6 +97,7 @@ from runtime.errors import (
     ActorFailed,
     AxonError,
     BudgetExceeded,
+    OutputValidationError,
     SessionDeleted,
     describe_exception,
 )
@@ -641,7 +642,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             over = budget.tokens_exceeded(turn.usage)
             if result.calls:
                 over = await self._take_results(turn, result, step, over)
-            await self._end_step(turn, result, step, over)
+            again = await self._end_step(turn, result, step, over)
             if over:
                 raise BudgetExceeded(over)
             if turn.held:  # committed with the step: the turn suspends (docs/approval.md)
@@ -650,9 +651,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 return
             if not result.calls:
                 turn.finish_reason = result.finish
-                if turn.output is not None and turn.output.ask_again(
-                    turn.parts.content, step, result.finish
-                ):
+                if isinstance(again, OutputValidationError):
+                    raise again  # (its retries spent: judged before the step's save)
+                if again:
                     continue  # the answer did not validate: the model sees why, answers again
                 return
 
@@ -697,8 +698,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         await self._hold(turn, step)
         return over
 
-    async def _end_step(self, turn: Turn, result: Step, step: int, over: str | None) -> None:
-        """Close the step (the controller, the bus, the hooks) and commit it."""
+    async def _end_step(
+        self, turn: Turn, result: Step, step: int, over: str | None
+    ) -> bool | OutputValidationError:
+        """Close the step (the controller, the bus, the hooks) and commit it. A step
+        giving a structured answer (no calls, no budget hit, nothing held) has it judged
+        before its save: ``True`` when the model is asked again, the error when the
+        retries are spent (raised by the step loop after the save), else ``False``."""
         state, hooks, sid = self.state, self.agent.hooks, self.state.session_id
         self._snapshot(turn)
         self._publish_history()
@@ -726,11 +732,19 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         )
         if turn.held and not over:  # what the sessions list reads (docs/approval.md)
             turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
-        # Stored as running (runtime.liveness) only when its calls make the turn go on:
-        # a step without calls mostly ends it, and its save is then the final one (a
-        # structured answer rejected after it is not marked: one save a turn less).
-        goes_on = bool(result.calls) and not over
+        again: bool | OutputValidationError = False
+        if turn.output is not None and not (result.calls or over or turn.held):
+            try:
+                again = turn.output.ask_again(turn.parts.content, step, result.finish)
+            except OutputValidationError as exc:
+                again = exc
+        # Stored as running (runtime.liveness) only when the turn goes on after the step:
+        # its calls, or its structured answer rejected (asked again: a kill during the
+        # retry leaves the turn marked). A step that ends the turn saves what its final
+        # save would (that one then costs no write).
+        goes_on = (bool(result.calls) and not over) or again is True
         await self._save(turn, step, ends=_ends(turn, result, over), running=goes_on)
+        return again
 
     def _trace_meta(self, turn: Turn) -> dict[str, Any]:
         """What the suspending save stores of the turn's trace context (a tracing

@@ -775,6 +775,17 @@ class Host:
         self._handles[session.id] = session
         await self.open_session(session.agent, session.id)
 
+    async def load_settled(self, session_id: str) -> SessionRecord | None:
+        """The session as stored, as every reader of it here is to show it: a turn a dead
+        process left running (killed mid-turn) marked interrupted first
+        (:func:`runtime.liveness.settle`: no statement more for a session without a
+        running marker; a store failing the marking save leaves it as read). A worker's
+        host settles nothing: its turn queue takes such a turn over."""
+        record = await self.store.load(session_id)
+        if record is None or self.expects_other_writers:
+            return record
+        return await settle(self.store, record)
+
     def get_session(self, session_id: str) -> Session | None:
         """The ``Session`` object of ``session_id`` if one exists, loaded or evicted."""
         return self.sessions.get(session_id) or self._handles.get(session_id)

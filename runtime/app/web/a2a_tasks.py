@@ -420,7 +420,7 @@ class TaskBook:
         session = self.state.host.sessions.get(context_id)
         if session is not None and session.loaded and session.busy:
             return session.messages, True
-        record = await self.state.host.store.load(context_id)
+        record = await self.state.host.load_settled(context_id)  # (a killed turn: canceled)
         return (record.messages, False) if record is not None else None
 
     async def _history_if_sent(

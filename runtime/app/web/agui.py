@@ -493,7 +493,7 @@ class AGUIRoutes:
         held = session.held_record() if session is not None else None
         if held is not None and await store.version(session_id) == held.version:
             return held  # type: ignore[no-any-return]
-        return await store.load(session_id)
+        return await self.state.host.load_settled(session_id)  # type: ignore[no-any-return]
 
     async def _busy(self, session_id: str) -> bool:
         """Whether the thread runs a turn: here, or (a worker deployment's front end)

@@ -124,7 +124,7 @@ from runtime.errors import (
     SessionBusy,
     TurnWithdrawn,
 )
-from runtime.liveness import public_meta, settle
+from runtime.liveness import public_meta
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -831,11 +831,9 @@ async def get_session(request: Request) -> Response:
         return json_response(
             {"session_id": session_id, "busy": bool(open_now is not None and open_now.busy)}
         )
-    record = await state.host.store.load(session_id)
+    record = await state.host.load_settled(session_id)  # (a killed turn: interrupted)
     if record is None:
         raise ApiError(404, f"no session {session_id!r}")
-    if not state.host.expects_other_writers:  # a turn a dead process left running
-        record = await settle(state.host.store, record)  # (runtime.liveness)
     open_session = state.host.sessions.get(session_id)
     if open_session is not None:
         state.host.touch(open_session)  # a read is a use: it keeps the session in memory

@@ -198,9 +198,14 @@ class RelayStreamResponse:
         background: trio.Nursery | None,
         after_pauses: int = 0,
         announced: Iterable[str] = (),
+        load: Any = None,
     ) -> None:
         self.relay = relay
         self.store = store
+        self.load = load
+        """How the stored session is read when the relay lost the turn (an embedded
+        host's :meth:`~runtime.app.host.Host.load_settled`: a turn whose host was killed
+        is replayed ending interrupted, as the page then shows it)."""
         self.session_id = session_id
         self.turn_id = turn_id
         self.after_seq = after_seq
@@ -274,7 +279,7 @@ class RelayStreamResponse:
         """What a client gets when the relay lost the turn: the stored message replayed
         (a full replay not yet begun), else an error telling it to reload the session."""
         if replay:
-            record = await self.store.load(self.session_id)
+            record = await (self.load or self.store.load)(self.session_id)
             chunks = stored_turn_chunks(record.messages, message_id) if record is not None else []
             if chunks:
                 encoder = UIStreamEncoder()
@@ -371,6 +376,7 @@ async def resume_stream(request: Request) -> Any:
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
+        load=state.host.load_settled,
     )
 
 
