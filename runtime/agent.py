@@ -416,13 +416,16 @@ async def _run_sub_turn(
     # and takes its answer, or goes on from its committed steps, its tools keyed as the
     # first time; before, it ran the sub-agent again from the start (issue 21).
     turn_id, message_id = _sub_turn_ids(context, tool_name)
+    # The open just read the sub-session: the resumed turn starts from that record
+    # instead of loading it a second time (one load per call, as before the resume).
+    loaded = session.take_loaded()
     ended = _ended_before(session.messages, message_id, tool_name)
     if ended is not None:  # it waited, and was ended: nothing of it runs again
         await session.close()
         raise RuntimeError(ended)
     try:
         async with session.stream(
-            input, turn_id=turn_id, message_id=message_id, resume=True
+            input, turn_id=turn_id, message_id=message_id, resume=True, stored=loaded
         ) as out:
             async for chunk in out:
                 await context.emit(chunk)
