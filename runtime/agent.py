@@ -485,6 +485,9 @@ async def _run_sub_turn(
     # and takes its answer, or goes on from its committed steps, its tools keyed as the
     # first time; before, it ran the sub-agent again from the start (issue 21).
     turn_id, message_id = _sub_turn_ids(context, tool_name)
+    # The open just read the sub-session: the resumed turn starts from that record
+    # instead of loading it a second time (one load per call, as before the resume).
+    loaded = session.take_loaded()
     ended = _ended_before(session.messages, message_id, tool_name)
     if ended is not None:  # it waited, and was ended: nothing of it runs again
         await session.close()
@@ -496,6 +499,7 @@ async def _run_sub_turn(
         await session.close()
         raise RuntimeError(f"sub-agent {tool_name} was ended: its caller went on")
     try:
+<<<<<<< HEAD
         if decision is not None:
             result = await _go_on(session, decision, context, input, turn_id, message_id)
         else:
@@ -504,6 +508,14 @@ async def _run_sub_turn(
             result, pass_approvals and context.may_wait
         )
         if result.finish_reason == "awaiting-input" and not passes:
+=======
+        async with session.stream(
+            input, turn_id=turn_id, message_id=message_id, resume=True, stored=loaded
+        ) as out:
+            async for chunk in out:
+                await context.emit(chunk)
+        if out.result is not None and out.result.finish_reason == "awaiting-input":
+>>>>>>> subload
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
             await session.end_wait(NESTED_WAIT)

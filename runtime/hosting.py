@@ -33,6 +33,7 @@ from runtime.bus import Bus
 from runtime.media import UserInput
 from runtime.messages import Message
 from runtime.output import OutputChunk
+from runtime.store import SessionRecord
 from runtime.tools import Tool
 
 A = TypeVar("A", bound=Actor)
@@ -59,10 +60,17 @@ class SubSession(Protocol):
         turn_id: str | None = None,
         message_id: str | None = None,
         resume: bool = False,
+        stored: SessionRecord | None = None,
     ) -> AbstractAsyncContextManager[SubTurn]:
         """Start a turn for ``input``; ``async with session.stream(task) as out``. With
         ``resume``, the turn named ``turn_id``/``message_id`` goes on from its committed
-        steps, if the history holds it (``Session.stream``'s durable turn)."""
+        steps, if the history holds it (``Session.stream``'s durable turn). ``stored``:
+        the session as the open just read it (:meth:`take_loaded`), which the turn
+        starts from instead of reading it again."""
+
+    def take_loaded(self) -> SessionRecord | None:
+        """The record the open read the session from, once (``None`` after that, or if
+        the session was open already)."""
 
     @property
     def messages(self) -> Sequence[Message]:

@@ -17,8 +17,8 @@ from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.stores.sqlite import SQLiteStore
 from runtime import Agent, Host, tool
 from runtime.actor_messages import InferRequest
-from runtime.errors import StoreError
-from runtime.messages import ToolMessage, UserMessage
+from runtime.errors import ProviderError, StoreError
+from runtime.messages import AssistantMessage, TextPart, ToolMessage, UserMessage
 from runtime.tools import ToolContext
 
 keys: list[str] = []  # the idempotency key of every run of the sub-agent's tool
@@ -184,3 +184,37 @@ async def test_a_retried_continuation_does_not_go_on_with_a_sub_turn_whose_wait_
     (answer,) = [m for m in stored.messages if isinstance(m, ToolMessage)]
     assert answer.tool_call_id == "H"
     assert "stopped to wait for a person's input (wire_money (approval))" in answer.error
+
+
+@pytest.mark.parametrize("streamed", [(), ("half an ans",)], ids=["nothing", "text"])
+async def test_a_retried_continuation_re_runs_only_the_failed_step_of_a_failed_sub_turn(
+    tmp_path, streamed
+):
+    """The sub-turn's step 1 failed (its model call raised, after ``streamed``): the
+    sub-turn ended ``error``, the calling model was to be told; killed before the calling
+    turn saved ``H``'s error. The retry (the same call) takes the sub-turn over as a
+    durable turn is: step 0 and ``log_it`` stand, only the failed step runs again, and
+    what it had streamed is not kept."""
+    failed: list[int] = []
+
+    def failing_once(request: InferRequest) -> list:
+        step = current_step(request.messages)
+        if step == 1 and not failed:
+            failed.append(step)
+            model_calls.append(step)
+            return [*streamed, ProviderError("model down", retryable=False)]
+        return _helper_model(request)
+
+    path = tmp_path / "s.db"
+    at_h = _has_result("H")
+    make = lambda: parent(failing_once)  # noqa: E731
+    await _approve_then_die(path, lambda sid, ms: sid == "s" and at_h(sid, ms), False, make)
+    assert (model_calls, len(keys)) == ([0, 1], 1)
+    result, sub, stored = await _retry(path, make)
+    assert (result.finish_reason, result.text) == ("stop", "ok")
+    assert model_calls == [0, 1, 1] and len(keys) == 1  # only the failed step again
+    assert sum(isinstance(m, UserMessage) for m in sub.messages) == 1
+    (answer,) = [m for m in stored.messages if isinstance(m, ToolMessage)]
+    assert (answer.tool_call_id, answer.output, answer.error) == ("H", "sub answer", None)
+    (reply,) = [m for m in sub.messages if isinstance(m, AssistantMessage)]
+    assert "".join(p.text for p in reply.content if isinstance(p, TextPart)) == "sub answer"

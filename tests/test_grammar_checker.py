@@ -1,5 +1,7 @@
 """The output grammar checker (tests/support/grammar) on streams written by hand: the
-zero-step continuation a budget ends is the one turn with no step it accepts."""
+turns with no step it accepts are the zero-step continuation a budget ends, and a bare
+``start finish`` (``budget``: a hook's own on turn start; ``stop``: a takeover of an
+answered turn; tests/test_stepless_turns.py streams both for real)."""
 
 from __future__ import annotations
 
@@ -23,10 +25,16 @@ def test_a_continuation_a_budget_ended_before_any_step_is_accepted():
     check_grammar(stream("tool-stream", "tool-result", reason="budget"))
 
 
+@pytest.mark.parametrize("reason", ["budget", "stop"])
+def test_start_finish_alone_is_accepted_for_a_hooks_budget_or_an_answered_takeover(reason):
+    check_grammar(stream(reason=reason))
+
+
 @pytest.mark.parametrize(
     ("types", "reason"),
     [
-        ((), "budget"),  # no result: nothing resumed
+        ((), "awaiting-input"),  # bare, but not a documented reason
+        ((), "length"),
         (("tool-result",), "stop"),  # not a budget: a model call was due
         (("tool-stream",), "budget"),  # progress, no result
         (("step-start", "step-finish", "tool-stream"), "stop"),  # after a step: outside
@@ -38,8 +46,9 @@ def test_a_turn_with_no_step_otherwise_is_refused(types, reason):
 
 
 @given(st.lists(st.sampled_from(LEADING), max_size=5), st.sampled_from(REASONS))
-def test_a_stream_without_steps_is_accepted_only_as_a_budgets_continuation(leading, reason):
-    legal = reason == "budget" and any(t != "tool-stream" for t in leading)
+def test_a_stream_without_steps_is_accepted_only_as_a_budgets_continuation_or_bare(leading, reason):
+    results = any(t != "tool-stream" for t in leading)
+    legal = (reason == "budget" and results) or (not leading and reason in ("budget", "stop"))
     chunks = stream(*leading, reason=reason)
     if legal:
         check_grammar(chunks)

@@ -1220,6 +1220,7 @@ class Session:
         instructions: str | None = None,
         regenerates: str | None = None,
         follow: bool = False,
+        stored: SessionRecord | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -1260,12 +1261,17 @@ class Session:
         ``tools`` are offered to the model for this turn only, after the agent's own (the
         client-side tools a protocol's caller declares, :meth:`runtime.tools.Tool.client`);
         ``instructions`` are added after the agent's for this turn only. Neither is saved.
+
+        ``stored``: the session as its caller just read it from the store (what
+        :meth:`take_loaded` gives right after the host opened it), which the turn starts
+        from instead of asking the store again (a ``resume`` turn loads the session
+        first otherwise). Only for a record read just now: a newer save is not looked for.
         """
         self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
         check_counts(content, self.host.input_limits)
         check_limits(content, self.agent.media_limits)
-        return TurnStream(
+        stream = TurnStream(
             self,
             content,
             regenerate=regenerate,
@@ -1279,6 +1285,9 @@ class Session:
             instructions=instructions,
             follow=follow,
         )
+        if stored is not None:
+            stream.stored = stored
+        return stream
 
     @property
     def pending(self) -> tuple[PendingCall, ...]:

@@ -22,7 +22,9 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     part ids, ``object-delta`` only inside the text part it parses, and strictly
     increasing ``seq``. A continuation that a budget ends before its first step (the
     results it ran took the turn past it) is ``start RESULT+ finish``, its ``finish``
-    ``budget``: no step is needed then, and only then."""
+    ``budget``. And ``start finish`` alone (no result, no progress) is a hook on turn
+    start ending the turn by its own budget (``budget``) or a takeover of a turn answered
+    already (``stop``). No other turn goes without a step."""
     types = [_get(c, "type") for c in chunks]
     assert types[0] == "start", types[:3]
     assert types[-1] == ending, types[-3:]
@@ -65,7 +67,10 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
                 assert _get(c, "part_id") == open_part, "finish of a part that is not open"
                 open_part = None
     if ending == "finish":
-        ended_by_budget = results >= 1 and _get(chunks[-1], "finish_reason") == "budget"
-        assert (steps_seen >= 1 or ended_by_budget) and not in_step, "a turn with no step"
+        reason = _get(chunks[-1], "finish_reason")
+        ended_by_budget = results >= 1 and reason == "budget"
+        # (a hook's budget on turn start; a takeover of an answered turn)
+        bare = len(chunks) == 2 and reason in ("budget", "stop")
+        assert (steps_seen >= 1 or ended_by_budget or bare) and not in_step, "a turn with no step"
     else:
         assert open_part is None, "parts must be closed before error/abort"
