@@ -377,10 +377,20 @@ def _passes(result: Any, may: bool) -> bool:
 
 
 async def _sub_stream(
-    session: Any, context: ToolContext, input: str, turn_id: str, message_id: str
+    session: Any,
+    context: ToolContext,
+    input: str,
+    turn_id: str,
+    message_id: str,
+    *,
+    stored: Any = None,
 ) -> Any:
-    """Stream the sub-turn (or go on with it from its committed steps), inside the call."""
-    async with session.stream(input, turn_id=turn_id, message_id=message_id, resume=True) as out:
+    """Stream the sub-turn (or go on with it from its committed steps), inside the call.
+    ``stored``: the record the sub-session's open just read (``None``: the turn loads
+    it), so a first call loads the sub-session once."""
+    async with session.stream(
+        input, turn_id=turn_id, message_id=message_id, resume=True, stored=stored
+    ) as out:
         async for chunk in out:
             await context.emit(chunk)
     assert out.result is not None
@@ -499,23 +509,14 @@ async def _run_sub_turn(
         await session.close()
         raise RuntimeError(f"sub-agent {tool_name} was ended: its caller went on")
     try:
-<<<<<<< HEAD
         if decision is not None:
             result = await _go_on(session, decision, context, input, turn_id, message_id)
         else:
-            result = await _sub_stream(session, context, input, turn_id, message_id)
+            result = await _sub_stream(session, context, input, turn_id, message_id, stored=loaded)
         passes = result.finish_reason == "awaiting-input" and _passes(
             result, pass_approvals and context.may_wait
         )
         if result.finish_reason == "awaiting-input" and not passes:
-=======
-        async with session.stream(
-            input, turn_id=turn_id, message_id=message_id, resume=True, stored=loaded
-        ) as out:
-            async for chunk in out:
-                await context.emit(chunk)
-        if out.result is not None and out.result.finish_reason == "awaiting-input":
->>>>>>> subload
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
             await session.end_wait(NESTED_WAIT)
