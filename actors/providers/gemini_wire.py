@@ -36,7 +36,15 @@ from typing import Any
 import attrs
 import trio
 
-from actors.providers.failures import HEAD_BYTES, MAX_EVENT_BYTES, EventTooLarge, quoted
+from actors.providers.failures import (
+    HALF_HELD,
+    HEAD_BYTES,
+    MAX_EVENT_BYTES,
+    EventTooLarge,
+    hold_half,
+    quoted,
+    refuse_held,
+)
 from actors.providers.json_slot import orjson_module
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
@@ -296,6 +304,8 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
+    loads = fast = orjson_module().loads
+    half: tuple[Any, str] | None = None  # half a character held back (hold_half)
     async with body_bytes(raw) as batches:
         ended = finished = False
         deadline: float | None = None
@@ -307,13 +317,23 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                 with trio.move_on_at(deadline) as scope:
                     chunk = await anext(batches, None)
                 if scope.cancelled_caught:
+                    if half is not None:  # (once a hop)
+                        yield _half_flushed()
                     return  # (what came after the answer and ends no chunk is dropped)
             if chunk is None:
                 found, ended = decoder.finish(), True
             else:
                 found = decoder.feed(chunk)
             for data in found:
-                value = _decode(data)
+                try:
+                    value = loads(data)
+                except ValueError:
+                    value = _decode(data)  # the SDK's way, a half character read as it
+                    if type(value) is dict:
+                        half, flush = hold_half(value, half, _first_text, _last_text, _part)
+                        if flush is not None:
+                            yield _half_flushed()
+                    loads = fast if half is None else refuse_held
                 if type(value) is not dict:
                     raise errors.MalformedStream(
                         f"a chunk is not a JSON object: {quoted(data)}", provider=PROVIDER
@@ -326,6 +346,43 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     if finished and ("usageMetadata" in value or _blocked(value)):
                         deadline = trio.current_time() + DRAIN_AFTER_END
                 yield value
+        if half is not None:  # the body ended holding it (once a hop)
+            yield _half_flushed()
+
+
+def _parts(chunk: dict[str, Any]) -> list[Any] | None:
+    candidates = chunk.get("candidates")
+    first = candidates[0] if type(candidates) is list and candidates else None
+    content = first.get("content") if type(first) is dict else None
+    parts = content.get("parts") if type(content) is dict else None
+    return parts if type(parts) is list and parts else None
+
+
+def _plain(part: Any) -> tuple[dict[str, Any], str] | None:
+    """Where a part's text is, if it is plain text (no thought, no signature)."""
+    if type(part) is dict and len(part) == 1 and type(part.get("text")) is str:
+        return part, "text"
+    return None
+
+
+def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    parts = _parts(chunk)
+    return None if parts is None else _plain(parts[0])
+
+
+def _last_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    parts = _parts(chunk)
+    return None if parts is None else _plain(parts[-1])
+
+
+def _part(chunk: dict[str, Any]) -> int | None:
+    """The first candidate's text is one part; ``None``: the answer ends with this chunk."""
+    return None if _finishes(chunk) else 0
+
+
+def _half_flushed() -> dict[str, Any]:
+    """A chunk of a held half whose other half did not come next (:func:`hold_half`)."""
+    return {"candidates": [{"content": {"parts": [{"text": HALF_HELD}], "role": "model"}}]}
 
 
 DRAIN_AFTER_END = 0.1
