@@ -318,7 +318,7 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     chunk = await anext(batches, None)
                 if scope.cancelled_caught:
                     if half is not None:  # (once a hop)
-                        yield _half_flushed()
+                        yield _half_flushed(half[1])
                     return  # (what came after the answer and ends no chunk is dropped)
             if chunk is None:
                 found, ended = decoder.finish(), True
@@ -346,8 +346,8 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     if finished and ("usageMetadata" in value or _blocked(value)):
                         deadline = trio.current_time() + DRAIN_AFTER_END
                 yield value
-        if half is not None:  # the body ended holding it (once a hop)
-            yield _half_flushed()
+        if half is not None:  # the body ended holding it (once a hop): as it came, so a
+            yield _half_flushed(half[1])  # next hop's other half joins it in the session
 
 
 def _parts(chunk: dict[str, Any]) -> list[Any] | None:
@@ -380,9 +380,9 @@ def _part(chunk: dict[str, Any]) -> int | None:
     return None if _finishes(chunk) else 0
 
 
-def _half_flushed() -> dict[str, Any]:
+def _half_flushed(text: str = HALF_HELD) -> dict[str, Any]:
     """A chunk of a held half whose other half did not come next (:func:`hold_half`)."""
-    return {"candidates": [{"content": {"parts": [{"text": HALF_HELD}], "role": "model"}}]}
+    return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}]}
 
 
 DRAIN_AFTER_END = 0.1
