@@ -7,6 +7,7 @@ it): the normal path does the same work as before (journal
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import sys
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from actors.providers import anthropic, gemini_wire, openai, openai_responses
 from runtime import Agent
+from runtime.chunks import TextChunk
 from runtime.serde import utf8_text
 from tests.support.attacks import KINDS, attack_rig, make, resolve_platform
 from tests.support.faults import oa_text
@@ -85,6 +87,43 @@ async def test_a_web_stream_of_an_emoji_split_across_two_deltas_shows_the_emoji(
                 await provider.aclose()
     assert r.status_code == 200
     assert "😀".encode() in r.content and "\ufffd".encode() not in r.content
+
+
+@pytest.mark.parametrize("then", ["\ude00b", "b"])
+def test_a_half_held_as_a_gemini_continuation_hop_ends_waits_for_the_next_hop(then):
+    """A hop that ends (``finishReason: CONTINUATION``) between an emoji's halves: the
+    half waits for the next hop's first text, and the live text is the saved one (the
+    other half, or U+FFFD when it does not come)."""
+    from actors.providers.gemini import parse_stream
+    from actors.providers.gemini_wire import open_stream, wire_chunks, wire_request
+    from tests.test_provider_gemini_fast_path import PARAMS, _client, _run
+
+    def hop(text: str, finish: dict[str, Any]) -> list[bytes]:
+        content = {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}}]}
+        usage = {"promptTokenCount": 1, "candidatesTokenCount": 1}
+        chunks = [content, {"candidates": [finish], "usageMetadata": usage}]
+        return [b"".join(b"data: " + json.dumps(c).encode() + b"\r\n\r\n" for c in chunks)]
+
+    token = "cmVzdW1l"
+    first = hop("a\ud83d", {"finishReason": "CONTINUATION", "continuationToken": token})
+    second = hop(then, {"finishReason": "STOP"})
+
+    async def main() -> tuple[list[Any], Any]:
+        wire = wire_request(_client(first, second), PARAMS)
+        assert wire is not None
+
+        async def heard(_: Any) -> None:
+            return None
+
+        async with contextlib.aclosing(wire_chunks(wire, open_stream, heard)) as chunks:
+            return await _run(parse_stream, chunks)
+
+    chunks, error = trio.run(main)
+    assert error is None
+    deltas = [c.text for c in chunks if isinstance(c, TextChunk)]
+    for text in deltas:
+        text.encode()
+    assert "".join(deltas) == utf8_text("a\ud83d" + then)
 
 
 # -- any text, cut anywhere, read in any reads --------------------------------------------------
