@@ -34,6 +34,7 @@ import trio
 
 from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
+    HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
     classify_status,
@@ -41,10 +42,12 @@ from actors.providers.failures import (
     created,
     finite,
     fitted_name,
+    hold_half,
     hook_error,
     loads_refused,
     missing_key,
     quoted,
+    refuse_held,
     retry_after,
     strict_loads,
     text_of,
@@ -1060,10 +1063,24 @@ class _EventReader:
     its text deltas and how many more may be tried as one; a method per form of a read
     (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
 
-    __slots__ = ("learning", "loads", "response", "slot", "stopped", "stream", "texts")
+    __slots__ = (
+        "fast",
+        "half",
+        "learning",
+        "loads",
+        "response",
+        "saved",
+        "slot",
+        "stopped",
+        "stream",
+        "texts",
+    )
 
     def __init__(self, stream: Any, texts: bool) -> None:
-        self.loads = orjson_module().loads
+        self.loads = self.fast = orjson_module().loads
+        self.half: tuple[Any, str] | None = None
+        """Half a character held back from a block's text (:meth:`refused`)."""
+        self.saved: tuple[StringSlot | None, int] = (None, 0)
         self.stream = stream
         self.response = stream.response
         self.texts = texts
@@ -1126,10 +1143,11 @@ class _EventReader:
                 event = loads(data)
             except ValueError as exc:
                 try:
-                    event = loads_refused(data, exc)  # half a character: as the SDK reads it
-                except ValueError:
-                    failure = exc
+                    event = self.refused(data, exc, out, slot, learning)
+                except ValueError as refused:
+                    failure = refused
                     break
+                loads, slot, learning = self.loads, self.slot, self.learning
             if type(event) is not dict:
                 failure = _not_an_object(data)
                 break
@@ -1145,6 +1163,58 @@ class _EventReader:
         self.slot = slot
         self.learning = learning
         return failure
+
+    def refused(
+        self,
+        data: bytes,
+        exc: ValueError,
+        out: list[dict[str, Any] | list[str]],
+        slot: StringSlot | None,
+        learning: int,
+    ) -> Any:
+        """An event's JSON that ``self.loads`` refused with ``exc``: half a character
+        read as the SDK reads it (:func:`loads_refused`), and a text delta ending in a
+        high surrogate held back for the next text delta of its block
+        (:func:`hold_half`; any other event first: the half goes out as U+FFFD before
+        it). While a half is held, ``loads`` refuses every event and no slot reads (so
+        they all come here) and the slot and its learning wait; :attr:`slot`,
+        :attr:`learning` and :attr:`loads` are what the caller reads on with."""
+        if self.half is None:
+            event = loads_refused(data, exc)  # half a character: as the SDK reads it
+        else:
+            try:
+                event = self.fast(data)
+            except ValueError as real:
+                event = loads_refused(data, real)
+        was = self.half
+        if type(event) is dict:
+            self.half, flush = hold_half(event, was, _text_at, _text_at, _block)
+            if flush is not None:
+                out.append(_half_flushed(flush))
+        if was is None:
+            if self.half is None:
+                self.slot, self.learning = slot, learning
+            else:
+                self.saved = (slot, learning)
+                self.slot, self.learning, self.loads = None, 0, refuse_held
+        elif self.half is None:
+            (self.slot, self.learning), self.loads = self.saved, self.fast
+        return event
+
+
+def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """Where a text delta's text is (:func:`hold_half`)."""
+    return (event["delta"], "text") if _delta_text(event) is not None else None
+
+
+def _block(event: dict[str, Any]) -> Any:
+    return event.get("index")
+
+
+def _half_flushed(index: Any) -> dict[str, Any]:
+    """A text delta of a held half whose other half did not come (:meth:`_EventReader.refused`)."""
+    delta = {"type": "text_delta", "text": HALF_HELD}
+    return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 DRAIN_AFTER_STOP = 0.1

@@ -364,6 +364,70 @@ def loads_refused(data: bytes, refused: ValueError) -> Any:
         raise refused from None
 
 
+HALF_HELD = "\ufffd"
+"""What a held half (:func:`hold_half`) reads when its other half does not come next."""
+
+
+def refuse_held(data: bytes) -> Any:
+    """A reader's ``loads`` while it holds half a character (:func:`hold_half`): every
+    event then goes to its slow path, which reads it and joins or flushes the half. So
+    the fast path never looks for a held half."""
+    raise ValueError("half a character held: read on the slow path")
+
+
+def _joined(high: str, text: str) -> str:
+    """``text`` after a held ``high`` half: the character the two halves make if it
+    opens with the other half, else U+FFFD for the half alone."""
+    if text and "\udc00" <= text[0] <= "\udfff":
+        return chr(0x10000 + ((ord(high) - 0xD800) << 10) + (ord(text[0]) - 0xDC00)) + text[1:]
+    return HALF_HELD + text
+
+
+Slot = tuple[dict[str, Any], str]
+"""Where a text is in an event: the dict holding it and its key."""
+
+
+def hold_half(
+    event: dict[str, Any],
+    held: tuple[Any, str] | None,
+    first: Callable[[dict[str, Any]], Slot | None],
+    last: Callable[[dict[str, Any]], Slot | None],
+    part_of: Callable[[dict[str, Any]], Any],
+) -> tuple[tuple[Any, str] | None, Any]:
+    """An event read on a reader's slow path (:func:`loads_refused`, or any event while
+    a half is held): the held half ``(part, high surrogate)`` joined to the event's
+    ``first`` text if the event is a text of the same part (the character, or U+FFFD
+    when that text does not open with the other half); its ``last`` text, if it ends in
+    a high surrogate, gives that up, held for the next delta (``part_of`` the event
+    ``None``: the part ends with this event, the half is U+FFFD there). The half now
+    held (or ``None``), and the part whose held half must go out first as U+FFFD
+    (:data:`HALF_HELD`; the event is something else), or ``None``.
+
+    Why: a server escaping an emoji as ``"\\ud83d"`` then ``"\\ude00"`` in two deltas
+    showed each half as U+FFFD on every live stream (the web protocols and the relay
+    write JSON that holds no half), while the saved message has the emoji whole; held
+    back here, the live text is the saved text. Only on the slow path: an event orjson
+    reads holds no half (branch ``emoji``)."""
+    flush = None
+    if held is not None:
+        at = first(event)
+        if at is not None and part_of(event) in (held[0], None):
+            at[0][at[1]] = _joined(held[1], at[0][at[1]])
+        else:
+            flush = held[0]
+    at = last(event)
+    if at is not None:
+        text = at[0][at[1]]
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            part = part_of(event)
+            if part is None:  # the part ends: nothing to wait for
+                at[0][at[1]] = text[:-1] + HALF_HELD
+            else:
+                at[0][at[1]] = text[:-1]
+                return (part, text[-1]), flush
+    return None, flush
+
+
 def finite(value: Any) -> Any:
     """``value`` (JSON as Python) with each float that is not finite as ``None``, as the
     store writes it (orjson); ``value`` itself when it holds none. For an input already

@@ -36,7 +36,15 @@ from typing import Any
 import attrs
 import trio
 
-from actors.providers.failures import HEAD_BYTES, MAX_EVENT_BYTES, EventTooLarge, quoted
+from actors.providers.failures import (
+    HALF_HELD,
+    HEAD_BYTES,
+    MAX_EVENT_BYTES,
+    EventTooLarge,
+    hold_half,
+    quoted,
+    refuse_held,
+)
 from actors.providers.json_slot import orjson_module
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
@@ -284,7 +292,9 @@ def _decode(data: bytes) -> Any:
             ) from exc
 
 
-async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], None]:
+async def _chunks_of(
+    response: Any, raw: Any, carry: list[Any] | None = None
+) -> AsyncGenerator[dict[str, Any], None]:
     """The chunks of one hop's body as dicts; an error object raises the SDK's error.
 
     Once a chunk gave the first candidate's ``finishReason`` and a chunk at or after it
@@ -292,10 +302,17 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
     ``blockReason``, the hop's answer is whole: the body is read on as before for at most
     :data:`DRAIN_AFTER_END` seconds, and cut there. Why: reading on to the body's end, a
     finished answer from a server (a proxy) that kept the body open waited for the read
-    timeout and failed with a ``ProviderTimeout`` (branch ``provmend``)."""
+    timeout and failed with a ``ProviderTimeout`` (branch ``provmend``).
+
+    ``carry`` (one item): half a character held back (:func:`hold_half`) when an earlier
+    hop ended, and where this hop leaves one it ends holding, for the next hop or
+    :func:`wire_chunks`' end; without it, such a half goes out as it came."""
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
+    fast = orjson_module().loads
+    half: tuple[Any, str] | None = carry[0] if carry else None  # held back (hold_half)
+    loads = fast if half is None else refuse_held
     async with body_bytes(raw) as batches:
         ended = finished = False
         deadline: float | None = None
@@ -307,13 +324,25 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                 with trio.move_on_at(deadline) as scope:
                     chunk = await anext(batches, None)
                 if scope.cancelled_caught:
+                    if carry is not None:  # (once a hop)
+                        carry[0] = half
+                    elif half is not None:
+                        yield _half_flushed(half[1])
                     return  # (what came after the answer and ends no chunk is dropped)
             if chunk is None:
                 found, ended = decoder.finish(), True
             else:
                 found = decoder.feed(chunk)
             for data in found:
-                value = _decode(data)
+                try:
+                    value = loads(data)
+                except ValueError:
+                    value = _decode(data)  # the SDK's way, a half character read as it
+                    if type(value) is dict and not _continues(value):
+                        half, flush = hold_half(value, half, _first_text, _last_text, _part)
+                        if flush is not None:
+                            yield _half_flushed()
+                    loads = fast if half is None else refuse_held
                 if type(value) is not dict:
                     raise errors.MalformedStream(
                         f"a chunk is not a JSON object: {quoted(data)}", provider=PROVIDER
@@ -326,6 +355,60 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     if finished and ("usageMetadata" in value or _blocked(value)):
                         deadline = trio.current_time() + DRAIN_AFTER_END
                 yield value
+        if carry is not None:  # what the body ended holding (once a hop)
+            carry[0] = half
+        elif half is not None:
+            yield _half_flushed(half[1])
+
+
+def _parts(chunk: dict[str, Any]) -> list[Any] | None:
+    candidates = chunk.get("candidates")
+    first = candidates[0] if type(candidates) is list and candidates else None
+    content = first.get("content") if type(first) is dict else None
+    parts = content.get("parts") if type(content) is dict else None
+    return parts if type(parts) is list and parts else None
+
+
+def _plain(part: Any) -> tuple[dict[str, Any], str] | None:
+    """Where a part's text is, if it is plain text (no thought, no signature)."""
+    if type(part) is dict and len(part) == 1 and type(part.get("text")) is str:
+        return part, "text"
+    return None
+
+
+def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    parts = _parts(chunk)
+    return None if parts is None else _plain(parts[0])
+
+
+def _last_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    parts = _parts(chunk)
+    return None if parts is None else _plain(parts[-1])
+
+
+def _part(chunk: dict[str, Any]) -> int | None:
+    """The first candidate's text is one part (across continuation hops); ``None``: the
+    answer ends with this chunk."""
+    if _continuing(chunk):
+        return 0
+    return None if _finishes(chunk) else 0
+
+
+def _continuing(chunk: dict[str, Any]) -> bool:
+    candidates = chunk.get("candidates")
+    first = candidates[0] if type(candidates) is list and candidates else None
+    return type(first) is dict and first.get("finishReason") == "CONTINUATION"
+
+
+def _continues(chunk: dict[str, Any]) -> bool:
+    """A hop's last chunk, with no text, whose answer the next hop continues: a held half
+    waits on through it (:func:`_chunks_of`)."""
+    return _continuing(chunk) and _parts(chunk) is None
+
+
+def _half_flushed(text: str = HALF_HELD) -> dict[str, Any]:
+    """A chunk of a held half whose other half did not come next (:func:`hold_half`)."""
+    return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}]}
 
 
 DRAIN_AFTER_END = 0.1
@@ -404,13 +487,14 @@ async def wire_chunks(
     """
     before: dict[str, Any] | None = None
     start_token: str | None = None
+    carry: list[Any] = [None]  # half a character a hop ended holding (_chunks_of)
     while True:
         response, raw = await open_hop(wire)
         hop: dict[str, Any] = {"finish": None, "token": None}
         usage = None
         try:
             await on_response(raw)
-            chunks = _chunks_of(response, raw)
+            chunks = _chunks_of(response, raw, carry)
             async with aclosing(chunks):  # the caller may stop reading at any chunk
                 async for chunk in chunks:
                     candidates = chunk.get("candidates")
@@ -432,6 +516,8 @@ async def wire_chunks(
             await raw.aclose()
         token = hop["token"]
         if hop["finish"] != "CONTINUATION" or not token or token == start_token:
+            if carry[0] is not None:  # (once a call)
+                yield _half_flushed()
             return
         before, start_token = usage if isinstance(usage, dict) else before, token
         wire = _resumed(wire, token)

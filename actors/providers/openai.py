@@ -41,12 +41,15 @@ from urllib.parse import urlsplit
 import trio
 
 from actors.providers.failures import (
+    HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
     arguments_json,
     created,
+    hold_half,
     loads_refused,
     quoted,
+    refuse_held,
     strict_loads,
     text_of,
     tokens,
@@ -694,6 +697,35 @@ def _put_obfuscation(chunk: dict[str, Any], padding: str) -> None:
 _OBFUSCATION = (b'"obfuscation":', _put_obfuscation)
 
 
+def _first_choice(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    choices = chunk.get("choices")
+    if type(choices) is list:
+        for choice in choices:
+            if type(choice) is dict and not choice.get("index"):
+                return choice
+    return None
+
+
+def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """Where choice 0's text is (:func:`hold_half`), if it has one."""
+    choice = _first_choice(chunk)
+    delta = None if choice is None else choice.get("delta")
+    if type(delta) is dict and type(delta.get("content")) is str:
+        return delta, "content"
+    return None
+
+
+def _part(chunk: dict[str, Any]) -> int | None:
+    """Choice 0's text is one part; ``None``: it ends with this chunk."""
+    choice = _first_choice(chunk)
+    return None if choice is not None and choice.get("finish_reason") is not None else 0
+
+
+def _half_flushed(part: Any) -> dict[str, Any]:
+    """A text chunk of a held half whose other half did not come (:meth:`_ChunkReader.refused`)."""
+    return {"choices": [{"index": 0, "delta": {"content": HALF_HELD}}]}
+
+
 _TEXT_DELTA_KEYS = frozenset({"content", "role"})
 
 
@@ -893,10 +925,13 @@ class _ChunkReader:
 
     __slots__ = (
         "deadline",
+        "fast",
         "finished",
+        "half",
         "learning",
         "loads",
         "response",
+        "saved",
         "slot",
         "usage",
         "watching",
@@ -904,7 +939,10 @@ class _ChunkReader:
     )
 
     def __init__(self, response: Any, texts: bool, usage: bool | None = None) -> None:
-        self.loads = orjson_module().loads
+        self.loads = self.fast = orjson_module().loads
+        self.half: tuple[Any, str] | None = None
+        """Half a character held back from choice 0's text (:meth:`refused`)."""
+        self.saved: tuple[StringSlot | TwoStringSlot | None, int] = (None, 0)
         self.response = response
         self.slot: StringSlot | TwoStringSlot | None = None
         self.learning = SLOT_LEARNING if texts else 0
@@ -961,16 +999,19 @@ class _ChunkReader:
                     out.append([text])
                     continue
             if data.startswith(b"[DONE]"):
+                if self.half is not None:  # (once a stream)
+                    out.append(_half_flushed(self.half[0]))
                 done = True
                 break
             try:
                 chunk = loads(data)
             except ValueError as exc:
                 try:
-                    chunk = loads_refused(data, exc)  # half a character: as the SDK reads it
-                except ValueError:
-                    failure = exc
+                    chunk = self.refused(data, exc, out, slot, learning)
+                except ValueError as refused:
+                    failure = refused
                     break
+                loads, slot, learning = self.loads, self.slot, self.learning
             if type(chunk) is not dict:
                 # A JSON array here was read downstream as a run of texts (the form
                 # this reader gives those in) and crashed the engine with its numbers.
@@ -1008,6 +1049,43 @@ class _ChunkReader:
         self.slot = slot
         self.learning = learning
         return failure, done
+
+    def refused(
+        self,
+        data: bytes,
+        exc: ValueError,
+        out: list[Any],
+        slot: StringSlot | TwoStringSlot | None,
+        learning: int,
+    ) -> Any:
+        """A chunk's JSON that ``self.loads`` refused with ``exc``: half a character read
+        as the SDK reads it (:func:`loads_refused`), and a text ending in a high
+        surrogate held back for the next text chunk (:func:`hold_half`; a chunk of
+        something else first: the half goes out as U+FFFD before it). While a half is
+        held, ``loads`` refuses every chunk and no slot reads (so they all come here) and
+        the slot and its learning wait; :attr:`slot`, :attr:`learning` and :attr:`loads`
+        are what the caller reads on with."""
+        if self.half is None:
+            chunk = loads_refused(data, exc)  # half a character: as the SDK reads it
+        else:
+            try:
+                chunk = self.fast(data)
+            except ValueError as real:
+                chunk = loads_refused(data, real)
+        was = self.half
+        if type(chunk) is dict:
+            self.half, flush = hold_half(chunk, was, _first_text, _first_text, _part)
+            if flush is not None:
+                out.append(_half_flushed(flush))
+        if was is None:
+            if self.half is None:
+                self.slot, self.learning = slot, learning
+            else:
+                self.saved = (slot, learning)
+                self.slot, self.learning, self.loads = None, 0, refuse_held
+        elif self.half is None:
+            (self.slot, self.learning), self.loads = self.saved, self.fast
+        return chunk
 
     def _ends(self, chunk: dict[str, Any]) -> bool:
         """Whether ``chunk`` ends the answer (:func:`json_chunk_batches`' ``usage``):

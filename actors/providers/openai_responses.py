@@ -51,16 +51,20 @@ from contextlib import aclosing
 from typing import Any, ClassVar
 
 from actors.providers.failures import (
+    HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
     arguments_json,
     classify_status,
     created,
+    hold_half,
+    refuse_held,
     strict_loads,
     text_of,
     tokens,
     unreadable,
 )
+from actors.providers.json_slot import orjson_module
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -763,6 +767,8 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
     synthesize = options is not None and bool(getattr(options, "synthesize_event_and_data", 0))
     decoder = SSEDecoder()
     head, seen = b"", False
+    loads = fast = orjson_module().loads
+    half: tuple[Any, str] | None = None  # half a character held back (hold_half)
     async with body_bytes(response) as chunks:  # closed and read to its end on every way out
         while True:
             try:
@@ -781,7 +787,18 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
                 if data.startswith(b"[DONE]"):
                     await read_to_end(chunks)
                     return
-                value = json.loads(data)
+                try:
+                    value = loads(data)  # what json.loads reads, faster
+                except ValueError:
+                    value = json.loads(data)  # as the SDK reads it (half a character too)
+                    if type(value) is dict:
+                        half, flush = hold_half(value, half, _text_at, _text_at, _text_part)
+                        if flush is not None:
+                            held = _half_flushed(flush)
+                            if synthesize:
+                                held = {"data": held, "event": held["type"]}
+                            yield build(data=held, cast_to=cast_to, response=response)
+                    loads = fast if half is None else refuse_held
                 if legacy and isinstance(value, dict) and value.get("error"):
                     raise _sdk_stream_error(value["error"], response)
                 if synthesize:
@@ -791,6 +808,30 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
                 break
     if not seen:
         raise no_events(response, head, PROVIDER)
+
+
+def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """Where an output text delta's text is (:func:`hold_half`)."""
+    if event.get("type") == "response.output_text.delta" and type(event.get("delta")) is str:
+        return event, "delta"
+    return None
+
+
+def _text_part(event: dict[str, Any]) -> Any:
+    return (event.get("item_id"), event.get("output_index"), event.get("content_index"))
+
+
+def _half_flushed(part: Any) -> dict[str, Any]:
+    """An output text delta of a held half whose other half did not come next."""
+    item_id, output_index, content_index = part
+    return {
+        "type": "response.output_text.delta",
+        "item_id": item_id,
+        "output_index": output_index,
+        "content_index": content_index,
+        "delta": HALF_HELD,
+        "logprobs": [],
+    }
 
 
 def _sdk_stream_error(body: Any, response: Any) -> Exception:
