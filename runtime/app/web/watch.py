@@ -23,6 +23,7 @@ import trio
 
 from runtime.errors import RelayTurnGone, StoreError
 from runtime.logging import get_logger
+from runtime.redact import redact
 from runtime.turn_queue import TurnQueue
 
 POLL_FIRST: Final = 0.02
@@ -155,7 +156,7 @@ class EndedTurnLook:
             # A store that cannot say (PostgreSQL restarting) does not say the turn
             # ended: the read goes on, on a relay and a worker that may well be fine.
             get_logger("axon.web").warning(
-                "frontend.turn_look_failed", turn_id=self.turn_id, error=str(exc)
+                "frontend.turn_look_failed", turn_id=self.turn_id, error=redact(str(exc))
             )
             self._ended = 0
             return
