@@ -42,12 +42,10 @@ from actors.providers.failures import (
     created,
     finite,
     fitted_name,
-    hold_half,
     hook_error,
-    loads_refused,
     missing_key,
     quoted,
-    refuse_held,
+    read_holding,
     retry_after,
     strict_loads,
     text_of,
@@ -1172,34 +1170,9 @@ class _EventReader:
         slot: StringSlot | None,
         learning: int,
     ) -> Any:
-        """An event's JSON that ``self.loads`` refused with ``exc``: half a character
-        read as the SDK reads it (:func:`loads_refused`), and a text delta ending in a
-        high surrogate held back for the next text delta of its block
-        (:func:`hold_half`; any other event first: the half goes out as U+FFFD before
-        it). While a half is held, ``loads`` refuses every event and no slot reads (so
-        they all come here) and the slot and its learning wait; :attr:`slot`,
-        :attr:`learning` and :attr:`loads` are what the caller reads on with."""
-        if self.half is None:
-            event = loads_refused(data, exc)  # half a character: as the SDK reads it
-        else:
-            try:
-                event = self.fast(data)
-            except ValueError as real:
-                event = loads_refused(data, real)
-        was = self.half
-        if type(event) is dict:
-            self.half, flush = hold_half(event, was, _text_at, _text_at, _block)
-            if flush is not None:
-                out.append(_half_flushed(flush))
-        if was is None:
-            if self.half is None:
-                self.slot, self.learning = slot, learning
-            else:
-                self.saved = (slot, learning)
-                self.slot, self.learning, self.loads = None, 0, refuse_held
-        elif self.half is None:
-            (self.slot, self.learning), self.loads = self.saved, self.fast
-        return event
+        """An event's JSON that ``self.loads`` refused with ``exc``, read on the slow
+        path that holds half a character back (:func:`read_holding`)."""
+        return read_holding(self, data, exc, out, slot, learning, _text_at, _block, _half_flushed)
 
 
 def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:

@@ -387,6 +387,50 @@ Slot = tuple[dict[str, Any], str]
 """Where a text is in an event: the dict holding it and its key."""
 
 
+def read_holding(
+    reader: Any,
+    data: bytes,
+    exc: ValueError,
+    out: list[Any],
+    slot: Any,
+    learning: int,
+    texts: Callable[[dict[str, Any]], Slot | None],
+    part_of: Callable[[dict[str, Any]], Any],
+    flushed: Callable[[Any], Any],
+) -> Any:
+    """A reader's slow path for an event whose JSON ``reader.loads`` refused with
+    ``exc``: half a character read as the SDK reads it (:func:`loads_refused`), and a
+    text delta ending in a high surrogate held back for the next text delta of its part
+    (:func:`hold_half` with ``texts`` as both its ``first`` and ``last``; any other event
+    first: the half goes out before it, as ``flushed(part)`` appended to ``out``).
+    While a half is held, ``reader.loads`` refuses every event (:func:`refuse_held`) and
+    no slot reads, so they all come here, and the reader's ``slot`` and ``learning``
+    wait in ``reader.saved``. ``reader`` (the OpenAI and the Anthropic readers) has
+    ``half``, ``fast`` (orjson's ``loads``), ``saved``, ``slot``, ``learning`` and
+    ``loads``, which the caller reads on with; the event is returned."""
+    if reader.half is None:
+        event = loads_refused(data, exc)  # half a character: as the SDK reads it
+    else:
+        try:
+            event = reader.fast(data)
+        except ValueError as real:
+            event = loads_refused(data, real)
+    was = reader.half
+    if type(event) is dict:
+        reader.half, flush = hold_half(event, was, texts, texts, part_of)
+        if flush is not None:
+            out.append(flushed(flush))
+    if was is None:
+        if reader.half is None:
+            reader.slot, reader.learning = slot, learning
+        else:
+            reader.saved = (slot, learning)
+            reader.slot, reader.learning, reader.loads = None, 0, refuse_held
+    elif reader.half is None:
+        (reader.slot, reader.learning), reader.loads = reader.saved, reader.fast
+    return event
+
+
 def hold_half(
     event: dict[str, Any],
     held: tuple[Any, str] | None,

@@ -46,10 +46,8 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
     created,
-    hold_half,
-    loads_refused,
     quoted,
-    refuse_held,
+    read_holding,
     strict_loads,
     text_of,
     tokens,
@@ -1058,34 +1056,9 @@ class _ChunkReader:
         slot: StringSlot | TwoStringSlot | None,
         learning: int,
     ) -> Any:
-        """A chunk's JSON that ``self.loads`` refused with ``exc``: half a character read
-        as the SDK reads it (:func:`loads_refused`), and a text ending in a high
-        surrogate held back for the next text chunk (:func:`hold_half`; a chunk of
-        something else first: the half goes out as U+FFFD before it). While a half is
-        held, ``loads`` refuses every chunk and no slot reads (so they all come here) and
-        the slot and its learning wait; :attr:`slot`, :attr:`learning` and :attr:`loads`
-        are what the caller reads on with."""
-        if self.half is None:
-            chunk = loads_refused(data, exc)  # half a character: as the SDK reads it
-        else:
-            try:
-                chunk = self.fast(data)
-            except ValueError as real:
-                chunk = loads_refused(data, real)
-        was = self.half
-        if type(chunk) is dict:
-            self.half, flush = hold_half(chunk, was, _first_text, _first_text, _part)
-            if flush is not None:
-                out.append(_half_flushed(flush))
-        if was is None:
-            if self.half is None:
-                self.slot, self.learning = slot, learning
-            else:
-                self.saved = (slot, learning)
-                self.slot, self.learning, self.loads = None, 0, refuse_held
-        elif self.half is None:
-            (self.slot, self.learning), self.loads = self.saved, self.fast
-        return chunk
+        """An chunk's JSON that ``self.loads`` refused with ``exc``, read on the slow
+        path that holds half a character back (:func:`read_holding`)."""
+        return read_holding(self, data, exc, out, slot, learning, _first_text, _part, _half_flushed)
 
     def _ends(self, chunk: dict[str, Any]) -> bool:
         """Whether ``chunk`` ends the answer (:func:`json_chunk_batches`' ``usage``):
