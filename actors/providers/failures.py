@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runtime import errors, serde
+from runtime.redact import redact_text
 
 CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|prompt is too long|maximum context|context (window|length|limit)"
@@ -66,8 +67,6 @@ def quoted(data: bytes | str, limit: int = QUOTED) -> str:
     an undecodable body quoting a key at byte 170 showed 30 of its 32 characters in the
     stream, the store and the logs. Give it ``HEAD_BYTES`` of the body when there are
     more: a secret that starts before the cut and ends within the margin is hidden."""
-    from runtime.redact import redact_text
-
     shown = repr(data[:limit])
     if len(data) <= limit:
         return redact_text(shown)
