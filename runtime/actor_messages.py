@@ -190,6 +190,8 @@ class ToolOutcome:
     waits_for: str | None = None
     """An agent used as a tool whose sub-turn waits for this approval id
     (:attr:`ToolContext.waits_for`): no result; the calling turn suspends."""
+    waits_until: float | None = None
+    """When the wait :attr:`waits_for` names expires (``None``: never)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -22,7 +22,7 @@ from runtime.errors import (
 from runtime.media import MediaLimits
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
 from runtime.retry import RetryPolicy
-from runtime.tools import AGENT_DEPTH_META, Tool, ToolContext, tool
+from runtime.tools import AGENT_DEPTH_META, PARENT_SESSION_META, Tool, ToolContext, tool
 
 if TYPE_CHECKING:
     from runtime.output_schema import OutputSchema
@@ -376,6 +376,19 @@ def _passes(result: Any, may: bool) -> bool:
     return may and len(pending) == 1 and pending[0].kind == "approval"  # runtime.approval.APPROVAL
 
 
+def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:
+    """When the sub-turn's wait for ``approval_id`` expires (the sub-agent's
+    ``approval_timeout``), the calling turn's wait's deadline too; ``None``: never."""
+    for m in reversed(messages):
+        if isinstance(m, AssistantMessage):
+            for p in m.content:
+                w = p.awaiting if isinstance(p, ToolCallPart) else None
+                if w is not None and w.id == approval_id:
+                    return w.expires_at
+            return None
+    return None
+
+
 async def _sub_stream(
     session: Any,
     context: ToolContext,
@@ -410,7 +423,9 @@ async def _go_on(
     is there already and the sub-turn resumed or finished: it goes on from its committed
     steps, or gives its answer, as any retried sub-turn does."""
     try:
-        await session.decide(decision.id, approved=bool(decision.approved), reason=decision.reason)
+        await session.decide(
+            decision.id, approved=bool(decision.approved), reason=decision.reason, by_caller=True
+        )
     except AlreadyDecided:
         pass  # recorded by the run a crash cut short
     try:
@@ -483,7 +498,7 @@ async def _run_sub_turn(
         agent,
         session_id=_sub_session_id(context, tool_name),
         meta={
-            "parent_session_id": context.session_id,
+            PARENT_SESSION_META: context.session_id,
             "parent_tool_call_id": context.tool_call_id,
             "parent_turn_id": context.turn_id,
             AGENT_DEPTH_META: depth,
@@ -516,6 +531,7 @@ async def _run_sub_turn(
         passes = result.finish_reason == "awaiting-input" and _passes(
             result, pass_approvals and context.may_wait
         )
+        until = _deadline(session.messages, result.pending[0].approval_id) if passes else None
         if result.finish_reason == "awaiting-input" and not passes:
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
@@ -525,6 +541,7 @@ async def _run_sub_turn(
     context.add_usage(result.usage)
     if passes:  # the calling turn waits for its approval (issue 21)
         context.waits_for = result.pending[0].approval_id
+        context.waits_until = until
         return ""
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason

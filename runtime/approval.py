@@ -20,6 +20,7 @@ import orjson
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
     AlreadyDecided,
+    CallerDecides,
     InvalidDecision,
     StoreConflict,
     UnknownApproval,
@@ -98,6 +99,11 @@ class Decision:
     error: str | None = None
     has_output: bool = False
     """Whether ``output`` was given (``None`` is a valid output)."""
+    by_caller: bool = False
+    """Made by the calling call of an agent used as a tool, for a wait of its sub-session
+    (:attr:`~runtime.messages.Awaiting.caller`): the only decision such a wait takes.
+    Its deadline is not checked again: the caller's wait, checked when the caller's
+    decision was made, had the same one."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -340,8 +346,10 @@ def _decide(
         raise AlreadyDecided(f"{key!r} was decided already")
     assert found is not None
     index, message = found
-    if now is not None:
-        _check_deadline(message, call, key, now)
+    if not decision.by_caller:
+        _check_owner(message, call, key)
+        if now is not None:
+            _check_deadline(message, call, key, now)
     content = tuple(
         attrs.evolve(p, awaiting=_check(p, decision, tools, max_chars))
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
@@ -353,6 +361,22 @@ def _decide(
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after
+
+
+def _check_owner(message: AssistantMessage, call: PendingCall, key: str) -> None:
+    """:class:`CallerDecides` when ``call`` waits for the session that called this one
+    as a tool (:attr:`~runtime.messages.Awaiting.caller`): a decision here would
+    leave the caller's wait for the same id undecided, or decided otherwise."""
+    for part in message.content:
+        if isinstance(part, ToolCallPart) and part.tool_call_id == call.tool_call_id:
+            caller = part.awaiting.caller if part.awaiting is not None else None
+            if caller is not None:
+                raise CallerDecides(
+                    f"{key!r} waits in a sub-session of session {caller!r}, which called "
+                    f"its agent as a tool: decide it on session {caller!r}",
+                    caller=caller,
+                )
+            return
 
 
 def _check_deadline(message: AssistantMessage, call: PendingCall, key: str, now: float) -> None:

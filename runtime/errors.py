@@ -319,6 +319,18 @@ class WaitExpired(AlreadyDecided):
     the timer had fired."""
 
 
+class CallerDecides(AlreadyDecided):
+    """The call waits in the session of an agent used as a tool, and the session that
+    called it decides it: its turn waits for the same approval id
+    (``as_tool(pass_approvals=True)``, docs/approval.md). A decision addressed to the
+    sub-session is refused (409 on the web) and records nothing; decide it on the
+    calling session named in the message (:attr:`caller`)."""
+
+    def __init__(self, message: str, *, caller: str = "") -> None:
+        super().__init__(message)
+        self.caller = caller
+
+
 class InvalidDecision(DecisionError):
     """The decision does not fit the call: an approval given an output, a client tool's
     output that does not match its schema, or neither given."""

@@ -103,6 +103,11 @@ class Awaiting:
     sub-turn waits for this approval: :attr:`id` is the sub-turn's approval id. Decided
     either way, the call runs again and its sub-turn goes on with the decision (a denial
     is the sub-agent's to answer); its answer is the call's result."""
+    caller: str | None = None
+    """The wait is in the session of an agent used as a tool, and the session that called
+    it (this id) decides it, its call's turn waiting for the same id
+    (``as_tool(pass_approvals=True)``) or ending it: a decision addressed to this session
+    is refused (:class:`~runtime.errors.CallerDecides`). ``None``: this session's own."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

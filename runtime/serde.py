@@ -51,6 +51,7 @@ converter.register_unstructure_hook_factory(
         converter,
         expires_at=override(omit_if_default=True),
         nested=override(omit_if_default=True),
+        caller=override(omit_if_default=True),
     ),
 )
 

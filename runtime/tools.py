@@ -46,6 +46,19 @@ AGENT_DEPTH_META = "agent_depth"
 runs the sub-turn reads it too)."""
 
 
+PARENT_SESSION_META = "parent_session_id"
+"""The session meta key naming the session whose call opened this one (an agent used as
+a tool, :meth:`~runtime.agent.Agent.as_tool`): the waits of its turns are that session's
+to decide (:attr:`~runtime.messages.Awaiting.caller`)."""
+
+
+def caller_of(meta: Any) -> str | None:
+    """The calling session a session's ``meta`` names (:data:`PARENT_SESSION_META`), or
+    ``None`` for a session an application opened."""
+    caller = meta.get(PARENT_SESSION_META) if isinstance(meta, Mapping) else None
+    return caller if isinstance(caller, str) else None
+
+
 def agent_depth(meta: Any) -> int:
     """The depth a session's ``meta`` gives (:data:`AGENT_DEPTH_META`): 0 when it gives
     none, or something that is no depth (a caller's meta of its own)."""
@@ -78,6 +91,7 @@ class ToolContext(Generic[Deps]):
         "turn_id",
         "usage",
         "waits_for",
+        "waits_until",
     )
 
     def __init__(
@@ -128,6 +142,9 @@ class ToolContext(Generic[Deps]):
         (when :attr:`may_wait`): that approval's id. The call then has no result: its
         turn suspends, waiting for that id, and the call runs again with
         :attr:`decision` once it is decided (docs/approval.md)."""
+        self.waits_until: float | None = None
+        """With :attr:`waits_for`: when that wait expires (the sub-agent's
+        ``approval_timeout``, wall-clock seconds), the deadline of the calling turn's."""
         self._emit = emit
 
     @property

@@ -88,22 +88,40 @@ def hold_context(
 
 
 def awaiting(
-    kind: str, tool_call_id: str, turn_id: str, expires_at: float | None = None
+    kind: str,
+    tool_call_id: str,
+    turn_id: str,
+    expires_at: float | None = None,
+    caller: str | None = None,
 ) -> Awaiting:
-    """The stored wait of a held call (an approval gets an id of its own)."""
+    """The stored wait of a held call (an approval gets an id of its own). ``caller``:
+    the session that called this one's agent as a tool, which decides the wait."""
     return Awaiting(
         kind=kind,
         id=new_id("approval") if kind == APPROVAL else tool_call_id,
         turn_id=turn_id,
         expires_at=expires_at,
+        caller=caller,
     )
 
 
-def nested_wait(approval_id: str, turn_id: str) -> Awaiting:
+def nested_wait(
+    approval_id: str, turn_id: str, expires_at: float | None = None, caller: str | None = None
+) -> Awaiting:
     """The stored wait of a call whose sub-agent (an agent used as a tool) suspended for
     the approval ``approval_id``: the calling turn waits for that same id
-    (``ToolOutcome.waits_for``); its deadline, if any, is the sub-turn's own."""
-    return Awaiting(kind=APPROVAL, id=approval_id, turn_id=turn_id, nested=True)
+    (``ToolOutcome.waits_for``); its deadline is the sooner of the sub-turn's own (its
+    agent's ``approval_timeout``) and this turn's agent's, if either has one: past it the
+    call is denied ``timed out``, and its sub-turn with it. ``caller``: as
+    :func:`awaiting`'s (an agent tool two agents deep)."""
+    return Awaiting(
+        kind=APPROVAL,
+        id=approval_id,
+        turn_id=turn_id,
+        expires_at=expires_at,
+        nested=True,
+        caller=caller,
+    )
 
 
 def expiry_time(host: TurnHost, agent: Agent) -> float | None:
@@ -272,7 +290,8 @@ class Suspending:
     async def _announce_waiting(self, turn: Any, step: int) -> None:
         """The bus hears of each approval the suspended turn waits for (once stored);
         the host's timer, of its deadline if it has one (:mod:`runtime.app.expiry`)."""
-        if any(w.expires_at is not None for w in turn.held.values()):
+        if any(w.expires_at is not None and w.caller is None for w in turn.held.values()):
+            # (a wait its caller decides expires with the caller's wait, by its timer)
             self.host.expiry.note(self.state.session_id, self.agent, self.state.messages)
         for part, w in held_approvals(turn.parts.content, turn.held):
             await self.publish(

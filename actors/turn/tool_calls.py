@@ -29,7 +29,7 @@ from runtime.actor_messages import (
 )
 from runtime.chunks import ToolCallChunk
 from runtime.errors import ToolDefinitionError
-from runtime.tools import Tool, agent_depth
+from runtime.tools import Tool, agent_depth, caller_of
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -100,7 +100,11 @@ class ToolCalling:
                 kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
                 if kind is not None:
                     turn.held[call.tool_call_id] = awaiting(
-                        kind, call.tool_call_id, turn.turn_id, expiry_time(self.host, self.agent)
+                        kind,
+                        call.tool_call_id,
+                        turn.turn_id,
+                        expiry_time(self.host, self.agent),
+                        caller_of(turn.meta),
                     )
                     continue
                 runnable.append(
@@ -165,7 +169,12 @@ class ToolCalling:
                     pending.discard(item.tool_call_id)
                     turn.outcomes[item.tool_call_id] = item
                     if item.waits_for is not None:  # its sub-agent waits: so does the turn
-                        turn.held[item.tool_call_id] = nested_wait(item.waits_for, turn.turn_id)
+                        turn.held[item.tool_call_id] = nested_wait(
+                            item.waits_for,
+                            turn.turn_id,
+                            _sooner(item.waits_until, expiry_time(self.host, self.agent)),
+                            caller_of(turn.meta),
+                        )
                         continue
                     await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
@@ -198,6 +207,13 @@ class ToolCalling:
             ),
             self.agent.hooks.on_tool_result,
         )
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    """The earlier of two deadlines (``None``: none)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
 
 
 def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> str | None:

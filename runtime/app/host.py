@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -62,6 +62,7 @@ from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.redact import redact
 from runtime.store import SessionRecord, Store, validate_session_id
+from runtime.tools import caller_of
 
 if TYPE_CHECKING:
     from actors.mcp import Servers
@@ -250,6 +251,16 @@ def _no_turn_waits(session: Session) -> Callable[[], bool]:
         return s is not None and not s.queued
 
     return no_turn_waits
+
+
+def _taken_back(existing: Session, meta: Mapping[str, Any] | None) -> bool:
+    """Whether an open of an agent used as a tool (its ``meta`` names the calling
+    session) takes its sub-session back from ``existing``, the same id open with
+    another agent and idle: someone opened it to look at it (the web app, serving
+    its own agent, for a request naming that id). The call closes that one and opens
+    its own: before, the calling call failed with ``SessionBusy``, and the approval
+    its caller had just given was lost with its sub-turn."""
+    return caller_of(meta) is not None and not existing.busy and not existing.queued
 
 
 def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
@@ -725,6 +736,9 @@ class Host:
                 pending = self._opening[sid] = trio.Event()
             await pending.wait()
         existing = self.sessions.get(sid)
+        if existing is not None and existing.agent is not agent and _taken_back(existing, meta):
+            await self.close_session(existing)
+            existing = None
         if existing is not None:
             if existing.agent is not agent:
                 raise SessionBusy(f"session {sid!r} is already open with another agent")

@@ -1305,6 +1305,7 @@ class Session:
         output: Any = _UNSET,
         error: str | None = None,
         expected_version: int | None = None,
+        by_caller: bool = False,
     ) -> Recorded:
         """Record a decision for a waiting call, without resuming the turn: ``approved``
         (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
@@ -1322,6 +1323,11 @@ class Session:
         that record (the web app's body of several answers): the save's version check
         tells it whether its checks were made on what the store held.
 
+        A call of a sub-session (an agent used as a tool) waits for the session that
+        called it: a decision here raises :class:`~runtime.errors.CallerDecides`, which
+        names that session; ``by_caller`` is the calling call's own (the agent tool
+        running again with the caller's decision), the one decision it takes.
+
         A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
         nothing (it recorded the decision, then its continuation was refused, or failed
         on the store the host had closed)."""
@@ -1334,6 +1340,7 @@ class Session:
             output=None if output is _UNSET else output,
             error=error,
             has_output=output is not _UNSET,
+            by_caller=by_caller,
         )
         tools = {t.name: t for t in self.agent.tools}
         known = self.held_record()

@@ -84,6 +84,7 @@ from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_ca
 from runtime.busy import REJECT
 from runtime.errors import (
     AlreadyDecided,
+    CallerDecides,
     DecisionError,
     InvalidHistory,
     InvalidMedia,
@@ -121,7 +122,12 @@ HEADERS: dict[str, str] = {
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 """What the runtime takes as a turn or message id (a client's that is not is replaced)."""
 
-_DECISION_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, WaitExpired: 409}
+_DECISION_STATUS: dict[type, int] = {
+    UnknownApproval: 404,
+    AlreadyDecided: 409,
+    WaitExpired: 409,
+    CallerDecides: 409,
+}
 
 
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:

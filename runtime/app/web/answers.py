@@ -34,6 +34,7 @@ from runtime.approval import (
 )
 from runtime.errors import (
     AlreadyDecided,
+    CallerDecides,
     DecisionError,
     InvalidDecision,
     StoreConflict,
@@ -50,6 +51,7 @@ _STATUS: dict[type, int] = {
     UnknownApproval: 404,
     AlreadyDecided: 409,
     WaitExpired: 409,
+    CallerDecides: 409,
     InvalidDecision: 400,
 }
 

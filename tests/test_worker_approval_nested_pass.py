@@ -1,0 +1,152 @@
+"""``as_tool(pass_approvals=True)`` in the worker deployment (real PostgreSQL and Redis,
+in process): the sub-agent's approval suspends the calling turn's row; the decision
+posted for the calling session resumes both turns on a worker; one addressed to the
+sub-session is a 409 that changes nothing; the sub-agent's ``approval_timeout`` is the
+calling row's deadline, and its expiry denies the sub-agent's call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime import Agent
+from runtime.actor_messages import InferRequest
+from runtime.approval import pending_calls
+from runtime.messages import ToolMessage
+from tests.support.redis import require_redis
+from tests.test_approval_nested_pass import (
+    _clear,  # noqa: F401 (fixture)
+    _helper_model,
+    _last_result,
+    ran,
+    sub_steps,
+    wire_money,
+)
+from tests.test_frontend import LIMIT, deployment
+from tests.test_relay_web import sse_events
+from tests.test_worker_approval import asked, chat, payloads, waiting_turn
+
+
+def _parent_model(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("helper", {"input": "pay x"}, tool_call_id="H")
+    result = _last_result(request)
+    return [f"parent saw: {result.output if result.error is None else result.error}"]
+
+
+def calling(timeout: float | None = None) -> Agent:
+    helper = Agent(
+        name="helper",
+        provider=ScriptedProvider(responder=_helper_model),
+        tools=[wire_money],
+        approval_timeout=timeout,
+    )
+    return Agent(
+        name="calls",
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+
+
+SUB = "s1.helper.H"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+def _answer(session_id: str, message_id: str, part: dict[str, Any]) -> dict[str, Any]:
+    sent = chat(session_id, "go")
+    sent["messages"].append(
+        {"id": message_id, "role": "assistant", "parts": [{"type": "step-start"}, part]}
+    )
+    sent["messageId"] = message_id
+    return sent
+
+
+def _on_h(approval_id: str, approved: bool) -> dict[str, Any]:
+    return {
+        "type": "tool-helper",
+        "toolCallId": "H",
+        "state": "approval-responded",
+        "input": {"input": "pay x"},
+        "approval": {"id": approval_id, "approved": approved},
+    }
+
+
+async def _suspend(d: Any, client: httpx.AsyncClient) -> tuple[str, str]:
+    """The calling turn's message id and the approval id it waits for."""
+    response = await client.post(f"{d.urls[0]}/api/chat", json=chat("s1", "go"))
+    events = sse_events(response.text)
+    await waiting_turn(d)
+    return payloads(events)[0]["messageId"], asked(events)["approvalId"]
+
+
+async def test_a_workers_calling_turn_waits_and_the_approval_resumes_both(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, calling()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            message_id, approval_id = await _suspend(d, client)
+            assert ran == []
+            response = await client.post(
+                f"{d.urls[0]}/api/chat", json=_answer("s1", message_id, _on_h(approval_id, True))
+            )
+        turn = await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        sub = await d.store.load(SUB)
+    second = payloads(sse_events(response.text))
+    done = [c for c in second if c["type"] == "tool-output-available" and not c.get("preliminary")]
+    assert [(c["toolCallId"], c["output"]) for c in done] == [("H", "paid")]
+    assert second[-1]["finishReason"] == "stop"
+    assert turn is not None and turn.status == "done"
+    assert ran == ["x"] and sub_steps == [0, 1]
+    assert sub is not None and pending_calls(list(sub.messages)) == ()
+
+
+async def test_a_decision_posted_for_the_sub_session_is_a_409_in_a_worker_deployment(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, calling()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            _, approval_id = await _suspend(d, client)
+            sub = await d.store.load(SUB)
+            assert sub is not None
+            part = {
+                "type": "tool-wire_money",
+                "toolCallId": "W",
+                "state": "approval-responded",
+                "input": {"to": "x"},
+                "approval": {"id": approval_id, "approved": True},
+            }
+            response = await client.post(
+                f"{d.urls[0]}/api/chat", json=_answer(SUB, sub.messages[1].id, part)
+            )
+        after = await d.store.load(SUB)
+    assert response.status_code == 409 and "'s1'" in response.text, response.text
+    assert after is not None and [c.decided for c in pending_calls(list(after.messages))] == [False]
+    assert ran == []
+
+
+async def test_the_sub_agents_timeout_expires_the_calling_row_and_denies_its_call(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, calling(timeout=600)) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            await _suspend(d, client)
+        waited = await waiting_turn(d)
+        assert waited.expires_at is not None and waited.expires_at > time.time() + 500
+        host = d.workers[0].host
+        assert host is not None
+        host.clock = lambda: time.time() + 601
+        turn = await d.queue.wait_finished(waited.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    assert turn is not None and turn.status == "done"
+    assert record is not None
+    (result,) = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert result.output.startswith("not paid: ") and "timed out" in result.output
+    assert ran == [] and sub_steps == [0, 1]
