@@ -297,8 +297,11 @@ class Agent:
         id on the calling session (``respond``) runs the call again, which records the
         decision in the sub-session and goes on with the sub-turn from its committed
         step (a denial is the sub-agent's to answer); its answer is the call's result.
-        A sub-turn that waits for more than one call, for a client tool, or again after
-        the decision, is a tool error as without it (docs/approval.md).
+        Only the calling session decides it: a decision addressed to the sub-session
+        raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
+        ``approval_timeout`` is the calling call's deadline too. A sub-turn that waits
+        for more than one call, for a client tool, or again after the decision, is a
+        tool error as without it (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
