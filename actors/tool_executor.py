@@ -463,7 +463,9 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 emit=emit,
                 deps=request.deps,
                 depth=request.depth,
-                may_wait=request.may_wait and not call.approved,
+                # a call approved runs, not waits; one whose sub-agent waited may wait
+                # again (its sub-turn asks for its next approval)
+                may_wait=request.may_wait and (not call.approved or call.decision is not None),
                 decision=call.decision,
             )
             try:

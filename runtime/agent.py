@@ -299,9 +299,10 @@ class Agent:
         step (a denial is the sub-agent's to answer); its answer is the call's result.
         Only the calling session decides it: a decision addressed to the sub-session
         raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
-        ``approval_timeout`` is the calling call's deadline too. A sub-turn that waits
-        for more than one call, for a client tool, or again after the decision, is a
-        tool error as without it (docs/approval.md).
+        ``approval_timeout`` is the calling call's deadline too. More approvals (two
+        calls of a sub-step, a later sub-step that asks) pass one at a time, the calling
+        turn's continuation waiting again for the next. A sub-turn that waits for a
+        client tool is a tool error as without it (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
@@ -374,9 +375,10 @@ def _sub_turn_ids(context: ToolContext, tool_name: str) -> tuple[str, str]:
 def _passes(result: Any, may: bool) -> bool:
     """Whether the calling turn may wait for the suspended sub-turn's ``result``
     (``as_tool(pass_approvals=True)``, a call its turn can suspend for): it waits for
-    exactly one call, an approval."""
+    approvals only (runtime.approval.APPROVAL), and passes the first: one at a time, the
+    next once it is decided (the calling call waits again for it)."""
     pending = result.pending
-    return may and len(pending) == 1 and pending[0].kind == "approval"  # runtime.approval.APPROVAL
+    return may and bool(pending) and all(p.kind == "approval" for p in pending)
 
 
 def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:

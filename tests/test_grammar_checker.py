@@ -1,7 +1,9 @@
 """The output grammar checker (tests/support/grammar) on streams written by hand: the
 turns with no step it accepts are the zero-step continuation a budget ends, and a bare
 ``start finish`` (``budget``: a hook's own on turn start; ``stop``: a takeover of an
-answered turn; tests/test_stepless_turns.py streams both for real)."""
+answered turn; tests/test_stepless_turns.py streams both for real), and a continuation
+whose agent tool asks for its sub-agent's next approval (``tool-approval-request`` after
+the results, ``awaiting-input``; tests/test_approval_nested_pass_many.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,24 @@ def test_a_continuation_a_budget_ended_before_any_step_is_accepted():
 @pytest.mark.parametrize("reason", ["budget", "stop"])
 def test_start_finish_alone_is_accepted_for_a_hooks_budget_or_an_answered_takeover(reason):
     check_grammar(stream(reason=reason))
+
+
+def test_a_continuation_asking_for_the_next_passed_approval_is_accepted():
+    check_grammar(
+        stream("tool-result", "tool-stream", "tool-approval-request", reason="awaiting-input")
+    )
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        ("tool-approval-request", "step-start", "step-finish"),  # then a step: it went on
+        ("tool-result", "tool-approval-request"),  # "stop": it did not wait
+    ],
+)
+def test_a_leading_approval_request_in_a_turn_that_does_not_wait_is_refused(types):
+    with pytest.raises(AssertionError):
+        check_grammar(stream(*types, reason="stop"))
 
 
 @pytest.mark.parametrize(

@@ -150,3 +150,52 @@ async def test_the_sub_agents_timeout_expires_the_calling_row_and_denies_its_cal
     (result,) = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert result.output.startswith("not paid: ") and "timed out" in result.output
     assert ran == [] and sub_steps == [0, 1]
+
+
+def _pays_twice_model(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return [
+            *tool_call("wire_money", {"to": "x"}, tool_call_id="W1"),
+            *tool_call("wire_money", {"to": "y"}, tool_call_id="W2"),
+        ]
+    results = [m for m in request.messages if isinstance(m, ToolMessage)]
+    return [", ".join(m.output or "not paid" for m in results)]
+
+
+def _parent_of_two(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("helper", {"input": "pay x"}, tool_call_id="H")
+    return [f"parent saw: {_last_result(request).output}"]
+
+
+async def test_a_workers_calling_turn_waits_again_for_the_sub_steps_second_approval(
+    pg_url: str, redis_url: str
+) -> None:
+    helper = Agent(
+        name="helper", provider=ScriptedProvider(responder=_pays_twice_model), tools=[wire_money]
+    )
+    agent = Agent(
+        name="calls",
+        provider=ScriptedProvider(responder=_parent_of_two),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+    async with deployment(pg_url, redis_url, agent) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            message_id, first = await _suspend(d, client)
+            response = await client.post(
+                f"{d.urls[0]}/api/chat", json=_answer("s1", message_id, _on_h(first, True))
+            )
+            again = asked(sse_events(response.text))
+            turn = await waiting_turn(d)
+            assert again["toolCallId"] == "H" and again["approvalId"] != first
+            assert turn.waiting and ran == []
+            response = await client.post(
+                f"{d.urls[0]}/api/chat",
+                json=_answer("s1", message_id, _on_h(again["approvalId"], True)),
+            )
+        done = await d.queue.wait_finished(turn.turn_id, LIMIT)
+    last = payloads(sse_events(response.text))
+    outputs = [c for c in last if c["type"] == "tool-output-available" and not c.get("preliminary")]
+    assert [(c["toolCallId"], c["output"]) for c in outputs] == [("H", "wired, wired")]
+    assert done is not None and done.status == "done"
+    assert sorted(ran) == ["x", "y"]

@@ -28,7 +28,7 @@ from runtime.actor_messages import (
     ToolOutcome,
     ToolProgress,
 )
-from runtime.approval import APPROVAL, CLIENT, denial_text
+from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, WAITING_META, denial_text
 from runtime.errors import BudgetExceeded
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
@@ -247,6 +247,8 @@ class Suspending:
 
         async def _tools(self, turn: Any) -> tuple[Tool, ...]: ...
 
+        def _trace_meta(self, turn: Any) -> dict[str, Any]: ...
+
         async def _execute(
             self, turn: Any, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
         ) -> None: ...
@@ -309,7 +311,10 @@ class Suspending:
     async def _resolve(self, turn: Any) -> bool:
         """A resumed turn: give each call it waited for its result (run the approved
         ones, deny the denied, take a client tool's output), commit them, then the step
-        loop goes on. ``False`` (nothing done) while a call is still undecided."""
+        loop goes on. ``False`` (nothing done) while a call is still undecided. An agent
+        tool whose sub-agent asks for its next approval gets no result: it is held
+        again (``turn.held``), committed waiting, and the turn ends ``awaiting-input``
+        with the others' results in (the caller sees ``turn.held``, runs no step)."""
         waiting = waiting_parts(turn.parts.content, turn.results)
         if not all(p.awaiting is not None and p.awaiting.decided for p in waiting):
             return False
@@ -344,14 +349,22 @@ class Suspending:
             oc = turn.outcomes[part.tool_call_id]
             if oc.usage is not None:  # an agent used as a tool, approved: its tokens count
                 turn.usage = turn.usage + oc.usage  # (they were lost: the budget too)
-            self._add_result(turn, oc, part.step)
+            if part.tool_call_id not in turn.held:
+                self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
+        over = self.agent.budget.tokens_exceeded(turn.usage)
+        if turn.held:  # its sub-agent asked again: the call waits for the next approval
+            await self._hold(turn, step)  # (as a step that asks: marked, asked, saved)
+            if not over:
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
         self._snapshot(turn)
         self._publish_history()
         await self._save(turn, step)
-        over = self.agent.budget.tokens_exceeded(turn.usage)
         if over:  # as after the step that ran them at once: no model call more
             raise BudgetExceeded(over)
+        if turn.held:
+            turn.finish_reason = AWAITING_INPUT
+            await self._announce_waiting(turn, step)
         return True
 
     async def _run_approved_before(self, turn: Any) -> None:

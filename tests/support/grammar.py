@@ -17,7 +17,9 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     """Assert ``start RESULT* (step-start CONTENT* (reset-step CONTENT*)* step-finish)+
     finish`` (RESULT: what a
     resumed turn's waiting calls give, docs/approval.md, with the ``tool-stream``
-    chunks of an approved agent-as-tool running among them; or cut short by
+    chunks of an approved agent-as-tool running among them, and its
+    ``tool-approval-request`` when its sub-agent asks again: then ``finish``
+    ``awaiting-input`` follows, no step; or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
     part ids, ``object-delta`` only inside the text part it parses, and strictly
     increasing ``seq``. A continuation that a budget ends before its first step (the
@@ -35,10 +37,13 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     seen_parts: set[str] = set()
     steps_seen = 0
     leading = True  # a resumed turn's results come before its first step (approval.md)
-    results = 0
+    results = asks = 0
     for c, t in zip(chunks[1:-1], types[1:-1], strict=True):
         if leading and t in RESUMED_RESULTS:
             results += 1
+            continue
+        if leading and t == "tool-approval-request":  # an agent-as-tool's, asking again
+            asks += 1
             continue
         if leading and t == "tool-stream":  # an approved agent-as-tool's, as it runs
             continue
@@ -71,6 +76,10 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
         ended_by_budget = results >= 1 and reason == "budget"
         # (a hook's budget on turn start; a takeover of an answered turn)
         bare = len(chunks) == 2 and reason in ("budget", "stop")
-        assert (steps_seen >= 1 or ended_by_budget or bare) and not in_step, "a turn with no step"
+        asks_again = asks >= 1 and steps_seen == 0 and reason == "awaiting-input"
+        assert (steps_seen >= 1 or ended_by_budget or bare or asks_again) and not in_step, (
+            "a turn with no step"
+        )
+        assert not asks or asks_again, "a leading tool-approval-request in a turn that goes on"
     else:
         assert open_part is None, "parts must be closed before error/abort"
