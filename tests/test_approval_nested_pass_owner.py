@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, CallerDecides, Host, UnknownApproval
+from runtime import Agent, CallerDecides, Host, SessionBusy, UnknownApproval
 from runtime.actor_messages import InferRequest
 from runtime.approval import pending_calls
 from runtime.events import ToolApprovalExpired
@@ -239,3 +239,27 @@ async def test_the_callers_approval_before_the_deadline_holds_past_it(autojump_c
             async for _ in out:
                 pass
     assert out.result.text == "parent saw: paid" and ran == ["x"]
+
+
+async def test_a_new_message_to_the_sub_session_while_its_caller_waits_is_refused(tmp_path):
+    """Before: it superseded the sub-turn's wait; the caller's approval then ran
+    nothing (``parent saw: `` with the superseded sub-turn's empty answer)."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session, asked, _ = await _suspend(host)
+        other = Agent(name="other", provider=ScriptedProvider([["hi there"]]))
+        sub_session = await host.open_session(other, session_id=SUB)
+        with pytest.raises(SessionBusy, match="'s'"):
+            await sub_session.run("hello")
+        await sub_session.close()
+        result = await session.respond(asked.pending[0].approval_id, approved=True)
+    assert result.text == "parent saw: paid" and ran == ["x"]
+
+
+async def test_a_new_message_posted_for_the_sub_session_is_a_409(tmp_path):
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await post(client, body("s"))
+            response = await client.post("/api/chat", json=body(SUB))
+        after = await _load(SUB, tmp_path)
+    assert response.status_code == 409, response.text
+    assert [c.decided for c in pending_calls(list(after.messages))] == [False]

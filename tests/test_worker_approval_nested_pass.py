@@ -199,3 +199,24 @@ async def test_a_workers_calling_turn_waits_again_for_the_sub_steps_second_appro
     assert [(c["toolCallId"], c["output"]) for c in outputs] == [("H", "wired, wired")]
     assert done is not None and done.status == "done"
     assert sorted(ran) == ["x", "y"]
+
+
+async def test_a_new_message_posted_for_the_sub_session_leaves_the_callers_wait(
+    pg_url: str, redis_url: str
+) -> None:
+    """A 409 from the front end, nothing queued. Before: queued, the parent agent ran in
+    the sub-session and superseded its wait; refused by the worker instead, its claim
+    fenced the caller's next save of the sub-session out (``LeaseLost``). Either way
+    the caller's approval was lost."""
+    async with deployment(pg_url, redis_url, calling()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            message_id, approval_id = await _suspend(d, client)
+            response = await client.post(f"{d.urls[0]}/api/chat", json=chat(SUB, "hello"))
+            paid = await client.post(
+                f"{d.urls[0]}/api/chat", json=_answer("s1", message_id, _on_h(approval_id, True))
+            )
+    last = payloads(sse_events(paid.text))
+    outputs = [c for c in last if c["type"] == "tool-output-available" and not c.get("preliminary")]
+    assert response.status_code == 409 and "'s1'" in response.text, response.text
+    assert [(c["toolCallId"], c["output"]) for c in outputs] == [("H", "paid")], last
+    assert ran == ["x"]

@@ -71,7 +71,7 @@ from runtime.events import TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
-from runtime.messages import Message, UserContent, UserMessage
+from runtime.messages import AssistantMessage, Message, ToolCallPart, UserContent, UserMessage
 from runtime.output import OutputChunk, Start, Steered
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
@@ -401,6 +401,7 @@ class TurnStream:
             session.leave_queue(self)
         if session.busy:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
+        self._check_not_callers_wait()
         if queued and (session.interrupting or (session.queued and self.on_busy_now == INTERRUPT)):
             # A newer message waits already (one that interrupts, or any behind a turn
             # that interrupted): this turn is cut before its model call (a scope cancelled
@@ -556,6 +557,35 @@ class TurnStream:
             raise InputHeld(
                 f"message {message_id!r} {where}: it is not sent again while session "
                 f"{self.session.id!r} is busy."
+            )
+
+    def _check_not_callers_wait(self) -> None:
+        """Refuse (:class:`~runtime.errors.SessionBusy`) a new input to a sub-session
+        (an agent used as a tool) whose turn waits for a decision its calling session
+        makes (``Awaiting.caller``): it would supersede that wait, and the caller's
+        decision then ran nothing (its call got the superseded sub-turn's empty answer).
+        The calling call's own takeover of the waiting turn (``resume`` naming its
+        message) goes through. Only the last assistant message is looked at, and only
+        a turn that waits so is checked further."""
+        messages = self.session.messages
+        last = next((m for m in reversed(messages) if isinstance(m, AssistantMessage)), None)
+        if last is None or (self.resume and self.message_id == last.id):
+            return
+        caller = next(
+            (
+                p.awaiting.caller
+                for p in last.content
+                if isinstance(p, ToolCallPart)
+                and p.awaiting is not None
+                and p.awaiting.caller is not None
+            ),
+            None,
+        )
+        if caller is not None and waiting_calls(messages):
+            raise SessionBusy(
+                f"session {self.session.id!r} waits for a decision of session {caller!r}, "
+                "which called its agent as a tool: decide it there (a new message here "
+                "would end that wait)"
             )
 
     def _check_still_last(self) -> None:

@@ -107,7 +107,7 @@ from runtime.app.web.resume import (
 )
 from runtime.app.web.ui_stream import error_text, handed_over, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch, follow_turn
-from runtime.approval import Decision, Recorded, approval_decided, pending_calls
+from runtime.approval import WAITING_META, Decision, Recorded, approval_decided, pending_calls
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
     SESSION_DELETED,
@@ -124,6 +124,7 @@ from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.store import SessionRecord, load_last_turn
+from runtime.tools import caller_of
 from runtime.turn_queue import (
     DONE,
     FINAL_STATUSES,
@@ -605,6 +606,7 @@ class FrontEnd:
             meta = dict(meta or {})
             if titled:  # (its meta alone: the whole session was read for this)
                 stored_meta = await self.store.meta(session_id)
+                _check_not_callers_wait(session_id, stored_meta)
                 if stored_meta is None or "title" not in stored_meta:
                     meta["title"] = title_of(text)
             return await self.queue.submit(
@@ -911,3 +913,19 @@ class FrontEnd:
 
 
 __all__ = ["FrontEnd", "QueuedTurnResponse", "idempotency_key"]
+
+
+def _check_not_callers_wait(session_id: str, meta: Mapping[str, Any] | None) -> None:
+    """A 409 for a message to a sub-session (an agent used as a tool, its meta naming the
+    calling session) whose turn waits: that wait is its caller's to decide
+    (``Awaiting.caller``). Queued, the message's turn was refused by the worker's
+    session anyway, and its claim of the sub-session fenced the caller's next save of
+    it out (``LeaseLost``): the caller's decision was lost."""
+    caller = caller_of(meta)
+    if caller is not None and meta is not None and meta.get(WAITING_META):
+        raise ApiError(
+            409,
+            f"session {session_id!r} waits for a decision of session {caller!r}, which "
+            "called its agent as a tool: decide it there (a new message here would end "
+            "that wait)",
+        )
