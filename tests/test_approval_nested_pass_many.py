@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host
@@ -17,6 +18,7 @@ from runtime.actor_messages import InferRequest
 from runtime.messages import ToolCallPart, ToolMessage
 from runtime.output import ToolApprovalRequest
 from tests.support.grammar import check_grammar
+from tests.test_approval_expiry import EPOCH, trio_wall
 from tests.test_approval_nested_pass import (
     _clear,  # noqa: F401 (fixture)
     _helper_model,
@@ -203,3 +205,28 @@ async def test_the_ai_sdk_continuation_streams_the_next_approval_request_on_the_
         ("H", "wired, wired")
     ]
     assert sorted(ran) == ["x", "y"]
+
+
+async def test_the_next_passed_approval_expires_at_the_sub_agents_deadline(autojump_clock):
+    helper = Agent(
+        name="helper",
+        provider=ScriptedProvider(responder=_pays_twice_model),
+        tools=[wire_money],
+        approval_timeout=60,
+    )
+    agent = Agent(
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+    async with Host.open(log_tap=False) as host:
+        host.clock = trio_wall
+        session = await host.open_session(agent, session_id="s")
+        asked = await session.run("go")
+        await trio.sleep(10)
+        again = await session.respond(asked.pending[0].approval_id, approved=True)
+        waiting = [p for p in session.messages[1].content if isinstance(p, ToolCallPart)]
+        await trio.sleep(51)
+        text = "".join(getattr(p, "text", "") for p in session.messages[1].content)
+    assert again.finish_reason == "awaiting-input"
+    assert waiting[0].awaiting.expires_at == EPOCH + 60  # the sub-step's own deadline
+    assert text == "parent saw: wired, not paid" and ran == ["x"]

@@ -22,6 +22,7 @@ from tests.test_approval_expiry import trio_wall
 from tests.test_approval_nested_pass import (
     SUB,
     _clear,  # noqa: F401 (fixture)
+    _grand_parent,
     _helper_model,
     _last_result,
     _sub_approval_id,
@@ -263,3 +264,19 @@ async def test_a_new_message_posted_for_the_sub_session_is_a_409(tmp_path):
         after = await _load(SUB, tmp_path)
     assert response.status_code == 409, response.text
     assert [c.decided for c in pending_calls(list(after.messages))] == [False]
+
+
+async def test_a_decision_on_the_middle_session_two_agents_deep_is_refused(tmp_path):
+    """``top`` -> ``middle`` -> ``helper``: ``middle``'s call waits for the same id for
+    ``top``; only ``top`` decides it."""
+    agent = _grand_parent()
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        asked = await session.run("go")
+        middle_session = await host.open_session(helper(), session_id="s.middle.T")
+        with pytest.raises(CallerDecides, match="'s'"):
+            await middle_session.decide(asked.pending[0].approval_id, approved=True)
+        await middle_session.close()
+        result = await session.respond(asked.pending[0].approval_id, approved=True)
+    assert (result.finish_reason, result.text) == ("stop", "top saw: middle saw: paid")
+    assert ran == ["x"]
