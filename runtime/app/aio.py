@@ -99,6 +99,12 @@ IDLE_ROUNDS = 3
 """Rounds in a row with no other Trio task runnable that end the hold: the pipeline is
 idle (a provider waiting for the network), the hand-off goes."""
 
+LOOP_WATCH = 1.0
+"""Seconds between the host thread's checks that the event loop which opened it is
+still there: a loop closed (or whose thread ended) without leaving ``async with
+AsyncHost.open()`` closes the host as leaving it would, turns saved interrupted, and
+the thread ends instead of running on unseen."""
+
 
 async def _let_upstream_run() -> None:
     """Yield to the Trio scheduler while the stages upstream (provider, engine, turn
@@ -118,6 +124,14 @@ async def _let_upstream_run() -> None:
             idle += 1
             if idle == IDLE_ROUNDS:
                 return
+
+
+def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop``'s thread, soon (from the Trio thread)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
 
 
 def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
@@ -158,6 +172,9 @@ class AsyncHost:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        """The loop that opened the host (others may use it too: each call settles on
+        its caller's own loop)."""
+        self._opener = threading.current_thread()
         self.host: Host
         """The Trio host. Use it only from Trio code on the host's thread
         (:meth:`call`)."""
@@ -166,7 +183,7 @@ class AsyncHost:
         self._stop = trio.Event()
         self._closed = False
         self._pending: set[asyncio.Future[Any]] = set()
-        """The calls not settled yet (asyncio thread only)."""
+        """The calls not settled yet, of every loop that uses the host."""
 
     @classmethod
     @asynccontextmanager
@@ -192,7 +209,7 @@ class AsyncHost:
 
         def run() -> None:
             result = outcome.capture(trio.run, host._main, options, started)
-            host._to_asyncio(host._abandon)
+            host._abandon()
             host._to_asyncio(_settle, finished, result)
             if isinstance(result, outcome.Error):
                 host._to_asyncio(_settle, started, result)
@@ -209,11 +226,21 @@ class AsyncHost:
             raise
         try:
             yield host
-        finally:
+        except GeneratorExit:
+            # The task was destroyed unfinished (its loop closed under it): nothing can
+            # be awaited any more; the host's thread closes the host by itself.
             host._close()
-            await _await_uncancelled(finished)
-            thread.join()
-            finished.result()  # an error closing the host comes out here
+            raise
+        except BaseException:
+            await host._wind_down(finished, thread)
+            raise
+        await host._wind_down(finished, thread)
+
+    async def _wind_down(self, finished: asyncio.Future[None], thread: threading.Thread) -> None:
+        self._close()
+        await _await_uncancelled(finished)
+        thread.join()
+        finished.result()  # an error closing the host comes out here
 
     async def _main(self, options: dict[str, Any], started: asyncio.Future[None]) -> None:
         """The Trio thread: the host, and a nursery for the calls bridged into it."""
@@ -222,11 +249,37 @@ class AsyncHost:
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()
             self._loop.call_soon_threadsafe(_settle, started, outcome.Value(None))
-            await self._stop.wait()
+            while not self._stop.is_set():
+                with trio.move_on_after(LOOP_WATCH):
+                    await self._stop.wait()
+                if self._loop_gone():
+                    # Nobody can leave the block any more: close as leaving it would,
+                    # and cancel the bridge tasks, whose readers are gone with the loop
+                    # (each cancelled pump saves its turn interrupted, as a cancelled
+                    # Trio consumer does).
+                    self._closed = True
+                    host.cancel_turns("event loop closed")
+                    nursery.cancel_scope.cancel()
+                    return
             host.cancel_turns("host shutdown")
             # Consumers that keep reading get the rest (their abort chunks); the bridge
             # tasks of those that do not are cancelled after the bound.
             nursery.cancel_scope.deadline = trio.current_time() + FINAL_WAIT
+
+    def _loop_gone(self) -> bool:
+        """Whether the loop that opened the host is closed, or stopped with its thread
+        ended: then nothing will ever leave ``async with AsyncHost.open()``. (The main
+        thread ends when the interpreter exits: that is left to the exit hooks, as a
+        Trio host's thread stopped by the exit is; tests/test_otel_exit.py.)"""
+        loop = self._loop
+        if loop.is_closed():
+            return True
+        opener = self._opener
+        return (
+            opener is not threading.main_thread()
+            and not opener.is_alive()
+            and not loop.is_running()
+        )
 
     def _close(self) -> None:
         if not self._closed:
@@ -234,9 +287,11 @@ class AsyncHost:
             self._submit(self._stop.set)
 
     def _abandon(self) -> None:
-        """The Trio thread ended: nothing will settle the calls still waiting."""
+        """The Trio run ended (on its thread): nothing will settle the calls still
+        waiting, on whichever loop they wait."""
         for future in list(self._pending):
-            _settle(future, outcome.Error(HostClosed("the host's Trio thread ended")))
+            error = HostClosed("the host's Trio thread ended")
+            _to_loop(future.get_loop(), _settle, future, outcome.Error(error))
 
     def _submit(self, fn: Callable[[], object]) -> None:
         """Run the synchronous ``fn`` on the Trio thread, soon (from any thread). An
@@ -256,11 +311,8 @@ class AsyncHost:
             raise HostClosed("the host is closed") from None
 
     def _to_asyncio(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run ``fn(*args)`` on the asyncio loop's thread, soon (from the Trio thread)."""
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        """Run ``fn(*args)`` on the opening loop's thread, soon (from the Trio thread)."""
+        _to_loop(self._loop, fn, *args)
 
     def _spawn(
         self, afn: Callable[..., Awaitable[T]], *args: Any
@@ -268,10 +320,12 @@ class AsyncHost:
         """Start ``afn(*args)`` as a Trio task in a cancel scope of its own; its outcome
         settles the returned future. The task cancelled through ``scope`` (by the asyncio
         side) cancels the future; cancelled by the host's closing, it fails with
-        :class:`HostClosed`."""
+        :class:`HostClosed`. The future belongs to the caller's running loop, whichever
+        that is: a host opened by one loop serves the others too."""
         if self._closed:
             raise HostClosed("the host is closed")
-        future: asyncio.Future[T] = self._loop.create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         scope = trio.CancelScope()
@@ -287,13 +341,13 @@ class AsyncHost:
                         result = outcome.Error(asyncio.CancelledError())
                     else:
                         result = outcome.Error(HostClosed("the host closed"))
-                self._to_asyncio(_settle, future, result)
+                _to_loop(loop, _settle, future, result)
 
         def start() -> None:
             try:
                 self._nursery.start_soon(task)
             except RuntimeError:  # the nursery is closed: the host is closing
-                self._to_asyncio(_settle, future, outcome.Error(HostClosed("the host closed")))
+                _to_loop(loop, _settle, future, outcome.Error(HostClosed("the host closed")))
 
         self._submit(start)
         return future, scope
@@ -426,6 +480,8 @@ class AsyncTurnStream:
         """Batches handed over and not taken: one at most (one batch of credit)."""
         self._wakeup: asyncio.Future[None] | None = None
         self._ended = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop of the task that entered the block: where the chunks are read."""
 
     # -- the Trio side -----------------------------------------------------------------
 
@@ -435,7 +491,7 @@ class AsyncTurnStream:
         stream = self._open_stream()
         async with stream as out:
             self._trio = out
-            self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
+            _to_loop(self._started.get_loop(), _settle, self._started, outcome.Value(out.turn_id))
             while True:
                 batch = await out.next_batch(HANDOFF_MOST)
                 if not await self._take_credit():
@@ -462,7 +518,8 @@ class AsyncTurnStream:
             self._waiting.append(batch)
             parked, self._reader_parked = self._reader_parked, False
         if parked:
-            self._host._to_asyncio(self._wake)
+            assert self._loop is not None
+            _to_loop(self._loop, self._wake)
 
     # -- the asyncio side --------------------------------------------------------------
 
@@ -487,7 +544,7 @@ class AsyncTurnStream:
             raise SessionError(
                 "this stream has run its turn already: call session.stream(...) again for another"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._started = loop.create_future()
         self._finished, self._scope = self._host._spawn(self._pump)
         self._finished.add_done_callback(self._pump_ended)
@@ -525,6 +582,9 @@ class AsyncTurnStream:
         finished = self._finished
         assert finished is not None
         if not self._ended:
+            if exc_type is GeneratorExit:  # the task destroyed, its loop closed under it:
+                self._stop("event loop closed")  # nothing can be awaited any more
+                return
             if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                 self._stop("cancelled")
             elif exc_type is not None:
