@@ -114,3 +114,34 @@ def test_a_loop_whose_thread_ended_mid_stream_closes_its_host_the_turn_saved_int
     thread.join(LIMIT)
     assert not thread.is_alive()
     assert statuses(trio.run(store.load, "gone")) == [("user", None), ("assistant", "interrupted")]
+
+
+def test_an_event_generator_closed_early_saves_its_turn_before_aclose_returns():
+    # the FastAPI shape: the stream inside an async generator, which the server closes
+    # (aclose) when the client goes; GeneratorExit is an exit with an exception, as in
+    # the Trio API: reason "consumer failed: GeneratorExit", the turn saved interrupted
+    async def main() -> tuple[Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "sse")
+            results = []
+
+            async def events() -> Any:
+                async with session.stream("a lot") as out:
+                    try:
+                        async for chunk in out:
+                            yield chunk
+                    finally:
+                        results.append(out)
+
+            gen = events()
+            async for chunk in gen:
+                if chunk.type == "text-delta":
+                    break
+            await gen.aclose()
+            (out,) = results
+            record = await host.call(host.host.store.load, "sse")
+            return out.result, record
+
+    result, record = run(main)
+    assert result.finish_reason == "aborted"
+    assert statuses(record) == [("user", None), ("assistant", "interrupted")]

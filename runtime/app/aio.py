@@ -146,6 +146,16 @@ def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
         future.set_result(result.unwrap())
 
 
+def _in_a_task() -> bool:
+    """Whether this runs in an asyncio task, so may wait: not when a task destroyed
+    unfinished (its loop closed or gone) has its coroutine closed, ``GeneratorExit``
+    thrown in where it waited."""
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running loop in this thread
+        return False
+
+
 async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
     """Wait for ``future`` to be done, whatever cancellations the task receives meanwhile
     (the Trio side bounds how long: it is saving a cancelled turn); then re-raise one
@@ -227,9 +237,10 @@ class AsyncHost:
         try:
             yield host
         except GeneratorExit:
-            # The task was destroyed unfinished (its loop closed under it): nothing can
-            # be awaited any more; the host's thread closes the host by itself.
-            host._close()
+            if _in_a_task():  # an async generator's aclose(): it may wait
+                await host._wind_down(finished, thread)
+            else:  # the task destroyed unfinished (its loop gone): nothing can wait any
+                host._close()  # more; the host's thread closes the host by itself
             raise
         except BaseException:
             await host._wind_down(finished, thread)
@@ -582,8 +593,9 @@ class AsyncTurnStream:
         finished = self._finished
         assert finished is not None
         if not self._ended:
-            if exc_type is GeneratorExit:  # the task destroyed, its loop closed under it:
-                self._stop("event loop closed")  # nothing can be awaited any more
+            if exc_type is GeneratorExit and not _in_a_task():
+                # the task destroyed unfinished (its loop gone): nothing can wait any more
+                self._stop("event loop closed")
                 return
             if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                 self._stop("cancelled")
