@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from actors.providers.scripted import ScriptedProvider
+from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
-from runtime import Agent
-from runtime.app.aio import AsyncHost
+from runtime import Agent, UserMessage, tool
+from runtime.actor_messages import Batcher
+from runtime.app.aio import HANDOFF_MOST, AsyncHost, HostClosed
 
 LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
 
@@ -40,7 +42,13 @@ def endless() -> Iterator[str]:
 
 
 def talker() -> Agent:
-    return Agent(provider=ScriptedProvider(responder=lambda request: endless()))
+    """Talks without end when asked for "a lot"; answers "Fine." otherwise."""
+
+    def reply(request: Any) -> Iterator[str]:
+        asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
+        return endless() if asked[-1] == "a lot" else iter(["Fine."])
+
+    return Agent(provider=ScriptedProvider(responder=reply))
 
 
 def host_threads() -> set[threading.Thread]:
@@ -145,3 +153,313 @@ def test_an_event_generator_closed_early_saves_its_turn_before_aclose_returns():
     result, record = run(main)
     assert result.finish_reason == "aborted"
     assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose saves, once ``gating``, wait for ``gate`` (a thread event,
+    set from asyncio); ``saving`` is set when one does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gating = False
+        self.gate = threading.Event()
+        self.saving = threading.Event()
+
+    async def save(self, *args: Any, **kwargs: Any) -> int:
+        if self.gating:
+            self.saving.set()
+            await trio.to_thread.run_sync(self.gate.wait)
+        return await super().save(*args, **kwargs)
+
+
+def test_a_task_cancelled_before_it_ever_ran_starts_no_turn():
+    async def main() -> tuple[bool, Any, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "never")
+
+            async def consume() -> None:
+                async with session.stream("a lot") as out:
+                    async for _ in out:
+                        pass
+
+            task = asyncio.create_task(consume())
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            record = await host.call(host.host.store.load, "never")
+            return session.session.busy, record, (await session.run("again")).text
+
+    busy, record, again = run(main)
+    assert not busy and record is None
+    assert again == "Fine."  # the session's next turn runs
+
+
+def test_a_task_cancelled_while_its_turn_starts_saves_the_turn_interrupted():
+    async def main() -> tuple[Any, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "starting")
+
+            async def consume() -> None:
+                async with session.stream("a lot") as out:
+                    async for _ in out:
+                        pass
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0)  # the task has asked the Trio side for the turn
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            record = await host.call(host.host.store.load, "starting")
+            return record, (await session.run("again")).text
+
+    record, again = run(main)
+    assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+    assert again == "Fine."
+
+
+def test_cancelling_a_task_again_while_its_turn_saves_waits_for_the_save():
+    store = GatedStore()
+
+    async def main() -> tuple[bool, Any, Any]:
+        async with AsyncHost.open(store=store, log_tap=False) as host:
+            session = await host.open_session(talker(), "saving")
+            first = asyncio.Event()
+
+            async def consume() -> None:
+                async with session.stream("a lot") as out:
+                    async for _ in out:
+                        first.set()
+
+            task = asyncio.create_task(consume())
+            await first.wait()
+            store.gating = True
+            task.cancel()
+            await asyncio.to_thread(store.saving.wait, LIMIT)
+            for _ in range(3):  # a client that disconnects, then a server's shutdown...
+                task.cancel()
+                await asyncio.sleep(0)
+            done_while_saving = task.done()
+            store.gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            record = await host.call(store.load, "saving")
+            store.gating = False
+            return done_while_saving, record, (await session.run("again")).text
+
+    done_while_saving, record, again = run(main)
+    assert not done_while_saving  # the CancelledError came after the save, not before
+    assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+    assert again == "Fine."
+
+
+def test_a_task_cancelled_mid_continuation_after_an_approval_saves_it_as_trio_does():
+    @tool(needs_approval=True)
+    async def delete_file(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    replies = iter([[*tool_call("delete_file", {"path": "/x"}, tool_call_id="D")], endless()])
+    agent = Agent(
+        provider=ScriptedProvider(responder=lambda request: next(replies)), tools=[delete_file]
+    )
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(agent, "approval")
+            waiting = await session.run("delete /x")
+            (call,) = session.pending
+            first = asyncio.Event()
+
+            async def consume() -> None:
+                await session.decide(call.approval_id, approved=True)
+                async with session.resume() as out:
+                    async for chunk in out:
+                        if chunk.type == "text-delta":
+                            first.set()
+
+            task = asyncio.create_task(consume())
+            await first.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            record = await host.call(host.host.store.load, "approval")
+            return waiting.finish_reason, session.pending, record
+
+    finish_reason, pending, record = run(main)
+    assert finish_reason == "awaiting-input" and pending == ()
+    assert statuses(record) == [("user", None), ("assistant", "interrupted"), ("tool", None)]
+
+
+def own_threads() -> set[threading.Thread]:
+    """The live threads but Trio's idle worker cache (``to_thread``), which comes and
+    goes on its own."""
+    return {t for t in threading.enumerate() if not t.name.startswith("Trio thread")}
+
+
+def test_two_hundred_hosts_opened_and_closed_leave_no_thread():
+    before = own_threads()
+
+    async def main() -> int:
+        most = 0
+        for _ in range(200):
+            async with AsyncHost.open(log_tap=False):
+                most = max(most, len(host_threads()))
+        return most
+
+    assert run(main) == 1  # one host thread at a time, each ended at its block's end
+    assert own_threads() == before
+
+
+def test_a_host_kept_from_an_earlier_asyncio_run_refuses_work_a_new_one_serves():
+    agent = Agent(provider=ScriptedProvider([["Fine."]]))
+    kept: list[AsyncHost] = []
+
+    async def first() -> None:
+        async with AsyncHost.open(log_tap=False) as host:
+            kept.append(host)
+
+    async def second() -> str:
+        with pytest.raises(HostClosed):
+            await kept[0].open_session(agent)
+        async with AsyncHost.open(log_tap=False) as host:
+            return (await (await host.open_session(agent)).run("hi")).text
+
+    run(first)
+    assert run(second) == "Fine."
+
+
+def test_a_stream_under_uvloop_gives_the_turn_and_cancels_it():
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> tuple[Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["Hi."]])))
+            whole = await session.run("hi")
+            talking = await host.open_session(talker(), "uv")
+            async with talking.stream("a lot") as out:
+                async for chunk in out:
+                    if chunk.type == "text-delta":
+                        break
+            return whole, await host.call(host.host.store.load, "uv")
+
+    whole, record = uvloop.run(asyncio.wait_for(main(), LIMIT))
+    assert whole.text == "Hi."
+    assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+
+
+def test_a_stalled_consumer_holds_at_most_two_hand_offs(monkeypatch):
+    monkeypatch.setattr(Batcher, "max_items", 2)
+    pulled = [0]
+
+    def counted() -> Iterator[str]:
+        for text in endless():
+            pulled[0] += 1
+            yield text
+
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: counted()))
+
+    async def main() -> tuple[int, int, int, int]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("a lot") as out:
+                await anext(out)
+                await host.call(trio.testing.wait_all_tasks_blocked)
+                stalled_at = pulled[0]
+                await host.call(trio.testing.wait_all_tasks_blocked)
+                held = len(out._reading) + sum(len(batch) for batch in out._waiting)
+                return stalled_at, pulled[0], held, len(out._waiting)
+
+    stalled_at, later, held, batches = run(main)
+    assert later == stalled_at  # the provider is held, not drained into a buffer
+    assert batches <= 1 and held <= 2 * HANDOFF_MOST
+
+
+def test_a_provider_error_ends_the_stream_as_it_ends_a_trio_one():
+    def failing(request: Any) -> Iterator[str]:
+        yield "partial "
+        raise RuntimeError("provider blew up")
+
+    agent = Agent(provider=ScriptedProvider(responder=failing))
+
+    async def main() -> tuple[Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+
+            async def under_trio() -> tuple[list[str], Any]:
+                session = await host.host.open_session(agent, "trio")
+                async with session.stream("hi") as out:
+                    types = [chunk.type async for chunk in out]
+                return types, out.result
+
+            session = await host.open_session(agent, "aio")
+            async with session.stream("hi") as out:
+                types = [chunk.type async for chunk in out]
+            return (types, out.result), await host.call(under_trio)
+
+    (aio_types, aio_result), (trio_types, trio_result) = run(main)
+    assert aio_types == trio_types and aio_types[-1] == "error"
+    assert aio_result.error == trio_result.error
+    assert aio_result.error.message == "RuntimeError: provider blew up"
+
+
+def test_a_keyboard_interrupt_in_the_consumer_saves_the_turn_before_it_leaves_asyncio_run():
+    store = MemoryStore()
+
+    async def main() -> None:
+        async with AsyncHost.open(store=store, log_tap=False) as host:
+            session = await host.open_session(talker(), "interrupted")
+            async with session.stream("a lot") as out:
+                async for chunk in out:
+                    if chunk.type == "text-delta":
+                        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(main)
+    assert not host_threads()
+    record = trio.run(store.load, "interrupted")
+    assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+
+
+class Boom(BaseException):
+    """A user's own BaseException (not an Exception)."""
+
+
+def exploding(error: BaseException) -> Agent:
+    @tool
+    async def explode() -> str:
+        """Explode."""
+        raise error
+
+    replies = iter([[*tool_call("explode", {}, tool_call_id="E")], ["After."], ["Again."]])
+    return Agent(provider=ScriptedProvider(responder=lambda r: next(replies)), tools=[explode])
+
+
+def test_a_base_exception_from_a_tool_is_the_tools_error_as_under_trio():
+    async def main() -> tuple[Any, Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+
+            async def under_trio() -> Any:
+                session = await host.host.open_session(exploding(Boom("b")), "trio")
+                return await session.run("go")
+
+            session = await host.open_session(exploding(Boom("b")), "aio")
+            result = await session.run("go")
+            return result, await host.call(under_trio), await session.run("again")
+
+    result, trio_result, again = run(main)
+    assert (result.finish_reason, result.text) == ("stop", "After.")
+    assert (trio_result.finish_reason, trio_result.text) == ("stop", "After.")
+    assert again.text == "Again."
+
+
+def test_a_keyboard_interrupt_from_a_tool_stops_the_host_as_under_trio():
+    # Trio: the interrupt ends the host's trio.run; here, the calls waiting fail with
+    # HostClosed and the interrupt comes out of the host's block, no thread left
+    async def main() -> None:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(exploding(KeyboardInterrupt()), "kbi")
+            with pytest.raises(HostClosed):
+                await session.run("go")
+
+    with pytest.raises(KeyboardInterrupt):
+        run(main)
+    assert not host_threads()
