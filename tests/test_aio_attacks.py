@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
 from runtime import Agent, UserMessage, tool
 from runtime.actor_messages import Batcher
+from runtime.app import aio
 from runtime.app.aio import HANDOFF_MOST, AsyncHost, HostClosed
 
 LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
@@ -463,3 +465,37 @@ def test_a_keyboard_interrupt_from_a_tool_stops_the_host_as_under_trio():
     with pytest.raises(KeyboardInterrupt):
         run(main)
     assert not host_threads()
+
+
+def test_a_task_cancelled_while_its_host_opens_gets_the_cancellation_and_no_thread_is_left(
+    monkeypatch,
+):
+    # a lifespan startup cancelled (Ctrl-C while the app starts, a startup timeout):
+    # before, the cancelled task waited forever for a host nobody would close
+    opening, go_on = threading.Event(), threading.Event()
+    real_open = aio.Host.open
+
+    @asynccontextmanager
+    async def slow_open(**options: Any) -> AsyncIterator[Any]:
+        opening.set()
+        await trio.to_thread.run_sync(go_on.wait)
+        async with real_open(**options) as host:
+            yield host
+
+    monkeypatch.setattr(aio.Host, "open", slow_open)
+    before = host_threads()
+
+    async def main() -> bool:
+        async def lifespan() -> None:
+            async with AsyncHost.open(log_tap=False):
+                await asyncio.sleep(LIMIT)
+
+        task = asyncio.create_task(lifespan())
+        await asyncio.to_thread(opening.wait, LIMIT)
+        task.cancel()
+        go_on.set()
+        await asyncio.wait({task}, timeout=LIMIT)  # (bounds a hang)
+        return task.cancelled()
+
+    assert asyncio.run(main())
+    assert not host_threads() - before

@@ -229,8 +229,7 @@ class AsyncHost:
         try:
             await started
         except BaseException:
-            if host._token is not None:
-                host._close()
+            host._close()  # (a host still opening stops as soon as it is open)
             await _await_uncancelled(finished)
             thread.join()
             raise
@@ -259,6 +258,8 @@ class AsyncHost:
             self.host = host
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()
+            if self._closed:  # the opener left while the host was opening
+                self._stop.set()
             self._loop.call_soon_threadsafe(_settle, started, outcome.Value(None))
             while not self._stop.is_set():
                 with trio.move_on_after(LOOP_WATCH):
@@ -293,9 +294,14 @@ class AsyncHost:
         )
 
     def _close(self) -> None:
+        """Stop the host (from the opener's thread). Before the Trio side has its token,
+        ``_closed`` tells it, once open, to stop at once: it sets the token, then reads
+        ``_closed``; this sets ``_closed``, then reads the token."""
         if not self._closed:
             self._closed = True
-            self._submit(self._stop.set)
+            if self._token is not None:
+                with contextlib.suppress(HostClosed):  # the run is over already
+                    self._submit(self._stop.set)
 
     def _abandon(self) -> None:
         """The Trio run ended (on its thread): nothing will settle the calls still
