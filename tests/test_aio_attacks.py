@@ -499,3 +499,16 @@ def test_a_task_cancelled_while_its_host_opens_gets_the_cancellation_and_no_thre
 
     assert asyncio.run(main())
     assert not host_threads() - before
+
+
+def test_cancelling_a_stream_after_its_host_closed_does_nothing_as_under_trio():
+    # a disconnect callback that fires during the app's shutdown
+    async def main() -> Any:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["Hi."]])))
+            async with session.stream("hi") as out:
+                await out.collect()
+        out.cancel("the client went")
+        return out.result
+
+    assert run(main).finish_reason == "stop"

@@ -592,8 +592,9 @@ class AsyncTurnStream:
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""
         out = self._trio
-        if out is not None:
-            self._host._submit(lambda: out.cancel(reason))
+        if out is not None:  # a closed host has ended the turn: nothing to stop (as in Trio)
+            with contextlib.suppress(HostClosed):
+                self._host._submit(lambda: out.cancel(reason))
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         finished = self._finished
