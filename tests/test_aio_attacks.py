@@ -22,7 +22,7 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
-from runtime import Agent, UserMessage, tool
+from runtime import Agent, SessionError, UserMessage, tool
 from runtime.actor_messages import Batcher
 from runtime.app import aio
 from runtime.app.aio import HANDOFF_MOST, AsyncHost, HostClosed
@@ -512,3 +512,18 @@ def test_cancelling_a_stream_after_its_host_closed_does_nothing_as_under_trio():
         return out.result
 
     assert run(main).finish_reason == "stop"
+
+
+def test_a_second_task_reading_the_same_stream_is_refused_as_under_trio():
+    # before, the first reader waited for ever: the second's wake-up replaced its own
+    async def main() -> tuple[Any, ...]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "two")
+            async with session.stream("a lot") as out:
+                first = asyncio.create_task(anext(out))
+                await asyncio.sleep(0)  # the first reader waits for a batch
+                with pytest.raises(SessionError, match="another task is reading"):
+                    await anext(out)
+                return (await first).type, (await anext(out)).type
+
+    assert run(main) == ("start", "step-start")

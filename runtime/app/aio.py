@@ -496,6 +496,9 @@ class AsyncTurnStream:
         self._waiting: deque[list[OutputChunk]] = deque()
         """Batches handed over and not taken: one at most (one batch of credit)."""
         self._wakeup: asyncio.Future[None] | None = None
+        self._receiving = False
+        """Whether a task waits for a batch (as :class:`~runtime.app.session.TurnStream`,
+        a second reader meanwhile is refused)."""
         self._ended = False
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop of the task that entered the block: where the chunks are read."""
@@ -632,6 +635,23 @@ class AsyncTurnStream:
                 "a stream runs its turn once entered: async with session.stream(...) as "
                 "out: async for chunk in out: ..."
             )
+        if self._receiving:
+            raise SessionError(
+                "another task is reading this stream: each chunk goes to one reader, so "
+                "two would each miss some; read it in one task and hand the chunks on "
+                "(an asyncio.Queue per listener)"
+            )
+        self._receiving = True
+        try:
+            return await self._receive(reading, finished)
+        finally:
+            self._receiving = False
+
+    async def _receive(
+        self, reading: deque[OutputChunk], finished: asyncio.Future[Any]
+    ) -> OutputChunk:
+        """Wait for the next batch (one reader at a time: a second one parked over the
+        first would leave it waiting for ever)."""
         await asyncio.sleep(0)
         while True:
             with self._lock:
