@@ -527,3 +527,36 @@ def test_a_second_task_reading_the_same_stream_is_refused_as_under_trio():
                 return (await first).type, (await anext(out)).type
 
     assert run(main) == ("start", "step-start")
+
+
+def test_cancelled_and_timed_out_calls_leave_no_bridge_task_behind():
+    async def main() -> tuple[int, bool, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "left")
+
+            async def consume() -> None:
+                async with session.stream("a lot") as out:
+                    async for _ in out:
+                        await asyncio.sleep(LIMIT)
+
+            task = asyncio.create_task(consume())
+            for _ in range(3):
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0):
+                    await session.run("a lot")
+
+            async def bridge_tasks() -> int:
+                await trio.testing.wait_all_tasks_blocked()
+                return len(host._nursery.child_tasks)
+
+            return (
+                await host.call(bridge_tasks),
+                session.session.busy,
+                (await session.run("again")).text,
+            )
+
+    assert run(main) == (1, False, "Fine.")  # (the one counting)

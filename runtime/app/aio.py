@@ -53,10 +53,13 @@ before handing over (:func:`_let_upstream_run`), and each side wakes the other o
 that one is parked. ``python3 -m benchmarks --only aio`` measures it against the Trio
 API on the same stream (docs/asyncio.md).
 
-``respond`` (answering a turn that waits for an approval) is not here yet: the Trio
-``Session`` had no ``decide``/``resume``/``respond`` when this was written. Each is one
-line here: a :meth:`AsyncHost.call` of the Trio method, and ``resume`` an
-:class:`AsyncTurnStream` of ``session.resume``.
+**Loops and threads.** A host is one Trio thread, started on entering ``async with
+AsyncHost.open()`` and joined on leaving it. Every call settles on its caller's running
+loop, so a host opened by one loop serves tasks of others (a worker thread's
+``asyncio.run``). The opening loop owns it: leaving its block closes it, and a loop
+closed, or whose thread ended, without leaving the block closes it too (checked every
+:data:`LOOP_WATCH` seconds), the turns saved interrupted as on leaving. The cases, each
+against the Trio API, are in docs/asyncio.md ("When things go wrong").
 """
 
 from __future__ import annotations
