@@ -124,6 +124,7 @@ def test_a_loop_whose_thread_ended_mid_stream_closes_its_host_the_turn_saved_int
     thread.join(LIMIT)
     assert not thread.is_alive()
     assert statuses(trio.run(store.load, "gone")) == [("user", None), ("assistant", "interrupted")]
+    loop.close()  # (only now: not a ResourceWarning)
 
 
 def test_an_event_generator_closed_early_saves_its_turn_before_aclose_returns():
@@ -560,3 +561,34 @@ def test_cancelled_and_timed_out_calls_leave_no_bridge_task_behind():
             )
 
     assert run(main) == (1, False, "Fine.")  # (the one counting)
+
+
+def test_breaking_out_of_async_for_alone_pauses_the_turn_as_under_trio():
+    # the turn is interrupted when the *block* is left, not the loop: a loop broken and
+    # iterated again goes on from the next chunk, and the turn ends normally
+    agent = Agent(provider=ScriptedProvider([["one two three four"]]))
+
+    async def main() -> tuple[Any, Any]:
+        async with AsyncHost.open(log_tap=False) as host:
+
+            async def under_trio() -> tuple[list[str], Any]:
+                session = await host.host.open_session(agent, "trio")
+                async with session.stream("hi") as out:
+                    async for chunk in out:
+                        if chunk.type == "text-delta":
+                            break
+                    texts = [chunk.text async for chunk in out if chunk.type == "text-delta"]
+                return texts, out.result
+
+            session = await host.open_session(agent, "aio")
+            async with session.stream("hi") as out:
+                async for chunk in out:
+                    if chunk.type == "text-delta":
+                        break
+                texts = [chunk.text async for chunk in out if chunk.type == "text-delta"]
+            return (texts, out.result), await host.call(under_trio)
+
+    (texts, result), (trio_texts, trio_result) = run(main)
+    assert texts == trio_texts == [" two", " three", " four"]
+    assert result.finish_reason == trio_result.finish_reason == "stop"
+    assert result.text == "one two three four"
