@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -162,7 +163,26 @@ def _in_a_task() -> bool:
 async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
     """Wait for ``future`` to be done, whatever cancellations the task receives meanwhile
     (the Trio side bounds how long: it is saving a cancelled turn); then re-raise one
-    ``CancelledError`` if any came. The future's own error is not raised."""
+    ``CancelledError`` if any came. The future's own error is not raised.
+
+    Under anyio (loaded by Starlette, FastAPI, httpx), the wait is in a shielded anyio
+    cancel scope: a cancelled anyio scope cancels its task again at every pass of the
+    loop until the task leaves it (a client's disconnect, in Starlette), and each would
+    wake this wait only for it to wait again, a busy loop for the whole save."""
+    anyio = sys.modules.get("anyio")
+    if anyio is None:
+        cancelled = await _wait_out(future)
+    else:
+        with anyio.CancelScope(shield=True):
+            cancelled = await _wait_out(future)
+    if not future.cancelled():
+        future.exception()  # retrieved: a caller that wants the outcome reads it itself
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _wait_out(future: asyncio.Future[Any]) -> bool:
+    """Wait for ``future`` to be done; whether a cancellation came meanwhile."""
     cancelled = False
     while not future.done():
         try:
@@ -173,10 +193,7 @@ async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
             cancelled = True
         except BaseException:
             break  # the future failed: its outcome is read by the caller, if wanted
-    if not future.cancelled():
-        future.exception()  # retrieved: a caller that wants the outcome reads it itself
-    if cancelled:
-        raise asyncio.CancelledError
+    return cancelled
 
 
 class AsyncHost:
