@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,7 @@ from runtime.app import aio
 from runtime.app.aio import HANDOFF_MOST, AsyncHost, HostClosed
 
 LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(main: Any) -> Any:
@@ -630,3 +634,49 @@ def test_an_anyio_cancel_scope_does_not_spin_the_loop_while_the_turn_saves():
     cancellations, record = run(main)
     assert cancellations == 1  # the client's going, and no more
     assert statuses(record) == [("user", None), ("assistant", "interrupted")]
+
+
+CTRL_C = """
+import asyncio, itertools, os, signal, sys, threading
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent
+from runtime.app.aio import AsyncHost
+
+def endless(request):
+    for i in itertools.count():
+        yield f"w{i} "
+
+async def main():
+    async with AsyncHost.open(store=sys.argv[1], log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider(responder=endless)), "c")
+        async with session.stream("a lot") as out:
+            async for chunk in out:
+                if chunk.type == "text-delta":
+                    os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    hosts = [t.name for t in threading.enumerate() if t.name == "axon-trio-host"]
+    print("KeyboardInterrupt", hosts)
+"""
+
+
+def test_ctrl_c_under_asyncio_run_saves_the_turn_interrupted_and_ends_the_host(tmp_path):
+    # a real SIGINT: asyncio.run cancels the main task, which cancels the turn
+    store = str(tmp_path / "s.db")
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C, store],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "KeyboardInterrupt []", done.stderr
+
+    async def stored() -> Any:
+        async with AsyncHost.open(store=store, log_tap=False) as host:
+            return await host.call(host.host.store.load, "c")
+
+    assert statuses(run(stored)) == [("user", None), ("assistant", "interrupted")]
