@@ -53,10 +53,13 @@ before handing over (:func:`_let_upstream_run`), and each side wakes the other o
 that one is parked. ``python3 -m benchmarks --only aio`` measures it against the Trio
 API on the same stream (docs/asyncio.md).
 
-``respond`` (answering a turn that waits for an approval) is not here yet: the Trio
-``Session`` had no ``decide``/``resume``/``respond`` when this was written. Each is one
-line here: a :meth:`AsyncHost.call` of the Trio method, and ``resume`` an
-:class:`AsyncTurnStream` of ``session.resume``.
+**Loops and threads.** A host is one Trio thread, started on entering ``async with
+AsyncHost.open()`` and joined on leaving it. Every call settles on its caller's running
+loop, so a host opened by one loop serves tasks of others (a worker thread's
+``asyncio.run``). The opening loop owns it: leaving its block closes it, and a loop
+closed, or whose thread ended, without leaving the block closes it too (checked every
+:data:`LOOP_WATCH` seconds), the turns saved interrupted as on leaving. The cases, each
+against the Trio API, are in docs/asyncio.md ("When things go wrong").
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sys
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -99,6 +103,12 @@ IDLE_ROUNDS = 3
 """Rounds in a row with no other Trio task runnable that end the hold: the pipeline is
 idle (a provider waiting for the network), the hand-off goes."""
 
+LOOP_WATCH = 1.0
+"""Seconds between the host thread's checks that the event loop which opened it is
+still there: a loop closed (or whose thread ended) without leaving ``async with
+AsyncHost.open()`` closes the host as leaving it would, turns saved interrupted, and
+the thread ends instead of running on unseen."""
+
 
 async def _let_upstream_run() -> None:
     """Yield to the Trio scheduler while the stages upstream (provider, engine, turn
@@ -120,6 +130,14 @@ async def _let_upstream_run() -> None:
                 return
 
 
+def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop``'s thread, soon (from the Trio thread)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
 def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
     """Hand a Trio task's outcome to its asyncio future (in the loop's thread)."""
     if future.done():
@@ -132,10 +150,39 @@ def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
         future.set_result(result.unwrap())
 
 
+def _in_a_task() -> bool:
+    """Whether this runs in an asyncio task, so may wait: not when a task destroyed
+    unfinished (its loop closed or gone) has its coroutine closed, ``GeneratorExit``
+    thrown in where it waited."""
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running loop in this thread
+        return False
+
+
 async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
     """Wait for ``future`` to be done, whatever cancellations the task receives meanwhile
     (the Trio side bounds how long: it is saving a cancelled turn); then re-raise one
-    ``CancelledError`` if any came. The future's own error is not raised."""
+    ``CancelledError`` if any came. The future's own error is not raised.
+
+    Under anyio (loaded by Starlette, FastAPI, httpx), the wait is in a shielded anyio
+    cancel scope: a cancelled anyio scope cancels its task again at every pass of the
+    loop until the task leaves it (a client's disconnect, in Starlette), and each would
+    wake this wait only for it to wait again, a busy loop for the whole save."""
+    anyio = sys.modules.get("anyio")
+    if anyio is None:
+        cancelled = await _wait_out(future)
+    else:
+        with anyio.CancelScope(shield=True):
+            cancelled = await _wait_out(future)
+    if not future.cancelled():
+        future.exception()  # retrieved: a caller that wants the outcome reads it itself
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _wait_out(future: asyncio.Future[Any]) -> bool:
+    """Wait for ``future`` to be done; whether a cancellation came meanwhile."""
     cancelled = False
     while not future.done():
         try:
@@ -146,10 +193,7 @@ async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
             cancelled = True
         except BaseException:
             break  # the future failed: its outcome is read by the caller, if wanted
-    if not future.cancelled():
-        future.exception()  # retrieved: a caller that wants the outcome reads it itself
-    if cancelled:
-        raise asyncio.CancelledError
+    return cancelled
 
 
 class AsyncHost:
@@ -158,6 +202,9 @@ class AsyncHost:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        """The loop that opened the host (others may use it too: each call settles on
+        its caller's own loop)."""
+        self._opener = threading.current_thread()
         self.host: Host
         """The Trio host. Use it only from Trio code on the host's thread
         (:meth:`call`)."""
@@ -166,7 +213,7 @@ class AsyncHost:
         self._stop = trio.Event()
         self._closed = False
         self._pending: set[asyncio.Future[Any]] = set()
-        """The calls not settled yet (asyncio thread only)."""
+        """The calls not settled yet, of every loop that uses the host."""
 
     @classmethod
     @asynccontextmanager
@@ -192,7 +239,7 @@ class AsyncHost:
 
         def run() -> None:
             result = outcome.capture(trio.run, host._main, options, started)
-            host._to_asyncio(host._abandon)
+            host._abandon()
             host._to_asyncio(_settle, finished, result)
             if isinstance(result, outcome.Error):
                 host._to_asyncio(_settle, started, result)
@@ -202,18 +249,28 @@ class AsyncHost:
         try:
             await started
         except BaseException:
-            if host._token is not None:
-                host._close()
+            host._close()  # (a host still opening stops as soon as it is open)
             await _await_uncancelled(finished)
             thread.join()
             raise
         try:
             yield host
-        finally:
-            host._close()
-            await _await_uncancelled(finished)
-            thread.join()
-            finished.result()  # an error closing the host comes out here
+        except GeneratorExit:
+            if _in_a_task():  # an async generator's aclose(): it may wait
+                await host._wind_down(finished, thread)
+            else:  # the task destroyed unfinished (its loop gone): nothing can wait any
+                host._close()  # more; the host's thread closes the host by itself
+            raise
+        except BaseException:
+            await host._wind_down(finished, thread)
+            raise
+        await host._wind_down(finished, thread)
+
+    async def _wind_down(self, finished: asyncio.Future[None], thread: threading.Thread) -> None:
+        self._close()
+        await _await_uncancelled(finished)
+        thread.join()
+        finished.result()  # an error closing the host comes out here
 
     async def _main(self, options: dict[str, Any], started: asyncio.Future[None]) -> None:
         """The Trio thread: the host, and a nursery for the calls bridged into it."""
@@ -221,22 +278,57 @@ class AsyncHost:
             self.host = host
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()
+            if self._closed:  # the opener left while the host was opening
+                self._stop.set()
             self._loop.call_soon_threadsafe(_settle, started, outcome.Value(None))
-            await self._stop.wait()
+            while not self._stop.is_set():
+                with trio.move_on_after(LOOP_WATCH):
+                    await self._stop.wait()
+                if self._loop_gone():
+                    # Nobody can leave the block any more: close as leaving it would,
+                    # and cancel the bridge tasks, whose readers are gone with the loop
+                    # (each cancelled pump saves its turn interrupted, as a cancelled
+                    # Trio consumer does).
+                    self._closed = True
+                    host.cancel_turns("event loop closed")
+                    nursery.cancel_scope.cancel()
+                    return
             host.cancel_turns("host shutdown")
             # Consumers that keep reading get the rest (their abort chunks); the bridge
             # tasks of those that do not are cancelled after the bound.
             nursery.cancel_scope.deadline = trio.current_time() + FINAL_WAIT
 
+    def _loop_gone(self) -> bool:
+        """Whether the loop that opened the host is closed, or stopped with its thread
+        ended: then nothing will ever leave ``async with AsyncHost.open()``. (The main
+        thread ends when the interpreter exits: that is left to the exit hooks, as a
+        Trio host's thread stopped by the exit is; tests/test_otel_exit.py.)"""
+        loop = self._loop
+        if loop.is_closed():
+            return True
+        opener = self._opener
+        return (
+            opener is not threading.main_thread()
+            and not opener.is_alive()
+            and not loop.is_running()
+        )
+
     def _close(self) -> None:
+        """Stop the host (from the opener's thread). Before the Trio side has its token,
+        ``_closed`` tells it, once open, to stop at once: it sets the token, then reads
+        ``_closed``; this sets ``_closed``, then reads the token."""
         if not self._closed:
             self._closed = True
-            self._submit(self._stop.set)
+            if self._token is not None:
+                with contextlib.suppress(HostClosed):  # the run is over already
+                    self._submit(self._stop.set)
 
     def _abandon(self) -> None:
-        """The Trio thread ended: nothing will settle the calls still waiting."""
+        """The Trio run ended (on its thread): nothing will settle the calls still
+        waiting, on whichever loop they wait."""
         for future in list(self._pending):
-            _settle(future, outcome.Error(HostClosed("the host's Trio thread ended")))
+            error = HostClosed("the host's Trio thread ended")
+            _to_loop(future.get_loop(), _settle, future, outcome.Error(error))
 
     def _submit(self, fn: Callable[[], object]) -> None:
         """Run the synchronous ``fn`` on the Trio thread, soon (from any thread). An
@@ -256,11 +348,8 @@ class AsyncHost:
             raise HostClosed("the host is closed") from None
 
     def _to_asyncio(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run ``fn(*args)`` on the asyncio loop's thread, soon (from the Trio thread)."""
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        """Run ``fn(*args)`` on the opening loop's thread, soon (from the Trio thread)."""
+        _to_loop(self._loop, fn, *args)
 
     def _spawn(
         self, afn: Callable[..., Awaitable[T]], *args: Any
@@ -268,10 +357,12 @@ class AsyncHost:
         """Start ``afn(*args)`` as a Trio task in a cancel scope of its own; its outcome
         settles the returned future. The task cancelled through ``scope`` (by the asyncio
         side) cancels the future; cancelled by the host's closing, it fails with
-        :class:`HostClosed`."""
+        :class:`HostClosed`. The future belongs to the caller's running loop, whichever
+        that is: a host opened by one loop serves the others too."""
         if self._closed:
             raise HostClosed("the host is closed")
-        future: asyncio.Future[T] = self._loop.create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         scope = trio.CancelScope()
@@ -287,13 +378,13 @@ class AsyncHost:
                         result = outcome.Error(asyncio.CancelledError())
                     else:
                         result = outcome.Error(HostClosed("the host closed"))
-                self._to_asyncio(_settle, future, result)
+                _to_loop(loop, _settle, future, result)
 
         def start() -> None:
             try:
                 self._nursery.start_soon(task)
             except RuntimeError:  # the nursery is closed: the host is closing
-                self._to_asyncio(_settle, future, outcome.Error(HostClosed("the host closed")))
+                _to_loop(loop, _settle, future, outcome.Error(HostClosed("the host closed")))
 
         self._submit(start)
         return future, scope
@@ -425,7 +516,12 @@ class AsyncTurnStream:
         self._waiting: deque[list[OutputChunk]] = deque()
         """Batches handed over and not taken: one at most (one batch of credit)."""
         self._wakeup: asyncio.Future[None] | None = None
+        self._receiving = False
+        """Whether a task waits for a batch (as :class:`~runtime.app.session.TurnStream`,
+        a second reader meanwhile is refused)."""
         self._ended = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop of the task that entered the block: where the chunks are read."""
 
     # -- the Trio side -----------------------------------------------------------------
 
@@ -435,7 +531,7 @@ class AsyncTurnStream:
         stream = self._open_stream()
         async with stream as out:
             self._trio = out
-            self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
+            _to_loop(self._started.get_loop(), _settle, self._started, outcome.Value(out.turn_id))
             while True:
                 batch = await out.next_batch(HANDOFF_MOST)
                 if not await self._take_credit():
@@ -462,7 +558,8 @@ class AsyncTurnStream:
             self._waiting.append(batch)
             parked, self._reader_parked = self._reader_parked, False
         if parked:
-            self._host._to_asyncio(self._wake)
+            assert self._loop is not None
+            _to_loop(self._loop, self._wake)
 
     # -- the asyncio side --------------------------------------------------------------
 
@@ -487,7 +584,7 @@ class AsyncTurnStream:
             raise SessionError(
                 "this stream has run its turn already: call session.stream(...) again for another"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._started = loop.create_future()
         self._finished, self._scope = self._host._spawn(self._pump)
         self._finished.add_done_callback(self._pump_ended)
@@ -518,13 +615,18 @@ class AsyncTurnStream:
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""
         out = self._trio
-        if out is not None:
-            self._host._submit(lambda: out.cancel(reason))
+        if out is not None:  # a closed host has ended the turn: nothing to stop (as in Trio)
+            with contextlib.suppress(HostClosed):
+                self._host._submit(lambda: out.cancel(reason))
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         finished = self._finished
         assert finished is not None
         if not self._ended:
+            if exc_type is GeneratorExit and not _in_a_task():
+                # the task destroyed unfinished (its loop gone): nothing can wait any more
+                self._stop("event loop closed")
+                return
             if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                 self._stop("cancelled")
             elif exc_type is not None:
@@ -553,6 +655,23 @@ class AsyncTurnStream:
                 "a stream runs its turn once entered: async with session.stream(...) as "
                 "out: async for chunk in out: ..."
             )
+        if self._receiving:
+            raise SessionError(
+                "another task is reading this stream: each chunk goes to one reader, so "
+                "two would each miss some; read it in one task and hand the chunks on "
+                "(an asyncio.Queue per listener)"
+            )
+        self._receiving = True
+        try:
+            return await self._receive(reading, finished)
+        finally:
+            self._receiving = False
+
+    async def _receive(
+        self, reading: deque[OutputChunk], finished: asyncio.Future[Any]
+    ) -> OutputChunk:
+        """Wait for the next batch (one reader at a time: a second one parked over the
+        first would leave it waiting for ever)."""
         await asyncio.sleep(0)
         while True:
             with self._lock:
