@@ -15,11 +15,13 @@ import httpx
 import pytest
 import trio
 
+from actors.stores import turn_submit
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import message_key
 from runtime.messages import AssistantMessage
 from tests import test_busy
+from tests.support.pg import pg_connect
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding
 from tests.test_frontend import LIMIT, body, data, deployment, streamed_text
@@ -322,3 +324,43 @@ async def test_a_stop_naming_the_answer_of_a_turn_never_continued_does_not_find_
     # Only a continuation is named by its answer (the embedded TurnStream.named_by).
     turn = await queue.submit("s1", "go", idempotency_key="k0")
     assert await queue.open_by_key("s1", [], message_id=turn.message_id) is None
+
+
+@pytest.mark.parametrize("between", ["held", "dropped"])
+async def test_an_interrupting_submit_checks_and_takes_a_held_stop_at_once(
+    queue: TurnQueue, pg_url: str, monkeypatch: pytest.MonkeyPatch, between: str
+) -> None:
+    # Another front end's hold (or its trim of the held stops) commits while the
+    # interrupting submit runs, right after its interrupt was decided: the message
+    # interrupts the running turn or is stopped, never both (held) nor neither (dropped).
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    if between == "dropped":
+        await queue.hold_stop("s1", "u1", [], "stopped by user")
+    schema = pg_url.rsplit("schema=", 1)[1]
+    interrupt = turn_submit._interrupt
+
+    def racing(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        decided = interrupt(conn, *args, **kwargs)
+        with pg_connect() as other:
+            other.execute(f"SET search_path TO {schema}")
+            if between == "held":
+                other.execute(
+                    "INSERT INTO axon_held_stops (session_id, message_id, reason) "
+                    "VALUES ('s1', 'u1', 'stopped by user')"
+                )
+            else:  # as a hold's trim does: rows another takes are skipped
+                other.execute(
+                    "DELETE FROM axon_held_stops WHERE ctid IN (SELECT ctid "
+                    "FROM axon_held_stops FOR UPDATE SKIP LOCKED)"
+                )
+        return decided
+
+    monkeypatch.setattr(turn_submit, "_interrupt", racing)
+    second = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
+    )
+    before = await queue.get_status(first.turn_id)
+    assert before is not None
+    interrupted = before.status == "cancelled"
+    stopped = second.cancel_reason == "stopped by user"
+    assert interrupted != stopped, (before, second)

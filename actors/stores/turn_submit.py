@@ -91,8 +91,11 @@ class _Submission:
         held = None
         if new and self.stop_name is not None:
             held = (session_id, self.stop_name, self.held_for)
+        stopped = None
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-            _interrupt(conn, session_id, held)  # (a stopped message interrupts nothing)
+            # (a stopped message interrupts nothing: the stop taken in that statement)
+            stopped = _interrupt(conn, session_id, held)
+            held = None
         steer_of = None  # (row locks first here too: the running turn's count of steers)
         if on_busy == STEER and not regenerate:
             steer_of = _steer_running(conn, session_id)
@@ -113,6 +116,8 @@ class _Submission:
         )
         if held is not None:  # (one statement, as without)
             row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
+        elif stopped is not None:  # taken by the interrupt's statement
+            row = conn.execute(_STOPPED_INSERT, (*values[:-1], stopped)).fetchone()
         else:
             row = conn.execute(_INSERT, values).fetchone()
         if row is not None:
@@ -181,6 +186,13 @@ _INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
         message_key, input_hash, input, meta, regenerate, options, steer_of)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
+
+_STOPPED_INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+        message_key, input_hash, input, meta, regenerate, options, cancel_reason)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
+"""A new message's insert whose held stop the ``interrupt`` statement took
+(``actors.stores.turn_sql._interrupt``): the row :data:`HELD_STOP_INSERT` leaves."""
 
 HELD_STOP_INSERT = f"""WITH held AS (
         DELETE FROM axon_held_stops
