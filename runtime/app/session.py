@@ -222,6 +222,9 @@ class TurnStream:
     _followers: dict[str, TurnStream] | None = None
     """On a running turn's stream: the steering streams that :attr:`follow` it, by their
     user message's id (a class default: set on the instance once one asks)."""
+    steer_answered = False
+    """On a steered stream (:attr:`steered`): the turn found its message stored and
+    answered by an earlier turn (``Steered.answered``), and stored nothing of it."""
     _followed: deque[OutputChunk] | None = None
     """On a following stream (:attr:`follow`): the running turn's chunks from the one
     that shows its message on, not read yet (``None`` until that chunk passed)."""
@@ -638,6 +641,8 @@ class TurnStream:
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
+        if item.answered:
+            self.steer_answered = True
         return True
 
     def _unfollow(self, running: TurnStream, message_id: str) -> None:
