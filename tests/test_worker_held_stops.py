@@ -163,11 +163,12 @@ async def test_racing_holds_all_succeed_and_the_next_one_trims_to_the_cap(
     assert len(rows) <= 5 and rows[-1][0] == "last"
 
 
-async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
+async def test_a_stop_before_a_steering_message_takes_it_out_at_once(
     pg_url: str, redis_url: str
 ) -> None:
     # Under --on-busy steer a message held stopped is not handed to the running turn
-    # (whose model would have seen it): it waits for its own turn, stopped as it starts.
+    # (whose model would have seen it), nor kept to run after it: cancelled in its
+    # submit, nothing of it stored (the embedded host takes it out so).
     script = Script(holding("H1"), ["first done"], ["never"])
     agent = agent_with(script, "steer")
     async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="steer") as d:
@@ -196,8 +197,8 @@ async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
     assert len(script.requests) == 2  # "never" was not asked for
     assert all("also this" not in str(r.messages) for r in script.requests)
     assert record is not None
-    assert [m.text for m in record.messages if m.role == "user"] == ["first", "also this"]
-    assert isinstance(record.messages[-1], AssistantMessage) and record.messages[-1].interrupted
+    assert [m.text for m in record.messages if m.role == "user"] == ["first"]
+    assert not any(isinstance(m, AssistantMessage) and m.interrupted for m in record.messages)
 
 
 async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_turn(
@@ -364,3 +365,31 @@ async def test_an_interrupting_submit_checks_and_takes_a_held_stop_at_once(
     interrupted = before.status == "cancelled"
     stopped = second.cancel_reason == "stopped by user"
     assert interrupted != stopped, (before, second)
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer", "interrupt"])
+async def test_a_stopped_message_that_would_wait_for_another_turn_is_cancelled_at_once(
+    queue: TurnQueue, on_busy: str
+) -> None:
+    # As the embedded host takes such a message out of its queue (nothing stored): its
+    # row ends cancelled in its submit, and no worker ever runs it (it ran after the
+    # turn ahead, stopped as it started: its message and an interrupted answer saved).
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    second = await queue.submit("s1", "went", idempotency_key="k1", stop_name="u1", on_busy=on_busy)
+    ahead = await queue.get_status(first.turn_id)
+    assert (second.status, second.finish_reason) == ("cancelled", "aborted")
+    assert second.cancel_reason == "stopped by user" and second.steer_of is None
+    assert ahead is not None and ahead.status == "queued"  # (interrupted by nothing)
+
+
+async def test_a_stopped_message_of_an_idle_session_is_queued_to_be_stopped_as_it_starts(
+    queue: TurnQueue,
+) -> None:
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    turn = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    assert (turn.status, turn.cancel_reason, turn.cancel_requested) == (
+        "queued",
+        "stopped by user",
+        False,
+    )

@@ -187,9 +187,32 @@ _INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
 
-_STOPPED_INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-        message_key, input_hash, input, meta, regenerate, options, cancel_reason)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+_STOPPED_COLUMNS = "cancel_reason, status, finish_reason, cancel_requested, finished_at"
+"""What a new message's row that took a held stop sets besides its input."""
+
+_STOPPED_VALUES = """s.reason,
+        CASE WHEN s.waits THEN 'cancelled' ELSE 'queued' END,
+        CASE WHEN s.waits THEN 'aborted' END,
+        coalesce(s.waits, false),
+        CASE WHEN s.waits THEN clock_timestamp() END"""
+"""Their values, from ``s`` (``reason``; ``waits``: the session has a turn queued or
+running, which this one would wait for or be steered into): cancelled at once then,
+as a stop of a queued turn ends it, and as the embedded host takes such a message out
+of its queue (nothing stored); else queued with the stop's reason alone, stopped by its
+worker as it starts (its message saved, with an interrupted answer)."""
+
+_WAITS = """EXISTS (SELECT 1 FROM axon_turns AS o
+            WHERE o.session_id = t.session_id AND o.status IN ('queued', 'running'))"""
+
+_STOPPED_INSERT = f"""WITH turn (turn_id, session_id, idempotency_key, message_key,
+        input_hash, input, meta, regenerate, options, reason) AS (
+        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
+    )
+    INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+        input_hash, input, meta, regenerate, options, {_STOPPED_COLUMNS})
+    SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
+        t.input, t.meta, t.regenerate, t.options, {_STOPPED_VALUES}
+    FROM turn AS t, LATERAL (SELECT t.reason, {_WAITS} AS waits) AS s
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
 """A new message's insert whose held stop the ``interrupt`` statement took
 (``actors.stores.turn_sql._interrupt``): the row :data:`HELD_STOP_INSERT` leaves."""
@@ -204,19 +227,22 @@ HELD_STOP_INSERT = f"""WITH held AS (
         VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
     )
     INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
-        input_hash, input, meta, regenerate, options, steer_of, cancel_reason)
+        input_hash, input, meta, regenerate, options, steer_of, {_STOPPED_COLUMNS})
     SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
         t.input, t.meta, t.regenerate, t.options,
-        CASE WHEN h.reason IS NULL THEN t.steer_of END, h.reason
-    FROM turn AS t LEFT JOIN held AS h ON true
+        CASE WHEN s.reason IS NULL THEN t.steer_of END, {_STOPPED_VALUES}
+    FROM turn AS t LEFT JOIN LATERAL (
+        SELECT h.reason, {_WAITS} AS waits FROM held AS h) AS s ON true
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
 """A new message's insert that takes the stop held for it (at most one: the table's
-key), in one statement: a queued row with a ``cancel_reason`` and no
-``cancel_requested`` (no other writer leaves a row so: a cancel of a queued turn ends it
-``cancelled`` at once) is a turn to stop as it starts. Its claim takes it as any
-(a cancel requested would keep it from every claim: never run, nothing of it stored),
-and its worker cancels its stream before the model call: the user message saved, with
-an interrupted answer, as a stop just after it started would leave it."""
+key), in one statement. When the session has a turn queued or running the row is
+``cancelled`` at once (:data:`_STOPPED_VALUES`). Else it is a queued row with a
+``cancel_reason`` and no ``cancel_requested`` (no other writer leaves a row so: a
+cancel of a queued turn ends it ``cancelled`` at once), a turn to stop as it starts.
+Its claim takes it as any (a cancel requested would keep it from every claim: never
+run, nothing of it stored), and its worker cancels its stream before the model call:
+the user message saved, with an interrupted answer, as a stop just after it started
+would leave it."""
 
 
 class TurnSubmitting:
