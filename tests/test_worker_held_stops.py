@@ -393,3 +393,26 @@ async def test_a_stopped_message_of_an_idle_session_is_queued_to_be_stopped_as_i
         "stopped by user",
         False,
     )
+
+
+async def test_a_careless_clients_stops_through_a_front_end_keep_nothing_and_stop_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    # A 10 MB id (a continuation's answer's shape too), a stop of a finished turn, and
+    # one naming another session's message: each a 204, nothing held, nothing stopped.
+    script = Script(["first"], ["second"])
+    huge = "msg_" + "t" * (10 << 20)
+    async with deployment(pg_url, redis_url, agent_with(script), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+            stops = [
+                await client.post(f"{d.urls[1]}/api/chat/s1/stop", json=named)
+                for named in ({"messageId": huge}, {"turnId": huge}, {"messageId": "u1"})
+            ]
+            other = await client.post(f"{d.urls[1]}/api/chat/s2/stop", json={"messageId": "u2"})
+            left = await held_rows(d.queue)
+            second = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "next", "u2"))
+    assert "first" in first.text
+    assert [s.status_code for s in stops] == [204, 204, 204]
+    assert other.status_code == 204 and left == [("s2", "u2", "stopped by user")]
+    assert "abort" not in second.text and "second" in second.text

@@ -32,6 +32,7 @@ from runtime import serde
 from runtime.busy import (
     ENQUEUE,
     HELD_STOP_FOR,
+    HELD_STOP_ID_MAX,
     HELD_STOPS_KEPT,
     INTERRUPT,
     REJECT,
@@ -540,10 +541,6 @@ class TurnSubmitting:
             retry_after=self.retry_after,
         )
 
-
-HELD_STOP_ID_MAX = 256
-"""Characters of a message id past which a stop naming it is not held (the AI SDK's are
-a few dozen): the held stops' size is bounded by their count and this."""
 
 LARGE_ROW = 64 * 1024
 """Bytes of a submit's input, options and meta past which the queue's total cap is looked
