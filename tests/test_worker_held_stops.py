@@ -416,3 +416,39 @@ async def test_a_careless_clients_stops_through_a_front_end_keep_nothing_and_sto
     assert [s.status_code for s in stops] == [204, 204, 204]
     assert other.status_code == 204 and left == [("s2", "u2", "stopped by user")]
     assert "abort" not in second.text and "second" in second.text
+
+
+async def test_a_stop_naming_a_turn_not_there_yet_stops_the_edit_that_creates_it(
+    queue: TurnQueue,
+) -> None:
+    # An edit (or a regenerate) carries the id of a message sent before: a stop naming
+    # that id may be a late one of the turn before. A client that chose the new turn's
+    # id (an AG-UI run's runId) names that instead, which nothing before had.
+    first = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    await queue.request_cancel(first.turn_id, "done with it")
+    await queue.hold_stop("s1", None, [], "stopped by user", turn_id="turn_edit")
+    held = await held_rows(queue)
+    edit = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", turn_id="turn_edit"
+    )
+    assert len(held) == 1 and edit.cancel_reason == "stopped by user"
+    assert await held_rows(queue) == []  # used
+
+
+async def test_a_stop_naming_a_turn_is_not_kept_once_that_turn_exists(queue: TurnQueue) -> None:
+    turn = await queue.submit("s1", "go", turn_id="turn_x")
+    await queue.hold_stop("s1", None, [], "stopped by user", turn_id=turn.turn_id)
+    await queue.hold_stop("s1", "\x1fturn turn_y", [], "stopped by user")  # (not a message's)
+    assert await held_rows(queue) == []
+
+
+async def test_a_stop_naming_a_turn_only_through_a_front_end_stops_the_run_that_comes(
+    pg_url: str, redis_url: str
+) -> None:
+    script = Script(["never"])
+    async with deployment(pg_url, redis_url, agent_with(script), worker=False) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"turnId": "run_1"})
+        turn = await d.queue.submit("s1", "go", turn_id="run_1")
+    assert stop.status_code == 204
+    assert turn.cancel_reason == "stopped by user"

@@ -152,7 +152,7 @@ def _busy(conn: Any, session_id: str) -> bool:
 
 
 def _interrupt(
-    conn: Any, session_id: str, held: tuple[str, str, float] | None = None
+    conn: Any, session_id: str, held: tuple[str, str | None, str | None, float] | None = None
 ) -> str | None:
     """In a submit's transaction, before its insert: cancel the session's queued turns
     (``cancelled`` at once) and ask its running one to stop (its worker hears it on
@@ -160,17 +160,18 @@ def _interrupt(
     message``. The rows are locked first, in line order, as a claim locks a head before
     the trigger takes the session's lock; each is then updated by a statement of its
     own (the head trigger moves the head on to the next, which a later one cancels).
-    ``held``: ``(session, the client's id, seconds)`` of a new message that takes a stop
+    ``held``: ``(session, the client's id, its turn's held name, seconds)`` of a new
+    message that takes a stop
     held for it (``actors.stores.turn_submit.HELD_STOP_INSERT``): the same statement
     takes it (deletes it) and then interrupts nothing (a stopped message); returns its
     reason, which the submit's insert then stores (``_STOPPED_INSERT``), taking no
     other: one statement decides both, so a stop held or dropped by another front end
     meanwhile is never both taken and interrupted for, nor neither."""
-    session, name, held_for = held if held is not None else (None, None, 0.0)
+    session, name, by_turn, held_for = held if held is not None else (None, None, None, 0.0)
     rows = conn.execute(
         """WITH held AS (
             DELETE FROM axon_held_stops
-            WHERE session_id = %s AND message_id = %s
+            WHERE session_id = %s AND (message_id = %s OR message_id = %s)
                 AND held_at >= clock_timestamp() - make_interval(secs => %s)
             RETURNING reason
         ), open AS (
@@ -182,7 +183,7 @@ def _interrupt(
         SELECT turn_id, status, NULL, seq FROM open
         UNION ALL SELECT NULL, NULL, reason, 0 FROM held
         ORDER BY 4""",
-        (session, name, held_for, session_id),
+        (session, name, by_turn, held_for, session_id),
     ).fetchall()
     if rows and rows[0][2] is not None:
         return str(rows[0][2])

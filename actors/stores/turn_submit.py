@@ -67,6 +67,10 @@ class _Submission:
     stop_name: str | None
     """The client's id a stop held before this submit names it by
     (:meth:`TurnSubmitting.hold_stop`), if the caller gave one."""
+    named_turn: bool
+    """Whether the caller chose the turn id (an AG-UI run's ``runId``): a stop held
+    naming that id (:meth:`TurnSubmitting.hold_stop` without a message id) is this
+    turn's, whatever its message (a new one, an edit, a regenerate)."""
     held_for: float
     """Seconds a held stop is kept (:data:`~runtime.busy.HELD_STOP_FOR`)."""
     check_room: Callable[[Any, str, str | None, str, bool], None]
@@ -90,8 +94,10 @@ class _Submission:
         as it starts; a stop it took names no steered message (it runs as a turn)."""
         session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
         held = None
-        if new and self.stop_name is not None:
-            held = (session_id, self.stop_name, self.held_for)
+        name = self.stop_name if new else None  # (a retry's or an edit's: maybe late)
+        by_turn = held_turn_name(turn_id) if self.named_turn else None
+        if name is not None or by_turn is not None:
+            held = (session_id, name, by_turn, self.held_for)
         stopped = None
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
             # (a stopped message interrupts nothing: the stop taken in that statement)
@@ -220,7 +226,7 @@ _STOPPED_INSERT = f"""WITH turn (turn_id, session_id, idempotency_key, message_k
 
 HELD_STOP_INSERT = f"""WITH held AS (
         DELETE FROM axon_held_stops
-        WHERE session_id = %s AND message_id = %s
+        WHERE session_id = %s AND (message_id = %s OR message_id = %s)
             AND held_at >= clock_timestamp() - make_interval(secs => %s)
         RETURNING reason
     ), turn (turn_id, session_id, idempotency_key, message_key, input_hash, input, meta,
@@ -233,10 +239,11 @@ HELD_STOP_INSERT = f"""WITH held AS (
         t.input, t.meta, t.regenerate, t.options,
         CASE WHEN s.reason IS NULL THEN t.steer_of END, {_STOPPED_VALUES}
     FROM turn AS t LEFT JOIN LATERAL (
-        SELECT h.reason, {_WAITS} AS waits FROM held AS h) AS s ON true
+        SELECT h.reason, {_WAITS} AS waits FROM held AS h LIMIT 1) AS s ON true
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
-"""A new message's insert that takes the stop held for it (at most one: the table's
-key), in one statement. When the session has a turn queued or running the row is
+"""A new message's insert that takes the stop held for it (by the client's id of its
+message, or by its turn id when the client chose it: :func:`held_turn_name`), in one
+statement. When the session has a turn queued or running the row is
 ``cancelled`` at once (:data:`_STOPPED_VALUES`). Else it is a queued row with a
 ``cancel_reason`` and no ``cancel_requested`` (no other writer leaves a row so: a
 cancel of a queued turn ends it ``cancelled`` at once), a turn to stop as it starts.
@@ -321,6 +328,7 @@ class TurnSubmitting:
         body, input_hash, meta_json, options_json = await _serialized(
             session_id, content, regenerate, meta, options
         )
+        named_turn = turn_id is not None
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
         message_key = None if idempotency_key is None else _message_key(idempotency_key)
         submission = _Submission(
@@ -334,6 +342,7 @@ class TurnSubmitting:
             regenerate=regenerate,
             on_busy=on_busy,
             stop_name=stop_name,
+            named_turn=named_turn,
             held_for=self.held_stop_for,
             check_room=self._check_room,
             check_total=self._check_total,
@@ -398,7 +407,7 @@ class TurnSubmitting:
     async def hold_stop(
         self,
         session_id: str,
-        message_id: str,
+        message_id: str | None,
         keys: Sequence[str],
         reason: str,
         *,
@@ -424,10 +433,21 @@ class TurnSubmitting:
         not take (the embedded host's ``Session.continued``). A stop that also names a
         turn (``turn_id``: an AG-UI client knows its run's before the POST) is kept by
         its message id only while no turn has that id: one that exists is found, or
-        ended, or is another message's. (Both checks in the insert's one statement.)"""
+        ended, or is another message's. (Both checks in the insert's one statement.)
+
+        A stop naming a turn only (``message_id`` ``None``: an AG-UI client's ``runId``,
+        which names an edit or a regenerate too, where the message's id cannot tell an
+        early stop from a late one) is kept under that turn id while no turn has it, for
+        the submit that creates that turn (a caller's ``turn_id``), whatever it is."""
         validate_session_id(session_id)
-        if not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
+        if message_id is None:
+            if not turn_id or len(turn_id) > HELD_STOP_ID_MAX or "\x00" in turn_id:
+                return
+            message_id, keys = held_turn_name(turn_id), []
+        elif not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
             return
+        elif message_id.startswith(_TURN_NAME):
+            return  # (names no client's message: that is how a turn's stop is kept)
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
         kept, held_for = self.held_stops_kept, self.held_stop_for
         answered = message_id.removeprefix("msg_") if message_id.startswith("msg_") else None
@@ -540,6 +560,18 @@ class TurnSubmitting:
             limit=total,
             retry_after=self.retry_after,
         )
+
+
+_TURN_NAME = "\x1fturn "
+"""The start of the ``message_id`` a stop naming a turn only is kept under
+(:func:`held_turn_name`): a unit separator, never in a client's message id that a stop
+is kept for (such a stop is not kept)."""
+
+
+def held_turn_name(turn_id: str) -> str:
+    """The ``axon_held_stops.message_id`` of a stop naming turn ``turn_id`` only (no
+    column of its own: the table's layout is unchanged)."""
+    return _TURN_NAME + turn_id
 
 
 LARGE_ROW = 64 * 1024

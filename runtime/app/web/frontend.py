@@ -813,6 +813,10 @@ class FrontEnd:
             return await self._stop(found, steering=web_state(request).on_busy == STEER)
         if named is not None:  # that turn only, queued or running: never another
             turn = await self.queue.get_status(named)
+            if turn is None:  # (its POST may be on its way still: kept for its submit,
+                # an AG-UI run's ``runId``, whatever its message; then looked at again)
+                await self.queue.hold_stop(session_id, None, [], STOPPED, turn_id=named)
+                turn = await self.queue.get_status(named)
             if (
                 turn is None
                 or turn.session_id != session_id
