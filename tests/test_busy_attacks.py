@@ -912,3 +912,21 @@ async def test_a_stop_naming_another_sessions_running_message_leaves_it_running(
     assert stop.status_code == 204
     assert '"finishReason":"stop"' in out["reply"].text and "abort" not in out["reply"].text
     assert len(script.requests) == 2  # it ran on to its answer
+
+
+async def test_a_stop_naming_a_turn_not_there_yet_stops_the_regenerate_that_has_that_id():
+    # A regenerate (or an edit) carries a message id the turn before had: a stop naming
+    # it cannot be told from a late one. Its turn id, when the client chose it (an AG-UI
+    # run's runId), names it alone: kept, and it stops that turn as it starts.
+    script = Script(["first"], ["never"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        async with session.stream("go", user_message_id="u1") as out:
+            await out.collect()
+        host.hold_stop("s", message_id=None, turn_id="turn_again", reason="stopped by user")
+        async with session.stream(
+            "go", regenerate=True, user_message_id="u1", turn_id="turn_again"
+        ) as out:
+            chunks = await out.collect()
+    assert any(getattr(c, "reason", None) == "stopped by user" for c in chunks)
+    assert len(script.requests) == 1
