@@ -443,6 +443,9 @@ class SteeredInput:
     accepted: bool = False
     step: int | None = None
     """The step the model first saw it before, once accepted."""
+    answered: bool = False
+    """Accepted as held: an earlier turn stored it and answered it (a client's retry of
+    it), so this turn stored nothing of it (``Steered.answered``)."""
     stored: trio.Event = attrs.field(factory=trio.Event)
     """Set once a save of the turn holds the accepted message (or the turn is over):
     the steering caller's acknowledgement waits for it, so a process killed before that

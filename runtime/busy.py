@@ -64,6 +64,12 @@ HELD_STOP_FOR = 60.0
 """Seconds a named stop is kept for a message not there yet: the life of its record in
 Redis (``CANCEL_TTL_MS``); a message whose POST takes longer to arrive is not stopped."""
 
+HELD_STOP_ID_MAX = 256
+"""Characters of a message or turn id past which a stop naming it is not kept (the AI
+SDK's ids are a few dozen): the held stops' size is bounded by their count and this (a
+stop body may be 48 MiB: 1024 of 10 MB ids held a host 10 GB). The worker deployment's
+table keeps the same bound."""
+
 
 class HeldStops:
     """Named stops that found nothing so named yet: the message or turn they name may be
@@ -96,8 +102,11 @@ class HeldStops:
     ) -> None:
         """Keep a stop of ``session_id`` naming user message ``message_id`` or turn
         ``turn_id`` (or both: then it names what has both); one naming neither is not
-        kept."""
+        kept, nor one naming an id longer than :data:`HELD_STOP_ID_MAX` (it names
+        nothing a client sends)."""
         if message_id is None and turn_id is None:
+            return
+        if len(message_id or "") > HELD_STOP_ID_MAX or len(turn_id or "") > HELD_STOP_ID_MAX:
             return
         order, now = self._order, self.clock()
         names = (message_id, turn_id)
@@ -142,6 +151,7 @@ __all__ = [
     "ENQUEUE",
     "HELD_STOPS_KEPT",
     "HELD_STOP_FOR",
+    "HELD_STOP_ID_MAX",
     "INTERRUPT",
     "INTERRUPTED_BY_NEW",
     "REJECT",

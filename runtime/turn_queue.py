@@ -367,7 +367,7 @@ class TurnQueue(Protocol):
     async def hold_stop(
         self,
         session_id: str,
-        message_id: str,
+        message_id: str | None,
         keys: Sequence[str],
         reason: str,
         *,
@@ -377,7 +377,9 @@ class TurnQueue(Protocol):
         turn was not found (its POST may come after it), unless a turn was ever submitted
         under one of ``keys``, or continued the answer ``message_id`` names (a late
         stop), or has the id ``turn_id`` the stop names too; bounded, each used once by
-        the submit that names it (``stop_name``)."""
+        the submit that names it (``stop_name``). With no ``message_id``, a stop naming
+        turn ``turn_id`` only, kept while no turn has that id, for the submit that
+        creates it (its caller's ``turn_id``: a new message, an edit or a regenerate)."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...

@@ -858,3 +858,75 @@ async def test_a_kept_stop_is_used_once_and_dropped_after_a_minute(autojump_cloc
         host.hold_stop("s", message_id="u3", turn_id=None, reason="r")
         await trio.sleep(host.held_stops.held_for + 1)
         assert host.stopped_before("s", "u3", "t3") is None
+
+
+async def test_a_stop_naming_a_ten_megabyte_id_is_not_kept():
+    # A careless (or hostile) client's stop naming an id of 10 MB that nothing has:
+    # 204 and kept for a minute, 1024 of them a host (and every host of a relay): 10 GB.
+    # Not kept past HELD_STOP_ID_MAX characters, as the worker deployment's table.
+    huge = "u" * (10 << 20)
+    async with (
+        web_server(agent_of(Script())) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+    ):
+        by_message = await client.post("/api/chat/s/stop", json={"messageId": huge})
+        by_turn = await client.post("/api/chat/s/stop", json={"turnId": huge})
+        kept = len(server.host.held_stops)
+    assert (by_message.status_code, by_turn.status_code) == (204, 204)
+    assert kept == 0
+
+
+async def test_a_stop_sent_twice_before_its_message_stops_it_once_and_keeps_nothing():
+    script = Script(["second"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        stops = [await client.post("/api/chat/s/stop", json={"messageId": "u1"}) for _ in "ab"]
+        reply = await client.post("/api/chat", json=ui_body("s", "go", "u1"))
+        await wait_idle(server, "s")
+        left = len(server.host.held_stops)
+        after = await client.post("/api/chat", json=ui_body("s", "next", "u2"))
+    assert [s.status_code for s in stops] == [204, 204]
+    assert '"type":"abort","reason":"stopped by user"' in reply.text
+    assert left == 0 and "abort" not in after.text
+    assert len(script.requests) == 1  # the second message's: not stopped by the repeat
+
+
+async def test_a_stop_naming_another_sessions_running_message_leaves_it_running():
+    script = Script(holding(), ["first done"])
+    out: dict = {}
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+
+        async def post() -> None:
+            out["reply"] = await client.post("/api/chat", json=ui_body("s", "go", "u1"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await held["open"].wait()
+            stop = await client.post("/api/chat/t/stop", json={"messageId": "u1"})
+            held["release"].set()
+    assert stop.status_code == 204
+    assert '"finishReason":"stop"' in out["reply"].text and "abort" not in out["reply"].text
+    assert len(script.requests) == 2  # it ran on to its answer
+
+
+async def test_a_stop_naming_a_turn_not_there_yet_stops_the_regenerate_that_has_that_id():
+    # A regenerate (or an edit) carries a message id the turn before had: a stop naming
+    # it cannot be told from a late one. Its turn id, when the client chose it (an AG-UI
+    # run's runId), names it alone: kept, and it stops that turn as it starts.
+    script = Script(["first"], ["never"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        async with session.stream("go", user_message_id="u1") as out:
+            await out.collect()
+        host.hold_stop("s", message_id=None, turn_id="turn_again", reason="stopped by user")
+        async with session.stream(
+            "go", regenerate=True, user_message_id="u1", turn_id="turn_again"
+        ) as out:
+            chunks = await out.collect()
+    assert any(getattr(c, "reason", None) == "stopped by user" for c in chunks)
+    assert len(script.requests) == 1

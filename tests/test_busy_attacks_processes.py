@@ -77,7 +77,12 @@ async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_
     finally:
         await store.aclose()
     assert steered[0].status_code == 202, steered[0].text
-    assert steered[0].json() == {"steered": True, "turnId": turn_id, "messageId": "u2"}
+    assert steered[0].json() == {
+        "steered": True,
+        "turnId": turn_id,
+        "messageId": "u2",
+        "answered": False,
+    }
     assert rows == [("done", "stop", None), ("done", "steered", turn_id)]
     assert record is not None
     users = [m for m in record.messages if isinstance(m, UserMessage)]

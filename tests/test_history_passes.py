@@ -273,7 +273,7 @@ async def test_a_busy_sessions_check_of_a_new_messages_id_reads_no_history():
         )
         NotingTuple.passes = 0
         read = runner._ids.read
-        held = [session.holds_input(i) for i in ("c1", "c2", "c3")]
+        held = [await session.holds_input(i) for i in ("c1", "c2", "c3")]
         # (the ids of the warm turn's own two messages, added after its start: read once)
         assert (NotingTuple.passes, runner._ids.read - read) == (0, 2)
     assert held == ["stored", None, None]
@@ -362,3 +362,36 @@ async def test_a_message_arriving_at_a_busy_long_session_reads_its_ids_a_chunk_p
                 trio.lowlevel.remove_instrument(steps)
             read = ids.read  # (all of it, for the check: the first turn read none)
     assert read >= 2 * N and max(most) <= 16
+
+
+async def test_a_direct_question_of_a_long_sessions_ids_reads_them_a_chunk_per_step(
+    monkeypatch,
+):
+    """``Session.holds_input`` asked directly (not through a stream, which reads the ids
+    before it) of a session whose runner read no ids yet: read at most
+    ``MessageIds.chunk`` per loop step, not the whole session in one."""
+    import trio
+
+    monkeypatch.setattr(runtime.history.MessageIds, "chunk", 16)
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        ids = session.runner._ids
+        most = []
+
+        class Steps(trio.abc.Instrument):
+            read = 0
+
+            def before_task_step(self, task):
+                self.read = ids.read
+
+            def after_task_step(self, task):
+                most.append(ids.read - self.read)
+
+        steps = Steps()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            held = await session.holds_input("c9")
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+    assert held is None and ids.read == 2 * N and max(most) == 16

@@ -515,3 +515,18 @@ async def test_the_record_of_unplaced_stops_is_one_bounded_key_that_expires(
     assert [orjson.loads(e.field_values[b"m"])["session_id"] for e in kept] == ["s2", "s3", "s4"]
     assert 0 < life <= streams.CANCEL_TTL_MS
     assert set(keys) == {key.encode()}
+
+
+async def test_a_stop_naming_a_ten_megabyte_id_is_not_forwarded_to_every_host(
+    redis_url: str,
+) -> None:
+    # No message or turn has such an id (a client's ids are at most 128 characters):
+    # forwarded, it was a 10 MB record in Redis for a minute, read by every host.
+    huge = "u" * (10 << 20)
+    async with two_front_ends(redis_url, agent_of(Script())) as (_a, b):
+        async with httpx.AsyncClient(timeout=60) as client:
+            stops = [
+                await client.post(f"{b.url}/api/chat/s/stop", json={field: huge})
+                for field in ("messageId", "turnId")
+            ]
+    assert [s.status_code for s in stops] == [204, 204]

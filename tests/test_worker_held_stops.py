@@ -15,11 +15,13 @@ import httpx
 import pytest
 import trio
 
+from actors.stores import turn_submit
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import message_key
 from runtime.messages import AssistantMessage
 from tests import test_busy
+from tests.support.pg import pg_connect
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding
 from tests.test_frontend import LIMIT, body, data, deployment, streamed_text
@@ -161,11 +163,12 @@ async def test_racing_holds_all_succeed_and_the_next_one_trims_to_the_cap(
     assert len(rows) <= 5 and rows[-1][0] == "last"
 
 
-async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
+async def test_a_stop_before_a_steering_message_takes_it_out_at_once(
     pg_url: str, redis_url: str
 ) -> None:
     # Under --on-busy steer a message held stopped is not handed to the running turn
-    # (whose model would have seen it): it waits for its own turn, stopped as it starts.
+    # (whose model would have seen it), nor kept to run after it: cancelled in its
+    # submit, nothing of it stored (the embedded host takes it out so).
     script = Script(holding("H1"), ["first done"], ["never"])
     agent = agent_with(script, "steer")
     async with deployment(pg_url, redis_url, agent, fronts=2, on_busy="steer") as d:
@@ -194,8 +197,8 @@ async def test_a_stop_before_a_steering_message_stops_it_as_a_turn_of_its_own(
     assert len(script.requests) == 2  # "never" was not asked for
     assert all("also this" not in str(r.messages) for r in script.requests)
     assert record is not None
-    assert [m.text for m in record.messages if m.role == "user"] == ["first", "also this"]
-    assert isinstance(record.messages[-1], AssistantMessage) and record.messages[-1].interrupted
+    assert [m.text for m in record.messages if m.role == "user"] == ["first"]
+    assert not any(isinstance(m, AssistantMessage) and m.interrupted for m in record.messages)
 
 
 async def test_a_stop_whose_message_was_submitted_while_it_was_held_stops_that_turn(
@@ -322,3 +325,130 @@ async def test_a_stop_naming_the_answer_of_a_turn_never_continued_does_not_find_
     # Only a continuation is named by its answer (the embedded TurnStream.named_by).
     turn = await queue.submit("s1", "go", idempotency_key="k0")
     assert await queue.open_by_key("s1", [], message_id=turn.message_id) is None
+
+
+@pytest.mark.parametrize("between", ["held", "dropped"])
+async def test_an_interrupting_submit_checks_and_takes_a_held_stop_at_once(
+    queue: TurnQueue, pg_url: str, monkeypatch: pytest.MonkeyPatch, between: str
+) -> None:
+    # Another front end's hold (or its trim of the held stops) commits while the
+    # interrupting submit runs, right after its interrupt was decided: the message
+    # interrupts the running turn or is stopped, never both (held) nor neither (dropped).
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    if between == "dropped":
+        await queue.hold_stop("s1", "u1", [], "stopped by user")
+    schema = pg_url.rsplit("schema=", 1)[1]
+    interrupt = turn_submit._interrupt
+
+    def racing(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        decided = interrupt(conn, *args, **kwargs)
+        with pg_connect() as other:
+            other.execute(f"SET search_path TO {schema}")
+            if between == "held":
+                other.execute(
+                    "INSERT INTO axon_held_stops (session_id, message_id, reason) "
+                    "VALUES ('s1', 'u1', 'stopped by user')"
+                )
+            else:  # as a hold's trim does: rows another takes are skipped
+                other.execute(
+                    "DELETE FROM axon_held_stops WHERE ctid IN (SELECT ctid "
+                    "FROM axon_held_stops FOR UPDATE SKIP LOCKED)"
+                )
+        return decided
+
+    monkeypatch.setattr(turn_submit, "_interrupt", racing)
+    second = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
+    )
+    before = await queue.get_status(first.turn_id)
+    assert before is not None
+    interrupted = before.status == "cancelled"
+    stopped = second.cancel_reason == "stopped by user"
+    assert interrupted != stopped, (before, second)
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer", "interrupt"])
+async def test_a_stopped_message_that_would_wait_for_another_turn_is_cancelled_at_once(
+    queue: TurnQueue, on_busy: str
+) -> None:
+    # As the embedded host takes such a message out of its queue (nothing stored): its
+    # row ends cancelled in its submit, and no worker ever runs it (it ran after the
+    # turn ahead, stopped as it started: its message and an interrupted answer saved).
+    first = await queue.submit("s1", "go", idempotency_key="k0")
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    second = await queue.submit("s1", "went", idempotency_key="k1", stop_name="u1", on_busy=on_busy)
+    ahead = await queue.get_status(first.turn_id)
+    assert (second.status, second.finish_reason) == ("cancelled", "aborted")
+    assert second.cancel_reason == "stopped by user" and second.steer_of is None
+    assert ahead is not None and ahead.status == "queued"  # (interrupted by nothing)
+
+
+async def test_a_stopped_message_of_an_idle_session_is_queued_to_be_stopped_as_it_starts(
+    queue: TurnQueue,
+) -> None:
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    turn = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    assert (turn.status, turn.cancel_reason, turn.cancel_requested) == (
+        "queued",
+        "stopped by user",
+        False,
+    )
+
+
+async def test_a_careless_clients_stops_through_a_front_end_keep_nothing_and_stop_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    # A 10 MB id (a continuation's answer's shape too), a stop of a finished turn, and
+    # one naming another session's message: each a 204, nothing held, nothing stopped.
+    script = Script(["first"], ["second"])
+    huge = "msg_" + "t" * (10 << 20)
+    async with deployment(pg_url, redis_url, agent_with(script), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+            stops = [
+                await client.post(f"{d.urls[1]}/api/chat/s1/stop", json=named)
+                for named in ({"messageId": huge}, {"turnId": huge}, {"messageId": "u1"})
+            ]
+            other = await client.post(f"{d.urls[1]}/api/chat/s2/stop", json={"messageId": "u2"})
+            left = await held_rows(d.queue)
+            second = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "next", "u2"))
+    assert "first" in first.text
+    assert [s.status_code for s in stops] == [204, 204, 204]
+    assert other.status_code == 204 and left == [("s2", "u2", "stopped by user")]
+    assert "abort" not in second.text and "second" in second.text
+
+
+async def test_a_stop_naming_a_turn_not_there_yet_stops_the_edit_that_creates_it(
+    queue: TurnQueue,
+) -> None:
+    # An edit (or a regenerate) carries the id of a message sent before: a stop naming
+    # that id may be a late one of the turn before. A client that chose the new turn's
+    # id (an AG-UI run's runId) names that instead, which nothing before had.
+    first = await queue.submit("s1", "go", idempotency_key="k1", stop_name="u1")
+    await queue.request_cancel(first.turn_id, "done with it")
+    await queue.hold_stop("s1", None, [], "stopped by user", turn_id="turn_edit")
+    held = await held_rows(queue)
+    edit = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", turn_id="turn_edit"
+    )
+    assert len(held) == 1 and edit.cancel_reason == "stopped by user"
+    assert await held_rows(queue) == []  # used
+
+
+async def test_a_stop_naming_a_turn_is_not_kept_once_that_turn_exists(queue: TurnQueue) -> None:
+    turn = await queue.submit("s1", "go", turn_id="turn_x")
+    await queue.hold_stop("s1", None, [], "stopped by user", turn_id=turn.turn_id)
+    await queue.hold_stop("s1", "\x1fturn turn_y", [], "stopped by user")  # (not a message's)
+    assert await held_rows(queue) == []
+
+
+async def test_a_stop_naming_a_turn_only_through_a_front_end_stops_the_run_that_comes(
+    pg_url: str, redis_url: str
+) -> None:
+    script = Script(["never"])
+    async with deployment(pg_url, redis_url, agent_with(script), worker=False) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"turnId": "run_1"})
+        turn = await d.queue.submit("s1", "go", turn_id="run_1")
+    assert stop.status_code == 204
+    assert turn.cancel_reason == "stopped by user"

@@ -74,7 +74,12 @@ async def test_a_message_steered_during_step_1_is_seen_before_step_2s_model_call
     assert (steering.status, steering.finish_reason) == ("done", "steered")
     assert steering.steer_of == first.turn_id
     assert out["steered"].status_code == 202
-    assert out["steered"].json() == {"steered": True, "turnId": first.turn_id, "messageId": "u2"}
+    assert out["steered"].json() == {
+        "steered": True,
+        "turnId": first.turn_id,
+        "messageId": "u2",
+        "answered": False,
+    }
     # step 2's request: the steered message after step 1's tool result
     seen = out["script"].requests[2].messages
     assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
@@ -482,3 +487,39 @@ async def test_a_followed_steer_an_earlier_turn_answered_ends_at_its_answered_ch
         "answerId": "msg_t1",
         "answered": True,
     }
+
+
+async def test_a_steer_an_earlier_turn_answered_says_so_in_its_202(
+    pg_url: str, redis_url: str
+) -> None:
+    """A steering message whose id an earlier turn stored and answered (its first copy
+    queued under another key: a client's retry) is taken as held; the 202 says
+    ``answered`` as the turn's ``steered`` chunk does (and the embedded app's 202)."""
+    from runtime.turn_queue import TurnOptions
+
+    script = Script(["answer 1"], looking("call_L"), holding("call_H"), ["answer 2"])
+    out: dict[str, Any] = {}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        options = TurnOptions(user_message_id="u1")
+        earlier = await d.queue.submit("s1", "first", idempotency_key="other", options=options)
+        while True:
+            status = await d.queue.get_status(earlier.turn_id)
+            if status is not None and status.status == "done":
+                break
+            await trio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "second", "second", "u2")
+                await test_busy.held["open"].wait()
+                nursery.start_soon(post, "again", "first", "u1")
+                await queued(d.queue, "s1", 3)
+                test_busy.held["release"].set()
+        record = await d.store.load("s1")
+    assert out["again"].status_code == 202, out["again"].text
+    assert out["again"].json()["answered"] is True
+    assert record is not None
+    assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]

@@ -83,7 +83,12 @@ async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call
     finally:
         await store.aclose()
     assert steered.status_code == 202, steered.text
-    assert steered.json() == {"steered": True, "turnId": turn_id, "messageId": "u2"}
+    assert steered.json() == {
+        "steered": True,
+        "turnId": turn_id,
+        "messageId": "u2",
+        "answered": False,
+    }
     assert rows == [("done", "stop", None), ("done", "steered", turn_id)]
     types = [e["type"] for e in events]
     at = types.index("data-steered")

@@ -151,27 +151,43 @@ def _busy(conn: Any, session_id: str) -> bool:
     return busy is not None
 
 
-def _interrupt(conn: Any, session_id: str, held: tuple[str, str, float] | None = None) -> None:
+def _interrupt(
+    conn: Any, session_id: str, held: tuple[str, str | None, str | None, float] | None = None
+) -> str | None:
     """In a submit's transaction, before its insert: cancel the session's queued turns
     (``cancelled`` at once) and ask its running one to stop (its worker hears it on
     ``axon_cancel``, or on its next renewal), the reason ``interrupted by a new
     message``. The rows are locked first, in line order, as a claim locks a head before
     the trigger takes the session's lock; each is then updated by a statement of its
     own (the head trigger moves the head on to the next, which a later one cancels).
-    ``held``: ``(session, the client's id, seconds)`` of a new message that takes a stop
-    held for it (``actors.stores.turn_submit.HELD_STOP_INSERT``): when one is held, it
-    interrupts nothing (a stopped message; in the same statement)."""
-    session, name, held_for = held if held is not None else (None, None, 0.0)
+    ``held``: ``(session, the client's id, its turn's held name, seconds)`` of a new
+    message that takes a stop
+    held for it (``actors.stores.turn_submit.HELD_STOP_INSERT``): the same statement
+    takes it (deletes it) and then interrupts nothing (a stopped message); returns its
+    reason, which the submit's insert then stores (``_STOPPED_INSERT``), taking no
+    other: one statement decides both, so a stop held or dropped by another front end
+    meanwhile is never both taken and interrupted for, nor neither."""
+    session, name, by_turn, held_for = held if held is not None else (None, None, None, 0.0)
     rows = conn.execute(
-        """SELECT turn_id, status FROM axon_turns
-        WHERE session_id = %s AND status IN ('queued', 'running')
-            AND NOT EXISTS (SELECT 1 FROM axon_held_stops
-                WHERE session_id = %s AND message_id = %s
-                    AND held_at >= clock_timestamp() - make_interval(secs => %s))
-        ORDER BY seq FOR UPDATE""",
-        (session_id, session, name, held_for),
+        """WITH held AS (
+            DELETE FROM axon_held_stops
+            WHERE session_id = %s AND (message_id = %s OR message_id = %s)
+                AND held_at >= clock_timestamp() - make_interval(secs => %s)
+            RETURNING reason
+        ), open AS (
+            SELECT turn_id, status, seq FROM axon_turns
+            WHERE session_id = %s AND status IN ('queued', 'running')
+                AND NOT EXISTS (SELECT 1 FROM held)
+            ORDER BY seq FOR UPDATE
+        )
+        SELECT turn_id, status, NULL, seq FROM open
+        UNION ALL SELECT NULL, NULL, reason, 0 FROM held
+        ORDER BY 4""",
+        (session, name, by_turn, held_for, session_id),
     ).fetchall()
-    for turn_id, status in rows:
+    if rows and rows[0][2] is not None:
+        return str(rows[0][2])
+    for turn_id, status, _, _ in rows:
         if status == QUEUED:
             conn.execute(
                 """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
@@ -189,6 +205,7 @@ def _interrupt(conn: Any, session_id: str, held: tuple[str, str, float] | None =
                 (INTERRUPTED_BY_NEW, turn_id),
             )
         conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
+    return None
 
 
 _SUPERSEDE = SUPERSEDE

@@ -32,6 +32,7 @@ from runtime import serde
 from runtime.busy import (
     ENQUEUE,
     HELD_STOP_FOR,
+    HELD_STOP_ID_MAX,
     HELD_STOPS_KEPT,
     INTERRUPT,
     REJECT,
@@ -66,6 +67,10 @@ class _Submission:
     stop_name: str | None
     """The client's id a stop held before this submit names it by
     (:meth:`TurnSubmitting.hold_stop`), if the caller gave one."""
+    named_turn: bool
+    """Whether the caller chose the turn id (an AG-UI run's ``runId``): a stop held
+    naming that id (:meth:`TurnSubmitting.hold_stop` without a message id) is this
+    turn's, whatever its message (a new one, an edit, a regenerate)."""
     held_for: float
     """Seconds a held stop is kept (:data:`~runtime.busy.HELD_STOP_FOR`)."""
     check_room: Callable[[Any, str, str | None, str, bool], None]
@@ -89,10 +94,15 @@ class _Submission:
         as it starts; a stop it took names no steered message (it runs as a turn)."""
         session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
         held = None
-        if new and self.stop_name is not None:
-            held = (session_id, self.stop_name, self.held_for)
+        name = self.stop_name if new else None  # (a retry's or an edit's: maybe late)
+        by_turn = held_turn_name(turn_id) if self.named_turn else None
+        if name is not None or by_turn is not None:
+            held = (session_id, name, by_turn, self.held_for)
+        stopped = None
         if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-            _interrupt(conn, session_id, held)  # (a stopped message interrupts nothing)
+            # (a stopped message interrupts nothing: the stop taken in that statement)
+            stopped = _interrupt(conn, session_id, held)
+            held = None
         steer_of = None  # (row locks first here too: the running turn's count of steers)
         if on_busy == STEER and not regenerate:
             steer_of = _steer_running(conn, session_id)
@@ -113,6 +123,8 @@ class _Submission:
         )
         if held is not None:  # (one statement, as without)
             row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
+        elif stopped is not None:  # taken by the interrupt's statement
+            row = conn.execute(_STOPPED_INSERT, (*values[:-1], stopped)).fetchone()
         else:
             row = conn.execute(_INSERT, values).fetchone()
         if row is not None:
@@ -182,9 +194,39 @@ _INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
 
+_STOPPED_COLUMNS = "cancel_reason, status, finish_reason, cancel_requested, finished_at"
+"""What a new message's row that took a held stop sets besides its input."""
+
+_STOPPED_VALUES = """s.reason,
+        CASE WHEN s.waits THEN 'cancelled' ELSE 'queued' END,
+        CASE WHEN s.waits THEN 'aborted' END,
+        coalesce(s.waits, false),
+        CASE WHEN s.waits THEN clock_timestamp() END"""
+"""Their values, from ``s`` (``reason``; ``waits``: the session has a turn queued or
+running, which this one would wait for or be steered into): cancelled at once then,
+as a stop of a queued turn ends it, and as the embedded host takes such a message out
+of its queue (nothing stored); else queued with the stop's reason alone, stopped by its
+worker as it starts (its message saved, with an interrupted answer)."""
+
+_WAITS = """EXISTS (SELECT 1 FROM axon_turns AS o
+            WHERE o.session_id = t.session_id AND o.status IN ('queued', 'running'))"""
+
+_STOPPED_INSERT = f"""WITH turn (turn_id, session_id, idempotency_key, message_key,
+        input_hash, input, meta, regenerate, options, reason) AS (
+        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
+    )
+    INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+        input_hash, input, meta, regenerate, options, {_STOPPED_COLUMNS})
+    SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
+        t.input, t.meta, t.regenerate, t.options, {_STOPPED_VALUES}
+    FROM turn AS t, LATERAL (SELECT t.reason, {_WAITS} AS waits) AS s
+    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
+"""A new message's insert whose held stop the ``interrupt`` statement took
+(``actors.stores.turn_sql._interrupt``): the row :data:`HELD_STOP_INSERT` leaves."""
+
 HELD_STOP_INSERT = f"""WITH held AS (
         DELETE FROM axon_held_stops
-        WHERE session_id = %s AND message_id = %s
+        WHERE session_id = %s AND (message_id = %s OR message_id = %s)
             AND held_at >= clock_timestamp() - make_interval(secs => %s)
         RETURNING reason
     ), turn (turn_id, session_id, idempotency_key, message_key, input_hash, input, meta,
@@ -192,19 +234,23 @@ HELD_STOP_INSERT = f"""WITH held AS (
         VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
     )
     INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
-        input_hash, input, meta, regenerate, options, steer_of, cancel_reason)
+        input_hash, input, meta, regenerate, options, steer_of, {_STOPPED_COLUMNS})
     SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
         t.input, t.meta, t.regenerate, t.options,
-        CASE WHEN h.reason IS NULL THEN t.steer_of END, h.reason
-    FROM turn AS t LEFT JOIN held AS h ON true
+        CASE WHEN s.reason IS NULL THEN t.steer_of END, {_STOPPED_VALUES}
+    FROM turn AS t LEFT JOIN LATERAL (
+        SELECT h.reason, {_WAITS} AS waits FROM held AS h LIMIT 1) AS s ON true
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
-"""A new message's insert that takes the stop held for it (at most one: the table's
-key), in one statement: a queued row with a ``cancel_reason`` and no
-``cancel_requested`` (no other writer leaves a row so: a cancel of a queued turn ends it
-``cancelled`` at once) is a turn to stop as it starts. Its claim takes it as any
-(a cancel requested would keep it from every claim: never run, nothing of it stored),
-and its worker cancels its stream before the model call: the user message saved, with
-an interrupted answer, as a stop just after it started would leave it."""
+"""A new message's insert that takes the stop held for it (by the client's id of its
+message, or by its turn id when the client chose it: :func:`held_turn_name`), in one
+statement. When the session has a turn queued or running the row is
+``cancelled`` at once (:data:`_STOPPED_VALUES`). Else it is a queued row with a
+``cancel_reason`` and no ``cancel_requested`` (no other writer leaves a row so: a
+cancel of a queued turn ends it ``cancelled`` at once), a turn to stop as it starts.
+Its claim takes it as any (a cancel requested would keep it from every claim: never
+run, nothing of it stored), and its worker cancels its stream before the model call:
+the user message saved, with an interrupted answer, as a stop just after it started
+would leave it."""
 
 
 class TurnSubmitting:
@@ -282,6 +328,7 @@ class TurnSubmitting:
         body, input_hash, meta_json, options_json = await _serialized(
             session_id, content, regenerate, meta, options
         )
+        named_turn = turn_id is not None
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
         message_key = None if idempotency_key is None else _message_key(idempotency_key)
         submission = _Submission(
@@ -295,6 +342,7 @@ class TurnSubmitting:
             regenerate=regenerate,
             on_busy=on_busy,
             stop_name=stop_name,
+            named_turn=named_turn,
             held_for=self.held_stop_for,
             check_room=self._check_room,
             check_total=self._check_total,
@@ -359,7 +407,7 @@ class TurnSubmitting:
     async def hold_stop(
         self,
         session_id: str,
-        message_id: str,
+        message_id: str | None,
         keys: Sequence[str],
         reason: str,
         *,
@@ -385,10 +433,21 @@ class TurnSubmitting:
         not take (the embedded host's ``Session.continued``). A stop that also names a
         turn (``turn_id``: an AG-UI client knows its run's before the POST) is kept by
         its message id only while no turn has that id: one that exists is found, or
-        ended, or is another message's. (Both checks in the insert's one statement.)"""
+        ended, or is another message's. (Both checks in the insert's one statement.)
+
+        A stop naming a turn only (``message_id`` ``None``: an AG-UI client's ``runId``,
+        which names an edit or a regenerate too, where the message's id cannot tell an
+        early stop from a late one) is kept under that turn id while no turn has it, for
+        the submit that creates that turn (a caller's ``turn_id``), whatever it is."""
         validate_session_id(session_id)
-        if not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
+        if message_id is None:
+            if not turn_id or len(turn_id) > HELD_STOP_ID_MAX or "\x00" in turn_id:
+                return
+            message_id, keys = held_turn_name(turn_id), []
+        elif not message_id or len(message_id) > HELD_STOP_ID_MAX or "\x00" in message_id:
             return
+        elif message_id.startswith(_TURN_NAME):
+            return  # (names no client's message: that is how a turn's stop is kept)
         hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
         kept, held_for = self.held_stops_kept, self.held_stop_for
         answered = message_id.removeprefix("msg_") if message_id.startswith("msg_") else None
@@ -503,9 +562,17 @@ class TurnSubmitting:
         )
 
 
-HELD_STOP_ID_MAX = 256
-"""Characters of a message id past which a stop naming it is not held (the AI SDK's are
-a few dozen): the held stops' size is bounded by their count and this."""
+_TURN_NAME = "\x1fturn "
+"""The start of the ``message_id`` a stop naming a turn only is kept under
+(:func:`held_turn_name`): a unit separator, never in a client's message id that a stop
+is kept for (such a stop is not kept)."""
+
+
+def held_turn_name(turn_id: str) -> str:
+    """The ``axon_held_stops.message_id`` of a stop naming turn ``turn_id`` only (no
+    column of its own: the table's layout is unchanged)."""
+    return _TURN_NAME + turn_id
+
 
 LARGE_ROW = 64 * 1024
 """Bytes of a submit's input, options and meta past which the queue's total cap is looked

@@ -789,6 +789,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 _stored_as_held(turn, state, item)
                 answered = self._answered_before(turn, item.user_message_id)
                 if answered is not None:  # (its client is told: it follows none of this turn)
+                    item.answered = True
                     await turn.ctrl.send(answered)
                 continue
             steered = True

@@ -222,6 +222,9 @@ class TurnStream:
     _followers: dict[str, TurnStream] | None = None
     """On a running turn's stream: the steering streams that :attr:`follow` it, by their
     user message's id (a class default: set on the instance once one asks)."""
+    steer_answered = False
+    """On a steered stream (:attr:`steered`): the turn found its message stored and
+    answered by an earlier turn (``Steered.answered``), and stored nothing of it."""
     _followed: deque[OutputChunk] | None = None
     """On a following stream (:attr:`follow`): the running turn's chunks from the one
     that shows its message on, not read yet (``None`` until that chunk passed)."""
@@ -547,7 +550,7 @@ class TurnStream:
         message_id = self.user_message_id
         if message_id is None or self.regenerate or self.resume:
             return
-        held = self.session.holds_input(message_id)
+        held = self.session._holds_input(message_id)
         if held is not None:
             where = {
                 "running": "is the input of the turn running now",
@@ -668,6 +671,8 @@ class TurnStream:
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
+        if item.answered:
+            self.steer_answered = True
         return True
 
     def _unfollow(self, running: TurnStream, message_id: str) -> None:
@@ -1143,14 +1148,26 @@ class Session:
                 return stream
         return None
 
-    def holds_input(self, message_id: str) -> str | None:
+    async def holds_input(self, message_id: str) -> str | None:
         """Where the session holds user message ``message_id`` while a turn runs or waits:
         ``"running"`` (the running turn's input), ``"waiting"`` (a queued turn's, or one
         waiting to join the running turn), ``"stored"`` (a message of the history has the
         id: asked of the runner's kept ids, as the runner asks them of a new turn's or a
         steered message's id, which it would not store again), else ``None``.
         A client that sends a message again while the session is busy (a retry after a
-        timeout) must not get a second copy of it: the web app asks this first."""
+        timeout) must not get a second copy of it: the web app asks this first.
+        The runner's ids not read yet are read first in bounded loop steps
+        (:meth:`SessionRunner.read_ids`; no yield when they are read already), so a
+        first question of a long session does not stall the process; the session's
+        state is asked after that."""
+        if self.loaded and self.runner is not None:
+            await self.runner.read_ids()
+        return self._holds_input(message_id)
+
+    def _holds_input(self, message_id: str) -> str | None:
+        """:meth:`holds_input` once the runner's ids are read (a stream's check, which
+        reads them before it, in bounded steps, and must not yield between its look at
+        the session's state and its arrival)."""
         running = self.current
         if running is not None:
             if running.user_message_id == message_id:

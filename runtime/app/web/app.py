@@ -617,9 +617,17 @@ def _busy(session: Any) -> Response:
 
 def _steered(out: Any) -> Response:
     """202: the message joined the running turn (``steer``), stored as ``messageId``
-    before that turn's next model call; the turn's own stream carries the answer."""
+    before that turn's next model call; the turn's own stream carries the answer.
+    ``answered``: the turn found it stored and answered by an earlier turn (a retry of
+    it; :attr:`~runtime.output.Steered.answered`), as a worker front end's 202 says."""
     return json_response(
-        {"steered": True, "turnId": out.turn_id, "messageId": out.user_message_id}, 202
+        {
+            "steered": True,
+            "turnId": out.turn_id,
+            "messageId": out.user_message_id,
+            "answered": out.steer_answered,
+        },
+        202,
     )
 
 

@@ -522,11 +522,35 @@ class FrontEnd:
         if turn.steer_of is not None and await self._steered(turn):
             if follows(turn.options.follows, turn.steer_of):
                 return self._handover(request, turn)
+            answered = await self._steer_answered(turn)
             return json_response(
-                {"steered": True, "turnId": turn.steer_of, "messageId": turn.user_message_id},
+                {
+                    "steered": True,
+                    "turnId": turn.steer_of,
+                    "messageId": turn.user_message_id,
+                    "answered": answered,
+                },
                 202,
             )
         return self._response(request, turn, None)
+
+    async def _steer_answered(self, turn: QueuedTurn) -> bool:
+        """Whether the running turn that took the steering message ``turn`` found it
+        stored and answered by an earlier turn (a client's retry of it): its ``steered``
+        chunk says so (:attr:`~runtime.output.Steered.answered`), which the 202 repeats,
+        as the embedded app's does. Read from the turn's relay stream up to that chunk
+        (sent before the save that marked the row); a relay that lost it or a turn
+        gone: ``False``, as a first steer."""
+        assert turn.steer_of is not None
+        try:
+            async for chunk in follow_turn(self.relay, self.queue, turn.steer_of):
+                if type(chunk) is o.Steered and chunk.message_id == turn.user_message_id:
+                    return chunk.answered
+        except (RelayTurnGone, RelayUnavailable, StoreError) as exc:
+            get_logger("axon.web").warning(
+                "frontend.steer_unread", turn_id=turn.steer_of, error=_one_line(exc)
+            )
+        return False
 
     def _handover(self, request: Request, turn: QueuedTurn) -> Any:
         """The rest of the turn ``turn`` steered (``turn.steer_of``), from the relay, as
@@ -791,6 +815,10 @@ class FrontEnd:
             return await self._stop(found, steering=web_state(request).on_busy == STEER)
         if named is not None:  # that turn only, queued or running: never another
             turn = await self.queue.get_status(named)
+            if turn is None:  # (its POST may be on its way still: kept for its submit,
+                # an AG-UI run's ``runId``, whatever its message; then looked at again)
+                await self.queue.hold_stop(session_id, None, [], STOPPED, turn_id=named)
+                turn = await self.queue.get_status(named)
             if (
                 turn is None
                 or turn.session_id != session_id

@@ -37,6 +37,7 @@ from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
+from runtime.busy import HELD_STOP_ID_MAX
 from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
@@ -424,6 +425,10 @@ async def stop_turn(request: Request) -> Response:
         session = state.host.sessions.get(session_id)
         if state.relay is None or (session is not None and session.current is not None):
             return Response(status_code=204)  # not this session's running turn: left alone
+        if len(message_id or "") > HELD_STOP_ID_MAX or len(named_turn or "") > HELD_STOP_ID_MAX:
+            # (names no message or turn a client sends, and would cost every host of the
+            # relay its bytes, Redis too: a 48 MiB body's id, 60 s; not forwarded)
+            return Response(status_code=204)
         forwarded = await _unavailable_as_503(
             forward_stop(state.relay, session_id, message_id, named_turn)
         )
