@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import re
+import sys
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -744,15 +745,16 @@ _WHOLE = frozenset({"end_turn", "tool_use", "stop_sequence"})
 def _after_a_whole_answer(parse: _MessageParse, exc: Exception) -> bool:
     """Whether ``exc`` is an ``error`` event that came after the message was whole: its
     ``stop_reason`` read and no block left open (``message_stop`` alone missing; after
-    it nothing is read)."""
-    import anthropic
-
+    it nothing is read). Asked of every failed stream: the SDK is looked up, never
+    imported (an ``APIStatusError`` exists only once the SDK is loaded; an import here
+    ran the import system on each failure, and this module imports no SDK itself)."""
+    if type(parse.stop_reason) is not str or parse.stop_reason not in _WHOLE or parse.blocks:
+        return False
+    sdk = sys.modules.get("anthropic")
     return (
-        isinstance(exc, anthropic.APIStatusError)
+        sdk is not None
+        and isinstance(exc, sdk.APIStatusError)
         and exc.status_code < 400  # in the stream, not the response's status
-        and type(parse.stop_reason) is str
-        and parse.stop_reason in _WHOLE
-        and not parse.blocks
     )
 
 
