@@ -385,6 +385,10 @@ def _joined(high: str, text: str) -> str:
 Slot = tuple[dict[str, Any], str]
 """Where a text is in an event: the dict holding it and its key."""
 
+ELSEWHERE = object()
+"""What a reader's ``part_of`` says of an event that is no part of the answer it reads
+(an OpenAI chunk of choice 1 alone, ``n`` > 1): a held half waits past it (:func:`hold_half`)."""
+
 
 def read_holding(
     reader: Any,
@@ -450,11 +454,16 @@ def hold_half(
     showed each half as U+FFFD on every live stream (the web protocols and the relay
     write JSON that holds no half), while the saved message has the emoji whole; held
     back here, the live text is the saved text. Only on the slow path: an event orjson
-    reads holds no half (branch ``emoji``)."""
+    reads holds no half (branch ``emoji``). An event whose part is :data:`ELSEWHERE`
+    leaves a held half held (another choice's chunk between choice 0's halves flushed it:
+    the emoji was two U+FFFD, live and saved, branch ``leftmix``)."""
     flush = None
+    part = part_of(event)
     if held is not None:
+        if part is ELSEWHERE:
+            return held, None
         at = first(event)
-        if at is not None and part_of(event) in (held[0], None):
+        if at is not None and part in (held[0], None):
             at[0][at[1]] = _joined(held[1], at[0][at[1]])
         else:
             flush = held[0]
@@ -462,7 +471,6 @@ def hold_half(
     if at is not None:
         text = at[0][at[1]]
         if text and "\ud800" <= text[-1] <= "\udbff":
-            part = part_of(event)
             if part is None:  # the part ends: nothing to wait for
                 at[0][at[1]] = text[:-1] + HALF_HELD
             else:

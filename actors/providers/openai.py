@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import trio
 
 from actors.providers.failures import (
+    ELSEWHERE,
     HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
@@ -713,10 +714,14 @@ def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def _part(chunk: dict[str, Any]) -> int | None:
-    """Choice 0's text is one part; ``None``: it ends with this chunk."""
+def _part(chunk: dict[str, Any]) -> Any:
+    """Choice 0's text is one part; ``None``: it ends with this chunk; :data:`ELSEWHERE`:
+    the chunk is of other choices alone (``n`` > 1), which a held half waits past."""
     choice = _first_choice(chunk)
-    return None if choice is not None and choice.get("finish_reason") is not None else 0
+    if choice is None:
+        choices = chunk.get("choices")
+        return ELSEWHERE if type(choices) is list and choices else 0
+    return None if choice.get("finish_reason") is not None else 0
 
 
 def _half_flushed(part: Any) -> dict[str, Any]:
