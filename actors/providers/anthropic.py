@@ -38,6 +38,7 @@ from actors.providers.failures import (
     HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
+    Slot,
     classify_status,
     classify_transport,
     created,
@@ -1174,21 +1175,45 @@ class _EventReader:
     ) -> Any:
         """An event's JSON that ``self.loads`` refused with ``exc``, read on the slow
         path that holds half a character back (:func:`read_holding`)."""
-        return read_holding(self, data, exc, out, slot, learning, _text_at, _block, _half_flushed)
+        return read_holding(
+            self, data, exc, out, slot, learning, _text_of, _text_at, _block, _half_flushed
+        )
 
 
-def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """Where a text delta's text is (:func:`hold_half`)."""
-    return (event["delta"], "text") if _delta_text(event) is not None else None
+_DELTA_TEXT = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+"""Each delta type whose text a held half may be cut from, and its text's key."""
+
+
+def _text_at(event: dict[str, Any]) -> Slot | None:
+    """Where a delta's text is (:func:`hold_half`): a text's, a thinking's, a tool
+    call's input JSON; its part, the block's index and the delta's type."""
+    delta = event.get("delta")
+    if event.get("type") != _DELTA or type(delta) is not dict:
+        return None
+    kind = delta.get("type")
+    key = _DELTA_TEXT.get(kind) if type(kind) is str else None
+    if key is None or type(delta.get(key)) is not str:
+        return None
+    return delta, key, (event.get("index"), kind)
+
+
+def _text_of(event: dict[str, Any], part: Any) -> Slot | None:
+    at = _text_at(event)
+    return at if at is not None and at[2] == part else None
 
 
 def _block(event: dict[str, Any]) -> Any:
     return event.get("index")
 
 
-def _half_flushed(index: Any) -> dict[str, Any]:
-    """A text delta of a held half whose other half did not come (:meth:`_EventReader.refused`)."""
-    delta = {"type": "text_delta", "text": HALF_HELD}
+def _half_flushed(part: Any) -> dict[str, Any]:
+    """A delta of a held half whose other half did not come (:meth:`_EventReader.refused`)."""
+    index, kind = part
+    delta = {"type": kind, _DELTA_TEXT[kind]: HALF_HELD}
     return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
