@@ -271,3 +271,55 @@ async def test_an_openai_error_chunk_after_finish_reason_stop_keeps_the_answer(a
     assert len(r.a.requests) == 1 and not r.o.requests
     saved = stored.messages[-1]
     assert saved.error is None and not saved.interrupted and saved.content[0].text == "ok"
+
+
+GEMINI_ERROR = {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}
+
+
+@pytest.mark.parametrize("then", ["error", "cut"])
+async def test_a_gemini_call_failing_mid_stream_counts_the_usage_its_chunks_gave(
+    then, autojump_clock
+):
+    """A chunk of "Hel" said 25 tokens in, 1 out (Gemini's running totals), then an
+    error object, or the body ended without a ``finishReason``: the turn said 0, where
+    Anthropic's and OpenAI's failed calls count theirs (branch ``provleft``)."""
+    from tests.support.attacks import gemini_chunk, gemini_sse
+
+    hel = gemini_chunk([{"text": "Hel"}])
+    hel["usageMetadata"] = {"promptTokenCount": 25, "candidatesTokenCount": 1}
+    body = gemini_sse(hel, GEMINI_ERROR) if then == "error" else gemini_sse(hel)
+    async with attack_rig("gemini", retry=RetryPolicy(max_attempts=1)) as r:
+        _, result = await turn(r, Reply(body=body))
+        stored = await r.host.store.load("s")
+    assert result.error is not None and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 1)
+    assert stored.messages[-1].usage == result.usage
+    assert len(r.server.requests) == 1
+
+
+def _stalled_after_usage(kind: str) -> Reply:
+    """A body that said 25 tokens in (and "Hel") and then sends nothing."""
+    from tests.support.attacks import gemini_chunk, gemini_sse
+    from tests.support.faults import a_body, a_start, a_text
+
+    if kind == "anthropic":
+        first = a_body(a_start(25), a_text(0, "Hel", stop=False))
+    else:
+        hel = gemini_chunk([{"text": "Hel"}])
+        hel["usageMetadata"] = {"promptTokenCount": 25, "candidatesTokenCount": 1}
+        first = gemini_sse(hel)
+    return Reply(body=first + first, stall=1e6, stall_after=len(first))
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "gemini"])
+async def test_a_call_cut_by_its_call_timeout_counts_the_usage_it_streamed(kind, autojump_clock):
+    """The stream said 25 tokens in, then stalled until the provider's ``call_timeout``
+    cut it: the turn said 0 (a cancel, not a failure the parser saw), where a call that
+    fails counts its usage."""
+    deadlines = {"call_timeout": 30.0, "idle_timeout": None}
+    async with attack_rig(kind, provider=deadlines, retry=RetryPolicy(max_attempts=1)) as r:
+        _, result = await turn(r, _stalled_after_usage(kind))
+        stored = await r.host.store.load("s")
+    assert result.error.kind == "CallTimeout" and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 1)
+    assert stored.messages[-1].usage == result.usage

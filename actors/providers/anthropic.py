@@ -39,6 +39,7 @@ from actors.providers.failures import (
     HEAD_BYTES,
     SHAPE_ERRORS,
     Slot,
+    billed_when_cut,
     classify_status,
     classify_transport,
     created,
@@ -693,6 +694,11 @@ async def parse_batches(
         if parse.usage and not parse.usage_sent:
             parse.usage_sent = True
             await emit(UsageChunk(usage=_total_usage(parse.usage)))
+        raise
+    except trio.Cancelled:  # the call's deadline, or its turn stopped: billed all the same
+        if parse.usage and not parse.usage_sent:
+            parse.usage_sent = True
+            await billed_when_cut(emit, UsageChunk(usage=_total_usage(parse.usage)))
         raise
 
 

@@ -30,6 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from runtime import errors, serde
 from runtime.redact import redact_text
 
@@ -480,6 +482,26 @@ def hold_half(
                 at[0][at[1]] = text[:-1]
                 return (at[2], text[-1]), flush
     return None, flush
+
+
+async def billed_when_cut(emit: Any, usage: Any) -> None:
+    """``usage`` (a :class:`~runtime.chunks.UsageChunk` of what the call's stream said
+    so far) sent while the call is being cancelled: its ``call_timeout`` or its turn
+    stopped. ``emit``'s ``send_over`` (the provider's batcher) with no wait: its one
+    checkpoint is shielded, and past the inbox's capacity the chunk goes all the same,
+    behind what was sent, before the call's ``StreamFailed``.
+
+    Why: a call cut by its ``call_timeout`` after Anthropic's ``message_start`` (or a
+    Gemini chunk's ``usageMetadata``) was billed, yet the turn counted 0: a cancel is no
+    failure the parser sees (``except Exception``), so the usage it had was dropped
+    (branch ``leftmix``)."""
+    send_over = getattr(emit, "send_over", None)
+    if send_over is None:  # (an emit of a test's own: nothing to send past a cancel)
+        return
+    try:
+        await send_over([usage], 0)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the requester is gone: nobody to count it
 
 
 def finite(value: Any) -> Any:
