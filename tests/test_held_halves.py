@@ -317,6 +317,82 @@ def test_any_text_cut_anywhere_streams_as_its_own_characters(name, text, cuts, r
     assert "".join(got) == text
 
 
+KIND_EVENTS: dict[str, tuple[Callable[[str], bytes], Callable[[bytes], bytes]]] = {
+    "openai-reasoning": (
+        lambda p: b'{"choices":[{"index":0,"delta":{"reasoning_content":' + escaped(p) + b"}}]}",
+        lambda _: b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+    ),
+    "openai-arguments": (
+        lambda p: (
+            b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
+            b'{"arguments":' + escaped(p) + b"}}]}}]}"
+        ),
+        lambda _: b'{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}',
+    ),
+    "anthropic-thinking": (
+        lambda p: (
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta",'
+            b'"thinking":' + escaped(p) + b"}}"
+        ),
+        lambda _: b'{"type":"content_block_stop","index":0}',
+    ),
+    "anthropic-input": (
+        lambda p: (
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta",'
+            b'"partial_json":' + escaped(p) + b"}}"
+        ),
+        lambda _: b'{"type":"content_block_stop","index":0}',
+    ),
+}
+"""A reasoning's or a tool call's arguments streamed in deltas, and the event ending them."""
+
+
+def kind_texts(out: list[Any]) -> list[str]:
+    """The reasoning or arguments text of each event a reader gave."""
+    found: list[str] = []
+    for item in out:
+        if "choices" in item:
+            delta = item["choices"][0]["delta"]
+            text = delta.get("reasoning_content")
+            calls = delta.get("tool_calls")
+            text = calls[0]["function"]["arguments"] if calls else text
+        else:
+            delta = item.get("delta") or {}
+            text = delta.get("thinking", delta.get("partial_json"))
+        if text:
+            found.append(text)
+    return found
+
+
+@pytest.mark.parametrize("kind", list(KIND_EVENTS))
+@given(
+    text=st.text(st.characters(codec="utf-8"), max_size=30),
+    cuts=st.lists(st.integers(0, 10**6)),
+    reads=st.lists(st.integers(0, 10**6)),
+)
+def test_any_reasoning_or_arguments_cut_anywhere_stream_as_their_own_characters(
+    kind, text, cuts, reads
+):
+    """The same for a reasoning's deltas and a tool call's argument deltas (OpenAI's
+    and Anthropic's readers): each piece whole characters, together the text."""
+    delta, end = KIND_EVENTS[kind]
+    units = utf16_halves(text)
+    points = sorted({c % (len(units) + 1) for c in cuts} | {0, len(units)})
+    name = "content_block_delta" if kind.startswith("anthropic") else None
+    events = [(name, delta(units[a:b])) for a, b in itertools.pairwise(points)]
+    events.append(("content_block_stop" if name else None, end(b"")))
+    bounds = sorted({c % (len(events) + 1) for c in reads} | {0, len(events)})
+    reader = READERS[kind.partition("-")[0]][0]()
+    out: list[Any] = []
+    for a, b in itertools.pairwise(bounds):
+        failure = reader.events(events[a:b], out)
+        assert (failure[0] if type(failure) is tuple else failure) is None
+    got = kind_texts(out)
+    for piece in got:
+        piece.encode()
+    assert "".join(got) == text
+
+
 def gemini_texts(pieces: list[str], reads: list[int]) -> list[str]:
     chunks = [{"candidates": [{"content": {"parts": [{"text": p}]}}]} for p in pieces]
     chunks.append({"candidates": [{"content": {"parts": [{"text": ""}]}, "finishReason": "STOP"}]})
