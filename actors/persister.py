@@ -39,6 +39,7 @@ from runtime.errors import (
 )
 from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
+from runtime.liveness import rebased_meta
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact
@@ -402,12 +403,13 @@ class Persister(Actor):
                 self._gone(req)
             stored = () if record is None else record.messages
             base, start = rebase(stored, req.messages)
+            meta = req.meta if record is None else rebased_meta(req.meta, record.meta, req.turn_id)
             try:
                 version = await self.store.save(
                     req.session_id,
                     start,
                     base[start:] + req.messages,
-                    dict(req.meta),
+                    dict(meta),
                     expected_version=0 if record is None else record.version,
                     **ends,
                     **self._absent(mark if record is None else None),

@@ -141,6 +141,26 @@ def running_marker(turn_id: str, message_id: str) -> dict[str, str] | None:
     return {"turn_id": turn_id, "message_id": message_id, "writer": writer}
 
 
+def rebased_meta(
+    meta: Mapping[str, Any], stored: Mapping[str, Any], turn_id: str
+) -> Mapping[str, Any]:
+    """``meta`` of a save of turn ``turn_id`` rebased on another writer's save whose
+    session meta is ``stored``: without its ``None`` for the running marker when the
+    marker stored is another turn's (another process runs a turn of the session too, and
+    marked it since), so that marker stays.
+
+    Why: the two turns share one meta key; the first to end cleared the other's marker,
+    and the other, killed then, was never marked interrupted (branch ``leftmix``). Only
+    the rebase knows what is stored; a save based on the version it read met no other
+    writer's marker since (the one it read, this turn's own step set over)."""
+    if RUNNING_META not in meta or meta[RUNNING_META] is not None:
+        return meta
+    marker = stored.get(RUNNING_META)
+    if not isinstance(marker, Mapping) or marker.get("turn_id") == turn_id:
+        return meta
+    return {key: value for key, value in meta.items() if key != RUNNING_META}
+
+
 def killed_marker(meta: Mapping[str, Any], *, proc: str = _PROC) -> Mapping[str, Any] | None:
     """The session's running marker when its writer is dead (its turn never ended and
     never will); ``None`` when there is none, or its writer lives or is unknown."""

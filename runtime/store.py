@@ -15,6 +15,7 @@ based on a version another writer has since replaced fails with
 from __future__ import annotations
 
 import contextlib
+import inspect  # (loaded already: attrs, imported below, imports it)
 import re
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -226,8 +227,6 @@ def _takes_paging(store: Any) -> bool:
     cls = type(store)
     known = _PAGING.get(cls)
     if known is None:
-        import inspect  # here, not at import: the contract's import time (issue 24)
-
         try:
             params = inspect.signature(store.list_sessions).parameters
         except (TypeError, ValueError):
@@ -389,8 +388,6 @@ def checks_absent_mark(store: Store) -> bool:
     save of before the keyword) has the mark read apart."""
     if getattr(store, "checks_absent_mark", False) is not True:
         return False
-    import inspect  # here, not at import: the contract's import time (issue 24)
-
     try:
         params = inspect.signature(store.save).parameters
     except (TypeError, ValueError):
@@ -429,8 +426,6 @@ def _takes_kept(store: Any) -> bool:
         known = None
     if known is not None:
         return known
-    import inspect  # here, not at import: the contract's import time (issue 24)
-
     try:
         params = inspect.signature(save).parameters
     except (TypeError, ValueError):

@@ -248,3 +248,25 @@ def test_half_an_emoji_in_a_delta_is_printed_escaped_not_raised():
     line = json_line({"text": " \ud83d"})
     assert line == b'{"text":" \\ud83d"}\n'
     assert json_line({"text": "plain"}) == b'{"text":"plain"}\n'
+
+
+SEPARATORS = "a\u2028b\u2029c\u200ed\u200fe\u061cf"
+"""Unicode's line and paragraph separators and the bidi marks that are no override (LRM,
+RLM, ALM): they start a new line or reorder what follows on some terminals."""
+
+
+async def test_show_prints_a_stored_texts_line_separators_and_bidi_marks_as_escapes(
+    tmp_path, capsys
+):
+    """Before: ``show`` printed U+2028/U+2029 and LRM/RLM/ALM raw, where every other
+    control character and override of a stored text is printed as a visible escape."""
+    provider = ScriptedProvider([[SEPARATORS]])
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "s1")
+        await session.run(f"user {SEPARATORS}")
+    capsys.readouterr()
+    assert await show_command(argparse.Namespace(session_id="s1", store=str(db), json=False)) == 0
+    text = capsys.readouterr().out
+    assert not set("\u2028\u2029\u200e\u200f\u061c") & set(text)
+    assert text.count("a\\u2028b\\u2029c\\u200ed\\u200fe\\u061cf") == 2  # the user's, the model's

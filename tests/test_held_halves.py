@@ -25,9 +25,25 @@ from actors.providers import anthropic, gemini_wire, openai, openai_responses
 from runtime import Agent
 from runtime.chunks import TextChunk
 from runtime.serde import utf8_text
-from tests.support.attacks import KINDS, attack_rig, make, resolve_platform
-from tests.support.faults import oa_text
-from tests.support.loopback import Reply, loopback_server
+from tests.support.attacks import (
+    KINDS,
+    attack_rig,
+    gemini_chunk,
+    gemini_sse,
+    make,
+    resolve_platform,
+    responses_message,
+)
+from tests.support.faults import (
+    a_body,
+    a_end,
+    a_start,
+    a_text,
+    a_thinking,
+    oa_reasoning_then_text,
+    oa_text,
+)
+from tests.support.loopback import Reply, loopback_server, responses_sse
 from tests.test_hostile_text import WEB_STREAMS, utf16_halves
 from tests.test_provider_attacks import ONCE, texts, turn
 from tests.web.harness import web_server
@@ -126,6 +142,103 @@ def test_a_half_held_as_a_gemini_continuation_hop_ends_waits_for_the_next_hop(th
     assert "".join(deltas) == utf8_text("a\ud83d" + then)
 
 
+def reasoning_body(kind: str, *pieces: str) -> bytes:
+    """A reasoning streamed in ``pieces``, then the answer ``ok``, in ``kind``'s wire."""
+    if kind == "openai":
+        return oa_reasoning_then_text(pieces, ["ok"])
+    if kind == "anthropic":
+        return a_body(a_start(), a_thinking(0, *pieces), a_text(1, "ok"), a_end())
+    if kind == "gemini":
+        chunks = [gemini_chunk([{"text": p, "thought": True}]) for p in pieces]
+        return gemini_sse(*chunks, gemini_chunk([{"text": "ok"}], "STOP"))
+    item = {"id": "rs_1", "type": "reasoning", "summary": []}
+    deltas = [
+        {
+            "type": "response.reasoning_summary_text.delta",
+            "item_id": "rs_1",
+            "output_index": 0,
+            "summary_index": 0,
+            "delta": p,
+        }
+        for p in pieces
+    ]
+    summary = [{"type": "summary_text", "text": "".join(pieces)}]
+    events = [
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        *deltas,
+        {
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": {**item, "summary": summary},
+        },
+    ]
+    return responses_sse("gpt-5-mini", 1, [*events, *responses_message(1, "msg_1", "ok")])
+
+
+def reasoning_of(message: Any) -> str:
+    return "".join(p.text for p in message.content if p.type == "reasoning")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_emoji_split_across_two_reasoning_deltas_streams_live_as_it_is_saved(
+    kind, autojump_clock
+):
+    """Before: only an answer's text held the half; a reasoning's went out as
+    ``\ufffd`` twice live, while the session saved the emoji."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        chunks, result = await turn(r, Reply(body=reasoning_body(kind, "a\ud83d", "\ude00b")))
+        assert result.error is None
+        deltas = [c.text for c in chunks if c.type == "reasoning-delta"]
+        for text in deltas:
+            text.encode()
+        assert "".join(deltas) == reasoning_of(r.session.messages[1]) == "a😀b"
+
+
+@pytest.mark.parametrize("pieces", [("a\ud83d", "b"), ("a\ud83d",)], ids=["then-b", "ends"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_reasonings_held_half_whose_other_half_never_comes_goes_out_as_reasoning(
+    kind, pieces, autojump_clock
+):
+    """The half goes out U+FFFD as the store keeps it, in the reasoning (a text delta
+    flushed for it would have put U+FFFD in the answer)."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        chunks, result = await turn(r, Reply(body=reasoning_body(kind, *pieces)))
+        assert result.error is None
+        deltas = [c.text for c in chunks if c.type == "reasoning-delta"]
+        for text in deltas:
+            text.encode()
+        saved = reasoning_of(r.session.messages[1])
+        assert "".join(deltas) == saved == utf8_text("".join(pieces))
+        assert live(chunks) == texts(r.session.messages[1]) == "ok"
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "responses"])
+async def test_an_emoji_split_across_two_tool_argument_deltas_streams_live_as_it_is_saved(
+    kind, autojump_clock
+):
+    """A tool call's arguments streamed in pieces, an emoji's halves in two of them
+    (Gemini sends a call's arguments whole). Before: each half live as ``\ufffd``; the
+    tool was given the emoji."""
+    given: list[str] = []
+
+    async def echo(q: str) -> str:
+        """Say ``q`` back."""
+        given.append(q)
+        return q
+
+    pieces = ('{"q": "a\ud83d', '\ude00b"}')
+    async with attack_rig(kind, retry=ONCE, tools=[echo]) as r:
+        call = Reply(body=r.tool_call("c1", "echo", *pieces))
+        chunks, result = await turn(r, call, Reply(body=r.answer("ok")))
+        assert result.error is None
+        deltas = [c.delta for c in chunks if c.type == "tool-input-delta"]
+        for text in deltas:
+            text.encode()
+        stored = next(p for p in r.session.messages[1].content if p.type == "tool-call")
+        assert json.loads("".join(deltas)) == stored.input == {"q": "a😀b"}
+        assert given == ["a😀b"]
+
+
 # -- any text, cut anywhere, read in any reads --------------------------------------------------
 
 
@@ -201,6 +314,82 @@ def test_any_text_cut_anywhere_streams_as_its_own_characters(name, text, cuts, r
     got = texts_of(out)
     for piece in got:
         piece.encode()  # no half alone: each live event holds it as it is
+    assert "".join(got) == text
+
+
+KIND_EVENTS: dict[str, tuple[Callable[[str], bytes], Callable[[bytes], bytes]]] = {
+    "openai-reasoning": (
+        lambda p: b'{"choices":[{"index":0,"delta":{"reasoning_content":' + escaped(p) + b"}}]}",
+        lambda _: b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+    ),
+    "openai-arguments": (
+        lambda p: (
+            b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":'
+            b'{"arguments":' + escaped(p) + b"}}]}}]}"
+        ),
+        lambda _: b'{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}',
+    ),
+    "anthropic-thinking": (
+        lambda p: (
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta",'
+            b'"thinking":' + escaped(p) + b"}}"
+        ),
+        lambda _: b'{"type":"content_block_stop","index":0}',
+    ),
+    "anthropic-input": (
+        lambda p: (
+            b'{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta",'
+            b'"partial_json":' + escaped(p) + b"}}"
+        ),
+        lambda _: b'{"type":"content_block_stop","index":0}',
+    ),
+}
+"""A reasoning's or a tool call's arguments streamed in deltas, and the event ending them."""
+
+
+def kind_texts(out: list[Any]) -> list[str]:
+    """The reasoning or arguments text of each event a reader gave."""
+    found: list[str] = []
+    for item in out:
+        if "choices" in item:
+            delta = item["choices"][0]["delta"]
+            text = delta.get("reasoning_content")
+            calls = delta.get("tool_calls")
+            text = calls[0]["function"]["arguments"] if calls else text
+        else:
+            delta = item.get("delta") or {}
+            text = delta.get("thinking", delta.get("partial_json"))
+        if text:
+            found.append(text)
+    return found
+
+
+@pytest.mark.parametrize("kind", list(KIND_EVENTS))
+@given(
+    text=st.text(st.characters(codec="utf-8"), max_size=30),
+    cuts=st.lists(st.integers(0, 10**6)),
+    reads=st.lists(st.integers(0, 10**6)),
+)
+def test_any_reasoning_or_arguments_cut_anywhere_stream_as_their_own_characters(
+    kind, text, cuts, reads
+):
+    """The same for a reasoning's deltas and a tool call's argument deltas (OpenAI's
+    and Anthropic's readers): each piece whole characters, together the text."""
+    delta, end = KIND_EVENTS[kind]
+    units = utf16_halves(text)
+    points = sorted({c % (len(units) + 1) for c in cuts} | {0, len(units)})
+    name = "content_block_delta" if kind.startswith("anthropic") else None
+    events = [(name, delta(units[a:b])) for a, b in itertools.pairwise(points)]
+    events.append(("content_block_stop" if name else None, end(b"")))
+    bounds = sorted({c % (len(events) + 1) for c in reads} | {0, len(events)})
+    reader = READERS[kind.partition("-")[0]][0]()
+    out: list[Any] = []
+    for a, b in itertools.pairwise(bounds):
+        failure = reader.events(events[a:b], out)
+        assert (failure[0] if type(failure) is tuple else failure) is None
+    got = kind_texts(out)
+    for piece in got:
+        piece.encode()
     assert "".join(got) == text
 
 

@@ -368,3 +368,17 @@ async def test_a_message_holding_half_a_character_is_refused_saying_so(path):
             )
     assert r.status_code == (200 if path == "/a2a/jsonrpc" else 400)  # A2A: JSON-RPC -32700
     assert "holds half a character (a lone surrogate escape such as \\\\ud800)" in r.text
+
+
+def test_an_agui_error_quoting_half_a_character_is_answered_as_json():
+    """AG-UI's refusals quote what they refuse (a stored tool's name in a decision's
+    error, a store's message). Before: written with bare orjson, which refuses half a
+    character: the refusal raised instead of answering (a 500 without its reason). Now
+    the shared writer (``serde.utf8_dumps``): U+FFFD where the half was."""
+    from runtime.app.web.agui import error_response
+    from runtime.app.web.agui_input import AGUIError
+
+    response = error_response(AGUIError(409, "call 'c1' (look\ud800) waits", "not_waiting"))
+    assert response.status_code == 409
+    said = orjson.loads(response.body)
+    assert said == {"error": "call 'c1' (look\ufffd) waits", "code": "not_waiting"}

@@ -24,7 +24,7 @@ from actors.stores.sqlite import SQLiteStore
 from actors.turn import saving
 from runtime import liveness
 from runtime.actor_messages import InferRequest
-from runtime.agent import Agent
+from runtime.agent import Agent, Hooks
 from runtime.app.host import Host
 from runtime.liveness import ALIVE, DEAD, RUNNING_META, UNKNOWN, process_state
 from runtime.messages import AssistantMessage, TextPart, UserMessage
@@ -451,3 +451,49 @@ async def test_marking_a_rejected_structured_answer_as_running_costs_no_statemen
     unmarked = await statements_of_a_turn(tmp_path / "u.db", ANSWER, tool_rejected_answer)
     assert marked == unmarked
     assert marked.count("BEGIN IMMEDIATE") == 3  # a save a step, the last one the final
+
+
+# -- two processes running turns of one session ---------------------------------------------
+
+
+async def test_a_turns_final_save_leaves_the_marker_of_another_processs_running_turn(
+    tmp_path, autojump_clock
+):
+    """Process A's turn set its marker at its tool step; process B's turn of the same
+    session saved its own marker since (B runs on). A's final save, rebased on B's,
+    wrote ``None`` there: B's marker was gone, and B killed then was never marked.
+    Now a clearing save that finds another turn's marker leaves it."""
+    path = tmp_path / "s.db"
+    other = {"turn_id": "t-b", "message_id": "m-b", "writer": exited_writer()}
+
+    async def b_saves_between(event: object) -> None:
+        if getattr(event, "step", None) != 1:
+            return
+        store = await SQLiteStore.open(path)  # process B's step save, as it writes it
+        try:
+            record = await store.load("s1")
+            assert record is not None and record.meta[RUNNING_META]["turn_id"] != "t-b"
+            await store.save(
+                "s1",
+                len(record.messages),
+                (),
+                {RUNNING_META: other},
+                expected_version=record.version,
+            )
+        finally:
+            await store.aclose()
+
+    def answers(request: InferRequest) -> list:  # type: ignore[type-arg]
+        if current_step(request.messages) == 0:
+            return [*tool_call("note", {"text": "a"}, tool_call_id="call_note")]
+        return ["done"]
+
+    provider = ScriptedProvider(responder=answers)
+    hooks = Hooks(on_step_start=b_saves_between)
+    the_agent = Agent(name="a", provider=provider, tools=[note], hooks=hooks)
+    async with Host.open(store=str(path), log_tap=False) as host:
+        session = await host.open_session(the_agent, session_id="s1")
+        result = await session.run("go")
+    assert result.text == "done"
+    stored = await load(path)
+    assert stored.meta[RUNNING_META] == other

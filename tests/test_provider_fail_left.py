@@ -57,21 +57,55 @@ async def test_a_rate_limit_max_pause_caps_a_provider_pause(autojump_clock):
         assert trio.current_time() - t0 == pytest.approx(300, abs=0.01)
 
 
-async def test_a_pause_past_the_turns_deadline_ends_the_turn_at_its_deadline(autojump_clock):
-    """A 120 s deadline facing a 600 s pause: the turn ends at 120 s, saying why."""
+async def test_a_pause_past_the_turns_deadline_fails_the_turn_at_once_saying_so(autojump_clock):
+    """A 120 s deadline facing a 600 s pause. Before: the turn waited the 120 s and
+    ended ``budget``/``deadline``, empty, the 429 nowhere said (branch ``provleft``
+    pinned it). Now it fails at once with the provider's 429 saying why it is not
+    retried."""
     policy = RetryPolicy(max_attempts=2, jitter=0)
     limit = RateLimit(requests_per_minute=100)
     agent = {"retry": policy, "budget": Budget(deadline=120)}
     async with attack_rig("openai", provider={"rate_limit": limit}, **agent) as r:
         t0 = trio.current_time()
         slow = http_error("openai", 429, "slow down", [("retry-after", "1e9")])
-        chunks, result = await turn(r, slow, Reply(body=r.answer("ok")))
-        assert trio.current_time() - t0 == pytest.approx(120, abs=0.01)
-        assert (result.finish_reason, result.budget) == ("budget", "deadline")
-        assert chunks[-1].type == "finish" and chunks[-1].budget == "deadline"
+        _, result = await turn(r, slow, Reply(body=r.answer("ok")))
+        assert trio.current_time() - t0 == pytest.approx(0, abs=0.01)
+        assert (result.finish_reason, result.error.kind) == ("error", "RateLimited")
+        assert "slow down" in result.error.message
+        assert "600 s wait ends past the turn's deadline, 120 s away" in result.error.message
+        assert not result.error.retryable
         assert len(r.server.requests) == 1
         stored = await r.host.store.load("s")
-        assert stored.messages[-1].interrupted and not stored.messages[-1].content
+        assert stored.messages[-1].error.kind == "RateLimited"
+
+
+async def test_a_rate_limit_wait_past_the_turns_deadline_fails_the_call_at_once(autojump_clock):
+    """The limiter grants nothing for 300 s (a pause an earlier call's 429 set); a turn
+    with a 120 s deadline waited its 120 s for nothing. Now it fails at once."""
+    limit = RateLimit(requests_per_minute=100)
+    agent = {"retry": RetryPolicy(max_attempts=2, jitter=0), "budget": Budget(deadline=120)}
+    async with attack_rig("openai", provider={"rate_limit": limit}, **agent) as r:
+        await r.provider.limiter.pause_for(300)
+        t0 = trio.current_time()
+        chunks, result = await turn(r, Reply(body=r.answer("ok")))
+        assert trio.current_time() - t0 == pytest.approx(0, abs=0.01)
+        assert (result.finish_reason, result.error.kind) == ("error", "RateLimited")
+        assert "grants no call for 300 s" in result.error.message
+        assert "past the turn's deadline, 120 s away" in result.error.message
+        assert "throttled" in [c.type for c in chunks]  # (the wait was said first)
+        assert not r.server.requests
+
+
+async def test_a_pause_within_the_turns_deadline_is_waited(autojump_clock):
+    """The same 300 s pause and a 400 s deadline: the turn waits and is answered."""
+    limit = RateLimit(requests_per_minute=100)
+    agent = {"retry": RetryPolicy(max_attempts=2, jitter=0), "budget": Budget(deadline=400)}
+    async with attack_rig("openai", provider={"rate_limit": limit}, **agent) as r:
+        await r.provider.limiter.pause_for(300)
+        t0 = trio.current_time()
+        _, result = await turn(r, Reply(body=r.answer("ok")))
+        assert trio.current_time() - t0 == pytest.approx(300, abs=0.01)
+        assert (result.finish_reason, result.text) == ("stop", "ok")
 
 
 # -- the usage of a call that fails mid-stream -------------------------------------------------
@@ -271,3 +305,55 @@ async def test_an_openai_error_chunk_after_finish_reason_stop_keeps_the_answer(a
     assert len(r.a.requests) == 1 and not r.o.requests
     saved = stored.messages[-1]
     assert saved.error is None and not saved.interrupted and saved.content[0].text == "ok"
+
+
+GEMINI_ERROR = {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}
+
+
+@pytest.mark.parametrize("then", ["error", "cut"])
+async def test_a_gemini_call_failing_mid_stream_counts_the_usage_its_chunks_gave(
+    then, autojump_clock
+):
+    """A chunk of "Hel" said 25 tokens in, 1 out (Gemini's running totals), then an
+    error object, or the body ended without a ``finishReason``: the turn said 0, where
+    Anthropic's and OpenAI's failed calls count theirs (branch ``provleft``)."""
+    from tests.support.attacks import gemini_chunk, gemini_sse
+
+    hel = gemini_chunk([{"text": "Hel"}])
+    hel["usageMetadata"] = {"promptTokenCount": 25, "candidatesTokenCount": 1}
+    body = gemini_sse(hel, GEMINI_ERROR) if then == "error" else gemini_sse(hel)
+    async with attack_rig("gemini", retry=RetryPolicy(max_attempts=1)) as r:
+        _, result = await turn(r, Reply(body=body))
+        stored = await r.host.store.load("s")
+    assert result.error is not None and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 1)
+    assert stored.messages[-1].usage == result.usage
+    assert len(r.server.requests) == 1
+
+
+def _stalled_after_usage(kind: str) -> Reply:
+    """A body that said 25 tokens in (and "Hel") and then sends nothing."""
+    from tests.support.attacks import gemini_chunk, gemini_sse
+    from tests.support.faults import a_body, a_start, a_text
+
+    if kind == "anthropic":
+        first = a_body(a_start(25), a_text(0, "Hel", stop=False))
+    else:
+        hel = gemini_chunk([{"text": "Hel"}])
+        hel["usageMetadata"] = {"promptTokenCount": 25, "candidatesTokenCount": 1}
+        first = gemini_sse(hel)
+    return Reply(body=first + first, stall=1e6, stall_after=len(first))
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "gemini"])
+async def test_a_call_cut_by_its_call_timeout_counts_the_usage_it_streamed(kind, autojump_clock):
+    """The stream said 25 tokens in, then stalled until the provider's ``call_timeout``
+    cut it: the turn said 0 (a cancel, not a failure the parser saw), where a call that
+    fails counts its usage."""
+    deadlines = {"call_timeout": 30.0, "idle_timeout": None}
+    async with attack_rig(kind, provider=deadlines, retry=RetryPolicy(max_attempts=1)) as r:
+        _, result = await turn(r, _stalled_after_usage(kind))
+        stored = await r.host.store.load("s")
+    assert result.error.kind == "CallTimeout" and result.text == "Hel"
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (25, 1)
+    assert stored.messages[-1].usage == result.usage

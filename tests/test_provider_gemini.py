@@ -287,7 +287,9 @@ async def test_a_malformed_function_call_finishes_with_error():
 
 async def test_an_error_object_mid_stream_raises_overloaded_after_the_text():
     run = await replay(sse_reply("overloaded-midstream.sse"), expect_error=True)
-    assert [c.text for c in run.chunks] == ["Partial ", "answer"]
+    *texts, billed = run.chunks
+    assert [c.text for c in texts] == ["Partial ", "answer"]
+    assert billed.usage.input_tokens == 6  # the chunks' usage, counted (branch leftmix)
     assert isinstance(run.error, Overloaded) and run.error.retryable
     assert (run.error.status_code, run.error.provider) == (503, "google")
 
@@ -389,7 +391,8 @@ async def test_a_failure_reaches_the_requester_as_stream_failed():
         lambda url: GeminiProvider(MODEL, base_url=url, api_key=KEY),
         sse_reply("overloaded-midstream.sse"),
     )
-    assert [type(i).__name__ for i in items] == ["TextChunk", "TextChunk", "StreamFailed"]
+    names = [type(i).__name__ for i in items]  # (the usage billed before the failure too)
+    assert names == ["TextChunk", "TextChunk", "UsageChunk", "StreamFailed"]
     assert isinstance(items[-1], StreamFailed) and isinstance(items[-1].error, Overloaded)
 
 

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import re
+import sys
 from collections.abc import (
     AsyncGenerator,
     AsyncIterable,
@@ -37,6 +38,8 @@ from actors.providers.failures import (
     HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
+    Slot,
+    billed_when_cut,
     classify_status,
     classify_transport,
     created,
@@ -692,6 +695,11 @@ async def parse_batches(
             parse.usage_sent = True
             await emit(UsageChunk(usage=_total_usage(parse.usage)))
         raise
+    except trio.Cancelled:  # the call's deadline, or its turn stopped: billed all the same
+        if parse.usage and not parse.usage_sent:
+            parse.usage_sent = True
+            await billed_when_cut(emit, UsageChunk(usage=_total_usage(parse.usage)))
+        raise
 
 
 async def _parse_read(
@@ -744,15 +752,16 @@ _WHOLE = frozenset({"end_turn", "tool_use", "stop_sequence"})
 def _after_a_whole_answer(parse: _MessageParse, exc: Exception) -> bool:
     """Whether ``exc`` is an ``error`` event that came after the message was whole: its
     ``stop_reason`` read and no block left open (``message_stop`` alone missing; after
-    it nothing is read)."""
-    import anthropic
-
+    it nothing is read). Asked of every failed stream: the SDK is looked up, never
+    imported (an ``APIStatusError`` exists only once the SDK is loaded; an import here
+    ran the import system on each failure, and this module imports no SDK itself)."""
+    if type(parse.stop_reason) is not str or parse.stop_reason not in _WHOLE or parse.blocks:
+        return False
+    sdk = sys.modules.get("anthropic")
     return (
-        isinstance(exc, anthropic.APIStatusError)
+        sdk is not None
+        and isinstance(exc, sdk.APIStatusError)
         and exc.status_code < 400  # in the stream, not the response's status
-        and type(parse.stop_reason) is str
-        and parse.stop_reason in _WHOLE
-        and not parse.blocks
     )
 
 
@@ -1172,21 +1181,45 @@ class _EventReader:
     ) -> Any:
         """An event's JSON that ``self.loads`` refused with ``exc``, read on the slow
         path that holds half a character back (:func:`read_holding`)."""
-        return read_holding(self, data, exc, out, slot, learning, _text_at, _block, _half_flushed)
+        return read_holding(
+            self, data, exc, out, slot, learning, _text_of, _text_at, _block, _half_flushed
+        )
 
 
-def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """Where a text delta's text is (:func:`hold_half`)."""
-    return (event["delta"], "text") if _delta_text(event) is not None else None
+_DELTA_TEXT = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+"""Each delta type whose text a held half may be cut from, and its text's key."""
+
+
+def _text_at(event: dict[str, Any]) -> Slot | None:
+    """Where a delta's text is (:func:`hold_half`): a text's, a thinking's, a tool
+    call's input JSON; its part, the block's index and the delta's type."""
+    delta = event.get("delta")
+    if event.get("type") != _DELTA or type(delta) is not dict:
+        return None
+    kind = delta.get("type")
+    key = _DELTA_TEXT.get(kind) if type(kind) is str else None
+    if key is None or type(delta.get(key)) is not str:
+        return None
+    return delta, key, (event.get("index"), kind)
+
+
+def _text_of(event: dict[str, Any], part: Any) -> Slot | None:
+    at = _text_at(event)
+    return at if at is not None and at[2] == part else None
 
 
 def _block(event: dict[str, Any]) -> Any:
     return event.get("index")
 
 
-def _half_flushed(index: Any) -> dict[str, Any]:
-    """A text delta of a held half whose other half did not come (:meth:`_EventReader.refused`)."""
-    delta = {"type": "text_delta", "text": HALF_HELD}
+def _half_flushed(part: Any) -> dict[str, Any]:
+    """A delta of a held half whose other half did not come (:meth:`_EventReader.refused`)."""
+    index, kind = part
+    delta = {"type": kind, _DELTA_TEXT[kind]: HALF_HELD}
     return {"type": "content_block_delta", "index": index, "delta": delta}
 
 

@@ -30,6 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from runtime import errors, serde
 from runtime.redact import redact_text
 
@@ -382,8 +384,13 @@ def _joined(high: str, text: str) -> str:
     return HALF_HELD + text
 
 
-Slot = tuple[dict[str, Any], str]
-"""Where a text is in an event: the dict holding it and its key."""
+Slot = tuple[dict[str, Any], str, Any]
+"""Where a text is in an event: the dict holding it, its key, and the part it is of (a
+reader's own name for it: a block's index and kind, a tool call's index...)."""
+
+ELSEWHERE = object()
+"""What a reader's ``part_of`` says of an event that is no part of the answer it reads
+(an OpenAI chunk of choice 1 alone, ``n`` > 1): a held half waits past it (:func:`hold_half`)."""
 
 
 def read_holding(
@@ -393,15 +400,16 @@ def read_holding(
     out: list[Any],
     slot: Any,
     learning: int,
-    texts: Callable[[dict[str, Any]], Slot | None],
+    first: Callable[[dict[str, Any], Any], Slot | None],
+    last: Callable[[dict[str, Any]], Slot | None],
     part_of: Callable[[dict[str, Any]], Any],
     flushed: Callable[[Any], Any],
 ) -> Any:
     """A reader's slow path for an event whose JSON ``reader.loads`` refused with
     ``exc``: half a character read as the SDK reads it (:func:`loads_refused`), and a
-    text delta ending in a high surrogate held back for the next text delta of its part
-    (:func:`hold_half` with ``texts`` as both its ``first`` and ``last``; any other event
-    first: the half goes out before it, as ``flushed(part)`` appended to ``out``).
+    delta's text (an answer's, a reasoning's, a tool call's arguments) ending in a high
+    surrogate held back for the next delta of its part (:func:`hold_half`; any other
+    event first: the half goes out before it, as ``flushed(part)`` appended to ``out``).
     While a half is held, ``reader.loads`` refuses every event (:func:`refuse_held`) and
     no slot reads, so they all come here, and the reader's ``slot`` and ``learning``
     wait in ``reader.saved``. ``reader`` (the OpenAI and the Anthropic readers) has
@@ -416,7 +424,7 @@ def read_holding(
             event = loads_refused(data, real)
     was = reader.half
     if type(event) is dict:
-        reader.half, flush = hold_half(event, was, texts, texts, part_of)
+        reader.half, flush = hold_half(event, was, first, last, part_of)
         if flush is not None:
             out.append(flushed(flush))
     if was is None:
@@ -433,28 +441,34 @@ def read_holding(
 def hold_half(
     event: dict[str, Any],
     held: tuple[Any, str] | None,
-    first: Callable[[dict[str, Any]], Slot | None],
+    first: Callable[[dict[str, Any], Any], Slot | None],
     last: Callable[[dict[str, Any]], Slot | None],
     part_of: Callable[[dict[str, Any]], Any],
 ) -> tuple[tuple[Any, str] | None, Any]:
     """An event read on a reader's slow path (:func:`loads_refused`, or any event while
     a half is held): the held half ``(part, high surrogate)`` joined to the event's
-    ``first`` text if the event is a text of the same part (the character, or U+FFFD
-    when that text does not open with the other half); its ``last`` text, if it ends in
-    a high surrogate, gives that up, held for the next delta (``part_of`` the event
-    ``None``: the part ends with this event, the half is U+FFFD there). The half now
+    text of that part (``first(event, part)``: the character, or U+FFFD when that text
+    does not open with the other half); the event's ``last`` text, if it ends in a high
+    surrogate, gives that up, held for the next delta of its part (``part_of`` the event
+    ``None``: the answer ends with this event, the half is U+FFFD there). The half now
     held (or ``None``), and the part whose held half must go out first as U+FFFD
-    (:data:`HALF_HELD`; the event is something else), or ``None``.
+    (:data:`HALF_HELD`; the event holds no text of it), or ``None``. An event whose
+    ``part_of`` is :data:`ELSEWHERE` leaves a held half held.
 
     Why: a server escaping an emoji as ``"\\ud83d"`` then ``"\\ude00"`` in two deltas
     showed each half as U+FFFD on every live stream (the web protocols and the relay
     write JSON that holds no half), while the saved message has the emoji whole; held
     back here, the live text is the saved text. Only on the slow path: an event orjson
-    reads holds no half (branch ``emoji``)."""
+    reads holds no half (branch ``emoji``). Reasoning and tool call arguments too, and
+    another choice's chunk (``n`` > 1) between choice 0's halves no longer flushes the
+    half (branch ``leftmix``)."""
     flush = None
+    ends = part_of(event)
     if held is not None:
-        at = first(event)
-        if at is not None and part_of(event) in (held[0], None):
+        if ends is ELSEWHERE:
+            return held, None
+        at = first(event, held[0])
+        if at is not None:
             at[0][at[1]] = _joined(held[1], at[0][at[1]])
         else:
             flush = held[0]
@@ -462,13 +476,32 @@ def hold_half(
     if at is not None:
         text = at[0][at[1]]
         if text and "\ud800" <= text[-1] <= "\udbff":
-            part = part_of(event)
-            if part is None:  # the part ends: nothing to wait for
+            if ends is None:  # the answer ends: nothing to wait for
                 at[0][at[1]] = text[:-1] + HALF_HELD
             else:
                 at[0][at[1]] = text[:-1]
-                return (part, text[-1]), flush
+                return (at[2], text[-1]), flush
     return None, flush
+
+
+async def billed_when_cut(emit: Any, usage: Any) -> None:
+    """``usage`` (a :class:`~runtime.chunks.UsageChunk` of what the call's stream said
+    so far) sent while the call is being cancelled: its ``call_timeout`` or its turn
+    stopped. ``emit``'s ``send_over`` (the provider's batcher) with no wait: its one
+    checkpoint is shielded, and past the inbox's capacity the chunk goes all the same,
+    behind what was sent, before the call's ``StreamFailed``.
+
+    Why: a call cut by its ``call_timeout`` after Anthropic's ``message_start`` (or a
+    Gemini chunk's ``usageMetadata``) was billed, yet the turn counted 0: a cancel is no
+    failure the parser sees (``except Exception``), so the usage it had was dropped
+    (branch ``leftmix``)."""
+    send_over = getattr(emit, "send_over", None)
+    if send_over is None:  # (an emit of a test's own: nothing to send past a cancel)
+        return
+    try:
+        await send_over([usage], 0)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the requester is gone: nobody to count it
 
 
 def finite(value: Any) -> Any:

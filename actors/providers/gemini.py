@@ -65,6 +65,7 @@ import trio
 
 from actors.providers.failures import (
     StayHome,
+    billed_when_cut,
     classify_status,
     classify_transport,
     finite,
@@ -647,6 +648,14 @@ class _Parser:
             ToolCallChunk(tool_call_id=call_id, tool_name=name, input=args, input_error=error)
         )
 
+    async def billed(self) -> None:
+        """The usage the chunks gave before the call failed, emitted once: billed though
+        the call failed, as Anthropic's and OpenAI's failed calls count theirs (branch
+        ``provleft``; Gemini's was dropped, branch ``leftmix``)."""
+        usage, self.usage = self.usage, None  # (end() emits it otherwise: once either way)
+        if type(usage) is dict:
+            await self.emit(UsageChunk(usage=_usage(usage)))
+
     async def end(self) -> None:
         raw = self.finish
         if raw is None:
@@ -658,8 +667,9 @@ class _Parser:
             reason, raw = "content-filter", self.blocked  # the prompt itself was refused
         else:
             reason = map_finish_reason(raw, tool_calls=self.calls > 0)
-        if self.usage is not None:
-            await self.emit(UsageChunk(usage=_usage(self.usage)))
+        usage, self.usage = self.usage, None
+        if usage is not None:
+            await self.emit(UsageChunk(usage=_usage(usage)))
         await self.emit(FinishChunk(reason=reason, raw_reason=raw))
 
 
@@ -685,24 +695,33 @@ async def parse_stream(
     """
     parser = _Parser(emit, answer_tool)
     iterator = aiter(stream)
-    while True:
-        try:
-            response = await anext(iterator)
-        except StopAsyncIteration:
-            break
-        except Exception as exc:
-            raise classify_error(exc, streaming=True) from exc
-        try:
-            await parser.feed(response)
-        except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
-            raise _malformed(f"{type(exc).__name__}: {exc}") from exc
     try:
-        usage = parser.usage
-        if usage is not None and type(usage) is not dict:
-            raise TypeError(f"usageMetadata is {type(usage).__name__}")
-    except TypeError as exc:
-        raise _malformed(str(exc)) from exc
-    await parser.end()
+        while True:
+            try:
+                response = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                raise classify_error(exc, streaming=True) from exc
+            try:
+                await parser.feed(response)
+            except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
+                raise _malformed(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            usage = parser.usage
+            if usage is not None and type(usage) is not dict:
+                raise TypeError(f"usageMetadata is {type(usage).__name__}")
+        except TypeError as exc:
+            raise _malformed(str(exc)) from exc
+        await parser.end()
+    except Exception:
+        await parser.billed()
+        raise
+    except trio.Cancelled:  # the call's deadline, or its turn stopped: billed all the same
+        usage, parser.usage = parser.usage, None
+        if type(usage) is dict:
+            await billed_when_cut(emit, UsageChunk(usage=_usage(usage)))
+        raise
 
 
 # -- errors ---------------------------------------------------------------------------------

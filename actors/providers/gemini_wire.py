@@ -41,6 +41,7 @@ from actors.providers.failures import (
     HEAD_BYTES,
     MAX_EVENT_BYTES,
     EventTooLarge,
+    Slot,
     hold_half,
     quoted,
     refuse_held,
@@ -327,7 +328,7 @@ async def _chunks_of(
                     if carry is not None:  # (once a hop)
                         carry[0] = half
                     elif half is not None:
-                        yield _half_flushed(half[1])
+                        yield _half_flushed(*half)
                     return  # (what came after the answer and ends no chunk is dropped)
             if chunk is None:
                 found, ended = decoder.finish(), True
@@ -341,7 +342,7 @@ async def _chunks_of(
                     if type(value) is dict and not _continues(value):
                         half, flush = hold_half(value, half, _first_text, _last_text, _part)
                         if flush is not None:
-                            yield _half_flushed()
+                            yield _half_flushed(flush)
                     loads = fast if half is None else refuse_held
                 if type(value) is not dict:
                     raise errors.MalformedStream(
@@ -358,7 +359,7 @@ async def _chunks_of(
         if carry is not None:  # what the body ended holding (once a hop)
             carry[0] = half
         elif half is not None:
-            yield _half_flushed(half[1])
+            yield _half_flushed(*half)
 
 
 def _parts(chunk: dict[str, Any]) -> list[Any] | None:
@@ -369,19 +370,24 @@ def _parts(chunk: dict[str, Any]) -> list[Any] | None:
     return parts if type(parts) is list and parts else None
 
 
-def _plain(part: Any) -> tuple[dict[str, Any], str] | None:
-    """Where a part's text is, if it is plain text (no thought, no signature)."""
-    if type(part) is dict and len(part) == 1 and type(part.get("text")) is str:
-        return part, "text"
+def _plain(part: Any) -> Slot | None:
+    """Where a part's text is, if it is plain text or a thought's (no signature); its
+    part (:func:`hold_half`) ``"text"`` or ``"thought"``."""
+    if type(part) is dict and type(part.get("text")) is str:
+        if len(part) == 1:
+            return part, "text", "text"
+        if len(part) == 2 and part.get("thought") is True:
+            return part, "text", "thought"
     return None
 
 
-def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+def _first_text(chunk: dict[str, Any], kind: Any) -> Slot | None:
     parts = _parts(chunk)
-    return None if parts is None else _plain(parts[0])
+    at = None if parts is None else _plain(parts[0])
+    return at if at is not None and at[2] == kind else None
 
 
-def _last_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+def _last_text(chunk: dict[str, Any]) -> Slot | None:
     parts = _parts(chunk)
     return None if parts is None else _plain(parts[-1])
 
@@ -406,9 +412,11 @@ def _continues(chunk: dict[str, Any]) -> bool:
     return _continuing(chunk) and _parts(chunk) is None
 
 
-def _half_flushed(text: str = HALF_HELD) -> dict[str, Any]:
-    """A chunk of a held half whose other half did not come next (:func:`hold_half`)."""
-    return {"candidates": [{"content": {"parts": [{"text": text}], "role": "model"}}]}
+def _half_flushed(kind: str, text: str = HALF_HELD) -> dict[str, Any]:
+    """A chunk of a held half of a ``kind`` part (``"text"``, ``"thought"``) whose other
+    half did not come next (:func:`hold_half`)."""
+    part: dict[str, Any] = {"text": text, "thought": True} if kind == "thought" else {"text": text}
+    return {"candidates": [{"content": {"parts": [part], "role": "model"}}]}
 
 
 DRAIN_AFTER_END = 0.1
@@ -517,7 +525,7 @@ async def wire_chunks(
         token = hop["token"]
         if hop["finish"] != "CONTINUATION" or not token or token == start_token:
             if carry[0] is not None:  # (once a call)
-                yield _half_flushed()
+                yield _half_flushed(carry[0][0])
             return
         before, start_token = usage if isinstance(usage, dict) else before, token
         wire = _resumed(wire, token)

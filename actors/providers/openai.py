@@ -41,9 +41,11 @@ from urllib.parse import urlsplit
 import trio
 
 from actors.providers.failures import (
+    ELSEWHERE,
     HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
+    Slot,
     arguments_json,
     created,
     quoted,
@@ -704,24 +706,63 @@ def _first_choice(chunk: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _first_text(chunk: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """Where choice 0's text is (:func:`hold_half`), if it has one."""
+def _texts(chunk: dict[str, Any]) -> list[Slot]:
+    """Where choice 0's texts are (:func:`hold_half`), in the order they are emitted:
+    its reasoning, its text, its refusal, each tool call's arguments (the part: the
+    delta's key, or ``("call", index)``)."""
     choice = _first_choice(chunk)
     delta = None if choice is None else choice.get("delta")
-    if type(delta) is dict and type(delta.get("content")) is str:
-        return delta, "content"
+    if type(delta) is not dict:
+        return []
+    found: list[Slot] = []
+    for key in ("reasoning_content", "reasoning"):
+        if type(delta.get(key)) is str and delta[key]:
+            found.append((delta, key, "reasoning"))
+            break  # (both sent: the first is read, _StreamState.read)
+    for key in ("content", "refusal"):
+        if type(delta.get(key)) is str:
+            found.append((delta, key, key))
+    calls = delta.get("tool_calls")
+    for call in calls if type(calls) is list else ():
+        fn = call.get("function") if type(call) is dict else None
+        if type(fn) is dict and type(fn.get("arguments")) is str:
+            found.append((fn, "arguments", ("call", call.get("index"))))
+    return found
+
+
+def _text_of(chunk: dict[str, Any], part: Any) -> Slot | None:
+    """Where choice 0's text of ``part`` is in ``chunk`` (:func:`hold_half`), if there."""
+    for at in _texts(chunk):
+        if at[2] == part:
+            return at
     return None
 
 
-def _part(chunk: dict[str, Any]) -> int | None:
-    """Choice 0's text is one part; ``None``: it ends with this chunk."""
+def _last_text(chunk: dict[str, Any]) -> Slot | None:
+    """Choice 0's last text in ``chunk`` (:func:`hold_half`), if it has one."""
+    found = _texts(chunk)
+    return found[-1] if found else None
+
+
+def _part(chunk: dict[str, Any]) -> Any:
+    """``None``: choice 0's answer ends with this chunk; :data:`ELSEWHERE`: the chunk is
+    of other choices alone (``n`` > 1), which a held half waits past."""
     choice = _first_choice(chunk)
-    return None if choice is not None and choice.get("finish_reason") is not None else 0
+    if choice is None:
+        choices = chunk.get("choices")
+        return ELSEWHERE if type(choices) is list and choices else 0
+    return None if choice.get("finish_reason") is not None else 0
 
 
 def _half_flushed(part: Any) -> dict[str, Any]:
-    """A text chunk of a held half whose other half did not come (:meth:`_ChunkReader.refused`)."""
-    return {"choices": [{"index": 0, "delta": {"content": HALF_HELD}}]}
+    """A chunk of a held half of ``part`` whose other half did not come
+    (:meth:`_ChunkReader.refused`)."""
+    if type(part) is tuple:  # a tool call's arguments
+        call = {"index": part[1], "function": {"arguments": HALF_HELD}}
+        delta: dict[str, Any] = {"tool_calls": [call]}
+    else:
+        delta = {"reasoning_content" if part == "reasoning" else part: HALF_HELD}
+    return {"choices": [{"index": 0, "delta": delta}]}
 
 
 _TEXT_DELTA_KEYS = frozenset({"content", "role"})
@@ -1058,7 +1099,9 @@ class _ChunkReader:
     ) -> Any:
         """An chunk's JSON that ``self.loads`` refused with ``exc``, read on the slow
         path that holds half a character back (:func:`read_holding`)."""
-        return read_holding(self, data, exc, out, slot, learning, _first_text, _part, _half_flushed)
+        return read_holding(
+            self, data, exc, out, slot, learning, _text_of, _last_text, _part, _half_flushed
+        )
 
     def _ends(self, chunk: dict[str, Any]) -> bool:
         """Whether ``chunk`` ends the answer (:func:`json_chunk_batches`' ``usage``):

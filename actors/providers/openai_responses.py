@@ -54,6 +54,7 @@ from actors.providers.failures import (
     HALF_HELD,
     HEAD_BYTES,
     SHAPE_ERRORS,
+    Slot,
     arguments_json,
     classify_status,
     created,
@@ -792,7 +793,7 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
                 except ValueError:
                     value = json.loads(data)  # as the SDK reads it (half a character too)
                     if type(value) is dict:
-                        half, flush = hold_half(value, half, _text_at, _text_at, _text_part)
+                        half, flush = hold_half(value, half, _text_of, _text_at, _text_part)
                         if flush is not None:
                             held = _half_flushed(flush)
                             if synthesize:
@@ -810,28 +811,34 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
         raise no_events(response, head, PROVIDER)
 
 
-def _text_at(event: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """Where an output text delta's text is (:func:`hold_half`)."""
-    if event.get("type") == "response.output_text.delta" and type(event.get("delta")) is str:
-        return event, "delta"
+_PART_KEYS = ("type", "item_id", "output_index", "content_index", "summary_index")
+"""What tells one delta's text from another's: its kind and where it is."""
+
+
+def _text_at(event: dict[str, Any]) -> Slot | None:
+    """Where a delta's text is (:func:`hold_half`): an output text's, a refusal's, a
+    reasoning's, a function call's arguments; its part, the event's kind and indexes."""
+    if event.get("type") in _TEXT_DELTAS and type(event.get("delta")) is str:
+        return event, "delta", tuple(event.get(key) for key in _PART_KEYS)
     return None
 
 
+def _text_of(event: dict[str, Any], part: Any) -> Slot | None:
+    at = _text_at(event)
+    return at if at is not None and at[2] == part else None
+
+
 def _text_part(event: dict[str, Any]) -> Any:
-    return (event.get("item_id"), event.get("output_index"), event.get("content_index"))
+    return 0  # (the parts end with their own done events)
 
 
 def _half_flushed(part: Any) -> dict[str, Any]:
-    """An output text delta of a held half whose other half did not come next."""
-    item_id, output_index, content_index = part
-    return {
-        "type": "response.output_text.delta",
-        "item_id": item_id,
-        "output_index": output_index,
-        "content_index": content_index,
-        "delta": HALF_HELD,
-        "logprobs": [],
-    }
+    """A delta of a held half whose other half did not come next."""
+    event = {key: value for key, value in zip(_PART_KEYS, part, strict=True) if value is not None}
+    event["delta"] = HALF_HELD
+    if event["type"] == "response.output_text.delta":
+        event["logprobs"] = []
+    return event
 
 
 def _sdk_stream_error(body: Any, response: Any) -> Exception:

@@ -41,7 +41,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import ProviderError, exception_text
+from runtime.errors import ProviderError, RateLimited, exception_text
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -109,6 +109,10 @@ class Inferring:
                     spent = await priced(result.usage, price_key() if price_key else None)
                     turn.usage = turn.usage + spent
                 delay = None if result.produced else policy.delay(attempt, exc)
+                if delay is not None:
+                    delay = _within_deadline(
+                        delay, limiter_of(self._provider_at(turn.provider)), exc
+                    )
                 if delay is None:
                     if not await self._fall_back(turn, exc, reset=result.produced):
                         raise
@@ -317,7 +321,9 @@ class Inferring:
             await release(limiter, grant, result.usage)
 
     async def _throttled(self, turn: Turn, limiter: Limiter | None, verdict: Verdict) -> None:
-        """The call waits for a rate limit: say so in the stream and on the bus."""
+        """The call waits for a rate limit: say so in the stream and on the bus. A wait
+        that ends past the turn's deadline (``Budget.deadline``) fails the call at once
+        instead (:func:`_past_deadline`)."""
         wait, reason = verdict.wait, verdict.reason
         await turn.ctrl.send(ThrottleNotice(step=turn.step, wait=wait, reason=reason))
         await self.publish(
@@ -330,6 +336,14 @@ class Inferring:
                 key=limiter.key if limiter is not None else "",
             )
         )
+        left = _past_deadline(wait)
+        if left is not None:
+            raise RateLimited(
+                f"the rate limit grants no call for {wait:g} s ({reason}): past the "
+                f"turn's deadline, {left:g} s away",
+                retryable=False,
+                provider=getattr(self._provider_at(turn.provider), "provider_name", None),
+            )
 
     async def _compact(
         self,
@@ -377,6 +391,35 @@ class Inferring:
                 )
             )
         return done.messages
+
+
+def _past_deadline(wait: float) -> float | None:
+    """The seconds left to the current task's deadline (the turn's ``Budget.deadline``)
+    when a wait of ``wait`` seconds ends past it, else ``None``."""
+    left = trio.current_effective_deadline() - trio.current_time()
+    return left if wait > left else None
+
+
+def _within_deadline(delay: float, limiter: Limiter | None, exc: ProviderError) -> float | None:
+    """A retry's ``delay``, or ``None`` (no retry: a fallback, or ``exc`` is the turn's
+    error) when the retry cannot begin before the turn's deadline: its own delay, or the
+    pause the failed call's ``retry-after`` put on the provider's rate limit (capped at
+    the limit's ``max_pause``), ends past it. ``exc`` then says so and is not retryable.
+
+    Why: a 120 s deadline facing a 600 s pause waited its 120 s and ended the turn
+    ``budget``, empty, the provider's 429 said nowhere (branch ``leftmix``)."""
+    wait = delay
+    if limiter is not None and isinstance(exc, RateLimited) and exc.retry_after:
+        wait = max(wait, min(float(exc.retry_after), limiter.limit.max_pause))
+    left = _past_deadline(wait)
+    if left is None:
+        return delay
+    exc.message = (
+        f"{exc.message} (its {wait:g} s wait ends past the turn's deadline, {left:g} s away)"
+    )
+    exc.args = (exc.message,)
+    exc.retryable = False
+    return None
 
 
 def _joined(instructions: str | None, more: str | None) -> str | None:

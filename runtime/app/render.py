@@ -32,6 +32,10 @@ def _escapes() -> dict[int, str]:
     # Embeddings, overrides and isolates: they reorder what follows on the line, so a
     # tool's arguments could read as other arguments at the approval prompt.
     table.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+    # Marks (LRM, RLM, ALM) reorder too; the line and paragraph separators (U+2028,
+    # U+2029) end a line on some terminals and read as nothing on others: a stored text
+    # could look like two lines, or one line hide where another began (``show``).
+    table.update({c: f"\\u{c:04x}" for c in (0x200E, 0x200F, 0x061C, 0x2028, 0x2029)})
     # Lone surrogates (half an emoji a provider split across two deltas, a file name
     # decoded with ``surrogateescape``): no encoding can write them, so printing one
     # raised UnicodeEncodeError and ended ``run`` in a traceback.

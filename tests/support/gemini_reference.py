@@ -137,8 +137,9 @@ class _Parser:
             reason, raw = "content-filter", self.blocked  # the prompt itself was refused
         else:
             reason = map_finish_reason(raw, tool_calls=self.calls > 0)
-        if self.usage is not None:
-            await self.emit(UsageChunk(usage=self.usage))
+        usage, self.usage = self.usage, None
+        if usage is not None:
+            await self.emit(UsageChunk(usage=usage))
         await self.emit(FinishChunk(reason=reason, raw_reason=raw))
 
 
@@ -163,12 +164,19 @@ async def parse_stream(
     """
     parser = _Parser(emit, answer_tool)
     iterator = aiter(stream)
-    while True:
-        try:
-            response = await anext(iterator)
-        except StopAsyncIteration:
-            break
-        except Exception as exc:
-            raise classify_error(exc, streaming=True) from exc
-        await parser.feed(response)
-    await parser.end()
+    try:
+        while True:
+            try:
+                response = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except Exception as exc:
+                raise classify_error(exc, streaming=True) from exc
+            await parser.feed(response)
+        await parser.end()
+    except Exception:
+        # billed though the call failed: the usage the chunks gave (branch leftmix)
+        usage, parser.usage = parser.usage, None
+        if usage is not None:
+            await emit(UsageChunk(usage=usage))
+        raise

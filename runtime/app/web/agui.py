@@ -108,6 +108,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
+from runtime.serde import utf8_dumps
 from runtime.store import SessionRecord, validate_session_id
 from runtime.turn_queue import ClientToolSpec, TurnOptions
 
@@ -132,7 +133,7 @@ _DECISION_STATUS: dict[type, int] = {
 
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps(error.body()),
+        utf8_dumps(error.body()),  # a refusal may quote half a character (a stored name)
         status_code=error.status,
         headers=headers,
         media_type="application/json",
