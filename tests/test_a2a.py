@@ -45,6 +45,7 @@ from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host, ToolMessage, tool
 from runtime.actor_messages import InferRequest
 from runtime.errors import ToolDefinitionError
+from runtime.tools import ToolContext
 from tests.support.approval_agents import agent as approval_agent
 from tests.support.grammar import check_grammar
 from tests.web.harness import WebServer, wait_idle, web_server
@@ -1084,6 +1085,83 @@ async def test_agents_calling_each_other_over_a2a_stop_at_max_depth():
     assert result.text == "a: b: a: b: a: b: a: b: a: " + refused
     # hops 1 to 8, B's the odd ones: the 8th's call sent nothing
     assert depths == {d: d % 2 == 0 for d in range(1, 9)}
+
+
+class ForgetfulA2AAgent(A2AAgent):
+    """A caller that resets the hop count: every message it sends says ``axonHops: 0``
+    (another A2A SDK's agent sends none; a hostile one, whatever it likes)."""
+
+    async def run(self, text: str, *, emit: Any = None, depth: int = 0) -> str:
+        return await super().run(text, emit=emit, depth=-1)
+
+
+async def test_a_loop_through_an_agent_that_resets_the_hop_count_stops_at_max_in_flight():
+    # A -> B -> A where B sends every message with the hop count reset: A's turns all
+    # run at depth 0, so max_depth never bites and the loop ran until a server's 100
+    # running tasks were taken. A's tool to B holds one call more each round.
+    to_a, to_b = ForgetfulA2AAgent("http://127.0.0.1:9"), A2AAgent("http://127.0.0.1:9")
+    b = passing_on("b", to_a)
+    a = Agent(
+        name="a",
+        provider=passing_on("a", to_b).provider,
+        tools=[to_b.as_tool(name="other", max_in_flight=3)],
+    )
+    async with web_server(a, protocols=("a2a",)) as server_a:
+        async with web_server(b, protocols=("a2a",)) as server_b:
+            to_a.url, to_b.url = server_a.url, server_b.url
+            async with Host.open(log_tap=False) as host:
+                session = await host.open_session(a, session_id="top")
+                with trio.fail_after(60):
+                    result = await session.run("start")
+            depths = []
+            for server in (server_a, server_b):
+                infos = await server.host.store.list_sessions()
+                records = [await server.host.store.load(i.session_id) for i in infos]
+                depths.append([r.meta.get("agent_depth") for r in records])
+    refused = (
+        "tool other raised RuntimeError: other has 3 calls in flight, its max_in_flight: it "
+        "was not called (agents calling agents in a loop that drops the hop count hold one "
+        "call more each round)"
+    )
+    assert result.text == "a: b: a: b: a: b: a: " + refused
+    # A's tasks run at depth 0 (no meta) each time: only the ceiling stopped the loop
+    assert depths == [[None, None, None], [1, 1, 1]]
+
+
+def depth_teller() -> Agent:
+    """An agent that answers with the depth its turn runs at (a tool's ``context.depth``)."""
+
+    @tool
+    def my_depth(context: ToolContext) -> str:
+        """How deep this agent runs."""
+        return f"depth {context.depth}"
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [*tool_call("my_depth", {}, tool_call_id="d")]
+        return [request.messages[-1].output]
+
+    return Agent(name="d", provider=ScriptedProvider(responder=script), tools=[my_depth])
+
+
+async def test_a_message_cannot_lower_the_depth_its_context_runs_at():
+    # A caller re-using a context with a smaller hop count reset the chain's depth.
+    # (Raw JSON-RPC: the SDK's metadata is a protobuf Struct, whose numbers are floats.)
+    texts = []
+    async with web_server(depth_teller(), protocols=("a2a",)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            for n, hops in enumerate((6, 1)):
+                message = {
+                    "messageId": f"m{n}",
+                    "contextId": "c",
+                    "role": "ROLE_USER",
+                    "parts": [{"text": "how deep?"}],
+                    "metadata": {"axonHops": hops},
+                }
+                body = {"jsonrpc": "2.0", "id": n, "method": "SendMessage"}
+                r = await http.post("/a2a/jsonrpc", json={**body, "params": {"message": message}})
+                texts.append(r.json()["result"]["task"]["artifacts"][0]["parts"][0]["text"])
+    assert texts == ["depth 6", "depth 6"]
 
 
 def test_a_hop_count_is_a_positive_int_or_none():

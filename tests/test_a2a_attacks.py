@@ -679,3 +679,52 @@ async def test_the_65th_waiting_task_pushes_the_first_out_of_memory_and_loses_no
     assert [m["messageId"] for m in got["result"]["history"]] == ["q"]
     assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
     assert answered["result"]["task"]["artifacts"][0]["parts"][0]["text"] == "It is sunny in Oslo."
+
+
+MESSAGE = {"messageId": "m", "contextId": "c", "role": "ROLE_USER", "parts": [{"text": "x"}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/a2a/jsonrpc",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "SendStreamingMessage",
+                "params": {"message": MESSAGE},
+            },
+        ),
+        ("/a2a/message:stream", {"message": MESSAGE}),
+    ],
+)
+async def test_a_client_that_never_reads_its_task_stream_is_dropped_and_the_task_ends(path, body):
+    # A stream of 5 MB to a client whose receive window is a few KB and who reads
+    # nothing: dropped after the send timeout; the task runs on and its turn is saved.
+    raw = orjson.dumps(body)
+    agent = Agent(name="long", provider=ScriptedProvider([["w" * 1000 + " "] * 5000]))
+    async with web_server(agent, protocols=("a2a",), send_timeout=1) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with trio.socket.socket() as sock:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+            await sock.connect(("127.0.0.1", port))
+            await sock.send(
+                b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"accept: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                % (path.encode(), len(raw), raw)
+            )
+            with trio.fail_after(60):  # a guard: the turn ends though nothing is read
+                stored = await saved_answer(server.host.store, "c")
+                while await sock.recv(1 << 16):  # what was sent before the drop, then EOF
+                    pass
+    assert len(stored.text) == 5000 * 1001
+
+
+async def saved_answer(store: Any, session_id: str) -> Any:
+    """The session's answer once its turn saved one."""
+    while True:
+        record = await store.load(session_id)
+        if record is not None and len(record.messages) >= 2:
+            return record.messages[-1]
+        await trio.sleep(0.05)

@@ -90,6 +90,8 @@ class Deployment:
     """The front ends' queue caps (``max_queued_per_session``, ``max_queued``)."""
     on_busy: str | None = None
     """The front ends' busy strategy (``serve --on-busy``; ``None``: enqueue)."""
+    relays: list[RedisRelay] = attrs.Factory(list)
+    """The front ends' relays."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -130,6 +132,7 @@ class Deployment:
         ):
             queue = TurnQueue(host.store, **self.queue_caps)
             self.hosts.append(host)
+            self.relays.append(relay)
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
                 app = create_app(

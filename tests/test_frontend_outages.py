@@ -52,6 +52,48 @@ async def test_a_post_whose_turn_ran_while_redis_was_down_gets_the_stored_answer
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
 
 
+async def test_a_post_while_redis_is_known_down_waits_no_retry_window(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each POST during an outage waited out the relay's retry window (30 s) before it
+    # turned to the queue for the stored answer. Once a read gave up, the next gets one
+    # try: the second POST here is answered though its window is an hour.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                await client.post("/api/chat", json=body("s1"))  # the read that gives up
+                (relay,) = d.relays
+                relay.retry_for = 3600
+                with trio.fail_after(60):
+                    response = await client.post("/api/chat", json=body("s2"))
+            await trio.to_thread.run_sync(start_redis)
+            stored = await d.assistant("s2")
+    events = data(sse_events(response.text))
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
+
+
+async def test_a_relay_known_down_reads_again_once_redis_answers(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 1.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                await client.post("/api/chat", json=body("s1"))
+                (relay,) = d.relays
+                down = relay.down
+                await trio.to_thread.run_sync(start_redis)
+                response = await client.post("/api/chat", json=body("s2"))
+    events = data(sse_events(response.text))
+    assert down and not relay.down
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "w w w"
+
+
 async def test_a_turn_redis_refuses_as_full_mid_stream_is_saved_and_its_reader_told_to_reload(
     pg_url: str, redis_url: str
 ) -> None:
@@ -87,6 +129,33 @@ async def test_a_reader_whose_turn_redis_refuses_as_full_is_told_redis_is_out_of
     text = events[-1]["errorText"]
     assert "Redis is out of memory" in text and "refused the stream's writes" in text
     assert "worker stopped" not in text
+
+
+async def refused_flush(relay: RedisRelay) -> None:
+    """Wait until one of the relay's writers lost chunks (Redis refused a flush)."""
+    while True:
+        if any(w.lost for w in relay.live):
+            return
+        await trio.sleep(0.01)
+
+
+async def test_a_reader_is_told_redis_was_out_of_memory_after_it_was_freed(
+    pg_url: str, redis_url: str
+) -> None:
+    # Redis refuses some of the stream's writes as full, then has room again before the
+    # reader reaches the gap: asked then, Redis says nothing of it; the gap says why.
+    async with deployment(pg_url, redis_url, slow_agent(200, 0.02)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body("s1")) as response:
+                reader = EventReader(response)
+                await reader.until(4)
+                relay = d.workers[0].relay
+                with redis_full():
+                    await refused_flush(relay)
+                events = data(await reader.all())
+    text = events[-1]["errorText"]
+    assert "Redis is out of memory and refused the stream's writes (OOM" in text
+    assert "reload the session" in text
 
 
 async def test_a_reader_shown_part_of_a_turn_when_redis_stays_down_is_told_to_reload(

@@ -228,6 +228,76 @@ async def test_a_session_running_a_turn_answers_a_busy_tool_error():
     assert busy.is_error and busy.content[0].text == "session 's' is already running a turn"
 
 
+async def test_a_request_reusing_the_id_of_one_in_flight_is_refused_and_the_first_answered():
+    # The transport keeps one response stream per request id in a session: a second
+    # request with the id of one still running took it over, and the first was never
+    # answered (its turn ran; its POST waited as long as the client held it).
+    agent = Agent(
+        name="queue",
+        provider=ScriptedProvider(turns=[[["first ", Sleep(0.5), "answer"]], [["second"]]]),
+    )
+    answers: dict[str, httpx.Response] = {}
+    async with web_server(agent, protocols=MCP) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=ACCEPT, timeout=30) as raw:
+            session = await open_raw_session(raw)
+
+            async def call(name: str, session_id: str) -> None:
+                arguments = {"prompt": name, "session_id": session_id}
+                params = {"name": "queue", "arguments": arguments}
+                request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+                answers[name] = await raw.post("/mcp", json=request, headers=session)
+
+            with trio.fail_after(20):  # a guard: the first was never answered
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "first", "a")
+                    await eventually(lambda: "a" in server.host.sessions)
+                    await call("again", "b")
+    assert answers["again"].status_code == 409
+    assert answers["again"].json()["id"] == 7
+    assert "request id 7 is in use" in answers["again"].json()["error"]["message"]
+    assert '"answer":"first answer"' in answers["first"].text
+    assert "b" not in server.host.sessions  # the refused call ran nothing
+
+
+async def open_raw_session(raw: httpx.AsyncClient) -> dict[str, str]:
+    """A session initialized over raw HTTP: the headers its requests carry."""
+    opened = await raw.post("/mcp", json=INIT)
+    session = {
+        "mcp-session-id": opened.headers["mcp-session-id"],
+        "mcp-protocol-version": "2025-11-25",
+    }
+    notice = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    await raw.post("/mcp", json=notice, headers=session)
+    return session
+
+
+async def test_the_same_request_id_in_two_sessions_is_two_calls_and_a_cancel_stays_in_its_own():
+    agent = Agent(
+        name="queue",
+        provider=ScriptedProvider(responder=lambda request: [Sleep(0.5), "answer"]),
+    )
+    answers: dict[str, httpx.Response] = {}
+    async with web_server(agent, protocols=MCP) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=ACCEPT, timeout=30) as raw:
+            one, two = await open_raw_session(raw), await open_raw_session(raw)
+
+            async def call(name: str, session: dict[str, str]) -> None:
+                params = {"name": "queue", "arguments": {"prompt": name, "session_id": name}}
+                request = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+                answers[name] = await raw.post("/mcp", json=request, headers=session)
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "a", one)
+                    nursery.start_soon(call, "b", two)
+                    await eventually(lambda: {"a", "b"} <= set(server.host.sessions))
+                    cancel = {"requestId": 7, "reason": "b cancels its own call"}
+                    notice = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+                    await raw.post("/mcp", json={**notice, "params": cancel}, headers=two)
+    assert '"answer":"answer"' in answers["a"].text
+    assert "Request cancelled" in answers["b"].text
+
+
 @pytest.mark.parametrize("on_busy", ["enqueue", "steer"])  # steer: a call needs its answer
 async def test_a_session_that_queues_runs_a_second_call_after_the_first(on_busy):
     agent = Agent(

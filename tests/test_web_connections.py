@@ -5,6 +5,7 @@ process."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import resource
@@ -16,6 +17,8 @@ import pytest
 import trio
 import trio.testing
 from hypercorn.config import Config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from runtime import Agent
@@ -380,3 +383,86 @@ async def test_refused_connections_are_read_until_closed_only_up_to_a_bound(auto
         took.append(trio.current_time() - start)
         assert cap.lingering == lingering  # given back
     assert took == [REFUSAL_TIMEOUT, 0]
+
+
+async def test_one_address_past_its_share_of_the_cap_is_refused_and_another_is_served(
+    monkeypatch,
+):
+    # One client could hold the whole cap (idle connections, slow bodies) and keep every
+    # other at 503. Counted by the socket's address: a forwarded-for header naming
+    # another is not read (the connection is refused before it is).
+    from runtime import Host
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
+
+    monkeypatch.setattr(Config, "keep_alive_timeout", 3600)
+    async with Host.open(log_tap=False) as host, trio.open_nursery() as nursery:
+        app = create_app(host, agent())
+        serve = partial(
+            serve_app,
+            app,
+            host="127.0.0.1",
+            port=0,
+            max_connections=CAP,
+            max_connections_per_address=5,
+        )
+        binds = await nursery.start(serve)
+        address = ("127.0.0.1", int(binds[0].rsplit(":", 1)[1]))
+        held = []
+        with trio.fail_after(20):  # a guard: refusals come at once
+            for _ in range(5):
+                sock = trio.socket.socket()
+                await sock.connect(address)
+                held.append(sock)
+            answers = []
+            for _ in range(3):
+                with trio.socket.socket() as sock:
+                    await sock.connect(address)
+                    await sock.send(
+                        b"GET /api/info HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                        b"x-forwarded-for: 203.0.113.9\r\n\r\n"
+                    )
+                    answers.append(await read_answer(sock))
+            with trio.socket.socket() as other:
+                await other.bind(("127.0.0.2", 0))  # another client
+                await other.connect(address)
+                await other.send(b"GET /api/info HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                served = await read_answer(other)
+        for sock in held:
+            sock.close()
+        nursery.cancel_scope.cancel()
+    assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 503 Service Unavailable"] * 3
+    assert served.startswith(b"HTTP/1.1 200")
+
+
+@given(st.ip_addresses(v=6), st.integers(0, 2**64 - 1))
+def test_an_ipv6_client_is_counted_by_its_64(ip, low):
+    from runtime.app.web.connections import address_key
+
+    same_64 = ipaddress.IPv6Address((int(ip) >> 64 << 64) | low)
+    if ip.ipv4_mapped is None and same_64.ipv4_mapped is None:
+        assert address_key((str(ip), 1, 0, 0)) == address_key((str(same_64), 2, 0, 0))
+        assert address_key((str(ip), 1, 0, 0)).endswith("/64")
+
+
+def test_an_address_key_is_the_ipv4_address_or_none_without_an_ip():
+    from runtime.app.web.connections import address_key
+
+    assert address_key(("203.0.113.9", 1)) == "203.0.113.9"
+    assert address_key(("::ffff:203.0.113.9", 1, 0, 0)) == "203.0.113.9"  # dual-stack
+    assert address_key(("fe80::1%eth0", 1, 0, 2)) == "fe80::/64"
+    assert [address_key(peer) for peer in ("", b"", None, ("nope", 1))] == [None] * 4
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="reads the limit of open files")
+def test_max_connections_per_address_defaults_to_a_quarter_of_the_cap_and_off_is_none():
+    from runtime.app.cli import build_parser
+    from runtime.app.web.serve import _max_connections_per_address
+
+    parse = build_parser().parse_args
+    assert _max_connections_per_address(parse(["serve"]), 400) == 100
+    assert _max_connections_per_address(parse(["serve"]), None) is None
+    off = parse(["serve", "--max-connections-per-address", "off"])
+    assert _max_connections_per_address(off, 400) is None
+    given = parse(["serve", "--max-connections-per-address", "7"])
+    assert _max_connections_per_address(given, 400) == 7

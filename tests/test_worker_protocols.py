@@ -768,6 +768,34 @@ async def test_an_a2a_messages_hop_count_is_the_depth_its_queued_turn_runs_at(
     assert record is not None and record.meta["agent_depth"] == 3
 
 
+async def test_an_a2a_message_cannot_lower_the_depth_its_queued_context_runs_at(
+    pg_url: str, redis_url: str
+) -> None:
+    # A caller re-using a context with a smaller hop count reset the chain's depth (the
+    # worker merged the submitted turn's meta as it came).
+    async with protocols_deployment(pg_url, redis_url) as d:
+        stored = []
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as http:
+            for n, hops in enumerate((6, 1)):
+                message = {
+                    "messageId": f"m{n}",
+                    "contextId": "deep",
+                    "role": "ROLE_USER",
+                    "parts": [{"text": "tools hops"}],
+                    "metadata": {"axonHops": hops},
+                }
+                body = {"jsonrpc": "2.0", "id": n, "method": "SendMessage"}
+                with trio.fail_after(LIMIT):
+                    r = await http.post(
+                        "/a2a/jsonrpc", json={**body, "params": {"message": message}}
+                    )
+                assert r.json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+                record = await d.store.load("deep")
+                assert record is not None
+                stored.append(record.meta["agent_depth"])
+    assert stored == [6, 6]
+
+
 async def test_an_a2a_task_waiting_for_approval_resumes_on_a_worker_from_the_decision(
     pg_url: str, redis_url: str
 ) -> None:

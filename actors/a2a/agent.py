@@ -69,6 +69,11 @@ that streams without end takes before then."""
 MAX_DESCRIPTION = 1000
 """The most of a card's description :meth:`A2AAgent.discover` makes the tool's: the model
 reads it in every request, and providers refuse longer ones (OpenAI: 1,024)."""
+MAX_IN_FLIGHT = 32
+"""The most calls one ``as_tool`` of a remote agent runs at once in a process (its
+``max_in_flight`` by default): what bounds a loop of agents calling each other through
+one that does not pass the hop count on (:data:`~actors.a2a.wire.HOPS`, the caller's
+word), one call more each round."""
 MAX_PIECE_BYTES = 16 << 20
 """The largest response body or SSE event a remote agent may send (the card, an answer,
 one event): a bigger one (or a line that never ends) fails the call, unread past it."""
@@ -556,6 +561,7 @@ class A2AAgent:
         description: str | None = None,
         needs_approval: Any = False,
         max_depth: int = 8,
+        max_in_flight: int | None = MAX_IN_FLIGHT,
     ) -> Tool:
         """This remote agent as a tool another agent can call with a task (``input``):
         each call is one A2A task, streamed under the call as ``tool-stream`` chunks, its
@@ -567,11 +573,25 @@ class A2AAgent:
         turn runs as deep as its message's hop count says, :data:`~actors.a2a.wire.HOPS`)
         sends nothing; the model sees the tool error ``agent nesting deeper than
         <max_depth>``. Without it, A calling B calling A over A2A ran until a server's
-        running tasks were all taken, every hop holding a turn and a connection."""
+        running tasks were all taken, every hop holding a turn and a connection.
+
+        The hop count is the caller's word: an agent that does not pass it on (another
+        A2A SDK's, or a hostile one that sends ``0``) starts every call it makes anew.
+        ``max_in_flight`` bounds such a loop in this process: the tool's calls running at
+        once (from every session of the process); one more sends nothing, and the model
+        sees the tool error ``<name> has <n> calls in flight, its max_in_flight``. A loop
+        through this remote agent holds one call more each round, so it stops there. An
+        application that delegates more tasks than that at once raises it (``None``: no
+        bound)."""
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
+        if max_in_flight is not None and (type(max_in_flight) is not int or max_in_flight < 1):
+            raise ToolDefinitionError(
+                f"as_tool: max_in_flight must be an int >= 1 or None, not {max_in_flight!r}"
+            )
         remote = self
         tool_name = name or self.name or "remote_agent"
+        in_flight = [0]  # this tool's calls running now, every session's
 
         async def run_remote(input: str, context: ToolContext) -> str:
             if context.depth + 1 > max_depth:
@@ -579,7 +599,17 @@ class A2AAgent:
                     f"agent nesting deeper than {max_depth}: {tool_name} was not called "
                     f"(agents calling agents, over A2A too, {max_depth} deep already)"
                 )
-            return await remote.run(input, emit=context.emit, depth=context.depth)
+            if max_in_flight is not None and in_flight[0] >= max_in_flight:
+                raise RuntimeError(
+                    f"{tool_name} has {in_flight[0]} calls in flight, its max_in_flight: it "
+                    "was not called (agents calling agents in a loop that drops the hop "
+                    "count hold one call more each round)"
+                )
+            in_flight[0] += 1
+            try:
+                return await remote.run(input, emit=context.emit, depth=context.depth)
+            finally:
+                in_flight[0] -= 1
 
         run_remote.__annotations__ = {"input": str, "context": ToolContext, "return": str}
         run_remote.__doc__ = description or (

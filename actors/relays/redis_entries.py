@@ -74,6 +74,9 @@ PAGE = 256
 
 END = "relay.end"
 GAP = "relay.gap"
+"""Chunks were lost before this item; a gap a refusal made says why (``"why"``)."""
+MAX_WHY = 400
+"""The most of a gap's ``why`` a reader is told (it is the writer's text, in Redis)."""
 FROM_START = "relay.from-start"
 """A takeover's first item on a stream it found empty, when it streams the turn from its
 start (no step committed before it): a reader that has shown nothing of the turn reads
@@ -179,8 +182,11 @@ class _Cursor:
         for seq, item in enumerate(entry.items, start=entry.first):
             kind = item["type"]
             if kind == GAP or (kind == FROM_START and seq != 1):
+                why = item.get("why")  # the writer's refusal, if one made the gap
                 raise RelayTurnGone(
-                    f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
+                    f"the relay lost part of turn {turn!r}: {why[:MAX_WHY]}"
+                    if isinstance(why, str) and why
+                    else f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
                 )
             if kind == FROM_START:
                 self.from_start = True

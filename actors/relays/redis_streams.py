@@ -201,6 +201,11 @@ class RedisRelay:
         with the end in one entry (:data:`END_WAIT`)."""
         self.cancel_ping = cancel_ping
         """Seconds between two PINGs on the cancel subscription (:data:`CANCEL_PING`)."""
+        self.down = False
+        """Whether a read gave up on Redis (its ``retry_for`` passed with no answer) and
+        none answered since: a read then gets one try, not ``retry_for`` seconds of them
+        (a POST during an outage was answered only after that wait, each time); the
+        first that is answered clears it."""
         self.subscriber: Any = None
         """The client (and pool) of the cancel watch's subscription (:meth:`open` makes
         one; ``None``: ``client``'s). Apart from ``client``, whose pool starts over when
@@ -389,20 +394,31 @@ class RedisRelay:
         ``blocking``: ``fn`` is a blocking command (``XREAD BLOCK``), on a connection of
         its own that coredis drops when it is given up."""
         within = self.op_timeout + self.block_ms / 1000
-        return await _retried(
-            fn,
-            within=within,
-            retry_for=self.retry_for,
-            base=self.retry_base,
-            cap=self.retry_max,
-            stalled=None if blocking else self._gave_up,
-            failed=lambda error: RelayUnavailable(
-                f"Redis did not answer for {self.retry_for:g} s ({what}): {error}"
-            ),
-            logger=log,
-            event="relay.read_failed",
-            what=what,
-        )
+        down = self.down
+        try:
+            result = await _retried(
+                fn,
+                within=within,
+                retry_for=0 if down else self.retry_for,
+                base=self.retry_base,
+                cap=self.retry_max,
+                stalled=None if blocking else self._gave_up,
+                failed=lambda error: RelayUnavailable(
+                    f"Redis is down: a read gave up after {self.retry_for:g} s and it did "
+                    f"not answer since ({what}): {error}"
+                    if down
+                    else f"Redis did not answer for {self.retry_for:g} s ({what}): {error}"
+                ),
+                logger=log,
+                event="relay.read_failed",
+                what=what,
+            )
+        except RelayUnavailable:
+            self.down = True
+            raise
+        if down:
+            self.down = False
+        return result
 
     async def _out_of_memory(self) -> str | None:
         """Why Redis refuses writes, if it is full (``used_memory`` at ``maxmemory``),

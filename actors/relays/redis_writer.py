@@ -98,6 +98,15 @@ def _chunks(items: list[dict[str, Any]]) -> int:
 _MARKERS = frozenset({GAP, END, FROM_START})
 
 
+def _refusal(error: BaseException) -> str:
+    """What a gap says of the refusal that made it, for its readers: Redis out of
+    memory (its ``OOM`` error), or another refusal; Redis's text cut at 200 characters."""
+    text = str(error)[:200]
+    if text.startswith("OOM"):
+        return f"Redis is out of memory and refused the stream's writes ({text})"
+    return f"Redis refused the stream's writes ({type(error).__name__}: {text})"
+
+
 _UNSTRUCTURERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
 """Each chunk class's unstructure hook (:func:`_hook`), looked up once a class: a
 worker's turn appends ~35 chunks of a few classes."""
@@ -536,7 +545,9 @@ class RedisRelayWriter:
                 self._failed("relay.flush_refused", error, unsure=dropped)
             else:
                 self.lost += dropped
-                self._queue.insert(0, {"type": GAP})
+                # Why, with the stream: Redis full now may be freed by the time a reader
+                # reads the gap (asked then, it would say nothing).
+                self._queue.insert(0, {"type": GAP, "why": _refusal(error)})
                 self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
         if (self._queue or self._unsure) and not self._closed:

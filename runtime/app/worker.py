@@ -114,7 +114,7 @@ from runtime.messages import UserMessage
 from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
-from runtime.tools import Tool
+from runtime.tools import AGENT_DEPTH_META, Tool, agent_depth
 from runtime.turn_queue import (
     WAITING,
     Claim,
@@ -906,7 +906,10 @@ class Worker:
                 session = await self._open_session(host, turn, claim.stored)
                 loaded = session.take_loaded()
         if turn.meta:
-            session.update_meta(turn.meta)
+            meta = turn.meta
+            if 0 < agent_depth(meta) < agent_depth(session.meta):  # an A2A hop count
+                meta = {k: v for k, v in meta.items() if k != AGENT_DEPTH_META}  # never less
+            session.update_meta(meta)
         return session, loaded
 
     def _turn_writer(self, claim: Claim) -> Any:

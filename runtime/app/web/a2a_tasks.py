@@ -555,8 +555,8 @@ class TaskBook:
         if "title" not in session.meta:
             session.set_title(title_of(content))
         depth = wire.hops(incoming.metadata)
-        if depth and agent_depth(session.meta) != depth:  # the turn runs that deep
-            session.update_meta({AGENT_DEPTH_META: depth})
+        if depth > agent_depth(session.meta):  # the turn runs that deep; never less:
+            session.update_meta({AGENT_DEPTH_META: depth})  # no caller resets a context
         waiting = [
             t
             for t in self.live.values()

@@ -34,6 +34,7 @@ or starving connections against ``serve`` (docs/web.md, "Connections"):
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 from typing import Any
 
@@ -88,6 +89,32 @@ REPORT_INTERVAL = 60.0
 not one a connection (which an attacker could use to fill the log)."""
 
 
+ADDRESS_SHARE = 4
+"""The default per-address cap is the connection cap divided by this: one address (an
+IPv6 /64) holds at most a quarter of it, so the rest stays for everyone else."""
+
+
+def address_key(peer: Any) -> str | None:
+    """What the per-address cap counts a connection under, from its socket's peer
+    address (never a header: ``X-Forwarded-For`` is the client's own word, and comes
+    after the connection is admitted): an IPv4 address (an IPv4-mapped IPv6 one as its
+    IPv4), an IPv6 address's /64 (one host is given a /64; counted per address, it
+    could open a connection from each of 2**64); ``None`` for a peer with no IP address
+    (a Unix socket: a local proxy), which is not counted."""
+    host = peer[0] if isinstance(peer, tuple) and peer else peer
+    if not isinstance(host, str) or not host:
+        return None
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return f"{ipaddress.IPv6Network((ip, 64), strict=False).network_address}/64"
+    return str(ip)
+
+
 def default_max_connections() -> int | None:
     """The connection cap derived from this process's soft limit of open files now (call
     it after :func:`raise_open_file_limit`); ``None`` (no cap) where there is no limit."""
@@ -108,10 +135,25 @@ class ConnectionCap:
     never logged unless another refusal came after it. Mutable, owned by one server's
     event loop."""
 
-    __slots__ = ("_held", "limit", "lingering", "open", "refused", "reported_at")
+    __slots__ = (
+        "_held",
+        "by_address",
+        "limit",
+        "lingering",
+        "open",
+        "per_address",
+        "refused",
+        "reported_at",
+    )
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_address: int | None = None) -> None:
         self.limit = limit
+        self.per_address = per_address
+        """The most connections one address (:func:`address_key`) holds (``None``: no
+        such cap): without it, one client could hold the whole cap and keep every other
+        at 503."""
+        self.by_address: dict[str, int] = {}
+        """Connections open per address, for those with any."""
         self.open = 0
         self.lingering = 0
         """Refused connections being read until their client closes (:data:`LINGERING`)."""
@@ -121,12 +163,19 @@ class ConnectionCap:
         self._held = trio.Event()
         """Set when refusals are held for the next line (:meth:`report_held` waits)."""
 
-    def admit(self) -> bool:
-        """Whether a new connection may be served (then it counts until :meth:`release`);
-        a refusal is counted, and logged when none was for :data:`REPORT_INTERVAL`."""
+    def admit(self, address: str | None = None) -> bool:
+        """Whether a new connection (from ``address``, :func:`address_key`) may be served
+        (then it counts until :meth:`release` of the same address); a refusal is
+        counted, and logged when none was for :data:`REPORT_INTERVAL`."""
         if self.open < self.limit:
-            self.open += 1
-            return True
+            if address is None or self.per_address is None:
+                self.open += 1
+                return True
+            held = self.by_address.get(address, 0)
+            if held < self.per_address:
+                self.by_address[address] = held + 1
+                self.open += 1
+                return True
         self.refused += 1
         now = trio.current_time()
         if self.reported_at is None or now - self.reported_at >= REPORT_INTERVAL:
@@ -135,9 +184,15 @@ class ConnectionCap:
             self._held.set()
         return False
 
-    def release(self) -> None:
-        """An admitted connection is over."""
+    def release(self, address: str | None = None) -> None:
+        """An admitted connection (from ``address``, as admitted) is over."""
         self.open -= 1
+        if address is not None and self.per_address is not None:
+            held = self.by_address[address] - 1
+            if held:
+                self.by_address[address] = held
+            else:
+                del self.by_address[address]
 
     async def report_held(self) -> None:
         """Log refusals held within an interval once it has passed, and those held at
@@ -160,8 +215,10 @@ class ConnectionCap:
         get_logger("axon.web").warning(
             "serve.connection_cap_reached",
             max_connections=self.limit,
+            max_connections_per_address=self.per_address,
             refused=self.refused,
-            hint="connections past --max-connections get 503 and are closed",
+            hint="connections past --max-connections (or one address's past "
+            "--max-connections-per-address) get 503 and are closed",
         )
         self.reported_at = now
         self.refused = 0
@@ -226,13 +283,20 @@ class ReleasingTCPServer(TCPServer):
         if cap is None:
             await super().run()
             return
-        if not cap.admit():
+        address = None
+        if cap.per_address is not None:
+            stream = getattr(self.stream, "transport_stream", self.stream)  # TLS: under it
+            try:
+                address = address_key(stream.socket.getpeername())
+            except (AttributeError, OSError):  # gone already, or no socket to ask
+                address = None
+        if not cap.admit(address):
             await refuse_connection(self.stream, cap)
             return
         try:
             await super().run()
         finally:
-            cap.release()
+            cap.release(address)
 
     async def _read_data(self) -> None:
         await super()._read_data()
@@ -333,6 +397,7 @@ __all__ = [
     "CappedConfig",
     "ConnectionCap",
     "ReleasingTCPServer",
+    "address_key",
     "default_max_connections",
     "raise_open_file_limit",
     "release_connections_on_close",

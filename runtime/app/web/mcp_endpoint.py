@@ -108,6 +108,41 @@ def _jsonrpc_413(send: Send) -> Send:
     return sending
 
 
+def _request_key(session_id: str | None, raw: bytes) -> tuple[str, bytes] | None:
+    """A POSTed JSON-RPC request's session id and id (as JSON, so ``7`` and ``"7"``
+    differ); ``None`` for anything else (a notification, a response, a request outside a
+    session, a body the transport refuses). The transport keeps one response stream per
+    id in a session: a second request with the id of one in flight took it over, and the
+    first was never answered (its turn ran; its POST waited for as long as the client
+    kept the connection)."""
+    if not session_id:
+        return None
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict) or "method" not in message:
+        return None
+    request_id = message.get("id")
+    if request_id is None or isinstance(request_id, (dict, list, bool)):
+        return None
+    return session_id, orjson.dumps(request_id)
+
+
+def _id_in_use(request_id: bytes) -> Response:
+    """409 for a request whose id a request of its session in flight has."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": orjson.loads(request_id),
+        "error": {
+            "code": -32600,
+            "message": f"request id {request_id.decode()} is in use by a request of this "
+            "session still being answered: ids must be unique among a session's requests",
+        },
+    }
+    return Response(orjson.dumps(body), status_code=409, media_type="application/json")
+
+
 CANCELLED = "the MCP client cancelled the call"
 """The cancel reason of a queued turn whose call was cancelled."""
 
@@ -160,6 +195,9 @@ class MCPEndpoint:
         )
         self.token = token.encode() if token else None
         self.started = False
+        self.in_flight: set[tuple[str, bytes]] = set()
+        """The requests being answered, by session id and JSON-RPC id
+        (:func:`_request_key`): one more with the same pair is refused."""
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -189,26 +227,37 @@ class MCPEndpoint:
             refusal = jsonrpc_error(503, "the MCP endpoint runs while the app's lifespan does")
             await refusal(scope, receive, send)
             return
+        in_flight = None
         if scope["method"] == "POST":
             try:
-                receive = await self._body_read(scope, receive)
+                receive, raw = await self._body_read(scope, receive)
             except ApiError as exc:  # (413 in the words the transport's own limit says it)
                 too_large = exc.status == 413 and not isinstance(exc, TooManyValues)
                 message = "Request body too large" if too_large else exc.message
                 refusal = jsonrpc_error(exc.status, message, headers=exc.headers)
                 await refusal(scope, receive, send)
                 return
-        with streams_bounded(scope):  # its event streams are the transport's own
-            await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+            in_flight = _request_key(_header(scope, b"mcp-session-id"), raw)
+            if in_flight is not None and in_flight in self.in_flight:
+                await _id_in_use(in_flight[1])(scope, receive, send)
+                return
+        if in_flight is not None:
+            self.in_flight.add(in_flight)
+        try:
+            with streams_bounded(scope):  # its event streams are the transport's own
+                await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+        finally:
+            if in_flight is not None:
+                self.in_flight.discard(in_flight)
 
-    async def _body_read(self, scope: Scope, receive: Receive) -> Receive:
+    async def _body_read(self, scope: Scope, receive: Receive) -> tuple[Receive, bytes]:
         """A ``receive`` that hands the transport the request's body, read here first
         within ``--body-timeout`` and ``--max-body`` as the other endpoints read theirs
         (:func:`~runtime.app.web.chat_input._read_body`: 408 and the connection closed,
         413, 400); then the request's own ``receive`` (its disconnect). The transport
         read it with no deadline: a client that announced a body and sent part of it
         held the request's task for as long as it kept the connection (branch
-        ``deadlinecli``)."""
+        ``deadlinecli``). The body itself is returned too."""
         state = self.state
         raw = await _read_body(
             Request(scope, receive), state.max_body, state.body_timeout, state.body_budget
@@ -223,7 +272,7 @@ class MCPEndpoint:
             given = True
             return {"type": "http.request", "body": raw, "more_body": False}
 
-        return replay
+        return replay, raw
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None

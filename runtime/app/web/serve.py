@@ -296,6 +296,16 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         "limit, which serve raises to the hard one; 'off': no cap)",
     )
     add(
+        "--max-connections-per-address",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="hold at most N connections from one client address (an IPv6 /64), counted by "
+        "the socket's address, never X-Forwarded-For; one more is answered 503 as past "
+        "--max-connections (default: a quarter of --max-connections; 'off' behind a "
+        "reverse proxy, whose connections all come from its address: limit clients there)",
+    )
+    add(
         "--body-timeout",
         type=positive(float),
         default=BODY_TIMEOUT,
@@ -396,6 +406,7 @@ async def serve_app(
     shutdown_trigger: Any = None,
     access_log: bool = False,
     max_connections: int | None = None,
+    max_connections_per_address: int | None = None,
     send_timeout: float | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -404,7 +415,8 @@ async def serve_app(
     URLs (``port=0`` picks a free port). An address it cannot bind (in use, not this
     machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups.
     At most ``max_connections`` connections are held (``None``: no cap); one more is
-    answered a 503 and closed at once (:class:`~runtime.app.web.connections.ConnectionCap`).
+    answered a 503 and closed at once (:class:`~runtime.app.web.connections.ConnectionCap`),
+    and with it at most ``max_connections_per_address`` from one address (an IPv6 /64).
     ``send_timeout`` is the app's deadline for a client that takes no data (``None``:
     none); a write its client takes nothing of for about twice that closes the
     connection, whoever wrote it (:class:`~runtime.app.web.connections.CappedConfig`)."""
@@ -418,7 +430,11 @@ async def serve_app(
 
     release_connections_on_close()  # a closed connection's socket freed at once
     config = CappedConfig()
-    cap = None if max_connections is None else ConnectionCap(max_connections)
+    cap = (
+        None
+        if max_connections is None
+        else ConnectionCap(max_connections, max_connections_per_address)
+    )
     config.connection_cap = cap
     config.send_timeout = send_timeout or None
     config.bind = [_bind(host, port)]
@@ -623,6 +639,7 @@ async def _serve_until_signal(
         for cancel_turns in getattr(app.state, "turn_cancellers", ()):
             cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
 
+    cap = _max_connections(args)
     async with trio.open_nursery() as nursery:
         try:
             binds = await nursery.start(
@@ -633,7 +650,8 @@ async def _serve_until_signal(
                     port=args.port,
                     shutdown_trigger=shutdown_trigger,
                     access_log=args.log_level in ("debug", "info"),
-                    max_connections=_max_connections(args),
+                    max_connections=cap,
+                    max_connections_per_address=_max_connections_per_address(args, cap),
                     send_timeout=args.send_timeout,
                 )
             )
@@ -658,6 +676,17 @@ def _max_connections(args: argparse.Namespace) -> int | None:
         from runtime.app.web.connections import default_max_connections
 
         return default_max_connections()
+    return given or None
+
+
+def _max_connections_per_address(args: argparse.Namespace, cap: int | None) -> int | None:
+    """``--max-connections-per-address``: as given, ``off`` (0) as none, else a quarter of
+    the connection cap ``cap`` (none without a cap)."""
+    given = getattr(args, "max_connections_per_address", None)
+    if given is None:
+        from runtime.app.web.connections import ADDRESS_SHARE
+
+        return None if cap is None else max(1, cap // ADDRESS_SHARE)
     return given or None
 
 
