@@ -185,7 +185,11 @@ class ScriptedProvider(Provider):
                 await trio.sleep(item.seconds)
                 continue
             if isinstance(item, BaseException):
-                raise item
+                # The script's one instance, raised by every turn that plays the step:
+                # raised as it was, each raise added that turn's frames to its traceback
+                # (the turn's runner, inboxes and messages, about a hundred objects a
+                # turn, held for as long as the script).
+                raise item.with_traceback(None)
             pieces: list[StreamChunk]
             if isinstance(item, str):
                 pieces = [TextChunk(text=t) for t in self._split(item)]

@@ -144,16 +144,21 @@ async def expire_session(
     return complete
 
 
-async def resume_expired(session: Session) -> None:
+async def resume_expired(session: Session, close: bool = False) -> None:
     """Run the continuation of ``session``'s turn, whose last waiting call expired, to its
     end. A turn someone else resumed (or a new message superseded) meanwhile is left to
-    them."""
+    them. ``close``: the session was not in memory when its wait expired (the host's
+    timer loaded it for the expiry): closed again once idle, as it was."""
     try:
         async with session.resume() as out:
             async for _ in out:
                 pass
     except (NothingToResume, SessionBusy):
-        return
+        pass
+    if close and session.loaded and not (session.busy or session.queued):
+        # Left open, every expired wait of a session its application had closed stayed
+        # in memory for the host's life (no idle_ttl by default): its history, actors.
+        await session.close()
 
 
 class ExpiryWatch:
@@ -224,13 +229,16 @@ class ExpiryWatch:
         host = self.host
         if host.shutting_down:
             return
+        held = host.get_session(session_id)
+        in_memory = held is not None and held.loaded
+        del held
         try:
             session = await self._expire_session(session_id, agent)
         except Exception:  # a store failure: this wait is noticed on the next load instead
             log_exception(get_logger(LOGGER), "expiry.failed", session_id=session_id)
             return
         if session is not None:
-            host.nursery.start_soon(resume_expired, session)
+            host.nursery.start_soon(resume_expired, session, not in_memory)
 
     async def _expire_session(self, session_id: str, agent: Agent) -> Session | None:
         """Expire what is due; the session to resume, if the expiry completed its turn."""

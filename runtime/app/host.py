@@ -1096,6 +1096,12 @@ class Host:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
         self.bus.forget_session(session.id)
+        # What the persister keeps of it, as for an evicted session: a turn that ended
+        # waiting (approval, client tool) left its messages there, held for the host's
+        # life once the session closed. Only once all is saved: a save still in flight
+        # reads the session's latest request.
+        if session.runner is not None and session.state.all_saved:
+            self.persister.forget(session.id)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session for good: its running turn cancelled (abort reason ``session
