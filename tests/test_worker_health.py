@@ -111,3 +111,31 @@ def test_a_worker_whose_postgresql_is_paused_stops_touching_its_health_file(
             stale = stays_stale(health)
         assert touched_again(health)
     assert stale
+
+
+def test_a_health_file_the_worker_cannot_write_is_refused_before_it_starts(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Else every beat failed, and the probe restarted a worker that works.
+    missing = tmp_path / "no-such-dir" / "alive"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime",
+            "worker",
+            "--store",
+            pg_url,
+            "--health-file",
+            str(missing),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"error: cannot write --health-file {missing}: No such file or directory"
+    )

@@ -544,7 +544,8 @@ class Worker:
         while True:
             try:
                 await self.queue.now()
-            except StoreError as exc:
+                _touch(path)
+            except (StoreError, OSError) as exc:
                 if not failing:
                     log().warning("worker.health_failing", error=redact(str(exc)))
                 failing = True
@@ -552,7 +553,6 @@ class Worker:
                 if failing:
                     log().info("worker.health_back")
                 failing = False
-                _touch(path)
             await trio.sleep(self.health_interval)
 
     async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
@@ -1305,14 +1305,11 @@ async def _take_slot(slots: trio.Semaphore) -> None:
 
 
 def _touch(path: str | os.PathLike[str]) -> None:
-    """Set ``path``'s modification time to now, creating it if need be; a file that
-    cannot be written is logged (the probe then fails, saying nothing more)."""
-    try:
-        with open(path, "a"):
-            pass
-        os.utime(path)
-    except OSError as exc:
-        log().warning("worker.health_file_failed", error=redact(str(exc)))
+    """Set ``path``'s modification time to now, creating it if need be (``OSError``
+    when it cannot be written)."""
+    with open(path, "a"):
+        pass
+    os.utime(path)
 
 
 def _remove(path: str | os.PathLike[str]) -> None:
@@ -1535,6 +1532,15 @@ async def _run_worker_command(args: Any) -> int:
             "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
         }
         relay_options = relay_options_of(args)
+        health_file = getattr(args, "health_file", None)
+        if health_file is not None:
+            try:
+                _touch(health_file)  # a path it cannot write fails here, not in the probe
+                _remove(health_file)  # made once the database answers
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot write --health-file {health_file}: {exc.strerror or exc}"
+                ) from None
         async with open_worker(
             args.store,
             redis_url=args.redis,
