@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider
 from actors.relays import RedisRelay
@@ -184,6 +186,35 @@ async def test_a_store_that_hangs_gets_503_within_the_bound_and_one_check_at_a_t
     assert after.json()["store"] == "ok"
 
 
+async def test_a_change_of_verdict_is_logged_once_not_every_probe() -> None:
+    # Down for three probes, up for three, down for two: two warnings, not five.
+    failing = True
+    async with web_server(agent()) as server:
+        store = server.host.store
+        original = store.version
+
+        async def flaky(session_id: str) -> int:
+            if failing:
+                raise StoreError("down")
+            return await original(session_id)
+
+        store.version = flaky  # type: ignore[method-assign]
+        async with httpx.AsyncClient(base_url=server.url) as client:
+
+            async def probes(count: int) -> list[int]:
+                return [(await client.get("/readyz")).status_code for _ in range(count)]
+
+            with capture_logs() as logs:
+                codes = await probes(3)
+                failing = False
+                codes += await probes(3)
+                failing = True
+                codes += await probes(2)
+    assert codes == [503] * 3 + [200] * 3 + [503] * 2
+    warned = [line for line in logs if line["event"] == "web.not_ready"]
+    assert [line["store"] for line in warned] == ["StoreError: down"] * 2
+
+
 # -- PostgreSQL and Redis of the run's own ------------------------------------------------
 
 
@@ -230,6 +261,27 @@ async def test_readyz_says_503_within_the_bound_when_postgresql_is_paused(pg_url
     assert paused.status_code == 503
     assert paused.json()["store"].startswith("no answer within 2 s")
     assert after.json()["status"] == "ok"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_probes_while_postgresql_is_paused_hold_one_thread_and_no_descriptors(
+    pg_url: str,
+) -> None:
+    async with web_server(agent(), store=pg_url) as server:
+        server.app.state.axon.readiness.bound = 0.05
+        async with httpx.AsyncClient(base_url=server.url, timeout=LIMIT) as client:
+            await client.get("/readyz")  # the pool's connection made
+            with postgres_paused():
+                await client.get("/readyz")  # the one read that hangs
+                fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+                codes = {(await client.get("/readyz")).status_code for _ in range(200)}
+                grown = (
+                    len(os.listdir("/proc/self/fd")) - fds,
+                    threading.active_count() - threads,
+                )
+            await ready_again(client)
+    assert codes == {503}
+    assert grown[0] <= 0 and grown[1] <= 0
 
 
 async def test_readyz_says_503_when_postgresql_is_stopped_and_never_shows_the_password(
