@@ -29,6 +29,7 @@ from runtime.errors import StoreError
 from tests.support.pg import EXTERNAL_PG, postgres_stopped
 from tests.support.redis import redis_restored, require_redis, stop_redis, unique_prefix
 from tests.support.services import own_postgres
+from tests.test_frontend import deployment
 from tests.web.harness import web_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -403,3 +404,14 @@ def test_at_sigterm_readyz_says_draining_while_the_server_goes_on_serving(tmp_pa
     assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
     assert live.status_code == 200 and info.status_code == 200
     assert proc.returncode == 0
+
+
+async def test_a_front_end_of_workers_reports_its_store_and_its_relay(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, agent(), worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            ready = await client.get("/readyz")
+            live = await client.get("/healthz")
+    assert ready.json() == {"status": "ok", "store": "ok", "relay": "ok"}
+    assert live.status_code == 200
