@@ -446,6 +446,20 @@ class RedisRelay:
             f"{policy}) and refused the stream's writes"
         )
 
+    async def ping(self, within: float) -> None:
+        """One ``PING`` answered within ``within`` seconds, else
+        :class:`~runtime.errors.RelayUnavailable` (``serve``'s ``/readyz``); no retry. A
+        reply that never came leaves the pool's connections to start over, as
+        :meth:`_call` does (:meth:`_gave_up`)."""
+        with trio.move_on_after(within) as scope:
+            try:
+                await self.client.ping()
+            except Exception as exc:
+                raise RelayUnavailable(f"Redis did not answer PING: {exc}") from None
+        if scope.cancelled_caught:
+            self._gave_up()
+            raise RelayUnavailable(f"Redis did not answer PING within {within:g} s")
+
     def _gave_up(self) -> None:
         """A non-blocking command on the coredis client got no reply within its deadline.
         coredis keeps the pooled connection a cancelled request was sent on, and

@@ -138,6 +138,9 @@ BUSY_WAIT = 30.0
 DEFAULT_POLL = 1.0
 """Seconds between claim attempts while nothing is notified (an expired lease notifies
 nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
+HEALTH_INTERVAL = 5.0
+"""Seconds between two touches of the worker's health file (``--health-file``): each
+after a read of PostgreSQL's clock answered (:meth:`Worker._beat`)."""
 
 
 def log() -> Any:
@@ -413,6 +416,8 @@ class Worker:
         input_limits: InputLimits | None = None,
         plugins: Sequence[Actor] = (),
         gc_pacing: bool = False,
+        health_file: str | os.PathLike[str] | None = None,
+        health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
@@ -438,6 +443,11 @@ class Worker:
         session of 600,000 messages otherwise has CPython's full collections walk them,
         0.2-0.9 s each, several a turn; paced, a short turn costs 6-7% more CPU
         (benchmarks/journal/approval.md, branch ``whist``)."""
+        self.health_file = health_file
+        """A file whose modification time the worker sets every ``health_interval``
+        seconds while its event loop runs and PostgreSQL answers (:meth:`_beat`), for an
+        orchestrator's liveness probe; removed when the worker stops (``None``: none)."""
+        self.health_interval = health_interval
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -507,6 +517,8 @@ class Worker:
                     if watch is not None:
                         await nursery.start(watch, self._on_relay_cancel)
                     nursery.start_soon(self._expire_waits)
+                    if self.health_file is not None:
+                        nursery.start_soon(self._beat, self.health_file)
                     async with trio.open_nursery() as turn_nursery:
                         task_status.started(self)
                         log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
@@ -514,10 +526,34 @@ class Worker:
                         await self._drain(turn_nursery)
                     nursery.cancel_scope.cancel()
             finally:
+                if self.health_file is not None:
+                    _remove(self.health_file)  # a stopped worker is not alive
                 with trio.CancelScope(shield=True):
                     await self._leases.aclose()
                 await self._close()
                 self.host = None
+
+    async def _beat(self, path: str | os.PathLike[str]) -> None:
+        """Every :attr:`health_interval` seconds, read PostgreSQL's clock (one round trip,
+        the queue's own) and, when it answered, touch ``path``. The file goes stale when
+        the event loop is stuck (nothing here runs), when PostgreSQL is gone (the read
+        fails after the store's retries) or paused (the read never returns): a probe
+        that finds it older than a few intervals finds a worker that cannot claim. What
+        failed is logged when the beat stops and when it comes back, not at each beat."""
+        failing = False
+        while True:
+            try:
+                await self.queue.now()
+                _touch(path)
+            except (StoreError, OSError) as exc:
+                if not failing:
+                    log().warning("worker.health_failing", error=redact(str(exc)))
+                failing = True
+            else:
+                if failing:
+                    log().info("worker.health_back")
+                failing = False
+            await trio.sleep(self.health_interval)
 
     async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
         slots = trio.Semaphore(self.concurrency)
@@ -1271,6 +1307,21 @@ async def _take_slot(slots: trio.Semaphore) -> None:
         await slots.acquire()
 
 
+def _touch(path: str | os.PathLike[str]) -> None:
+    """Set ``path``'s modification time to now, creating it if need be (``OSError``
+    when it cannot be written)."""
+    with open(path, "a"):
+        pass
+    os.utime(path)
+
+
+def _remove(path: str | os.PathLike[str]) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # never made, or removed by someone else
+
+
 @asynccontextmanager
 async def open_worker(
     store_url: str,
@@ -1337,6 +1388,21 @@ def add_worker_parser(subparsers: Any) -> Any:
         help="scripted demo: seconds between chunks",
     )
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add(
+        "--health-file",
+        default=None,
+        metavar="PATH",
+        help="touch PATH every --health-interval seconds while the worker runs and "
+        "PostgreSQL answers, for a liveness probe (stale: the worker is stuck or lost the "
+        "database); removed at exit. docs/deployment.md",
+    )
+    add(
+        "--health-interval",
+        type=positive(float),
+        default=HEALTH_INTERVAL,
+        metavar="SECONDS",
+        help=f"seconds between touches of --health-file (default {HEALTH_INTERVAL:g})",
+    )
     add_log_level_argument(worker, "warning")
     add_plugin_argument(worker)
     worker.set_defaults(jsonl=False)
@@ -1465,8 +1531,19 @@ async def _run_worker_command(args: Any) -> int:
             "input_limits": input_limits(args),
             "plugins": make_plugins(args),
             "gc_pacing": args.gc_pacing,
+            "health_file": getattr(args, "health_file", None),
+            "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
         }
         relay_options = relay_options_of(args)
+        health_file = getattr(args, "health_file", None)
+        if health_file is not None:
+            try:
+                _touch(health_file)  # a path it cannot write fails here, not in the probe
+                _remove(health_file)  # made once the database answers
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot write --health-file {health_file}: {exc.strerror or exc}"
+                ) from None
         async with open_worker(
             args.store,
             redis_url=args.redis,

@@ -90,6 +90,7 @@ from runtime.app.web.chat_input import (
 )
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
+from runtime.app.web.health import HOST_FREE, Readiness, health_routes
 from runtime.app.web.http import (
     ApiError,
     busy_hint,
@@ -672,6 +673,9 @@ class WebState:
         self.background: trio.Nursery | None = None
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
+        self.readiness = Readiness(host.store)
+        """What ``GET /readyz`` reports (:mod:`runtime.app.web.health`); ``serve`` has it
+        drain at the first signal."""
         self._open_lock = trio.Lock()
         self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
         """Bounds the child processes parsing large bodies (:mod:`runtime.app.web.chat_input`)."""
@@ -979,7 +983,12 @@ def _middleware(
             )
         )
     middleware.append(
-        Middleware(RequestGuard, allowed_hosts=allowed_hosts or (), cors_origins=cors_origins or ())
+        Middleware(
+            RequestGuard,
+            allowed_hosts=allowed_hosts or (),
+            cors_origins=cors_origins or (),
+            host_free=HOST_FREE,
+        )
     )
     if token:
         middleware.append(Middleware(BearerAuth, token=token))
@@ -1067,6 +1076,7 @@ def create_app(
         max_body_in_flight=max_body_in_flight,
     )
     state.relay = relay
+    state.readiness.relay = relay
     state.cancel_hook = cancel_hook
     if queue is not None:
         if relay is None:
@@ -1085,7 +1095,7 @@ def _app(
     """The Starlette app on ``state``: the page's and the API's routes behind the
     middleware, and the other ``protocols``' endpoints."""
     app = Starlette(
-        routes=[*_page_routes(), *_api_routes(state.front)],
+        routes=[*health_routes(), *_page_routes(), *_api_routes(state.front)],
         middleware=_middleware(state, token, cors_origins, allowed_hosts),
         exception_handlers={ApiError: _api_error},
         lifespan=_lifespan(state),

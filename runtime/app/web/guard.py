@@ -28,6 +28,10 @@ endpoint runs:
 * a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
+* nothing of a GET or HEAD of ``/healthz`` (``host_free``): a liveness probe answers
+  ``{"status":"ok"}`` whatever its ``Host``, so one sent with a name the server was not
+  told of cannot have an orchestrator restart a healthy server
+  (:mod:`runtime.app.web.health`). ``/readyz`` is checked as any other path.
 * every WebSocket handshake (403): no endpoint speaks WebSocket.
 * a request with both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection
   closed): a proxy in front may frame its body otherwise than Hypercorn does, and the
@@ -221,9 +225,13 @@ class RequestGuard:
         *,
         allowed_hosts: Iterable[str] = (),
         cors_origins: Iterable[str] = (),
+        host_free: Iterable[str] = (),
     ) -> None:
         self.app = app
         self.hosts = HostPolicy(allowed_hosts)
+        self.host_free = frozenset(host_free)
+        """Paths whose safe-method requests skip the Host check: ``/healthz``, which
+        answers the same to anyone (:mod:`runtime.app.web.health`)."""
         self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -262,6 +270,10 @@ class RequestGuard:
                 "a request with both Transfer-Encoding and Content-Length is refused "
                 "(request smuggling protection)"
             )
+        path = scope["path"]
+        method = scope["method"]
+        if path in self.host_free and method in ("GET", "HEAD"):
+            return None
         host = _header(scope, b"host")
         if host is None:
             return 403, "the request has no Host header"
@@ -271,8 +283,6 @@ class RequestGuard:
                 f"host {host!r} is not allowed (DNS rebinding protection); "
                 f"serve with --allowed-host {name} to accept it"
             )
-        path = scope["path"]
-        method = scope["method"]
         if method in SAFE_METHODS and not _reads_guarded(method, path):
             return None
         origin = _header(scope, b"origin")

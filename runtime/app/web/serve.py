@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, TextIO
@@ -306,6 +307,15 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         "reverse proxy, whose connections all come from its address: limit clients there)",
     )
     add(
+        "--drain",
+        type=non_negative(float),
+        default=0.0,
+        metavar="SECONDS",
+        help="at SIGTERM, answer GET /readyz 503 (draining) and go on serving for SECONDS "
+        "before stopping, so a load balancer stops sending first (a second signal stops at "
+        "once; default 0: /readyz says 503 while the running requests end)",
+    )
+    add(
         "--body-timeout",
         type=positive(float),
         default=BODY_TIMEOUT,
@@ -390,12 +400,23 @@ def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
     )
 
 
-async def _until_signal() -> None:
+async def _until_signal(drain: float = 0.0, on_signal: Any = None) -> None:
+    """Return at SIGINT/SIGTERM; with ``drain`` seconds, ``on_signal()`` is called at the
+    signal and the return waits that long more (a second signal cuts it short), the
+    server still serving meanwhile: ``/readyz`` answers 503 ``draining`` from the signal
+    on, so a load balancer has time to see it and send no more before the server stops
+    (docs/deployment.md, "Health checks")."""
     if threading.current_thread() is not threading.main_thread():
         await trio.sleep_forever()  # signals reach only the main thread
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
-            return
+            break
+        if on_signal is not None:
+            on_signal()
+        if drain > 0:
+            with trio.move_on_after(drain):
+                async for _ in signals:
+                    break
 
 
 async def serve_app(
@@ -475,7 +496,21 @@ def _hypercorn_logger(kind: str, stream: TextIO) -> logging.Logger:
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.INFO)
+    if kind == "access":
+        logger.filters = [_probe_filter]
     return logger
+
+
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
+def _probe_filter(record: logging.LogRecord) -> bool:
+    """Whether an access-log line is written: not that of a health probe answered 200
+    (one every few seconds from every load balancer and orchestrator, at ``info``)."""
+    atoms = record.args
+    if isinstance(atoms, Mapping) and atoms.get("U") in PROBES and str(atoms.get("s")) == "200":
+        return False
+    return True
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -634,7 +669,7 @@ async def _serve_until_signal(
     The signal ends every running turn with a clean abort before the server stops."""
 
     async def shutdown_trigger() -> None:
-        await _until_signal()
+        await _until_signal(getattr(args, "drain", 0.0), app.state.axon.readiness.drain)
         host.cancel_turns("server shutdown")  # end streams with a clean abort
         for cancel_turns in getattr(app.state, "turn_cancellers", ()):
             cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
