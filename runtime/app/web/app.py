@@ -116,6 +116,7 @@ from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
     SESSION_DELETED,
+    CallerWaits,
     InputHeld,
     InvalidHistory,
     NothingToResume,
@@ -449,6 +450,13 @@ class TurnResponse:
                 await busy(scope, receive, send)
             except TurnWithdrawn as exc:  # stopped while it waited: never ran, nothing stored
                 await self._withdrawn(exc.reason)(scope, receive, send)
+            except CallerWaits as exc:  # not "already running a turn": the caller decides
+                if started:
+                    raise
+                refused = (
+                    error_response(409, str(exc)) if self.busy is _busy else self.busy(session)
+                )
+                await refused(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
