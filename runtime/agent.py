@@ -301,11 +301,20 @@ class Agent:
         raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
         ``approval_timeout`` is the calling call's deadline too. More approvals (two
         calls of a sub-step, a later sub-step that asks) pass one at a time, the calling
-        turn's continuation waiting again for the next. A sub-turn that waits for a
-        client tool is a tool error as without it (docs/approval.md).
+        turn's continuation waiting again for the next. An agent with a client-side tool
+        (:meth:`Tool.client`) is refused here (:class:`ToolDefinitionError`): a sub-turn
+        waiting for one is a tool error (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
+        clients = [t.name for t in self.tools if isinstance(t, Tool) and t.is_client]
+        if pass_approvals and clients:
+            raise ToolDefinitionError(
+                f"as_tool(pass_approvals=True): agent {self.name!r} has client-side tools "
+                f"({', '.join(clients)}), and only approvals pass up to the calling session: "
+                "a sub-turn waiting for a client tool's output would be a tool error. Leave "
+                "them out of the sub-agent, or use pass_approvals=False"
+            )
         agent = self
         tool_name = name or self.name
 
