@@ -335,14 +335,23 @@ class Agent:
 
 
 def _sub_session_id(context: ToolContext, tool_name: str) -> str:
-    """The id of the session one call of an agent used as a tool runs in:
-    ``<parent>.<name>.<call id>``, hashed when that is too long, with the characters a
-    session id may not hold replaced."""
-    raw = f"{context.session_id}~{tool_name}~{context.tool_call_id}"
+    """The id of the session one call of an agent used as a tool runs in."""
+    return sub_session_id(context.session_id, tool_name, context.tool_call_id)
+
+
+def sub_session_id(session_id: str, tool_name: str, tool_call_id: str) -> str:
+    """The id of the session the call ``tool_call_id`` of the agent tool ``tool_name``
+    in session ``session_id`` runs in: ``<parent>.<name>.<call id>``, hashed when that
+    is too long, with the characters a session id may not hold replaced."""
+    raw = f"{session_id}~{tool_name}~{tool_call_id}"
     if len(raw) > 128:
         raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
     return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
 
+
+CALLER_DELETED = "the session that called this agent as a tool was deleted"
+"""The reason a sub-session's calls that waited for their calling session's decision
+(``as_tool(pass_approvals=True)``) are denied with when that session is deleted."""
 
 NESTED_WAIT = "the agent that called this one as a tool cannot wait for a decision"
 """The reason each call a sub-turn waits for is denied with (a client tool's, its

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, Tool, ToolDefinitionError
-from runtime.approval import pending_calls
+from runtime import Agent, Host, Tool, ToolDefinitionError
+from runtime.agent import CALLER_DELETED
+from runtime.approval import pending_calls, waiting_calls
+from runtime.messages import ToolMessage
 from tests.test_approval_nested_pass import (
     SUB,
     _clear,  # noqa: F401 (fixture)
+    _grand_parent,
+    _suspend,
     parent,
+    ran,
 )
 from tests.test_approval_nested_pass_owner import _load
 from tests.test_approval_web import post
@@ -53,3 +59,49 @@ def test_pass_approvals_for_an_agent_with_a_client_tool_is_refused_when_built():
 
 def test_an_agent_with_a_client_tool_is_still_a_tool_without_pass_approvals():
     assert _with_client_tool().as_tool().name == "helper"
+
+
+async def test_deleting_the_calling_session_while_it_waits_ends_the_sub_sessions_wait(tmp_path):
+    """Before: the sub-session waited for good, refusing decisions (``CallerDecides``)
+    and new messages (``CallerWaits``); nothing could end it."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        await _suspend(host)
+        await host.delete_session("s")
+        sub = await host.store.load(SUB)
+        other = Agent(name="other", provider=ScriptedProvider([["hi there"]]))
+        sub_session = await host.open_session(other, session_id=SUB)
+        answered = await sub_session.run("hello")
+    assert sub is not None and waiting_calls(list(sub.messages)) == ()
+    (result,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
+    assert result.tool_name == "wire_money" and CALLER_DELETED in (result.error or "")
+    assert answered.text == "hi there" and ran == []
+
+
+async def test_deleting_the_top_session_ends_the_waits_two_agents_deep(tmp_path):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(_grand_parent(), session_id="s")
+        await session.run("go")
+        await host.delete_session("s")
+        middle = await host.store.load("s.middle.T")
+        bottom = await host.store.load("s.middle.T.helper.M")
+    assert middle is not None and bottom is not None
+    assert waiting_calls(list(middle.messages)) == ()
+    assert waiting_calls(list(bottom.messages)) == () and ran == []
+
+
+async def test_runtime_delete_of_the_calling_session_ends_the_sub_sessions_wait(tmp_path):
+    from tests.test_cli_delete import axon
+
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        await _suspend(host)
+    deleted = await trio.to_thread.run_sync(
+        lambda: axon("delete", "s", "--store", str(tmp_path / "s.db"), "--yes")
+    )
+    sub = await _load_from(tmp_path / "s.db", SUB)
+    assert deleted.returncode == 0, deleted.stderr
+    assert sub is not None and waiting_calls(list(sub.messages)) == ()
+
+
+async def _load_from(path, session_id: str):
+    async with Host.open(store=path, log_tap=False) as host:
+        return await host.store.load(session_id)

@@ -6,13 +6,17 @@ queued, in their own error shapes, and the caller's approval then runs the sub-a
 call. Queued, the turn's claim of the sub-session would fence the caller's next save of
 it out (``LeaseLost``) and the caller's decision would be lost. (Both were refused
 already by the front end's submit, which reads the session's meta for them too; an
-unnamed OpenAI completion runs in a new session, never a sub-session.)"""
+unnamed OpenAI completion runs in a new session, never a sub-session.) Deleting the
+calling session ends the sub-session's wait."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
+from runtime.agent import CALLER_DELETED
+from runtime.approval import waiting_calls
+from runtime.messages import ToolMessage
 from tests.support.redis import require_redis
 from tests.test_approval_nested_pass import (
     _clear,  # noqa: F401 (fixture)
@@ -20,7 +24,7 @@ from tests.test_approval_nested_pass import (
 )
 from tests.test_frontend import LIMIT, deployment
 from tests.test_relay_web import sse_events
-from tests.test_worker_approval import payloads
+from tests.test_worker_approval import chat, payloads
 from tests.test_worker_approval_nested_pass import SUB, _answer, _on_h, _suspend, calling
 from tests.test_worker_protocols import ALL
 
@@ -80,3 +84,24 @@ async def test_an_a2a_message_in_the_sub_sessions_context_is_refused_and_the_wai
     assert "error" in refused and "'s1'" in refused["error"]["message"], refused
     assert turns == []
     assert outputs == [("H", "paid")] and ran == ["x"]
+
+
+async def test_deleting_the_calling_session_ends_the_sub_sessions_wait_in_a_worker_deployment(
+    pg_url: str, redis_url: str
+) -> None:
+    """Before: the sub-session waited for good; a message to it was a 409 naming the
+    deleted caller, and a decision there ``CallerDecides``."""
+    async with deployment(pg_url, redis_url, calling(), protocols=ALL) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            await _suspend(d, client)
+            deleted = await client.delete(
+                f"{d.urls[0]}/api/sessions/s1", headers={"content-type": "application/json"}
+            )
+            sub = await d.store.load(SUB)
+            again = await client.post(f"{d.urls[0]}/api/chat", json=chat(SUB, "hello"))
+    assert deleted.status_code == 204
+    assert sub is not None and waiting_calls(list(sub.messages)) == ()
+    (result,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
+    assert CALLER_DELETED in (result.error or "")
+    assert again.status_code == 200, again.text
+    assert ran == []
