@@ -570,6 +570,16 @@ async def _run_sub_turn(
         why = result.error.message if result.error else result.abort_reason
         raise RuntimeError(f"sub-agent {tool_name} failed: {why}{_done_so_far(result)}")
     if result.finish_reason == "awaiting-input":
+        if pass_approvals and decision is not None and _passes(result, True):
+            # Run with its decision but unable to wait (a new message's turn runs the
+            # superseded turn's approved call): only the calling turn's continuation
+            # holds a call for the next approval; this turn's messages come after it.
+            asks = ", ".join(p.tool_name for p in result.pending)
+            raise RuntimeError(
+                f"sub-agent {tool_name} asked for another approval ({asks}) after its "
+                "caller went on with a new message, and only the calling turn's own "
+                f"continuation can wait for one: it was ended{_done_so_far(result)}"
+            )
         # Its turn suspended for a person (a call needing approval, a client tool): its
         # answer was '', a success; and nobody would ever answer the wait.
         waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)

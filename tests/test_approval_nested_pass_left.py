@@ -9,11 +9,12 @@ import httpx
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host, Tool, ToolDefinitionError
+from runtime.actor_messages import InferRequest
 from runtime.agent import CALLER_DELETED
 from runtime.approval import pending_calls, waiting_calls
-from runtime.messages import ToolMessage
+from runtime.messages import ToolMessage, UserMessage
 from tests.test_approval_nested_pass import (
     SUB,
     _clear,  # noqa: F401 (fixture)
@@ -21,7 +22,9 @@ from tests.test_approval_nested_pass import (
     _suspend,
     parent,
     ran,
+    wire_money,
 )
+from tests.test_approval_nested_pass_many import _pays_in_turn_model
 from tests.test_approval_nested_pass_owner import _load
 from tests.test_approval_web import post
 from tests.test_web_http import body
@@ -105,3 +108,40 @@ async def test_runtime_delete_of_the_calling_session_ends_the_sub_sessions_wait(
 async def _load_from(path, session_id: str):
     async with Host.open(store=path, log_tap=False) as host:
         return await host.store.load(session_id)
+
+
+def _caller_model(request: InferRequest) -> list:
+    """Calls ``helper`` first; then says what each result it has was."""
+    users = [m for m in request.messages if isinstance(m, UserMessage)]
+    if current_step(request.messages) == 0 and len(users) == 1:
+        return tool_call("helper", {"input": "pay x and y"}, tool_call_id="H")
+    results = [m for m in request.messages if isinstance(m, ToolMessage)]
+    return ["caller saw: " + "; ".join(str(m.output or m.error) for m in results)]
+
+
+def _asks_again() -> Agent:
+    helper = Agent(
+        name="helper", provider=ScriptedProvider(responder=_pays_in_turn_model), tools=[wire_money]
+    )
+    return Agent(
+        provider=ScriptedProvider(responder=_caller_model),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+
+
+async def test_a_sub_agent_asking_again_in_a_new_messages_turn_is_a_clear_tool_error(tmp_path):
+    """The caller approved the first approval, then sent a new message instead of its
+    continuation: the call runs in the new message's turn, which cannot wait for the
+    sub-agent's second approval (the call is the superseded turn's). Refused, saying
+    so, the sub-turn ended; before, the error said nobody could ever give the input."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(_asks_again(), session_id="s")
+        asked = await session.run("go")
+        await session.decide(asked.pending[0].approval_id, approved=True)
+        result = await session.run("and then?")
+        sub = await host.store.load(SUB)
+    assert result.finish_reason == "stop"
+    assert "asked for another approval (wire_money)" in result.text
+    assert "after its caller went on with a new message" in result.text
+    assert "the calls it made that ran: wire_money" in result.text
+    assert ran == ["x"] and sub is not None and waiting_calls(list(sub.messages)) == ()
