@@ -145,3 +145,43 @@ async def test_a_sub_agent_asking_again_in_a_new_messages_turn_is_a_clear_tool_e
     assert "after its caller went on with a new message" in result.text
     assert "the calls it made that ran: wire_money" in result.text
     assert ran == ["x"] and sub is not None and waiting_calls(list(sub.messages)) == ()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_openai_completion_naming_the_sub_session_is_a_409_naming_the_caller(
+    tmp_path, stream
+):
+    """Embedded: before, OpenAI's generic "is already running a turn"."""
+    async with web_server(
+        parent(), store=str(tmp_path / "w.db"), protocols=("ai-sdk", "openai")
+    ) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await post(client, body("s"))
+            response = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "assistant",
+                    "messages": [{"role": "user", "content": "hello"}],
+                    "stream": stream,
+                },
+                headers={"X-Axon-Session": SUB},
+            )
+    assert response.status_code == 409, response.text
+    error = response.json()["error"]
+    assert "waits for a decision of session 's'" in error["message"]
+    assert error["code"] == "session_busy"
+
+
+async def test_an_a2a_message_in_the_sub_sessions_context_is_refused_naming_the_caller(tmp_path):
+    message = {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}], "contextId": SUB}
+    sent = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+    async with web_server(
+        parent(), store=str(tmp_path / "w.db"), protocols=("ai-sdk", "a2a")
+    ) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await post(client, body("s"))
+            response = await client.post("/a2a/jsonrpc", json=sent)
+        after = await _load(SUB, tmp_path)
+    refused = response.json()
+    assert "waits for a decision of session 's'" in refused["error"]["message"], refused
+    assert [c.decided for c in pending_calls(list(after.messages))] == [False]

@@ -335,7 +335,7 @@ class TurnResponse:
         background: trio.Nursery | None = None,
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
-        busy: Callable[[Any], Response] | None = None,
+        busy: Callable[..., Response] | None = None,
         on_busy: OnBusy | None = None,
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
@@ -453,10 +453,7 @@ class TurnResponse:
             except CallerWaits as exc:  # not "already running a turn": the caller decides
                 if started:
                     raise
-                refused = (
-                    error_response(409, str(exc)) if self.busy is _busy else self.busy(session)
-                )
-                await refused(scope, receive, send)
+                await self.busy(session, str(exc))(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
@@ -613,8 +610,11 @@ MAX_QUEUED_PER_SESSION = 100
 default (``serve --max-queued-per-session``; a front end of workers has the queue's)."""
 
 
-def _busy(session: Any) -> Response:
-    """409: the turn that runs, and how to wait for it or stop it (``reject``)."""
+def _busy(session: Any, why: str | None = None) -> Response:
+    """409: the turn that runs, and how to wait for it or stop it (``reject``); ``why``:
+    another reason the session takes no message (:class:`~runtime.errors.CallerWaits`)."""
+    if why is not None:
+        return json_response({"error": why, "sessionId": session.id}, 409)
     running = session.current
     turn_id = running.turn_id if running is not None else None
     return json_response(

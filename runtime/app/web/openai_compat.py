@@ -84,6 +84,7 @@ from runtime.app.web.openai_wire import (
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
+    CallerWaits,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -137,8 +138,8 @@ def one_answer_each(session: Any) -> OnBusy:
     return ENQUEUE if strategy == STEER else strategy
 
 
-def _busy(session: Any) -> Response:
-    return error_response(_busy_error(session.id))
+def _busy(session: Any, why: str | None = None) -> Response:
+    return error_response(_busy_error(session.id, why))
 
 
 class CompletionWhole:
@@ -162,7 +163,7 @@ class CompletionWhole:
             return
         if "title" not in session.meta:
             session.set_title(title_of(self.text))
-        busy = False
+        busy: bool | str = False
         async with trio.open_nursery() as nursery:
             try:
                 async with session.stream(self.text, on_busy=strategy) as out:
@@ -173,12 +174,14 @@ class CompletionWhole:
                         await out.done.wait()
             except TurnWithdrawn as exc:  # stopped while it waited: the turn's abort
                 self.encoder.chunks(o.Abort(reason=exc.reason))
+            except CallerWaits as exc:
+                busy = str(exc)
             except SessionBusy:
                 busy = True
             finally:
                 nursery.cancel_scope.cancel()
         if busy:
-            await _busy(session)(scope, receive, send)
+            await _busy(session, busy if isinstance(busy, str) else None)(scope, receive, send)
             return
         headers = _session_header(session, self.named)
         if self.encoder.error is not None:
@@ -437,9 +440,11 @@ def _session_id(header: str) -> str:
         ) from None
 
 
-def _busy_error(session_id: str) -> OpenAIError:
+def _busy_error(session_id: str, why: str | None = None) -> OpenAIError:
+    """409 ``session_busy``; ``why``: another reason than a running turn
+    (:class:`~runtime.errors.CallerWaits`)."""
     return OpenAIError(
-        409, f"session {session_id!r} is already running a turn", code="session_busy"
+        409, why or f"session {session_id!r} is already running a turn", code="session_busy"
     )
 
 
