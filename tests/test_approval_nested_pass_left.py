@@ -185,3 +185,19 @@ async def test_an_a2a_message_in_the_sub_sessions_context_is_refused_naming_the_
     refused = response.json()
     assert "waits for a decision of session 's'" in refused["error"]["message"], refused
     assert [c.decided for c in pending_calls(list(after.messages))] == [False]
+
+
+async def test_a_sub_session_the_web_app_held_open_takes_a_message_once_its_caller_is_deleted(
+    tmp_path,
+):
+    """The 409 for the first message opened the sub-session in the app's host; before,
+    that open session kept the wait the store had ended, and refused the message again."""
+    json = {"content-type": "application/json"}
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await post(client, body("s"))
+            refused = await client.post("/api/chat", json=body(SUB))
+            deleted = await client.delete("/api/sessions/s", headers=json)
+            again = await client.post("/api/chat", json=body(SUB))
+    assert (refused.status_code, deleted.status_code) == (409, 204)
+    assert again.status_code == 200, again.text

@@ -104,4 +104,6 @@ async def test_deleting_the_calling_session_ends_the_sub_sessions_wait_in_a_work
     (result,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
     assert CALLER_DELETED in (result.error or "")
     assert again.status_code == 200, again.text
+    finished = payloads(sse_events(again.text))[-1]
+    assert finished["type"] == "finish", again.text  # the worker ran its turn
     assert ran == []

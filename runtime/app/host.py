@@ -1116,8 +1116,12 @@ class Host:
         if session is not None:
             await self._stop_for_delete(session)
         # the waits of its agent tools' sub-sessions for its decisions: nobody makes
-        # them now (before, those sub-sessions waited, refusing everything, for good)
-        await end_sub_waits(self.store, sid, bus=self.bus)
+        # them now (before, those sub-sessions waited, refusing everything, for good);
+        # one open here idle is closed, so its next use reads the ended wait
+        for sub in await end_sub_waits(self.store, sid, bus=self.bus):
+            held = self.sessions.get(sub)
+            if held is not None and not held.busy and not held.queued:
+                await self.close_session(held)
         await self.store.delete(sid)
         self.expiry.forget(sid)
 
