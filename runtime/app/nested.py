@@ -2,8 +2,9 @@
 when the calling session is deleted, the waits its sub-sessions keep for its decision
 are ended, as nobody can make it any more. Before, such a sub-session waited for good,
 and refused every decision (``CallerDecides``) and every new message (``CallerWaits``).
-The embedded host's ``delete_session`` and the worker front end's delete both call
-:func:`end_sub_waits` before they delete the session."""
+The embedded host's ``delete_session``, the worker front end's delete, ``runtime
+delete`` and the deletes of scratch sessions (an unnamed OpenAI-compatible completion's)
+call :func:`end_sub_waits` before they delete the session."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def _last_calls(messages: list[Message]) -> list[ToolCallPart]:
     if last is None:
         return []
     return [p for p in last.content if isinstance(p, ToolCallPart) and p.tool_call_id in waiting]
+
+
+def waits_for_sub(messages: list[Message]) -> bool:
+    """Whether the history's last turn waits for an agent tool's sub-turn (read in
+    memory: what a scratch session's delete asks before :func:`end_sub_waits`)."""
+    return any(p.awaiting is not None and p.awaiting.nested for p in _last_calls(messages))
 
 
 async def end_sub_waits(
