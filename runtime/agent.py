@@ -301,11 +301,20 @@ class Agent:
         raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
         ``approval_timeout`` is the calling call's deadline too. More approvals (two
         calls of a sub-step, a later sub-step that asks) pass one at a time, the calling
-        turn's continuation waiting again for the next. A sub-turn that waits for a
-        client tool is a tool error as without it (docs/approval.md).
+        turn's continuation waiting again for the next. An agent with a client-side tool
+        (:meth:`Tool.client`) is refused here (:class:`ToolDefinitionError`): a sub-turn
+        waiting for one is a tool error (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
+        clients = [t.name for t in self.tools if isinstance(t, Tool) and t.is_client]
+        if pass_approvals and clients:
+            raise ToolDefinitionError(
+                f"as_tool(pass_approvals=True): agent {self.name!r} has client-side tools "
+                f"({', '.join(clients)}), and only approvals pass up to the calling session: "
+                "a sub-turn waiting for a client tool's output would be a tool error. Leave "
+                "them out of the sub-agent, or use pass_approvals=False"
+            )
         agent = self
         tool_name = name or self.name
 
@@ -326,14 +335,23 @@ class Agent:
 
 
 def _sub_session_id(context: ToolContext, tool_name: str) -> str:
-    """The id of the session one call of an agent used as a tool runs in:
-    ``<parent>.<name>.<call id>``, hashed when that is too long, with the characters a
-    session id may not hold replaced."""
-    raw = f"{context.session_id}~{tool_name}~{context.tool_call_id}"
+    """The id of the session one call of an agent used as a tool runs in."""
+    return sub_session_id(context.session_id, tool_name, context.tool_call_id)
+
+
+def sub_session_id(session_id: str, tool_name: str, tool_call_id: str) -> str:
+    """The id of the session the call ``tool_call_id`` of the agent tool ``tool_name``
+    in session ``session_id`` runs in: ``<parent>.<name>.<call id>``, hashed when that
+    is too long, with the characters a session id may not hold replaced."""
+    raw = f"{session_id}~{tool_name}~{tool_call_id}"
     if len(raw) > 128:
         raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
     return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
 
+
+CALLER_DELETED = "the session that called this agent as a tool was deleted"
+"""The reason a sub-session's calls that waited for their calling session's decision
+(``as_tool(pass_approvals=True)``) are denied with when that session is deleted."""
 
 NESTED_WAIT = "the agent that called this one as a tool cannot wait for a decision"
 """The reason each call a sub-turn waits for is denied with (a client tool's, its
@@ -552,6 +570,16 @@ async def _run_sub_turn(
         why = result.error.message if result.error else result.abort_reason
         raise RuntimeError(f"sub-agent {tool_name} failed: {why}{_done_so_far(result)}")
     if result.finish_reason == "awaiting-input":
+        if pass_approvals and decision is not None and _passes(result, True):
+            # Run with its decision but unable to wait (a new message's turn runs the
+            # superseded turn's approved call): only the calling turn's continuation
+            # holds a call for the next approval; this turn's messages come after it.
+            asks = ", ".join(p.tool_name for p in result.pending)
+            raise RuntimeError(
+                f"sub-agent {tool_name} asked for another approval ({asks}) after its "
+                "caller went on with a new message, and only the calling turn's own "
+                f"continuation can wait for one: it was ended{_done_so_far(result)}"
+            )
         # Its turn suspended for a person (a call needing approval, a client tool): its
         # answer was '', a success; and nobody would ever answer the wait.
         waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)

@@ -268,6 +268,16 @@ class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 
 
+class CallerWaits(SessionBusy):
+    """A new input to the session of an agent used as a tool whose turn waits for a
+    decision its calling session makes (``as_tool(pass_approvals=True)``): refused, as
+    it would end that wait; decide it on the calling session (:attr:`caller`)."""
+
+    def __init__(self, message: str, *, caller: str = "") -> None:
+        super().__init__(message)
+        self.caller = caller
+
+
 class InputHeld(SessionBusy):
     """A user message sent while its session is busy, under an id the session holds
     already (the running turn's input, a waiting one's, or one in its history): a

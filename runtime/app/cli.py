@@ -68,6 +68,7 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
+from runtime.app.nested import end_sub_waits
 from runtime.app.render import TerminalRenderer, describe_usage, terminal_line, terminal_text
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
@@ -705,6 +706,7 @@ async def delete_command(args: argparse.Namespace) -> int:
             if answer not in ("y", "yes"):
                 say_on_stderr("not deleted\n")
                 return 1
+        await end_sub_waits(store, args.session_id)  # its sub-sessions' waits for it
         await store.delete(args.session_id)
     finally:
         await store.aclose()

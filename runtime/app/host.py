@@ -36,6 +36,7 @@ from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.gcpacing import acquire_pacer, release_pacer
+from runtime.app.nested import end_sub_waits
 from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import HeldStops, OnBusy, check_on_busy
@@ -1120,6 +1121,13 @@ class Host:
         session = self.get_session(sid)
         if session is not None:
             await self._stop_for_delete(session)
+        # the waits of its agent tools' sub-sessions for its decisions: nobody makes
+        # them now (before, those sub-sessions waited, refusing everything, for good);
+        # one open here idle is closed, so its next use reads the ended wait
+        for sub in await end_sub_waits(self.store, sid, bus=self.bus):
+            held = self.sessions.get(sub)
+            if held is not None and not held.busy and not held.queued:
+                await self.close_session(held)
         await self.store.delete(sid)
         self.expiry.forget(sid)
 

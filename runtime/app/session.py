@@ -55,6 +55,7 @@ from runtime.approval import (
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
     ActorFailed,
+    CallerWaits,
     InputHeld,
     InvalidMeta,
     InvalidTurnId,
@@ -585,10 +586,11 @@ class TurnStream:
             None,
         )
         if caller is not None and waiting_calls(messages):
-            raise SessionBusy(
+            raise CallerWaits(
                 f"session {self.session.id!r} waits for a decision of session {caller!r}, "
                 "which called its agent as a tool: decide it there (a new message here "
-                "would end that wait)"
+                "would end that wait)",
+                caller=caller,
             )
 
     def _check_still_last(self) -> None:

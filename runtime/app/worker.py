@@ -94,6 +94,7 @@ from runtime.app.commands import (
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
+from runtime.app.nested import end_sub_waits, waits_for_sub
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.clocks import AnchoredClock
 from runtime.errors import (
@@ -1080,7 +1081,10 @@ class Worker:
         (``TurnOptions.ephemeral``: a stateless request's scratch session)."""
         with trio.CancelScope(shield=True):
             try:
+                subs = waits_for_sub(list(session.messages))
                 await session.close()
+                if subs:  # its agent tools' sub-sessions wait for it: nobody decides now
+                    await end_sub_waits(self.queue.store, session.id)
                 await self.queue.store.delete(session.id)
             except StoreError as exc:
                 log().warning("worker.forget_failed", session_id=session.id, error=redact(str(exc)))

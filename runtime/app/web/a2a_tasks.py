@@ -40,6 +40,7 @@ from runtime.approval import (
 )
 from runtime.busy import REJECT
 from runtime.errors import (
+    CallerWaits,
     DecisionError,
     InvalidMedia,
     InvalidSessionId,
@@ -796,6 +797,8 @@ class TaskBook:
             )
         try:
             await background.start(self._drive, live, session, content, stored_id, decided)
+        except CallerWaits as exc:  # the calling session decides what this one waits for
+            raise wire.A2AError("UnsupportedOperation", str(exc)) from None
         except SessionBusy:
             raise _busy(live.context_id, self._running_in(live.context_id)) from None
         except NothingToResume as exc:

@@ -140,9 +140,9 @@ def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> R
     )
 
 
-def _busy(session: Any) -> Response:
+def _busy(session: Any, why: str | None = None) -> Response:
     return error_response(
-        AGUIError(409, f"thread {session.id!r} is running a run already", "thread_busy")
+        AGUIError(409, why or f"thread {session.id!r} is running a run already", "thread_busy")
     )
 
 

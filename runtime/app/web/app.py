@@ -117,6 +117,7 @@ from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
     SESSION_DELETED,
+    CallerWaits,
     InputHeld,
     InvalidHistory,
     NothingToResume,
@@ -335,7 +336,7 @@ class TurnResponse:
         background: trio.Nursery | None = None,
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
-        busy: Callable[[Any], Response] | None = None,
+        busy: Callable[..., Response] | None = None,
         on_busy: OnBusy | None = None,
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
@@ -450,6 +451,10 @@ class TurnResponse:
                 await busy(scope, receive, send)
             except TurnWithdrawn as exc:  # stopped while it waited: never ran, nothing stored
                 await self._withdrawn(exc.reason)(scope, receive, send)
+            except CallerWaits as exc:  # not "already running a turn": the caller decides
+                if started:
+                    raise
+                await self.busy(session, str(exc))(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
@@ -606,8 +611,11 @@ MAX_QUEUED_PER_SESSION = 100
 default (``serve --max-queued-per-session``; a front end of workers has the queue's)."""
 
 
-def _busy(session: Any) -> Response:
-    """409: the turn that runs, and how to wait for it or stop it (``reject``)."""
+def _busy(session: Any, why: str | None = None) -> Response:
+    """409: the turn that runs, and how to wait for it or stop it (``reject``); ``why``:
+    another reason the session takes no message (:class:`~runtime.errors.CallerWaits`)."""
+    if why is not None:
+        return json_response({"error": why, "sessionId": session.id}, 409)
     running = session.current
     turn_id = running.turn_id if running is not None else None
     return json_response(

@@ -75,6 +75,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime import output as o
+from runtime.app.nested import end_sub_waits
 from runtime.app.web.answers import (
     STOPPED_WAIT,
     answers_refused,
@@ -928,6 +929,9 @@ class FrontEnd:
         the store's notice or its lease's next renewal). 204, known session or not."""
         session_id = session_id_param(request.path_params["session_id"])
         running = await self.queue.active(session_id)
+        # its agent tools' sub-sessions that wait for its decisions: ended (before, they
+        # waited for good, refusing decisions and new messages)
+        await end_sub_waits(self.store, session_id, bus=web_state(request).host.bus)
         await self.store.delete(session_id)
         if running is not None and running.status == RUNNING:
             try:

@@ -64,6 +64,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
+from runtime.app.nested import end_sub_waits, waits_for_sub
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
@@ -84,6 +85,7 @@ from runtime.app.web.openai_wire import (
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
+    CallerWaits,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -137,8 +139,8 @@ def one_answer_each(session: Any) -> OnBusy:
     return ENQUEUE if strategy == STEER else strategy
 
 
-def _busy(session: Any) -> Response:
-    return error_response(_busy_error(session.id))
+def _busy(session: Any, why: str | None = None) -> Response:
+    return error_response(_busy_error(session.id, why))
 
 
 class CompletionWhole:
@@ -162,7 +164,7 @@ class CompletionWhole:
             return
         if "title" not in session.meta:
             session.set_title(title_of(self.text))
-        busy = False
+        busy: bool | str = False
         async with trio.open_nursery() as nursery:
             try:
                 async with session.stream(self.text, on_busy=strategy) as out:
@@ -173,12 +175,14 @@ class CompletionWhole:
                         await out.done.wait()
             except TurnWithdrawn as exc:  # stopped while it waited: the turn's abort
                 self.encoder.chunks(o.Abort(reason=exc.reason))
+            except CallerWaits as exc:
+                busy = str(exc)
             except SessionBusy:
                 busy = True
             finally:
                 nursery.cancel_scope.cancel()
         if busy:
-            await _busy(session)(scope, receive, send)
+            await _busy(session, busy if isinstance(busy, str) else None)(scope, receive, send)
             return
         headers = _session_header(session, self.named)
         if self.encoder.error is not None:
@@ -231,7 +235,10 @@ class Stateless:
                 await self.make(session, False)(scope, receive, send)
             finally:
                 with trio.CancelScope(shield=True):
+                    subs = waits_for_sub(list(session.messages))
                     await session.close()
+                    if subs:  # its agent tools' sub-sessions wait for it: nobody decides now
+                        await end_sub_waits(host.store, session.id)
                     await host.store.delete(session.id)
 
 
@@ -437,9 +444,11 @@ def _session_id(header: str) -> str:
         ) from None
 
 
-def _busy_error(session_id: str) -> OpenAIError:
+def _busy_error(session_id: str, why: str | None = None) -> OpenAIError:
+    """409 ``session_busy``; ``why``: another reason than a running turn
+    (:class:`~runtime.errors.CallerWaits`)."""
     return OpenAIError(
-        409, f"session {session_id!r} is already running a turn", code="session_busy"
+        409, why or f"session {session_id!r} is already running a turn", code="session_busy"
     )
 
 

@@ -1,0 +1,98 @@
+"""The sub-sessions of a calling session that waits (``as_tool(pass_approvals=True)``):
+when the calling session is deleted, the waits its sub-sessions keep for its decision
+are ended, as nobody can make it any more. Before, such a sub-session waited for good,
+and refused every decision (``CallerDecides``) and every new message (``CallerWaits``).
+The embedded host's ``delete_session``, the worker front end's delete, ``runtime
+delete`` and the deletes of scratch sessions (an unnamed OpenAI-compatible completion's)
+call :func:`end_sub_waits` before they delete the session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.agent import CALLER_DELETED, sub_session_id
+from runtime.approval import (
+    RECORD_ATTEMPTS,
+    WAITING_META,
+    approval_decided,
+    pending_calls,
+    supersede,
+    waiting_calls,
+)
+from runtime.errors import StoreConflict
+from runtime.messages import AssistantMessage, Message, ToolCallPart
+from runtime.store import Store, load_last_turn
+
+
+def _last_calls(messages: list[Message]) -> list[ToolCallPart]:
+    """The calls of the history's last assistant message that still wait."""
+    waiting = {c.tool_call_id for c in waiting_calls(messages)}
+    if not waiting:
+        return []
+    last = next((m for m in reversed(messages) if isinstance(m, AssistantMessage)), None)
+    if last is None:
+        return []
+    return [p for p in last.content if isinstance(p, ToolCallPart) and p.tool_call_id in waiting]
+
+
+def waits_for_sub(messages: list[Message]) -> bool:
+    """Whether the history's last turn waits for an agent tool's sub-turn (read in
+    memory: what a scratch session's delete asks before :func:`end_sub_waits`)."""
+    return any(p.awaiting is not None and p.awaiting.nested for p in _last_calls(messages))
+
+
+async def end_sub_waits(
+    store: Store, session_id: str, *, bus: Any = None, reason: str = CALLER_DELETED
+) -> list[str]:
+    """End, in their sub-sessions, the waits the calls of ``session_id`` that wait for
+    an agent tool's sub-turn (``Awaiting.nested``) stand for: each sub-session call that
+    waits for this session's decision (``Awaiting.caller``) is denied with ``reason``
+    and gets its result, in one version-checked save, two or more agents deep too. A
+    later message to the sub-session starts a turn of its own. Returns the sub-sessions
+    whose wait was ended; the ``bus`` (if any) is told of each denial."""
+    last = await load_last_turn(store, session_id)  # (the PostgreSQL store: a few rows)
+    if last is None:
+        return []
+    return await _end_subs(store, session_id, list(last[1].messages), bus, reason)
+
+
+async def _end_subs(
+    store: Store, caller: str, messages: list[Message], bus: Any, reason: str
+) -> list[str]:
+    ended: list[str] = []
+    for part in _last_calls(messages):
+        if part.awaiting is not None and part.awaiting.nested:
+            sub = sub_session_id(caller, part.tool_name, part.tool_call_id)
+            ended += await _end_sub(store, sub, caller, bus, reason)
+    return ended
+
+
+async def _end_sub(store: Store, sub: str, caller: str, bus: Any, reason: str) -> list[str]:
+    deeper: list[str] | None = None
+    for _ in range(RECORD_ATTEMPTS):
+        record = await store.load(sub)
+        if record is None:
+            return []
+        messages = list(record.messages)
+        calls = _last_calls(messages)
+        if not any(p.awaiting is not None and p.awaiting.caller == caller for p in calls):
+            return []  # not waiting for this caller (any more)
+        if deeper is None:  # its own sub-sessions wait for it: ended first
+            deeper = await _end_subs(store, sub, messages, bus, reason)
+        denied = pending_calls(messages)
+        at = supersede(messages, reason=reason)
+        if at is None:
+            return []
+        try:
+            await store.save(
+                sub, at, messages[at:], {WAITING_META: 0}, expected_version=record.version
+            )
+        except StoreConflict:
+            continue
+        if bus is not None:
+            for call in denied:
+                event = approval_decided(sub, call, approved=False, reason=reason)
+                if event is not None:
+                    await bus.publish(event)
+        return [sub, *deeper]
+    return deeper or []
