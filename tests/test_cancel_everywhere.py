@@ -45,6 +45,7 @@ from actors.stores.memory import MemoryStore
 from runtime import (
     Agent,
     AlreadyDecided,
+    Hooks,
     Host,
     HostClosed,
     NothingToResume,
@@ -55,8 +56,9 @@ from runtime import (
     UnknownApproval,
     tool,
 )
-from runtime.history import repair
+from runtime.history import INTERRUPTED, repair
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
+from tests.support.faults import resolve_platform
 from tests.support.loopback import (
     Recorded,
     Reply,
@@ -113,7 +115,9 @@ class Shape:
     """``(call id, tool, key)`` of step 1's calls (the wire replies' too)."""
     reasoning: bool = False
     error: bool = False
-    answer: str = "done"
+    then: str | None = None
+    """An approval's decision followed by this new input instead of the continuation
+    (the approved call runs as the new turn begins, docs/approval.md)."""
 
 
 def _calls(calls: list[tuple[str, str, str]]) -> list[Any]:
@@ -140,6 +144,12 @@ SHAPES = [
         calls=[("call_G", "guarded", "g")],
     ),
     Shape(
+        "approved_then_new_input",
+        [[*_calls([("call_G", "guarded", "g")])], ["guarded done"]],
+        calls=[("call_G", "guarded", "g")],
+        then="more",
+    ),
+    Shape(
         "parallel",
         [[*_calls([("call_A", "lookup", "a"), ("call_B", "lookup", "b")])], ["both done"]],
         calls=[("call_A", "lookup", "a"), ("call_B", "lookup", "b")],
@@ -164,7 +174,7 @@ def _last_user_text(messages: Any) -> str:
 
 def scripted_provider(shape: Shape) -> ScriptedProvider:
     def respond(request: Any) -> list[Any]:
-        if _last_user_text(request.messages) == "next":
+        if _last_user_text(request.messages) in ("next", "more"):
             return ["fine"]
         steps = shape.scripted
         return steps[min(current_step(request.messages), len(steps) - 1)]
@@ -293,7 +303,7 @@ def _wire_step(messages: list[dict[str, Any]], kind: str) -> tuple[int, bool]:
     )
     text = _user_text(messages[last_user], kind)
     after = messages[last_user + 1 :]
-    return sum(1 for m in after if m["role"] == "assistant"), text == "next"
+    return sum(1 for m in after if m["role"] == "assistant"), text in ("next", "more")
 
 
 def _user_text(message: dict[str, Any], kind: str) -> str:
@@ -302,7 +312,7 @@ def _user_text(message: dict[str, Any], kind: str) -> str:
         return content if message["role"] == "user" else ""
     if isinstance(content, list):
         texts = [b.get("text", "") for b in content if b.get("type") == "text"]
-        return "".join(texts)
+        return texts[-1] if texts else ""  # (an input cut before its answer is merged)
     return ""
 
 
@@ -377,6 +387,7 @@ class Run:
             provider: Any = OpenAIProvider("m", base_url=server.url + "/v1", api_key="t")
         else:
             provider = AnthropicProvider("m", base_url=server.url, api_key="t")
+        resolve_platform(provider)  # (not in a worker thread: the clock jumps past it)
         return Agent(provider=provider, tools=tools)
 
     async def turn(self, session: Any, holder: dict[str, Any]) -> None:
@@ -390,7 +401,8 @@ class Run:
         if session.pending:
             for call in session.pending:
                 await session.decide(call.approval_id, approved=True)
-            async with session.resume() as again:
+            then = session.stream(self.shape.then) if self.shape.then else session.resume()
+            async with then as again:
                 holder["out"] = again
                 async for _ in again:
                     pass
@@ -749,7 +761,7 @@ async def test_a_continuation_entering_as_the_host_closes_is_refused_not_crashed
     host's new work is (``HostClosed``), the approved call left for the next turn."""
     LEDGER.keys.clear()
     store = _HeldVersion()
-    shape = SHAPES[2]  # approval
+    shape = next(s for s in SHAPES if s.name == "approval")
     got: list[Any] = []
 
     async def continuation(session: Any) -> None:
@@ -792,3 +804,51 @@ async def test_a_continuation_entering_as_the_host_closes_is_refused_not_crashed
         result = await session.run("next")
     assert result.text == "fine"
     assert list(LEDGER.keys) == ["call_G"]  # the approved call ran as the next turn began
+
+
+async def test_a_new_input_cut_before_it_ran_the_approved_call_stores_it_interrupted(
+    autojump_clock: Any,
+) -> None:
+    """A new input runs the call a person approved in the turn it supersedes before its
+    model call; cut before it ran it (in its start: here its ``on_turn_start`` hook),
+    the turn stored its user message after the approved call with no result at all,
+    which no later turn ran or answered. It gets the ``interrupted`` result, as a call
+    cut while it runs does, and the call never runs."""
+    LEDGER.keys.clear()
+    holding = trio.Event()
+    hold = {"on": False}
+
+    async def on_turn_start(event: Any) -> None:
+        if hold["on"]:
+            holding.set()
+            await trio.sleep_forever()
+
+    shape = next(s for s in SHAPES if s.name == "approved_then_new_input")
+    agent = Agent(
+        provider=scripted_provider(shape), tools=[guarded], hooks=Hooks(on_turn_start=on_turn_start)
+    )
+    store = MemoryStore()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id=SID)
+        assert (await session.run("go")).finish_reason == "awaiting-input"
+        (call,) = session.pending
+        await session.decide(call.approval_id, approved=True)
+        hold["on"] = True
+        async with trio.open_nursery() as nursery, session.stream("more") as out:
+
+            async def stop() -> None:
+                await holding.wait()
+                out.cancel("stop")
+
+            nursery.start_soon(stop)
+            async for _ in out:
+                pass
+        hold["on"] = False
+        assert out.result.finish_reason == "aborted"
+        record = await store.load(SID)
+        result = await session.run("next")
+    assert [m.role for m in record.messages] == ["user", "assistant", "tool", "user", "assistant"]
+    answer = record.messages[2]
+    assert answer.tool_call_id == "call_G" and answer.error == INTERRUPTED
+    assert well_formed(record.messages) == []
+    assert result.text == "fine" and LEDGER.keys == {}  # never run, then or later
