@@ -921,6 +921,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         cut = cut and turn.error is None
         if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
             turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
+        if turn.approved_before:
+            # Cut before it ran what a person approved in the turn it superseded (in
+            # its start's announcement, its hook): stored interrupted, as a call cut
+            # while it ran is; else they stayed approved, with no result, for ever.
+            parts, turn.approved_before = turn.approved_before, ()
+            self._place_approved_before(turn, parts, {})
         if not turn.untouched:
             self._pair_calls(turn, closing)
             self._snapshot(turn, interrupted=cut, error=turn.error)

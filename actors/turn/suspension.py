@@ -391,19 +391,28 @@ class Suspending:
             for oc in outcomes.values():
                 if oc.usage is not None:  # an agent used as a tool: this turn spent it
                     turn.usage = turn.usage + oc.usage
-            results = [_result_of(p, outcomes.get(p.tool_call_id)) for p in parts]
-            messages, at = self.state.messages, turn.start_index
-            messages[at:at] = results
-            turn.start_index += len(results)
-            turn.a_index += len(results)
-            before = at - 1
-            while before > 0 and not isinstance(messages[before], AssistantMessage):
-                before -= 1
-            in_call_order(messages, before)
-            self._publish_history()
+            self._place_approved_before(turn, parts, outcomes)
         # Committed before the model call, as a continuation commits its results: a
         # process that dies during that call does not run them again on the next message.
         await self._save(turn, None)
+
+    def _place_approved_before(
+        self, turn: Any, parts: tuple[ToolCallPart, ...], outcomes: dict[str, ToolOutcome]
+    ) -> None:
+        """The results of ``parts`` (approved calls of the turn this one superseded)
+        after that turn's other results, before this turn's user message: each its
+        outcome, or ``interrupted`` (cut short, or never run: the turn was cancelled
+        before it ran them, as :meth:`_seal` finds them)."""
+        results = [_result_of(p, outcomes.get(p.tool_call_id)) for p in parts]
+        messages, at = self.state.messages, turn.start_index
+        messages[at:at] = results
+        turn.start_index += len(results)
+        turn.a_index += len(results)
+        before = at - 1
+        while before > 0 and not isinstance(messages[before], AssistantMessage):
+            before -= 1
+        in_call_order(messages, before)
+        self._publish_history()
 
     async def _run_quietly(
         self,

@@ -56,6 +56,7 @@ from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, c
 from runtime.errors import (
     ActorFailed,
     CallerWaits,
+    HostClosed,
     InputHeld,
     InvalidMeta,
     InvalidTurnId,
@@ -399,6 +400,13 @@ class TurnStream:
             if self.steered:
                 return self
         # From here to ``current = self`` nothing yields: an idle host cannot evict it between.
+        if session.host.shutting_down:
+            # The host began closing while this turn was on its way in (reading its
+            # session or its decision from the store): the shutdown cancelled the turns
+            # that ran then and stops the session's actors, so this one would run on a
+            # stopped stream controller (a crash, its stream an ``error``). Refused as a
+            # closed host's new work is; its input is not stored.
+            raise HostClosed("the host is closing: open a new one (Host.open()) to run more turns")
         assert session.runner is not None
         session.host.touch(session)
         if queued:
