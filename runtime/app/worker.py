@@ -915,7 +915,10 @@ class Worker:
     def _turn_writer(self, claim: Claim) -> Any:
         """The relay's writer of the claimed turn's stream (``None`` without a relay). A
         continuation goes on in the stream its turn paused (its seqs following on); the
-        turn's first claim has no stream to continue, no tail to read."""
+        turn's first claim has no stream to continue, no tail to read. A takeover of a
+        turn none of whose saves committed re-runs it from step 0, and says so: a
+        stream found missing is then the whole turn's at once, its ``start`` not held
+        until the first ``step-start`` (a hook on turn start, a slow session load)."""
         if self.relay is None:
             return None
         turn = claim.turn
@@ -925,6 +928,7 @@ class Worker:
             takeover=claim.takeover or claim.resumed,
             fresh=not (claim.takeover or claim.resumed or turn.saved),
             resumed=claim.resumed,
+            first_step=0 if claim.takeover and not (claim.resumed or turn.saved) else None,
         )
 
     async def _stream_turn(

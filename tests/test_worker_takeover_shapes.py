@@ -1,0 +1,63 @@
+"""Takeovers seen by the turn's readers, with real worker processes (one SIGKILLed), real
+PostgreSQL and the test run's own Redis, read over HTTP from a front end: what the
+worker that takes the turn over streams reaches every reader at once, whole, in the
+grammar, with no repeat and no gap."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.relays import RedisRelay
+from tests.support.redis import require_redis
+from tests.test_frontend import EventReader
+from tests.test_relay_takeover import LIMIT, front_end_and_workers, wait_for_seq
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+def kinds(events: list[tuple[str | None, Any]]) -> list[str]:
+    return [d["type"] for _, d in events if d != "[DONE]"]
+
+
+async def test_a_takeover_from_step_0_that_finds_no_stream_sends_its_start_at_once(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Worker ``a`` is killed in step 0 (nothing committed) and its stream is gone (Redis
+    lost it: to a takeover, the same as a worker that streamed nothing). ``b`` re-runs
+    the turn from step 0 and is held in a hook on turn start, between its ``start`` and
+    its first ``step-start``. A reader gets that ``start`` while ``b`` is held; before,
+    the writer kept it back until the step's first chunk told it the re-run starts at
+    step 0 (a throttle or a slow hook held the reader's first chunk with it)."""
+    gate = tmp_path / "gate"
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.1")
+        turn = await d.queue.submit("s1", "tools one")
+        await wait_for_seq(redis_url, d.prefix, turn.turn_id, 3)
+        workers.signal("a", signal.SIGKILL)
+        async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+            await relay.client.delete([relay.turn_key(turn.turn_id)])
+        workers.start("b", AXON_TEST_DELAY="0.01", AXON_TEST_START_GATE=str(gate))
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with client.stream("GET", "/api/chat/s1/stream") as response:
+                assert response.status_code == 200
+                reader = EventReader(response)
+                with trio.fail_after(20):  # (a bound: before, it never came)
+                    first = await reader.until(1)  # while b waits at its gate
+                gate.touch()
+                rest = await reader.all()
+        done = await d.queue.get(turn.turn_id)
+        assert done is not None and done.status == "done" and done.attempts == 2
+    assert kinds(first) == ["start"]
+    seen = kinds(rest)
+    assert seen[0] == "start" and seen[-1] == "finish" and "error" not in seen
+    ids = [int(i) for i, _ in rest if i is not None]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))  # no gap, no repeat
