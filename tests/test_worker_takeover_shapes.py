@@ -61,3 +61,59 @@ async def test_a_takeover_from_step_0_that_finds_no_stream_sends_its_start_at_on
     assert seen[0] == "start" and seen[-1] == "finish" and "error" not in seen
     ids = [int(i) for i, _ in rest if i is not None]
     assert ids == list(range(ids[0], ids[0] + len(ids)))  # no gap, no repeat
+
+
+async def test_a_worker_woken_past_its_lease_runs_no_tool_the_takeover_ran(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Worker ``a`` is held just before its first tool, then SIGSTOPped past its lease;
+    ``b`` takes the turn over and finishes it (running ``record`` under the call's key).
+    ``a`` is let on and SIGCONTed: it must not run ``record`` again. Before, it did, tens
+    of ms before its lease thread told it the turn was ``b``'s (two attempts under one
+    key: only the tool's own idempotency kept the effect single). Its writes are
+    refused, the store holds ``b``'s turn, and ``a`` goes on working."""
+    from tests.support.worker_agent import read_ledger
+    from tests.test_workers import assert_tools_turn_whole, wait_for
+
+    gate = tmp_path / "gate"
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_TOOL_GATE=str(gate))
+        turn = await d.queue.submit("s1", "tools one")
+
+        async def at_gate() -> bool:
+            return await trio.Path(f"{gate}.at").exists()
+
+        await wait_for(at_gate, what="worker a at its first tool")
+        workers.signal("a", signal.SIGSTOP)
+        workers.start("b")
+
+        async def taken_over() -> bool:
+            row = await d.queue.get(turn.turn_id)
+            return row is not None and row.status == "done"
+
+        await wait_for(taken_over, what="worker b to finish the turn")
+        version = await d.store.version("s1")
+        await trio.Path(gate).touch()
+        workers.signal("a", signal.SIGCONT)
+
+        async def a_noticed() -> bool:
+            return "lease_lost" in workers.log("a")
+
+        await wait_for(a_noticed, timeout=20, what="worker a to notice its lost lease")
+        second = await d.queue.submit("s2", "after the pause")  # a goes on working
+
+        async def second_done() -> bool:
+            row = await d.queue.get(second.turn_id)
+            return row is not None and row.status == "done"
+
+        await wait_for(second_done, what="the next turn")
+        done = await d.queue.get(turn.turn_id)
+        record = await d.store.load("s1")
+        assert await d.store.version("s1") == version  # nothing of a's written
+    assert done is not None and (done.owner, done.attempts) == ("b", 2)
+    assert record is not None
+    assert_tools_turn_whole(record.messages, done)
+    effects, attempts = read_ledger(pg_url)
+    keys = [f"{turn.turn_id}:0:call_1", f"{turn.turn_id}:1:call_2"]
+    assert {k: effects.get(k) for k in keys} == {k: 1 for k in keys}
+    assert {k: attempts.get(k) for k in keys} == {k: 1 for k in keys}  # run once, by b

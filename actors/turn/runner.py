@@ -565,6 +565,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             },
             deps=run.deps,
             steering=run.steering,
+            confirm=run.cancel.confirm,
             tools=run.tools,
             instructions=run.instructions,
             approved_before=approved,

@@ -32,6 +32,9 @@ Controlled by the environment of the worker process:
 * ``AXON_TEST_START_GATE``: a file path; the agent's ``on_turn_start`` hook waits until
   that file exists (the test creates it), so a turn is held between its ``start`` and its
   first ``step-start`` for as long as the test wants.
+* ``AXON_TEST_TOOL_GATE``: a file path; the agent's ``on_tool_call`` hook creates
+  ``<path>.at`` and waits until the path exists: the worker is held just before it runs
+  its first tool, for as long as the test wants.
 """
 
 from __future__ import annotations
@@ -200,6 +203,15 @@ async def _start_gate(event: object) -> None:
         await trio.sleep(0.02)
 
 
+async def _tool_gate(event: object) -> None:
+    """Say so (``<AXON_TEST_TOOL_GATE>.at``), then wait until ``AXON_TEST_TOOL_GATE``
+    exists."""
+    gate = trio.Path(os.environ.get("AXON_TEST_TOOL_GATE", ""))
+    await trio.Path(f"{gate}.at").touch()
+    while not await gate.exists():  # noqa: ASYNC110
+        await trio.sleep(0.02)
+
+
 agent = Agent(
     name="worker-test",
     provider=ScriptedProvider(
@@ -213,6 +225,7 @@ agent = Agent(
     approval_timeout=float(os.environ.get("AXON_TEST_APPROVAL_TIMEOUT", "0") or 0) or None,
     hooks=Hooks(
         on_turn_start=_start_gate if os.environ.get("AXON_TEST_START_GATE") else None,
+        on_tool_call=_tool_gate if os.environ.get("AXON_TEST_TOOL_GATE") else None,
     ),
 )
 """The worker tests' agent, for every session."""
