@@ -5,6 +5,7 @@ grammar, with no repeat and no gap."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import trio
 from actors.relays import RedisRelay
 from tests.support.redis import require_redis
 from tests.test_frontend import EventReader
-from tests.test_relay_takeover import LIMIT, front_end_and_workers, wait_for_seq
+from tests.test_relay_takeover import LIMIT, front_end_and_workers, last_seq, wait_for_seq
 
 
 @pytest.fixture
@@ -117,3 +118,65 @@ async def test_a_worker_woken_past_its_lease_runs_no_tool_the_takeover_ran(
     keys = [f"{turn.turn_id}:0:call_1", f"{turn.turn_id}:1:call_2"]
     assert {k: effects.get(k) for k in keys} == {k: 1 for k in keys}
     assert {k: attempts.get(k) for k in keys} == {k: 1 for k in keys}  # run once, by b
+
+
+@pytest.mark.parametrize("killed_at", [4, 6, 9])
+async def test_every_reader_of_a_taken_over_step_that_asks_shows_the_stored_request(
+    pg_url: str, redis_url: str, killed_at: int
+) -> None:
+    """Worker ``a`` is SIGKILLed in the step that asks for approval (in its text, at its
+    end, in the call's input); ``b`` runs the step again and the turn waits. A reader
+    that watched live, one that resumes with ``Last-Event-ID`` after ``b`` began, and
+    one that comes after the kill each read ids that only grow, end with ``finish``
+    ``awaiting-input``, and (through the real `ai` package) show the stored message:
+    the text once and the call waiting for approval under the stored approval id."""
+    from runtime.app.web.ui_stream import ui_messages
+    from tests.test_relay_takeover import as_sse, read_ui_message, shape
+    from tests.web.harness import ensure_ai_package
+
+    node = ensure_ai_package()
+    got: dict[str, list[tuple[str | None, Any]]] = {}
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.1")
+        turn = await d.queue.submit("s1", "approve it")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+
+            async def read(
+                name: str, headers: dict[str, str], task_status: Any = trio.TASK_STATUS_IGNORED
+            ) -> None:
+                async with client.stream("GET", "/api/chat/s1/stream", headers=headers) as r:
+                    assert r.status_code == 200
+                    reader = EventReader(r)
+                    await reader.until(1)
+                    task_status.started()
+                    got[name] = await reader.all()
+
+            await wait_for_seq(redis_url, d.prefix, turn.turn_id, killed_at)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(read, "live", {})
+                workers.signal("a", signal.SIGKILL)
+                async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+                    dead = await last_seq(relay, turn.turn_id)
+                workers.start("b", AXON_TEST_DELAY="0.03")
+                await wait_for_seq(redis_url, d.prefix, turn.turn_id, dead + 2)
+                await nursery.start(read, "resumed", {"last-event-id": "2"})
+                await nursery.start(read, "after", {})
+        row = await d.queue.get(turn.turn_id)
+        assert row is not None and row.status == "awaiting-input" and row.attempts == 2
+        record = await d.store.load("s1")
+        assert record is not None
+    [stored] = [m for m in ui_messages(record.messages) if m["id"] == turn.message_id]
+    [call] = [p for p in stored["parts"] if p["type"] == "tool-guarded"]
+    assert call["state"] == "approval-requested"
+    head = [e for e in got["live"] if e[0] is not None and int(e[0]) <= 2]
+    for name, events in (("live", got["live"]), ("resumed", head + got["resumed"]),
+                         ("after", got["after"])):  # fmt: skip
+        data = [x for _, x in events if x != "[DONE]"]
+        assert data[-1]["type"] == "finish", name
+        assert data[-1]["messageMetadata"]["finishReason"] == "awaiting-input", name
+        ids = [int(i) for i, x in events if i is not None and x["type"] != "data-reset-step"]
+        assert all(b > a for a, b in itertools.pairwise(ids)), (name, ids)
+        message = await read_ui_message(node, as_sse(events))
+        assert shape(message["parts"]) == shape(stored["parts"]), name
+        [shown] = [p for p in message["parts"] if p["type"] == "tool-guarded"]
+        assert (shown["state"], shown["approval"]) == ("approval-requested", call["approval"])
