@@ -180,3 +180,78 @@ async def test_every_reader_of_a_taken_over_step_that_asks_shows_the_stored_requ
         assert shape(message["parts"]) == shape(stored["parts"]), name
         [shown] = [p for p in message["parts"] if p["type"] == "tool-guarded"]
         assert (shown["state"], shown["approval"]) == ("approval-requested", call["approval"])
+
+
+async def test_a_worker_paused_mid_step_and_woken_after_the_takeover_adds_nothing_anywhere(
+    pg_url: str, redis_url: str
+) -> None:
+    """Worker ``a`` is SIGSTOPped in the middle of step 0's model stream, past its lease;
+    ``b`` takes the turn over and finishes it; ``a`` is SIGCONTed and goes on from where
+    it stopped, believing the turn is its own until told. The reader that watched from
+    the start reads ids that only grow and (through the real `ai` package) the stored
+    message; every tool ran once, by ``b``; nothing of ``a``'s is stored or relayed
+    after ``b``'s end."""
+    from runtime.app.web.ui_stream import ui_messages
+    from tests.support.worker_agent import read_ledger
+    from tests.test_relay_takeover import as_sse, read_ui_message, shape
+    from tests.test_workers import assert_tools_turn_whole, wait_for
+    from tests.web.harness import ensure_ai_package
+
+    node = ensure_ai_package()
+    got: dict[str, list[tuple[str | None, Any]]] = {}
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.1")
+        turn = await d.queue.submit("s1", "tools one")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+
+            async def read(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                async with client.stream("GET", "/api/chat/s1/stream") as r:
+                    assert r.status_code == 200
+                    reader = EventReader(r)
+                    await reader.until(1)
+                    task_status.started()
+                    got["live"] = await reader.all()
+
+            await wait_for_seq(redis_url, d.prefix, turn.turn_id, 5)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(read)
+                workers.signal("a", signal.SIGSTOP)
+                workers.start("b", AXON_TEST_DELAY="0.01")
+
+                async def done() -> bool:
+                    row = await d.queue.get(turn.turn_id)
+                    return row is not None and row.status == "done"
+
+                await wait_for(done, what="worker b to finish the turn")
+            async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+                ended = await last_seq(relay, turn.turn_id)
+            version = await d.store.version("s1")
+            workers.signal("a", signal.SIGCONT)
+
+            async def a_noticed() -> bool:
+                return "lease_lost" in workers.log("a")
+
+            await wait_for(a_noticed, timeout=20, what="worker a to notice its lost lease")
+            second = await d.queue.submit("s2", "after the pause")  # a's next turn, maybe
+
+            async def second_done() -> bool:
+                row = await d.queue.get(second.turn_id)
+                return row is not None and row.status == "done"
+
+            await wait_for(second_done, what="the next turn")
+            async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+                assert await last_seq(relay, turn.turn_id) == ended  # nothing after b's end
+            assert await d.store.version("s1") == version
+            row = await d.queue.get(turn.turn_id)
+            record = await d.store.load("s1")
+    assert row is not None and (row.owner, row.attempts) == ("b", 2)
+    assert record is not None
+    assert_tools_turn_whole(record.messages, row)
+    effects, attempts = read_ledger(pg_url)
+    keys = [f"{turn.turn_id}:0:call_1", f"{turn.turn_id}:1:call_2"]
+    assert {k: (effects.get(k), attempts.get(k)) for k in keys} == {k: (1, 1) for k in keys}
+    ids = [int(i) for i, x in got["live"] if i is not None and x["type"] != "data-reset-step"]
+    assert all(b > a for a, b in itertools.pairwise(ids)), ids
+    [stored] = [m for m in ui_messages(record.messages) if m["id"] == turn.message_id]
+    message = await read_ui_message(node, as_sse(got["live"]))
+    assert shape(message["parts"]) == shape(stored["parts"])
