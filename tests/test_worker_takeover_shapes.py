@@ -157,7 +157,9 @@ async def test_every_reader_of_a_taken_over_step_that_asks_shows_the_stored_requ
                 workers.signal("a", signal.SIGKILL)
                 async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
                     dead = await last_seq(relay, turn.turn_id)
-                workers.start("b", AXON_TEST_DELAY="0.03")
+                # slow enough (~15 chunks of 0.2 s) that the two readers below join
+                # while b runs: a turn that waits already is no stream to GET (204)
+                workers.start("b", AXON_TEST_DELAY="0.2")
                 await wait_for_seq(redis_url, d.prefix, turn.turn_id, dead + 2)
                 await nursery.start(read, "resumed", {"last-event-id": "2"})
                 await nursery.start(read, "after", {})
@@ -213,9 +215,9 @@ async def test_a_worker_paused_mid_step_and_woken_after_the_takeover_adds_nothin
                     got["live"] = await reader.all()
 
             await wait_for_seq(redis_url, d.prefix, turn.turn_id, 5)
+            workers.signal("a", signal.SIGSTOP)  # (before its tool: ~8 chunks of 0.1 s on)
             async with trio.open_nursery() as nursery:
                 await nursery.start(read)
-                workers.signal("a", signal.SIGSTOP)
                 workers.start("b", AXON_TEST_DELAY="0.01")
 
                 async def done() -> bool:
