@@ -420,6 +420,12 @@ class TurnCancel:
 
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     reason: str | None = None
+    confirm: Callable[[], Awaitable[None]] | None = None
+    """Awaited by the runner before the turn runs tools (their side effects): a worker's
+    turn confirms there that its claim still holds when the lease may have lapsed (the
+    process was paused past it), and cancels the turn through :meth:`cancel` when
+    another worker took it over. ``None``: nothing to confirm (a turn of this process
+    alone)."""
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:

@@ -80,6 +80,7 @@ class Relay(Protocol):
         takeover: bool = False,
         fresh: bool = False,
         resumed: bool = False,
+        first_step: int | None = None,
     ) -> RelayWriter:
         """The writer of a turn this process runs. ``takeover``: another process ran
         the turn before (its stream may hold part of it): the writer continues that
@@ -91,7 +92,10 @@ class Relay(Protocol):
         reuses its turn's stream without saying so). ``resumed``: a continuation after
         a wait (with ``takeover``): the stream it continues must end with its pause;
         one that does not (the process that suspended the turn stopped before it
-        streamed that) makes readers rebuild from the store too."""
+        streamed that) makes readers rebuild from the store too. ``first_step``: the
+        step a ``takeover`` re-runs first, when the caller knows it as it starts (no
+        step of the turn was committed: ``0``); otherwise the writer learns it from
+        :meth:`RelayWriter.shown` or the first ``step-start``."""
         ...
 
     def read(

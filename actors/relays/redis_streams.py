@@ -366,6 +366,7 @@ class RedisRelay:
         takeover: bool = False,
         fresh: bool = False,
         resumed: bool = False,
+        first_step: int | None = None,
     ) -> RedisRelayWriter:
         """A writer for a turn this process runs; the relay's flush task writes what it
         queues. A second writer for the same turn (a ``takeover``) continues its seqs; a
@@ -373,7 +374,10 @@ class RedisRelay:
         and so does a ``resumed`` one (a continuation) whose stream does not end with
         its pause.
         A ``fresh`` writer (nothing streamed the turn before) starts at seq 1 without
-        reading the stream's tail: one ``XREVRANGE`` fewer per turn."""
+        reading the stream's tail: one ``XREVRANGE`` fewer per turn. A takeover's
+        ``first_step`` (``0``: nothing of the turn committed) is what a stream found
+        missing is judged by at once: the turn's ``start`` goes out without waiting
+        for the step's first chunk (:meth:`RedisRelayWriter.shown`)."""
         writer = RedisRelayWriter(
             self,
             session_id=session_id,
@@ -383,6 +387,8 @@ class RedisRelay:
         )
         if fresh:
             writer.start_fresh()
+        elif takeover and first_step is not None:
+            writer._learn_step(first_step)
         self.live.add(writer)
         return writer
 

@@ -417,6 +417,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         turn.untouched = True
                     elif committed is not None and not await self._resolve(turn):
                         turn.untouched, turn.finish_reason = True, AWAITING_INPUT
+                        await self._show_waiting(turn)
                     elif turn.held:  # its sub-agent asked again: it waits again
                         pass
                     else:
@@ -564,6 +565,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             },
             deps=run.deps,
             steering=run.steering,
+            confirm=run.cancel.confirm,
             tools=run.tools,
             instructions=run.instructions,
             approved_before=approved,

@@ -22,17 +22,34 @@ import trio
 
 from runtime import events as ev
 from runtime.actor_messages import (
+    REASONING,
+    TEXT,
     ApprovalAsked,
     ExecuteTools,
+    PartBegin,
+    PartEnd,
+    StepBegin,
+    StepEnd,
     ToolCallSpec,
+    ToolDone,
     ToolOutcome,
     ToolProgress,
 )
 from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, WAITING_META, denial_text
+from runtime.chunks import ReasoningChunk, TextChunk, ToolCallChunk, Usage
 from runtime.errors import BudgetExceeded
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
-from runtime.messages import AssistantMessage, Awaiting, Message, Part, ToolCallPart, ToolMessage
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+)
 from runtime.results import truncate_output
 from runtime.tools import Tool, ToolContext, agent_depth
 
@@ -307,6 +324,51 @@ class Suspending:
                     causation_id=w.id,
                 )
             )
+
+    async def _show_waiting(self, turn: Any) -> None:
+        """A turn taken over (``resume``) that still waits for a decision: its suspended
+        step streamed again as it is stored (its text and reasoning, its calls, the
+        results of those that ran, the request of each approval still waited for), so
+        its stream has the shape of a waiting turn's (``start``, the step, ``finish``
+        ``awaiting-input``) and a client that shows it can be asked. Before, it streamed
+        ``start finish`` alone: no step (outside the grammar) and no request to answer.
+        A worker's relay takes back what the dead worker streamed of the step first
+        (``reset-step``), as for any step a takeover runs again."""
+        parts = turn.parts.content
+        waiting = waiting_parts(parts, turn.results)
+        if not waiting:
+            return
+        step = waiting[-1].step
+        items: list[Any] = [StepBegin(step=step)]
+        n = 0
+        for part in parts:
+            if part.step != step:
+                continue
+            if isinstance(part, TextPart | ReasoningPart) and part.text:
+                n += 1
+                kind = TEXT if isinstance(part, TextPart) else REASONING
+                pid = f"{turn.message_id}-w{step}-{n}"  # none of the dead worker's ids
+                text = TextChunk(text=part.text) if kind == TEXT else ReasoningChunk(text=part.text)
+                items += [PartBegin(kind=kind, part_id=pid), text, PartEnd(kind=kind, part_id=pid)]
+            elif isinstance(part, ToolCallPart):
+                call, name = part.tool_call_id, part.tool_name
+                items.append(ToolCallChunk(tool_call_id=call, tool_name=name, input=part.input))
+                result = turn.results.get(call)
+                w = part.awaiting
+                if result is not None:
+                    oc = ToolOutcome(
+                        tool_call_id=call, tool_name=name, output=result.output, error=result.error
+                    )
+                    items.append(ToolDone(step=step, outcome=oc))
+                elif w is not None and not w.decided and w.kind == APPROVAL:
+                    items.append(
+                        ApprovalAsked(
+                            step=step, tool_call_id=call, tool_name=name, approval_id=w.id
+                        )
+                    )
+        items.append(StepEnd(step=step, finish_reason="tool-calls", usage=Usage()))
+        for item in items:
+            await turn.ctrl.send(item)
 
     async def _resolve(self, turn: Any) -> bool:
         """A resumed turn: give each call it waited for its result (run the approved

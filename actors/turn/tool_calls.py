@@ -139,6 +139,8 @@ class ToolCalling:
         into ``turn.outcomes``."""
         budget, sid, ctrl = self.agent.budget, self.state.session_id, turn.ctrl
         if runnable:
+            if turn.confirm is not None:  # a worker's: is the turn still its own?
+                await turn.confirm()  # (cancels the turn when it is not)
             inbox = self.tool_inbox
             request = ExecuteTools(
                 session_id=sid,

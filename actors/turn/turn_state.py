@@ -7,7 +7,7 @@ from them all, so that each can import it without importing the runner (a cycle)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -103,6 +103,8 @@ class Turn:
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
     steering: TurnSteering = attrs.field(factory=TurnSteering)
     """User messages that join the turn at its next step boundary (``steer``)."""
+    confirm: Callable[[], Awaitable[None]] | None = None
+    """Awaited before the turn runs tools (:attr:`TurnCancel.confirm`, the run's)."""
     marked: bool = False
     """A save of the turn stored it as running in this process (``Saving._save_meta``):
     its saves that end it clear the marker."""

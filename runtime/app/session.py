@@ -617,6 +617,12 @@ class TurnStream:
                 "this regenerate waited; nothing was regenerated."
             )
 
+    def confirm_with(self, confirm: Callable[[], Awaitable[None]]) -> None:
+        """Have the turn await ``confirm`` before it runs tools (:attr:`TurnCancel.confirm`):
+        a worker's turn, whose claim may have been taken over while the process was
+        paused past its lease."""
+        self._cancel.confirm = confirm
+
     def steer_from(self, pull: Callable[[], Awaitable[Sequence[SteeredInput]]]) -> None:
         """Have the turn also take the messages ``pull`` returns at each step boundary
         (before entering): a worker's turn, steered by messages a front end on another

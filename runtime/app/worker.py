@@ -62,6 +62,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -255,6 +256,9 @@ class _Lease:
     cancelled: str | None = None
     """Why the turn was cancelled while held and not running yet (a turn a last save
     claimed, not started): told to its entry once it runs."""
+    renewed: float = attrs.field(factory=time.monotonic)
+    """When the last renewal that held the claim began (``time.monotonic``, which goes
+    on while the process is stopped), or the claim was made."""
 
 
 class LeaseKeeper:
@@ -346,7 +350,10 @@ class LeaseKeeper:
                     try:
                         if renewer is None:
                             renewer = self.queue.open_renewer()
+                        began = time.monotonic()
                         renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
+                        if renewal.held:
+                            lease.renewed = began
                     except Exception as exc:
                         log().warning(
                             "worker.renew_failed", turn_id=lease.turn_id, error=redact(str(exc))
@@ -364,6 +371,13 @@ class LeaseKeeper:
         finally:
             if renewer is not None:
                 renewer.close()
+
+    def lapsing(self, turn_id: str) -> bool:
+        """Whether the turn's lease may have lapsed: no renewal held it for two renewal
+        intervals (the process was stopped, or its renewals failed), so another worker
+        may have taken the turn over."""
+        lease = self._held.get(turn_id)
+        return lease is None or time.monotonic() - lease.renewed > 2 * self.interval
 
     def _apply(self, lease: _Lease, renewal: Renewal) -> None:
         """On the event loop: act on a renewal that was refused or asks to cancel."""
@@ -870,6 +884,7 @@ class Worker:
         if entry.cancelled is not None and not turn.cancel_requested:
             stream.cancel(entry.cancelled)  # asked for while its session was opened
         stream.steer_from(partial(self._take_steering, claim, steered, watch))
+        stream.confirm_with(partial(self._confirm_claim, entry))
         # A turn's first claim says nothing its ``turn.started`` line does not (the tap's:
         # the same ids): debug. A takeover, a continuation or a retry says how at info.
         first = claim.epoch == 1 and not (claim.takeover or claim.resumed)
@@ -952,7 +967,10 @@ class Worker:
     def _turn_writer(self, claim: Claim) -> Any:
         """The relay's writer of the claimed turn's stream (``None`` without a relay). A
         continuation goes on in the stream its turn paused (its seqs following on); the
-        turn's first claim has no stream to continue, no tail to read."""
+        turn's first claim has no stream to continue, no tail to read. A takeover of a
+        turn none of whose saves committed re-runs it from step 0, and says so: a
+        stream found missing is then the whole turn's at once, its ``start`` not held
+        until the first ``step-start`` (a hook on turn start, a slow session load)."""
         if self.relay is None:
             return None
         turn = claim.turn
@@ -962,6 +980,7 @@ class Worker:
             takeover=claim.takeover or claim.resumed,
             fresh=not (claim.takeover or claim.resumed or turn.saved),
             resumed=claim.resumed,
+            first_step=0 if claim.takeover and not (claim.resumed or turn.saved) else None,
         )
 
     async def _stream_turn(
@@ -1041,6 +1060,28 @@ class Worker:
         if turn.cancel_requested or turn.cancel_reason is not None:
             stream.cancel(turn.cancel_reason or "cancelled")
         return stream
+
+    async def _confirm_claim(self, entry: _Running) -> None:
+        """Before the turn runs tools: when its lease may have lapsed
+        (:meth:`LeaseKeeper.lapsing`: the process was paused past it), ask the queue
+        whether the claim still holds; one another worker took over loses the turn here
+        (cancelled), before any tool runs a second time. A worker that woke from a
+        SIGSTOP ran its step's tool again before its lease thread told it so (the tool's
+        idempotency key alone kept the effect single). A renewal held in time costs
+        nothing: no query."""
+        leases = self._leases
+        if leases is None or entry.lost or not leases.lapsing(entry.claim.turn.turn_id):
+            return
+        try:
+            renewal = await self.queue.renew(entry.claim)
+        except StoreError as exc:  # not known: the fence refuses the step's commit anyway
+            log().warning(
+                "worker.confirm_failed", turn_id=entry.claim.turn.turn_id, error=redact(str(exc))
+            )
+            return
+        if not renewal.held and not renewal.let_go:
+            entry.lose("lease lapsed before the turn ran a tool")
+        await trio.lowlevel.checkpoint()  # (cancelled here when lost)
 
     async def _take_steering(
         self, claim: Claim, taken: list[str], watch: SteerWatch

@@ -29,6 +29,12 @@ Controlled by the environment of the worker process:
   ``pg_sleep`` in that statement, or after the save function in its call): a worker
   killed then dies inside the one transaction that stores the last step and finishes the
   turn.
+* ``AXON_TEST_START_GATE``: a file path; the agent's ``on_turn_start`` hook waits until
+  that file exists (the test creates it), so a turn is held between its ``start`` and its
+  first ``step-start`` for as long as the test wants.
+* ``AXON_TEST_TOOL_GATE``: a file path; the agent's ``on_tool_call`` hook creates
+  ``<path>.at`` and waits until the path exists: the worker is held just before it runs
+  its first tool, for as long as the test wants.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import trio
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.stores.postgres import parse_url
 from runtime.actor_messages import InferRequest
-from runtime.agent import Agent
+from runtime.agent import Agent, Hooks
 from runtime.chunks import ReasoningChunk
 from runtime.messages import TextPart, UserMessage
 from runtime.tools import ToolContext, tool
@@ -190,6 +196,22 @@ def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
     return [answer_text(user, os.environ.get("AXON_TEST_ANSWER_TAG", ""))]
 
 
+async def _start_gate(event: object) -> None:
+    """Wait until the file ``AXON_TEST_START_GATE`` names exists."""
+    gate = trio.Path(os.environ.get("AXON_TEST_START_GATE", ""))
+    while not await gate.exists():  # noqa: ASYNC110
+        await trio.sleep(0.02)
+
+
+async def _tool_gate(event: object) -> None:
+    """Say so (``<AXON_TEST_TOOL_GATE>.at``), then wait until ``AXON_TEST_TOOL_GATE``
+    exists."""
+    gate = trio.Path(os.environ.get("AXON_TEST_TOOL_GATE", ""))
+    await trio.Path(f"{gate}.at").touch()
+    while not await gate.exists():  # noqa: ASYNC110
+        await trio.sleep(0.02)
+
+
 agent = Agent(
     name="worker-test",
     provider=ScriptedProvider(
@@ -201,5 +223,9 @@ agent = Agent(
     instructions="test",
     tools=[record, guarded, die],
     approval_timeout=float(os.environ.get("AXON_TEST_APPROVAL_TIMEOUT", "0") or 0) or None,
+    hooks=Hooks(
+        on_turn_start=_start_gate if os.environ.get("AXON_TEST_START_GATE") else None,
+        on_tool_call=_tool_gate if os.environ.get("AXON_TEST_TOOL_GATE") else None,
+    ),
 )
 """The worker tests' agent, for every session."""
