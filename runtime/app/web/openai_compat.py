@@ -64,7 +64,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
-from runtime.app.nested import end_sub_waits, waits_for_sub
+from runtime.app.nested import delete_scratch
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
@@ -259,11 +259,10 @@ class Stateless:
                 await self.make(session, False)(scope, receive, send)
             finally:
                 with trio.CancelScope(shield=True):
-                    subs = waits_for_sub(list(session.messages))
+                    added = session.messages[len(self.history) :]  # what its turn added
                     await session.close()
-                    if subs:  # its agent tools' sub-sessions wait for it: nobody decides now
-                        await end_sub_waits(host.store, session.id)
-                    await host.store.delete(session.id)
+                    # with its agent tools' sub-sessions (nobody reads or decides them now)
+                    await delete_scratch(host.store, session.id, added)
 
 
 class ScratchHost:
