@@ -467,6 +467,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 # again (its sub-turn asks for its next approval)
                 may_wait=request.may_wait and (not call.approved or call.decision is not None),
                 decision=call.decision,
+                confirm=request.confirm,
             )
             try:
                 outcome = await run_tool_call(

@@ -149,6 +149,9 @@ class ExecuteTools:
     may_wait: bool = False
     """Whether the turn can suspend for a call whose sub-agent waits (a step's calls run
     by the turn runner): ``ToolContext.may_wait`` for each call not approved already."""
+    confirm: Callable[[], Awaitable[bool]] | None = None
+    """The turn's :meth:`TurnCancel.confirmed` when it has a confirm (a worker's turn):
+    ``ToolContext.confirm``, through which an agent tool's sub-turn confirms too."""
 
     def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an
@@ -431,6 +434,15 @@ class TurnCancel:
         if self.reason is None:
             self.reason = reason
             self.scope.cancel()
+
+    async def confirmed(self) -> bool:
+        """Await :attr:`confirm`; whether the turn may still run tools (not cancelled:
+        by it, its claim lost, or before). What a sub-turn's confirm asks of its calling
+        turn's (``ToolContext.confirm``): awaited in the sub-turn's task, outside this
+        turn's scope, the cancel does not raise there."""
+        if self.confirm is not None:
+            await self.confirm()
+        return not self.scope.cancel_called
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)

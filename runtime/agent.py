@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, cast
 
 import attrs
+import trio
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
@@ -424,13 +425,37 @@ async def _sub_stream(
     """Stream the sub-turn (or go on with it from its committed steps), inside the call.
     ``stored``: the record the sub-session's open just read (``None``: the turn loads
     it), so a first call loads the sub-session once."""
-    async with session.stream(
-        input, turn_id=turn_id, message_id=message_id, resume=True, stored=stored
-    ) as out:
+    turn = session.stream(input, turn_id=turn_id, message_id=message_id, resume=True, stored=stored)
+    async with _confirming(turn, context) as out:
         async for chunk in out:
             await context.emit(chunk)
     assert out.result is not None
     return out.result
+
+
+SUB_CALLER_LOST = "the calling turn is no longer this process's (taken over)"
+"""The reason a sub-turn is cancelled with when its calling turn's confirm says that turn
+may not run tools any more (a worker's claim lost while the process was paused)."""
+
+
+def _confirming(turn: Any, context: ToolContext) -> Any:
+    """``turn`` (a sub-turn's stream, not entered yet), confirming through the calling
+    turn's confirm (:attr:`ToolContext.confirm`) before each batch of its own tools: a
+    worker paused inside a sub-turn past its lease, woken after a takeover ran the
+    calling turn's step again, ran a sub-agent tool the takeover had run (the sub-turn
+    had no confirm of its own). A calling turn that may not go on cancels the sub-turn
+    there, before its tools."""
+    calling = context.confirm
+    if calling is None:
+        return turn
+
+    async def confirm() -> None:
+        if not await calling():
+            turn.cancel(SUB_CALLER_LOST)
+            await trio.lowlevel.checkpoint()  # (cancelled here: the sub-turn's scope)
+
+    turn.confirm_with(confirm)
+    return turn
 
 
 async def _go_on(
@@ -452,7 +477,7 @@ async def _go_on(
     except AlreadyDecided:
         pass  # recorded by the run a crash cut short
     try:
-        async with session.resume() as out:
+        async with _confirming(session.resume(), context) as out:
             async for chunk in out:
                 await context.emit(chunk)
     except NothingToResume:  # resumed already: it went on, or finished

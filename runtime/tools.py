@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
@@ -79,6 +79,7 @@ class ToolContext(Generic[Deps]):
 
     __slots__ = (
         "_emit",
+        "confirm",
         "decision",
         "deps",
         "depth",
@@ -108,6 +109,7 @@ class ToolContext(Generic[Deps]):
         depth: int = 0,
         may_wait: bool = False,
         decision: Any = None,
+        confirm: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.host = host
         """The host running the call: its bus, and sub-sessions
@@ -142,6 +144,12 @@ class ToolContext(Generic[Deps]):
         (when :attr:`may_wait`): that approval's id. The call then has no result: its
         turn suspends, waiting for that id, and the call runs again with
         :attr:`decision` once it is decided (docs/approval.md)."""
+        self.confirm = confirm
+        """The calling turn's confirm (:meth:`~runtime.actor_messages.TurnCancel.
+        confirmed`: whether it may still run tools), when it has one (a worker's turn,
+        whose claim a takeover may have taken while the process was paused): an agent
+        tool's sub-turn awaits it before each batch of its own tools; ``None``: nothing
+        to confirm."""
         self.waits_until: float | None = None
         """With :attr:`waits_for`: when that wait expires (the sub-agent's
         ``approval_timeout``, wall-clock seconds), the deadline of the calling turn's."""

@@ -120,6 +120,56 @@ async def test_a_worker_woken_past_its_lease_runs_no_tool_the_takeover_ran(
     assert {k: attempts.get(k) for k in keys} == {k: 1 for k in keys}  # run once, by b
 
 
+async def test_a_worker_woken_inside_a_sub_turn_past_its_lease_runs_no_sub_agent_tool_again(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Worker ``a`` runs a ``sub`` turn: its agent tool ``helper``'s sub-turn is held just
+    before its ``record``, then ``a`` is SIGSTOPped past its lease; ``b`` takes the turn
+    over and finishes it (the sub-turn again, ``record`` under the same key). ``a`` is
+    let on and SIGCONTed: its sub-turn confirms through the calling turn's claim, lost,
+    and runs no ``record``. Before, the sub-turn had no confirm of its own: ``a`` ran
+    ``record`` a second time (two attempts under one key)."""
+    from tests.support.worker_agent import read_ledger
+    from tests.test_workers import wait_for
+
+    gate = tmp_path / "gate"
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_SUB_TOOL_GATE=str(gate))
+        turn = await d.queue.submit("s1", "sub one")
+
+        async def at_gate() -> bool:
+            return await trio.Path(f"{gate}.at").exists()
+
+        await wait_for(at_gate, what="worker a at its sub-turn's tool")
+        workers.signal("a", signal.SIGSTOP)
+        workers.start("b")
+
+        async def taken_over() -> bool:
+            row = await d.queue.get(turn.turn_id)
+            return row is not None and row.status == "done"
+
+        await wait_for(taken_over, what="worker b to finish the turn")
+        await trio.Path(gate).touch()
+        workers.signal("a", signal.SIGCONT)
+
+        async def a_noticed() -> bool:
+            return "lease_lost" in workers.log("a")
+
+        await wait_for(a_noticed, timeout=20, what="worker a to notice its lost lease")
+        second = await d.queue.submit("s2", "after the pause")  # a goes on working
+
+        async def second_done() -> bool:
+            row = await d.queue.get(second.turn_id)
+            return row is not None and row.status == "done"
+
+        await wait_for(second_done, what="the next turn")
+        done = await d.queue.get(turn.turn_id)
+    assert done is not None and (done.owner, done.attempts) == ("b", 2)
+    effects, attempts = read_ledger(pg_url)
+    (key,) = [k for k in attempts if k.endswith(":0:call_s")]  # the sub-turn's record
+    assert (effects[key], attempts[key]) == (1, 1)  # run once, by b
+
+
 @pytest.mark.parametrize("killed_at", [4, 6, 9])
 async def test_every_reader_of_a_taken_over_step_that_asks_shows_the_stored_request(
     pg_url: str, redis_url: str, killed_at: int

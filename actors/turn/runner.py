@@ -565,7 +565,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             },
             deps=run.deps,
             steering=run.steering,
-            confirm=run.cancel.confirm,
+            confirm=run.cancel.confirmed if run.cancel.confirm is not None else None,
             tools=run.tools,
             instructions=run.instructions,
             approved_before=approved,

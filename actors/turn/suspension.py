@@ -527,6 +527,7 @@ class Suspending:
                 host=self.host,
                 deps=turn.deps,
                 depth=agent_depth(turn.meta),
+                confirm=turn.confirm,
             )
             await self._ask(self.tool_executor, request)
             pending = {p.tool_call_id for p in same}

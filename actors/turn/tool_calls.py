@@ -156,6 +156,7 @@ class ToolCalling:
                 deps=turn.deps,
                 depth=agent_depth(turn.meta),
                 may_wait=True,
+                confirm=turn.confirm,
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}

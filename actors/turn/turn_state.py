@@ -103,8 +103,9 @@ class Turn:
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
     steering: TurnSteering = attrs.field(factory=TurnSteering)
     """User messages that join the turn at its next step boundary (``steer``)."""
-    confirm: Callable[[], Awaitable[None]] | None = None
-    """Awaited before the turn runs tools (:attr:`TurnCancel.confirm`, the run's)."""
+    confirm: Callable[[], Awaitable[bool]] | None = None
+    """Awaited before the turn runs tools (:meth:`TurnCancel.confirmed`, the run's, when
+    it has a :attr:`TurnCancel.confirm`); handed to its tools' sub-turns too."""
     marked: bool = False
     """A save of the turn stored it as running in this process (``Saving._save_meta``):
     its saves that end it clear the marker."""

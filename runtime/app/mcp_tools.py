@@ -57,7 +57,7 @@ from runtime.agent import Agent
 from runtime.app.commands import program_name
 from runtime.app.session import FINAL_WAIT
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
-from runtime.errors import InvalidSessionId, SessionBusy
+from runtime.errors import HostClosed, InvalidSessionId, SessionBusy
 from runtime.ids import new_id
 from runtime.output import ResetStep, TextDelta, ToolCall
 from runtime.serde import utf8_text
@@ -249,7 +249,10 @@ class AgentTools:
 
 async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolResult:
     """Run one turn of ``session`` on ``prompt``, reporting progress; its MCP result."""
-    await session.reopen()  # the host may have evicted it since it was looked up
+    try:
+        await session.reopen()  # the host may have evicted it since it was looked up
+    except HostClosed as exc:
+        return closing_result(exc, session.id)
     strategy = one_answer_each(session)
     if session.busy and strategy == REJECT:
         return _busy(session)
@@ -264,7 +267,18 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
                 await out.done.wait()  # saved: the session's next call sees this turn
     except SessionBusy:
         return _busy(session)
+    except HostClosed as exc:  # the turn entered as the host closed: it never ran
+        return closing_result(exc, session.id)
     return tool_result(out.result, session.id)
+
+
+def closing_result(exc: HostClosed, session_id: str) -> types.CallToolResult:
+    """A call refused as the host closes (``serve`` stopping): nothing ran or was
+    stored; the client calls again once the server is back."""
+    return _error(
+        f"the server is shutting down ({exc}): nothing of this call was stored "
+        f"(session {session_id}); call again shortly"
+    )
 
 
 def tool_result(result: TurnResult | None, session_id: str) -> types.CallToolResult:

@@ -2,12 +2,14 @@
 when the calling session is deleted, the waits its sub-sessions keep for its decision
 are ended, as nobody can make it any more. Before, such a sub-session waited for good,
 and refused every decision (``CallerDecides``) and every new message (``CallerWaits``).
-The embedded host's ``delete_session``, the worker front end's delete, ``runtime
-delete`` and the deletes of scratch sessions (an unnamed OpenAI-compatible completion's)
-call :func:`end_sub_waits` before they delete the session."""
+The embedded host's ``delete_session``, the worker front end's delete and ``runtime
+delete`` call :func:`end_sub_waits` before they delete the session. A scratch session
+(an unnamed OpenAI-compatible completion's) is deleted with its sub-sessions
+(:func:`delete_scratch`): nobody can read or continue them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.agent import CALLER_DELETED, sub_session_id
@@ -22,6 +24,7 @@ from runtime.approval import (
 from runtime.errors import StoreConflict
 from runtime.messages import AssistantMessage, Message, ToolCallPart
 from runtime.store import Store, load_last_turn
+from runtime.tools import caller_of
 
 
 def _last_calls(messages: list[Message]) -> list[ToolCallPart]:
@@ -35,10 +38,27 @@ def _last_calls(messages: list[Message]) -> list[ToolCallPart]:
     return [p for p in last.content if isinstance(p, ToolCallPart) and p.tool_call_id in waiting]
 
 
-def waits_for_sub(messages: list[Message]) -> bool:
-    """Whether the history's last turn waits for an agent tool's sub-turn (read in
-    memory: what a scratch session's delete asks before :func:`end_sub_waits`)."""
-    return any(p.awaiting is not None and p.awaiting.nested for p in _last_calls(messages))
+async def delete_scratch(store: Store, session_id: str, messages: Sequence[Message]) -> int:
+    """Delete the scratch session ``session_id`` (a stateless request's: nobody's to
+    read or continue) and the sub-sessions its agent tools' calls in ``messages`` (what
+    its turn added) ran in, theirs too, agents calling agents. Before, each agent-tool
+    call of a stateless completion left its sub-session in the store for good (one per
+    call, never listed to anyone). One load per call of ``messages``; a session that is
+    not the sub-session of that call (none, or another caller's) is left alone. Returns
+    how many sessions were deleted."""
+    deleted = 0
+    for message in messages:
+        if not isinstance(message, AssistantMessage):
+            continue
+        for part in message.content:
+            if not isinstance(part, ToolCallPart):
+                continue
+            sub = sub_session_id(session_id, part.tool_name, part.tool_call_id)
+            record = await store.load(sub)
+            if record is not None and caller_of(record.meta) == session_id:
+                deleted += await delete_scratch(store, sub, record.messages)
+    await store.delete(session_id)
+    return deleted + 1
 
 
 async def end_sub_waits(

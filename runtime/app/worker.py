@@ -95,7 +95,7 @@ from runtime.app.commands import (
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
-from runtime.app.nested import end_sub_waits, waits_for_sub
+from runtime.app.nested import delete_scratch
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.clocks import AnchoredClock
 from runtime.errors import (
@@ -901,7 +901,7 @@ class Worker:
         if status == "lost" or entry.deleted:
             await self._drop_lost(entry, session)
         elif turn.options.ephemeral:
-            await self._forget(session)
+            await self._forget(session, len(turn.options.history or ()))
         return status
 
     async def _refuse(self, entry: _Running, exc: Exception) -> str:
@@ -1117,16 +1117,16 @@ class Worker:
                 pass
         return await host.open_session(agent, turn.session_id, stored=stored)
 
-    async def _forget(self, session: Any) -> None:
+    async def _forget(self, session: Any, history: int) -> None:
         """Delete an ephemeral turn's session once the turn is over
-        (``TurnOptions.ephemeral``: a stateless request's scratch session)."""
+        (``TurnOptions.ephemeral``: a stateless request's scratch session, which started
+        from ``history`` messages), with its agent tools' sub-sessions: nobody reads or
+        decides them now (:func:`~runtime.app.nested.delete_scratch`)."""
         with trio.CancelScope(shield=True):
             try:
-                subs = waits_for_sub(list(session.messages))
+                added = session.messages[history:]  # what its turn added
                 await session.close()
-                if subs:  # its agent tools' sub-sessions wait for it: nobody decides now
-                    await end_sub_waits(self.queue.store, session.id)
-                await self.queue.store.delete(session.id)
+                await delete_scratch(self.queue.store, session.id, added)
             except StoreError as exc:
                 log().warning("worker.forget_failed", session_id=session.id, error=redact(str(exc)))
 

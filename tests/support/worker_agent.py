@@ -9,6 +9,9 @@ worker that takes a turn over replays exactly what the dead worker's step would 
 * input ``approve ...``: step 0 calls ``guarded(n=1)``, which needs a person's approval
   (the turn waits, docs/approval.md) and then records its effect like ``record``; step 1
   answers as a ``tools`` turn does (the denial's reason in it when denied);
+* input ``sub ...``: step 0 calls the agent tool ``helper`` (a sub-turn in a sub-session,
+  whose step 0 calls ``record(n=1)``, step 1 answers ``sub done``), step 1 answers as a
+  ``tools`` turn does;
 * any other input: one step answering ``echo: <input>``.
 
 An input of parts is read as its text parts joined (its images and files are ignored).
@@ -35,6 +38,8 @@ Controlled by the environment of the worker process:
 * ``AXON_TEST_TOOL_GATE``: a file path; the agent's ``on_tool_call`` hook creates
   ``<path>.at`` and waits until the path exists: the worker is held just before it runs
   its first tool, for as long as the test wants.
+* ``AXON_TEST_SUB_TOOL_GATE``: the same, in the ``helper`` sub-agent's ``on_tool_call``:
+  the worker is held inside a ``sub`` turn's sub-turn, just before its ``record``.
 """
 
 from __future__ import annotations
@@ -183,6 +188,10 @@ def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
         result = request.messages[-1]
         denied = getattr(result, "error", None)
         return [answer_text(user) if denied is None else f"not done: {denied}"]
+    if user.startswith("sub"):
+        if current_step(request.messages) == 0:
+            return tool_call("helper", {"input": "record one"}, tool_call_id="call_h")
+        return [answer_text(user)]
     if not user.startswith("tools"):
         return [f"echo: {user}"]
     step = current_step(request.messages)
@@ -203,13 +212,33 @@ async def _start_gate(event: object) -> None:
         await trio.sleep(0.02)
 
 
-async def _tool_gate(event: object) -> None:
+async def _tool_gate(event: object, variable: str = "AXON_TEST_TOOL_GATE") -> None:
     """Say so (``<AXON_TEST_TOOL_GATE>.at``), then wait until ``AXON_TEST_TOOL_GATE``
     exists."""
-    gate = trio.Path(os.environ.get("AXON_TEST_TOOL_GATE", ""))
+    gate = trio.Path(os.environ.get(variable, ""))
     await trio.Path(f"{gate}.at").touch()
     while not await gate.exists():  # noqa: ASYNC110
         await trio.sleep(0.02)
+
+
+async def _sub_tool_gate(event: object) -> None:
+    await _tool_gate(event, "AXON_TEST_SUB_TOOL_GATE")
+
+
+def _helper_respond(request: InferRequest) -> list:  # type: ignore[type-arg]
+    if current_step(request.messages) == 0:
+        return tool_call("record", {"n": 1}, tool_call_id="call_s")
+    return ["sub done"]
+
+
+helper = Agent(
+    name="helper",
+    provider=ScriptedProvider(responder=_helper_respond, keep_requests=0),
+    instructions="test helper",
+    tools=[record],
+    hooks=Hooks(on_tool_call=_sub_tool_gate if os.environ.get("AXON_TEST_SUB_TOOL_GATE") else None),
+)
+"""The ``helper`` agent a ``sub`` turn calls as a tool."""
 
 
 agent = Agent(
@@ -221,7 +250,7 @@ agent = Agent(
         chunk_size=8,
     ),
     instructions="test",
-    tools=[record, guarded, die],
+    tools=[record, guarded, die, helper.as_tool()],
     approval_timeout=float(os.environ.get("AXON_TEST_APPROVAL_TIMEOUT", "0") or 0) or None,
     hooks=Hooks(
         on_turn_start=_start_gate if os.environ.get("AXON_TEST_START_GATE") else None,

@@ -42,7 +42,7 @@ from starlette.types import Receive, Scope, Send
 
 from actors.a2a import legacy, wire
 from runtime.app.web.a2a_queued import QueuedTaskBook
-from runtime.app.web.a2a_tasks import LiveTask, TaskBook
+from runtime.app.web.a2a_tasks import HostClosing, LiveTask, TaskBook
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.http import ApiError
@@ -211,7 +211,7 @@ class A2AEndpoint:
         is refused before the JSON-RPC request is read (the token, the body's size, time
         and media type, the server's room for bodies), which keeps its HTTP status."""
         headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
-        if isinstance(exc, _BodyRefused):
+        if isinstance(exc, _BodyRefused | HostClosing):
             headers = exc.headers
         if rpc:
             http = exc.status if exc.status in (401, 408, 413, 415, 503) else 200

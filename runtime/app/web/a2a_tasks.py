@@ -29,6 +29,7 @@ from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web.answers import record_all
 from runtime.app.web.chat_input import title_of
+from runtime.app.web.http import CLOSING_RETRY_AFTER, closing_message
 from runtime.approval import (
     APPROVAL,
     SUPERSEDED,
@@ -42,6 +43,7 @@ from runtime.busy import REJECT
 from runtime.errors import (
     CallerWaits,
     DecisionError,
+    HostClosed,
     InvalidMedia,
     InvalidSessionId,
     MediaTooLarge,
@@ -257,6 +259,16 @@ def derive(
 
 
 # -- live tasks -------------------------------------------------------------------------
+
+
+class HostClosing(wire.A2AError):
+    """A task refused as the host closes (``serve`` stopping, :class:`HostClosed`):
+    nothing ran or was stored; a 503 with ``Retry-After`` (over JSON-RPC too, as a
+    refusal before the request is read is), to send again."""
+
+    def __init__(self, exc: HostClosed) -> None:
+        super().__init__("Internal", closing_message(exc), status=503)
+        self.headers = {"retry-after": CLOSING_RETRY_AFTER}
 
 
 class LiveTask:
@@ -803,6 +815,8 @@ class TaskBook:
             raise _busy(live.context_id, self._running_in(live.context_id)) from None
         except NothingToResume as exc:
             raise wire.A2AError("UnsupportedOperation", str(exc)) from None
+        except HostClosed as exc:  # the turn entered as the host closed: it never ran
+            raise HostClosing(exc) from None
 
     async def _drive(
         self,

@@ -78,7 +78,7 @@ from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.frontend import message_key
 from runtime.app.web.guard import is_json
-from runtime.app.web.http import ApiError
+from runtime.app.web.http import CLOSING_RETRY_AFTER, ApiError, closing_message
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
 from runtime.busy import REJECT
@@ -144,6 +144,13 @@ def _busy(session: Any, why: str | None = None) -> Response:
     return error_response(
         AGUIError(409, why or f"thread {session.id!r} is running a run already", "thread_busy")
     )
+
+
+def _closing(exc: Exception) -> Response:
+    """A run refused as the host closes (``serve`` stopping): a 503 to send again, no
+    event stream (the HTTP binding's rule for a refusal before the run starts)."""
+    retry = {"retry-after": CLOSING_RETRY_AFTER}
+    return error_response(AGUIError(503, closing_message(exc), "unavailable"), retry)
 
 
 class StreamEncoder(RunEncoder):
@@ -608,6 +615,7 @@ class AGUIRoutes:
             encoder=self._encoder(run, session.agent, prelude=prelude),
             headers=HEADERS,
             busy=_busy,
+            closing=_closing,
             on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
 
@@ -720,6 +728,7 @@ class AGUIRoutes:
             encoder=self._encoder(run, session.agent, **metadata_and_answered),
             headers=HEADERS,
             busy=_busy,
+            closing=_closing,
             on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
 

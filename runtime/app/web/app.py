@@ -95,6 +95,7 @@ from runtime.app.web.http import (
     ApiError,
     busy_hint,
     busy_message,
+    closing_response,
     error_response,
     has_bearer,
     json_response,
@@ -118,6 +119,7 @@ from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
     SESSION_DELETED,
     CallerWaits,
+    HostClosed,
     InputHeld,
     InvalidHistory,
     NothingToResume,
@@ -337,6 +339,7 @@ class TurnResponse:
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[..., Response] | None = None,
+        closing: Callable[[Exception], Response] | None = None,
         on_busy: OnBusy | None = None,
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
@@ -376,6 +379,9 @@ class TurnResponse:
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
+        self.closing = closing or closing_response
+        """The answer to a turn refused as the host closes (:class:`HostClosed`, ``serve``
+        stopping), in the request's protocol: 503 with ``Retry-After``, nothing stored."""
         self.on_busy = on_busy
         """This request's busy strategy, if not the session's (:mod:`runtime.busy`)."""
         # What another protocol's turn carries beyond the AI SDK's (runtime.app.web.agui):
@@ -386,7 +392,11 @@ class TurnResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
-        await session.reopen()  # the host may have evicted it since the request looked it up
+        try:
+            await session.reopen()  # the host may have evicted it since the request looked it up
+        except HostClosed as exc:
+            await self.closing(exc)(scope, receive, send)
+            return
         strategy = REJECT if self.resume else self.on_busy or session.on_busy
         if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
@@ -459,6 +469,10 @@ class TurnResponse:
                 if started:
                     raise
                 await self.busy(session)(scope, receive, send)
+            except HostClosed as exc:  # the turn entered as the host closed (serve stopping)
+                if started:
+                    raise
+                await self.closing(exc)(scope, receive, send)
             except NothingToResume as exc:
                 await error_response(409, str(exc))(scope, receive, send)
 

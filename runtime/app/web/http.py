@@ -39,6 +39,23 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return json_response({"error": message}, status, headers)
 
 
+CLOSING_RETRY_AFTER = "5"
+"""Seconds a client waits before sending again a request that reached a closing host:
+the server restarting (or another one behind the same address) takes it then."""
+
+
+def closing_message(exc: Exception) -> str:
+    """What a request whose turn entered as the host closed (``serve`` stopping:
+    :class:`~runtime.errors.HostClosed`) is told: nothing of it ran or was stored."""
+    return f"the server is shutting down ({exc}): nothing was stored; send it again shortly"
+
+
+def closing_response(exc: Exception) -> Response:
+    """503 with ``Retry-After`` for a request the closing host refused (the AI SDK
+    endpoints' shape, ``{"error": message}``)."""
+    return error_response(503, closing_message(exc), {"retry-after": CLOSING_RETRY_AFTER})
+
+
 def busy_hint(session_id: str) -> str:
     """How a client waits for a busy session's turn, or stops it."""
     return (

@@ -64,7 +64,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
-from runtime.app.nested import end_sub_waits, waits_for_sub
+from runtime.app.nested import delete_scratch
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
@@ -75,7 +75,7 @@ from runtime.app.web.chat_input import (
     title_of,
 )
 from runtime.app.web.guard import is_json
-from runtime.app.web.http import ApiError
+from runtime.app.web.http import CLOSING_RETRY_AFTER, ApiError, closing_message
 from runtime.app.web.openai_wire import (
     CompletionEncoder,
     OpenAIError,
@@ -86,6 +86,7 @@ from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
     CallerWaits,
+    HostClosed,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -143,6 +144,19 @@ def _busy(session: Any, why: str | None = None) -> Response:
     return error_response(_busy_error(session.id, why))
 
 
+def _closing(exc: Exception) -> Response:
+    """A turn refused as the host closes (``serve`` stopping): OpenAI's 503, to retry."""
+    return error_response(
+        OpenAIError(
+            503,
+            closing_message(exc),
+            type="server_error",
+            code="unavailable",
+            headers={"retry-after": CLOSING_RETRY_AFTER},
+        )
+    )
+
+
 class CompletionWhole:
     """A turn answered as one ``chat.completion`` once it is over; a client that leaves
     first cancels it (saved, marked interrupted, as a stream's)."""
@@ -157,7 +171,11 @@ class CompletionWhole:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
-        await session.reopen()
+        try:
+            await session.reopen()
+        except HostClosed as exc:
+            await _closing(exc)(scope, receive, send)
+            return
         strategy = one_answer_each(session)
         if session.busy and strategy == REJECT:
             await _busy(session)(scope, receive, send)
@@ -165,6 +183,7 @@ class CompletionWhole:
         if "title" not in session.meta:
             session.set_title(title_of(self.text))
         busy: bool | str = False
+        closed: HostClosed | None = None
         async with trio.open_nursery() as nursery:
             try:
                 async with session.stream(self.text, on_busy=strategy) as out:
@@ -179,8 +198,13 @@ class CompletionWhole:
                 busy = str(exc)
             except SessionBusy:
                 busy = True
+            except HostClosed as exc:  # the turn entered as the host closed: it never ran
+                closed = exc
             finally:
                 nursery.cancel_scope.cancel()
+        if closed is not None:
+            await _closing(closed)(scope, receive, send)
+            return
         if busy:
             await _busy(session, busy if isinstance(busy, str) else None)(scope, receive, send)
             return
@@ -235,11 +259,10 @@ class Stateless:
                 await self.make(session, False)(scope, receive, send)
             finally:
                 with trio.CancelScope(shield=True):
-                    subs = waits_for_sub(list(session.messages))
+                    added = session.messages[len(self.history) :]  # what its turn added
                     await session.close()
-                    if subs:  # its agent tools' sub-sessions wait for it: nobody decides now
-                        await end_sub_waits(host.store, session.id)
-                    await host.store.delete(session.id)
+                    # with its agent tools' sub-sessions (nobody reads or decides them now)
+                    await delete_scratch(host.store, session.id, added)
 
 
 class ScratchHost:
@@ -334,6 +357,7 @@ class OpenAIRoutes:
                     encoder=lambda: encoder,
                     headers={**STREAM_HEADERS, **_session_header(session, named)},
                     busy=_busy,
+                    closing=_closing,
                     on_busy=one_answer_each(session),
                 )
             return CompletionWhole(session, chat.input, encoder, named=named)
