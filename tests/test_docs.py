@@ -192,3 +192,22 @@ def test_the_workers_liveness_probe_passes_on_a_fresh_health_file_only(tmp_path)
     assert not passes()
     alive.unlink()
     assert not passes()
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_every_option_of_the_servers_is_named_in_the_docs(command):
+    """An option added to ``serve`` or ``worker`` (``--drain``, ``--health-file``,
+    ``--max-connections-per-address``) is looked for in the docs by an operator: each
+    of its options is named on some page."""
+    import argparse
+
+    from runtime.app.web.serve import add_serve_parser
+    from runtime.app.worker import add_worker_parser
+
+    add = {"serve": add_serve_parser, "worker": add_worker_parser}[command]
+    parser = add(argparse.ArgumentParser().add_subparsers())
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    assert "--drain" in options or "--health-file" in options
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*[a-z])(?![\w-])", docs))
+    assert sorted(options - named - {"--help"}) == []
