@@ -212,6 +212,14 @@ def test_serve_help_shows_the_body_limit():
     assert "largest request body, bytes (default 50331648: 48 MiB" in help_text("serve")
 
 
+def test_serve_help_says_the_token_guards_the_protocols_endpoints_not_the_probes():
+    """It said /api/ only, while /v1/, /a2a/, /ag-ui and /mcp answer 401 without it too
+    (docs/web.md), and the probes need none (docs/deployment.md, Health checks)."""
+    text = help_text("serve")
+    assert "on /api/ and the protocols' endpoints (/v1/, /a2a/, /ag-ui, /mcp)" in text
+    assert "not the probes /healthz and /readyz" in text
+
+
 def test_help_names_each_providers_default_model():
     from actors.providers.registry import create_provider
     from runtime.app.commands import DEFAULT_MODELS

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,44 @@ def test_the_approval_pages_command_line_example_runs_where_it_says(tmp_path):
     )
     assert goes_on.returncode == 0, goes_on.stderr
     assert "It is sunny in Oslo." in goes_on.stdout
+
+
+def test_the_workers_liveness_probe_passes_on_a_fresh_health_file_only(tmp_path):
+    """docs/deployment.md's Kubernetes probe for a worker, run by ``sh`` (dash here, as
+    the probe's ``exec`` runs it) against a real file: a file just touched passes, one
+    40 s old and a missing one (the worker exited, or never touched it) fail."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    (command,) = re.findall(r"command: \[sh, -c, '(.*)'\]", text)
+    assert "/tmp/axon-alive" in command
+    alive = tmp_path / "axon-alive"
+    probe = command.replace("/tmp/axon-alive", str(alive))
+
+    def passes() -> bool:
+        return subprocess.run(["sh", "-c", probe], capture_output=True, timeout=10).returncode == 0
+
+    alive.touch()
+    assert passes()
+    stale = time.time() - 40
+    os.utime(alive, (stale, stale))
+    assert not passes()
+    alive.unlink()
+    assert not passes()
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_every_option_of_the_servers_is_named_in_the_docs(command):
+    """An option added to ``serve`` or ``worker`` (``--drain``, ``--health-file``,
+    ``--max-connections-per-address``) is looked for in the docs by an operator: each
+    of its options is named on some page."""
+    import argparse
+
+    from runtime.app.web.serve import add_serve_parser
+    from runtime.app.worker import add_worker_parser
+
+    add = {"serve": add_serve_parser, "worker": add_worker_parser}[command]
+    parser = add(argparse.ArgumentParser().add_subparsers())
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    assert "--drain" in options or "--health-file" in options
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*[a-z])(?![\w-])", docs))
+    assert sorted(options - named - {"--help"}) == []

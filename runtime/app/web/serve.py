@@ -217,7 +217,8 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--token",
         default=None,
-        help=f"require 'Authorization: Bearer TOKEN' on /api/ (or set ${TOKEN_ENV})",
+        help="require 'Authorization: Bearer TOKEN' on /api/ and the protocols' endpoints "
+        f"(/v1/, /a2a/, /ag-ui, /mcp), not the probes /healthz and /readyz (or set ${TOKEN_ENV})",
     )
     add(
         "--cors-origin",
