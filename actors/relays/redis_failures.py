@@ -48,6 +48,32 @@ def _described(error: BaseException, within: float | None = None) -> str:
     return redact(f"{type(error).__name__}: {text}" if text else type(error).__name__)
 
 
+def keep_pool_places(client: Any) -> Any:
+    """``client`` (a coredis client), its pool giving back the place of each connection
+    that comes back unusable.
+
+    coredis drops the connection a cancelled blocking command (the reader's ``XREAD
+    BLOCK``) was sent on, and its pool (``max_connections``, 64) gives the place of a
+    connection back only when that connection is usable: a front end whose viewers left
+    64 live reads mid-turn had no place left, and every command of its relay waited for
+    one until its deadline, for ever after (benchmarks/journal/workers.md,
+    "leakworker"). A connection that comes back unusable now gives back an empty place
+    (the next command connects anew), as coredis does for one that dies in the pool."""
+    pool = client.connection_pool
+    places = getattr(pool, "_available_connections", None)
+    if places is None:  # (another coredis: nothing to mend)
+        return client
+    release = pool.release
+
+    def release_keeping_place(connection: Any) -> None:
+        release(connection)
+        if not connection.usable and not places.full():
+            places.append_nowait(None)
+
+    pool.release = release_keeping_place
+    return client
+
+
 def _backoff(attempt: int, base: float, cap: float) -> float:
     """Capped exponential backoff with full jitter (many writers must not retry in step)."""
     return random.uniform(0, min(cap, base * 2**attempt))

@@ -59,6 +59,7 @@ from actors.relays.redis_failures import (
     _single_leaf,
     _transient,
     _wait_for_redis,
+    keep_pool_places,
 )
 from actors.relays.redis_flush import _Flusher
 from actors.relays.redis_writer import (
@@ -247,15 +248,19 @@ class RedisRelay:
                 f"bad Redis URL {shown!r}: expected redis://host:port/db (or rediss://, unix://)"
             )
         try:
-            client = coredis.Redis.from_url(
-                url, decode_responses=False, connect_timeout=2.0, verify_version=False
+            client = keep_pool_places(
+                coredis.Redis.from_url(
+                    url, decode_responses=False, connect_timeout=2.0, verify_version=False
+                )
             )
             # The cancel watch's subscription has a pool of its own: the relay's pool
             # starts over when a reply never comes (``_gave_up``), and coredis would
             # subscribe again on its own, unseen by the watch, missing what was
             # published meanwhile.
-            subscriber = coredis.Redis.from_url(
-                url, decode_responses=False, connect_timeout=2.0, verify_version=False
+            subscriber = keep_pool_places(
+                coredis.Redis.from_url(
+                    url, decode_responses=False, connect_timeout=2.0, verify_version=False
+                )
             )
         except ValueError as exc:
             raise ConfigurationError(f"bad Redis URL {shown!r}: {exc}") from None

@@ -336,38 +336,10 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         renewer: LeaseRenewer | None = None
-        delay = self.interval
+        delay: float | None = self.interval
         try:
-            while not self._stopping.wait(delay):
-                delay = self.interval
-                with self._lock:
-                    leases = list(self._held.values())
-                for lease in leases:
-                    if self._stopping.is_set():
-                        break
-                    if lease.entry is not None and lease.entry.lost:
-                        continue
-                    try:
-                        if renewer is None:
-                            renewer = self.queue.open_renewer()
-                        began = time.monotonic()
-                        renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
-                        if renewal.held:
-                            lease.renewed = began
-                    except Exception as exc:
-                        log().warning(
-                            "worker.renew_failed", turn_id=lease.turn_id, error=redact(str(exc))
-                        )
-                        if renewer is not None:
-                            renewer.close()
-                        renewer = None
-                        delay = self.RETRY
-                        continue
-                    if not renewal.held or renewal.cancel_requested:
-                        try:
-                            self._token.run_sync_soon(self._apply, lease, renewal)
-                        except trio.RunFinishedError:
-                            return
+            while delay is not None and not self._stopping.wait(delay):
+                renewer, delay = self._round(renewer)
         finally:
             if renewer is not None:
                 renewer.close()
@@ -378,6 +350,41 @@ class LeaseKeeper:
         may have taken the turn over."""
         lease = self._held.get(turn_id)
         return lease is None or time.monotonic() - lease.renewed > 2 * self.interval
+
+    def _round(self, renewer: LeaseRenewer | None) -> tuple[LeaseRenewer | None, float | None]:
+        """Renew every lease held now; the renewer, and the delay before the next round
+        (``None``: the run is over). A method of its own: what its locals held of the
+        turns (their entries, whose streams hold their sessions and histories) goes when
+        it returns; kept in :meth:`_run`'s frame, the last lease renewed kept its turn
+        alive until the next lease was, for ever on an idle worker."""
+        delay = self.interval
+        with self._lock:
+            leases = list(self._held.values())
+        for lease in leases:
+            if self._stopping.is_set():
+                break
+            if lease.entry is not None and lease.entry.lost:
+                continue
+            try:
+                if renewer is None:
+                    renewer = self.queue.open_renewer()
+                began = time.monotonic()
+                renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
+                if renewal.held:
+                    lease.renewed = began
+            except Exception as exc:
+                log().warning("worker.renew_failed", turn_id=lease.turn_id, error=redact(str(exc)))
+                if renewer is not None:
+                    renewer.close()
+                renewer = None
+                delay = self.RETRY
+                continue
+            if not renewal.held or renewal.cancel_requested:
+                try:
+                    self._token.run_sync_soon(self._apply, lease, renewal)
+                except trio.RunFinishedError:
+                    return renewer, None
+        return renewer, delay
 
     def _apply(self, lease: _Lease, renewal: Renewal) -> None:
         """On the event loop: act on a renewal that was refused or asks to cancel."""

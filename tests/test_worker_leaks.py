@@ -1,0 +1,251 @@
+"""What a long-lived worker keeps of each way a turn ends: one worker (in process, the
+test run's own PostgreSQL and Redis) runs one ending many times, a new session each time,
+and what it holds is counted. The objects of the runtime's own classes, the turns it
+runs, the leases it renews, its host's sessions (at most ``max_sessions``), the relay's
+open writers and the Trio tasks are the same after the 18th run as after the 6th
+(benchmarks/journal/workers.md, "leakworker": the probe that ran each ending 100 times
+through a front end, and a ``runtime worker`` process 3,100 times).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime import Agent, tool
+from runtime.actor_messages import InferRequest
+from runtime.app.worker import LeaseKeeper, Worker, _Running
+from runtime.approval import Decision
+from runtime.errors import ProviderError
+from runtime.messages import AssistantMessage, ToolCallPart, UserMessage
+from runtime.turn_queue import Renewal
+from tests.support.redis import require_redis, unique_prefix
+
+LIMIT = 30
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def broken(city: str) -> str:
+    """A tool that raises."""
+    raise RuntimeError("tool broke")
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str) -> str:
+    """Delete a file."""
+    return f"deleted {path}"
+
+
+def respond(request: InferRequest) -> list[Any]:
+    text = [m for m in request.messages if isinstance(m, UserMessage)][-1].content
+    first = current_step(request.messages) == 0
+    if text == "fail":
+        return ["half ", ProviderError("down", retryable=False)]
+    if text == "broken" and first:
+        return tool_call("broken", {"city": "Paris"})
+    if text == "delete" and first:
+        return ["I will. ", *tool_call("delete_file", {"path": "/x"})]
+    if text == "slow":
+        return ["w " * 2000]
+    return ["ok"]
+
+
+AGENT = Agent(
+    name="a",
+    provider=ScriptedProvider(responder=respond, chunk_size=4, delay=0.002, keep_requests=0),
+    tools=[broken, delete_file],
+)
+
+Run = Callable[[Worker, TurnQueue, RedisRelay, str], Awaitable[None]]
+
+
+def finished(status: str, text: str) -> Run:
+    async def run(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+        turn = await queue.submit(session_id, text)
+        done = await queue.wait_finished(turn.turn_id, LIMIT)
+        assert done is not None and done.status == status
+
+    return run
+
+
+async def cancelled(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+    turn = await queue.submit(session_id, "slow")
+    while turn.turn_id not in worker.running:  # noqa: ASYNC110 - the worker claims it
+        await trio.sleep(0.01)
+    await queue.request_cancel(turn.turn_id, "stop")  # (as a front end's stop does)
+    await relay.request_cancel(turn.turn_id, "stop")
+    done = await queue.wait_finished(turn.turn_id, LIMIT)
+    assert done is not None and done.status == "cancelled"
+
+
+async def deleted(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+    turn = await queue.submit(session_id, "slow")
+    while turn.turn_id not in worker.running:  # noqa: ASYNC110 - the worker claims it
+        await trio.sleep(0.01)
+    await queue.store.delete(session_id)
+    done = await queue.wait_finished(turn.turn_id, LIMIT)
+    assert done is not None and done.status == "cancelled"
+
+
+def decided(approved: bool) -> Run:
+    async def run(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+        turn = await queue.submit(session_id, "delete")
+        while not (await queue.get(turn.turn_id)).waiting:  # type: ignore[union-attr]  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        record = await queue.store.load(session_id)
+        assert record is not None
+        asking = record.messages[-1]
+        assert isinstance(asking, AssistantMessage)
+        call = next(p for p in asking.content if isinstance(p, ToolCallPart))
+        assert call.awaiting is not None
+        await queue.decide(session_id, call.awaiting.id, Decision(approved=approved), {})
+        done = await queue.wait_finished(turn.turn_id, LIMIT)
+        assert done is not None and done.status == "done"
+
+    return run
+
+
+ENDINGS: dict[str, Run] = {
+    "success": finished("done", "hi"),
+    "provider error": finished("failed", "fail"),
+    "tool raises": finished("done", "broken"),
+    "cancelled while running": cancelled,
+    "session deleted while running": deleted,
+    "approved": decided(True),
+    "denied": decided(False),
+}
+
+
+def runtime_objects() -> Counter[str]:
+    """The live objects of the runtime's own classes (the stores' excepted: they keep
+    conversations, and the fences of the last 65,536 sessions), after a collection."""
+    gc.collect()
+    found: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        module = type(obj).__module__
+        if (
+            isinstance(module, str)
+            and module.startswith(("runtime.", "actors."))
+            and not module.startswith("actors.stores")
+        ):
+            found[f"{module}.{type(obj).__qualname__}"] += 1
+    return found
+
+
+def tasks() -> int:
+    def count(task: Any) -> int:
+        return 1 + sum(count(child) for n in task.child_nurseries for child in n.child_tasks)
+
+    return count(trio.lowlevel.current_root_task())
+
+
+async def held(worker: Worker, relay: RedisRelay) -> dict[str, Any]:
+    while worker.running:  # noqa: ASYNC110 - its row is finished before the worker lets it go
+        await trio.sleep(0.01)
+    await trio.sleep(0.05)
+    assert worker.host is not None and worker._leases is not None
+    return {
+        "objects": runtime_objects(),
+        "leases": len(worker._leases._held),
+        "sessions": len(worker.host.sessions),
+        "writers": len(relay.live),
+        "tasks": tasks(),
+    }
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+async def test_a_turn_ending_so_leaves_nothing_behind_in_the_worker(
+    ending: str, pg_url: str, redis_url: str
+) -> None:
+    run = ENDINGS[ending]
+    worker_store = await PostgresStore.open(pg_url)
+    front = await PostgresStore.open(pg_url)
+    queue = TurnQueue(front)
+    try:
+        async with (
+            RedisRelay.open(redis_url, prefix=unique_prefix()) as relay,
+            trio.open_nursery() as nursery,
+        ):
+            worker = Worker(store=worker_store, relay=relay, agent=AGENT, poll=0.05, max_sessions=3)
+            await nursery.start(worker.run)
+            with trio.fail_after(120):
+                for i in range(6):
+                    await run(worker, queue, relay, f"s{i}")
+                before = await held(worker, relay)
+                for i in range(6, 18):
+                    await run(worker, queue, relay, f"s{i}")
+                after = await held(worker, relay)
+            worker.stop()
+    finally:
+        with trio.CancelScope(shield=True):
+            await queue.aclose()
+            await front.aclose()
+            await worker_store.aclose()
+    grown = after.pop("objects") - before.pop("objects")
+    assert dict(grown) == {}
+    assert after == before
+
+
+class _Renewer:
+    """Renews every lease; says when it renewed one."""
+
+    def __init__(self) -> None:
+        self.renewed = threading.Event()
+
+    def renew(self, turn_id: str, owner: str, epoch: int) -> Renewal:
+        self.renewed.set()
+        return Renewal(held=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.renewer = _Renewer()
+
+    def open_renewer(self) -> _Renewer:
+        return self.renewer
+
+
+class _Turn:
+    turn_id = "t"
+
+
+class _Claim:
+    turn = _Turn()
+    owner = "w"
+    epoch = 1
+
+
+async def test_the_lease_keeper_keeps_no_turn_it_no_longer_renews() -> None:
+    queue = _Queue()
+    keeper = LeaseKeeper(queue, interval=0.01)  # type: ignore[arg-type]
+    entry = _Running(claim=_Claim())  # type: ignore[arg-type]
+    keeper.attach(entry)
+    keeper.start()
+    try:
+        await trio.to_thread.run_sync(queue.renewer.renewed.wait)
+        keeper.release("t", 1)  # the turn ended
+        gone = weakref.ref(entry)
+        del entry
+        await trio.sleep(0.05)  # (rounds of the idle keeper)
+        gc.collect()
+        assert gone() is None
+    finally:
+        await keeper.aclose()
