@@ -99,6 +99,25 @@ async def test_the_first_post_of_an_outage_that_refuses_connections_waits_no_ret
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
 
 
+def test_only_a_connection_never_made_shortens_the_relays_retry_window() -> None:
+    # Refused (no server on the port) is answered at once; a connect that timed out, or
+    # a connection made that went silent, may be a Redis busy or far: the whole window.
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+
+    from actors.relays.redis_failures import _unconnected
+
+    def unable(cause: BaseException) -> BaseException:
+        error = RedisConnectionError("Unable to establish a connection to 127.0.0.1:1")
+        error.__cause__ = cause
+        return error
+
+    assert _unconnected(unable(OSError("All connection attempts failed")))
+    assert _unconnected(ConnectionRefusedError())
+    assert not _unconnected(unable(TimeoutError()))
+    assert not _unconnected(RedisConnectionError("Connection lost"))
+    assert not _unconnected(trio.TooSlowError())
+
+
 async def test_a_relay_known_down_reads_again_once_redis_answers(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
