@@ -70,6 +70,17 @@ async def test_an_emoji_split_across_two_deltas_streams_live_as_it_is_saved(kind
         assert live(chunks) == texts(r.session.messages[1]) == "a😀b"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_empty_delta_between_an_emojis_halves_leaves_the_emoji_whole(kind, autojump_clock):
+    """``"a\\ud83d"``, an empty delta (OpenAI's ``content: ""``), then ``"\\ude00b"``.
+    Before: the empty delta joined the held half to nothing, U+FFFD, and the other half
+    came alone: ``a\\ufffd\\ufffdb`` live and saved, where no empty delta gives ``a😀b``."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        chunks, result = await turn(r, Reply(body=r.answer("a\ud83d", "", "\ude00b")))
+        assert result.error is None
+        assert live(chunks) == texts(r.session.messages[1]) == "a😀b"
+
+
 @pytest.mark.parametrize("pieces", [("a\ud83d", "b"), ("a\ud83d", "b", "c\ud83d")])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_held_half_whose_other_half_never_comes_streams_as_it_is_saved(

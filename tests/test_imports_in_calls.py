@@ -63,3 +63,21 @@ def test_asking_what_a_stores_save_and_listing_take_imports_nothing(imports: lis
     store_module._PAGING.pop(Wrapped, None)
     store_module._takes_paging(store)
     assert imports == []
+
+
+def test_classifying_an_anthropic_failure_imports_nothing(imports: list[str]) -> None:
+    """``classify_error`` runs once per failed call: before, it imported the SDK each
+    time. The SDK's exceptions exist only once it is loaded, so it is looked up."""
+    import anthropic
+    import httpx
+
+    from actors.providers.anthropic import classify_error
+    from runtime import errors
+
+    imports.clear()
+    request = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
+    timeout = classify_error(anthropic.APITimeoutError(request=request))
+    dropped = classify_error(ConnectionResetError("reset"))
+    assert isinstance(timeout, errors.ProviderTimeout)
+    assert isinstance(dropped, errors.AxonError)
+    assert imports == []

@@ -118,3 +118,63 @@ async def test_the_ai_package_shows_the_request_a_waiting_turns_takeover_streams
     approval_id = next(c.approval_id for c in first if c.type == "tool-approval-request")
     assert (call["toolCallId"], call["state"]) == ("call_a", "approval-requested")
     assert call["approval"]["id"] == approval_id, orjson.dumps(call)
+
+
+async def test_a_waiting_turns_takeover_bills_nothing_again_in_its_step_or_its_total():
+    """The re-streamed step ran no model call: its ``step-finish`` says no usage, and its
+    ``finish`` (the turn's total) is the original's, not twice it. A client that adds up
+    every ``step-finish`` of a turn's streams (the original, each takeover) gets the
+    turn's total once; given the step's stored usage again, it counted the step twice."""
+    from actors.providers.scripted import tool_call
+    from runtime.chunks import Usage
+    from runtime.tools import tool
+
+    @tool(needs_approval=True)
+    async def guarded(n: int) -> str:
+        return f"done {n}"
+
+    asks = ["I need your approval. ", *tool_call("guarded", {"n": 1}, tool_call_id="call_a")]
+    agent = Agent(provider=ScriptedProvider([asks]), tools=[guarded])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        ids = {"turn_id": "turn_w", "message_id": "msg_w", "resume": True}
+        first, waits = await _chunks(session, "go", **ids)
+        again, took_over = await _chunks(session, "go", **ids)
+    steps = [c.usage for c in first + again if c.type == "step-finish"]
+    assert waits.usage.total_tokens > 0
+    assert sum(steps, Usage()) == took_over.usage == waits.usage
+    [finish] = [c for c in again if c.type == "finish"]
+    assert finish.usage == waits.usage
+
+
+async def test_the_ai_package_shows_a_waiting_client_tool_call_a_takeover_streams():
+    """A turn waiting for a client tool's output, taken over: the AI SDK builds the call
+    in state ``input-available`` with its input (what a page answers with
+    ``addToolOutput``), as from the original stream, which also streamed the input's
+    deltas first (the takeover streams the stored call whole: ``tool-input-available``)."""
+    from actors.providers.scripted import tool_call
+    from runtime.app.web.ui_stream import UIStreamEncoder
+    from runtime.tools import Tool
+    from tests.web.harness import ensure_ai_package, run_read_stream
+
+    node = ensure_ai_package()
+    ask = Tool.client("ask", {"type": "object", "properties": {"q": {"type": "string"}}})
+    calls = ["One question. ", *tool_call("ask", {"q": "which?"}, tool_call_id="call_c")]
+    agent = Agent(provider=ScriptedProvider([calls]), tools=[ask])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        ids = {"turn_id": "turn_c", "message_id": "msg_c", "resume": True}
+        shown = []
+        for _ in range(2):  # the original stream, then the takeover's
+            chunks, result = await _chunks(session, "go", **ids)
+            assert result.finish_reason == "awaiting-input"
+            check_grammar(chunks)
+            encoder = UIStreamEncoder()
+            sse = b"".join(encoder.events(c) for c in chunks).decode()
+            read = await run_read_stream(node, {"sse": sse, "read": True})
+            assert read["error"] is None, read
+            shown.append([p for p in read["message"]["parts"] if p["type"] == "tool-ask"])
+    [[original], [taken_over]] = shown
+    assert (taken_over["toolCallId"], taken_over["state"]) == ("call_c", "input-available")
+    assert taken_over["input"] == original["input"] == {"q": "which?"}
+    assert taken_over["state"] == original["state"]

@@ -1299,8 +1299,11 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     """
     if isinstance(exc, errors.AxonError):
         return exc
-    import anthropic
-
+    # Looked up, never imported (as in _after_a_whole_answer): an SDK exception exists
+    # only once the SDK is loaded; an import here ran the import system per failure.
+    anthropic = sys.modules.get("anthropic")
+    if anthropic is None:
+        return _classify_without_sdk(exc)
     if isinstance(exc, anthropic.APIStatusError):
         error_type = getattr(exc, "type", None)
         status = exc.status_code
@@ -1322,6 +1325,11 @@ def classify_error(exc: BaseException) -> errors.AxonError:
         return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)
+    return _classify_without_sdk(exc)
+
+
+def _classify_without_sdk(exc: BaseException) -> errors.AxonError:
+    """:func:`classify_error` for an exception that is none of the SDK's own."""
     if isinstance(exc, TypeError) and "Could not resolve authentication method" in str(exc):
         return missing_key(PROVIDER, "ANTHROPIC_API_KEY")  # raised before any request
     found = classify_transport(exc, provider=PROVIDER)

@@ -461,17 +461,20 @@ def hold_half(
     back here, the live text is the saved text. Only on the slow path: an event orjson
     reads holds no half (branch ``emoji``). Reasoning and tool call arguments too, and
     another choice's chunk (``n`` > 1) between choice 0's halves no longer flushes the
-    half (branch ``leftmix``)."""
-    flush = None
+    half (branch ``leftmix``); nor does an empty delta of the part, which left the half
+    U+FFFD (branch ``restream``)."""
+    flush = kept = None
     ends = part_of(event)
     if held is not None:
         if ends is ELSEWHERE:
             return held, None
         at = first(event, held[0])
-        if at is not None:
-            at[0][at[1]] = _joined(held[1], at[0][at[1]])
-        else:
+        if at is None:
             flush = held[0]
+        elif at[0][at[1]] or ends is None:
+            at[0][at[1]] = _joined(held[1], at[0][at[1]])
+        else:  # an empty delta of the part (OpenAI's ``content: ""``): the half waits on
+            kept = held
     at = last(event)
     if at is not None:
         text = at[0][at[1]]
@@ -480,8 +483,9 @@ def hold_half(
                 at[0][at[1]] = text[:-1] + HALF_HELD
             else:
                 at[0][at[1]] = text[:-1]
-                return (at[2], text[-1]), flush
-    return None, flush
+                # (another part's half now held: the one kept goes out first)
+                return (at[2], text[-1]), flush if kept is None else kept[0]
+    return kept, flush
 
 
 async def billed_when_cut(emit: Any, usage: Any) -> None:

@@ -333,7 +333,10 @@ class Suspending:
         ``awaiting-input``) and a client that shows it can be asked. Before, it streamed
         ``start finish`` alone: no step (outside the grammar) and no request to answer.
         A worker's relay takes back what the dead worker streamed of the step first
-        (``reset-step``), as for any step a takeover runs again."""
+        (``reset-step``), as for any step a takeover runs again. Each call goes out
+        whole (``tool-call``: the AI SDK's ``tool-input-available``), not as its input's
+        deltas: a client tool's call is ``input-available`` all the same, as from the
+        live stream (tests/test_stepless_turns.py)."""
         parts = turn.parts.content
         waiting = waiting_parts(parts, turn.results)
         if not waiting:
@@ -366,6 +369,9 @@ class Suspending:
                             step=step, tool_call_id=call, tool_name=name, approval_id=w.id
                         )
                     )
+        # no usage: the step ran no model call here, and its tokens are in the turn's
+        # total already (``finish``); the stored step's usage again (none is kept per
+        # step) would count it twice for a client adding up each stream's steps
         items.append(StepEnd(step=step, finish_reason="tool-calls", usage=Usage()))
         for item in items:
             await turn.ctrl.send(item)

@@ -86,7 +86,13 @@ def _scheme(request: Request) -> str:
     says the client came over TLS (``X-Forwarded-Proto: https``). Behind a proxy that
     ends TLS the server sees plain HTTP; a card naming ``http://`` there sends the clients
     that read it (with their bearer token) around the TLS. Only this upgrade is taken from
-    the header: a client that forges it gets a card naming ``https``, which is no harm."""
+    the header: a client that forges it gets a card naming ``https``, which is no harm.
+    Why no trusted-proxy list (``--forwarded-allow-ips``) for it: the header can only
+    upgrade, never name another host or downgrade; the card is built per request and
+    sent ``no-cache`` (a shared cache in front revalidates, it does not hand one
+    client's card to another); and the card's host is the request's ``Host`` all the
+    same, the client's word already (checked by ``--allowed-host``). A forger misleads
+    only itself (branch ``restream``)."""
     forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
     return "https" if forwarded == "https" else request.url.scheme
 
