@@ -75,49 +75,6 @@ async def test_a_post_while_redis_is_known_down_waits_no_retry_window(
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
 
 
-async def test_the_first_post_of_an_outage_that_refuses_connections_waits_no_retry_window(
-    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The relay not yet known down, its first read waited the whole retry window (30 s)
-    # though Redis refused each connection at once: no server there to wait for. A
-    # refused connection is retried only ``refused_for`` seconds: the POST below is
-    # answered (from the store) though its window is an hour.
-    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 3600.0)
-    with redis_restored():
-        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
-            (relay,) = d.relays
-            await trio.to_thread.run_sync(stop_redis)
-            async with httpx.AsyncClient(base_url=d.urls[0], timeout=120) as client:
-                with trio.fail_after(60):
-                    response = await client.post("/api/chat", json=body("s1"))
-            down = relay.down
-            await trio.to_thread.run_sync(start_redis)
-            stored = await d.assistant("s1")
-    events = data(sse_events(response.text))
-    assert down
-    assert [e["type"] for e in events if e["type"] == "error"] == []
-    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
-
-
-def test_only_a_connection_never_made_shortens_the_relays_retry_window() -> None:
-    # Refused (no server on the port) is answered at once; a connect that timed out, or
-    # a connection made that went silent, may be a Redis busy or far: the whole window.
-    from coredis.exceptions import ConnectionError as RedisConnectionError
-
-    from actors.relays.redis_failures import _unconnected
-
-    def unable(cause: BaseException) -> BaseException:
-        error = RedisConnectionError("Unable to establish a connection to 127.0.0.1:1")
-        error.__cause__ = cause
-        return error
-
-    assert _unconnected(unable(OSError("All connection attempts failed")))
-    assert _unconnected(ConnectionRefusedError())
-    assert not _unconnected(unable(TimeoutError()))
-    assert not _unconnected(RedisConnectionError("Connection lost"))
-    assert not _unconnected(trio.TooSlowError())
-
-
 async def test_a_relay_known_down_reads_again_once_redis_answers(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -38,20 +38,6 @@ def _retryable() -> tuple[type[BaseException], ...]:
     return (*_transient(), trio.TooSlowError)
 
 
-def _unconnected(error: BaseException) -> bool:
-    """Whether ``error`` says no connection to Redis could be made at all: refused (no
-    server on the port), unreachable, at once; not a connection that timed out or was
-    made and went silent. coredis says so as its ``ConnectionError`` raised from the
-    socket's ``OSError`` (a connect timeout: from ``TimeoutError``, which is not this)."""
-    cause = error.__cause__
-    return (
-        isinstance(error, _transient()[0])
-        and isinstance(cause, OSError)
-        and not isinstance(cause, TimeoutError)
-        and str(error).startswith("Unable to establish a connection")
-    ) or isinstance(error, ConnectionRefusedError)
-
-
 def _described(error: BaseException, within: float | None = None) -> str:
     """``error`` for a log line or a message, redacted: its type and its text. A deadline
     that passed (:class:`trio.TooSlowError`, whose text is empty) says how long was
@@ -105,19 +91,14 @@ async def _retried(
     logger: Any,
     event: str,
     what: str,
-    refused_for: float | None = None,
 ) -> T:
     """``await fn()`` within ``within`` seconds, retried with backoff while Redis does not
     answer (:func:`_retryable`), for ``retry_for`` seconds; then ``failed`` of the last
     error's description is raised. A try past its deadline calls ``stalled`` first (the
     reply may never come: coredis would queue the retry behind it, so the pool starts
     over). Each retry is logged as ``event`` with ``what``, the delay and the error.
-    The relay's reads and the shared rate limits' scripts both go through here.
-    ``refused_for``: while no connection can be made at all (:func:`_unconnected`: no
-    Redis listening), the window is that many seconds from the first try, not
-    ``retry_for`` (a restart's blip is ridden through; an outage answered at once)."""
-    start = trio.current_time()
-    deadline = start + retry_for
+    The relay's reads and the shared rate limits' scripts both go through here."""
+    deadline = trio.current_time() + retry_for
     attempt = 0
     while True:
         try:
@@ -126,8 +107,6 @@ async def _retried(
         except _retryable() as exc:
             if stalled is not None and isinstance(exc, trio.TooSlowError):
                 stalled()
-            if refused_for is not None and _unconnected(exc):
-                deadline = min(deadline, start + refused_for)
             error = _described(exc, within)
             if trio.current_time() >= deadline:
                 raise failed(error) from None

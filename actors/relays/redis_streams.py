@@ -83,11 +83,6 @@ DEFAULT_PREFIX = "axon:"
 RETRY_FOR = 30.0
 """Seconds a reader keeps retrying a Redis that does not answer before it gives up
 (:class:`~runtime.errors.RelayUnavailable`)."""
-REFUSED_FOR = 2.0
-"""Seconds a read keeps retrying while no connection to Redis can be made at all
-(refused: no server on its port), instead of :data:`RETRY_FOR`: a Redis restarting is
-back within it, and the first POST of an outage was answered only after the whole
-window (30 s); a Redis that does not answer (a timeout) still gets all of it."""
 BLOCK_MS = 1000
 """How long one blocking ``XREAD`` waits for new entries before checking the key again."""
 CANCEL_PING = 5.0
@@ -179,7 +174,6 @@ class RedisRelay:
         retry_base: float = 0.05,
         retry_max: float = 2.0,
         retry_for: float = RETRY_FOR,
-        refused_for: float = REFUSED_FOR,
         op_timeout: float = 5.0,
         close_timeout: float = 10.0,
         block_ms: int = BLOCK_MS,
@@ -197,8 +191,6 @@ class RedisRelay:
         self.retry_base = retry_base
         self.retry_max = retry_max
         self.retry_for = retry_for
-        self.refused_for = refused_for
-        """Seconds a read retries a Redis that refuses connections (:data:`REFUSED_FOR`)."""
         self.op_timeout = op_timeout
         self.close_timeout = close_timeout
         self.block_ms = block_ms
@@ -419,7 +411,6 @@ class RedisRelay:
                 fn,
                 within=within,
                 retry_for=0 if down else self.retry_for,
-                refused_for=self.refused_for,
                 base=self.retry_base,
                 cap=self.retry_max,
                 stalled=None if blocking else self._gave_up,
@@ -427,8 +418,6 @@ class RedisRelay:
                     f"Redis is down: a read gave up after {self.retry_for:g} s and it did "
                     f"not answer since ({what}): {error}"
                     if down
-                    else f"Redis did not answer: it refused connections ({what}): {error}"
-                    if "Unable to establish a connection" in error
                     else f"Redis did not answer for {self.retry_for:g} s ({what}): {error}"
                 ),
                 logger=log,
