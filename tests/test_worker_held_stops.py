@@ -452,3 +452,28 @@ async def test_a_stop_naming_a_turn_only_through_a_front_end_stops_the_run_that_
         turn = await d.queue.submit("s1", "go", turn_id="run_1")
     assert stop.status_code == 204
     assert turn.cancel_reason == "stopped by user"
+
+
+async def test_a_stopped_steering_message_counts_nothing_on_the_running_turn(
+    queue: TurnQueue,
+) -> None:
+    # A steer that takes a held stop joins nothing: the running turn's count of steers
+    # (what its worker's next save reads to look for steering rows) stays as it was.
+    await queue.submit("s1", "go", idempotency_key="k0")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    stopped = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="steer"
+    )
+    steering = await queue.submit("s1", "also", idempotency_key="k2", on_busy="steer")
+    (steers,) = await queue.store.run(
+        "steers",
+        lambda conn: conn.execute(
+            "SELECT steers FROM axon_turns WHERE turn_id = %s", (claim.turn.turn_id,)
+        ).fetchone(),
+        transaction=False,
+    )
+    assert stopped.status == "cancelled" and stopped.steer_of is None
+    assert steering.steer_of == claim.turn.turn_id
+    assert steers == 1
