@@ -477,3 +477,23 @@ async def test_a_stopped_steering_message_counts_nothing_on_the_running_turn(
     assert stopped.status == "cancelled" and stopped.steer_of is None
     assert steering.steer_of == claim.turn.turn_id
     assert steers == 1
+
+
+async def test_a_stop_naming_the_turn_id_an_ai_sdk_edit_sends_stops_it_before_its_post(
+    pg_url: str, redis_url: str
+) -> None:
+    # An edit of u1 carries u1's id, which the turn before had: a stop naming it may be a
+    # late one of that turn. The body's ``turnId`` (``prepareSendMessagesRequest``)
+    # names the edit's turn alone: a stop of it sent before the POST stops it.
+    script = Script(["first"], ["never"])
+    async with deployment(pg_url, redis_url, agent_with(script)) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"turnId": "t_edit"})
+            edit = await client.post(
+                f"{d.urls[0]}/api/chat", json={**body("s1", "went", "u1"), "turnId": "t_edit"}
+            )
+        turn = await d.queue.get_status("t_edit")
+    assert "first" in first.text and stop.status_code == 204
+    assert turn is not None and turn.cancel_reason == "stopped by user"
+    assert "never" not in edit.text and len(script.requests) == 1

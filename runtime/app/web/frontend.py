@@ -96,7 +96,7 @@ from runtime.app.web.http import (
     web_state,
 )
 from runtime.app.web.queued_turn import of_turn, read_turn
-from runtime.app.web.resend import client_message_id, held_answer_id
+from runtime.app.web.resend import client_message_id, client_turn_id, held_answer_id
 from runtime.app.web.resume import (
     STOPPED,
     RelayEncoder,
@@ -513,11 +513,17 @@ class FrontEnd:
                 regenerates=named if isinstance(named, str) else None,
                 user_message_id=client_message_id(payload),
             )
+        # The client's ``turnId``: a stop naming it before this POST came stops the turn
+        # (taken in the insert); a turn id used before gets the turn a new one.
+        turn_id = client_turn_id(payload)
+        if turn_id is not None and await self.queue.get_status(turn_id) is not None:
+            turn_id = None
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
+            turn_id=turn_id,
             on_busy=state.on_busy,
             options=options,
             stop_name=stop_name(payload, regenerate),
