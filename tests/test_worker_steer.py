@@ -6,6 +6,7 @@ A turn that ends before a boundary leaves it to run as a turn of its own."""
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import httpx
@@ -528,21 +529,31 @@ async def test_a_steer_an_earlier_turn_answered_says_so_in_its_202(
 def relay_that_lost(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """The front end's reads of a turn's relay stream (``follow_turn``) as a relay that
     lost the ``steered`` chunks: ``lost``, left out of the stream (a trimmed stream, a
-    Redis restart), or ``gap``, the read refused as not whole."""
+    Redis restart), ``gap``, the read refused as not whole, or ``silent``, a read that
+    shows nothing and never ends (as a live read of a turn that runs on would, were
+    the turn not to end)."""
     from runtime.app.web import frontend
     from runtime.errors import RelayTurnGone
     from runtime.output import Steered
 
-    real = frontend.follow_turn
+    real, answering = frontend.follow_turn, frontend.FrontEnd._steer_answered
+    steer_read = contextvars.ContextVar("steer_read", default=False)
+
+    async def steer_answered(self: Any, turn: Any) -> bool:
+        steer_read.set(True)  # (this task's: the 202's read of the relay)
+        return await answering(self, turn)
 
     async def lossy(relay: Any, queue: Any, turn_id: str, **kw: Any) -> Any:
         if how == "gap":
             raise RelayTurnGone(f"turn {turn_id!r}: a gap in its stream")
+        if how == "silent" and steer_read.get():  # (the turn's own POST reads it whole)
+            await trio.sleep_forever()
         async for chunk in real(relay, queue, turn_id, **kw):
             if type(chunk) is not Steered:
                 yield chunk
 
     monkeypatch.setattr(frontend, "follow_turn", lossy)
+    monkeypatch.setattr(frontend.FrontEnd, "_steer_answered", steer_answered)
 
 
 async def steer_an_answered_message(pg_url: str, redis_url: str) -> Any:
@@ -574,7 +585,7 @@ async def steer_an_answered_message(pg_url: str, redis_url: str) -> Any:
     return out["again"]
 
 
-@pytest.mark.parametrize("how", ["lost", "gap"])
+@pytest.mark.parametrize("how", ["lost", "gap", "silent"])
 async def test_a_steers_202_says_answered_from_the_store_when_the_relay_lost_its_chunk(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
