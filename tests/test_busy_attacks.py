@@ -930,3 +930,22 @@ async def test_a_stop_naming_a_turn_not_there_yet_stops_the_regenerate_that_has_
             chunks = await out.collect()
     assert any(getattr(c, "reason", None) == "stopped by user" for c in chunks)
     assert len(script.requests) == 1
+
+
+async def test_a_stop_naming_the_turn_id_an_ai_sdk_edit_sends_stops_it_before_its_post():
+    # The AI SDK's /api/chat sends no turn id; an edit carries the id u1's turn had, so a
+    # stop naming u1 may be that turn's late one. The body's ``turnId`` (sent by
+    # ``prepareSendMessagesRequest``) names the edit's turn alone: a stop before it lands.
+    script = Script(["first"], ["never"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        first = await client.post("/api/chat", json=ui_body("s", "go", "u1"))
+        stop = await client.post("/api/chat/s/stop", json={"turnId": "t_edit"})
+        edit = await client.post(
+            "/api/chat", json={**ui_body("s", "went", "u1"), "turnId": "t_edit"}
+        )
+    assert "first" in first.text and stop.status_code == 204
+    assert "stopped by user" in edit.text
+    assert "never" not in edit.text and len(script.requests) == 1

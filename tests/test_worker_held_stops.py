@@ -452,3 +452,48 @@ async def test_a_stop_naming_a_turn_only_through_a_front_end_stops_the_run_that_
         turn = await d.queue.submit("s1", "go", turn_id="run_1")
     assert stop.status_code == 204
     assert turn.cancel_reason == "stopped by user"
+
+
+async def test_a_stopped_steering_message_counts_nothing_on_the_running_turn(
+    queue: TurnQueue,
+) -> None:
+    # A steer that takes a held stop joins nothing: the running turn's count of steers
+    # (what its worker's next save reads to look for steering rows) stays as it was.
+    await queue.submit("s1", "go", idempotency_key="k0")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    stopped = await queue.submit(
+        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="steer"
+    )
+    steering = await queue.submit("s1", "also", idempotency_key="k2", on_busy="steer")
+    (steers,) = await queue.store.run(
+        "steers",
+        lambda conn: conn.execute(
+            "SELECT steers FROM axon_turns WHERE turn_id = %s", (claim.turn.turn_id,)
+        ).fetchone(),
+        transaction=False,
+    )
+    assert stopped.status == "cancelled" and stopped.steer_of is None
+    assert steering.steer_of == claim.turn.turn_id
+    assert steers == 1
+
+
+async def test_a_stop_naming_the_turn_id_an_ai_sdk_edit_sends_stops_it_before_its_post(
+    pg_url: str, redis_url: str
+) -> None:
+    # An edit of u1 carries u1's id, which the turn before had: a stop naming it may be a
+    # late one of that turn. The body's ``turnId`` (``prepareSendMessagesRequest``)
+    # names the edit's turn alone: a stop of it sent before the POST stops it.
+    script = Script(["first"], ["never"])
+    async with deployment(pg_url, redis_url, agent_with(script)) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            first = await client.post(f"{d.urls[0]}/api/chat", json=body("s1", "go", "u1"))
+            stop = await client.post(f"{d.urls[0]}/api/chat/s1/stop", json={"turnId": "t_edit"})
+            edit = await client.post(
+                f"{d.urls[0]}/api/chat", json={**body("s1", "went", "u1"), "turnId": "t_edit"}
+            )
+        turn = await d.queue.get_status("t_edit")
+    assert "first" in first.text and stop.status_code == 204
+    assert turn is not None and turn.cancel_reason == "stopped by user"
+    assert "never" not in edit.text and len(script.requests) == 1

@@ -6,6 +6,7 @@ A turn that ends before a boundary leaves it to run as a turn of its own."""
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import httpx
@@ -523,3 +524,81 @@ async def test_a_steer_an_earlier_turn_answered_says_so_in_its_202(
     assert out["again"].json()["answered"] is True
     assert record is not None
     assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]
+
+
+def relay_that_lost(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """The front end's reads of a turn's relay stream (``follow_turn``) as a relay that
+    lost the ``steered`` chunks: ``lost``, left out of the stream (a trimmed stream, a
+    Redis restart), ``gap``, the read refused as not whole, or ``silent``, a read that
+    shows nothing and never ends (as a live read of a turn that runs on would, were
+    the turn not to end)."""
+    from runtime.app.web import frontend
+    from runtime.errors import RelayTurnGone
+    from runtime.output import Steered
+
+    real, answering = frontend.follow_turn, frontend.FrontEnd._steer_answered
+    steer_read = contextvars.ContextVar("steer_read", default=False)
+
+    async def steer_answered(self: Any, turn: Any) -> bool:
+        steer_read.set(True)  # (this task's: the 202's read of the relay)
+        return await answering(self, turn)
+
+    async def lossy(relay: Any, queue: Any, turn_id: str, **kw: Any) -> Any:
+        if how == "gap":
+            raise RelayTurnGone(f"turn {turn_id!r}: a gap in its stream")
+        if how == "silent" and steer_read.get():  # (the turn's own POST reads it whole)
+            await trio.sleep_forever()
+        async for chunk in real(relay, queue, turn_id, **kw):
+            if type(chunk) is not Steered:
+                yield chunk
+
+    monkeypatch.setattr(frontend, "follow_turn", lossy)
+    monkeypatch.setattr(frontend.FrontEnd, "_steer_answered", steer_answered)
+
+
+async def steer_an_answered_message(pg_url: str, redis_url: str) -> Any:
+    """``u1`` stored and answered by an earlier turn (queued under another key), then
+    steered into the running turn of ``u2`` by a client's retry: its 202."""
+    from runtime.turn_queue import TurnOptions
+
+    script = Script(["answer 1"], looking("call_L"), holding("call_H"), ["answer 2"])
+    out: dict[str, Any] = {}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        options = TurnOptions(user_message_id="u1")
+        earlier = await d.queue.submit("s1", "first", idempotency_key="other", options=options)
+        while True:
+            status = await d.queue.get_status(earlier.turn_id)
+            if status is not None and status.status == "done":
+                break
+            await trio.sleep(0.02)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "second", "second", "u2")
+                await test_busy.held["open"].wait()
+                nursery.start_soon(post, "again", "first", "u1")
+                await queued(d.queue, "s1", 3)
+                test_busy.held["release"].set()
+    return out["again"]
+
+
+@pytest.mark.parametrize("how", ["lost", "gap", "silent"])
+async def test_a_steers_202_says_answered_from_the_store_when_the_relay_lost_its_chunk(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    relay_that_lost(monkeypatch, how)
+    again = await steer_an_answered_message(pg_url, redis_url)
+    assert again.status_code == 202, again.text
+    assert again.json()["answered"] is True
+
+
+async def test_a_first_steers_202_says_not_answered_from_the_store_when_the_relay_lost_it(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay_that_lost(monkeypatch, "gap")
+    out = await steer_during_step_1(pg_url, redis_url)
+    assert out["steered"].status_code == 202
+    assert out["steered"].json()["answered"] is False

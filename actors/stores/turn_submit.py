@@ -231,7 +231,10 @@ HELD_STOP_INSERT = f"""WITH held AS (
         RETURNING reason
     ), turn (turn_id, session_id, idempotency_key, message_key, input_hash, input, meta,
         regenerate, options, steer_of) AS (
-        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
+        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s::text)
+    ), unsteer AS (
+        UPDATE axon_turns SET steers = steers - 1
+        WHERE turn_id = (SELECT steer_of FROM turn) AND EXISTS (SELECT 1 FROM held)
     )
     INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
         input_hash, input, meta, regenerate, options, steer_of, {_STOPPED_COLUMNS})
@@ -243,7 +246,10 @@ HELD_STOP_INSERT = f"""WITH held AS (
     ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
 """A new message's insert that takes the stop held for it (by the client's id of its
 message, or by its turn id when the client chose it: :func:`held_turn_name`), in one
-statement. When the session has a turn queued or running the row is
+statement. A stopped message steers nothing: the count of steers a ``steer`` submit
+raised on the running turn first (``_steer_running``, for its row lock) is given back
+(``unsteer``), so its worker's saves see no steering to read. When the session has a
+turn queued or running the row is
 ``cancelled`` at once (:data:`_STOPPED_VALUES`). Else it is a queued row with a
 ``cancel_reason`` and no ``cancel_requested`` (no other writer leaves a row so: a
 cancel of a queued turn ends it ``cancelled`` at once), a turn to stop as it starts.

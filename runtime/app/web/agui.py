@@ -80,6 +80,7 @@ from runtime.app.web.frontend import message_key
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import CLOSING_RETRY_AFTER, ApiError, closing_message
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
+from runtime.app.web.resend import unrelayed_turn_id as _unrelayed
 from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
 from runtime.busy import REJECT
 from runtime.errors import (
@@ -90,7 +91,6 @@ from runtime.errors import (
     InvalidMedia,
     InvalidSessionId,
     MediaTooLarge,
-    RelayUnavailable,
     SessionBusy,
     SessionNotLoaded,
     TooManyParts,
@@ -793,24 +793,6 @@ def _run_key(session_id: str, user_id: str) -> str:
     """The idempotency key of a run's new user message in the queue: a run sent again
     (the same message id, the same content) is the same turn."""
     return message_key(session_id, "ag-ui", user_id)
-
-
-async def _unrelayed(relay: Any, turn_id: str | None) -> str | None:
-    """``turn_id`` (the client's ``runId``) as an embedded turn's id, unless the relay the
-    host publishes its turns to (``serve --redis``) holds a stream of that id: a runId
-    used again after its turn ended (a careless client's constant one) made the new turn
-    append to the earlier turn's stream (until its TTL), so a reader of that stream saw
-    both turns. Then, or when the relay cannot tell (Redis down), ``None``: the turn gets
-    a new id, as a taken id does in a worker deployment (:meth:`AGUIRoutes._submit`) and
-    while a turn of that id runs (the Host); its events still carry the ``runId``."""
-    holds = getattr(relay, "holds_turn", None)
-    if turn_id is None or holds is None:
-        return turn_id
-    try:
-        taken = await holds(turn_id)
-    except RelayUnavailable:
-        return None
-    return None if taken else turn_id
 
 
 def _queue_turn_id(run_id: str) -> str | None:

@@ -107,9 +107,11 @@ from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import (
     classify_resend,
     client_message_id,
+    client_turn_id,
     held_answer_id,
     regenerated_id,
     replay_response,
+    unrelayed_turn_id,
 )
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, handed_over, ui_messages
@@ -790,6 +792,8 @@ async def chat(request: Request) -> Any:
         regenerate=regenerate or resend == "edit",
         user_message_id=client_id,
         regenerates=regenerated_id(payload) if regenerate else None,
+        # the client's ``turnId`` (a stop may name it before this POST came)
+        turn_id=await unrelayed_turn_id(state.relay, client_turn_id(payload)),
         max_queued=state.max_queued_per_session,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,

@@ -96,7 +96,7 @@ from runtime.app.web.http import (
     web_state,
 )
 from runtime.app.web.queued_turn import of_turn, read_turn
-from runtime.app.web.resend import client_message_id, held_answer_id
+from runtime.app.web.resend import client_message_id, client_turn_id, held_answer_id
 from runtime.app.web.resume import (
     STOPPED,
     RelayEncoder,
@@ -185,6 +185,10 @@ def stop_name(payload: dict[str, Any], regenerate: bool) -> str | None:
         named = users[-1].get("id") if users else None
     return named if isinstance(named, str) and named else None
 
+
+STEER_ANSWERED_WAIT = 2.0
+"""Seconds a steer's 202 reads the steered turn's relay stream for its ``steered``
+chunk (there already, unless the relay lost it) before it asks the store."""
 
 STOPPABLE_KINDS = ("submit", "ag-ui", "regenerate")
 """The kinds of key a stop's ``messageId`` is looked up under: a user message's id (an
@@ -509,11 +513,17 @@ class FrontEnd:
                 regenerates=named if isinstance(named, str) else None,
                 user_message_id=client_message_id(payload),
             )
+        # The client's ``turnId``: a stop naming it before this POST came stops the turn
+        # (taken in the insert); a turn id used before gets the turn a new one.
+        turn_id = client_turn_id(payload)
+        if turn_id is not None and await self.queue.get_status(turn_id) is not None:
+            turn_id = None
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
+            turn_id=turn_id,
             on_busy=state.on_busy,
             options=options,
             stop_name=stop_name(payload, regenerate),
@@ -540,17 +550,44 @@ class FrontEnd:
         stored and answered by an earlier turn (a client's retry of it): its ``steered``
         chunk says so (:attr:`~runtime.output.Steered.answered`), which the 202 repeats,
         as the embedded app's does. Read from the turn's relay stream up to that chunk
-        (sent before the save that marked the row); a relay that lost it or a turn
-        gone: ``False``, as a first steer."""
+        (sent before the save that marked the row, so already there): for at most
+        :data:`STEER_ANSWERED_WAIT` seconds. A relay that lost it (a gap, a restart, a
+        trimmed stream: the read ends, fails or waits on) is not waited out to the
+        turn's end: the stored history tells (:meth:`_steer_answered_stored`)."""
+        assert turn.steer_of is not None
+        with trio.move_on_after(STEER_ANSWERED_WAIT):
+            try:
+                async for chunk in follow_turn(self.relay, self.queue, turn.steer_of):
+                    if type(chunk) is o.Steered and chunk.message_id == turn.user_message_id:
+                        return chunk.answered
+            except (RelayTurnGone, RelayUnavailable, StoreError) as exc:
+                get_logger("axon.web").warning(
+                    "frontend.steer_unread", turn_id=turn.steer_of, error=_one_line(exc)
+                )
+        return await self._steer_answered_stored(turn)
+
+    async def _steer_answered_stored(self, turn: QueuedTurn) -> bool:
+        """:meth:`_steer_answered` from the store, its row marked ``steered`` (the save
+        that took the message committed): answered when the message is stored before the
+        steered turn's answer (``msg_<turn id>``, stored from that turn's start), that
+        is by an earlier turn; one the steered turn stored comes after it. A store that
+        fails, or a history without either: ``False``, as a first steer."""
         assert turn.steer_of is not None
         try:
-            async for chunk in follow_turn(self.relay, self.queue, turn.steer_of):
-                if type(chunk) is o.Steered and chunk.message_id == turn.user_message_id:
-                    return chunk.answered
-        except (RelayTurnGone, RelayUnavailable, StoreError) as exc:
+            record = await self.store.load(turn.session_id)
+        except StoreError as exc:
             get_logger("axon.web").warning(
                 "frontend.steer_unread", turn_id=turn.steer_of, error=_one_line(exc)
             )
+            return False
+        if record is None:
+            return False
+        wanted, answer = turn.user_message_id, f"msg_{turn.steer_of}"
+        for message in record.messages:
+            if message.id == answer:
+                return False
+            if message.id == wanted:
+                return True
         return False
 
     def _handover(self, request: Request, turn: QueuedTurn) -> Any:

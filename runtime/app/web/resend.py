@@ -22,6 +22,7 @@ from starlette.responses import Response
 from runtime.app.web.http import ApiError
 from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
+from runtime.errors import RelayUnavailable
 from runtime.media import user_content
 from runtime.messages import UserContent, UserMessage
 
@@ -61,6 +62,38 @@ def regenerated_id(payload: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def client_turn_id(payload: dict[str, Any]) -> str | None:
+    """The body's optional ``turnId``: the id the client chose for the turn this POST
+    starts (sent by ``prepareSendMessagesRequest``), so that a stop naming it
+    (``POST /api/chat/{id}/stop`` with ``{"turnId"}``) sent before this POST arrives stops
+    it, as an AG-UI run's ``runId`` does: what an edit or a regenerate without
+    ``messageId`` has no other name for. Kept when its answer's id (``msg_<turnId>``) is
+    a valid id, else ``None`` (the turn gets an id of the server's, as without one)."""
+    value = payload.get("turnId")
+    if isinstance(value, str) and _ID.fullmatch(f"msg_{value}"):
+        return value
+    return None
+
+
+async def unrelayed_turn_id(relay: Any, turn_id: str | None) -> str | None:
+    """``turn_id`` (the client's: an AG-UI ``runId``, an AI SDK body's ``turnId``) as an
+    embedded turn's id, unless the relay the host publishes its turns to (``serve
+    --redis``) holds a stream of that id: a runId used again after its turn ended (a
+    careless client's constant one) made the new turn append to the earlier turn's
+    stream (until its TTL), so a reader of that stream saw both turns. Then, or when the
+    relay cannot tell (Redis down), ``None``: the turn gets a new id, as a taken id does
+    in a worker deployment (:meth:`runtime.app.web.agui.AGUIRoutes._submit`) and while a
+    turn of that id runs (the Host); its events still carry the ``runId``."""
+    holds = getattr(relay, "holds_turn", None)
+    if turn_id is None or holds is None:
+        return turn_id
+    try:
+        taken = await holds(turn_id)
+    except RelayUnavailable:
+        return None
+    return None if taken else turn_id
+
+
 def classify_resend(
     history: Sequence[Any], client_id: str | None, content: UserContent, *, regenerate: bool
 ) -> Resend:
@@ -94,7 +127,9 @@ __all__ = [
     "Resend",
     "classify_resend",
     "client_message_id",
+    "client_turn_id",
     "held_answer_id",
     "regenerated_id",
     "replay_response",
+    "unrelayed_turn_id",
 ]
