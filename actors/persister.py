@@ -240,6 +240,12 @@ class Persister(Actor):
         if len(self._refused) > REMEMBERED:
             self._refused.popitem(last=False)
 
+    def accept(self, session_id: str, turn_id: str) -> None:
+        """Undo :meth:`refuse` of turn ``turn_id`` of ``session_id`` (that run of it is
+        over: ``runtime.agent``'s sub-turn whose caller was taken over)."""
+        if self._refused.get(turn_id) == session_id:
+            del self._refused[turn_id]
+
     def refuses(self, turn_id: str) -> bool:
         """Whether the saves of turn ``turn_id`` are refused (:meth:`refuse`): a new turn
         named so (a client's constant id) must take another."""

@@ -4,7 +4,8 @@ the type of its answer."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, cast
 
 import attrs
@@ -438,24 +439,39 @@ SUB_CALLER_LOST = "the calling turn is no longer this process's (taken over)"
 may not run tools any more (a worker's claim lost while the process was paused)."""
 
 
-def _confirming(turn: Any, context: ToolContext) -> Any:
-    """``turn`` (a sub-turn's stream, not entered yet), confirming through the calling
-    turn's confirm (:attr:`ToolContext.confirm`) before each batch of its own tools: a
-    worker paused inside a sub-turn past its lease, woken after a takeover ran the
-    calling turn's step again, ran a sub-agent tool the takeover had run (the sub-turn
-    had no confirm of its own). A calling turn that may not go on cancels the sub-turn
-    there, before its tools."""
+@asynccontextmanager
+async def _confirming(turn: Any, context: ToolContext) -> AsyncIterator[Any]:
+    """``turn`` (a sub-turn's stream) entered, confirming through the calling turn's
+    confirm (:attr:`ToolContext.confirm`) before each batch of its own tools: a worker
+    paused inside a sub-turn past its lease, woken after a takeover ran the calling
+    turn's step again, ran a sub-agent tool the takeover had run (the sub-turn had no
+    confirm of its own). A calling turn that may not go on cancels the sub-turn there,
+    before its tools, and refuses its saves while it ends: the takeover runs the
+    sub-turn again and saves the sub-session, and the aborted one would be rebased onto
+    that (the sub-session's saves are not under the calling turn's fence). Refused for
+    this run only: a later run of the call here (the turn taken back) saves again."""
     calling = context.confirm
     if calling is None:
-        return turn
+        async with turn as out:
+            yield out
+        return
+    lost = False
 
     async def confirm() -> None:
+        nonlocal lost
         if not await calling():
+            lost = True
+            turn.session.host.refuse_saves(turn.session.id, turn.turn_id)
             turn.cancel(SUB_CALLER_LOST)
             await trio.lowlevel.checkpoint()  # (cancelled here: the sub-turn's scope)
 
     turn.confirm_with(confirm)
-    return turn
+    try:
+        async with turn as out:
+            yield out
+    finally:
+        if lost:
+            turn.session.host.accept_saves(turn.session.id, turn.turn_id)
 
 
 async def _go_on(

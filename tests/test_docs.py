@@ -211,3 +211,19 @@ def test_every_option_of_the_servers_is_named_in_the_docs(command):
     docs = "".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*[a-z])(?![\w-])", docs))
     assert sorted(options - named - {"--help"}) == []
+
+
+def test_every_serve_option_is_in_web_md_s_list_of_options():
+    """docs/web.md's ``Options:`` paragraph is where an operator of ``serve`` looks
+    (``--call-timeout``, ``--redis-prefix``, ``--run-turns-here`` were named only on
+    other pages): each ``serve`` option is named there."""
+    import argparse
+
+    from runtime.app.web.serve import add_serve_parser
+
+    parser = add_serve_parser(argparse.ArgumentParser().add_subparsers())
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    page = (ROOT / "docs" / "web.md").read_text()
+    listed = page[page.index("\nOptions: ") : page.index("SIGINT/SIGTERM stop it")]
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*[a-z])(?![\w-])", listed))
+    assert sorted(options - named - {"--help"}) == []

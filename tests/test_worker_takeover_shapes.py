@@ -164,10 +164,16 @@ async def test_a_worker_woken_inside_a_sub_turn_past_its_lease_runs_no_sub_agent
 
         await wait_for(second_done, what="the next turn")
         done = await d.queue.get(turn.turn_id)
+        subs = [i.session_id for i in await d.store.list_sessions() if i.session_id != "s1"]
+        sub = [await d.store.load(s) for s in subs if s.startswith("s1.")]
     assert done is not None and (done.owner, done.attempts) == ("b", 2)
     effects, attempts = read_ledger(pg_url)
     (key,) = [k for k in attempts if k.endswith(":0:call_s")]  # the sub-turn's record
     assert (effects[key], attempts[key]) == (1, 1)  # run once, by b
+    # ... and nothing of a's aborted sub-turn landed on b's sub-session (rebased before)
+    (record,) = sub
+    assert record is not None
+    assert [m.role for m in record.messages].count("user") == 1, record.messages
 
 
 @pytest.mark.parametrize("killed_at", [4, 6, 9])

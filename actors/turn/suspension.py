@@ -509,6 +509,10 @@ class Suspending:
                 continue
             by_step.setdefault(part.step, []).append(part)
         for step, same in by_step.items():
+            # A worker's: is the turn still its own? (cancels it when not; as _execute)
+            if turn.confirm is not None and not await turn.confirm():
+                await trio.lowlevel.checkpoint()  # (raises: this turn is cancelled)
+                return  # (or not in its scope: left unrun, placed as interrupted)
             request = ExecuteTools(
                 session_id=sid,
                 turn_id=awaited.turn_id,

@@ -1168,6 +1168,19 @@ class Host:
             stream.cancel(reason)
         return len(running)
 
+    def refuse_saves(self, session_id: str, turn_id: str) -> None:
+        """Refuse every save of turn ``turn_id`` of ``session_id`` from now on, writing
+        nothing, as a deleted session's (:meth:`~actors.persister.Persister.refuse`): a
+        sub-turn whose calling turn was taken over by another worker, whose sub-session
+        that worker's run of the sub-turn saved (its aborted sub-turn would be rebased
+        onto it: the sub-session's saves are not under the calling turn's fence)."""
+        self.persister.refuse(session_id, turn_id)
+
+    def accept_saves(self, session_id: str, turn_id: str) -> None:
+        """Undo :meth:`refuse_saves` once that run of the turn is over: a later run of it
+        here (the calling turn taken back) saves again."""
+        self.persister.accept(session_id, turn_id)
+
     def refuses_turn(self, turn_id: str) -> bool:
         """Whether turn ``turn_id``'s saves are refused (its session was deleted while it
         ran: :meth:`delete_session`, :meth:`cancel_turn`)."""

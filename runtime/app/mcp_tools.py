@@ -239,7 +239,10 @@ class AgentTools:
         """One turn of ``session_id`` on ``prompt`` (the arguments checked), as its MCP
         result: here, on the host's session. A worker deployment's front end runs none
         and overrides this to queue it (:mod:`runtime.app.web.mcp_endpoint`)."""
-        session = await self.sessions.session(session_id)
+        try:
+            session = await self.sessions.session(session_id)
+        except HostClosed as exc:  # opened on a host closed already (serve stopping)
+            return closing_result(exc, session_id)
         return await run_turn(session, prompt, report)
 
     async def idle(self) -> None:

@@ -134,6 +134,13 @@ class SessionOwner(Protocol):
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
 
+    def refuse_saves(self, session_id: str, turn_id: str) -> None:
+        """Refuse every save of turn ``turn_id`` from now on, writing nothing (its work
+        is another process's now: :data:`runtime.agent.SUB_CALLER_LOST`)."""
+
+    def accept_saves(self, session_id: str, turn_id: str) -> None:
+        """Undo :meth:`refuse_saves` (that run of the turn is over)."""
+
     def stopped_before(self, session_id: str, message_id: str | None, turn_id: str) -> str | None:
         """The reason of a stop that reached the host before the new message it names
         (user message ``message_id``, turn ``turn_id``), used up; asked as that message

@@ -47,6 +47,7 @@ from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
+from runtime.errors import HostClosed
 from runtime.ids import new_id
 from runtime.serde import utf8_dumps
 
@@ -210,6 +211,8 @@ class A2AEndpoint:
             response = await (self._jsonrpc(request) if rpc else self._rest(request, full))
         except wire.A2AError as exc:
             response = self._error(exc, rpc, None)
+        except HostClosed as exc:  # (the HTTP+JSON binding's)
+            response = self._error(HostClosing(exc), rpc, None)
         await response(scope, receive, send)
 
     def _error(self, exc: wire.A2AError, rpc: bool, request_id: Any) -> Response:
@@ -352,6 +355,8 @@ class A2AEndpoint:
             raise wire.A2AError("MethodNotFound", f"no method {method!r}")
         except wire.A2AError as exc:
             return self._error(exc, True, request_id)
+        except HostClosed as exc:  # its session opened on a host closed already
+            return self._error(HostClosing(exc), True, request_id)
 
     # -- HTTP+JSON --------------------------------------------------------------------------
 

@@ -87,6 +87,7 @@ from runtime.errors import (
     AlreadyDecided,
     CallerDecides,
     DecisionError,
+    HostClosed,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -442,6 +443,8 @@ class AGUIRoutes:
         except AGUIError as exc:
             headers = {"www-authenticate": "Bearer"} if exc.status == 401 else exc.headers
             return error_response(exc, headers)
+        except HostClosed as exc:  # its session opened on a host closed already
+            return _closing(exc)
 
     def _check_request(self, request: Request) -> None:
         if self.token is not None:

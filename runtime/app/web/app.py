@@ -155,6 +155,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status, exc.message, exc.headers)
 
 
+async def _host_closed(request: Request, exc: Exception) -> Response:
+    """A request reaching a host closed already (``serve`` stopping: opening its
+    session, or reading its store, is refused): the closing host's 503 with
+    ``Retry-After``, not a 500 (another protocol answers in its own shape first)."""
+    return closing_response(exc)
+
+
 # -- middleware ---------------------------------------------------------------------------
 
 
@@ -860,6 +867,7 @@ async def get_session(request: Request) -> Response:
     first turn not saved yet too) answers from memory, any other is looked up by its
     version; 404 for neither."""
     state = _state(request)
+    state.host.check_open()  # a closed host's store is closed: 503, not a store error
     session_id = _session_id(request.path_params["session_id"])
     ui_only = ui_view(request)
     if request.query_params.get("only") == "busy":
@@ -1123,7 +1131,7 @@ def _app(
     app = Starlette(
         routes=[*health_routes(), *_page_routes(), *_api_routes(state.front)],
         middleware=_middleware(state, token, cors_origins, allowed_hosts),
-        exception_handlers={ApiError: _api_error},
+        exception_handlers={ApiError: _api_error, HostClosed: _host_closed},
         lifespan=_lifespan(state),
     )
     app.state.axon = state

@@ -373,7 +373,10 @@ class OpenAIRoutes:
                 raise bad_request(str(exc), "messages") from None
             return Stateless(self.scratch, agent, scratch_id, history, respond)
         session_id = _session_id(header)
-        session = await state.session(session_id)
+        try:
+            session = await state.session(session_id)
+        except HostClosed as exc:  # opened on a host closed already (serve stopping)
+            return _closing(exc)
         _check_media(chat.input, session.agent)
         return respond(session, True)
 

@@ -60,7 +60,7 @@ from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
-from runtime.logging import QuietStream, configure_logging, unblocked
+from runtime.logging import QuietStream, configure_logging, get_logger, unblocked
 from runtime.redact import redact_text, redact_url
 from runtime.turn_queue import TurnQueue
 
@@ -415,9 +415,17 @@ async def _until_signal(drain: float = 0.0, on_signal: Any = None) -> None:
         if on_signal is not None:
             on_signal()
         if drain > 0:
-            with trio.move_on_after(drain):
+            log = get_logger("axon.web")
+            log.warning(
+                "web.draining",
+                seconds=drain,
+                hint="/readyz answers 503 draining; requests are still served until the "
+                "drain ends (a second signal ends it now)",
+            )
+            with trio.move_on_after(drain) as waited:
                 async for _ in signals:
                     break
+            log.warning("web.drained", seconds=drain, cut_short=not waited.cancelled_caught)
 
 
 async def serve_app(
