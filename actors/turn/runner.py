@@ -619,8 +619,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         turn.tool_calls_used = committed.calls
         turn.results = {t.tool_call_id: t for t in committed.tool_messages}
         turn.usage = committed.usage  # the committed steps' calls count too
-        if committed.finished:
+        stored = state.messages[committed.assistant_index]
+        if committed.finished and stored.content == committed.parts:  # type: ignore[union-attr]
             return  # the history is left as it is
+        # (a finished turn too, once a cut step is dropped: a structured answer the
+        # resumed turn rejects is asked for again, and the request must not end with
+        # the cut step's partial text)
         del state.messages[committed.assistant_index :]
         state.messages.append(
             AssistantMessage(id=turn.message_id, content=committed.parts, usage=committed.usage)
