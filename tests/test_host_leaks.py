@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import traceback
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, Host, Tool, tool
 from runtime.errors import MalformedStream, ProviderError
 from runtime.messages import AssistantMessage
+from tests.support.leaks import runtime_objects, tasks
 
 EPOCH = 1_700_000_000.0
 
@@ -190,29 +190,6 @@ ENDINGS: dict[str, tuple[str, Run]] = {
     "deleted while running": ("slow tool", deleted_while_running),
     "evicted": ("success", left_to_eviction),
 }
-
-
-def runtime_objects() -> Counter[str]:
-    """The live objects of the runtime's own classes (the store's excepted: it keeps the
-    conversations), by class, after a full collection."""
-    gc.collect()
-    found: Counter[str] = Counter()
-    for obj in gc.get_objects():
-        module = type(obj).__module__
-        if (
-            isinstance(module, str)  # (a class of another test's may have a descriptor)
-            and module.startswith(("runtime.", "actors."))
-            and not module.startswith("actors.stores")
-        ):
-            found[f"{module}.{type(obj).__qualname__}"] += 1
-    return found
-
-
-def tasks() -> int:
-    def count(task: Any) -> int:
-        return 1 + sum(count(child) for n in task.child_nurseries for child in n.child_tasks)
-
-    return count(trio.lowlevel.current_root_task())
 
 
 def held(host: Host) -> dict[str, Any]:

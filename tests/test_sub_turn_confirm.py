@@ -7,59 +7,8 @@ confirm: its tools ran whatever the calling turn's claim said."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import trio
-
-from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, Host, tool
-from runtime.actor_messages import InferRequest
-
-ran: list[str] = []
-
-
-@tool
-async def record(what: str) -> str:
-    """Record ``what`` (the side effect a takeover must not repeat)."""
-    ran.append(what)
-    return "recorded"
-
-
-def _helper_model(request: InferRequest) -> list[Any]:
-    if current_step(request.messages) == 0:
-        return tool_call("record", {"what": "effect"}, tool_call_id="R")
-    return ["recorded it"]
-
-
-def _boss_model(request: InferRequest) -> list[Any]:
-    if current_step(request.messages) == 0:
-        return tool_call("helper", {"input": "record it"}, tool_call_id="H")
-    return ["done"]
-
-
-def boss() -> Agent:
-    helper = Agent(
-        name="helper", provider=ScriptedProvider(responder=_helper_model), tools=[record]
-    )
-    return Agent(
-        name="boss", provider=ScriptedProvider(responder=_boss_model), tools=[helper.as_tool()]
-    )
-
-
-class Claim:
-    """A worker's confirm whose claim is lost after ``holds`` confirms: the next one
-    cancels the turn, as ``Worker._confirm_claim`` does (``entry.lose``)."""
-
-    def __init__(self, stream: Any, holds: int) -> None:
-        self.stream = stream
-        self.holds = holds
-        self.asked = 0
-
-    async def __call__(self) -> None:
-        self.asked += 1
-        if self.asked > self.holds:
-            self.stream.cancel("lease lapsed before the turn ran a tool")
-        await trio.lowlevel.checkpoint()
+from runtime import Host
+from tests.support.claims import Claim, boss, ran
 
 
 async def test_a_sub_turn_confirms_through_its_calling_turn_and_runs_no_tool_once_it_is_lost():

@@ -13,44 +13,12 @@ from typing import Any
 import trio
 import trio.testing
 
-from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.stores.memory import MemoryStore
-from runtime import Agent, Host, tool
-from runtime.actor_messages import InferRequest
+from runtime import Host
 from runtime.agent import sub_session_id
 from runtime.events import TurnStarted
 from runtime.messages import UserMessage
-
-ran: list[str] = []
-
-
-@tool
-async def record(what: str) -> str:
-    """Record ``what`` (the side effect a takeover must not repeat)."""
-    ran.append(what)
-    return "recorded"
-
-
-def _helper_model(request: InferRequest) -> list[Any]:
-    if current_step(request.messages) == 0:
-        return tool_call("record", {"what": "effect"}, tool_call_id="R")
-    return ["recorded it"]
-
-
-def _boss_model(request: InferRequest) -> list[Any]:
-    if current_step(request.messages) == 0:
-        return tool_call("helper", {"input": "record it"}, tool_call_id="H")
-    return ["done"]
-
-
-def boss() -> Agent:
-    helper = Agent(
-        name="helper", provider=ScriptedProvider(responder=_helper_model), tools=[record]
-    )
-    return Agent(
-        name="boss", provider=ScriptedProvider(responder=_boss_model), tools=[helper.as_tool()]
-    )
-
+from tests.support.claims import boss, ran
 
 SUB = sub_session_id("s", "helper", "H")
 TAKEOVER = (UserMessage(content="the takeover's sub-turn", id="m-b"),)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host, tool
+from tests.support.claims import Claim
 
 ran: list[str] = []
 
@@ -27,22 +27,6 @@ async def delete_file(path: str) -> str:
 @pytest.fixture(autouse=True)
 def _clear() -> None:
     ran.clear()
-
-
-class Claim:
-    """A worker's confirm whose claim is lost after ``holds`` confirms: the next one
-    cancels the turn, as ``Worker._confirm_claim`` does."""
-
-    def __init__(self, stream: Any, holds: int) -> None:
-        self.stream = stream
-        self.holds = holds
-        self.asked = 0
-
-    async def __call__(self) -> None:
-        self.asked += 1
-        if self.asked > self.holds:
-            self.stream.cancel("lease lapsed before the turn ran a tool")
-        await trio.lowlevel.checkpoint()
 
 
 async def next_turn_after_an_approval(holds: int) -> tuple[Claim, Any]:

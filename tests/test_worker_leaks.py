@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ from runtime.approval import Decision
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, ToolCallPart, UserMessage
 from runtime.turn_queue import Renewal
+from tests.support.leaks import runtime_objects, tasks
 from tests.support.redis import require_redis, unique_prefix
 
 LIMIT = 30
@@ -129,29 +129,6 @@ ENDINGS: dict[str, Run] = {
     "approved": decided(True),
     "denied": decided(False),
 }
-
-
-def runtime_objects() -> Counter[str]:
-    """The live objects of the runtime's own classes (the stores' excepted: they keep
-    conversations, and the fences of the last 65,536 sessions), after a collection."""
-    gc.collect()
-    found: Counter[str] = Counter()
-    for obj in gc.get_objects():
-        module = type(obj).__module__
-        if (
-            isinstance(module, str)
-            and module.startswith(("runtime.", "actors."))
-            and not module.startswith("actors.stores")
-        ):
-            found[f"{module}.{type(obj).__qualname__}"] += 1
-    return found
-
-
-def tasks() -> int:
-    def count(task: Any) -> int:
-        return 1 + sum(count(child) for n in task.child_nurseries for child in n.child_tasks)
-
-    return count(trio.lowlevel.current_root_task())
 
 
 async def held(worker: Worker, relay: RedisRelay) -> dict[str, Any]:

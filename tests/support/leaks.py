@@ -1,4 +1,7 @@
-"""Whether a block of code left an async generator unexhausted and unclosed.
+"""What a block of code left behind: an async generator unexhausted and unclosed; the
+live objects of Axon's own classes and Trio's tasks (the leak rooms,
+``tests/test_host_leaks.py`` and ``tests/test_worker_leaks.py``).
+
 
 Trio finalizes such a generator when the garbage collector finds it, and warns
 (``ResourceWarning``: "Async generator ... was garbage collected before it had been
@@ -11,8 +14,12 @@ from __future__ import annotations
 
 import gc
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import trio
 
 ABANDONED = "garbage collected before it had been exhausted"
 
@@ -32,3 +39,29 @@ def abandoned_generators(generation: int = 2) -> Iterator[list[str]]:
         for w in seen
         if issubclass(w.category, ResourceWarning) and ABANDONED in str(w.message)
     )
+
+
+def runtime_objects() -> Counter[str]:
+    """The live objects of the runtime's own classes, by class, after a full collection
+    (the stores' excepted: they keep conversations, and the fences of the last 65,536
+    sessions)."""
+    gc.collect()
+    found: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        module = type(obj).__module__
+        if (
+            isinstance(module, str)  # (a class of another test's may have a descriptor)
+            and module.startswith(("runtime.", "actors."))
+            and not module.startswith("actors.stores")
+        ):
+            found[f"{module}.{type(obj).__qualname__}"] += 1
+    return found
+
+
+def tasks() -> int:
+    """Trio's tasks, the root's included."""
+
+    def count(task: Any) -> int:
+        return 1 + sum(count(child) for n in task.child_nurseries for child in n.child_tasks)
+
+    return count(trio.lowlevel.current_root_task())
