@@ -11,29 +11,8 @@
 const config = JSON.parse(process.argv[2]);
 const { AbstractChat, DefaultChatTransport } = await import(config.ai ?? "ai");
 
-class State {
-  status = "ready";
-  error = undefined;
-  messages = [];
-  pushMessage(m) {
-    this.messages = [...this.messages, m];
-  }
-  popMessage() {
-    this.messages = this.messages.slice(0, -1);
-  }
-  replaceMessage(i, m) {
-    this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)];
-  }
-  snapshot(x) {
-    return structuredClone(x);
-  }
-}
-
-class Chat extends AbstractChat {
-  constructor(init) {
-    super({ ...init, state: new State() });
-  }
-}
+const { chatClass } = await import("./chat_state.mjs");
+const Chat = chatClass(AbstractChat);
 
 const bodies = [];
 let turnId;
