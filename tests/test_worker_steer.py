@@ -496,32 +496,9 @@ async def test_a_steer_an_earlier_turn_answered_says_so_in_its_202(
     """A steering message whose id an earlier turn stored and answered (its first copy
     queued under another key: a client's retry) is taken as held; the 202 says
     ``answered`` as the turn's ``steered`` chunk does (and the embedded app's 202)."""
-    from runtime.turn_queue import TurnOptions
-
-    script = Script(["answer 1"], looking("call_L"), holding("call_H"), ["answer 2"])
-    out: dict[str, Any] = {}
-    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
-        options = TurnOptions(user_message_id="u1")
-        earlier = await d.queue.submit("s1", "first", idempotency_key="other", options=options)
-        while True:
-            status = await d.queue.get_status(earlier.turn_id)
-            if status is not None and status.status == "done":
-                break
-            await trio.sleep(0.02)
-        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-
-                async def post(name: str, text: str, message_id: str) -> None:
-                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
-
-                nursery.start_soon(post, "second", "second", "u2")
-                await test_busy.held["open"].wait()
-                nursery.start_soon(post, "again", "first", "u1")
-                await queued(d.queue, "s1", 3)
-                test_busy.held["release"].set()
-        record = await d.store.load("s1")
-    assert out["again"].status_code == 202, out["again"].text
-    assert out["again"].json()["answered"] is True
+    again, record = await steer_an_answered_message(pg_url, redis_url)
+    assert again.status_code == 202, again.text
+    assert again.json()["answered"] is True
     assert record is not None
     assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]
 
@@ -556,9 +533,10 @@ def relay_that_lost(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     monkeypatch.setattr(frontend.FrontEnd, "_steer_answered", steer_answered)
 
 
-async def steer_an_answered_message(pg_url: str, redis_url: str) -> Any:
+async def steer_an_answered_message(pg_url: str, redis_url: str) -> tuple[Any, Any]:
     """``u1`` stored and answered by an earlier turn (queued under another key), then
-    steered into the running turn of ``u2`` by a client's retry: its 202."""
+    steered into the running turn of ``u2`` by a client's retry: its 202, and the
+    session as stored once the turns ended."""
     from runtime.turn_queue import TurnOptions
 
     script = Script(["answer 1"], looking("call_L"), holding("call_H"), ["answer 2"])
@@ -582,7 +560,8 @@ async def steer_an_answered_message(pg_url: str, redis_url: str) -> Any:
                 nursery.start_soon(post, "again", "first", "u1")
                 await queued(d.queue, "s1", 3)
                 test_busy.held["release"].set()
-    return out["again"]
+        record = await d.store.load("s1")
+    return out["again"], record
 
 
 @pytest.mark.parametrize("how", ["lost", "gap", "silent"])
@@ -590,7 +569,7 @@ async def test_a_steers_202_says_answered_from_the_store_when_the_relay_lost_its
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     relay_that_lost(monkeypatch, how)
-    again = await steer_an_answered_message(pg_url, redis_url)
+    again, _ = await steer_an_answered_message(pg_url, redis_url)
     assert again.status_code == 202, again.text
     assert again.json()["answered"] is True
 
