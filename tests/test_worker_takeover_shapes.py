@@ -64,6 +64,31 @@ async def test_a_takeover_from_step_0_that_finds_no_stream_sends_its_start_at_on
     assert ids == list(range(ids[0], ids[0] + len(ids)))  # no gap, no repeat
 
 
+async def paused_until_taken_over(d: Any, workers: Any, gate: Any, gate_var: str, text: str) -> Any:
+    """Worker ``a`` started with ``gate_var`` (a hook of tests/support/worker_agent.py
+    that waits at ``gate``) runs a turn of ``text`` to the gate and is SIGSTOPped there;
+    worker ``b`` takes the turn over and finishes it. Returns the turn (``a`` still
+    stopped, its gate shut)."""
+    from tests.test_workers import wait_for
+
+    workers.start("a", **{gate_var: str(gate)})
+    turn = await d.queue.submit("s1", text)
+
+    async def at_gate() -> bool:
+        return await trio.Path(f"{gate}.at").exists()
+
+    await wait_for(at_gate, what=f"worker a at its gate ({gate_var})")
+    workers.signal("a", signal.SIGSTOP)
+    workers.start("b")
+
+    async def taken_over() -> bool:
+        row = await d.queue.get(turn.turn_id)
+        return row is not None and row.status == "done"
+
+    await wait_for(taken_over, what="worker b to finish the turn")
+    return turn
+
+
 async def test_a_worker_woken_past_its_lease_runs_no_tool_the_takeover_ran(
     pg_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -78,21 +103,7 @@ async def test_a_worker_woken_past_its_lease_runs_no_tool_the_takeover_ran(
 
     gate = tmp_path / "gate"
     async with front_end_and_workers(pg_url, redis_url) as (d, workers):
-        workers.start("a", AXON_TEST_TOOL_GATE=str(gate))
-        turn = await d.queue.submit("s1", "tools one")
-
-        async def at_gate() -> bool:
-            return await trio.Path(f"{gate}.at").exists()
-
-        await wait_for(at_gate, what="worker a at its first tool")
-        workers.signal("a", signal.SIGSTOP)
-        workers.start("b")
-
-        async def taken_over() -> bool:
-            row = await d.queue.get(turn.turn_id)
-            return row is not None and row.status == "done"
-
-        await wait_for(taken_over, what="worker b to finish the turn")
+        turn = await paused_until_taken_over(d, workers, gate, "AXON_TEST_TOOL_GATE", "tools one")
         version = await d.store.version("s1")
         await trio.Path(gate).touch()
         workers.signal("a", signal.SIGCONT)
@@ -134,21 +145,7 @@ async def test_a_worker_woken_inside_a_sub_turn_past_its_lease_runs_no_sub_agent
 
     gate = tmp_path / "gate"
     async with front_end_and_workers(pg_url, redis_url) as (d, workers):
-        workers.start("a", AXON_TEST_SUB_TOOL_GATE=str(gate))
-        turn = await d.queue.submit("s1", "sub one")
-
-        async def at_gate() -> bool:
-            return await trio.Path(f"{gate}.at").exists()
-
-        await wait_for(at_gate, what="worker a at its sub-turn's tool")
-        workers.signal("a", signal.SIGSTOP)
-        workers.start("b")
-
-        async def taken_over() -> bool:
-            row = await d.queue.get(turn.turn_id)
-            return row is not None and row.status == "done"
-
-        await wait_for(taken_over, what="worker b to finish the turn")
+        turn = await paused_until_taken_over(d, workers, gate, "AXON_TEST_SUB_TOOL_GATE", "sub one")
         await trio.Path(gate).touch()
         workers.signal("a", signal.SIGCONT)
 
