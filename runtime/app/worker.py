@@ -135,6 +135,9 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_GRACE = 10.0
+DEFAULT_MAX_SESSIONS = 1000
+"""Sessions a worker's host keeps in memory at most (``--max-sessions``), the least
+recently used idle ones freed past it (reloaded from the store on their next turn)."""
 BUSY_WAIT = 30.0
 """Seconds a claimed turn waits for this worker's previous turn of its session to end."""
 DEFAULT_POLL = 1.0
@@ -434,7 +437,7 @@ class Worker:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         grace: float = DEFAULT_GRACE,
         poll: float = DEFAULT_POLL,
-        max_sessions: int = 1000,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         input_limits: InputLimits | None = None,
         plugins: Sequence[Actor] = (),
         gc_pacing: bool = False,
@@ -1510,6 +1513,14 @@ def _add_claim_arguments(worker: Any) -> None:
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
     add(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help="keep at most N sessions in memory, freeing the least recently used idle ones "
+        f"(default {DEFAULT_MAX_SESSIONS}); a freed one is read from the store again",
+    )
+    add(
         "--gc-pacing",
         action="store_true",
         help="pace the garbage collector from the event loop (Worker(gc_pacing=True)): for "
@@ -1565,27 +1576,37 @@ async def worker_command(args: Any) -> int:
         return await _run_worker_command(args)
 
 
+def worker_options(args: Any) -> dict[str, Any]:
+    """:class:`Worker`'s options from the command line (not its agent); a value out of
+    range raises :class:`~runtime.errors.ConfigurationError` (one line, exit 2)."""
+    if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
+        raise ConfigurationError(
+            "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
+        )
+    max_sessions = getattr(args, "max_sessions", DEFAULT_MAX_SESSIONS)
+    if max_sessions < 1:
+        raise ConfigurationError(f"--max-sessions must be >= 1, not {max_sessions}")
+    return {
+        "concurrency": args.concurrency,
+        "lease": args.lease,
+        "max_attempts": args.max_attempts,
+        "grace": args.grace,
+        "poll": args.poll,
+        "max_sessions": max_sessions,
+        "owner": args.owner,
+        "input_limits": input_limits(args),
+        "plugins": make_plugins(args),
+        "gc_pacing": args.gc_pacing,
+        "health_file": getattr(args, "health_file", None),
+        "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
+    }
+
+
 async def _run_worker_command(args: Any) -> int:
     try:
         queue_scheme(args.store)
-        if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
-            raise ConfigurationError(
-                "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
-            )
+        options = worker_options(args)
         agent = make_agent(args)
-        options = {
-            "concurrency": args.concurrency,
-            "lease": args.lease,
-            "max_attempts": args.max_attempts,
-            "grace": args.grace,
-            "poll": args.poll,
-            "owner": args.owner,
-            "input_limits": input_limits(args),
-            "plugins": make_plugins(args),
-            "gc_pacing": args.gc_pacing,
-            "health_file": getattr(args, "health_file", None),
-            "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
-        }
         relay_options = relay_options_of(args)
         health_file = getattr(args, "health_file", None)
         if health_file is not None:
