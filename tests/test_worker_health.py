@@ -19,8 +19,11 @@ import psycopg
 import pytest
 import trio
 
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime import Agent
+from runtime.actor_messages import InferRequest
 from runtime.app.worker import STALL_INTERVALS, Worker, open_worker
 from tests.support import worker_agent
 from tests.support.pg import EXTERNAL_PG, pg_connect, postgres_stopped
@@ -159,15 +162,17 @@ def test_a_health_file_the_worker_cannot_write_is_refused_before_it_starts(
 
 
 @asynccontextmanager
-async def in_process(pg_url: str, health: Path) -> AsyncIterator[tuple[Worker, TurnQueue]]:
-    """A worker (``poll`` 0.1, the health file every :data:`INTERVAL`) and a front end's
-    queue on the test's schema."""
+async def in_process(
+    pg_url: str, health: Path, **options: Any
+) -> AsyncIterator[tuple[Worker, TurnQueue]]:
+    """A worker (``poll`` 0.1, the health file every :data:`INTERVAL`, ``options``) and a
+    front end's queue on the test's schema."""
     front = await PostgresStore.open(pg_url)
     queue = TurnQueue(front)
     try:
         async with open_worker(
             pg_url,
-            agent=worker_agent.agent,
+            **{"agent": worker_agent.agent, **options},
             poll=0.1,
             health_file=str(health),
             health_interval=INTERVAL,
@@ -293,3 +298,38 @@ async def test_a_worker_whose_claims_are_stuck_on_a_lock_goes_stale_until_they_a
         status = await answered(queue, "s1")
     assert stale
     assert back and status == "done"
+
+
+HOLD: dict[str, trio.Event] = {}
+
+
+async def hold(n: int) -> str:
+    """Wait until the test lets go."""
+    HOLD["entered"].set()
+    await HOLD["go"].wait()
+    return "went"
+
+
+def _holding(request: InferRequest) -> list[Any]:
+    if current_step(request.messages) == 0:
+        return tool_call("hold", {"n": 1})
+    return ["done"]
+
+
+async def test_a_worker_whose_slots_are_all_busy_keeps_touching_its_health_file(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # Its claim loop waits for a free slot for as long as its turns run: no stall (a
+    # probe that restarted it would cut the turns it runs well).
+    HOLD["entered"], HOLD["go"] = trio.Event(), trio.Event()
+    agent = Agent(name="h", provider=ScriptedProvider(responder=_holding), tools=[hold])
+    health = tmp_path / "alive"
+    async with in_process(pg_url, health, agent=agent, concurrency=1) as (running, queue):
+        turn = await queue.submit("s1", "go")
+        await HOLD["entered"].wait()
+        await trio.sleep(0.1 + (STALL_INTERVALS + 2) * INTERVAL)  # past a stall's bound
+        busy = await a_touched_again(health) and turn.turn_id in running.running
+        HOLD["go"].set()
+        done = await queue.wait_finished(turn.turn_id, LIMIT)
+    assert busy
+    assert done is not None and done.status == "done"
