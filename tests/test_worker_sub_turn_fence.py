@@ -27,6 +27,7 @@ from actors.stores.turns import TurnQueue
 from runtime.actor_messages import InferRequest
 from runtime.agent import Agent, sub_session_id
 from runtime.app.worker import Worker
+from runtime.approval import Decision, pending_calls
 from runtime.messages import AssistantMessage, UserMessage
 from runtime.tools import ToolContext, tool
 from tests.test_workers import sql
@@ -42,6 +43,7 @@ class Held:
     inside: trio.Event = attrs.Factory(trio.Event)
     go: trio.Event = attrs.Factory(trio.Event)
     runs: int = 0
+    guarded: int = 0
 
 
 def agents(held: Held, *, deeper: bool = False) -> Agent:
@@ -140,3 +142,142 @@ async def test_a_sub_turn_cancelled_by_the_lease_watch_saves_nothing_over_the_ta
     assert [m.role for m in stored.messages].count("user") == 1
     # and nothing of a's calling turn past its claim either (the fence did that before)
     assert caller is None or not any(isinstance(m, AssistantMessage) for m in caller.messages)
+
+
+def passing(held: Held, *, hold_first: bool = False) -> Agent:
+    """``boss`` calls ``helper`` (``as_tool(pass_approvals=True)``), whose step 0 calls
+    ``guarded`` (needs approval; holds once approved and run); with ``hold_first``, step
+    0 calls ``hold`` (which holds) and step 1 ``guarded``."""
+
+    @tool
+    async def hold(ctx: ToolContext) -> str:
+        """Hold."""
+        held.runs += 1
+        held.inside.set()
+        await held.go.wait()
+        return "held"
+
+    @tool(needs_approval=True)
+    async def guarded(ctx: ToolContext) -> str:
+        """Guarded."""
+        held.guarded += 1
+        if not hold_first:
+            held.runs += 1
+            held.inside.set()
+            await held.go.wait()
+        return "guarded ran"
+
+    def helper_steps(request: InferRequest) -> list[Any]:
+        step = current_step(request.messages)
+        if hold_first and step == 0:
+            return tool_call("hold", {}, tool_call_id="call_x")
+        if step == (1 if hold_first else 0):
+            return tool_call("guarded", {}, tool_call_id="call_g")
+        return ["helper done"]
+
+    helper = Agent(
+        name="helper", provider=ScriptedProvider(responder=helper_steps), tools=[hold, guarded]
+    )
+
+    def top(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return tool_call("helper", {"input": "help"}, tool_call_id="call_h")
+        return ["boss done"]
+
+    return Agent(
+        name="boss",
+        provider=ScriptedProvider(responder=top),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+
+
+async def until_idle(worker: Worker) -> None:
+    with trio.fail_after(LIMIT):
+        while worker.running:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def test_a_passed_up_approvals_continuation_taken_over_inside_the_sub_turn_saves_nothing(
+    pg_url: str,
+) -> None:
+    """A sub-turn that waited for an approval passed up to its caller
+    (``as_tool(pass_approvals=True)``), approved: the calling turn's continuation goes on
+    with the sub-turn (``_go_on``) and is taken over inside the approved call. The
+    continuation's claim is a new one (epoch up): the sub-turn's saves are fenced by it,
+    and a's aborted sub-turn lands nowhere."""
+    held = Held()
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    agent = passing(held)
+    sub = sub_session_id("s", "helper", "call_h")
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store_a, agent=agent, lease=30.0, poll=0.05)
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                while (row := await queue.get(turn.turn_id)) is None or not row.waiting:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            caller = await store_b.load("s")
+            assert caller is not None
+            (call,) = pending_calls(caller.messages)
+            tools = {t.name: t for t in agent.tools}
+            await queue.decide("s", call.approval_id, Decision(approved=True), tools)
+            with trio.fail_after(LIMIT):
+                await held.inside.wait()  # the continuation runs the approved call
+            before = await store_b.load(sub)
+            await taken_over(pg_url, store_b, turn.turn_id, sub)
+            worker.running[turn.turn_id].lose("renewal refused")
+            await until_idle(worker)
+            worker.stop()
+        stored = await store_b.load(sub)
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    assert held.runs == 1
+    assert before is not None and stored is not None
+    assert stored.messages == (*before.messages, TAKEOVER), stored.messages
+
+
+async def test_a_sub_turn_whose_caller_is_deleted_meanwhile_leaves_no_wait_for_it(
+    pg_url: str,
+) -> None:
+    """The calling session is deleted (as the front end's DELETE does: its sub-sessions'
+    waits ended, then the delete) while a sub-turn runs a tool; the sub-turn's next step
+    asks for an approval passed up to its caller. The worker learns of the delete only
+    at its next renewal (a third of the lease) or save: before, the sub-turn's step was
+    saved meanwhile, and the sub-session waited for good for a caller that is gone (it
+    refuses decisions and new messages: ``CallerWaits``). Its saves are fenced by the
+    calling turn's claim, which the delete ended: refused."""
+    from runtime.app.nested import end_sub_waits
+
+    held = Held()
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    sub = sub_session_id("s", "helper", "call_h")
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(
+                store=store_a, agent=passing(held, hold_first=True), lease=30.0, poll=0.05
+            )
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                await held.inside.wait()
+            await end_sub_waits(store_b, "s")
+            await store_b.delete("s")
+            held.go.set()
+            await until_idle(worker)
+            worker.stop()
+        stored = await store_b.load(sub)
+        row = await queue.get(turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    assert held.runs == 1 and held.guarded == 0
+    assert row is None or row.status == "cancelled"
+    assert stored is None or pending_calls(stored.messages) == (), stored.messages
