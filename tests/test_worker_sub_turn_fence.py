@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.stores.postgres import PostgresStore
@@ -44,6 +45,7 @@ class Held:
     go: trio.Event = attrs.Factory(trio.Event)
     runs: int = 0
     guarded: int = 0
+    linger: trio.Event | None = None
 
 
 def agents(held: Held, *, deeper: bool = False) -> Agent:
@@ -281,3 +283,85 @@ async def test_a_sub_turn_whose_caller_is_deleted_meanwhile_leaves_no_wait_for_i
     assert held.runs == 1 and held.guarded == 0
     assert row is None or row.status == "cancelled"
     assert stored is None or pending_calls(stored.messages) == (), stored.messages
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["stopped", "taken-over"])
+async def test_a_sub_session_saved_after_its_calling_turn_ended_is_the_claims(
+    pg_url: str, lost: bool
+) -> None:
+    """The calling turn ends while its tool runs, and the tool (its cancellation
+    shielded) runs a turn in a sub-session it opens as an agent tool does (its meta
+    naming the caller) only then: a sub-turn that outlives its calling turn (the agent
+    tool's task ends after the turn that cancelled it).
+
+    Stopped (no takeover): its saves are the calling claim's, which no other worker
+    took: written, as before they were fenced (the save function refuses a turn not
+    running; the transaction checks the claim alone). Taken over (``lost``): refused,
+    the claim that ended is another worker's now; before, written unfenced."""
+    from runtime.tools import PARENT_SESSION_META
+
+    held = Held(linger=trio.Event())
+    ran = trio.Event()
+    late = Agent(name="late", provider=ScriptedProvider([["late answer"]]))
+    sub = sub_session_id("s", "late", "call_l")
+
+    @tool
+    async def lingering(ctx: ToolContext) -> str:
+        """Linger."""
+        assert ctx.host is not None and held.linger is not None
+        held.inside.set()
+        try:
+            await held.go.wait()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await held.linger.wait()
+                session = await ctx.host.open_session(
+                    late, session_id=sub, meta={PARENT_SESSION_META: ctx.session_id}
+                )
+                async with session.stream("after the caller") as out:
+                    async for _ in out:
+                        pass
+                await session.close()
+                ran.set()
+            raise
+        return "lingered"
+
+    boss = Agent(
+        name="boss",
+        provider=ScriptedProvider([[*tool_call("lingering", {}, tool_call_id="call_l")]]),
+        tools=[lingering],
+    )
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store_a, agent=boss, lease=30.0, poll=0.05)
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                await held.inside.wait()
+            if lost:
+                await taken_over(pg_url, store_b, turn.turn_id, "other")
+                worker.running[turn.turn_id].lose("renewal refused")
+            else:
+                worker.running[turn.turn_id].cancel("stopped")
+            await until_idle(worker)
+            row = await queue.get(turn.turn_id)
+            assert row is not None
+            assert (row.status, row.epoch) == (("running", 2) if lost else ("cancelled", 1))
+            held.linger.set()
+            with trio.fail_after(LIMIT):
+                await ran.wait()
+            await trio.testing.wait_all_tasks_blocked()  # (its last save answered)
+            stored = await store_b.load(sub)
+            worker.stop()
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    if lost:
+        assert stored is None
+    else:
+        assert stored is not None
+        assert [m.role for m in stored.messages] == ["user", "assistant"]

@@ -191,12 +191,14 @@ class Fence:
     under: str | None = None
     """Set on the fence of a sub-session an agent tool of the claimed turn runs in
     (:meth:`PostgresStore.fence_under`): the claimed turn's session. Such a fence only
-    checks the claim, in the save's transaction (the turn's row read ``FOR SHARE``):
-    refused once another claim took the turn (its epoch moved) or its session was
-    deleted while it ran, whatever the row's status (a sub-turn cancelled with its
-    calling turn may save after that turn ended or suspended). Nothing of the row is
-    written (no ``saved`` mark, end or suspension); no callback but :attr:`on_lost` and
-    :attr:`on_deleted` (the calling turn's, while its fenced block lasts)."""
+    checks the claim (the turn's row read ``FOR SHARE``): refused once another claim
+    took the turn (its epoch moved) or its session was deleted while it ran, whatever
+    the row's status (a sub-turn cancelled with its calling turn may save after that
+    turn ended or suspended: the save function refuses a turn not running, and the
+    save is made again in a transaction, which checks the claim alone). Nothing of the
+    row is written (no ``saved`` mark, end or suspension); no callback but
+    :attr:`on_lost` and :attr:`on_deleted` (the calling turn's, while its fenced block
+    lasts)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -495,10 +497,13 @@ class PostgresStore:
             return  # a turn of its own claimed here: its saves are fenced by that claim
         caller = self._fences.get(caller_id)
         late = caller is None
-        if caller is None:  # (a sub-sub-turn opened as its calling turn ended)
+        if caller is None:  # (opened as its calling turn ended: its tool outlived it)
             caller = self._after.get(caller_id)
-            if caller is None:
-                return
+        if caller is None and caller_id in self._ended:
+            turn_id, owner, epoch = self._ended[caller_id]
+            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
+        if caller is None:
+            return
         root = caller.under if caller.under is not None else caller_id
         fence = Fence(
             turn_id=caller.turn_id,
@@ -753,7 +758,6 @@ class PostgresStore:
                 guard is None
                 and (patch is None or (self._utf8 and _NUL not in patch))
                 and start + len(new) <= _INDEX_END
-                and (fence is None or fence.under is None)  # (its check: the transaction's)
             ):
                 ending: bool | Suspend | None = False
                 if fence is not None and fence.in_save is not None:
@@ -931,6 +935,12 @@ class PostgresStore:
                     )
                 return await self._version_written(session_id, fence.turn_id)
             _check_fence_row(row, fence, session_id)
+            if fence.under is not None:
+                # A sub-session's save whose calling turn is no longer running but still
+                # this claim's (it ended, or suspended, as its sub-turn ended): the
+                # function checks for a running turn, so the transaction saves it (its
+                # check is the claim's alone).
+                return None
         if status == "conflict":
             check_version(self.url, session_id, version or 0, expected_version)
         if status == "created":
