@@ -481,8 +481,10 @@ class PostgresStore:
     def fence_under(self, session_id: str, caller_id: str) -> None:
         """Fence every save of ``session_id`` (a sub-session an agent tool runs in:
         ``Agent.as_tool``) by the claim the saves of ``caller_id`` (the calling session)
-        are fenced by, from now until that claim's fenced block ends; nothing when the
-        calling session's saves are not fenced (no worker's turn).
+        are fenced by (or were: a tool may outlive its calling turn's fenced block), until
+        the sub-session is fenced again (another call's open, a turn of its own claimed
+        here); nothing when the calling session's saves are not fenced here (no
+        worker's turn).
 
         A sub-session is not the claimed session, and its saves were not fenced: a worker
         paused past its lease inside a sub-turn, whose calling turn another worker took
@@ -1472,10 +1474,10 @@ class _DeletedWhileRunning(LeaseLost, SessionDeleted):
 
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
     if row is not None and (row[0], row[1], row[2]) == (None, fence.epoch, "cancelled"):
-        whose = "" if fence.under is None else f" calling session {fence.under!r} of the"
+        what = "the session" if fence.under is None else f"its calling session {fence.under!r}"
         raise _DeletedWhileRunning(
-            f"save of session {session_id!r} refused: the{whose} session was deleted while "
-            f"turn {fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
+            f"save of session {session_id!r} refused: {what} was deleted while turn "
+            f"{fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
             session_id=session_id,
         )
     if fence.under is not None:  # a sub-session's: the claim, whatever the turn's status
