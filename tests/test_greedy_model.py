@@ -7,12 +7,17 @@ small as still shows it."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import httpx
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import INLINE_SAVE_BYTES
 from runtime import Agent, Budget, Host, ToolMessage, tool
+from runtime.media import InputLimits
+from tests.test_web_http import body, events
+from tests.web.harness import web_server
 
 # -- a step of many calls to a sync tool ------------------------------------------------
 
@@ -47,7 +52,7 @@ async def test_sync_tool_calls_hung_past_their_timeout_leave_the_hosts_threads_a
             errors = [m.error for m in a.messages if isinstance(m, ToolMessage)]
             assert errors == ["tool hang timed out after 0.05s"] * 2
             b = await host.open_session(
-                Agent(provider=ScriptedProvider([long_answer], chunk_size=65536)),
+                Agent(provider=ScriptedProvider([[long_answer]], chunk_size=65536)),
                 session_id="b",
             )
             with trio.fail_after(20):  # before: the save gave up, the load waited
@@ -57,3 +62,63 @@ async def test_sync_tool_calls_hung_past_their_timeout_leave_the_hosts_threads_a
             assert stored.messages[-1].content[0].text == long_answer
         finally:
             gate.set()
+
+
+# -- a step of more calls than a user's input may have parts -------------------------------
+
+
+@tool
+def lookup(i: int) -> str:
+    """Runs without asking."""
+    return f"found {i}"
+
+
+@tool(needs_approval=True)
+def erase(path: str) -> str:
+    """Asks first."""
+    return f"erased {path}"
+
+
+async def test_a_step_of_more_calls_than_an_inputs_parts_can_still_be_approved_over_http():
+    """The AI SDK answers an approval by sending the whole assistant message back, a
+    tool part for every call of the step. That message was held to the host's limit on
+    a user's input (``max_parts``, 1,000; 3 here): a model that asked for more calls
+    in the step of its one call that waits for approval left that call unanswerable,
+    every answer refused 413, the turn waiting until it expired."""
+    calls = [c for i in range(3) for c in tool_call("lookup", {"i": i}, tool_call_id=f"L{i}")]
+    calls += tool_call("erase", {"path": "/x"}, tool_call_id="E")
+    agent = Agent(provider=ScriptedProvider([calls, ["done"]]), tools=[lookup, erase])
+    async with web_server(agent) as server:
+        server.host.input_limits = InputLimits(max_parts=3)
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            asked = next(c for c in first if c != "[DONE]" and c["type"] == "tool-approval-request")
+            parts: list[dict[str, Any]] = [{"type": "step-start"}]
+            parts += [
+                {
+                    "type": "tool-lookup",
+                    "toolCallId": f"L{i}",
+                    "state": "output-available",
+                    "input": {"i": i},
+                    "output": f"found {i}",
+                }
+                for i in range(3)
+            ]
+            parts.append(
+                {
+                    "type": "tool-erase",
+                    "toolCallId": "E",
+                    "state": "approval-responded",
+                    "input": {"path": "/x"},
+                    "approval": {"id": asked["approvalId"], "approved": True},
+                }
+            )
+            sent = body("s")
+            message_id = first[0]["messageId"]
+            sent["messages"].append({"id": message_id, "role": "assistant", "parts": parts})
+            sent["messageId"] = message_id
+            answered = await client.post("/api/chat", json=sent)
+            assert answered.status_code == 200, answered.text
+            second = events(answered.content)
+    assert second[1] == {"type": "tool-output-available", "toolCallId": "E", "output": "erased /x"}
+    assert (second[-2]["type"], second[-2]["finishReason"]) == ("finish", "stop")
