@@ -12,10 +12,15 @@ from typing import Any
 import httpx
 import trio
 
+from actors.providers import anthropic, gemini, openai
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import INLINE_SAVE_BYTES
 from runtime import Agent, Budget, Host, ToolMessage, tool
+from runtime.history import repair
 from runtime.media import InputLimits
+from tests.support.attacks import check_gemini_body
+from tests.support.faults import check_anthropic_body, check_history, check_openai_body
+from tests.support.grammar import check_grammar
 from tests.test_web_http import body, events
 from tests.web.harness import web_server
 
@@ -122,3 +127,36 @@ async def test_a_step_of_more_calls_than_an_inputs_parts_can_still_be_approved_o
             second = events(answered.content)
     assert second[1] == {"type": "tool-output-available", "toolCallId": "E", "output": "erased /x"}
     assert (second[-2]["type"], second[-2]["finishReason"]) == ("finish", "stop")
+
+
+# -- pins: what the room found holding -----------------------------------------------------
+
+
+async def test_a_step_of_many_calls_over_max_tool_calls_ends_clean_and_replays_everywhere():
+    """A pin (it held): one step of 30 calls under ``max_tool_calls=3`` runs 3, refuses
+    27 with an error result each, ends ``budget``; the stream keeps its grammar and the
+    stored history maps into a valid request of each provider."""
+    calls = [c for i in range(30) for c in tool_call("lookup", {"i": i}, tool_call_id=f"c{i}")]
+    agent = Agent(
+        provider=ScriptedProvider([calls, ["never"]]),
+        tools=[lookup],
+        budget=Budget(max_tool_calls=3),
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+        stored = (await host.store.load("s")).messages
+    check_grammar(chunks)
+    assert (out.result.finish_reason, out.result.budget) == ("budget", "max_tool_calls")
+    results = [m for m in stored if isinstance(m, ToolMessage)]
+    assert [m.output for m in results[:3]] == ["found 0", "found 1", "found 2"]
+    assert {m.error for m in results[3:]} == {
+        "the tool call was not executed: budget max_tool_calls=3 reached"
+    }
+    assert len(results) == 30
+    check_history(stored)
+    history = repair(list(stored))
+    check_openai_body({"messages": openai.map_messages(None, history)})
+    check_anthropic_body({"messages": anthropic.map_messages(None, history)[1]})
+    check_gemini_body({"contents": gemini.map_messages(None, history)[1]})
