@@ -588,6 +588,17 @@ class Host:
                 "it loads what the store kept"
             )
 
+    def check_not_closing(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` if the host has closed or has begun
+        closing (:attr:`shutting_down`): what would act on its turns (a stop, a resume
+        of a turn's stream) is refused then, as a new turn is, and changes nothing."""
+        self.check_open()
+        if self.shutting_down:
+            raise HostClosed(
+                "the host is closing: its turns are being stopped and saved; send the "
+                "request again once a new host serves the session"
+            )
+
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
         :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
