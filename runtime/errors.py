@@ -468,6 +468,14 @@ class TurnConflict(StoreError):
     later turns after it. Nothing was queued; a front end answers 409."""
 
 
+class TurnIdTaken(TurnConflict):
+    """A submit to the turn queue naming a turn id (the client's: an AI SDK ``turnId``,
+    an AG-UI ``runId``) that another turn holds: one of another message, another
+    session's, or one stored meanwhile by a request sent at the same time. Nothing was
+    queued; a front end submits it again under an id of its own (as it does for an id
+    it finds used before it submits)."""
+
+
 class LeaseLost(StoreError):
     """A write fenced by a worker's ``(owner, epoch)`` was refused: another worker holds
     the lease now. Nothing was written."""
