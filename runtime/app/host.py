@@ -1113,10 +1113,13 @@ class Host:
         self.bus.forget_session(session.id)
         # What the persister keeps of it, as for an evicted session: a turn that ended
         # waiting (approval, client tool) left its messages there, held for the host's
-        # life once the session closed. Only once all is saved: a save still in flight
-        # reads the session's latest request.
-        if session.runner is not None and session.state.all_saved:
-            self.persister.forget(session.id)
+        # life once the session closed. A save still in flight (it outlasted the turn's
+        # wait) reads the session's latest request: then once it is written.
+        if session.runner is not None:
+            if session.state.all_saved:
+                self.persister.forget(session.id)
+            else:
+                self.persister.forget_when_saved(session.id)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session for good: its running turn cancelled (abort reason ``session
