@@ -122,7 +122,7 @@ class Persister(Actor):
         if queued is not None:  # behind the session's long save, in order
             queued.append(message)
             return
-        if type(message) is _Forget:
+        if isinstance(message, _Forget):
             self.forget(message.session_id)
             return
         if len(message.messages) > OFF_LOOP_MESSAGES and self._nursery is not None:
@@ -137,10 +137,10 @@ class Persister(Actor):
         try:
             while queued:
                 item = queued[0]
-                if type(item) is _Forget:
+                if isinstance(item, _Forget):
                     self.forget(item.session_id)
                 else:
-                    await self._save(item)  # type: ignore[arg-type]
+                    await self._save(item)
                 del queued[0]  # (no schedule point from here to the pop: none comes in)
         finally:
             self._aside.pop(session_id, None)

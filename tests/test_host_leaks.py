@@ -309,16 +309,20 @@ class SlowSaves:
         return await self.inner.save(*args, **kwargs)
 
 
+@pytest.mark.parametrize("aside", [False, True])
 @pytest.mark.parametrize("script", ["approval", "success"])
 async def test_a_session_closed_with_a_save_in_flight_leaves_nothing_in_the_persister(
-    autojump_clock: Any, script: str
+    autojump_clock: Any, script: str, aside: bool, monkeypatch: Any
 ) -> None:
     # The turn's save outlasted its wait (SAVE_TIMEOUT): the turn ended, its session was
     # closed, and the save then landed: the persister kept the session's latest request
     # and, for a turn that waits, its messages, for the host's life (close_session
     # forgets only a session all saved).
+    from actors import persister as persister_module
     from actors.turn.saving import SAVE_TIMEOUT
 
+    if aside:  # every save a long one, written by a task of its own, in order
+        monkeypatch.setattr(persister_module, "OFF_LOOP_MESSAGES", 0)
     store = SlowSaves(SAVE_TIMEOUT * 2)
     agent = make_agent(script)
     async with Host.open(store=store, log_tap=False) as host:
