@@ -307,6 +307,14 @@ class HostClosed(AxonError):
     what the store kept."""
 
 
+class ClosedWhileWaiting(SessionBusy, HostClosed):
+    """A message that waited for its session's running turn (``enqueue``, ``steer``,
+    ``interrupt`` while the turn it cut ends) when the host began closing: it never
+    started, nothing of it is stored. A :class:`SessionBusy` (what such a wait raised
+    before) and a :class:`HostClosed` (what the caller does: send it again to a new
+    host; a web endpoint answers the closing host's 503, not a busy session's 409)."""
+
+
 class DecisionError(SessionError, ValueError):
     """A decision for a turn waiting for input (:mod:`runtime.approval`) that cannot be
     taken; nothing was changed."""

@@ -1,8 +1,9 @@
 """What a message waiting for its session's running turn gets when the host closes
-(docs/embedding.md, "Many sessions on one host"): ``SessionBusy`` (not ``HostClosed``:
-its ``async with`` was entered before the close began), saying the host is shutting
-down, with ``host.shutting_down`` set; nothing of it stored; sent again to a new host
-on the same store, it runs."""
+(docs/embedding.md, "Many sessions on one host"): ``ClosedWhileWaiting``, both a
+``SessionBusy`` (what it raised before: a caller's ``except SessionBusy`` still
+catches it) and a ``HostClosed`` (what to do: send it again to a new host), saying the
+host is shutting down, with ``host.shutting_down`` set; nothing of it stored; sent
+again to a new host on the same store, it runs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from runtime import Host, HostClosed, SessionBusy
+from runtime import ClosedWhileWaiting, Host, HostClosed, SessionBusy
 from runtime.messages import UserMessage
 from tests.test_busy import Script, agent_with, held, holding
 
@@ -45,7 +46,7 @@ async def test_a_message_waiting_for_the_running_turn_gets_session_busy_as_the_h
             nursery.start_soon(send, host, session)
             await trio.testing.wait_all_tasks_blocked()
     [(exc, closing)] = refused
-    assert not isinstance(exc, HostClosed)
+    assert isinstance(exc, ClosedWhileWaiting) and isinstance(exc, HostClosed)
     assert "the host is shutting down" in str(exc) and closing
     # What the caller does: send it again once a new host is open.
     async with Host.open(store=path, log_tap=False) as host:

@@ -56,6 +56,7 @@ from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, c
 from runtime.errors import (
     ActorFailed,
     CallerWaits,
+    ClosedWhileWaiting,
     HostClosed,
     InputHeld,
     InvalidMeta,
@@ -774,7 +775,7 @@ class TurnStream:
                 if self._withdrawn is not None:
                     raise self._withdrawn_error()
                 if session.host.shutting_down:
-                    raise SessionBusy(
+                    raise ClosedWhileWaiting(
                         f"session {session.id!r}: the host is shutting down; the waiting turn "
                         "did not start"
                     )
