@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 
@@ -120,3 +121,31 @@ async def test_a_stop_while_the_host_closes_leaves_its_running_turn_to_the_shutd
             held["release"].set()
     unavailable(stop)
     assert events(answers[0].content)[-2]["type"] == "finish", answers[0].text
+
+
+async def test_a_stop_and_a_chat_pipelined_on_one_connection_to_a_closing_host_get_two_503s():
+    # The stop's body left unread by its refusal must not be read as the next request.
+    from tests.test_web_connections import read_answer
+    from tests.test_web_slow_clients import connect
+
+    stop = b'{"messageId": "u-late"}'
+    chat = orjson.dumps(body("s", "hi", message_id="u-late"))
+    host_header = b"127.0.0.1"
+    requests = b"".join(
+        b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (path, host_header, len(payload), payload)
+        for path, payload in ((b"/api/chat/s/stop", stop), (b"/api/chat", chat))
+    )
+    async with web_server(agent()) as server:
+        set_state(server, "closing")
+        try:
+            sock = await connect(server)
+            with sock, trio.fail_after(20):
+                await sock.send(requests)
+                heads = [await read_answer(sock), await read_answer(sock)]
+        finally:
+            set_state(server, None)
+        held_stops = len(server.host.held_stops)
+        record = await server.host.store.load("s")
+    assert [h.split(b" ", 2)[1] for h in heads] == [b"503", b"503"], heads
+    assert held_stops == 0 and record is None
