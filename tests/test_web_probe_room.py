@@ -189,3 +189,45 @@ def test_only_a_probes_head_is_a_probe(raw):
         assert method in (b"GET", b"HEAD") and version in (b"HTTP/1.1", b"HTTP/1.0")
         assert target.partition(b"?")[0] in (b"/healthz", b"/readyz")
         assert b"transfer-encoding" not in raw.lower()
+
+
+async def test_a_serve_process_at_its_cap_answers_its_probes(tmp_path):
+    # `serve --max-connections 2` (the CLI's wiring of the cap and the room), both held.
+    import os
+    import subprocess
+    import sys
+
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as stderr:
+        proc = await trio.lowlevel.open_process(
+            [
+                *(sys.executable, "-m", "runtime", "serve", "--port", "0"),
+                *("--max-connections", "2", "--max-connections-per-address", "off"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    held = []
+    try:
+        with trio.fail_after(30):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+            host, port = line.decode().split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+            address = (host, int(port))
+            for _ in range(CAP):
+                sock = trio.socket.socket()
+                held.append(sock)
+                await sock.connect(address)
+                await sock.send(b"GET /api/info HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                assert (await read_answer(sock)).startswith(b"HTTP/1.1 200")
+            answers = [
+                await exchange(address, probe(path)) for path in ("/healthz", "/readyz", "/")
+            ]
+    finally:
+        for sock in held:
+            sock.close()
+        proc.kill()
+        await proc.wait()
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200", b"503"], answers
