@@ -54,6 +54,16 @@ the one before it (:attr:`SaveRequest.after`). A session that drops out (least r
 saved first) loses nothing: its next such request is rebased instead."""
 
 
+class _Forget:
+    """The marker :meth:`Persister.forget_when_saved` queues behind a closed session's
+    saves: handled in their order, it forgets the session once they are written."""
+
+    __slots__ = ("session_id",)
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+
+
 class Persister(Actor):
     inbox_capacity = 4096
 
@@ -90,7 +100,7 @@ class Persister(Actor):
         """The turns whose session was deleted while they ran (:meth:`refuse`), by turn
         id, with their session's id: none of their saves may write. Bounded:
         :data:`REMEMBERED`."""
-        self._aside: dict[str, list[SaveRequest]] = {}
+        self._aside: dict[str, list[SaveRequest | _Forget]] = {}
         """The sessions whose long save a task of its own is writing: that request and
         the session's later ones, in order, the first being written."""
         self._nursery: trio.Nursery | None = None
@@ -106,11 +116,14 @@ class Persister(Actor):
                 self._nursery = None
 
     async def handle(self, message: Any) -> None:
-        if not isinstance(message, SaveRequest):
+        if not isinstance(message, SaveRequest | _Forget):
             return
         queued = self._aside.get(message.session_id)
         if queued is not None:  # behind the session's long save, in order
             queued.append(message)
+            return
+        if isinstance(message, _Forget):
+            self.forget(message.session_id)
             return
         if len(message.messages) > OFF_LOOP_MESSAGES and self._nursery is not None:
             self._aside[message.session_id] = [message]
@@ -123,7 +136,11 @@ class Persister(Actor):
         queued = self._aside[session_id]
         try:
             while queued:
-                await self._save(queued[0])
+                item = queued[0]
+                if isinstance(item, _Forget):
+                    self.forget(item.session_id)
+                else:
+                    await self._save(item)
                 del queued[0]  # (no schedule point from here to the pop: none comes in)
         finally:
             self._aside.pop(session_id, None)
@@ -224,6 +241,20 @@ class Persister(Actor):
         a waiting turn, evicted, holds no memory in the process)."""
         self._latest.pop(session_id, None)
         self._written.pop(session_id, None)
+
+    def forget_when_saved(self, session_id: str) -> None:
+        """:meth:`forget` ``session_id`` once the saves of it already sent here are
+        written: its host closed it with a save in flight (one that outlasted its turn's
+        wait, ``SAVE_TIMEOUT``: a slow or paused store), and its runner, stopped, sends no
+        more. Forgotten at once, that save would have put back what it keeps (the
+        session's latest request; a waiting turn's messages, 10 MB attachments and
+        all), for the host's life: so a marker is queued behind it, past the inbox's
+        capacity if need be (never a wait), and handled in its order. A persister that
+        stops already forgets at once."""
+        try:
+            self.inbox.put_over(_Forget(session_id))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.forget(session_id)
 
     def refuse(self, session_id: str, turn_id: str) -> None:
         """Refuse every save of turn ``turn_id`` from now on: its session is being

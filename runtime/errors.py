@@ -307,6 +307,14 @@ class HostClosed(AxonError):
     what the store kept."""
 
 
+class ClosedWhileWaiting(SessionBusy, HostClosed):
+    """A message that waited for its session's running turn (``enqueue``, ``steer``,
+    ``interrupt`` while the turn it cut ends) when the host began closing: it never
+    started, nothing of it is stored. A :class:`SessionBusy` (what such a wait raised
+    before) and a :class:`HostClosed` (what the caller does: send it again to a new
+    host; a web endpoint answers the closing host's 503, not a busy session's 409)."""
+
+
 class DecisionError(SessionError, ValueError):
     """A decision for a turn waiting for input (:mod:`runtime.approval`) that cannot be
     taken; nothing was changed."""
@@ -466,6 +474,14 @@ class TurnConflict(StoreError):
     """A submit to the turn queue that cannot be queued as asked: its idempotency key
     names another session's turn, or it edits a message whose turn has not ended or has
     later turns after it. Nothing was queued; a front end answers 409."""
+
+
+class TurnIdTaken(TurnConflict):
+    """A submit to the turn queue naming a turn id (the client's: an AI SDK ``turnId``,
+    an AG-UI ``runId``) that another turn holds: one of another message, another
+    session's, or one stored meanwhile by a request sent at the same time. Nothing was
+    queued; a front end submits it again under an id of its own (as it does for an id
+    it finds used before it submits)."""
 
 
 class LeaseLost(StoreError):

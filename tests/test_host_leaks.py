@@ -289,3 +289,51 @@ async def test_a_session_open_when_its_wait_expires_stays_open(
         await trio.sleep(61)
         assert host.sessions == {"s": session}
         assert answer(session) == "answered"
+
+
+class SlowSaves:
+    """A memory store whose saves take ``delay`` seconds (past the turn's
+    ``SAVE_TIMEOUT`` when asked): the turn ends with its save still in the persister."""
+
+    def __init__(self, delay: float) -> None:
+        from actors.stores.memory import MemoryStore
+
+        self.inner = MemoryStore()
+        self.delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def save(self, *args: Any, **kwargs: Any) -> Any:
+        await trio.sleep(self.delay)
+        return await self.inner.save(*args, **kwargs)
+
+
+@pytest.mark.parametrize("aside", [False, True])
+@pytest.mark.parametrize("script", ["approval", "success"])
+async def test_a_session_closed_with_a_save_in_flight_leaves_nothing_in_the_persister(
+    autojump_clock: Any, script: str, aside: bool, monkeypatch: Any
+) -> None:
+    # The turn's save outlasted its wait (SAVE_TIMEOUT): the turn ended, its session was
+    # closed, and the save then landed: the persister kept the session's latest request
+    # and, for a turn that waits, its messages, for the host's life (close_session
+    # forgets only a session all saved).
+    from actors import persister as persister_module
+    from actors.turn.saving import SAVE_TIMEOUT
+
+    if aside:  # every save a long one, written by a task of its own, in order
+        monkeypatch.setattr(persister_module, "OFF_LOOP_MESSAGES", 0)
+    store = SlowSaves(SAVE_TIMEOUT * 2)
+    agent = make_agent(script)
+    async with Host.open(store=store, log_tap=False) as host:
+        for i in range(5):
+            session = await host.open_session(agent, session_id=f"s{i}")
+            await session.run("go")
+            assert not session.state.all_saved  # (the save in flight)
+            await session.close()
+        await trio.sleep(SAVE_TIMEOUT * 20)  # every save landed
+        persister = host.persister
+        kept = (dict(persister._written), dict(persister._latest))
+        stored = [await store.inner.version(f"s{i}") for i in range(5)]
+    assert kept == ({}, {})
+    assert all(stored)  # (saved all the same)

@@ -18,7 +18,14 @@ from actors.stores.postgres import PostgresStore
 from actors.stores.turn_sql import TURNS_CHANNEL
 from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
 from runtime.approval import WAITING_META, Decision
-from runtime.errors import AlreadyDecided, InvalidSessionId, LeaseLost, StoreError, UnknownApproval
+from runtime.errors import (
+    AlreadyDecided,
+    InvalidSessionId,
+    LeaseLost,
+    StoreError,
+    TurnIdTaken,
+    UnknownApproval,
+)
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -549,7 +556,9 @@ async def test_a_submit_repeated_with_its_turn_id_returns_the_first_turn(queue):
     first = await queue.submit("s1", "hello", turn_id="turn-a")
     again = await queue.submit("s1", "hello", turn_id="turn-a")
     assert again == first
-    with pytest.raises(StoreError, match="turn id 'turn-a' already names"):
+    # Another session's: taken (not its turn, nor which session holds it); a front end
+    # submits it again under an id of its own (tests/test_turn_id_races.py).
+    with pytest.raises(TurnIdTaken, match="turn id 'turn-a' is already used"):
         await queue.submit("s2", "hello", turn_id="turn-a")
 
 

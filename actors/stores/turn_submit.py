@@ -39,7 +39,7 @@ from runtime.busy import (
     STEER,
     OnBusy,
 )
-from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict
+from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict, TurnIdTaken
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
 from runtime.turn_queue import FINAL_STATUSES, STEERED, QueuedTurn, TurnOptions, TurnStatus
@@ -131,12 +131,19 @@ class _Submission:
             self.check_total(conn)  # counting this row, under the queue's lock
             _notify_turns(conn, turn_id)
             return tuple(row)
-        where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
-        row = conn.execute(
-            f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
-        ).fetchone()
-        if row is None:  # the conflict was on the other unique key
-            raise StoreError(
+        if key is not None:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE idempotency_key = %s", (key,)
+            ).fetchone()
+        else:  # its twin by turn id: this very submit (a retried transaction), or the
+            # same key-less request sent twice, never another session's or message's turn
+            row = conn.execute(
+                f"""SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s
+                AND session_id = %s AND input_hash = %s AND regenerate = %s""",
+                (turn_id, session_id, self.input_hash, regenerate),
+            ).fetchone()
+        if row is None:  # the conflict was on the turn id, another turn's
+            raise TurnIdTaken(
                 f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
                 f"by another turn"
             )

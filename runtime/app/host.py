@@ -588,6 +588,17 @@ class Host:
                 "it loads what the store kept"
             )
 
+    def check_not_closing(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` if the host has closed or has begun
+        closing (:attr:`shutting_down`): what would act on its turns (a stop, a resume
+        of a turn's stream) is refused then, as a new turn is, and changes nothing."""
+        self.check_open()
+        if self.shutting_down:
+            raise HostClosed(
+                "the host is closing: its turns are being stopped and saved; send the "
+                "request again once a new host serves the session"
+            )
+
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
         :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
@@ -1102,10 +1113,13 @@ class Host:
         self.bus.forget_session(session.id)
         # What the persister keeps of it, as for an evicted session: a turn that ended
         # waiting (approval, client tool) left its messages there, held for the host's
-        # life once the session closed. Only once all is saved: a save still in flight
-        # reads the session's latest request.
-        if session.runner is not None and session.state.all_saved:
-            self.persister.forget(session.id)
+        # life once the session closed. A save still in flight (it outlasted the turn's
+        # wait) reads the session's latest request: then once it is written.
+        if session.runner is not None:
+            if session.state.all_saved:
+                self.persister.forget(session.id)
+            else:
+                self.persister.forget_when_saved(session.id)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session for good: its running turn cancelled (abort reason ``session

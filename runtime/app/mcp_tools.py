@@ -268,10 +268,10 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
                 await progress.chunk(chunk)
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()  # saved: the session's next call sees this turn
+    except HostClosed as exc:  # the turn entered (or waited) as the host closed
+        return closing_result(exc, session.id)
     except SessionBusy:
         return _busy(session)
-    except HostClosed as exc:  # the turn entered as the host closed: it never ran
-        return closing_result(exc, session.id)
     return tool_result(out.result, session.id)
 
 

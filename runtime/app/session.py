@@ -56,6 +56,7 @@ from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, c
 from runtime.errors import (
     ActorFailed,
     CallerWaits,
+    ClosedWhileWaiting,
     HostClosed,
     InputHeld,
     InvalidMeta,
@@ -395,6 +396,14 @@ class TurnStream:
         queued = False
         if session.busy or session.queued:
             self._check_not_held()
+            if self._named and (
+                self._names_a_running_turn(session)
+                or session.waiting_stream(message_id=None, turn_id=self.turn_id) is not None
+            ):
+                # The caller's turn id names a turn that runs or waits here already (two
+                # requests sent at once with one id): it names that one, and this turn
+                # gets an id of its own, as it would once the first had started.
+                self.turn_id = new_id("turn")
             self.arrival = session.arrive()
             if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
                 raise SessionBusy(
@@ -766,7 +775,7 @@ class TurnStream:
                 if self._withdrawn is not None:
                     raise self._withdrawn_error()
                 if session.host.shutting_down:
-                    raise SessionBusy(
+                    raise ClosedWhileWaiting(
                         f"session {session.id!r}: the host is shutting down; the waiting turn "
                         "did not start"
                     )

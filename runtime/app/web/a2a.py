@@ -344,6 +344,8 @@ class A2AEndpoint:
                 return _json(wire.jsonrpc_result(request_id, result))
             if method in ("GetTask", "CancelTask", "SubscribeToTask"):
                 task_id, history_length = wire.task_request(params)
+                if method != "GetTask":  # closing: 503, nothing canceled (as a send)
+                    self.state.host.check_not_closing()
                 if method == "GetTask":
                     live = await self.tasks.find(task_id)
                     result = task_out(live.snapshot(history_length))
@@ -383,6 +385,8 @@ class A2AEndpoint:
             task_id, _, verb = route[len("/tasks/") :].rpartition(":")
             if verb not in ("cancel", "subscribe"):
                 task_id, verb = route[len("/tasks/") :], ""
+            else:  # closing: 503, nothing canceled (as a send)
+                self.state.host.check_not_closing()
             if verb == "cancel":
                 only("POST")
                 return _json((await self.tasks.cancel(task_id)).snapshot())

@@ -474,14 +474,14 @@ class TurnResponse:
                 if started:
                     raise
                 await self.busy(session, str(exc))(scope, receive, send)
+            except HostClosed as exc:  # the turn entered (or waited) as the host closed
+                if started:
+                    raise
+                await self.closing(exc)(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
                 await self.busy(session)(scope, receive, send)
-            except HostClosed as exc:  # the turn entered as the host closed (serve stopping)
-                if started:
-                    raise
-                await self.closing(exc)(scope, receive, send)
             except NothingToResume as exc:
                 await error_response(409, str(exc))(scope, receive, send)
 

@@ -25,6 +25,11 @@ or starving connections against ``serve`` (docs/web.md, "Connections"):
   (so that it reads the 503, not a reset) and closed. Without a cap, past
   the hard limit Trio's accept loop retried each 0.1 s, logging a traceback each time,
   and every new connection, a real user's too, waited until some closed.
+* :func:`probe_head`: a health probe (``GET``/``HEAD`` of ``/healthz`` or ``/readyz``)
+  is still answered past the cap, on a connection of :data:`PROBE_ROOM` kept for
+  them: refused like any other, a kubelet's liveness probe made the orchestrator
+  restart a server that was only busy. Such a connection carries the probe and
+  nothing else (:class:`OneRequestStream`), then is closed.
 * :attr:`CappedConfig.send_timeout`: every write to a connection, whoever makes it, is
   given up when its client takes nothing of it for ``--send-timeout`` (twice in a row),
   and the connection closed: Starlette's 500 and Hypercorn's own answers were written
@@ -84,6 +89,22 @@ LINGERING = 64
 is closed as soon as the refusal is written, so a flood of connections past the cap
 holds no more than this many descriptors beyond it, a second each."""
 
+PROBE_PATHS = frozenset({b"/healthz", b"/readyz"})
+"""The paths answered past the cap (:func:`probe_head`): the health probes'
+(:mod:`runtime.app.web.health`)."""
+
+PROBE_ROOM = 8
+"""Probes served past the cap at once (a kubelet sends two or three a container each
+few seconds); one more past the cap gets the 503."""
+
+PROBE_HEAD_MAX = 4096
+"""Bytes a probe's request head may take (a kubelet's is about 150)."""
+
+PROBE_READ_TIMEOUT = 0.5
+"""Seconds a connection past the cap is given to send its request's head before it is
+refused: a prober sends it at once; only a client that sends nothing (or a slow
+attacker) waits this long for its 503."""
+
 REPORT_INTERVAL = 60.0
 """Seconds between two log lines saying connections were refused: one line a burst,
 not one a connection (which an attacker could use to fill the log)."""
@@ -142,6 +163,7 @@ class ConnectionCap:
         "lingering",
         "open",
         "per_address",
+        "probes",
         "refused",
         "reported_at",
     )
@@ -156,7 +178,10 @@ class ConnectionCap:
         """Connections open per address, for those with any."""
         self.open = 0
         self.lingering = 0
-        """Refused connections being read until their client closes (:data:`LINGERING`)."""
+        """Refused connections being read until their client closes (:data:`LINGERING`),
+        or for the head of a probe (:func:`probe_head`)."""
+        self.probes = 0
+        """Probes being served past the cap (:data:`PROBE_ROOM`)."""
         self.refused = 0
         """Refusals since the last log line."""
         self.reported_at: float | None = None
@@ -269,6 +294,94 @@ async def refuse_connection(stream: Any, cap: ConnectionCap | None = None) -> No
     await trio.aclose_forcefully(stream)
 
 
+def is_probe(head: bytes) -> bool:
+    """Whether ``head`` (a request's head, up to its blank line, nothing after) is a
+    health probe's: ``GET`` or ``HEAD`` of a :data:`PROBE_PATHS` path (a query allowed),
+    HTTP/1.0 or 1.1, with no body (no ``content-length`` but 0, no
+    ``transfer-encoding``) and no ``upgrade``. Anything else is not answered past the
+    cap, whatever it would be."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
+        return False
+    if parts[1].partition(b"?")[0] not in PROBE_PATHS or parts[2] not in (
+        b"HTTP/1.1",
+        b"HTTP/1.0",
+    ):
+        return False
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon and line:
+            return False
+        name = name.strip().lower()
+        if name in (b"transfer-encoding", b"upgrade"):
+            return False
+        if name == b"content-length" and value.strip() != b"0":
+            return False
+    return True
+
+
+async def probe_head(stream: Any, cap: ConnectionCap) -> bytes | None:
+    """The head of a health probe (:func:`is_probe`) sent on ``stream``, a connection
+    past the cap, to be served all the same (:class:`OneRequestStream`); ``None`` for
+    anything else (the caller refuses it: what was read is dropped, as a refused
+    connection's request is). Read for at most :data:`PROBE_READ_TIMEOUT` and
+    :data:`PROBE_HEAD_MAX` bytes, while :data:`PROBE_ROOM` probes are not being served
+    already and, the read counted as a lingering one, :data:`LINGERING` refused
+    connections are not being read: past either the connection is refused at once. A
+    head followed by anything (a body, a pipelined request) is no probe."""
+    if cap.probes >= PROBE_ROOM or cap.lingering >= LINGERING:
+        return None
+    cap.lingering += 1
+    data = b""
+    try:
+        with trio.move_on_after(PROBE_READ_TIMEOUT):
+            while b"\r\n\r\n" not in data and len(data) <= PROBE_HEAD_MAX:
+                piece = await stream.receive_some(PROBE_HEAD_MAX + 1)
+                if not piece:
+                    return None
+                data += piece
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return None
+    finally:
+        cap.lingering -= 1
+    head, end, rest = data.partition(b"\r\n\r\n")
+    if not end or rest or len(data) > PROBE_HEAD_MAX or not is_probe(head):
+        return None
+    return data
+
+
+class OneRequestStream:
+    """A connection past the cap as Hypercorn reads it for the probe it carries
+    (:func:`probe_head`): the head already read, then nothing more, ever (what the
+    client sends after is left unread: a request pipelined behind the probe is not
+    served), until the connection is closed; writes go to the socket. The server
+    closes it once the probe's answer is written (:class:`ReleasingTCPServer`)."""
+
+    def __init__(self, stream: Any, head: bytes) -> None:
+        self.stream = stream
+        self.socket = stream.socket
+        self._head: bytes | None = head
+        self._closed = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        head, self._head = self._head, None
+        if head is not None:
+            return head
+        await self._closed.wait()
+        raise trio.ClosedResourceError
+
+    async def send_all(self, data: Any) -> None:
+        await self.stream.send_all(data)
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        self._closed.set()
+        await self.stream.aclose()
+
+
 class ReleasingTCPServer(TCPServer):
     """Hypercorn's Trio connection, which stops its keep-alive timer once the client has
     closed the connection (or it could not be read), and starts none after, so that its
@@ -277,6 +390,9 @@ class ReleasingTCPServer(TCPServer):
     releases_on_close = True
     reading_over = False
     """Whether the reader has ended: no further request can come."""
+    probe_only = False
+    """Whether this connection came past the cap and carries one health probe
+    (:func:`probe_head`): closed once its answer is written."""
 
     async def run(self) -> None:
         cap = getattr(self.config, "connection_cap", None)
@@ -291,7 +407,17 @@ class ReleasingTCPServer(TCPServer):
             except (AttributeError, OSError):  # gone already, or no socket to ask
                 address = None
         if not cap.admit(address):
-            await refuse_connection(self.stream, cap)
+            head = await probe_head(self.stream, cap)
+            if head is None:
+                await refuse_connection(self.stream, cap)
+                return
+            cap.probes += 1
+            try:
+                self.probe_only = True
+                self.stream = OneRequestStream(self.stream, head)  # type: ignore[assignment]
+                await super().run()
+            finally:
+                cap.probes -= 1
             return
         try:
             await super().run()
@@ -309,6 +435,10 @@ class ReleasingTCPServer(TCPServer):
         if isinstance(event, Updated) and event.idle and self.reading_over:
             # An answer ended after the client had left (a stream, an answer written
             # while the close came in): there is no next request to wait for.
+            return
+        if isinstance(event, Updated) and event.idle and self.probe_only:
+            # The probe answered past the cap: its connection carries nothing more.
+            await self.stream.aclose()
             return
         timeout = getattr(self.config, "send_timeout", None)
         if isinstance(event, RawData) and timeout:
@@ -396,9 +526,12 @@ def raise_open_file_limit() -> int | None:
 __all__ = [
     "CappedConfig",
     "ConnectionCap",
+    "OneRequestStream",
     "ReleasingTCPServer",
     "address_key",
     "default_max_connections",
+    "is_probe",
+    "probe_head",
     "raise_open_file_limit",
     "release_connections_on_close",
 ]

@@ -67,6 +67,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 import orjson
@@ -119,6 +120,7 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
     TurnConflict,
+    TurnIdTaken,
 )
 from runtime.ids import new_id
 from runtime.logging import get_logger
@@ -671,17 +673,27 @@ class FrontEnd:
                 _check_not_callers_wait(session_id, stored_meta)
                 if stored_meta is None or "title" not in stored_meta:
                     meta["title"] = title_of(text)
-            return await self.queue.submit(
+            submit = partial(
+                self.queue.submit,
                 session_id,
                 text,
                 idempotency_key=key,
                 meta=meta,
                 regenerate=regenerate,
-                turn_id=turn_id,
                 options=options,
                 on_busy=on_busy,
                 stop_name=stop_name,
             )
+            try:
+                return await submit(turn_id=turn_id)
+            except TurnIdTaken:
+                if turn_id is None:
+                    raise
+                # The client's turn id, found unused, was taken meanwhile (a request
+                # sent at the same time, a key-less twin of another message or session):
+                # this turn gets an id of its own, as when found used before (nothing
+                # was queued; the same message sent twice is one turn, by its key).
+                return await submit(turn_id=None)
         except SessionBusy:  # ``--on-busy reject``: which turn runs, how to wait or stop
             try:
                 active = await self.queue.active(session_id)

@@ -196,10 +196,10 @@ class CompletionWhole:
                 self.encoder.chunks(o.Abort(reason=exc.reason))
             except CallerWaits as exc:
                 busy = str(exc)
+            except HostClosed as exc:  # the turn entered (or waited) as the host closed
+                closed = exc
             except SessionBusy:
                 busy = True
-            except HostClosed as exc:  # the turn entered as the host closed: it never ran
-                closed = exc
             finally:
                 nursery.cancel_scope.cancel()
         if closed is not None:

@@ -360,6 +360,7 @@ async def _unavailable_as_503(call: Any) -> Any:
 
 async def resume_stream(request: Request) -> Any:
     state = web_state(request)
+    state.host.check_not_closing()  # (503: a stream of a turn its shutdown ends)
     session_id = session_id_param(request.path_params["session_id"])
     after_seq = parse_after_seq(request)
     relay = state.relay
@@ -410,6 +411,9 @@ async def stop_turn(request: Request) -> Response:
     also when the relay streams no turn of the session (``turn_id`` null): a turn that
     has not written its first chunk yet runs on another host all the same."""
     state = web_state(request)
+    # Closing: 503, nothing stopped, held or forwarded (the shutdown stops its turns; a
+    # stop held on the way out would stop a message the client sends elsewhere).
+    state.host.check_not_closing()
     session_id = session_id_param(request.path_params["session_id"])
     message_id, named_turn = await stop_target(request)
     if message_id is not None or named_turn is not None:

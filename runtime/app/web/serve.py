@@ -679,6 +679,10 @@ async def _serve_until_signal(
 
     async def shutdown_trigger() -> None:
         await _until_signal(getattr(args, "drain", 0.0), app.state.axon.readiness.drain)
+        # Closing from here, as Host.open's own signal watcher marks it: a message waiting
+        # for a turn cancelled below must not start one of its own (it gets the closing
+        # host's 503), nor a new turn, stop or resume on a connection still open.
+        host.shutting_down = True
         host.cancel_turns("server shutdown")  # end streams with a clean abort
         for cancel_turns in getattr(app.state, "turn_cancellers", ()):
             cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
