@@ -220,11 +220,28 @@ class Suspend:
 def parse_url(url: str) -> tuple[str, str]:
     """Split ``postgresql://...?schema=NAME`` into a libpq URL and the schema name.
 
-    ``schema`` is Axon's own query parameter (libpq does not know it), so it is taken out
-    here; everything else goes to libpq untouched. Raises
-    :class:`~runtime.errors.ConfigurationError` for anything that is not a PostgreSQL URL
-    or names an unusable schema.
+    ``schema`` and ``pooler`` are Axon's own query parameters (libpq does not know them),
+    so they are taken out here (:func:`parse_pooler` reads ``pooler``); everything else
+    goes to libpq untouched. Raises :class:`~runtime.errors.ConfigurationError` for
+    anything that is not a PostgreSQL URL or names an unusable schema.
     """
+    libpq, schema, _ = _split_url(url)
+    return libpq, schema
+
+
+def parse_pooler(url: str) -> bool:
+    """Whether ``url`` says the server is reached through a transaction-pooling proxy
+    (``?pooler=transaction``: PgBouncer's ``pool_mode = transaction``, and the like):
+    then no connection keeps anything between transactions (no prepared statement, no
+    ``SET``, no ``LISTEN``; :data:`POOLER_HINT`)."""
+    return _split_url(url)[2]
+
+
+POOLER_HINT: Final = "docs/deployment.md#behind-pgbouncer"
+"""Where the documentation of ``?pooler=transaction`` is."""
+
+
+def _split_url(url: str) -> tuple[str, str, bool]:
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise ConfigurationError(
             f"not a PostgreSQL URL: {url!r} (expected postgresql://[user@]host[:port]/dbname)"
@@ -232,15 +249,22 @@ def parse_url(url: str) -> tuple[str, str]:
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     schemas = [value for key, value in query if key == "schema"]
-    rest = [(key, value) for key, value in query if key != "schema"]
+    poolers = [value for key, value in query if key == "pooler"]
+    rest = [(key, value) for key, value in query if key not in ("schema", "pooler")]
     schema = schemas[-1] if schemas else "public"
     if _SCHEMA_NAME.fullmatch(schema) is None:
         raise ConfigurationError(
             f"invalid schema {schema!r} in {redact_url(url)}: use lowercase letters, digits "
             "and '_' (at most 63)"
         )
+    pooler = poolers[-1] if poolers else "none"
+    if pooler not in ("none", "session", "transaction"):
+        raise ConfigurationError(
+            f"invalid pooler {pooler!r} in {redact_url(url)}: 'transaction' (PgBouncer's "
+            f"pool_mode = transaction), or 'none' ({POOLER_HINT})"
+        )
     libpq = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
-    return libpq, schema
+    return libpq, schema, pooler == "transaction"
 
 
 def redact_url(url: str) -> str:
@@ -291,11 +315,13 @@ class PostgresStore:
         self._shown = redact_url(url)
         """:attr:`url`, worked out once: every statement's error context names it, and
         redacting it each time was a few percent of a worker's CPU (issue 24)."""
-        self.libpq, self.schema = parse_url(url)
-        """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
+        self.libpq, self.schema, self.pooled = _split_url(url)
+        """The libpq URL (without Axon's ``schema`` and ``pooler`` parameters), the schema
+        name, and whether the server is behind a transaction pooler (:func:`parse_pooler`:
+        no connection keeps a ``SET``, a prepared statement or a ``LISTEN``)."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
-        self._lane = LoopLane(self.libpq, self.schema, pool_size)
+        self._lane = LoopLane(self.libpq, self.schema, pool_size, pooled=self.pooled)
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
         self._utf8 = utf8
@@ -346,13 +372,13 @@ class PostgresStore:
                 "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
                 "pip install 'axon-runtime[postgres]'"
             ) from err
-        libpq, schema = parse_url(url)
+        libpq, schema, pooled = _split_url(url)
         register_url_secrets(url)  # a driver's error quoting the URL is redacted too
         shown = redact_url(url)
         encoding = await _retrying(
             f"connect to {shown}",
             connect_retry_for,
-            lambda: trio.to_thread.run_sync(_first_connect, libpq, schema),
+            lambda: trio.to_thread.run_sync(_first_connect, libpq, schema, pooled),
         )
 
         def configure(conn: Any) -> None:
@@ -366,11 +392,15 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size,
             open=False,
-            configure=configure,
+            # Behind a transaction pooler a session's SET would outlive its transaction
+            # on a server connection another client (another store) gets next: none,
+            # and no statement prepared (it stays on the backend it was prepared on).
+            configure=None if pooled else configure,
             check=_check_if_idle,
             # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
             # :meth:`run`), and a single read needs none.
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True},
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True}
+            | ({"prepare_threshold": None} if pooled else {}),
             timeout=CONNECT_TIMEOUT,
             reconnect_timeout=max(retry_for, 1.0),
             name=f"axon-{schema}",

@@ -382,9 +382,18 @@ class TurnClaiming:
         (blocking: call it from a thread); the caller closes it."""
         import psycopg
 
-        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        pooled = getattr(self.store, "pooled", False)
+        conn = psycopg.connect(
+            self.store.libpq,
+            connect_timeout=CONNECT_TIMEOUT,
+            autocommit=True,
+            # Behind a transaction pooler (``?pooler=transaction``) the renewal, run again
+            # and again, must never be prepared, nor the schema SET: see PostgresStore.
+            prepare_threshold=None if pooled else 5,
+        )
         try:
-            conn.execute(f"SET search_path TO {self.store.schema}")
+            if not pooled:
+                conn.execute(f"SET search_path TO {self.store.schema}")
         except BaseException:
             conn.close()
             raise

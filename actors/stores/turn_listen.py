@@ -55,6 +55,11 @@ class TurnListening:
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
+        if getattr(self.store, "pooled", False):
+            # Behind a transaction pooler a LISTEN lands on whichever server connection
+            # ran it and is never heard on this one: the worker polls (``--poll``).
+            await trio.sleep(max(timeout, 0.0))
+            return False
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
