@@ -281,6 +281,11 @@ def _is_connection_error(err: BaseException) -> bool:
         return True
     if isinstance(err, psycopg.errors.IdleInTransactionSessionTimeout):
         return True  # the server ended a frozen client's session: retry on another
+    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
+        # A primary that became read-only (a failover's old primary, a standby the DNS
+        # still names, default_transaction_read_only): nothing to fix in the request;
+        # retried (on another connection: see _read_only) until it is writable again.
+        return True
     if isinstance(err, psycopg.OperationalError):
         state = getattr(err, "sqlstate", None)
         # Class 08: connection exception; 57P0x: the server is shutting down/starting.
@@ -442,7 +447,7 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as conn, _read_only(conn):
                 if transaction:
                     with conn.transaction():
                         result = fn(conn)
@@ -1157,6 +1162,28 @@ class PostgresStore:
         )
         return 0 if row is None else row[0]
 
+    async def check_ready(self, session_id: str) -> None:
+        """What ``/readyz`` asks (:mod:`runtime.app.web.health`): :meth:`version`'s look-up
+        of ``session_id`` and, in the same statement, whether the server takes writes;
+        raises :class:`~runtime.errors.StoreUnavailable` when it does not (a demoted
+        primary, a standby, ``default_transaction_read_only``): every submit and save
+        would fail, where the look-up alone answered."""
+        validate_session_id(session_id)
+        row = await self.run(
+            "readiness",
+            lambda conn: conn.execute(
+                "SELECT (SELECT version FROM axon_sessions WHERE session_id = %s), "
+                "current_setting('transaction_read_only')",
+                (session_id,),
+            ).fetchone(),
+            transaction=False,
+        )
+        if row[1] == "on":
+            raise StoreUnavailable(
+                f"session store {self.url} is read-only (transaction_read_only = on: a "
+                "standby or a demoted primary): no turn can be queued or saved"
+            )
+
     async def deletions(self, session_id: str) -> int:
         """How many times the session was deleted (its deletion mark, see
         :class:`~runtime.store.Store`): one primary-key lookup, ``0`` if never."""
@@ -1622,6 +1649,23 @@ def _replace_messages(
 CHECK_IDLE = 1.0
 """Seconds a pooled connection may sit unused before the pool checks it (a round trip)
 when it is handed out again."""
+
+
+@contextlib.contextmanager
+def _read_only(conn: Any) -> Iterator[None]:
+    """Close ``conn`` when what ran on it met a read-only server (the pool then drops it
+    and opens another): a connection to a demoted primary or to a standby stays one,
+    where a new connection follows the failover (a DNS name, a pooler, a multi-host URL
+    with ``target_session_attrs=read-write``)."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.errors.ReadOnlySqlTransaction:
+        conn.close()
+        raise
+
+
 _used: dict[int, float] = {}
 """When each pooled connection (by ``id``) last ended a transaction that went through."""
 
@@ -1711,8 +1755,13 @@ async def _retrying(
             if permanent:
                 raise StoreError(f"{action} failed: {message}") from err
             if time.monotonic() + delay > deadline:
+                what = (
+                    "is read-only"
+                    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction)
+                    else "cannot be reached"
+                )
                 raise StoreUnavailable(
-                    f"{action} failed: the PostgreSQL server cannot be reached ({message}); "
+                    f"{action} failed: the PostgreSQL server {what} ({message}); "
                     f"gave up after retrying for {retry_for:g} s"
                 ) from err
             if log is not None:
