@@ -231,3 +231,13 @@ def test_lease_renewals_hop_server_connections_through_pgbouncer_unprepared() ->
             trio.run(queue.aclose)
             trio.run(store.aclose)
     assert held == [True] * 12
+
+
+async def test_serve_and_worker_commands_run_a_turn_through_pgbouncer() -> None:
+    """The deployment as a user starts it, ``--store`` naming the bouncer and the pooler."""
+    from tests.test_frontend import test_serve_and_worker_commands_run_a_turn_end_to_end as run
+
+    with pooled_database() as (bounced, direct):
+        await run(bounced + POOLED, require_redis())
+        listens = listening(direct)
+    assert listens == 0

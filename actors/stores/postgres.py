@@ -138,7 +138,14 @@ hide that turn from every takeover (claims lock ``FOR UPDATE SKIP LOCKED``), so 
 worker's turn would never move to a live one. Ended, the frozen client finds its
 connection gone when it wakes, and its retried save is refused by the fence."""
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_PERMANENT = ("does not exist", "authentication failed", "password", "invalid", "role ")
+_PERMANENT = (
+    "does not exist",
+    "authentication failed",
+    "password",
+    "invalid",
+    "role ",
+    "unrecognized configuration parameter",  # the URL's options: no retry mends it
+)
 
 _T = TypeVar("_T")
 
@@ -250,7 +257,6 @@ def _split_url(url: str) -> tuple[str, str, bool]:
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     schemas = [value for key, value in query if key == "schema"]
     poolers = [value for key, value in query if key == "pooler"]
-    rest = [(key, value) for key, value in query if key not in ("schema", "pooler")]
     schema = schemas[-1] if schemas else "public"
     if _SCHEMA_NAME.fullmatch(schema) is None:
         raise ConfigurationError(
@@ -263,7 +269,15 @@ def _split_url(url: str) -> tuple[str, str, bool]:
             f"invalid pooler {pooler!r} in {redact_url(url)}: 'transaction' (PgBouncer's "
             f"pool_mode = transaction), or 'none' ({POOLER_HINT})"
         )
-    libpq = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
+    # The other parameters go to libpq as they were written: re-encoded, a space
+    # (``options=-c%20TimeZone%3DUTC``) became ``+``, which libpq does not decode
+    # (``unrecognized configuration parameter "+TimeZone"``: the store never opened).
+    kept = "&".join(
+        item
+        for item in parts.query.split("&")
+        if item and urllib.parse.unquote_plus(item.split("=", 1)[0]) not in ("schema", "pooler")
+    )
+    libpq = urllib.parse.urlunsplit(parts._replace(query=kept))
     return libpq, schema, pooler == "transaction"
 
 
