@@ -15,6 +15,7 @@ import time
 
 import psycopg
 import pytest
+import trio
 
 from actors.stores.postgres import PostgresStore, parse_url
 from actors.stores.turns import TurnQueue
@@ -85,3 +86,27 @@ async def test_an_unknown_setting_in_the_urls_options_fails_the_open_at_once(pg_
     with pytest.raises(StoreError, match="unrecognized configuration parameter") as refused:
         await PostgresStore.open(f"{pg_url}&options=-c%20axon_no_such%3D1", connect_retry_for=60)
     assert "gave up after retrying" not in str(refused.value)
+
+
+async def test_a_lease_renewal_after_the_roles_idle_session_timeout_closed_its_connection() -> None:
+    """The lease thread's connection idles between turns; the server closes it then."""
+    with own_database("UTF8") as url:
+        name = url.rsplit("/", 1)[1].split("?")[0]
+        with pg_connect() as conn:
+            conn.execute(f"ALTER DATABASE {name} SET idle_session_timeout = '200ms'")
+        store = await PostgresStore.open(url)
+        queue = TurnQueue(store)
+        renewer = queue.open_renewer()
+        try:
+            await queue.submit("s", "hi")
+            claim = await queue.claim("w")
+            assert claim is not None
+            key = (claim.turn.turn_id, "w", claim.epoch)
+            first = await trio.to_thread.run_sync(renewer.renew, *key)
+            await trio.sleep(0.5)  # the server ends the idle session meanwhile
+            second = await trio.to_thread.run_sync(renewer.renew, *key)
+        finally:
+            renewer.close()
+            await queue.aclose()
+            await store.aclose()
+    assert (first.held, second.held) == (True, True)
