@@ -137,6 +137,11 @@ it holds would stay until it wakes, and a save's ``FOR SHARE`` of its turn's row
 hide that turn from every takeover (claims lock ``FOR UPDATE SKIP LOCKED``), so a frozen
 worker's turn would never move to a live one. Ended, the frozen client finds its
 connection gone when it wakes, and its retried save is refused by the fence."""
+_TRANSIENT = ("too many connections", "too many clients")
+"""A connection refused for a limit (the server's ``max_connections``, a role's or a
+database's ``CONNECTION LIMIT``): retried as an unreachable server is, though the text
+names a role (``too many connections for role "app"``, which :data:`_PERMANENT`'s
+``role`` took for a refused login: the call failed at once)."""
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PERMANENT = (
     "does not exist",
@@ -1763,8 +1768,10 @@ async def _retrying(
             raise
         except psycopg.Error as err:
             message = redact(str(err).strip().splitlines()[0] if str(err).strip() else repr(err))
-            permanent = not _is_connection_error(err) or any(
-                word in message.lower() for word in _PERMANENT
+            lowered = message.lower()
+            permanent = not _is_connection_error(err) or (
+                any(word in lowered for word in _PERMANENT)
+                and not any(word in lowered for word in _TRANSIENT)
             )
             if permanent:
                 raise StoreError(f"{action} failed: {message}") from err
