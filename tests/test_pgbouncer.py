@@ -26,6 +26,7 @@ from actors.stores.postgres import PostgresStore, parse_pooler, parse_url
 from actors.stores.turns import TurnQueue
 from runtime.errors import ConfigurationError
 from runtime.messages import AssistantMessage, UserMessage
+from tests.support.pg import pg_connect
 from tests.support.pgbouncer import pooled_database
 from tests.support.redis import require_redis
 from tests.test_frontend import LIMIT, deployment
@@ -241,3 +242,23 @@ async def test_serve_and_worker_commands_run_a_turn_through_pgbouncer() -> None:
         await run(bounced + POOLED, require_redis())
         listens = listening(direct)
     assert listens == 0
+
+
+async def test_a_pooled_store_warns_once_when_nothing_limits_its_idle_transactions() -> None:
+    """It cannot set its own ``idle_in_transaction_session_timeout`` there."""
+    from structlog.testing import capture_logs
+
+    warned = []
+    for setting in (None, "10s"):
+        with pooled_database() as (bounced, direct):
+            if setting is not None:
+                with pg_connect() as conn:
+                    conn.execute(
+                        f"ALTER DATABASE {direct.rsplit('/', 1)[1]} "
+                        f"SET idle_in_transaction_session_timeout = '{setting}'"
+                    )
+            with capture_logs() as logs:
+                store = await PostgresStore.open(bounced + POOLED)
+                await store.aclose()
+            warned.append([e["event"] for e in logs if e["event"] == "store.pooled_idle_unlimited"])
+    assert warned == [["store.pooled_idle_unlimited"], []]

@@ -48,6 +48,7 @@ from actors.stores.postgres_tables import (
     deletion_schema,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
+from runtime.logging import get_logger
 
 MAGIC = "axon-session-store"
 SCHEMA_VERSION = 1
@@ -125,6 +126,20 @@ def _check_pooling(conn: Any, libpq: str, schema: str, pooled: bool) -> None:
                 f"sessions start in {current!r}, and no SET search_path outlives a "
                 f"transaction there: ALTER ROLE ... IN DATABASE ... SET search_path = "
                 f"{schema}" + ("" if current is None else f", or schema={current}")
+            )
+        (idle,) = conn.execute(
+            "SELECT current_setting('idle_in_transaction_session_timeout')"
+        ).fetchone()
+        if idle == "0":
+            # The store sets its own 10 s on a direct connection; here it cannot.
+            get_logger("axon.store.postgres").warning(
+                "store.pooled_idle_unlimited",
+                schema=schema,
+                hint="behind a transaction pooler the store sets no "
+                "idle_in_transaction_session_timeout, and the role's is 0: a frozen "
+                "worker's row locks would hide its turn from every takeover until it "
+                "wakes: ALTER ROLE ... SET idle_in_transaction_session_timeout = '10s' "
+                "(or PgBouncer's idle_transaction_timeout)",
             )
         return
     (mine,) = conn.execute("SELECT pg_backend_pid()").fetchone()
