@@ -22,13 +22,14 @@ import psycopg
 import pytest
 import trio
 
-from actors.stores.postgres import PostgresStore, parse_pooler, parse_url
+from actors.stores.postgres import PostgresStore, parse_listen, parse_pooler, parse_url
 from actors.stores.turns import TurnQueue
 from runtime.errors import ConfigurationError
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.pg import pg_connect
 from tests.support.pgbouncer import pooled_database
 from tests.support.redis import require_redis
+from tests.support.services import own_postgres
 from tests.test_frontend import LIMIT, deployment
 from tests.test_relay_web import sse_events
 from tests.test_worker_approval import answer, approval_agent, asked, chat, payloads, ran
@@ -262,3 +263,28 @@ async def test_a_pooled_store_warns_once_when_nothing_limits_its_idle_transactio
                 await store.aclose()
             warned.append([e["event"] for e in logs if e["event"] == "store.pooled_idle_unlimited"])
     assert warned == [["store.pooled_idle_unlimited"], []]
+
+
+def test_listen_host_and_port_name_the_server_for_the_workers_listen() -> None:
+    url = "postgresql://u:pw@bouncer:6432/db?pooler=transaction&listen_host=db1&listen_port=5432"
+    assert parse_url(url)[0] == "postgresql://u:pw@bouncer:6432/db"
+    assert parse_listen(url) == "postgresql://u:pw@bouncer:6432/db?host=db1&port=5432"
+    assert parse_listen("postgresql://u@bouncer:6432/db?pooler=transaction") is None
+    assert parse_listen("postgresql://u@db1/db?schema=s") == "postgresql://u@db1/db"
+
+
+async def test_a_pooled_queue_with_a_direct_listen_port_is_woken_by_a_submit() -> None:
+    """The bouncer for every statement, the server itself for the ``LISTEN``: a submit
+    wakes the waiting worker at once instead of at its next poll."""
+    port = own_postgres().port
+    with pooled_database() as (bounced, _):
+        store = await PostgresStore.open(f"{bounced}{POOLED}&listen_port={port}")
+        queue = TurnQueue(store)
+        try:
+            opened = await queue.wait(0.01)  # the LISTEN connection opens: "maybe"
+            await queue.submit("s", "hi")
+            woken = await queue.wait(LIMIT)  # False only once LIMIT passed
+        finally:
+            await queue.aclose()
+            await store.aclose()
+    assert (opened, woken) == (True, True)

@@ -232,9 +232,10 @@ class Suspend:
 def parse_url(url: str) -> tuple[str, str]:
     """Split ``postgresql://...?schema=NAME`` into a libpq URL and the schema name.
 
-    ``schema`` and ``pooler`` are Axon's own query parameters (libpq does not know them),
-    so they are taken out here (:func:`parse_pooler` reads ``pooler``); everything else
-    goes to libpq untouched. Raises :class:`~runtime.errors.ConfigurationError` for
+    ``schema``, ``pooler``, ``listen_host`` and ``listen_port`` are Axon's own query
+    parameters (libpq does not know them), so they are taken out here
+    (:func:`parse_pooler` and :func:`parse_listen` read the others); everything else
+    goes to libpq as written. Raises :class:`~runtime.errors.ConfigurationError` for
     anything that is not a PostgreSQL URL or names an unusable schema.
     """
     libpq, schema, _ = _split_url(url)
@@ -280,10 +281,36 @@ def _split_url(url: str) -> tuple[str, str, bool]:
     kept = "&".join(
         item
         for item in parts.query.split("&")
-        if item and urllib.parse.unquote_plus(item.split("=", 1)[0]) not in ("schema", "pooler")
+        if item and urllib.parse.unquote_plus(item.split("=", 1)[0]) not in _OWN_PARAMETERS
     )
     libpq = urllib.parse.urlunsplit(parts._replace(query=kept))
     return libpq, schema, pooler == "transaction"
+
+
+_OWN_PARAMETERS = ("schema", "pooler", "listen_host", "listen_port")
+"""The URL's query parameters Axon takes for itself: libpq never sees them."""
+
+
+def parse_listen(url: str) -> str | None:
+    """The libpq URL of the worker's ``LISTEN`` connection: the store's own; behind a
+    transaction pooler (``?pooler=transaction``) none (workers poll), unless the URL
+    names the server itself with ``listen_host`` and/or ``listen_port`` (the pooler's
+    host and port replaced by them, the rest as the store's: user, database,
+    password)."""
+    libpq, _, pooled = _split_url(url)
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query, keep_blank_values=True)
+    direct = [
+        (key[len("listen_") :], value)
+        for key, value in query
+        if key in ("listen_host", "listen_port")
+    ]
+    if not direct:
+        return None if pooled else libpq
+    return (
+        libpq
+        + ("&" if "?" in libpq else "?")
+        + urllib.parse.urlencode(direct, quote_via=urllib.parse.quote)
+    )
 
 
 def redact_url(url: str) -> str:
@@ -343,6 +370,9 @@ class PostgresStore:
         """The libpq URL (without Axon's ``schema`` and ``pooler`` parameters), the schema
         name, and whether the server is behind a transaction pooler (:func:`parse_pooler`:
         no connection keeps a ``SET``, a prepared statement or a ``LISTEN``)."""
+        self.listen_libpq = parse_listen(url)
+        """The libpq URL of the workers' ``LISTEN`` connection (:func:`parse_listen`),
+        ``None`` behind a transaction pooler that names no direct one: they poll."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
         self._lane = LoopLane(self.libpq, self.schema, pool_size, pooled=self.pooled)

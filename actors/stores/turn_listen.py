@@ -55,9 +55,10 @@ class TurnListening:
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
-        if getattr(self.store, "pooled", False):
+        if getattr(self.store, "listen_libpq", "") is None:
             # Behind a transaction pooler a LISTEN lands on whichever server connection
-            # ran it and is never heard on this one: the worker polls (``--poll``).
+            # ran it and is never heard on this one: the worker polls (``--poll``), unless
+            # the URL names the server itself for it (``listen_host``/``listen_port``).
             await trio.sleep(max(timeout, 0.0))
             return False
         async with self._wait_lock:
@@ -95,7 +96,11 @@ class TurnListening:
     def _connect_listener(self) -> Any:
         import psycopg
 
-        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        conn = psycopg.connect(
+            getattr(self.store, "listen_libpq", None) or self.store.libpq,
+            connect_timeout=CONNECT_TIMEOUT,
+            autocommit=True,
+        )
         try:
             conn.execute(f"LISTEN {TURNS_CHANNEL}")
         except BaseException:
