@@ -21,9 +21,12 @@ import httpx
 import psycopg
 import pytest
 import trio
+from structlog.testing import capture_logs
 
+from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore, parse_listen, parse_pooler, parse_url
 from actors.stores.turns import TurnQueue
+from runtime import Agent
 from runtime.errors import ConfigurationError
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.pg import pg_connect
@@ -247,8 +250,6 @@ async def test_serve_and_worker_commands_run_a_turn_through_pgbouncer() -> None:
 
 async def test_a_pooled_store_warns_once_when_nothing_limits_its_idle_transactions() -> None:
     """It cannot set its own ``idle_in_transaction_session_timeout`` there."""
-    from structlog.testing import capture_logs
-
     warned = []
     for setting in (None, "10s"):
         with pooled_database() as (bounced, direct):
@@ -288,3 +289,47 @@ async def test_a_pooled_queue_with_a_direct_listen_port_is_woken_by_a_submit() -
             await queue.aclose()
             await store.aclose()
     assert (opened, woken) == (True, True)
+
+
+async def test_a_turn_running_while_pgbouncer_restarts_ends_once_it_is_back() -> None:
+    """Every client connection cut and none accepted for a while: as a server restart."""
+    import tests.test_pg_read_only as gated
+    from tests.support.services import own_pgbouncer
+    from tests.test_frontend import body, wait_for_turn
+
+    gated.gate = trio.Event()
+    agent = Agent(
+        name="g",
+        provider=ScriptedProvider(responder=gated.respond),
+        tools=[gated.wait_for_gate],
+    )
+    bouncer = own_pgbouncer()
+    with pooled_database() as (bounced, _):
+        async with deployment(bounced + POOLED, require_redis(), agent) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+                async with trio.open_nursery() as nursery:
+                    answers: list[httpx.Response] = []
+
+                    async def post() -> None:
+                        answers.append(await client.post("/api/chat", json=body("s1")))
+
+                    nursery.start_soon(post)
+                    await wait_for_turn(d.queue, "s1", "running")
+                    with capture_logs() as logs:
+                        bouncer.stop()
+                        try:
+                            gated.gate.set()
+                            with trio.fail_after(LIMIT):
+                                while True:  # a save met the bouncer gone, and retries
+                                    if any(e["event"] == "store.retry" for e in logs):
+                                        break
+                                    await trio.sleep(0.02)
+                        finally:
+                            bouncer.start()
+                    (turn,) = await d.queue.turns("s1")
+                    done = await d.queue.wait_finished(turn.turn_id, LIMIT)
+                record = await d.store.load("s1")
+    assert done is not None and done.status == "done"
+    assert [e for _, e in sse_events(answers[0].text) if e != "[DONE]"][-1]["type"] == "finish"
+    assert record is not None
+    assert len([m for m in record.messages if isinstance(m, AssistantMessage)]) == 1
