@@ -132,3 +132,23 @@ async def test_a_turn_running_while_the_primary_turns_read_only_ends_once_it_is_
     assistant = [m for m in record.messages if isinstance(m, AssistantMessage)]
     results = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert len(assistant) == 1 and [r.output for r in results] == ["opened"]
+
+
+async def test_a_post_to_a_read_only_primary_is_503_with_retry_after_and_then_runs() -> None:
+    """Before: 400 (the store's refusal taken for the request's fault), nothing retried."""
+    with database() as (url, name):
+        async with deployment(
+            url, require_redis(), Agent(name="a", provider=ScriptedProvider(["hi"]))
+        ) as d:
+            d.hosts[0].store._retry_for = 0.3  # the front end's: give up soon
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+                read_only(name, True)
+                refused = await client.post("/api/chat", json=body("s1"))
+                ready = await client.get("/readyz")
+                read_only(name, False)
+                taken = await client.post("/api/chat", json=body("s1"))
+    assert (refused.status_code, refused.headers.get("retry-after")) == (503, "1")
+    assert "read-only" in refused.text
+    assert ready.status_code == 503
+    assert taken.status_code == 200
+    assert [e for _, e in sse_events(taken.text) if e != "[DONE]"][-1]["type"] == "finish"
