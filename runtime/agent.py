@@ -448,8 +448,11 @@ async def _confirming(turn: Any, context: ToolContext) -> AsyncIterator[Any]:
     confirm of its own). A calling turn that may not go on cancels the sub-turn there,
     before its tools, and refuses its saves while it ends: the takeover runs the
     sub-turn again and saves the sub-session, and the aborted one would be rebased onto
-    that (the sub-session's saves are not under the calling turn's fence). Refused for
-    this run only: a later run of the call here (the turn taken back) saves again."""
+    that. (A worker's store fences the sub-session's saves by the calling turn's claim
+    as well, :func:`runtime.store.fence_under`, which also covers a sub-turn cancelled
+    by the lease watch before any confirm; this refusal is the host's own, for any
+    store.) Refused for this run only: a later run of the call here (the turn taken
+    back) saves again."""
     calling = context.confirm
     if calling is None:
         async with turn as out:

@@ -373,6 +373,18 @@ async def deletion_mark(store: Store, session_id: str) -> int | None:
     return await own(session_id)  # type: ignore[no-any-return]
 
 
+def fence_under(store: Any, session_id: str, caller_id: str) -> None:
+    """Have ``store`` fence the saves of ``session_id``, a sub-session an agent tool of a
+    turn of ``caller_id`` runs in (``Agent.as_tool``), by the claim that turn's saves are
+    fenced by, if it fences them (a worker's PostgreSQL store:
+    :meth:`~actors.stores.postgres.PostgresStore.fence_under`); nothing otherwise. The
+    sub-turn's work is the calling turn's: once another worker holds that turn, none
+    of it may be saved."""
+    fence = getattr(store, "fence_under", None)
+    if fence is not None:
+        fence(session_id, caller_id)
+
+
 def checks_absent_mark(store: Store) -> bool:
     """Whether ``store``'s ``save`` takes ``absent_mark``: with ``expected_version=0`` and
     ``absent_mark`` a deletion mark read before (:func:`deletion_mark`), the save checks

@@ -384,6 +384,34 @@ def abandoned_calls() -> int:
     return _abandoned[0]
 
 
+TOOL_THREADS = 40
+"""Sync tools' calls running in worker threads at once per Trio run (its hosts'): more wait
+for a thread (:func:`tool_thread_limiter`)."""
+
+_TOOL_LIMITER: list[Any] = []
+"""The run variable holding each run's :func:`tool_thread_limiter`, made at the first
+sync tool's call (this module does not import Trio)."""
+
+
+def tool_thread_limiter(trio: Any) -> Any:
+    """The run's limiter of sync tools' threads (:data:`TOOL_THREADS` tokens), made on
+    first use; ``trio`` is the module. Never Trio's default thread limiter: the SQLite
+    store's saves, a model call's name resolution and every other
+    ``to_thread.run_sync`` of the process draw from that one, and a call abandoned at
+    its timeout keeps its token until its thread returns. A model that asked for forty
+    calls of a sync tool that hangs took every token for good, and from then on no
+    session of the host could save a long answer or reach a new server."""
+    if not _TOOL_LIMITER:
+        _TOOL_LIMITER.append(trio.lowlevel.RunVar("axon_tool_threads"))
+    var = _TOOL_LIMITER[0]
+    try:
+        return var.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(TOOL_THREADS)
+        var.set(limiter)
+        return limiter
+
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Tool names every provider accepts (OpenAI's and Anthropic's pattern; Gemini's allows more)."""
 
@@ -528,7 +556,9 @@ class Tool:
         import trio
 
         return await trio.to_thread.run_sync(
-            functools.partial(self.function, **arguments), abandon_on_cancel=True
+            functools.partial(self.function, **arguments),
+            abandon_on_cancel=True,
+            limiter=tool_thread_limiter(trio),
         )
 
     def spec(self) -> dict[str, Any]:

@@ -470,6 +470,14 @@ class TurnQueue(Protocol):
         frees a turn of its session queued behind it), or ``timeout`` passes."""
         ...
 
+    async def check_listening(self) -> bool:
+        """Whether what :meth:`wait` listens on answers (one round trip on it, between two
+        waits); ``False`` when it broke or cannot be opened. One that does not answer is
+        dropped when the caller gives up (cancels the check): the next wait opens another.
+        A worker's health beat asks it: a worker that hears no notification takes new
+        turns only every ``poll`` seconds."""
+        ...
+
     def open_renewer(self) -> LeaseRenewer:
         """A renewer on a connection of its own (blocking: call it from a thread)."""
         ...

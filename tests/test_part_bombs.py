@@ -435,11 +435,22 @@ def test_a_continuation_keeps_its_assistant_messages_answers() -> None:
     ]  # fmt: skip
 
 
-def test_a_continuation_with_more_parts_than_max_parts_is_refused() -> None:
+def test_a_continuation_with_more_tool_parts_than_its_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A continuation's tool parts are held to ``MAX_ANSWER_PARTS`` (or ``max_parts``
+    when that is more: a step's calls may outnumber an input's parts); its other parts
+    are dropped uncounted."""
+    monkeypatch.setattr(chat_body, "MAX_ANSWER_PARTS", 10)
     parts = [{"type": "tool-x", "toolCallId": f"c{n}"} for n in range(11)]
-    body = {"id": "s", "messages": [{"id": "a1", "role": "assistant", "parts": parts}]}
-    with pytest.raises(chat_body.BodyRefused, match="11 parts; the limit is 10"):
-        chat_body.reduce_chat_body(orjson.dumps(body), 10, 10)
+    parts += [{"type": "step-start"}] * 20
+    body = orjson.dumps(
+        {"id": "s", "messages": [{"id": "a1", "role": "assistant", "parts": parts}]}
+    )
+    with pytest.raises(chat_body.BodyRefused, match="11 tool parts; the limit is 10"):
+        chat_body.reduce_chat_body(body, 3, 10)
+    reduced = chat_body.reduce_chat_body(body, 11, 10)
+    assert len(reduced["messages"][0]["parts"]) == 11
 
 
 async def test_the_lease_keeper_renews_while_the_event_loop_is_blocked(pg_url: str) -> None:

@@ -388,6 +388,29 @@ async def test_wait_times_out_when_nothing_happens(queue):
     assert not await queue.wait(0.2)
 
 
+async def test_a_check_of_the_listen_connection_keeps_the_notifications_it_meets(queue, store):
+    # A worker's health beat checks the connection between two waits (one SELECT 1 on
+    # it): a notification that arrives meanwhile is the next wait's, not lost.
+    await queue.wait(0)
+    await TurnQueue(store, lease=LEASE).submit("s1", "one")
+    assert await queue.check_listening()
+    with trio.fail_after(10):
+        assert await queue.wait(30)
+    assert not await queue.wait(0.05)
+
+
+async def test_a_check_that_opened_the_listen_connection_anew_makes_the_next_wait_say_so(queue):
+    # Gone (it broke while nothing waited): the check opens another, and notifications
+    # sent in between may be lost, so the next wait returns at once, as a wait that
+    # opened it does.
+    await queue.wait(0)
+    queue._listen.conn.close()
+    assert await queue.check_listening()
+    with trio.fail_after(10):
+        assert await queue.wait(30)
+    assert not await queue.wait(0.05)
+
+
 async def test_a_cancelled_wait_leaves_waiting_usable(queue, store):
     await queue.wait(0)
     with trio.move_on_after(0.1) as scope:

@@ -40,3 +40,21 @@ class _Nursery:
 
     def start_soon(self, fn, *args):
         pass
+
+
+def test_max_sessions_on_the_command_line_reaches_the_worker():
+    from runtime.app.worker import DEFAULT_MAX_SESSIONS, worker_options
+
+    assert worker_options(_args())["max_sessions"] == DEFAULT_MAX_SESSIONS
+    assert worker_options(_args("--max-sessions", "3"))["max_sessions"] == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_max_sessions_below_one_is_refused_in_one_line_with_exit_2(value, capsys):
+    import trio
+
+    from runtime.app.worker import _run_worker_command
+
+    code = trio.run(_run_worker_command, _args("--max-sessions", value))
+    assert code == 2
+    assert capsys.readouterr().err == f"error: --max-sessions must be >= 1, not {value}\n"

@@ -19,8 +19,11 @@ from actors.stores import turn_submit
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import message_key
+from runtime.app.worker import open_worker
 from runtime.messages import AssistantMessage
+from runtime.turn_queue import TurnOptions
 from tests import test_busy
+from tests.support import worker_agent
 from tests.support.pg import pg_connect
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding
@@ -497,3 +500,69 @@ async def test_a_stop_naming_the_turn_id_an_ai_sdk_edit_sends_stops_it_before_it
     assert "first" in first.text and stop.status_code == 204
     assert turn is not None and turn.cancel_reason == "stopped by user"
     assert "never" not in edit.text and len(script.requests) == 1
+
+
+# -- rolling upgrades: the stored form of a stop held for a turn not running yet ---------
+#
+# It is the turn's queued row: ``cancel_reason`` set, ``cancel_requested`` not (no version
+# column, no shape tag). Options are JSON read field by field: a field a row lacks takes
+# its default, one this version does not know is ignored. Pinned here: a row of before
+# (options without the fields added since) is stopped as it starts; a row of a newer
+# front end runs without what this worker does not know; a row this worker cannot read
+# at all ends failed saying so, not a worker that claims it again and again.
+
+
+def set_options(queue: TurnQueue, turn_id: str, options: bytes) -> None:
+    with pg_connect() as conn:
+        conn.execute(f"SET search_path TO {queue.store.schema}")
+        conn.execute("UPDATE axon_turns SET options = %s WHERE turn_id = %s", (options, turn_id))
+
+
+async def run_worker_until(pg_url: str, queue: TurnQueue, turn_id: str, **options: Any) -> Any:
+    async with open_worker(pg_url, agent=worker_agent.agent, poll=0.05, **options):
+        done = await queue.wait_finished(turn_id, LIMIT)
+    assert done is not None, "the turn did not end"
+    return done
+
+
+async def test_a_held_stop_on_a_row_of_before_the_newer_options_stops_its_turn(
+    pg_url: str, queue: TurnQueue
+) -> None:
+    await queue.hold_stop("s1", "u1", [], "stopped by user")
+    turn = await queue.submit(
+        "s1", "go", idempotency_key="k1", stop_name="u1", options=TurnOptions(user_message_id="u1")
+    )
+    assert (turn.cancel_reason, turn.cancel_requested) == ("stopped by user", False)
+    set_options(queue, turn.turn_id, b'{"user_message_id": "u1"}')  # no follows, regenerates
+    done = await run_worker_until(pg_url, queue, turn.turn_id)
+    record = await queue.store.load("s1")
+    assert (done.status, done.finish_reason) == ("cancelled", "aborted")
+    assert record is not None
+    user, answer = record.messages
+    assert user.id == "u1" and isinstance(answer, AssistantMessage) and answer.interrupted
+
+
+async def test_a_row_with_options_this_worker_does_not_know_runs_without_them(
+    pg_url: str, queue: TurnQueue
+) -> None:
+    turn = await queue.submit("s1", "go", options=TurnOptions(user_message_id="u1"))
+    set_options(queue, turn.turn_id, b'{"user_message_id": "u1", "from_the_future": [1]}')
+    done = await run_worker_until(pg_url, queue, turn.turn_id)
+    assert (done.status, done.options) == ("done", TurnOptions(user_message_id="u1"))
+
+
+async def test_a_row_this_worker_cannot_read_ends_failed_saying_why(
+    pg_url: str, queue: TurnQueue
+) -> None:
+    # A field of another shape (a newer front end's, or a broken write): the claim cannot
+    # decode the row. The session's later turns must not wait behind it for ever.
+    turn = await queue.submit("s1", "go")
+    set_options(queue, turn.turn_id, b'{"tools": 5}')
+    later = await queue.submit("s1", "then")
+    async with open_worker(pg_url, agent=worker_agent.agent, poll=0.05, lease=0.3):
+        after = await queue.wait_finished(later.turn_id, LIMIT)
+    status = await queue.get_status(turn.turn_id)
+    assert status is not None and status.status == "failed"
+    assert status.error is not None and "cannot be read" in status.error, status.error
+    assert status.attempts == 1  # failed by its first claim, not abandoned three times
+    assert after is not None and after.status == "done"

@@ -28,7 +28,7 @@ from runtime.app.worker import LeaseKeeper, Worker, _Running
 from runtime.approval import Decision
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, ToolCallPart, UserMessage
-from runtime.turn_queue import Renewal
+from runtime.turn_queue import ClientToolSpec, Renewal, TurnOptions
 from tests.support.leaks import runtime_objects, tasks
 from tests.support.redis import require_redis, unique_prefix
 
@@ -51,6 +51,19 @@ async def delete_file(path: str) -> str:
     return f"deleted {path}"
 
 
+GATE: dict[str, trio.Event] = {}
+
+
+async def gate(n: int) -> str:
+    """Wait until the test opens the gate."""
+    GATE["entered"].set()
+    await GATE["open"].wait()
+    return "open"
+
+
+PICK = ClientToolSpec(name="pick", schema={"type": "object"}, description="Pick a colour.")
+
+
 def respond(request: InferRequest) -> list[Any]:
     text = [m for m in request.messages if isinstance(m, UserMessage)][-1].content
     first = current_step(request.messages) == 0
@@ -60,6 +73,10 @@ def respond(request: InferRequest) -> list[Any]:
         return tool_call("broken", {"city": "Paris"})
     if text == "delete" and first:
         return ["I will. ", *tool_call("delete_file", {"path": "/x"})]
+    if text == "gate" and first:
+        return tool_call("gate", {"n": 1})
+    if text == "pick" and first:
+        return tool_call("pick", {})
     if text == "slow":
         return ["w " * 2000]
     return ["ok"]
@@ -68,8 +85,15 @@ def respond(request: InferRequest) -> list[Any]:
 AGENT = Agent(
     name="a",
     provider=ScriptedProvider(responder=respond, chunk_size=4, delay=0.002, keep_requests=0),
-    tools=[broken, delete_file],
+    tools=[broken, delete_file, gate],
 )
+EXPIRING = Agent(
+    name="a",
+    provider=ScriptedProvider(responder=respond, chunk_size=4, delay=0.002, keep_requests=0),
+    tools=[delete_file],
+    approval_timeout=0.1,
+)
+"""Its approvals expire (the worker records them denied ``timed out``, every ``poll``)."""
 
 Run = Callable[[Worker, TurnQueue, RedisRelay, str], Awaitable[None]]
 
@@ -120,6 +144,61 @@ def decided(approved: bool) -> Run:
     return run
 
 
+async def waiting_call(queue: TurnQueue, turn_id: str, session_id: str) -> str:
+    """The id the turn's waiting call is decided by, once the turn waits."""
+    while not (await queue.get(turn_id)).waiting:  # type: ignore[union-attr]  # noqa: ASYNC110
+        await trio.sleep(0.01)
+    record = await queue.store.load(session_id)
+    assert record is not None
+    asking = record.messages[-1]
+    assert isinstance(asking, AssistantMessage)
+    call = next(p for p in asking.content if isinstance(p, ToolCallPart))
+    assert call.awaiting is not None
+    return call.awaiting.id
+
+
+async def client_tool(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+    # The model calls a tool of the client's: the turn waits for its output, which the
+    # client's answer brings (as a front end records it), and goes on.
+    turn = await queue.submit(session_id, "pick", options=TurnOptions(tools=(PICK,)))
+    key = await waiting_call(queue, turn.turn_id, session_id)
+    decision = Decision(output={"colour": "red"}, has_output=True)
+    await queue.decide(session_id, key, decision, {"pick": PICK.tool()})
+    done = await queue.wait_finished(turn.turn_id, LIMIT)
+    assert done is not None and done.status == "done"
+
+
+async def expired(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+    # Nobody decides: the worker's expiry records the call denied "timed out" (EXPIRING's
+    # approval_timeout), and a claim resumes the turn.
+    turn = await queue.submit(session_id, "delete")
+    done = await queue.wait_finished(turn.turn_id, LIMIT)
+    assert done is not None and done.status == "done"
+    record = await queue.store.load(session_id)
+    assert record is not None and "timed out" in repr(record.messages)
+
+
+async def taken_over(worker: Worker, queue: TurnQueue, relay: RedisRelay, session_id: str) -> None:
+    # Another worker claimed the turn and died (no renewal): once its lease expired, the
+    # worker takes it over. The worker (concurrency 1) has its one slot busy in a tool
+    # meanwhile, so that it cannot claim the turn first.
+    GATE["entered"], GATE["open"] = trio.Event(), trio.Event()
+    busy = await queue.submit(f"{session_id}-busy", "gate")
+    await GATE["entered"].wait()
+    turn = await queue.submit(session_id, "hi")
+    dead = TurnQueue(queue.store, lease=0.05)
+    try:
+        claim = await dead.claim("dead")
+    finally:
+        await dead.aclose()
+    assert claim is not None and claim.turn.turn_id == turn.turn_id
+    GATE["open"].set()
+    for turn_id in (busy.turn_id, turn.turn_id):
+        done = await queue.wait_finished(turn_id, LIMIT)
+        assert done is not None and done.status == "done"
+    assert done.epoch == 2  # the dead claim, then the worker's takeover
+
+
 ENDINGS: dict[str, Run] = {
     "success": finished("done", "hi"),
     "provider error": finished("failed", "fail"),
@@ -128,7 +207,15 @@ ENDINGS: dict[str, Run] = {
     "session deleted while running": deleted,
     "approved": decided(True),
     "denied": decided(False),
+    "taken over": taken_over,
+    "client tool answered": client_tool,
+    "approval expired": expired,
 }
+OPTIONS: dict[str, dict[str, Any]] = {
+    "taken over": {"concurrency": 1},
+    "approval expired": {"agent": EXPIRING},
+}
+"""The worker's options for an ending, beside the room's."""
 
 
 async def held(worker: Worker, relay: RedisRelay) -> dict[str, Any]:
@@ -166,7 +253,8 @@ async def test_a_turn_ending_so_leaves_nothing_behind_in_the_worker(
             RedisRelay.open(redis_url, prefix=unique_prefix()) as relay,
             trio.open_nursery() as nursery,
         ):
-            worker = Worker(store=worker_store, relay=relay, agent=AGENT, poll=0.05, max_sessions=3)
+            options: dict[str, Any] = {"agent": AGENT, **OPTIONS.get(ending, {})}
+            worker = Worker(store=worker_store, relay=relay, poll=0.05, max_sessions=3, **options)
             await nursery.start(worker.run)
             with trio.fail_after(120):
                 for i in range(6):

@@ -200,6 +200,17 @@ class Fence:
     """Asked right before a save that ends the turn in its call (:attr:`one_call` said
     ``True``) is sent: ``None``, or the claim of the next turn for this fence's owner
     rides on it (:data:`SAVE_NEXT_FUNCTION`), as the :class:`RidingClaim` says."""
+    under: str | None = None
+    """Set on the fence of a sub-session an agent tool of the claimed turn runs in
+    (:meth:`PostgresStore.fence_under`): the claimed turn's session. Such a fence only
+    checks the claim (the turn's row read ``FOR SHARE``): refused once another claim
+    took the turn (its epoch moved) or its session was deleted while it ran, whatever
+    the row's status (a sub-turn cancelled with its calling turn may save after that
+    turn ended or suspended: the save function refuses a turn not running, and the
+    save is made again in a transaction, which checks the claim alone). Nothing of the
+    row is written (no ``saved`` mark, end or suspension); no callback but
+    :attr:`on_lost` and :attr:`on_deleted` (the calling turn's, while its fenced block
+    lasts)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -392,6 +403,15 @@ class PostgresStore:
         for it) is refused, never written unfenced (bounded: :data:`ENDED_REMEMBERED`)."""
         self._marked: set[str] = set()
         """Fenced turns whose row already says ``saved`` (while their fence is held)."""
+        self._under: dict[str, list[str]] = {}
+        """The sub-sessions fenced by each claimed session's fence (:meth:`fence_under`),
+        by that session's id: their fences move to :attr:`_after` when its block ends."""
+        self._after: OrderedDict[str, Fence] = OrderedDict()
+        """Sub-sessions whose calling turn's fenced block ended, with their fence (its
+        callbacks dropped: they hold the turn's stream and history): a sub-turn may
+        outlive its calling turn (the agent tool's task ends after the turn that
+        cancelled it), and its late saves are checked against the same claim. Until
+        the sub-session is fenced again (bounded: :data:`ENDED_REMEMBERED`)."""
         self._log = get_logger("axon.store.postgres")
 
     @property
@@ -523,6 +543,7 @@ class PostgresStore:
         left the block if it outlived the turn's wait for it, and the worker may have
         given the turn up by then (another worker may have saved the session since)."""
         self._ended.pop(session_id, None)
+        self._after.pop(session_id, None)
         self._fences[session_id] = fence
         if fence.saved:
             self._marked.add(fence.turn_id)
@@ -530,11 +551,72 @@ class PostgresStore:
             yield
         finally:
             self._marked.discard(fence.turn_id)
+            for sub in self._under.pop(session_id, ()):
+                held = self._fences.get(sub)
+                if held is not None and held.under == session_id:
+                    del self._fences[sub]
+                    self._fence_after(sub, held)
             if self._fences.get(session_id) is fence:
                 del self._fences[session_id]
                 self._ended[session_id] = (fence.turn_id, fence.owner, fence.epoch)
                 if len(self._ended) > ENDED_REMEMBERED:
                     self._ended.popitem(last=False)
+
+    def fence_under(self, session_id: str, caller_id: str) -> None:
+        """Fence every save of ``session_id`` (a sub-session an agent tool runs in:
+        ``Agent.as_tool``) by the claim the saves of ``caller_id`` (the calling session)
+        are fenced by (or were: a tool may outlive its calling turn's fenced block), until
+        the sub-session is fenced again (another call's open, a turn of its own claimed
+        here); nothing when the calling session's saves are not fenced here (no
+        worker's turn).
+
+        A sub-session is not the claimed session, and its saves were not fenced: a worker
+        paused past its lease inside a sub-turn, whose calling turn another worker took
+        over (running the sub-turn again, saving the sub-session), had its aborted
+        sub-turn's save meet that worker's version, taken by the persister for another
+        writer's and rebased after it. Fenced by the calling turn's claim, it is refused
+        (:class:`~runtime.errors.LeaseLost`) however the sub-turn ended. The claim is
+        only checked (:attr:`Fence.under`). Deeper sub-sessions (an agent tool of a
+        sub-agent) are fenced by the same claim, through their caller's fence."""
+        held = self._fences.get(session_id)
+        if held is not None and held.under is None:
+            return  # a turn of its own claimed here: its saves are fenced by that claim
+        caller = self._fences.get(caller_id)
+        late = caller is None
+        if caller is None:  # (opened as its calling turn ended: its tool outlived it)
+            caller = self._after.get(caller_id)
+        if caller is None and caller_id in self._ended:
+            turn_id, owner, epoch = self._ended[caller_id]
+            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
+        if caller is None:
+            return
+        root = caller.under if caller.under is not None else caller_id
+        fence = Fence(
+            turn_id=caller.turn_id,
+            owner=caller.owner,
+            epoch=caller.epoch,
+            on_lost=caller.on_lost,
+            on_deleted=caller.on_deleted,
+            under=root,
+        )
+        self._ended.pop(session_id, None)
+        self._after.pop(session_id, None)
+        self._fences.pop(session_id, None)
+        if late or root not in self._fences:
+            self._fence_after(session_id, fence)
+            return
+        self._fences[session_id] = fence
+        subs = self._under.setdefault(root, [])
+        if session_id not in subs:
+            subs.append(session_id)
+
+    def _fence_after(self, session_id: str, fence: Fence) -> None:
+        """Keep checking ``session_id``'s saves against ``fence``'s claim once its calling
+        turn's block ended (:attr:`_after`), without the callbacks."""
+        self._after[session_id] = attrs.evolve(fence, on_lost=None, on_deleted=None)
+        self._after.move_to_end(session_id)
+        if len(self._after) > ENDED_REMEMBERED:
+            self._after.popitem(last=False)
 
     def close_fences(self) -> None:
         """Refuse every fenced save from now on (a worker stopping at once): a turn cut
@@ -801,6 +883,8 @@ class PostgresStore:
         another worker saved the session since), or any fenced one once the worker is
         stopping at once (:meth:`close_fences`)."""
         fence = self._fences.get(session_id)
+        if fence is None:
+            fence = self._after.get(session_id)  # (a sub-session's, checked on)
         if fence is None and session_id in self._ended:
             turn_id, owner, epoch = self._ended[session_id]
             raise LeaseLost(
@@ -821,7 +905,8 @@ class PostgresStore:
         the turn row suspended)."""
         if fence.watch is not None and steers:
             fence.watch.saw(steers[-1])
-        self._marked.add(fence.turn_id)
+        if fence.under is None:  # (a sub-session's save marks nothing: its turn's may)
+            self._marked.add(fence.turn_id)
         if any(wrote) and fence.on_commit is not None:
             fence.on_commit()
 
@@ -847,7 +932,7 @@ class PostgresStore:
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
         arrays = await _arrays_off_loop(rows)
-        mark = fence is not None and fence.turn_id not in self._marked
+        mark = fence is not None and fence.under is None and fence.turn_id not in self._marked
         params: tuple[bytes | None, ...] = (
             session_id.encode(),
             b"%d" % start,
@@ -936,6 +1021,12 @@ class PostgresStore:
                     )
                 return await self._version_written(session_id, fence.turn_id)
             _check_fence_row(row, fence, session_id)
+            if fence.under is not None:
+                # A sub-session's save whose calling turn is no longer running but still
+                # this claim's (it ended, or suspended, as its sub-turn ended): the
+                # function checks for a running turn, so the transaction saves it (its
+                # check is the claim's alone).
+                return None
         if status == "conflict":
             check_version(self.url, session_id, version or 0, expected_version)
         if status == "created":
@@ -1052,7 +1143,7 @@ class PostgresStore:
         ``saved`` mark) and the session's lock are one statement, and the writes another:
         the session row's update (or insert) with the messages' delete, insert and hole
         check in its ``WITH``."""
-        mark = fence is not None and fence.turn_id not in self._marked
+        mark = fence is not None and fence.under is None and fence.turn_id not in self._marked
         if guard is not None:  # the guard runs between the fence check and the lock
             if fence is not None:
                 _check_fence(conn, fence, session_id, steers)
@@ -1489,11 +1580,21 @@ class _DeletedWhileRunning(LeaseLost, SessionDeleted):
 
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
     if row is not None and (row[0], row[1], row[2]) == (None, fence.epoch, "cancelled"):
+        what = "the session" if fence.under is None else f"its calling session {fence.under!r}"
         raise _DeletedWhileRunning(
-            f"save of session {session_id!r} refused: the session was deleted while turn "
+            f"save of session {session_id!r} refused: {what} was deleted while turn "
             f"{fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
             session_id=session_id,
         )
+    if fence.under is not None:  # a sub-session's: the claim, whatever the turn's status
+        if row is None or row[1] != fence.epoch:
+            held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: it is a sub-turn's of turn "
+                f"{fence.turn_id} of session {fence.under!r}, which worker {fence.owner} "
+                f"(epoch {fence.epoch}) no longer holds ({held})"
+            )
+        return
     if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
         held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
         raise LeaseLost(

@@ -45,9 +45,10 @@ from actors.stores.turn_sql import (
     _write_once,
 )
 from runtime.approval import WAITING_META
-from runtime.errors import SESSION_DELETED, StoreError
+from runtime.errors import SESSION_DELETED, StoreCorrupt, StoreError
 from runtime.history import run_long_off_loop
 from runtime.messages import Message
+from runtime.redact import redact
 from runtime.serde import utf8_text
 from runtime.store import SessionRecord
 from runtime.turn_queue import (
@@ -124,6 +125,7 @@ class TurnClaiming:
         store: PostgresStore
         lease: float
         max_attempts: int
+        _log: Any
 
         async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn: ...
 
@@ -321,8 +323,16 @@ class TurnClaiming:
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
         of the transaction: thousands of parts may take a while), how it was claimed, and
-        the session as the claim read it, if it did."""
-        turn = await self._decoded(found[0])
+        the session as the claim read it, if it did. A row this version cannot read (a
+        field of another shape: written by a newer version, or damaged) is ended
+        ``failed`` saying so, and the error raised: let go instead, it was claimed again
+        and again until its attempts ran out, blocking its session's later turns for
+        ``max_attempts`` leases, and then failed as one that kills its workers."""
+        try:
+            turn = await self._decoded(found[0])
+        except StoreCorrupt as err:
+            await self._refuse_unreadable(found[0], owner, err)
+            raise
         return Claim(
             turn=turn,
             owner=owner,
@@ -331,6 +341,29 @@ class TurnClaiming:
             resumed=found[1] == RESUMED,
             stored=await self._stored(turn.session_id, found[2]),
         )
+
+    async def _refuse_unreadable(self, row: tuple[Any, ...], owner: str, err: Exception) -> None:
+        """End the claimed row that cannot be read ``failed`` (its claim's fence: nothing
+        written when the claim is no longer this owner's); a failure to is logged (its
+        lease then lapses, as before)."""
+        turn_id, epoch = row[0], row[8]  # see _COLUMNS
+        error = _text_column(
+            f"this worker cannot read the turn (a row of a newer version, or damaged): {err}"
+        )
+        try:
+            await self.store.run(
+                f"failing unreadable turn {turn_id}",
+                lambda conn: conn.execute(
+                    """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
+                        error = %s, lease_until = NULL, finished_at = clock_timestamp()
+                    WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'""",
+                    (error, turn_id, owner, epoch),
+                ),
+            )
+        except StoreError as exc:
+            self._log.warning(
+                "turns.fail_unreadable_failed", turn_id=turn_id, error=redact(str(exc))
+            )
 
     async def _stored(self, session_id: str, rows: list[Any] | None) -> SessionRecord | None:
         """The session a claim read (``None`` if it did not, or cannot decode it: the turn

@@ -26,6 +26,9 @@ class _Listener:
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self.fresh = True
+        """Opened since the last wait: notifications may have been missed, so the next
+        wait returns at once (a check of the connection may open it, not only a wait)."""
 
 
 class TurnListening:
@@ -75,6 +78,10 @@ class TurnListening:
                     await trio.sleep(min(timeout, 1.0))
                     return True
                 self._listen = _Listener(conn)
+                self._listen.fresh = False  # (said now)
+                return True
+            if listener.fresh:  # opened by a check since the last wait
+                listener.fresh = False
                 return True
             try:
                 return await _wait_for_notify(listener.conn, f"{self.store.schema}:", timeout)
@@ -83,6 +90,45 @@ class TurnListening:
                 _close_on_loop(listener.conn)
                 self._log.warning("turns.listen_broken", error=redact(str(err)))
                 return True
+
+    async def check_listening(self) -> bool:
+        """Whether the ``LISTEN`` connection answers: one round trip on it (``SELECT 1``),
+        taken between two waits (the one in progress ends first, within its timeout).
+        ``False`` when it broke, or could not be (re)opened. A connection that does not
+        answer (its server end paused or partitioned away: no notification reaches it,
+        and nothing tells the socket so) is dropped when the caller gives up on the check
+        (its cancellation): the next wait opens another, at once (a new connection may
+        have missed notifications). Not a wait's business: a worker whose slots are all
+        busy does not wait, and its ``LISTEN`` connection is checked all the same.
+        Opens the connection when there is none (one that broke while nothing waited),
+        as a wait would."""
+        if self._closed:
+            raise StoreError(f"turn queue of {self.store.url} is closed")
+        async with self._wait_lock:
+            listener = self._listen
+            if listener is None or listener.conn.closed or listener.conn.broken:
+                if listener is not None:
+                    _close_on_loop(listener.conn)
+                    self._listen = None
+                try:
+                    conn = await trio.to_thread.run_sync(self._connect_listener)
+                except Exception as err:
+                    self._log.warning("turns.listen_failed", error=redact(str(err)))
+                    return False
+                self._listen = _Listener(conn)  # fresh: the next wait returns at once
+                return True
+            answered = False
+            try:
+                await _ping(listener.conn)
+                answered = True
+            except Exception as err:  # broke: the next wait (or check) opens another
+                self._log.warning("turns.listen_broken", error=redact(str(err)))
+            finally:
+                if not answered:  # broke, or no answer within the caller's bound
+                    if self._listen is listener:
+                        self._listen = None
+                    _close_on_loop(listener.conn)
+            return answered
 
     async def aclose(self) -> None:
         """Close the ``LISTEN`` connection; idempotent (the store stays open: it is the
@@ -107,6 +153,32 @@ class TurnListening:
             conn.close()
             raise
         return conn
+
+
+_TUPLES_OK = 2
+"""libpq's ``PGRES_TUPLES_OK`` (``psycopg.pq.ExecStatus.TUPLES_OK``, psycopg imported
+only once a connection is made)."""
+
+
+async def _ping(conn: Any) -> None:
+    """One ``SELECT 1`` on the idle ``LISTEN`` connection, its socket waited on by Trio;
+    raises when the connection broke or the query failed. Notifications received
+    meanwhile stay in libpq's list for the next wait."""
+    pgconn = conn.pgconn
+    pgconn.send_query(b"SELECT 1")
+    while pgconn.flush():
+        await trio.lowlevel.wait_writable(pgconn.socket)
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            break
+        await trio.lowlevel.wait_readable(pgconn.socket)
+    failed = None
+    while (result := pgconn.get_result()) is not None:
+        if result.status != _TUPLES_OK:
+            failed = failed or (result.error_message or b"").decode(errors="replace")
+    if failed is not None:
+        raise StoreError(f"the LISTEN connection's check failed: {failed.strip()}")
 
 
 async def _wait_for_notify(conn: Any, prefix: str, timeout: float) -> bool:  # noqa: ASYNC109

@@ -62,7 +62,7 @@ from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.redact import redact
-from runtime.store import SessionRecord, Store, validate_session_id
+from runtime.store import SessionRecord, Store, fence_under, validate_session_id
 from runtime.tools import caller_of
 
 if TYPE_CHECKING:
@@ -730,6 +730,9 @@ class Host:
         if on_busy is not None:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
+        caller = caller_of(meta)
+        if caller is not None:  # an agent tool's sub-session: saved under its caller's claim
+            fence_under(self.store, sid, caller)
         seed = await checked_off_loop(history) if history is not None else None
         while sid in self._opening:  # one load per id at a time
             pending = self._opening[sid]

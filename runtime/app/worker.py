@@ -135,6 +135,9 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_GRACE = 10.0
+DEFAULT_MAX_SESSIONS = 1000
+"""Sessions a worker's host keeps in memory at most (``--max-sessions``), the least
+recently used idle ones freed past it (reloaded from the store on their next turn)."""
 BUSY_WAIT = 30.0
 """Seconds a claimed turn waits for this worker's previous turn of its session to end."""
 DEFAULT_POLL = 1.0
@@ -142,7 +145,11 @@ DEFAULT_POLL = 1.0
 nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
 HEALTH_INTERVAL = 5.0
 """Seconds between two touches of the worker's health file (``--health-file``): each
-after a read of PostgreSQL's clock answered (:meth:`Worker._beat`)."""
+after a read of PostgreSQL's clock answered, the ``LISTEN`` connection answered and the
+claim loop was seen going round (:meth:`Worker._beat`)."""
+STALL_INTERVALS = 3
+"""Health intervals (beyond one ``poll``) the claim loop may spend in one step, a claim
+or a wait, before the worker's health file goes stale (:meth:`Worker._claim_stalled`)."""
 
 
 def log() -> Any:
@@ -434,7 +441,7 @@ class Worker:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         grace: float = DEFAULT_GRACE,
         poll: float = DEFAULT_POLL,
-        max_sessions: int = 1000,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
         input_limits: InputLimits | None = None,
         plugins: Sequence[Actor] = (),
         gc_pacing: bool = False,
@@ -484,6 +491,13 @@ class Worker:
         """The queue's clock, which the host's wait deadlines run on (once running)."""
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
+        self._loop_at = 0.0
+        """When the claim loop last made progress (``trio.current_time()``): a claim
+        answered; moved on by the time it then waited for this worker's own turns
+        (:meth:`_claim_stalled`)."""
+        self._loop_parked = False
+        """The claim loop waits for this worker's own turns (a free slot, a takeover's
+        end): no stall, however long (the turns' leases say whether they progress)."""
         self._waits = 0
         """The claim loop's waits on the queue that returned (each takes every ``NOTIFY``
         received so far off the connection)."""
@@ -533,6 +547,7 @@ class Worker:
                 await host.start_actor(plugin)
             self._leases = LeaseKeeper(self.queue, self.lease / 3)
             self._leases.start()
+            self._loop_at = trio.current_time()
             try:
                 async with trio.open_nursery() as nursery:
                     watch = getattr(self.relay, "watch_cancels", None)
@@ -545,6 +560,7 @@ class Worker:
                         task_status.started(self)
                         log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
                         await self._claim_until_stopped(turn_nursery)
+                        self._loop_parked = True  # stopping: it claims no more
                         await self._drain(turn_nursery)
                     nursery.cancel_scope.cancel()
             finally:
@@ -556,26 +572,63 @@ class Worker:
                 self.host = None
 
     async def _beat(self, path: str | os.PathLike[str]) -> None:
-        """Every :attr:`health_interval` seconds, read PostgreSQL's clock (one round trip,
-        the queue's own) and, when it answered, touch ``path``. The file goes stale when
-        the event loop is stuck (nothing here runs), when PostgreSQL is gone (the read
-        fails after the store's retries) or paused (the read never returns): a probe
-        that finds it older than a few intervals finds a worker that cannot claim. What
-        failed is logged when the beat stops and when it comes back, not at each beat."""
-        failing = False
+        """Every :attr:`health_interval` seconds, when the worker can take work, touch
+        ``path``: PostgreSQL's clock read (one round trip, the queue's own), the queue's
+        ``LISTEN`` connection answered (:meth:`TurnQueue.check_listening`: a worker that
+        no longer hears ``NOTIFY`` takes a new turn only every ``poll`` seconds), and
+        the claim loop went round (:meth:`_claim_stalled`: not stuck in a claim, on a
+        lock or a bug). The file goes stale when the event loop is stuck (nothing here
+        runs), when PostgreSQL is gone (the read fails after the store's retries) or
+        paused (the read never returns), when the ``LISTEN`` connection is gone and
+        cannot be opened again, or does not answer, and when the claim loop is stuck: a
+        probe that finds it older than a few intervals finds a worker that cannot claim.
+        What failed is logged when the beat stops and when it comes back, not at each
+        beat."""
+        failing: str | None = None
         while True:
-            try:
-                await self.queue.now()
-                _touch(path)
-            except (StoreError, OSError) as exc:
-                if not failing:
-                    log().warning("worker.health_failing", error=redact(str(exc)))
-                failing = True
-            else:
-                if failing:
-                    log().info("worker.health_back")
-                failing = False
+            why = await self._unhealthy()
+            if why is None:
+                try:
+                    _touch(path)
+                except OSError as exc:
+                    why = redact(str(exc))
+            if why is not None and failing is None:
+                log().warning("worker.health_failing", error=why)
+            elif why is None and failing is not None:
+                log().info("worker.health_back")
+            failing = why
             await trio.sleep(self.health_interval)
+
+    async def _unhealthy(self) -> str | None:
+        """Why the worker cannot take work now (``None``: it can); see :meth:`_beat`."""
+        try:
+            await self.queue.now()
+        except StoreError as exc:
+            return redact(str(exc))
+        # A check that finds no answer within this bound drops the connection (the
+        # next wait opens another); a wait in progress ends within ``poll`` first.
+        with trio.move_on_after(self.poll + self.health_interval):
+            try:
+                if not await self.queue.check_listening():
+                    return "the LISTEN connection is gone and could not be opened again"
+            except StoreError as exc:
+                return redact(str(exc))
+            if self._claim_stalled():
+                return "the claim loop made no progress"
+            return None
+        return "the LISTEN connection did not answer"
+
+    def _claim_stalled(self) -> bool:
+        """Whether the claim loop is stuck: it is not waiting for the worker's own turns
+        (a free slot, a takeover's end), and no claim was answered for ``poll`` and
+        :data:`STALL_INTERVALS` health intervals, the time it waited for its own turns
+        not counted (an idle loop's step is a wait of ``poll`` seconds and a claim: a
+        claim waiting on a lock, claims that keep failing, a wait that never returns, a
+        task that waits on nothing that will come)."""
+        if self._loop_parked:
+            return False
+        bound = self.poll + STALL_INTERVALS * self.health_interval
+        return trio.current_time() - self._loop_at > bound
 
     async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
         slots = trio.Semaphore(self.concurrency)
@@ -584,12 +637,18 @@ class Worker:
         async with trio.open_nursery() as waiter:
             waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
             while True:
-                await _take_slot(slots)
-                while any(entry.claim.takeover for entry in self.running.values()):
-                    # A taken-over turn may be what killed its last worker: while it
-                    # runs here, claim nothing else, so that if it kills this worker too
-                    # it takes no other turn's attempt down with it.
-                    await self._a_turn_ends()
+                # Waiting on this worker's own turns: the time it takes is no stall.
+                self._loop_parked, parked_at = True, trio.current_time()
+                try:
+                    await _take_slot(slots)
+                    while any(entry.claim.takeover for entry in self.running.values()):
+                        # A taken-over turn may be what killed its last worker: while it
+                        # runs here, claim nothing else, so that if it kills this worker
+                        # too it takes no other turn's attempt down with it.
+                        await self._a_turn_ends()
+                finally:
+                    self._loop_parked = False
+                    self._loop_at += trio.current_time() - parked_at
                 if self._found_none_at is not None:
                     found_none_at, self._found_none_at = self._found_none_at, None
                     if found_none_at == self._waits:
@@ -607,6 +666,7 @@ class Worker:
                     log().warning("worker.claim_failed", error=redact(str(exc)))
                     await trio.sleep(self.poll)
                     continue
+                self._loop_at = trio.current_time()  # a claim answered
                 if claim is None:
                     slots.release()
                     await self._wait()
@@ -1444,9 +1504,10 @@ def add_worker_parser(subparsers: Any) -> Any:
         "--health-file",
         default=None,
         metavar="PATH",
-        help="touch PATH every --health-interval seconds while the worker runs and "
-        "PostgreSQL answers, for a liveness probe (stale: the worker is stuck or lost the "
-        "database); removed at exit. docs/deployment.md",
+        help="touch PATH every --health-interval seconds while the worker can take work "
+        "(PostgreSQL and its LISTEN connection answer, its claim loop goes round), for a "
+        "liveness probe (stale: the worker is stuck or lost the database); removed at "
+        "exit. docs/deployment.md",
     )
     add(
         "--health-interval",
@@ -1510,6 +1571,14 @@ def _add_claim_arguments(worker: Any) -> None:
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
     add(
+        "--max-sessions",
+        type=int,
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help="keep at most N sessions in memory, freeing the least recently used idle ones "
+        f"(default {DEFAULT_MAX_SESSIONS}); a freed one is read from the store again",
+    )
+    add(
         "--gc-pacing",
         action="store_true",
         help="pace the garbage collector from the event loop (Worker(gc_pacing=True)): for "
@@ -1565,27 +1634,37 @@ async def worker_command(args: Any) -> int:
         return await _run_worker_command(args)
 
 
+def worker_options(args: Any) -> dict[str, Any]:
+    """:class:`Worker`'s options from the command line (not its agent); a value out of
+    range raises :class:`~runtime.errors.ConfigurationError` (one line, exit 2)."""
+    if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
+        raise ConfigurationError(
+            "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
+        )
+    max_sessions = getattr(args, "max_sessions", DEFAULT_MAX_SESSIONS)
+    if max_sessions < 1:
+        raise ConfigurationError(f"--max-sessions must be >= 1, not {max_sessions}")
+    return {
+        "concurrency": args.concurrency,
+        "lease": args.lease,
+        "max_attempts": args.max_attempts,
+        "grace": args.grace,
+        "poll": args.poll,
+        "max_sessions": max_sessions,
+        "owner": args.owner,
+        "input_limits": input_limits(args),
+        "plugins": make_plugins(args),
+        "gc_pacing": args.gc_pacing,
+        "health_file": getattr(args, "health_file", None),
+        "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
+    }
+
+
 async def _run_worker_command(args: Any) -> int:
     try:
         queue_scheme(args.store)
-        if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
-            raise ConfigurationError(
-                "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
-            )
+        options = worker_options(args)
         agent = make_agent(args)
-        options = {
-            "concurrency": args.concurrency,
-            "lease": args.lease,
-            "max_attempts": args.max_attempts,
-            "grace": args.grace,
-            "poll": args.poll,
-            "owner": args.owner,
-            "input_limits": input_limits(args),
-            "plugins": make_plugins(args),
-            "gc_pacing": args.gc_pacing,
-            "health_file": getattr(args, "health_file", None),
-            "health_interval": getattr(args, "health_interval", HEALTH_INTERVAL),
-        }
         relay_options = relay_options_of(args)
         health_file = getattr(args, "health_file", None)
         if health_file is not None:

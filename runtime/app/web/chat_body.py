@@ -31,6 +31,13 @@ ANSWER_KEYS = ("type", "toolCallId", "state", "approval", "input", "output", "er
 """What a tool part of a continuation's assistant message has that the server reads
 (:mod:`runtime.app.web.answers`): approvals and client tools' outputs, kept whole, with
 the call's input, which must be the stored call's."""
+TOOL_PARTS = ("tool-", "dynamic")
+"""How the ``type`` of a tool part of a ``useChat`` message starts."""
+MAX_ANSWER_PARTS = 20_000
+"""Tool parts a continuation's assistant message may have (or the host's ``max_parts``
+when that is more): a step's calls, as many as the model asked for, each streamed to the
+client, which sends them all back with its answers. A bound still, on what the server
+decodes of a body (each kept part is a dict of a few keys)."""
 MESSAGE_KEYS = ("id", "role", "content")
 """What the last user message has besides its parts that the server reads."""
 MAX_ID_CHARS = 256
@@ -83,22 +90,26 @@ def _counted_parts(parts: list[Any], max_parts: int, max_files: int) -> list[dic
 
 def _answers_message(message: dict[str, Any], max_parts: int) -> dict[str, Any]:
     """A continuation's last (assistant) message: its tool parts, with what answers a
-    waiting turn (:data:`ANSWER_KEYS`); at most ``max_parts`` parts, as for a user's."""
+    waiting turn (:data:`ANSWER_KEYS`); at most ``max(max_parts, MAX_ANSWER_PARTS)`` of
+    them, its other parts (``step-start``, text, reasoning) dropped uncounted.
+
+    The message is one the server streamed, its parts as many as the model made: a
+    step of more tool calls than a user's input may have parts (``max_parts``, 1,000 by
+    default) held its one call that waits for approval, and every answer to it was
+    refused (413), the turn left waiting until it expired."""
     parts = message.get("parts")
     kept = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}
     if type(parts) is not list:
         return kept
-    if len(parts) > max_parts:
+    tools = [p for p in parts if type(p) is dict and str(p.get("type", "")).startswith(TOOL_PARTS)]
+    limit = max(max_parts, MAX_ANSWER_PARTS)
+    if len(tools) > limit:
         raise BodyRefused(
             413,
-            f"the last assistant message has {len(parts)} parts; the limit is {max_parts} "
-            "parts per message",
+            f"the last assistant message has {len(tools)} tool parts; the limit is {limit} "
+            "tool parts per message",
         )
-    kept["parts"] = [
-        {key: p[key] for key in ANSWER_KEYS if key in p}
-        for p in parts
-        if type(p) is dict and str(p.get("type", "")).startswith(("tool-", "dynamic"))
-    ]
+    kept["parts"] = [{key: p[key] for key in ANSWER_KEYS if key in p} for p in tools]
     return kept
 
 
