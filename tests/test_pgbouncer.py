@@ -162,11 +162,12 @@ async def test_a_pooled_queue_waits_by_polling_and_opens_no_listen_connection() 
         try:
             await queue.submit("s", "hi")
             woken = await queue.wait(0.05)
+            checked = await queue.check_listening()  # the worker's health beat asks
             listener = queue._listen
         finally:
             await queue.aclose()
             await store.aclose()
-    assert (woken, listener) == (False, None)
+    assert (woken, checked, listener) == (False, True, None)
 
 
 async def test_a_turn_whose_worker_stopped_renewing_is_taken_over_through_pgbouncer() -> None:

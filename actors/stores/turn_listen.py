@@ -104,6 +104,12 @@ class TurnListening:
         as a wait would."""
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
+        if getattr(self.store, "listen_libpq", "") is None:
+            # Behind a transaction pooler with no server named for it: no LISTEN to
+            # check (the worker polls); one opened here would land on a pooled server
+            # connection and stay there for the pooler's next client.
+            await trio.lowlevel.checkpoint()
+            return True
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
