@@ -100,3 +100,38 @@ def test_a_run_that_ends_normally_leaves_no_reaper_behind(servers_available):
     assert child.returncode == 0
     assert not Path(pg_root).exists() and not _answers(pg_port)
     assert _until(lambda: not _reapers(pg_root) and not _reapers(redis_root), 10)
+
+
+BOUNCER_CHILD = """
+import json, sys, time
+from tests.support.services import own_pgbouncer
+bouncer = own_pgbouncer()
+print(json.dumps({"bouncer": [str(bouncer.root), bouncer.port],
+                  "pg": [str(bouncer.server.root), bouncer.server.port]}))
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def test_a_killed_runs_pgbouncer_is_stopped_and_its_directory_deleted(servers_available):
+    from tests.support.services import own_pgbouncer
+
+    try:
+        own_pgbouncer()
+    except ServiceUnavailable as err:
+        pytest.skip(str(err))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", BOUNCER_CHILD], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    started = json.loads(child.stdout.readline())
+    (root, port), (pg_root, _) = started["bouncer"], started["pg"]
+    try:
+        assert _answers(port) and redis_pids(Path(root), b"pgbouncer")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert _until(lambda: not Path(root).exists() and not Path(pg_root).exists())
+    assert not _answers(port) and not redis_pids(Path(root), b"pgbouncer")
+    assert _until(lambda: not _reapers(root))

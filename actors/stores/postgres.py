@@ -137,8 +137,20 @@ it holds would stay until it wakes, and a save's ``FOR SHARE`` of its turn's row
 hide that turn from every takeover (claims lock ``FOR UPDATE SKIP LOCKED``), so a frozen
 worker's turn would never move to a live one. Ended, the frozen client finds its
 connection gone when it wakes, and its retried save is refused by the fence."""
+_TRANSIENT = ("too many connections", "too many clients")
+"""A connection refused for a limit (the server's ``max_connections``, a role's or a
+database's ``CONNECTION LIMIT``): retried as an unreachable server is, though the text
+names a role (``too many connections for role "app"``, which :data:`_PERMANENT`'s
+``role`` took for a refused login: the call failed at once)."""
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_PERMANENT = ("does not exist", "authentication failed", "password", "invalid", "role ")
+_PERMANENT = (
+    "does not exist",
+    "authentication failed",
+    "password",
+    "invalid",
+    "role ",
+    "unrecognized configuration parameter",  # the URL's options: no retry mends it
+)
 
 _T = TypeVar("_T")
 
@@ -231,11 +243,29 @@ class Suspend:
 def parse_url(url: str) -> tuple[str, str]:
     """Split ``postgresql://...?schema=NAME`` into a libpq URL and the schema name.
 
-    ``schema`` is Axon's own query parameter (libpq does not know it), so it is taken out
-    here; everything else goes to libpq untouched. Raises
-    :class:`~runtime.errors.ConfigurationError` for anything that is not a PostgreSQL URL
-    or names an unusable schema.
+    ``schema``, ``pooler``, ``listen_host`` and ``listen_port`` are Axon's own query
+    parameters (libpq does not know them), so they are taken out here
+    (:func:`parse_pooler` and :func:`parse_listen` read the others); everything else
+    goes to libpq as written. Raises :class:`~runtime.errors.ConfigurationError` for
+    anything that is not a PostgreSQL URL or names an unusable schema.
     """
+    libpq, schema, _ = _split_url(url)
+    return libpq, schema
+
+
+def parse_pooler(url: str) -> bool:
+    """Whether ``url`` says the server is reached through a transaction-pooling proxy
+    (``?pooler=transaction``: PgBouncer's ``pool_mode = transaction``, and the like):
+    then no connection keeps anything between transactions (no prepared statement, no
+    ``SET``, no ``LISTEN``; :data:`POOLER_HINT`)."""
+    return _split_url(url)[2]
+
+
+POOLER_HINT: Final = "docs/deployment.md#behind-pgbouncer"
+"""Where the documentation of ``?pooler=transaction`` is."""
+
+
+def _split_url(url: str) -> tuple[str, str, bool]:
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise ConfigurationError(
             f"not a PostgreSQL URL: {url!r} (expected postgresql://[user@]host[:port]/dbname)"
@@ -243,15 +273,55 @@ def parse_url(url: str) -> tuple[str, str]:
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     schemas = [value for key, value in query if key == "schema"]
-    rest = [(key, value) for key, value in query if key != "schema"]
+    poolers = [value for key, value in query if key == "pooler"]
     schema = schemas[-1] if schemas else "public"
     if _SCHEMA_NAME.fullmatch(schema) is None:
         raise ConfigurationError(
             f"invalid schema {schema!r} in {redact_url(url)}: use lowercase letters, digits "
             "and '_' (at most 63)"
         )
-    libpq = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
-    return libpq, schema
+    pooler = poolers[-1] if poolers else "none"
+    if pooler not in ("none", "session", "transaction"):
+        raise ConfigurationError(
+            f"invalid pooler {pooler!r} in {redact_url(url)}: 'transaction' (PgBouncer's "
+            f"pool_mode = transaction), or 'none' ({POOLER_HINT})"
+        )
+    # The other parameters go to libpq as they were written: re-encoded, a space
+    # (``options=-c%20TimeZone%3DUTC``) became ``+``, which libpq does not decode
+    # (``unrecognized configuration parameter "+TimeZone"``: the store never opened).
+    kept = "&".join(
+        item
+        for item in parts.query.split("&")
+        if item and urllib.parse.unquote_plus(item.split("=", 1)[0]) not in _OWN_PARAMETERS
+    )
+    libpq = urllib.parse.urlunsplit(parts._replace(query=kept))
+    return libpq, schema, pooler == "transaction"
+
+
+_OWN_PARAMETERS = ("schema", "pooler", "listen_host", "listen_port")
+"""The URL's query parameters Axon takes for itself: libpq never sees them."""
+
+
+def parse_listen(url: str) -> str | None:
+    """The libpq URL of the worker's ``LISTEN`` connection: the store's own; behind a
+    transaction pooler (``?pooler=transaction``) none (workers poll), unless the URL
+    names the server itself with ``listen_host`` and/or ``listen_port`` (the pooler's
+    host and port replaced by them, the rest as the store's: user, database,
+    password)."""
+    libpq, _, pooled = _split_url(url)
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query, keep_blank_values=True)
+    direct = [
+        (key[len("listen_") :], value)
+        for key, value in query
+        if key in ("listen_host", "listen_port")
+    ]
+    if not direct:
+        return None if pooled else libpq
+    return (
+        libpq
+        + ("&" if "?" in libpq else "?")
+        + urllib.parse.urlencode(direct, quote_via=urllib.parse.quote)
+    )
 
 
 def redact_url(url: str) -> str:
@@ -268,6 +338,11 @@ def _is_connection_error(err: BaseException) -> bool:
         return True
     if isinstance(err, psycopg.errors.IdleInTransactionSessionTimeout):
         return True  # the server ended a frozen client's session: retry on another
+    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
+        # A primary that became read-only (a failover's old primary, a standby the DNS
+        # still names, default_transaction_read_only): nothing to fix in the request;
+        # retried (on another connection: see _read_only) until it is writable again.
+        return True
     if isinstance(err, psycopg.OperationalError):
         state = getattr(err, "sqlstate", None)
         # Class 08: connection exception; 57P0x: the server is shutting down/starting.
@@ -302,11 +377,16 @@ class PostgresStore:
         self._shown = redact_url(url)
         """:attr:`url`, worked out once: every statement's error context names it, and
         redacting it each time was a few percent of a worker's CPU (issue 24)."""
-        self.libpq, self.schema = parse_url(url)
-        """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
+        self.libpq, self.schema, self.pooled = _split_url(url)
+        """The libpq URL (without Axon's ``schema`` and ``pooler`` parameters), the schema
+        name, and whether the server is behind a transaction pooler (:func:`parse_pooler`:
+        no connection keeps a ``SET``, a prepared statement or a ``LISTEN``)."""
+        self.listen_libpq = parse_listen(url)
+        """The libpq URL of the workers' ``LISTEN`` connection (:func:`parse_listen`),
+        ``None`` behind a transaction pooler that names no direct one: they poll."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
-        self._lane = LoopLane(self.libpq, self.schema, pool_size)
+        self._lane = LoopLane(self.libpq, self.schema, pool_size, pooled=self.pooled)
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
         self._utf8 = utf8
@@ -366,13 +446,13 @@ class PostgresStore:
                 "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
                 "pip install 'axon-runtime[postgres]'"
             ) from err
-        libpq, schema = parse_url(url)
+        libpq, schema, pooled = _split_url(url)
         register_url_secrets(url)  # a driver's error quoting the URL is redacted too
         shown = redact_url(url)
         encoding = await _retrying(
             f"connect to {shown}",
             connect_retry_for,
-            lambda: trio.to_thread.run_sync(_first_connect, libpq, schema),
+            lambda: trio.to_thread.run_sync(_first_connect, libpq, schema, pooled),
         )
 
         def configure(conn: Any) -> None:
@@ -386,11 +466,15 @@ class PostgresStore:
             min_size=1,
             max_size=pool_size,
             open=False,
-            configure=configure,
+            # Behind a transaction pooler a session's SET would outlive its transaction
+            # on a server connection another client (another store) gets next: none,
+            # and no statement prepared (it stays on the backend it was prepared on).
+            configure=None if pooled else configure,
             check=_check_if_idle,
             # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
             # :meth:`run`), and a single read needs none.
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True},
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True}
+            | ({"prepare_threshold": None} if pooled else {}),
             timeout=CONNECT_TIMEOUT,
             reconnect_timeout=max(retry_for, 1.0),
             name=f"axon-{schema}",
@@ -432,7 +516,7 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as conn, _read_only(conn):
                 if transaction:
                     with conn.transaction():
                         result = fn(conn)
@@ -1218,6 +1302,28 @@ class PostgresStore:
         )
         return 0 if row is None else row[0]
 
+    async def check_ready(self, session_id: str) -> None:
+        """What ``/readyz`` asks (:mod:`runtime.app.web.health`): :meth:`version`'s look-up
+        of ``session_id`` and, in the same statement, whether the server takes writes;
+        raises :class:`~runtime.errors.StoreUnavailable` when it does not (a demoted
+        primary, a standby, ``default_transaction_read_only``): every submit and save
+        would fail, where the look-up alone answered."""
+        validate_session_id(session_id)
+        row = await self.run(
+            "readiness",
+            lambda conn: conn.execute(
+                "SELECT (SELECT version FROM axon_sessions WHERE session_id = %s), "
+                "current_setting('transaction_read_only')",
+                (session_id,),
+            ).fetchone(),
+            transaction=False,
+        )
+        if row[1] == "on":
+            raise StoreUnavailable(
+                f"session store {self.url} is read-only (transaction_read_only = on: a "
+                "standby or a demoted primary): no turn can be queued or saved"
+            )
+
     async def deletions(self, session_id: str) -> int:
         """How many times the session was deleted (its deletion mark, see
         :class:`~runtime.store.Store`): one primary-key lookup, ``0`` if never."""
@@ -1693,6 +1799,23 @@ def _replace_messages(
 CHECK_IDLE = 1.0
 """Seconds a pooled connection may sit unused before the pool checks it (a round trip)
 when it is handed out again."""
+
+
+@contextlib.contextmanager
+def _read_only(conn: Any) -> Iterator[None]:
+    """Close ``conn`` when what ran on it met a read-only server (the pool then drops it
+    and opens another): a connection to a demoted primary or to a standby stays one,
+    where a new connection follows the failover (a DNS name, a pooler, a multi-host URL
+    with ``target_session_attrs=read-write``)."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.errors.ReadOnlySqlTransaction:
+        conn.close()
+        raise
+
+
 _used: dict[int, float] = {}
 """When each pooled connection (by ``id``) last ended a transaction that went through."""
 
@@ -1776,14 +1899,21 @@ async def _retrying(
             raise
         except psycopg.Error as err:
             message = redact(str(err).strip().splitlines()[0] if str(err).strip() else repr(err))
-            permanent = not _is_connection_error(err) or any(
-                word in message.lower() for word in _PERMANENT
+            lowered = message.lower()
+            permanent = not _is_connection_error(err) or (
+                any(word in lowered for word in _PERMANENT)
+                and not any(word in lowered for word in _TRANSIENT)
             )
             if permanent:
                 raise StoreError(f"{action} failed: {message}") from err
             if time.monotonic() + delay > deadline:
+                what = (
+                    "is read-only"
+                    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction)
+                    else "cannot be reached"
+                )
                 raise StoreUnavailable(
-                    f"{action} failed: the PostgreSQL server cannot be reached ({message}); "
+                    f"{action} failed: the PostgreSQL server {what} ({message}); "
                     f"gave up after retrying for {retry_for:g} s"
                 ) from err
             if log is not None:

@@ -34,9 +34,13 @@ class LoopLane:
     is read. A connection that fails is closed, never reused; the caller retries on
     another (:func:`_retrying`)."""
 
-    def __init__(self, libpq: str, schema: str, size: int) -> None:
+    def __init__(self, libpq: str, schema: str, size: int, *, pooled: bool = False) -> None:
         self._libpq = libpq
         self._schema = schema
+        self._pooled = pooled
+        """Behind a transaction pooler (``?pooler=transaction``): each call an unnamed
+        statement (parsed at each call; a named one stays on the server connection it
+        was prepared on, which the pooler hands to others), and no ``SET search_path``."""
         self._free: list[Any] = []
         self._slots = trio.Semaphore(size)
         self._closed = False
@@ -65,14 +69,17 @@ class LoopLane:
             conn = self._free.pop() if self._free else await trio.to_thread.run_sync(self._connect)
             ok = False
             try:
-                prepared = conn._axon_prepared
-                if name not in prepared:
-                    with trio.CancelScope(shield=True):
-                        conn.pgconn.send_prepare(name, sql)
-                        await _lane_result(conn, [])
-                    prepared.add(name)
                 pgconn = conn.pgconn
-                pgconn.send_query_prepared(name, params, formats, result_format)
+                if self._pooled:
+                    pgconn.send_query_params(sql, params, None, formats, result_format)
+                else:
+                    prepared = conn._axon_prepared
+                    if name not in prepared:
+                        with trio.CancelScope(shield=True):
+                            pgconn.send_prepare(name, sql)
+                            await _lane_result(conn, [])
+                        prepared.add(name)
+                    pgconn.send_query_prepared(name, params, formats, result_format)
                 # On a busy machine the answer is often whole at once (the backend the
                 # statement woke ran before this task went on): the shield's scope is
                 # entered only for a wait, the one thing it shields (issue 24 goal 3).
@@ -103,7 +110,8 @@ class LoopLane:
             self._libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True, client_encoding="UTF8"
         )
         try:
-            conn.execute(f"SET search_path TO {self._schema}")
+            if not self._pooled:
+                conn.execute(f"SET search_path TO {self._schema}")
         except BaseException:
             conn.close()
             raise

@@ -48,6 +48,7 @@ from actors.stores.postgres_tables import (
     deletion_schema,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
+from runtime.logging import get_logger
 
 MAGIC = "axon-session-store"
 SCHEMA_VERSION = 1
@@ -59,10 +60,11 @@ after a fraction of the server's ``deadlock_timeout``, see :func:`_lock_for_upgr
 before it fails saying they stayed busy."""
 
 
-def _first_connect(libpq: str, schema: str) -> str:
+def _first_connect(libpq: str, schema: str, pooled: bool = False) -> str:
     """Connect once (the real error, not a pool timeout, if it fails) and create or
     check the schema, serialized across processes by an advisory lock; the database's
-    encoding (``UTF8``, ``LATIN1``...).
+    encoding (``UTF8``, ``LATIN1``...). Then :func:`_check_pooling` (``pooled``: the URL
+    says ``?pooler=transaction``).
 
     A try whose upgrade could not take the tables it alters in time (they were in use:
     ``lock_timeout``) is rolled back whole and tried again after a short pause, for up
@@ -71,7 +73,9 @@ def _first_connect(libpq: str, schema: str) -> str:
     import psycopg
 
     try:
-        conn = psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        conn = psycopg.connect(
+            libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True, prepare_threshold=None
+        )
     except psycopg.ProgrammingError as err:  # an unparseable conninfo
         raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
     with conn:
@@ -81,6 +85,7 @@ def _first_connect(libpq: str, schema: str) -> str:
             try:
                 with conn.transaction():
                     _create_or_upgrade(conn, schema)
+                _check_pooling(conn, libpq, schema, pooled)
                 return str(conn.info.parameter_status("server_encoding"))
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as err:
                 if time.monotonic() + delay > deadline:
@@ -90,6 +95,65 @@ def _first_connect(libpq: str, schema: str) -> str:
                     ) from err
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.5)
+
+
+POOLER_FIX = "add pooler=transaction to the URL's query (docs/deployment.md#behind-pgbouncer)"
+
+
+def _check_pooling(conn: Any, libpq: str, schema: str, pooled: bool) -> None:
+    """Refuse, in one line naming the fix, what cannot work behind a transaction pooler.
+
+    Without ``pooled``: a server reached through one (PgBouncer's ``pool_mode =
+    transaction``) hands each transaction of a connection to any of its server
+    connections, so the store's per-connection state (``SET search_path``, prepared
+    statements, ``LISTEN``) is lost or lands on another client's: reads failed with
+    ``prepared statement "_pg3_0" does not exist`` or ``relation "axon_sessions" does not
+    exist``, or ran in another store's schema. Told apart by two connections whose
+    statements one after the other ran on one backend (``pg_backend_pid``): a server
+    never gives two open connections one backend; a pooler in transaction mode reuses
+    the server connection the first just left (PgBouncer: the last used first). A busy
+    pooler may hand the second another one: then this is not seen here.
+
+    With ``pooled``: the schema must be the sessions' own (``current_schema()`` without
+    a ``SET``), since no ``SET search_path`` outlives its transaction there."""
+    import psycopg
+
+    if pooled:
+        (current,) = conn.execute("SELECT current_schema()").fetchone()
+        if current != schema:
+            raise ConfigurationError(
+                f"schema {schema!r} behind a transaction pooler (pooler=transaction): its "
+                f"sessions start in {current!r}, and no SET search_path outlives a "
+                f"transaction there: ALTER ROLE ... IN DATABASE ... SET search_path = "
+                f"{schema}" + ("" if current is None else f", or schema={current}")
+            )
+        (idle,) = conn.execute(
+            "SELECT current_setting('idle_in_transaction_session_timeout')"
+        ).fetchone()
+        if idle == "0":
+            # The store sets its own 10 s on a direct connection; here it cannot.
+            get_logger("axon.store.postgres").warning(
+                "store.pooled_idle_unlimited",
+                schema=schema,
+                hint="behind a transaction pooler the store sets no "
+                "idle_in_transaction_session_timeout, and the role's is 0: a frozen "
+                "worker's row locks would hide its turn from every takeover until it "
+                "wakes: ALTER ROLE ... SET idle_in_transaction_session_timeout = '10s' "
+                "(or PgBouncer's idle_transaction_timeout)",
+            )
+        return
+    (mine,) = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        with psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True) as other:
+            got = other.execute("SELECT pg_backend_pid()").fetchone()
+            theirs = None if got is None else got[0]
+    except psycopg.Error:
+        return  # no second connection now (the server's max_connections): not checked
+    if mine == theirs:
+        raise ConfigurationError(
+            "the server is reached through a pooler in transaction mode (two connections "
+            f"ran on one server backend, PgBouncer's pool_mode = transaction): {POOLER_FIX}"
+        )
 
 
 def _create_or_upgrade(conn: Any, schema: str) -> None:

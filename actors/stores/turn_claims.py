@@ -93,9 +93,21 @@ class _Renewer:
         self.conn: Any = None
 
     def renew(self, turn_id: str, owner: str, epoch: int) -> Renewal:
-        if self.conn is None or self.conn.closed or self.conn.broken:
+        fresh = self.conn is None or self.conn.closed or self.conn.broken
+        if fresh:
             self.close()
             self.conn = self.queue.connect()
+        try:
+            return self.queue.renew_on(self.conn, turn_id, owner, epoch)
+        except Exception:
+            if fresh or not (self.conn.closed or self.conn.broken):
+                raise
+        # The kept connection was closed while it idled (the role's idle_session_timeout,
+        # a pooler's or a firewall's idle limit, a restart since the last renewal): once
+        # more on a new one, a renewal being safe to run twice. Before, the renewal failed
+        # (a warning, and the next try a quarter second later) after each idle spell.
+        self.close()
+        self.conn = self.queue.connect()
         return self.queue.renew_on(self.conn, turn_id, owner, epoch)
 
     def close(self) -> None:
@@ -415,9 +427,18 @@ class TurnClaiming:
         (blocking: call it from a thread); the caller closes it."""
         import psycopg
 
-        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        pooled = getattr(self.store, "pooled", False)
+        conn = psycopg.connect(
+            self.store.libpq,
+            connect_timeout=CONNECT_TIMEOUT,
+            autocommit=True,
+            # Behind a transaction pooler (``?pooler=transaction``) the renewal, run again
+            # and again, must never be prepared, nor the schema SET: see PostgresStore.
+            prepare_threshold=None if pooled else 5,
+        )
         try:
-            conn.execute(f"SET search_path TO {self.store.schema}")
+            if not pooled:
+                conn.execute(f"SET search_path TO {self.store.schema}")
         except BaseException:
             conn.close()
             raise

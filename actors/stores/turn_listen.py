@@ -58,6 +58,12 @@ class TurnListening:
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
+        if getattr(self.store, "listen_libpq", "") is None:
+            # Behind a transaction pooler a LISTEN lands on whichever server connection
+            # ran it and is never heard on this one: the worker polls (``--poll``), unless
+            # the URL names the server itself for it (``listen_host``/``listen_port``).
+            await trio.sleep(max(timeout, 0.0))
+            return False
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
@@ -98,6 +104,12 @@ class TurnListening:
         as a wait would."""
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
+        if getattr(self.store, "listen_libpq", "") is None:
+            # Behind a transaction pooler with no server named for it: no LISTEN to
+            # check (the worker polls); one opened here would land on a pooled server
+            # connection and stay there for the pooler's next client.
+            await trio.lowlevel.checkpoint()
+            return True
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
@@ -136,7 +148,11 @@ class TurnListening:
     def _connect_listener(self) -> Any:
         import psycopg
 
-        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        conn = psycopg.connect(
+            getattr(self.store, "listen_libpq", None) or self.store.libpq,
+            connect_timeout=CONNECT_TIMEOUT,
+            autocommit=True,
+        )
         try:
             conn.execute(f"LISTEN {TURNS_CHANNEL}")
         except BaseException:

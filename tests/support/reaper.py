@@ -11,8 +11,9 @@ process still exists and, once it does not, stops the server and deletes its dir
 It exits at once when the directory is gone (the run closed the server itself).
 
 ``python -m tests.support.reaper PID ROOT postgresql PG_CTL_COMMAND...`` or
-``python -m tests.support.reaper PID ROOT redis``: a Redis server is found by its
-working directory, ``ROOT`` (a restarted one has another process id).
+``python -m tests.support.reaper PID ROOT redis`` (or ``pgbouncer``): a Redis server (a
+PgBouncer) is found by its working directory, ``ROOT`` (a restarted one has another
+process id).
 """
 
 from __future__ import annotations
@@ -39,18 +40,16 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def redis_pids(root: Path) -> list[int]:
+def redis_pids(root: Path, name: bytes = b"redis") -> list[int]:
     """The ``redis-server`` processes started with ``--dir root``: found by their working
-    directory, which ``--dir`` makes ``root`` (Redis rewrites its command line)."""
+    directory, which ``--dir`` makes ``root`` (Redis rewrites its command line); with
+    ``name`` ``b"pgbouncer"``, the ``pgbouncer`` started in ``root``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if (
-                os.readlink(entry / "cwd") == str(root)
-                and b"redis" in (entry / "comm").read_bytes()
-            ):
+            if os.readlink(entry / "cwd") == str(root) and name in (entry / "comm").read_bytes():
                 found.append(int(entry.name))
     return found
 
@@ -62,7 +61,7 @@ def reap(root: Path, kind: str, command: list[str]) -> None:
             subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=60)  # fmt: skip
     else:
-        for pid in redis_pids(root):
+        for pid in redis_pids(root, b"pgbouncer" if kind == "pgbouncer" else b"redis"):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)

@@ -233,17 +233,101 @@ def watch(root: Path, kind: str, command: list[str] | None = None) -> None:
     )  # fmt: skip
 
 
+# -- PgBouncer ---------------------------------------------------------------------------
+
+
+def _pgbouncer_binary() -> str | None:
+    if explicit := os.environ.get("AXON_TEST_PGBOUNCER"):
+        return explicit
+    return shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None
+    )
+
+
+class PgBouncerServer:
+    """A ``pgbouncer`` of the test run's own in front of the run's own PostgreSQL: its
+    configuration, log and pid file in a temporary directory, a free loopback port,
+    ``pool_mode = transaction`` (what most deployments run), trust auth, every database
+    of the server reachable under its own name (``* = host=... port=...``). Runs as the
+    ``postgres`` system user when the suite runs as root (PgBouncer refuses root)."""
+
+    def __init__(self, server: PostgresServer, *, pool_mode: str = "transaction") -> None:
+        binary = _pgbouncer_binary()
+        if binary is None:
+            raise ServiceUnavailable(
+                "pgbouncer is not installed: apt-get install pgbouncer, or set "
+                "AXON_TEST_PGBOUNCER to its path"
+            )
+        self.binary = binary
+        self.server = server
+        self.root = Path(tempfile.mkdtemp(prefix="axon-test-pgbouncer-"))
+        self.port = free_port()
+        self.run_as = server.run_as
+        (self.root / "userlist.txt").write_text('"postgres" ""\n')
+        (self.root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={server.port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.root / 'userlist.txt'}\n"
+            f"pool_mode = {pool_mode}\nmax_client_conn = 500\ndefault_pool_size = 20\n"
+            f"logfile = {self.root / 'pgbouncer.log'}\npidfile = {self.root / 'pgbouncer.pid'}\n"
+            "admin_users = postgres\nserver_reset_query =\n"
+        )
+        if self.run_as is not None:
+            for path in (self.root, *self.root.iterdir()):
+                shutil.chown(path, user=self.run_as)
+        self.process: subprocess.Popen[bytes] | None = None
+        watch(self.root, "pgbouncer")
+        self.start()
+
+    @property
+    def url(self) -> str:
+        """The URL of database ``test`` through the bouncer."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/test"
+
+    def start(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        command = [self.binary, str(self.root / "pgbouncer.ini")]
+        if self.run_as is not None:
+            command = ["runuser", "-u", self.run_as, "--", *command]
+        self.process = subprocess.Popen(
+            command, cwd=self.root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for_port(self.port, timeout=START_TIMEOUT, alive=self.process)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 # -- one of each per test run ------------------------------------------------------------
 
-_started: dict[str, PostgresServer | RedisServer | ServiceUnavailable] = {}
+_started: dict[str, PostgresServer | RedisServer | PgBouncerServer | ServiceUnavailable] = {}
 
 
-def _own(kind: str) -> PostgresServer | RedisServer:
+def _own(kind: str) -> PostgresServer | RedisServer | PgBouncerServer:
     """The run's own server of ``kind``, started on first use (and its failure kept)."""
     got = _started.get(kind)
     if got is None:
         try:
-            got = PostgresServer() if kind == "postgresql" else RedisServer()
+            if kind == "pgbouncer":
+                got = PgBouncerServer(own_postgres())
+            else:
+                got = PostgresServer() if kind == "postgresql" else RedisServer()
         except (ServiceUnavailable, OSError, subprocess.SubprocessError) as err:
             got = err if isinstance(err, ServiceUnavailable) else ServiceUnavailable(str(err))
         else:
@@ -266,9 +350,16 @@ def own_redis() -> RedisServer:
     return server
 
 
+def own_pgbouncer() -> PgBouncerServer:
+    """The run's own PgBouncer (transaction pooling) in front of its own PostgreSQL."""
+    server = _own("pgbouncer")
+    assert isinstance(server, PgBouncerServer)
+    return server
+
+
 def close_all() -> None:
     """Stop every server this run started (pytest's session end; atexit as a backstop)."""
-    for server in list(_started.values()):
+    for server in sorted(_started.values(), key=lambda s: not isinstance(s, PgBouncerServer)):
         if not isinstance(server, ServiceUnavailable):
             server.close()
     _started.clear()

@@ -139,7 +139,11 @@ class Readiness:
         self.draining = True
 
     async def _read_store(self) -> None:
-        await self.store.version(PROBE_SESSION)
+        check = getattr(self.store, "check_ready", None)  # also: does it take writes
+        if check is not None:
+            await check(PROBE_SESSION)
+        else:
+            await self.store.version(PROBE_SESSION)
 
     async def _ping_relay(self) -> None:
         ping = getattr(self.relay, "ping", None)
