@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
-from actors.providers.scripted import ScriptedProvider
+from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores import MemoryStore
-from runtime import Agent, UserMessage
+from actors.stores.sqlite import SQLiteStore
+from runtime import Agent, ConfigurationError, Host, UserMessage
 from runtime.app import aio
 from runtime.app.aio import AsyncHost
 
@@ -296,3 +298,134 @@ def test_an_exit_with_a_turn_running_on_an_open_host_saves_it_interrupted(tmp_pa
     record = run(stored)
     assert statuses(record) == [("user", None), ("assistant", "interrupted")]
     assert record.messages[-1].text == "hello "
+
+
+def replier() -> Agent:
+    def reply(request: Any) -> list[str]:
+        asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
+        return [f"to {asked[-1]}"]
+
+    return Agent(provider=ScriptedProvider(responder=reply))
+
+
+def test_two_hosts_on_one_store_path_keep_both_turns_of_a_session(tmp_path):
+    # two hosts (two Trio threads) on one SQLite file, one session, a turn each at once:
+    # each host opened a store of its own; the later save is rebased, both turns kept
+    path = str(tmp_path / "two.db")
+
+    async def main() -> tuple[list[str], Any]:
+        async with (
+            AsyncHost.open(store=path, log_tap=False) as a,
+            AsyncHost.open(store=path, log_tap=False) as b,
+        ):
+            one = await a.open_session(replier(), "shared")
+            two = await b.open_session(replier(), "shared")
+            results = await asyncio.gather(one.run("a"), two.run("b"))
+            return [r.finish_reason for r in results], await a.call(a.host.store.load, "shared")
+
+    reasons, record = run(main)
+    assert reasons == ["stop", "stop"]
+    assert sorted(m.text for m in record.messages) == ["a", "b", "to a", "to b"]
+
+
+def test_one_store_object_serves_one_hosts_thread_at_a_time(tmp_path):
+    # an SQLiteStore object given to two AsyncHosts: its trio.Lock and its connection
+    # served two Trio runs, whose transactions interleaved: a turn each of 7 sessions in
+    # 200 was lost, both runs answered "stop". Now the second host is refused (as a
+    # provider serving another run is); hosts of one Trio run may still share it.
+    store = trio.run(SQLiteStore.open, str(tmp_path / "one.db"))
+
+    async def main() -> tuple[str, str]:
+        async with AsyncHost.open(store=store, log_tap=False) as a:
+            with pytest.raises(ConfigurationError, match="serves one Trio run at a time"):
+                async with AsyncHost.open(store=store, log_tap=False):
+                    pass
+            first = await (await a.open_session(replier(), "s")).run("a")
+        async with AsyncHost.open(store=store, log_tap=False) as b:  # released: served
+            second = await (await b.open_session(replier(), "s")).run("b")
+        return first.text, second.text
+
+    async def one_run() -> int:
+        async with Host.open(store=store, log_tap=False) as a, Host.open(store=store) as b:
+            await (await a.open_session(replier(), "t")).run("a")
+            await (await b.open_session(replier(), "t")).run("b")
+            return len((await store.load("t")).messages)
+
+    assert run(main) == ("to a", "to b")
+    assert trio.run(one_run) == 4
+    trio.run(store.aclose)
+
+
+def test_a_per_chunk_wait_for_timeout_loses_no_chunk_and_the_stream_reads_on():
+    # asyncio.wait_for around each anext(out), as an idle timeout: a timeout cancels the
+    # wait only, not the turn (the block is not left); the chunks before it all came,
+    # once, and the stream reads on, here to the abort of out.cancel()
+    def reply(request: Any) -> Any:
+        asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
+        return ["one two three", Sleep(3600), "never"] if asked[-1] == "hi" else ["Fine."]
+
+    agent = Agent(provider=ScriptedProvider(responder=reply))
+
+    async def main() -> tuple[list[str], list[str], Any, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(agent, "idle")
+            texts: list[str] = []
+            async with session.stream("hi") as out:
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(anext(out), 0.05)
+                    except TimeoutError:
+                        if "".join(texts) == "one two three":  # the provider's pause
+                            break
+                        continue  # (a slow chunk before it)
+                    if chunk.type == "text-delta":
+                        texts.append(chunk.text)
+                out.cancel("idle")
+                rest = [chunk.type async for chunk in out]
+            record = await host.call(host.host.store.load, "idle")
+            return texts, rest, statuses(record), (await session.run("again")).text
+
+    texts, rest, stored, again = run(main)
+    assert texts == ["one", " two", " three"]
+    assert rest == ["text-finish", "abort"]
+    assert stored == [("user", None), ("assistant", "interrupted")]
+    assert again == "Fine."
+
+
+def test_wait_for_timeouts_around_a_stream_and_its_chunks_as_cancels():
+    # wait_for around the whole consumer: a cancel, saved interrupted before the
+    # TimeoutError; around each anext(out) of a fast stream, timing out now and then:
+    # every delta comes once, in order
+    many = " ".join(str(i) for i in range(3000))
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: [many]))
+
+    async def main() -> tuple[Any, bool, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "whole")
+
+            async def consume() -> None:
+                async with session.stream("a lot") as out:
+                    async for _ in out:
+                        await asyncio.sleep(0)
+
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(consume(), 0.5)  # (mid-stream: it is endless)
+            record = await host.call(host.host.store.load, "whole")
+            busy = session.session.busy
+            fast = await host.open_session(agent, "fast")
+            texts = []
+            async with fast.stream("go") as out:
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(anext(out), 0.00001)
+                    except TimeoutError:
+                        continue
+                    except StopAsyncIteration:
+                        break
+                    if chunk.type == "text-delta":
+                        texts.append(chunk.text)
+            return statuses(record), busy, "".join(texts)
+
+    stored, busy, text = run(main)
+    assert stored == [("user", None), ("assistant", "interrupted")] and not busy
+    assert text == many
