@@ -300,6 +300,54 @@ def test_an_exit_with_a_turn_running_on_an_open_host_saves_it_interrupted(tmp_pa
     assert record.messages[-1].text == "hello "
 
 
+HUNG = """
+import asyncio, atexit, sys, threading
+from actors.providers.scripted import ScriptedProvider, Sleep
+from actors.stores import MemoryStore
+from runtime import Agent
+from runtime.app import aio
+
+class Hung(MemoryStore):
+    hang = False
+    async def save(self, *args, **kwargs):
+        if self.hang:
+            threading.Event().wait()  # the host's thread stuck for good
+        return await super().save(*args, **kwargs)
+
+aio.EXIT_WAIT = 0.5
+store = Hung()
+atexit.register(lambda: print("exited", flush=True))  # (runs after the host's hook)
+kept = []
+
+async def main():
+    kept.append(aio.AsyncHost.open(store=store, log_tap=False))
+    host = await kept[0].__aenter__()
+    agent = Agent(provider=ScriptedProvider([["hello ", Sleep(3600)]]))
+    kept.append((await host.open_session(agent, "x")).stream("go"))
+    out = await kept[1].__aenter__()
+    async for chunk in out:
+        if chunk.type == "text-delta":
+            store.hang = True
+            return
+
+asyncio.new_event_loop().run_until_complete(main())
+"""
+
+
+def test_the_exit_waits_for_a_stuck_host_at_most_exit_wait():
+    # the host's thread stuck (a store blocking it) when the interpreter exits: the
+    # exit hook gives up after EXIT_WAIT and the process ends (the turn unsaved)
+    done = subprocess.run(
+        [sys.executable, "-c", HUNG],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "exited\n"), done.stderr
+
+
 def replier() -> Agent:
     def reply(request: Any) -> list[str]:
         asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
