@@ -26,7 +26,7 @@ import trio
 from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores import MemoryStore
 from actors.stores.sqlite import SQLiteStore
-from runtime import Agent, ConfigurationError, Host, UserMessage
+from runtime import Agent, ConfigurationError, Host, SessionError, UserMessage
 from runtime.app import aio
 from runtime.app.aio import AsyncHost
 
@@ -477,3 +477,28 @@ def test_wait_for_timeouts_around_a_stream_and_its_chunks_as_cancels():
     stored, busy, text = run(main)
     assert stored == [("user", None), ("assistant", "interrupted")] and not busy
     assert text == many
+
+
+def test_a_stream_read_by_another_loop_is_refused_its_own_loop_reads_on():
+    # the stream's wake-ups go to the loop that entered its block: another thread's loop
+    # reading it parked on a future nobody woke (a hang), set from the wrong thread. Now
+    # a SessionError at its next batch; the entering task reads on.
+    async def main() -> tuple[str, int, str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(talker(), "two-loops")
+            async with session.stream("a lot") as out:
+                first = await anext(out)
+
+                def elsewhere() -> None:
+                    async def read() -> None:
+                        async for _ in out:
+                            pass
+
+                    with pytest.raises(SessionError, match="another event loop"):
+                        asyncio.run(asyncio.wait_for(read(), LIMIT))  # (bounds a hang)
+
+                await asyncio.to_thread(elsewhere)
+                more = [await anext(out) for _ in range(50)]
+            return first.type, len(more), out.result.finish_reason
+
+    assert run(main) == ("start", 50, "aborted")

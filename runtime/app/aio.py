@@ -748,14 +748,24 @@ class AsyncTurnStream:
                 "two would each miss some; read it in one task and hand the chunks on "
                 "(an asyncio.Queue per listener)"
             )
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (its wake-ups go to the entering loop)
+            raise SessionError(
+                "this stream is read by another event loop than the one that entered its "
+                "block: read it in a task of that loop (and hand the chunks on, to another "
+                "thread's loop with call_soon_threadsafe)"
+            )
         self._receiving = True
         try:
-            return await self._receive(reading, finished)
+            return await self._receive(reading, finished, loop)
         finally:
             self._receiving = False
 
     async def _receive(
-        self, reading: deque[OutputChunk], finished: asyncio.Future[Any]
+        self,
+        reading: deque[OutputChunk],
+        finished: asyncio.Future[Any],
+        loop: asyncio.AbstractEventLoop,
     ) -> OutputChunk:
         """Wait for the next batch (one reader at a time: a second one parked over the
         first would leave it waiting for ever)."""
@@ -768,7 +778,7 @@ class AsyncTurnStream:
                     self._credit = waiter is None
                 elif not finished.done():
                     self._reader_parked = True
-                    wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+                    wakeup = self._wakeup = loop.create_future()
             if batch is not None:
                 if waiter is not None:
                     with contextlib.suppress(HostClosed):
