@@ -137,7 +137,7 @@ def _close_at_exit() -> None:
     :data:`EXIT_WAIT` in all. A host's daemon thread would otherwise be stopped where
     it is, its running turns never saved, as a Trio host's are on the way out of
     ``trio.run``."""
-    hosts = list(_open_hosts)
+    hosts = [host for host in _open_hosts if host._thread.is_alive()]  # (not a fork's)
     for host in hosts:
         host._leave("interpreter exit")
     deadline = time.monotonic() + EXIT_WAIT
