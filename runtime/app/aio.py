@@ -195,12 +195,14 @@ def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
         future.set_result(result.unwrap())
 
 
-def _in_a_task() -> bool:
-    """Whether this runs in an asyncio task, so may wait: not when a task destroyed
-    unfinished (its loop closed or gone) has its coroutine closed, ``GeneratorExit``
-    thrown in where it waited."""
+def _in_a_task(loop: asyncio.AbstractEventLoop | None) -> bool:
+    """Whether this runs in an asyncio task of ``loop`` (the one the block was entered
+    in), so may wait: not when a task destroyed unfinished (its loop closed or gone) has
+    its coroutine closed, ``GeneratorExit`` thrown in where it waited, by the garbage
+    collector of whichever thread, one running a loop of its own included (whose task
+    is not this coroutine's)."""
     try:
-        return asyncio.current_task() is not None
+        return asyncio.get_running_loop() is loop and asyncio.current_task() is not None
     except RuntimeError:  # no running loop in this thread
         return False
 
@@ -314,7 +316,7 @@ class AsyncHost:
         try:
             yield host
         except GeneratorExit:
-            if _in_a_task():  # an async generator's aclose(): it may wait
+            if _in_a_task(host._loop):  # an async generator's aclose(): it may wait
                 await host._wind_down(finished, thread)
             else:  # the task destroyed unfinished (its loop gone): nothing can wait any
                 host._close()  # more; the host's thread closes the host by itself
@@ -709,11 +711,12 @@ class AsyncTurnStream:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         finished = self._finished
         assert finished is not None
-        if not self._ended:
-            if exc_type is GeneratorExit and not _in_a_task():
-                # the task destroyed unfinished (its loop gone): nothing can wait any more
+        if exc_type is GeneratorExit and not _in_a_task(self._loop):
+            # the task destroyed unfinished (its loop gone): nothing can wait any more
+            if not self._ended:
                 self._stop("event loop closed")
-                return
+            return
+        if not self._ended:
             if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                 self._stop("cancelled")
             elif exc_type is not None:
