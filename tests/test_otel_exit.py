@@ -1,8 +1,10 @@
 """The OpenTelemetry plug-in at the interpreter's exit: a host whose Trio run is on a
-thread of its own (``AsyncHost``) left open while a turn streams is stopped where it is by
-the exit, and nothing closes it. The plug-in's exit hook ends the open turn's spans
-(``axon.trace.incomplete``) so that they are exported: before, the trace had no span of
-the very turn the exit cut. A real interpreter, exiting."""
+thread of its own (``AsyncHost``) left open while a turn streams. The plug-in's exit hook
+(registered after ``AsyncHost``'s, so run before it: the host is still as the exit found
+it) ends the open turn's spans (``axon.trace.incomplete``) so that they are exported:
+before, the trace had no span of the very turn the exit cut. ``AsyncHost``'s hook then
+closes the host, the turn saved interrupted (tests/test_aio_gone.py). A real
+interpreter, exiting."""
 
 from __future__ import annotations
 

@@ -58,17 +58,22 @@ AsyncHost.open()`` and joined on leaving it. Every call settles on its caller's 
 loop, so a host opened by one loop serves tasks of others (a worker thread's
 ``asyncio.run``). The opening loop owns it: leaving its block closes it, and a loop
 closed, or whose thread ended, without leaving the block closes it too (checked every
-:data:`LOOP_WATCH` seconds), the turns saved interrupted as on leaving. The cases, each
-against the Trio API, are in docs/asyncio.md ("When things go wrong").
+:data:`LOOP_WATCH` seconds while calls are in flight; an idle host sleeps until work
+comes), the turns saved interrupted as on leaving. A stream whose reader's loop dies
+(the opener's or another) ends its turn the same way, and the interpreter's exit closes
+the hosts still open (:func:`_close_at_exit`). The cases, each against the Trio API,
+are in docs/asyncio.md ("When things go wrong").
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -104,10 +109,50 @@ IDLE_ROUNDS = 3
 idle (a provider waiting for the network), the hand-off goes."""
 
 LOOP_WATCH = 1.0
-"""Seconds between the host thread's checks that the event loop which opened it is
-still there: a loop closed (or whose thread ended) without leaving ``async with
-AsyncHost.open()`` closes the host as leaving it would, turns saved interrupted, and
-the thread ends instead of running on unseen."""
+"""Seconds between the checks that a loop is still there, made only while something
+waits on it: the host thread looks at the loop which opened it while calls are in
+flight (a loop closed, or whose thread ended, without leaving ``async with
+AsyncHost.open()`` closes the host as leaving it would, turns saved interrupted, and the
+thread ends instead of running on unseen), and a stream held back by its reader looks
+at the reader's loop (a reader whose loop died ends the turn, saved interrupted). An
+idle host sleeps until work comes: no timer."""
+
+EXIT_WAIT = 10.0
+"""Seconds the interpreter's exit waits, at most, for the hosts still open (never left,
+their loop stopped where it was) to save their running turns interrupted and end their
+threads (:func:`_close_at_exit`)."""
+
+_open_hosts: set[AsyncHost] = set()
+"""The hosts whose Trio thread runs: what the interpreter's exit closes."""
+
+_exit_hook: list[bool] = []
+"""Whether :func:`_close_at_exit` is registered (once, with the first host)."""
+
+
+def _close_at_exit() -> None:
+    """At the interpreter's exit (after the non-daemon threads ended, so nothing but a
+    daemon thread can still use a host): close every host still open as leaving its
+    block would, but for readers that will never read again (abort reason
+    ``interpreter exit``, turns saved interrupted), and wait for their threads, at most
+    :data:`EXIT_WAIT` in all. A host's daemon thread would otherwise be stopped where
+    it is, its running turns never saved, as a Trio host's are on the way out of
+    ``trio.run``."""
+    hosts = [host for host in _open_hosts if host._thread.is_alive()]  # (not a fork's)
+    for host in hosts:
+        host._leave("interpreter exit")
+    deadline = time.monotonic() + EXIT_WAIT
+    for host in hosts:
+        host._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _gone(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> bool:
+    """Whether ``loop`` (run by ``thread``) will never run again: it is closed, or
+    stopped with its thread ended. (The main thread ends when the interpreter exits:
+    that is :func:`_close_at_exit`'s, which runs after the other threads it waits for
+    ended; until then the main thread's loop may still be used by them.)"""
+    if loop.is_closed():
+        return True
+    return thread is not threading.main_thread() and not thread.is_alive() and not loop.is_running()
 
 
 async def _let_upstream_run() -> None:
@@ -150,12 +195,14 @@ def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
         future.set_result(result.unwrap())
 
 
-def _in_a_task() -> bool:
-    """Whether this runs in an asyncio task, so may wait: not when a task destroyed
-    unfinished (its loop closed or gone) has its coroutine closed, ``GeneratorExit``
-    thrown in where it waited."""
+def _in_a_task(loop: asyncio.AbstractEventLoop | None) -> bool:
+    """Whether this runs in an asyncio task of ``loop`` (the one the block was entered
+    in), so may wait: not when a task destroyed unfinished (its loop closed or gone) has
+    its coroutine closed, ``GeneratorExit`` thrown in where it waited, by the garbage
+    collector of whichever thread, one running a loop of its own included (whose task
+    is not this coroutine's)."""
     try:
-        return asyncio.current_task() is not None
+        return asyncio.get_running_loop() is loop and asyncio.current_task() is not None
     except RuntimeError:  # no running loop in this thread
         return False
 
@@ -211,6 +258,14 @@ class AsyncHost:
         self._token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery
         self._stop = trio.Event()
+        self._wake = trio.Event()
+        """Set (on the Trio thread) when a call starts or ends, or the host is to close:
+        wakes the host's main task, which otherwise sleeps (:meth:`_main`)."""
+        self._left: str | None = None
+        """Why the host closes without its opener leaving the block (``event loop
+        closed``, ``interpreter exit``): nobody will read the streams, so the bridge
+        tasks are cancelled at once, each turn saved interrupted with this reason."""
+        self._thread: threading.Thread
         self._closed = False
         self._pending: set[asyncio.Future[Any]] = set()
         """The calls not settled yet, of every loop that uses the host."""
@@ -239,12 +294,17 @@ class AsyncHost:
 
         def run() -> None:
             result = outcome.capture(trio.run, host._main, options, started)
+            _open_hosts.discard(host)
             host._abandon()
             host._to_asyncio(_settle, finished, result)
             if isinstance(result, outcome.Error):
                 host._to_asyncio(_settle, started, result)
 
-        thread = threading.Thread(target=run, name="axon-trio-host", daemon=True)
+        thread = host._thread = threading.Thread(target=run, name="axon-trio-host", daemon=True)
+        if not _exit_hook:
+            _exit_hook.append(True)
+            atexit.register(_close_at_exit)
+        _open_hosts.add(host)
         thread.start()
         try:
             await started
@@ -256,7 +316,7 @@ class AsyncHost:
         try:
             yield host
         except GeneratorExit:
-            if _in_a_task():  # an async generator's aclose(): it may wait
+            if _in_a_task(host._loop):  # an async generator's aclose(): it may wait
                 await host._wind_down(finished, thread)
             else:  # the task destroyed unfinished (its loop gone): nothing can wait any
                 host._close()  # more; the host's thread closes the host by itself
@@ -282,15 +342,21 @@ class AsyncHost:
                 self._stop.set()
             self._loop.call_soon_threadsafe(_settle, started, outcome.Value(None))
             while not self._stop.is_set():
-                with trio.move_on_after(LOOP_WATCH):
-                    await self._stop.wait()
-                if self._loop_gone():
-                    # Nobody can leave the block any more: close as leaving it would,
-                    # and cancel the bridge tasks, whose readers are gone with the loop
-                    # (each cancelled pump saves its turn interrupted, as a cancelled
-                    # Trio consumer does).
+                wake = self._wake = trio.Event()
+                if nursery.child_tasks:  # calls in flight: look at the loop now and then
+                    with trio.move_on_after(LOOP_WATCH):
+                        await wake.wait()
+                else:  # idle: sleep until a call starts or the host is to close
+                    await wake.wait()
+                if self._left is None and self._loop_gone():
+                    self._left = "event loop closed"
+                if self._left is not None:
+                    # Nobody can leave the block any more, or will read: close as leaving
+                    # it would, and cancel the bridge tasks, whose readers are gone (each
+                    # cancelled pump saves its turn interrupted, as a cancelled Trio
+                    # consumer does).
                     self._closed = True
-                    host.cancel_turns("event loop closed")
+                    host.cancel_turns(self._left)
                     nursery.cancel_scope.cancel()
                     return
             host.cancel_turns("host shutdown")
@@ -298,20 +364,24 @@ class AsyncHost:
             # tasks of those that do not are cancelled after the bound.
             nursery.cancel_scope.deadline = trio.current_time() + FINAL_WAIT
 
+    def _stop_soon(self) -> None:
+        """On the Trio thread: end :meth:`_main`'s watch, closing the host."""
+        self._stop.set()
+        self._wake.set()
+
     def _loop_gone(self) -> bool:
         """Whether the loop that opened the host is closed, or stopped with its thread
-        ended: then nothing will ever leave ``async with AsyncHost.open()``. (The main
-        thread ends when the interpreter exits: that is left to the exit hooks, as a
-        Trio host's thread stopped by the exit is; tests/test_otel_exit.py.)"""
-        loop = self._loop
-        if loop.is_closed():
-            return True
-        opener = self._opener
-        return (
-            opener is not threading.main_thread()
-            and not opener.is_alive()
-            and not loop.is_running()
-        )
+        ended: then nothing will ever leave ``async with AsyncHost.open()``."""
+        return _gone(self._loop, self._opener)
+
+    def _leave(self, reason: str) -> None:
+        """Close the host for good from any thread, its readers gone (``reason``: the
+        abort reason of the running turns), as :meth:`_close` does for its opener."""
+        self._left = reason
+        self._closed = True
+        if self._token is not None:  # (else the host stops as soon as it is open)
+            with contextlib.suppress(HostClosed):  # the run is over already
+                self._submit(self._stop_soon)
 
     def _close(self) -> None:
         """Stop the host (from the opener's thread). Before the Trio side has its token,
@@ -321,7 +391,7 @@ class AsyncHost:
             self._closed = True
             if self._token is not None:
                 with contextlib.suppress(HostClosed):  # the run is over already
-                    self._submit(self._stop.set)
+                    self._submit(self._stop_soon)
 
     def _abandon(self) -> None:
         """The Trio run ended (on its thread): nothing will settle the calls still
@@ -373,6 +443,8 @@ class AsyncHost:
                 with scope:
                     result = await outcome.acapture(afn, *args)
             finally:
+                if len(self._nursery.child_tasks) == 1:  # the last call in flight:
+                    self._wake.set()  # the host's main task sleeps from now on
                 if isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
                     if scope.cancel_called:
                         result = outcome.Error(asyncio.CancelledError())
@@ -383,6 +455,8 @@ class AsyncHost:
         def start() -> None:
             try:
                 self._nursery.start_soon(task)
+                if len(self._nursery.child_tasks) == 1:  # the first call in flight: the
+                    self._wake.set()  # host's main task watches the loop meanwhile
             except RuntimeError:  # the nursery is closed: the host is closing
                 _to_loop(loop, _settle, future, outcome.Error(HostClosed("the host closed")))
 
@@ -522,6 +596,8 @@ class AsyncTurnStream:
         self._ended = False
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop of the task that entered the block: where the chunks are read."""
+        self._reader: threading.Thread | None = None
+        """The thread that runs :attr:`_loop`."""
 
     # -- the Trio side -----------------------------------------------------------------
 
@@ -544,14 +620,26 @@ class AsyncTurnStream:
         return out.result
 
     async def _take_credit(self) -> bool:
-        """Wait for the credit to hand a batch over; whether that meant waiting."""
+        """Wait for the credit to hand a batch over; whether that meant waiting. While
+        it waits, the reader's loop is looked at every :data:`LOOP_WATCH` seconds: a
+        reader whose loop is closed, or stopped with its thread ended, will never give
+        the credit back, and the turn ends as for a cancelled reader (reason ``event
+        loop closed``, saved interrupted) instead of waiting for ever."""
         with self._lock:
             if self._credit:
                 self._credit = False
                 return False
             waiter = self._credit_waiter = trio.Event()
-        await waiter.wait()  # the reader gives the credit straight to us
-        return True
+        while True:
+            with trio.move_on_after(LOOP_WATCH):
+                await waiter.wait()  # the reader gives the credit straight to us
+                return True
+            assert self._loop is not None and self._reader is not None
+            if _gone(self._loop, self._reader):
+                assert self._trio is not None and self._scope is not None
+                self._trio.cancel("event loop closed")
+                self._scope.cancel()
+                await trio.lowlevel.checkpoint()  # (raises Cancelled)
 
     def _hand_over(self, batch: list[OutputChunk]) -> None:
         with self._lock:
@@ -585,6 +673,7 @@ class AsyncTurnStream:
                 "this stream has run its turn already: call session.stream(...) again for another"
             )
         loop = self._loop = asyncio.get_running_loop()
+        self._reader = threading.current_thread()
         self._started = loop.create_future()
         self._finished, self._scope = self._host._spawn(self._pump)
         self._finished.add_done_callback(self._pump_ended)
@@ -622,11 +711,12 @@ class AsyncTurnStream:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         finished = self._finished
         assert finished is not None
-        if not self._ended:
-            if exc_type is GeneratorExit and not _in_a_task():
-                # the task destroyed unfinished (its loop gone): nothing can wait any more
+        if exc_type is GeneratorExit and not _in_a_task(self._loop):
+            # the task destroyed unfinished (its loop gone): nothing can wait any more
+            if not self._ended:
                 self._stop("event loop closed")
-                return
+            return
+        if not self._ended:
             if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
                 self._stop("cancelled")
             elif exc_type is not None:
@@ -661,14 +751,24 @@ class AsyncTurnStream:
                 "two would each miss some; read it in one task and hand the chunks on "
                 "(an asyncio.Queue per listener)"
             )
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (its wake-ups go to the entering loop)
+            raise SessionError(
+                "this stream is read by another event loop than the one that entered its "
+                "block: read it in a task of that loop (and hand the chunks on, to another "
+                "thread's loop with call_soon_threadsafe)"
+            )
         self._receiving = True
         try:
-            return await self._receive(reading, finished)
+            return await self._receive(reading, finished, loop)
         finally:
             self._receiving = False
 
     async def _receive(
-        self, reading: deque[OutputChunk], finished: asyncio.Future[Any]
+        self,
+        reading: deque[OutputChunk],
+        finished: asyncio.Future[Any],
+        loop: asyncio.AbstractEventLoop,
     ) -> OutputChunk:
         """Wait for the next batch (one reader at a time: a second one parked over the
         first would leave it waiting for ever)."""
@@ -681,7 +781,7 @@ class AsyncTurnStream:
                     self._credit = waiter is None
                 elif not finished.done():
                     self._reader_parked = True
-                    wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+                    wakeup = self._wakeup = loop.create_future()
             if batch is not None:
                 if waiter is not None:
                     with contextlib.suppress(HostClosed):

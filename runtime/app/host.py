@@ -113,6 +113,39 @@ def _claim_provider(provider: Provider) -> None:
         _PROVIDER_RUNS[id(provider)] = (token, 1 if held is None else held[1] + 1)
 
 
+_STORE_RUNS: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
+"""The store objects given to :meth:`Host.open` (not opened by it) serving hosts now,
+by ``id``, as :data:`_PROVIDER_RUNS` (:func:`_claim_store`)."""
+
+
+def _claim_store(store: object) -> None:
+    """Count ``store`` serving one more host of this Trio run; a
+    :class:`~runtime.errors.ConfigurationError` if it serves another run now. A store's
+    lock and connection (SQLite's ``trio.Lock``, PostgreSQL's pool) belong to one run:
+    two ``AsyncHost`` threads saving through one ``SQLiteStore`` interleaved their
+    transactions, and a turn each of 7 sessions in 200 was lost, both runs told ``stop``.
+    Hosts of one run may share it; a path opens a store per host."""
+    token = trio.lowlevel.current_trio_token()
+    with _RUNS_LOCK:
+        held = _STORE_RUNS.get(id(store))
+        if held is not None and held[0] is not token:
+            raise ConfigurationError(
+                f"this {type(store).__name__} is serving a host in another thread's Trio "
+                "run now (an AsyncHost, run_sync or Host.open there): a store object "
+                "serves one Trio run at a time; give each host the store's path "
+                "(store='app.db': each opens its own), or send the turns to one host"
+            )
+        _STORE_RUNS[id(store)] = (token, 1 if held is None else held[1] + 1)
+
+
+def _release_store(store: object) -> None:
+    """One host fewer served by ``store`` (:func:`_claim_store`)."""
+    with _RUNS_LOCK:
+        held = _STORE_RUNS.pop(id(store), None)
+        if held is not None and held[1] > 1:
+            _STORE_RUNS[id(store)] = (held[0], held[1] - 1)
+
+
 def _release_provider(provider: Provider) -> None:
     """One host fewer served by ``provider`` (:func:`_claim_provider`)."""
     with _RUNS_LOCK:
@@ -427,7 +460,15 @@ class Host:
 
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
-        the_store = await open_store(store)
+        given = store is not None and not isinstance(store, str | os.PathLike)
+        if given:
+            _claim_store(store)
+        try:
+            the_store = await open_store(store)
+        except BaseException:
+            if given:
+                _release_store(store)
+            raise
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
         held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
@@ -485,6 +526,8 @@ class Host:
                 _release_provider(provider)  # (its tasks have ended with the nursery)
             if pacer is not None:
                 release_pacer(pacer, held)
+            if given:
+                _release_store(store)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
