@@ -365,3 +365,31 @@ async def test_an_openai_stream_whose_turn_ran_while_redis_was_down_gets_the_sto
     assert "RelayUnavailable" not in response.text
     assert '"content":"w w w"' in response.text
     assert response.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_openai_stream_posted_while_redis_refuses_connections_waits_no_retry_window(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' reader (``queued_turn``), shown nothing: its first read gives
+    # up at once on a Redis that refuses connections, as the AI SDK stream's does (its
+    # window an hour here), and the stored answer is sent.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 3600.0)
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    with redis_restored():
+        async with deployment(
+            pg_url, redis_url, slow_agent(3, 0), protocols=("ai-sdk", "openai")
+        ) as d:
+            (relay,) = d.relays
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=120) as client:
+                with trio.fail_after(60):
+                    response = await client.post(
+                        "/v1/chat/completions", json=request, headers=headers
+                    )
+            down = relay.down
+            await trio.to_thread.run_sync(start_redis)
+    assert not down
+    assert "RelayUnavailable" not in response.text
+    assert '"content":"w w w"' in response.text
+    assert response.text.rstrip().endswith("data: [DONE]")
