@@ -105,6 +105,7 @@ class Relay(Protocol):
         after_seq: int | None = None,
         after_pauses: int = 0,
         on_quiet: Callable[[float], Awaitable[None]] | None = None,
+        unseen: bool = False,
     ) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends
         or waits for input. A wait that has its continuation after it is passed over (the
@@ -115,6 +116,10 @@ class Relay(Protocol):
         waits, with how long the stream has shown nothing new; what it raises ends the
         read (a reader that learns elsewhere that nobody will end the stream gives it
         up: :class:`runtime.app.web.watch.EndedTurnLook`).
+
+        ``unseen``: the reader was shown nothing of the turn yet and answers from the
+        store if the relay fails it: a relay server that cannot be reached at all may
+        fail the read at once rather than after its retry window.
 
         Raises :class:`LookupError` when the relay no longer has the turn, or cannot
         prove that what it has is the turn without a hole or a splice, including what a

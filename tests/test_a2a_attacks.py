@@ -352,6 +352,24 @@ async def test_the_card_behind_a_tls_proxy_names_https_and_no_forged_scheme():
     assert forged["url"] == direct["url"] == s.url + "/a2a/jsonrpc"
 
 
+async def test_a_forged_scheme_names_https_in_its_own_card_alone():
+    """Why ``X-Forwarded-Proto`` is taken from any client (no trusted-proxy list,
+    ``a2a._scheme``): the card is built per request and sent ``no-cache``, so a client's
+    forged ``https`` is in its own card only, never one a cache or the next client
+    gets; and no forwarded header names the card's host (branch ``smallleft``)."""
+    async with web_server(hello_agent(), protocols=BOTH) as s:
+        async with httpx.AsyncClient() as http:
+            forged = await http.get(
+                s.url + wire.CARD_PATH,
+                headers={"x-forwarded-proto": "https", "x-forwarded-host": "evil.example"},
+            )
+            after = await http.get(s.url + wire.CARD_PATH)
+    assert forged.headers["cache-control"] == after.headers["cache-control"] == "no-cache"
+    host = s.url.partition("://")[2]
+    assert forged.json()["url"] == f"https://{host}/a2a/jsonrpc"
+    assert after.json()["url"] == s.url + "/a2a/jsonrpc"
+
+
 async def test_the_card_never_names_a_host_the_guard_refuses():
     import httpx
 

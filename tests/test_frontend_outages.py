@@ -8,13 +8,20 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 import trio
 
 from actors.relays import RedisRelay
 from actors.stores.postgres import PostgresStore
-from runtime.errors import StoreUnavailable
+from runtime.errors import RelayTurnGone, RelayUnavailable, StoreUnavailable
 from tests.support.pg import postgres_stopped
-from tests.support.redis import redis_full, redis_restored, start_redis, stop_redis
+from tests.support.redis import (
+    redis_full,
+    redis_restored,
+    start_redis,
+    stop_redis,
+    unique_prefix,
+)
 from tests.test_frontend import (
     EventReader,
     body,
@@ -52,6 +59,15 @@ async def test_a_post_whose_turn_ran_while_redis_was_down_gets_the_stored_answer
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
 
 
+async def gives_up(relay: RedisRelay) -> None:
+    """A read whose reader was shown part of its turn (not ``unseen``) gives up on a
+    Redis that is down, after the relay's retry window: the relay is then known down."""
+    with pytest.raises(RelayUnavailable):
+        async for _ in relay.read("t", after_seq=1):
+            pass  # pragma: no cover
+    assert relay.down
+
+
 async def test_a_post_while_redis_is_known_down_waits_no_retry_window(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -63,8 +79,8 @@ async def test_a_post_while_redis_is_known_down_waits_no_retry_window(
         async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
             await trio.to_thread.run_sync(stop_redis)
             async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
-                await client.post("/api/chat", json=body("s1"))  # the read that gives up
                 (relay,) = d.relays
+                await gives_up(relay)  # a read (not a POST's first) gives up: known down
                 relay.retry_for = 3600
                 with trio.fail_after(60):
                     response = await client.post("/api/chat", json=body("s2"))
@@ -75,6 +91,66 @@ async def test_a_post_while_redis_is_known_down_waits_no_retry_window(
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
 
 
+async def test_the_first_post_of_an_outage_that_refuses_connections_waits_no_retry_window(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The relay not yet known down, a POST's first read waited the whole retry window
+    # (30 s) though Redis refused each connection at once. A read shown nothing gives up
+    # at its first refused command: the POST below is answered (from the store) though
+    # its window is an hour; the relay is not marked down by it (live readers keep their
+    # window across a Redis restart).
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 3600.0)
+    with redis_restored():
+        async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
+            (relay,) = d.relays
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=120) as client:
+                with trio.fail_after(60):
+                    response = await client.post("/api/chat", json=body("s1"))
+            down = relay.down
+            await trio.to_thread.run_sync(start_redis)
+            stored = await d.assistant("s1")
+    events = data(sse_events(response.text))
+    assert not down
+    assert [e["type"] for e in events if e["type"] == "error"] == []
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == stored_text(stored)
+
+
+async def test_only_a_read_shown_nothing_gives_up_at_once_when_redis_refuses(
+    redis_url: str,
+) -> None:
+    # ``unseen`` (a POST's own read): Redis refusing connections fails it at once, the
+    # relay not marked down. A read without it (a live reader's) keeps its whole window:
+    # refused again and again, it rides the outage and reads Redis once it is back.
+    with redis_restored():
+        async with RedisRelay.open(
+            redis_url, prefix=unique_prefix(), retry_base=0.02, retry_max=0.2, retry_for=3600.0
+        ) as relay:
+            await trio.to_thread.run_sync(stop_redis)
+            with trio.fail_after(60), pytest.raises(RelayUnavailable, match="refused connec"):
+                async for _ in relay.read("t", unseen=True):
+                    pass  # pragma: no cover
+            down = relay.down
+            outcome: list[BaseException] = []
+
+            async def live() -> None:
+                try:
+                    async for _ in relay.read("t"):
+                        pass  # pragma: no cover
+                except (RelayTurnGone, RelayUnavailable) as exc:
+                    outcome.append(exc)
+
+            with structlog.testing.capture_logs() as logs:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(live)
+                    with trio.fail_after(60):
+                        while sum(e["event"] == "relay.read_failed" for e in logs) < 5:  # noqa: ASYNC110 - retries logged
+                            await trio.sleep(0.01)
+                    await trio.to_thread.run_sync(start_redis)
+    assert not down
+    assert [type(e) for e in outcome] == [RelayTurnGone]  # answered: no stream of "t"
+
+
 async def test_a_relay_known_down_reads_again_once_redis_answers(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,8 +159,8 @@ async def test_a_relay_known_down_reads_again_once_redis_answers(
         async with deployment(pg_url, redis_url, slow_agent(3, 0)) as d:
             await trio.to_thread.run_sync(stop_redis)
             async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
-                await client.post("/api/chat", json=body("s1"))
                 (relay,) = d.relays
+                await gives_up(relay)
                 down = relay.down
                 await trio.to_thread.run_sync(start_redis)
                 response = await client.post("/api/chat", json=body("s2"))
@@ -286,6 +362,34 @@ async def test_an_openai_stream_whose_turn_ran_while_redis_was_down_gets_the_sto
             await trio.to_thread.run_sync(start_redis)
             turns = await d.queue.turns("oa-1")
     assert turns[0].status == "done"
+    assert "RelayUnavailable" not in response.text
+    assert '"content":"w w w"' in response.text
+    assert response.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_openai_stream_posted_while_redis_refuses_connections_waits_no_retry_window(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' reader (``queued_turn``), shown nothing: its first read gives
+    # up at once on a Redis that refuses connections, as the AI SDK stream's does (its
+    # window an hour here), and the stored answer is sent.
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "retry_for", 3600.0)
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    with redis_restored():
+        async with deployment(
+            pg_url, redis_url, slow_agent(3, 0), protocols=("ai-sdk", "openai")
+        ) as d:
+            (relay,) = d.relays
+            await trio.to_thread.run_sync(stop_redis)
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=120) as client:
+                with trio.fail_after(60):
+                    response = await client.post(
+                        "/v1/chat/completions", json=request, headers=headers
+                    )
+            down = relay.down
+            await trio.to_thread.run_sync(start_redis)
+    assert not down
     assert "RelayUnavailable" not in response.text
     assert '"content":"w w w"' in response.text
     assert response.text.rstrip().endswith("data: [DONE]")

@@ -40,8 +40,11 @@ from tests.support.faults import (
     a_start,
     a_text,
     a_thinking,
+    oa_chunk,
     oa_reasoning_then_text,
     oa_text,
+    oa_usage,
+    sse,
 )
 from tests.support.loopback import Reply, loopback_server, responses_sse
 from tests.test_hostile_text import WEB_STREAMS, utf16_halves
@@ -583,3 +586,181 @@ def test_a_delta_read_on_the_normal_path_costs_no_more_than_before(name):
     large, codes = opcodes(run(120))
     assert not codes & HOLD_CODE
     assert (large - small) / 100 <= before
+
+
+# -- empty texts between and beside the halves (branch smallleft) ------------------------------
+
+EMOJI_TEXT = st.text(st.sampled_from(["a", "é", "😀", "🎉", "\u200d"]), max_size=6)
+"""A short text of emoji (each a surrogate pair to cut) and other characters."""
+
+
+def with_empties(
+    text: str, cuts: list[int], empties: list[int], groups: list[int]
+) -> list[list[str]]:
+    """``text`` cut into UTF-16 pieces at ``cuts``, empty pieces put in at ``empties``,
+    and the pieces gathered into events of several texts at ``groups`` (a Gemini chunk's
+    parts, an OpenAI chunk's argument deltas of one call), one that says something an
+    event."""
+    units = utf16_halves(text)
+    points = sorted({c % (len(units) + 1) for c in cuts} | {0, len(units)})
+    pieces = [units[a:b] for a, b in itertools.pairwise(points)]
+    for at in empties:
+        pieces.insert(at % (len(pieces) + 1), "")
+    bounds = sorted({g % (len(pieces) + 1) for g in groups} | {0, len(pieces)})
+    events = [pieces[a:b] for a, b in itertools.pairwise(bounds)]
+    # (one text that says something an event: halves in two texts of one event are no
+    # wire's, and are left: journal, ### smallleft)
+    return [e for event in events for e in split_said(event)]
+
+
+def split_said(event: list[str]) -> list[list[str]]:
+    """``event`` cut so each part holds one non-empty text at most, its empty texts
+    kept beside it."""
+    out: list[list[str]] = [[]]
+    for piece in event:
+        if piece and any(out[-1]):
+            out.append([])
+        out[-1].append(piece)
+    return out
+
+
+def single(events: list[list[str]]) -> list[str]:
+    return [piece for event in events for piece in event]
+
+
+def grouped_gemini_texts(events: list[list[str]]) -> list[str]:
+    chunks = [{"candidates": [{"content": {"parts": [{"text": p} for p in e]}}]} for e in events]
+    chunks.append({"candidates": [{"content": {"parts": [{"text": "!"}]}, "finishReason": "STOP"}]})
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\r\n\r\n" for c in chunks)
+    found: list[str] = []
+
+    async def main() -> None:
+        async for chunk in gemini_wire._chunks_of(None, Body(body)):
+            found.extend(p["text"] for p in chunk["candidates"][0]["content"]["parts"])
+
+    trio.run(main)
+    return found[:-1]
+
+
+def grouped_openai_texts(events: list[list[str]]) -> list[str]:
+    """An OpenAI call's arguments, each event a chunk of as many argument deltas."""
+    head, tail = b'{"choices":[{"index":0,"delta":{"tool_calls":[', b"]}}]}"
+    call = b'{"index":0,"function":{"arguments":%s}}'
+    data = [head + b",".join(call % escaped(p) for p in e) + tail for e in events]
+    end = b'{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}'
+    reader, out = openai._ChunkReader(None, True), []
+    for event in [*data, end]:
+        failure = reader.events([(None, event)], out)
+        assert (failure[0] if type(failure) is tuple else failure) is None
+    found: list[str] = []
+    for item in out:
+        for c in item["choices"][0]["delta"].get("tool_calls") or ():
+            found.append(c["function"]["arguments"])
+    return found
+
+
+def one_reader(name: str) -> Callable[[list[list[str]]], list[str]]:
+    """OpenAI's (content) or Anthropic's reader, one text a delta."""
+
+    def texts_of(events: list[list[str]]) -> list[str]:
+        make, events_of, found = READERS[name]
+        reader, out = make(), []
+        for event in events_of(single(events)):
+            failure = reader.events([event], out)
+            assert (failure[0] if type(failure) is tuple else failure) is None
+        return found(out)
+
+    return texts_of
+
+
+READ_WITH_EMPTIES: dict[str, Callable[[list[list[str]]], list[str]]] = {
+    "openai": one_reader("openai"),
+    "openai-arguments": grouped_openai_texts,
+    "anthropic": one_reader("anthropic"),
+    "gemini": grouped_gemini_texts,
+    "responses": lambda events: responses_texts(single(events), []),
+}
+
+
+@pytest.mark.parametrize("name", list(READ_WITH_EMPTIES))
+@given(
+    text=EMOJI_TEXT,
+    cuts=st.lists(st.integers(0, 10**6), max_size=8),
+    empties=st.lists(st.integers(0, 10**6), max_size=4),
+    groups=st.lists(st.integers(0, 10**6), max_size=4),
+)
+def test_an_emoji_cut_anywhere_with_empty_texts_between_streams_as_it_is_saved(
+    name, text, cuts, empties, groups
+):
+    """Emoji cut between their halves anywhere, empty texts anywhere among the pieces
+    (before, between, after a held half), several texts of one part in one event where
+    the wire has that (a Gemini chunk's parts, an OpenAI chunk's argument deltas of one
+    call): each text a reader gives is whole characters, and together they are the text
+    (the saved one). Before: an empty part first or last in a Gemini chunk, or an empty
+    argument delta first in an OpenAI chunk, sent a half alone (U+FFFD live, the emoji
+    saved)."""
+    got = READ_WITH_EMPTIES[name](with_empties(text, cuts, empties, groups))
+    for piece in got:
+        piece.encode()
+    assert "".join(got) == text
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [["a\ud83d"], ["", "\ude00b"]],
+        [["a\ud83d"], ["", "\ude00\ud83d"], ["\ude00"]],
+        [["a\ud83d", ""], ["\ude00"]],
+        [["a\ud83d"], ["", "", "\ude00"]],
+    ],
+    ids=["empty-first", "empty-first-then-half", "empty-last", "two-empty-first"],
+)
+async def test_a_gemini_chunks_empty_parts_beside_a_held_half_leave_the_emoji_whole(
+    chunks, autojump_clock
+):
+    """Gemini chunks whose empty text parts stand first or last beside an emoji's
+    halves. Before: the half went out alone (``UnicodeEncodeError`` here: U+FFFD on every
+    live stream) while the session saved the emoji."""
+    async with attack_rig("gemini", retry=ONCE) as r:
+        parts = [gemini_chunk([{"text": p} for p in chunk]) for chunk in chunks]
+        body = gemini_sse(*parts, gemini_chunk([{"text": "!"}], "STOP"))
+        got, result = await turn(r, Reply(body=body))
+        assert result.error is None
+        whole = "".join(p for chunk in chunks for p in chunk) + "!"
+        assert live(got) == texts(r.session.messages[1]) == utf8_text(whole)
+        assert "\ufffd" not in whole or "\ufffd" in live(got)
+
+
+async def test_an_openai_chunks_empty_argument_delta_before_the_other_half_leaves_it_whole(
+    autojump_clock,
+):
+    """A chunk with two argument deltas of one call, ``""`` then the emoji's other half.
+    Before: the half was kept for the empty one and the other went out alone (U+FFFD
+    twice live), the tool given the emoji."""
+    given: list[str] = []
+
+    async def echo(q: str) -> str:
+        """Say ``q`` back."""
+        given.append(q)
+        return q
+
+    def args(*pieces: str) -> dict[str, Any]:
+        return {"tool_calls": [{"index": 0, "function": {"arguments": p}} for p in pieces]}
+
+    head = {"index": 0, "id": "c1", "type": "function", "function": {"name": "echo"}}
+    body = sse(
+        oa_chunk({"role": "assistant", "content": None, "tool_calls": [head]}),
+        oa_chunk(args('{"q": "a\ud83d')),
+        oa_chunk(args("", '\ude00b"}')),
+        oa_chunk({}, "tool_calls"),
+        oa_usage(),
+    )
+    async with attack_rig("openai", retry=ONCE, tools=[echo]) as r:
+        chunks, result = await turn(r, Reply(body=body), Reply(body=r.answer("ok")))
+        assert result.error is None
+        deltas = [c.delta for c in chunks if c.type == "tool-input-delta"]
+        for text in deltas:
+            text.encode()
+        stored = next(p for p in r.session.messages[1].content if p.type == "tool-call")
+        assert json.loads("".join(deltas)) == stored.input == {"q": "a😀b"}
+        assert given == ["a😀b"]

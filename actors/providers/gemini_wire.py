@@ -382,14 +382,34 @@ def _plain(part: Any) -> Slot | None:
 
 
 def _first_text(chunk: dict[str, Any], kind: Any) -> Slot | None:
-    parts = _parts(chunk)
-    at = None if parts is None else _plain(parts[0])
-    return at if at is not None and at[2] == kind else None
+    """The chunk's first text that says something, if it is of ``kind``; else its first
+    empty one of ``kind`` (a held half waits past it), if all before it are empty.
+
+    Why: a chunk ``[{"text": ""}, {"text": "\\ude00b"}]`` after a held half kept the half
+    for its empty first part and sent the other half alone: U+FFFD twice live, where the
+    saved message has the emoji (branch ``smallleft``)."""
+    empty = None
+    for part in _parts(chunk) or ():
+        at = _plain(part)
+        if at is None:
+            break
+        if at[0]["text"]:
+            return at if at[2] == kind else None
+        if empty is None and at[2] == kind:
+            empty = at
+    return empty
 
 
 def _last_text(chunk: dict[str, Any]) -> Slot | None:
-    parts = _parts(chunk)
-    return None if parts is None else _plain(parts[-1])
+    """The chunk's last text that says something, if nothing but empty texts follow it.
+
+    Why: ``[{"text": "a\\ud83d"}, {"text": ""}]`` held no half (its last text was the
+    empty one): the half went out alone (branch ``smallleft``)."""
+    for part in reversed(_parts(chunk) or ()):
+        at = _plain(part)
+        if at is None or at[0]["text"]:
+            return at
+    return None
 
 
 def _part(chunk: dict[str, Any]) -> int | None:

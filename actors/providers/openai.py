@@ -731,17 +731,28 @@ def _texts(chunk: dict[str, Any]) -> list[Slot]:
 
 
 def _text_of(chunk: dict[str, Any], part: Any) -> Slot | None:
-    """Where choice 0's text of ``part`` is in ``chunk`` (:func:`hold_half`), if there."""
+    """Where choice 0's first text of ``part`` that says something is in ``chunk``
+    (:func:`hold_half`), else its first empty one (a held half waits past it), if there.
+
+    Why: two argument deltas of one call in a chunk, ``""`` then ``"\\ude00"``, after a
+    held half kept the half for the empty one and sent the other half alone: U+FFFD
+    twice live, the tool given the emoji (branch ``smallleft``)."""
+    empty = None
     for at in _texts(chunk):
         if at[2] == part:
-            return at
-    return None
+            if at[0][at[1]]:
+                return at
+            empty = empty or at
+    return empty
 
 
 def _last_text(chunk: dict[str, Any]) -> Slot | None:
-    """Choice 0's last text in ``chunk`` (:func:`hold_half`), if it has one."""
-    found = _texts(chunk)
-    return found[-1] if found else None
+    """Choice 0's last text in ``chunk`` that says something (:func:`hold_half`), if
+    it has one. (Why: an empty one after it held no half, branch ``smallleft``.)"""
+    for at in reversed(_texts(chunk)):
+        if at[0][at[1]]:
+            return at
+    return None
 
 
 def _part(chunk: dict[str, Any]) -> Any:

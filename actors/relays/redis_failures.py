@@ -38,6 +38,20 @@ def _retryable() -> tuple[type[BaseException], ...]:
     return (*_transient(), trio.TooSlowError)
 
 
+def _unconnected(error: BaseException) -> bool:
+    """Whether ``error`` says no connection to Redis could be made at all: refused (no
+    server on its port), unreachable, at once; not a connection that timed out, nor one
+    made that went silent. coredis says so as its ``ConnectionError`` raised from the
+    socket's ``OSError`` (a connect timeout: from ``TimeoutError``, which is not this)."""
+    cause = error.__cause__
+    return (
+        isinstance(error, _transient()[0])
+        and isinstance(cause, OSError)
+        and not isinstance(cause, TimeoutError)
+        and str(error).startswith("Unable to establish a connection")
+    ) or isinstance(error, ConnectionRefusedError)
+
+
 def _described(error: BaseException, within: float | None = None) -> str:
     """``error`` for a log line or a message, redacted: its type and its text. A deadline
     that passed (:class:`trio.TooSlowError`, whose text is empty) says how long was
@@ -91,13 +105,18 @@ async def _retried(
     logger: Any,
     event: str,
     what: str,
+    refused: Callable[[str], BaseException] | None = None,
 ) -> T:
     """``await fn()`` within ``within`` seconds, retried with backoff while Redis does not
     answer (:func:`_retryable`), for ``retry_for`` seconds; then ``failed`` of the last
     error's description is raised. A try past its deadline calls ``stalled`` first (the
     reply may never come: coredis would queue the retry behind it, so the pool starts
     over). Each retry is logged as ``event`` with ``what``, the delay and the error.
-    The relay's reads and the shared rate limits' scripts both go through here."""
+    The relay's reads and the shared rate limits' scripts both go through here.
+    ``refused``: when given, a try to which no connection could be made at all
+    (:func:`_unconnected`: no Redis listening) raises ``refused`` of its description at
+    once, not retried (only a reader shown nothing yet passes it:
+    :meth:`~actors.relays.RedisRelay.read`'s ``unseen``)."""
     deadline = trio.current_time() + retry_for
     attempt = 0
     while True:
@@ -108,6 +127,8 @@ async def _retried(
             if stalled is not None and isinstance(exc, trio.TooSlowError):
                 stalled()
             error = _described(exc, within)
+            if refused is not None and _unconnected(exc):
+                raise refused(error) from None
             if trio.current_time() >= deadline:
                 raise failed(error) from None
             delay = _backoff(attempt, base, cap)

@@ -399,13 +399,18 @@ class RedisRelay:
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def _call(self, what: str, fn: Callable[[], Any], *, blocking: bool = False) -> Any:
+    async def _call(
+        self, what: str, fn: Callable[[], Any], *, blocking: bool = False, unseen: bool = False
+    ) -> Any:
         """``await fn()`` with retries and backoff while Redis does not answer, for up to
         ``retry_for`` seconds, then :class:`~runtime.errors.RelayUnavailable`.
         ``blocking``: ``fn`` is a blocking command (``XREAD BLOCK``), on a connection of
-        its own that coredis drops when it is given up."""
+        its own that coredis drops when it is given up. ``unseen``: the first command of
+        a read whose reader was shown nothing (:meth:`read`): no Redis to connect to
+        gives up at once, and does not mark the relay :attr:`down`."""
         within = self.op_timeout + self.block_ms / 1000
         down = self.down
+        refused = _RefusedAtOnce(what) if unseen else None
         try:
             result = await _retried(
                 fn,
@@ -423,9 +428,11 @@ class RedisRelay:
                 logger=log,
                 event="relay.read_failed",
                 what=what,
+                refused=refused,
             )
-        except RelayUnavailable:
-            self.down = True
+        except RelayUnavailable as exc:
+            if refused is None or exc is not refused.raised:  # (refused at once: a
+                self.down = True  # restart's blip, live readers keep their whole window)
             raise
         if down:
             self.down = False
@@ -482,14 +489,20 @@ class RedisRelay:
         self.client.connection_pool.disconnect()
 
     async def _read_call(
-        self, turn_id: str, what: str, fn: Callable[[], Any], *, blocking: bool = False
+        self,
+        turn_id: str,
+        what: str,
+        fn: Callable[[], Any],
+        *,
+        blocking: bool = False,
+        unseen: bool = False,
     ) -> Any:
         """:meth:`_call` on a turn's stream: a key of another type there (junk) is
         :class:`~runtime.errors.RelayTurnGone`."""
         from coredis.exceptions import WrongTypeError
 
         try:
-            return await self._call(what, fn, blocking=blocking)
+            return await self._call(what, fn, blocking=blocking, unseen=unseen)
         except WrongTypeError:
             raise RelayTurnGone(
                 f"the relay's key of turn {turn_id!r} is not a stream (junk in Redis)"
@@ -564,6 +577,7 @@ class RedisRelay:
         after_seq: int | None = None,
         after_pauses: int = 0,
         on_quiet: Callable[[float], Awaitable[None]] | None = None,
+        unseen: bool = False,
     ) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until the
         turn ends or waits; :class:`StepRestarted` markers among them (see the module doc).
@@ -578,11 +592,22 @@ class RedisRelay:
         ``on_quiet(seconds)`` is awaited after each blocking read that found nothing
         (every :attr:`block_ms`), with how long the live read has waited for an entry;
         what it raises ends the read.
+
+        ``unseen``: the reader was shown nothing of the turn (a POST's own read, which
+        the front end answers from the store when the relay fails it): when the read's
+        first command finds no Redis to connect to (refused), it gives up at once, not
+        after :attr:`retry_for`, and does not mark the relay :attr:`down`. Every later
+        command, and every other reader's, keeps the whole window.
+
+        Why: the first POST of an outage waited the whole window (30 s) though each try
+        was refused at once. A shorter window for every read (2 s) was tried and reverted:
+        it ended live streams across a Redis restart longer than that; a reader shown
+        nothing loses no stream by being answered from the store (branch ``smallleft``).
         """
         key = self.turn_key(turn_id)
         seen = after_seq if after_seq is not None else 0
         cursor = _Cursor(turn_id=turn_id)
-        backlog, last_id = await self._replay(turn_id, key, cursor)
+        backlog, last_id = await self._replay(turn_id, key, cursor, unseen=unseen)
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
         if seen and cursor.from_start:
@@ -621,7 +646,7 @@ class RedisRelay:
                     yield done
 
     async def _replay(
-        self, turn_id: str, key: str, cursor: _Cursor
+        self, turn_id: str, key: str, cursor: _Cursor, *, unseen: bool = False
     ) -> tuple[list[tuple[int, Any]], bytes | str]:
         """The turn's stream from the start, page by page, as ``cursor`` accepts it (seq,
         item pairs), and the id of its last entry, where live reading goes on.
@@ -637,6 +662,7 @@ class RedisRelay:
                 turn_id,
                 "replay",
                 functools.partial(self.client.xrange, key, start, "+", count=PAGE),
+                unseen=unseen and start == "-",
             )
             for entry in page:
                 backlog.extend(cursor.accept(entry))
@@ -901,6 +927,24 @@ class RedisRelay:
 
 
 _END = object()
+
+
+class _RefusedAtOnce:
+    """What a reader's first command raises when it finds no Redis to connect to
+    (:meth:`RedisRelay.read`'s ``unseen``): a :class:`~runtime.errors.RelayUnavailable`
+    at once, kept so the relay knows not to mark itself down for it."""
+
+    __slots__ = ("raised", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.raised: RelayUnavailable | None = None
+
+    def __call__(self, error: str) -> RelayUnavailable:
+        self.raised = RelayUnavailable(
+            f"Redis did not answer: it refused connections ({self.what}): {error}"
+        )
+        return self.raised
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -418,7 +418,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     elif committed is not None and not await self._resolve(turn):
                         turn.untouched, turn.finish_reason = True, AWAITING_INPUT
                         await self._show_waiting(turn)
-                    elif turn.held:  # its sub-agent asked again: it waits again
+                    elif turn.held:
+                        # Not dead: reached only here, after ``_resolve`` gave the waited
+                        # calls their results but held one again (an agent tool whose
+                        # sub-agent asks its next approval; ``turn.held`` is empty in any
+                        # turn not resumed). That call has no result and the turn already
+                        # ends ``awaiting-input``, its new wait saved and announced: no
+                        # step may run (a model call would see the call unanswered).
+                        # Pinned by tests/test_approval_nested_pass_many.py (5 fail
+                        # without this branch; journal pipeline.md, ### smallleft).
                         pass
                     else:
                         await self._run_approved_before(turn)

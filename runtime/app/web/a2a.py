@@ -93,7 +93,10 @@ def _scheme(request: Request) -> str:
     sent ``no-cache`` (a shared cache in front revalidates, it does not hand one
     client's card to another); and the card's host is the request's ``Host`` all the
     same, the client's word already (checked by ``--allowed-host``). A forger misleads
-    only itself (branch ``restream``)."""
+    only itself (branch ``restream``). Nor Hypercorn's ``ProxyFixMiddleware`` (serve has
+    no trusted-proxy notion): it trusts a count of hops, not the peer's address, and
+    would take ``X-Forwarded-Host`` (a card naming any host) and ``X-Forwarded-For``
+    as given (branch ``smallleft``)."""
     forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
     return "https" if forwarded == "https" else request.url.scheme
 

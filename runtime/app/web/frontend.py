@@ -304,6 +304,8 @@ class QueuedTurnResponse(RelayStreamResponse):
             self.turn_id,
             after_seq=self.after_seq,
             after_pauses=self.after_pauses,
+            # shown nothing: answered from the store if the relay fails (_unavailable_end)
+            unseen=not self.sent and self.after_seq is None,
         )
 
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:

@@ -300,7 +300,13 @@ class QueuedTurnOutput:
         stream the relay lost is (a worker killed between the turn's last commit and
         its stream's end left its readers waiting a day, until the stream expired)."""
         front = self.front
-        return follow_turn(front.relay, front.queue, self.turn_id, after_pauses=self.after_pauses)
+        return follow_turn(
+            front.relay,
+            front.queue,
+            self.turn_id,
+            after_pauses=self.after_pauses,
+            unseen=not self.sent,  # (answered from the store if the relay fails: _raw)
+        )
 
     def _ended(self) -> bool:
         """Whether the turn's own end (its ``finish``, not a wait's; an ``error``, an

@@ -175,14 +175,19 @@ def follow_turn(
     *,
     after_seq: int | None = None,
     after_pauses: int = 0,
+    unseen: bool = False,
 ) -> AsyncIterator[Any]:
     """A queued turn's chunks from ``relay`` as every front end's adapter reads them
     (the AI SDK endpoint, AG-UI, A2A, the OpenAI-compatible one, MCP): the relay's
     read, given up once the turn ended and its stream shows nothing
-    (:class:`EndedTurnLook`)."""
-    pauses = {"after_pauses": after_pauses} if after_pauses else {}
+    (:class:`EndedTurnLook`). ``unseen``: the client was shown nothing of the turn
+    (it is answered from the store if the relay fails): a Redis refusing connections
+    fails the read at once, not after the relay's retry window (``Relay.read``)."""
+    options: dict[str, Any] = {"after_pauses": after_pauses} if after_pauses else {}
+    if unseen:
+        options["unseen"] = True
     look = EndedTurnLook(queue, turn_id)
-    return relay.read(turn_id, after_seq=after_seq, on_quiet=look, **pauses)  # type: ignore[no-any-return]
+    return relay.read(turn_id, after_seq=after_seq, on_quiet=look, **options)  # type: ignore[no-any-return]
 
 
 __all__ = ["IDLE_LOOK", "POLL_FIRST", "POLL_MAX", "EndedTurnLook", "TurnWatch", "follow_turn"]
