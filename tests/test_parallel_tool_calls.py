@@ -4,13 +4,16 @@ together (benchmarks/journal/pipeline.md, "greedymodel" and "greedyleft")."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.tool_executor import run_tool_call
 from runtime import Agent, Budget, Host, ToolMessage, tool
+from runtime.actor_messages import ToolCallSpec
 from runtime.budget import MAX_PARALLEL_TOOL_CALLS
 from runtime.errors import ConfigurationError
 
@@ -74,3 +77,43 @@ def test_the_bound_is_none_or_at_least_one() -> None:
     for wrong in (0, -1, True, 1.5, "3"):
         with pytest.raises(ConfigurationError, match="max_parallel_tool_calls"):
             Budget(max_parallel_tool_calls=wrong)
+
+
+async def test_a_call_waiting_for_its_approval_holds_no_place(autojump_clock: Any) -> None:
+    # One place: the call that waits for a person's decision (in process) must not keep
+    # the step's other call from running meanwhile.
+    ran: list[str] = []
+    decided = trio.Event()
+
+    @tool(needs_approval=True)
+    async def risky() -> str:
+        """Needs a yes."""
+        ran.append("risky")
+        return "r"
+
+    @tool
+    async def free() -> str:
+        """Runs at once."""
+        ran.append("free")
+        return "f"
+
+    async def approve(call: ToolCallSpec, kwargs: Any) -> tuple[bool, str | None]:
+        await decided.wait()
+        return True, None
+
+    tools = {"risky": risky, "free": free}
+    limit = trio.CapacityLimiter(1)
+
+    def spec(name: str) -> ToolCallSpec:
+        return ToolCallSpec(tool_call_id=name, tool_name=name, input={})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            partial(run_tool_call, spec("risky"), tools, 10, None, approve=approve, limit=limit)
+        )
+        await trio.sleep(1)  # risky waits for its decision
+        with trio.fail_after(5):
+            freed = await run_tool_call(spec("free"), tools, 10, None, limit=limit)
+        assert (freed.output, ran) == ("f", ["free"])
+        decided.set()
+    assert ran == ["free", "risky"]
