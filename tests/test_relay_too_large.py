@@ -98,3 +98,34 @@ async def test_a_pipeline_redis_answers_with_a_protocol_error_gives_each_command
             ]
     finally:
         await connection.aclose()
+
+
+def _last_then_short(request: InferRequest) -> list[str]:
+    users = sum(1 for m in request.messages if m.role == "user")
+    return ["a b ", BIG] if users == 1 else ["second answer"]
+
+
+async def test_a_refused_entry_holding_the_turns_end_still_tells_the_reader_and_the_next_runs(
+    pg_url: str, redis_url: str
+) -> None:
+    # The big delta is the turn's last: it goes in one entry with the turn's end, which
+    # is refused with it. The gap still goes out (Redis took the next, small entry), and
+    # the session's next turn streams whole.
+    agent = Agent(name="a", provider=ScriptedProvider(responder=_last_then_short))
+    with capture_logs() as logs, redis_small_bulk("1mb"):
+        async with deployment(pg_url, redis_url, agent) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                first = await client.post("/api/chat", json=body("s"))
+                second = await client.post("/api/chat", json=body("s", "again", "u2"))
+            turns = await d.queue.turns("s")
+            stored = await d.assistant("s")
+    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
+    assert refused["entry_bytes"] > 2_000_000
+    assert "relay.unflushed" not in [e["event"] for e in logs]
+    ended = data(sse_events(first.text))[-1]
+    assert ended["type"] == "error" and "larger than it accepts" in ended["errorText"]
+    assert [t.status for t in turns] == ["done", "done"]
+    events = data(sse_events(second.text))
+    assert [e for e in events if e["type"] == "error"] == []
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "second answer"
+    assert stored_text(stored) == "second answer"
