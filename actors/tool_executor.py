@@ -143,6 +143,7 @@ async def run_tool_call(
     context: ToolContext | None = None,
     approve: Any = None,
     watch: LoopWatch | None = None,
+    limit: trio.CapacityLimiter | None = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
     cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
@@ -151,7 +152,9 @@ async def run_tool_call(
     included) becomes the call's error: an exception of any class, one whose ``str()``
     raises, a ``GeneratorExit``, a ``trio.Cancelled`` that no cancelled scope sent, a
     return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
-    too deep). ``watch`` times the steps of an async tool's call (:class:`LoopWatch`)."""
+    too deep). ``watch`` times the steps of an async tool's call (:class:`LoopWatch`).
+    ``limit`` (the step's ``max_parallel``) is held while the tool runs: not while its
+    call waits for an approval, and its timeout starts once it holds it."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -192,6 +195,8 @@ async def run_tool_call(
         if not approved:
             return done(error=f"the tool call was denied: {reason or 'no reason given'}")
     timeout = tool.timeout if tool.timeout is not None else default_timeout
+    if limit is not None:
+        await limit.acquire()
     try:
         with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
             running: Any = tool.call(kwargs, context)
@@ -214,6 +219,9 @@ async def run_tool_call(
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
         return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+    finally:
+        if limit is not None:
+            limit.release()
     try:
         value = to_jsonable(result)
         try:
@@ -437,6 +445,10 @@ class ToolExecutor(ServingActor[ExecuteTools]):
         self._pending.pop(id(request), None)  # not in finally: see ServingActor
 
     async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
+        bound = request.max_parallel
+        # (a step of no more calls than the bound needs no limiter)
+        limit = trio.CapacityLimiter(bound) if bound and len(request.calls) > bound else None
+
         async def one(call: ToolCallSpec) -> None:
             running = [True]
 
@@ -478,6 +490,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     context,
                     approve=lambda c, kw: self._approve(request, c, kw),
                     watch=self.loop_watch,
+                    limit=limit,
                 )
             except Exception as exc:
                 # A bug on this call's way (a plug-in's tool class, ours): its error, not

@@ -152,6 +152,9 @@ class ExecuteTools:
     confirm: Callable[[], Awaitable[bool]] | None = None
     """The turn's :meth:`TurnCancel.confirmed` when it has a confirm (a worker's turn):
     ``ToolContext.confirm``, through which an agent tool's sub-turn confirms too."""
+    max_parallel: int | None = None
+    """How many of ``calls`` run at once (``Budget.max_parallel_tool_calls``; ``None``:
+    all)."""
 
     def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an

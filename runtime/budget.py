@@ -50,6 +50,19 @@ def _a_count(_: object, attribute: Any, value: object) -> None:
         )
 
 
+def _a_bound(_: object, attribute: Any, value: object) -> None:
+    """``None`` or an int of 1 or more (0 would run no call, and the step never end)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigurationError(
+            f"Budget.{attribute.name} must be None or an int of 1 or more (got {value!r})"
+        )
+
+
+MAX_PARALLEL_TOOL_CALLS = 100
+"""Default :attr:`Budget.max_parallel_tool_calls`: well above what a model asks for in one
+step (a few, tens at most), well below a process's file descriptors."""
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class Budget:
     """Limits for one turn. ``None`` means unlimited."""
@@ -81,6 +94,13 @@ class Budget:
     """Default per-tool timeout in seconds (a tool may set its own)."""
     max_tool_result_chars: int | None = attrs.field(default=100_000, validator=_a_count)
     """A tool result longer than this (as JSON text) is truncated with a visible marker."""
+    max_parallel_tool_calls: int | None = attrs.field(
+        default=MAX_PARALLEL_TOOL_CALLS, validator=_a_bound
+    )
+    """Calls of one step that run at once; the others wait for a place (their timeout
+    starts once they run; a call waiting for its approval holds none). ``None``: all at
+    once. A model that asks for thousands of calls in one step started them all together
+    (5,000 async calls at once: as many sockets, benchmarks/journal/pipeline.md)."""
 
     def check_step(self, step: int) -> None:
         """Raise :class:`BudgetExceeded` (``max_steps``) if step ``step`` (from 0) may

@@ -111,6 +111,9 @@ class TurnFinished(_InTurn):
     abort_reason: str | None = None
     budget: str | None = None
     """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
+    saved: bool = True
+    """Whether the store confirmed the turn's final save (``TurnResult.saved``): ``False``
+    when it failed (``error`` says why) or did not answer within ``SAVE_TIMEOUT``."""
 
 
 @_event("step.started")

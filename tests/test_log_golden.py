@@ -105,7 +105,7 @@ GOLDEN = [
     + STAMP,
     '{"logger":"axon.events","step":0,"part_id":"p","text":"hi","seq":4,"session_id":"s-1","turn_id":"turn_9f00","causation_id":"p","event":"output.text-delta","level":"debug",'
     + STAMP,
-    '{"logger":"axon.events","finish_reason":"error","usage":{"input_tokens":10,"output_tokens":3,"total_tokens":13,"cache_read":null,"cache_write":null,"reasoning_tokens":null,"cost":0.5},"steps":1,"error":{"kind":"provider","message":"rejected [redacted]","retryable":false},"abort_reason":null,"budget":null,"session_id":"s-1","turn_id":"turn_9f00","causation_id":"turn_9f00","event":"turn.finished","level":"info",'
+    '{"logger":"axon.events","finish_reason":"error","usage":{"input_tokens":10,"output_tokens":3,"total_tokens":13,"cache_read":null,"cache_write":null,"reasoning_tokens":null,"cost":0.5},"steps":1,"error":{"kind":"provider","message":"rejected [redacted]","retryable":false},"abort_reason":null,"budget":null,"saved":true,"session_id":"s-1","turn_id":"turn_9f00","causation_id":"turn_9f00","event":"turn.finished","level":"info",'
     + STAMP,
     '{"logger":"axon.events","actor":"x","error":"boom 2026-12-04T09:55:17Z","error_type":"E","restarts":1,"session_id":null,"turn_id":null,"causation_id":null,"event":"actor.crashed","level":"warning",'
     + STAMP,

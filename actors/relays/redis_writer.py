@@ -98,12 +98,23 @@ def _chunks(items: list[dict[str, Any]]) -> int:
 _MARKERS = frozenset({GAP, END, FROM_START})
 
 
+def _too_large(error: BaseException) -> bool:
+    """Whether ``error`` is Redis's answer to a command larger than it takes (past its
+    ``proto-max-bulk-len``): ``Protocol error: invalid bulk length``."""
+    return "Protocol error" in str(error)[:30]
+
+
 def _refusal(error: BaseException) -> str:
     """What a gap says of the refusal that made it, for its readers: Redis out of
     memory (its ``OOM`` error), or another refusal; Redis's text cut at 200 characters."""
     text = str(error)[:200]
     if text.startswith("OOM"):
         return f"Redis is out of memory and refused the stream's writes ({text})"
+    if _too_large(error):
+        return (
+            "Redis refused an entry of the stream as larger than it accepts (a chunk "
+            f"or a batch of chunks past its proto-max-bulk-len: {text})"
+        )
     return f"Redis refused the stream's writes ({type(error).__name__}: {text})"
 
 
@@ -138,6 +149,12 @@ def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
 
     _UNSTRUCTURERS[cls] = hook
     return hook
+
+
+def _entry_bytes(job: _Job) -> int:
+    """The size of the items of ``job``'s ``XADD`` (what made an entry too large)."""
+    items = job.commands[0][3]["items"] if job.commands else b""
+    return len(items)
 
 
 def _quiet(items: list[dict[str, Any]]) -> bool:
@@ -548,7 +565,11 @@ class RedisRelayWriter:
                 # Why, with the stream: Redis full now may be freed by the time a reader
                 # reads the gap (asked then, it would say nothing).
                 self._queue.insert(0, {"type": GAP, "why": _refusal(error)})
-                self._failed("relay.flush_refused", error, dropped=dropped)
+                if _too_large(error):
+                    self._failed("relay.flush_refused", error, dropped=dropped,
+                                 entry_bytes=_entry_bytes(job), why=_refusal(error))  # fmt: skip
+                else:
+                    self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
         if (self._queue or self._unsure) and not self._closed:
             self.relay.batcher.schedule(self, self._due_at(trio.current_time()))

@@ -94,6 +94,13 @@ def _reader() -> hiredis.Reader:
     return hiredis.Reader(replyError=ResponseError)
 
 
+def _protocol_error(reply: Any) -> bool:
+    """Whether ``reply`` is Redis's protocol error (after which it closes the connection)."""
+    return isinstance(reply, Exception) and str(reply).startswith(
+        ("ERR Protocol error", "Protocol error")
+    )
+
+
 class RespConnection:
     """One connection, used by one task at a time (the relay's batcher): each
     :meth:`pipeline` writes its commands in one buffer and reads their replies."""
@@ -117,21 +124,29 @@ class RespConnection:
         from coredis.exceptions import ConnectionError as RedisConnectionError
 
         await trio.lowlevel.checkpoint_if_cancelled()
+        replies: list[Any] = []
         try:
             if self._stream is None:
                 await self._open()
             assert self._stream is not None
             waited = await self._send(encode(commands))
-            replies, read_waited = await self._replies(len(commands))
+            read_waited = await self._replies(len(commands), replies)
         except (
             OSError,
             trio.BrokenResourceError,
             trio.ClosedResourceError,
             hiredis.HiredisError,
         ) as exc:
-            await self.aclose()
             why = f"{type(exc).__name__}: {exc}"
-            raise RedisConnectionError(f"relay write connection: {why}") from exc
+            broken = RedisConnectionError(f"relay write connection: {why}")
+            answered = self._answered(replies, len(commands))
+            await self.aclose()
+            if answered:
+                # Redis answered why it closed the connection (a command larger than its
+                # ``proto-max-bulk-len``): that command's reply is its error; the ones
+                # after it were never run, and fail as the connection did.
+                return replies + [broken] * (len(commands) - len(replies))
+            raise broken from exc
         except BaseException:
             await self.aclose()  # cancelled mid-reply: the stream's position is unknown
             raise
@@ -153,11 +168,36 @@ class RespConnection:
             view = view[sent:]
         return waited
 
-    async def _replies(self, count: int) -> tuple[list[Any], bool]:
-        """``count`` replies (non-blocking reads; a wait while none is buffered); and
-        whether it waited."""
+    def _answered(self, replies: list[Any], count: int) -> bool:
+        """Whether Redis, before the connection broke, answered the pipeline with a
+        protocol error (it then closes the connection): the replies already buffered are
+        added to ``replies`` (non-blocking reads, up to ``count`` of them), and the last
+        is that error. A command of more bytes than Redis's ``proto-max-bulk-len`` gets
+        ``ERR Protocol error: invalid bulk length`` and the connection reset while it is
+        still being sent: without its reply, it looked like Redis gone, and was retried
+        (the same way) until the writer gave up (benchmarks/journal/pipeline.md,
+        "greedyleft")."""
         fd, reader = self._fd, self._reader
-        replies: list[Any] = []
+        try:
+            while len(replies) < count:
+                value = reader.gets()
+                if value is not False:
+                    replies.append(value)
+                    continue
+                if fd < 0:
+                    break
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                reader.feed(chunk)
+        except (OSError, hiredis.HiredisError):
+            pass
+        return bool(replies) and _protocol_error(replies[-1])
+
+    async def _replies(self, count: int, replies: list[Any]) -> bool:
+        """``count`` replies, appended to ``replies`` (non-blocking reads; a wait while
+        none is buffered); whether it waited."""
+        fd, reader = self._fd, self._reader
         waited = False
         while len(replies) < count:
             value = reader.gets()
@@ -173,7 +213,7 @@ class RespConnection:
                 reader.feed(chunk)
                 continue
             replies.append(value)
-        return replies, waited
+        return waited
 
     async def _open(self) -> None:
         where = self.where
@@ -193,7 +233,9 @@ class RespConnection:
         if hello:
             with trio.fail_after(self.connect_timeout):
                 await self._send(encode(hello))
-                for reply in (await self._replies(len(hello)))[0]:
+                replies: list[Any] = []
+                await self._replies(len(hello), replies)
+                for reply in replies:
                     if isinstance(reply, Exception):
                         raise OSError(f"Redis refused the connection's setup: {reply}")
 

@@ -916,7 +916,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         saved = turn.untouched  # (an untouched turn has nothing to save)
         try:
             saved = await self._save_last(turn)
-            await self._announce_end(turn, closing)
+            await self._announce_end(turn, closing, saved)
         finally:
             for item, _ in turn.unsaved_steers:  # the turn is over: what it saved, it saved
                 item.stored.set()
@@ -963,7 +963,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             turn.error = error_info(final.error)
         return final is not None and final.error is None
 
-    async def _announce_end(self, turn: Turn, closing: list[Any]) -> None:
+    async def _announce_end(self, turn: Turn, closing: list[Any], saved: bool) -> None:
         """Send the controller what ``closing`` holds and the turn's end, then tell the
         bus and the agent's hook (bounded: a stuck subscriber does not hold the turn; the
         bound is entered only when the event cannot be delivered at once, or a hook runs,
@@ -989,6 +989,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             error=turn.error,
             abort_reason=turn.abort_reason,
             budget=turn.budget,
+            saved=saved,
         )
         hook = self.agent.hooks.on_turn_finish
         if hook is None and (self.bus is None or self.bus.try_publish(finished)):

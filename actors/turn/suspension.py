@@ -532,6 +532,7 @@ class Suspending:
                 tools=tools,
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
+                max_parallel=budget.max_parallel_tool_calls,
                 reply=self.tool_inbox,
                 cancel_scope=trio.CancelScope(),
                 host=self.host,

@@ -1639,7 +1639,8 @@ class Session:
     async def run(self, text: UserInput) -> TurnResult:
         """Run a whole turn, discarding the stream; returns its result (``result.text``
         is the answer, ``result.finish_reason`` how the turn ended: a failed turn
-        returns with ``error`` set rather than raising)."""
+        returns with ``error`` set rather than raising; ``result.saved`` is ``False``
+        when the store did not confirm the turn's save, in time or at all)."""
         async with self.stream(text) as out:
             async for _ in out:
                 pass

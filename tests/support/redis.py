@@ -99,3 +99,16 @@ def redis_full() -> Iterator[None]:
         yield
     finally:
         _config_set("maxmemory", "0")
+
+
+@contextmanager
+def redis_small_bulk(limit: str = "1mb") -> Iterator[None]:
+    """Inside, the run's own Redis takes no argument longer than ``limit``
+    (``proto-max-bulk-len``): a longer one gets a protocol error and the connection
+    closed. Restored (Redis's default, 512 MB) after."""
+    _restartable()
+    _config_set("proto-max-bulk-len", limit)
+    try:
+        yield
+    finally:
+        _config_set("proto-max-bulk-len", "512mb")

@@ -1,0 +1,131 @@
+"""A relay entry larger than Redis takes (its ``proto-max-bulk-len``), on the test run's
+own Redis: Redis answers a protocol error and closes the connection. That is a refusal
+named as such at once, not an outage retried until the writer gives up
+(benchmarks/journal/pipeline.md, "greedyleft")."""
+
+from __future__ import annotations
+
+import httpx
+from coredis.exceptions import ConnectionError as RedisConnectionError
+from coredis.exceptions import ResponseError
+from structlog.testing import capture_logs
+
+from actors.providers.scripted import ScriptedProvider
+from actors.relays import resp
+from runtime import Agent
+from runtime.provider import InferRequest
+from tests.support.redis import redis_small_bulk, unique_prefix
+from tests.test_frontend import EventReader, body, data, deployment, redis_url, stored_text
+from tests.test_relay_web import sse_events
+
+__all__ = ["redis_url"]  # (the fixture, imported for pytest)
+
+BIG = "x" * 2_000_000
+"""One delta of 2 MB: past the 1 MB ``proto-max-bulk-len`` the test sets."""
+
+
+def _respond(request: InferRequest) -> list[str]:
+    if request.session_id == "big":
+        return ["a b ", BIG, " c d"]
+    return [" ".join(["w"] * 60)]
+
+
+async def test_a_relay_entry_larger_than_redis_takes_is_refused_at_once_and_named(
+    pg_url: str, redis_url: str
+) -> None:
+    # Before: the XADD's connection reset was taken for Redis down, retried for ~10 s,
+    # then logged "Redis did not answer"; the reader waited for the turn to be seen over.
+    agent = Agent(name="a", provider=ScriptedProvider(responder=_respond, delay=0.02))
+    with capture_logs() as logs, redis_small_bulk("1mb"):
+        async with deployment(pg_url, redis_url, agent) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                async with client.stream("POST", "/api/chat", json=body("small")) as other:
+                    reader = EventReader(other)
+                    await reader.until(3)
+                    big = await client.post("/api/chat", json=body("big"))
+                    other_events = data(await reader.all())
+            turns = await d.queue.turns("big")
+            stored_big = await d.assistant("big")
+            stored_small = await d.assistant("small")
+    events = data(sse_events(big.text))
+    # the reader of the big turn is told at once why, and to reload the session
+    text = events[-1]["errorText"]
+    assert events[-1]["type"] == "error"
+    assert "Redis refused an entry of the stream as larger than it accepts" in text
+    assert "proto-max-bulk-len" in text and "reload the session" in text
+    # refused once, named; never retried as Redis down nor left unflushed (another
+    # turn's flush in the same pipeline, after the refused one, never ran: retried)
+    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
+    of_turn = [e["event"] for e in logs if e.get("turn_id") == refused["turn_id"]]
+    assert "relay.flush_failed" not in of_turn and "relay.unflushed" not in of_turn
+    assert "relay.unflushed" not in [e["event"] for e in logs]
+    assert refused["entry_bytes"] > 2_000_000 and refused["dropped"] >= 1
+    assert "proto-max-bulk-len" in refused["why"]
+    # the turn is saved whole, as before
+    assert turns[0].status == "done"
+    assert stored_text(stored_big) == "a b " + BIG + " c d"
+    # the other session's stream, read meanwhile on the same relay, is whole
+    assert [e for e in other_events if e["type"] == "error"] == []
+    streamed = "".join(e["delta"] for e in other_events if e["type"] == "text-delta")
+    assert streamed == stored_text(stored_small) == " ".join(["w"] * 60)
+
+
+async def test_a_pipeline_redis_answers_with_a_protocol_error_gives_each_command_its_outcome(
+    redis_url: str,
+) -> None:
+    # The commands before the one too large ran and are answered; that one gets Redis's
+    # error (not retried: Redis answered); those after it never ran (the connection's
+    # error, retried by their writers). The next pipeline opens a new connection.
+    address = resp.address(redis_url)
+    assert address is not None
+    key = unique_prefix() + "s"
+    connection = resp.RespConnection(address)
+    try:
+        with redis_small_bulk("1mb"):
+            replies = await connection.pipeline(
+                [
+                    ["SET", key + "a", "1"],
+                    ["XADD", key, "1-1", "items", BIG],
+                    ["SET", key + "b", "2"],
+                ]
+            )
+            assert replies[0] == b"OK"
+            assert isinstance(replies[1], ResponseError) and "Protocol error" in str(replies[1])
+            assert isinstance(replies[2], RedisConnectionError)
+            assert await connection.pipeline([["GET", key + "a"], ["GET", key + "b"]]) == [
+                b"1",
+                None,
+            ]
+    finally:
+        await connection.aclose()
+
+
+def _last_then_short(request: InferRequest) -> list[str]:
+    users = sum(1 for m in request.messages if m.role == "user")
+    return ["a b ", BIG] if users == 1 else ["second answer"]
+
+
+async def test_a_refused_entry_holding_the_turns_end_still_tells_the_reader_and_the_next_runs(
+    pg_url: str, redis_url: str
+) -> None:
+    # The big delta is the turn's last: it goes in one entry with the turn's end, which
+    # is refused with it. The gap still goes out (Redis took the next, small entry), and
+    # the session's next turn streams whole.
+    agent = Agent(name="a", provider=ScriptedProvider(responder=_last_then_short))
+    with capture_logs() as logs, redis_small_bulk("1mb"):
+        async with deployment(pg_url, redis_url, agent) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                first = await client.post("/api/chat", json=body("s"))
+                second = await client.post("/api/chat", json=body("s", "again", "u2"))
+            turns = await d.queue.turns("s")
+            stored = await d.assistant("s")
+    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
+    assert refused["entry_bytes"] > 2_000_000
+    assert "relay.unflushed" not in [e["event"] for e in logs]
+    ended = data(sse_events(first.text))[-1]
+    assert ended["type"] == "error" and "larger than it accepts" in ended["errorText"]
+    assert [t.status for t in turns] == ["done", "done"]
+    events = data(sse_events(second.text))
+    assert [e for e in events if e["type"] == "error"] == []
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "second answer"
+    assert stored_text(stored) == "second answer"
