@@ -89,20 +89,64 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _jsonrpc_413(send: Send) -> Send:
-    """``send``, with the transport's body-limit refusal (413 as plain text, the one
-    refusal it does not answer as a JSON-RPC error) replaced by the JSON-RPC error the
-    client's own parser reads, as the app's other refusals are."""
+INVALID_MESSAGE = (
+    'Validation error: not a JSON-RPC 2.0 message (an object with "jsonrpc": "2.0" '
+    'and a "method" string, with an "id" that is a string or an integer for a '
+    "request; or a response to a request of the server)"
+)
+"""What a body that parses but is no JSON-RPC message is told, in place of the
+transport's own text (pydantic's report: its model class names, the input echoed and a
+link to pydantic's documentation)."""
+
+
+def _clean_refusal(body: bytes) -> bytes | None:
+    """The transport's 400 ``body`` with a pydantic validation report as its error's
+    message, that message replaced (:data:`INVALID_MESSAGE`); ``None`` for any other."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return None
+    message = error.get("message")
+    if not isinstance(message, str) or not message.startswith("Validation error:"):
+        return None
+    return orjson.dumps({**answer, "error": {**error, "message": INVALID_MESSAGE}})
+
+
+def _jsonrpc_refusals(send: Send) -> Send:
+    """``send``, with two of the transport's refusals replaced: its body-limit refusal
+    (413 as plain text, the one refusal it does not answer as a JSON-RPC error) by the
+    JSON-RPC error the client's own parser reads, as the app's other refusals are; and
+    the message of its 400 for a body that is no JSON-RPC message, which is pydantic's
+    validation report, by :data:`INVALID_MESSAGE`."""
     replaced = False
+    held: Any = None
 
     async def sending(message: Any) -> None:
-        nonlocal replaced
+        nonlocal replaced, held
+        if replaced:
+            return
         if message["type"] == "http.response.start" and message["status"] == 413:
             replaced = True
             refusal = jsonrpc_error(413, "Request body too large")
             await send({**message, "headers": refusal.raw_headers})
             await send({"type": "http.response.body", "body": refusal.body})
-        elif not replaced:
+        elif message["type"] == "http.response.start" and message["status"] == 400:
+            held = message  # (until its body says what it is)
+        elif held is not None and message["type"] == "http.response.body":
+            start, held = held, None
+            body = None if message.get("more_body") else _clean_refusal(message["body"])
+            if body is None:
+                await send(start)
+                await send(message)
+                return
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        else:
             await send(message)
 
     return sending
@@ -245,7 +289,7 @@ class MCPEndpoint:
             self.in_flight.add(in_flight)
         try:
             with streams_bounded(scope):  # its event streams are the transport's own
-                await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+                await self.manager.handle_request(scope, receive, _jsonrpc_refusals(send))
         finally:
             if in_flight is not None:
                 self.in_flight.discard(in_flight)
