@@ -1321,3 +1321,22 @@ async def test_an_mcp_body_that_is_no_jsonrpc_message_is_told_so_without_pydanti
     assert answer["error"]["code"] == -32602
     assert answer["error"]["message"].startswith("Validation error: not a JSON-RPC 2.0 message")
     assert not leaks(r.text, body.decode()), r.text
+
+
+@pytest.mark.parametrize("call_id", [[], {"a": 1}])
+async def test_a_client_tools_output_part_whose_call_id_is_a_list_is_passed_over_not_a_500(call_id):
+    # `call_id in calls` with a list or an object raised TypeError (unhashable): a 500
+    # and a traceback in the log for a continuation body.
+    async with web_server(fuzz_agent()) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            first = sse_events((await http.post("/api/chat", json=chat_body("s", "client"))).text)
+            part = {
+                "type": "tool-pick_color",
+                "toolCallId": call_id,
+                "state": "output-available",
+                "input": {},
+                "output": "red",
+            }
+            r = await http.post("/api/chat", json=_continuation("s", first, part))
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": "the assistant message answers no call the turn waits for"}
