@@ -60,6 +60,7 @@ from actors.stores.memory import MemoryStore
 from runtime import Agent, Tool, tool
 from runtime.actor_messages import InferRequest
 from runtime.compaction import apply_summaries
+from runtime.errors import UnsupportedMedia
 from runtime.history import repair
 from runtime.messages import ToolMessage, UserMessage
 from tests.support.wire_rules import anthropic_errors, chat_errors, gemini_errors
@@ -388,11 +389,21 @@ def leaks(text: str, sent: str) -> list[str]:
 
 def wire_errors(messages: Any) -> list[str]:
     """The rules the three providers' requests built from ``messages`` (and a next
-    input) break."""
+    input) break. A provider that refuses a stored file it cannot take
+    (``UnsupportedMedia``: a text file for Chat Completions, docs/media.md) breaks none:
+    that is its documented answer, not a malformed request."""
     history = repair(apply_summaries([*messages, UserMessage(content="next")]))
-    bad = chat_errors(openai_wire.map_messages(None, history))
-    bad += anthropic_errors(anthropic_wire.map_messages(None, history)[1])
-    bad += gemini_errors(gemini_wire.map_messages(None, history)[1])
+    checks = [
+        lambda: chat_errors(openai_wire.map_messages(None, history)),
+        lambda: anthropic_errors(anthropic_wire.map_messages(None, history)[1]),
+        lambda: gemini_errors(gemini_wire.map_messages(None, history)[1]),
+    ]
+    bad: list[str] = []
+    for check in checks:
+        try:
+            bad += check()
+        except UnsupportedMedia:
+            continue
     return bad
 
 
@@ -468,11 +479,10 @@ class Rig:
                     assert event.get("jsonrpc") == "2.0" or shape == "a2a", event
             return
         if not text:
-            assert status in (200, 202, 204), status
-            return
+            assert status in (200, 202, 204) or (shape == "ai-sdk" and status == 307), status
+            return  # (307: Starlette's redirect of a path with a trailing slash)
         if shape == "ai-sdk" and (
             (status, text) in ((404, "Not Found"), (405, "Method Not Allowed"))
-            or (status == 307 and not text)
         ):
             return  # (a path no route matches: Starlette's own answer, no body read)
         if not kind.startswith("application/json"):
@@ -1340,3 +1350,24 @@ async def test_a_client_tools_output_part_whose_call_id_is_a_list_is_passed_over
             r = await http.post("/api/chat", json=_continuation("s", first, part))
     assert r.status_code == 400, r.text
     assert r.json() == {"error": "the assistant message answers no call the turn waits for"}
+
+
+async def test_what_the_mcp_transport_sends_after_its_whole_response_is_dropped():
+    # A notification is answered 202, then handed to its session; a session ended in
+    # between (the client's DELETE right after: 46 times in 1,170 examples of the large
+    # run) had the transport start a 500 on the finished response, which Hypercorn raised
+    # out of the app ("Error in ASGI Framework", a second traceback in the log).
+    from runtime.app.web.mcp_endpoint import _Refusals
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    sending = _Refusals(send)
+    await sending({"type": "http.response.start", "status": 202, "headers": []})
+    await sending({"type": "http.response.body", "body": b""})
+    await sending({"type": "http.response.start", "status": 500, "headers": []})
+    await sending({"type": "http.response.body", "body": b'{"error": "late"}'})
+    assert [m.get("status") for m in sent] == [202, None]
+    assert sending.finished  # (the ClosedResourceError the transport raises next ends there)
