@@ -105,7 +105,11 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
                 _check_part(p, call, f"the approval {key!r}")
             _once(answered, call.tool_call_id if call is not None else key)
             out.append((key, Decision(approved=approved, reason=reason)))
-        elif state in ("output-available", "output-error") and call_id in calls:
+        elif (
+            state in ("output-available", "output-error")
+            and isinstance(call_id, str)  # (a list or an object: no call's, not a TypeError)
+            and call_id in calls
+        ):
             call = calls[call_id]
             if call.kind != "client":
                 raise ApiError(

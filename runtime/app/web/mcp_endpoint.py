@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import mcp_types as types
 import orjson
 import trio
@@ -89,23 +90,77 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _jsonrpc_413(send: Send) -> Send:
-    """``send``, with the transport's body-limit refusal (413 as plain text, the one
-    refusal it does not answer as a JSON-RPC error) replaced by the JSON-RPC error the
-    client's own parser reads, as the app's other refusals are."""
-    replaced = False
+INVALID_MESSAGE = (
+    'Validation error: not a JSON-RPC 2.0 message (an object with "jsonrpc": "2.0" '
+    'and a "method" string, with an "id" that is a string or an integer for a '
+    "request; or a response to a request of the server)"
+)
+"""What a body that parses but is no JSON-RPC message is told, in place of the
+transport's own text (pydantic's report: its model class names, the input echoed and a
+link to pydantic's documentation)."""
 
-    async def sending(message: Any) -> None:
-        nonlocal replaced
+
+def _clean_refusal(body: bytes) -> bytes | None:
+    """The transport's 400 ``body`` with a pydantic validation report as its error's
+    message, that message replaced (:data:`INVALID_MESSAGE`); ``None`` for any other."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return None
+    message = error.get("message")
+    if not isinstance(message, str) or not message.startswith("Validation error:"):
+        return None
+    return orjson.dumps({**answer, "error": {**error, "message": INVALID_MESSAGE}})
+
+
+class _Refusals:
+    """The transport's ``send``, with two of its refusals replaced: its body-limit
+    refusal (413 as plain text, the one refusal it does not answer as a JSON-RPC error)
+    by the JSON-RPC error the client's own parser reads, as the app's other refusals are;
+    and the message of its 400 for a body that is no JSON-RPC message, which is
+    pydantic's validation report, by :data:`INVALID_MESSAGE`.
+
+    What it sends once its response is whole is dropped (:attr:`finished`): it answers a
+    notification 202 before it hands the notification to the session, and a session
+    ended in between (the client's ``DELETE`` right after) had it start a 500 on the
+    finished response, which the server raised out of the app as a second traceback
+    ("Error in ASGI Framework"), as it did the ``ClosedResourceError`` it raises next
+    (:meth:`MCPEndpoint.__call__` lets that one end there)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.finished = False
+        self.held: Any = None
+
+    async def __call__(self, message: Any) -> None:
+        send = self.send
+        if self.finished:
+            return
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.finished = True  # (the response is whole: nothing follows it)
         if message["type"] == "http.response.start" and message["status"] == 413:
-            replaced = True
+            self.finished = True
             refusal = jsonrpc_error(413, "Request body too large")
             await send({**message, "headers": refusal.raw_headers})
             await send({"type": "http.response.body", "body": refusal.body})
-        elif not replaced:
+        elif message["type"] == "http.response.start" and message["status"] == 400:
+            self.held = message  # (until its body says what it is)
+        elif self.held is not None and message["type"] == "http.response.body":
+            start, self.held = self.held, None
+            body = None if message.get("more_body") else _clean_refusal(message["body"])
+            if body is None:
+                await send(start)
+                await send(message)
+                return
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+        else:
             await send(message)
-
-    return sending
 
 
 def _request_key(session_id: str | None, raw: bytes) -> tuple[str, bytes] | None:
@@ -244,8 +299,13 @@ class MCPEndpoint:
         if in_flight is not None:
             self.in_flight.add(in_flight)
         try:
+            sending = _Refusals(send)
             with streams_bounded(scope):  # its event streams are the transport's own
-                await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
+                try:
+                    await self.manager.handle_request(scope, receive, sending)
+                except anyio.ClosedResourceError:
+                    if not sending.finished:
+                        raise  # (_Refusals: after its answer, the session it was for ended)
         finally:
             if in_flight is not None:
                 self.in_flight.discard(in_flight)
