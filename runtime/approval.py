@@ -259,6 +259,10 @@ def _check(
         output = _storable_output(part, decision.output)
         tool = tools.get(part.tool_name)
         check = getattr(tool, "validate_output", None)
+        if waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
+            sub_check = getattr(tool, "validate_sub_output", None)
+            name = waiting.sub_tool
+            check = None if sub_check is None else (lambda value: sub_check(name, value))
         if check is not None:
             try:
                 check(output)
@@ -583,7 +587,9 @@ def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
     continuation that would run them never came: a client that did not come back, a
     process stopped after the decision's save), in call order. A new user message runs
     them before it (:func:`supersede` leaves them to its caller): a recorded approval is
-    never turned into a denial by a later message."""
+    never turned into a denial by a later message. A call whose sub-agent's client tool
+    the caller answered (``Awaiting.sub_tool``) is one too: run, it passes the output
+    down and its result is the sub-agent's answer."""
     found = _last_turn(messages)
     ids = {c.tool_call_id for c in _waiting_in(messages, found) if c.decided}
     if found is None or not ids:
@@ -595,8 +601,10 @@ def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
             if isinstance(p, ToolCallPart)
             and p.tool_call_id in ids
             and p.awaiting is not None
-            and p.awaiting.kind == APPROVAL
-            and p.awaiting.approved
+            and (
+                (p.awaiting.kind == APPROVAL and p.awaiting.approved)
+                or p.awaiting.sub_tool is not None  # a sub-agent's client tool, answered:
+            )  # its call runs with the output, which its sub-agent takes
         ]
     )
 
