@@ -82,6 +82,11 @@ class PendingCall:
     """The turn's assistant message (the continuation keeps it)."""
     turn_id: str
     decided: bool = False
+    sub_tool: str | None = None
+    """A call whose sub-agent waits for its client-side tool (``Awaiting.sub_tool``):
+    that tool's name; :attr:`approval_id` is the id the calling stream showed its call
+    under, and :attr:`sub_input` its input."""
+    sub_input: Any = None
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -215,6 +220,8 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
         message_id=message_id,
         turn_id=waiting.turn_id,
         decided=waiting.decided,
+        sub_tool=waiting.sub_tool,
+        sub_input=waiting.sub_input,
     )
 
 

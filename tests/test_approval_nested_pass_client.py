@@ -6,21 +6,27 @@ assistant message. Embedded host, SQLite."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, AlreadyDecided, CallerDecides, Host, InvalidDecision, Tool
 from runtime.actor_messages import InferRequest
+from runtime.app.web.ui_stream import ui_messages
 from runtime.approval import WAITING_META, pending_calls, waiting_calls
 from runtime.messages import AssistantMessage, ToolMessage, UserMessage
 from runtime.output import ToolCall
 from tests.support.faults import check_history
 from tests.support.grammar import check_grammar
-from tests.test_approval_nested_pass_owner import trio_wall
+from tests.test_approval_nested_pass_owner import _load, trio_wall
+from tests.test_approval_web import answer, post
 from tests.test_sqlite_attacks import _providers_take
+from tests.test_web_http import body
+from tests.web.harness import WEB, ensure_ai_package, web_server
 
 SUB = "s.helper.H"
 ASKED = "H.L"
@@ -320,3 +326,152 @@ async def test_an_output_given_but_never_continued_reaches_the_sub_agent_before_
     assert (h.tool_call_id, h.output, h.error) == ("H", "you are in Paris", None)
     (located,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
     assert located.output == {"city": "Paris"} and sub_steps == [0, 1]
+
+
+def _sub_part(output: Any, **extra: Any) -> dict[str, Any]:
+    """The tool part ``useChat`` sends back once ``addToolOutput`` answered the call."""
+    return {
+        "type": "tool-locate",
+        "toolCallId": ASKED,
+        "state": "output-available",
+        "input": {"precise": True},
+        "output": output,
+        **extra,
+    }
+
+
+async def test_the_ai_sdk_stream_shows_the_sub_call_and_its_continuation_answers_it(tmp_path):
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            message_id = first[0]["messageId"]
+            sent = answer("s", message_id, _sub_part({"city": "Paris"}))
+            # the agent tool's own part, as the page holds it, is passed over
+            sent["messages"][-1]["parts"].insert(
+                1,
+                {
+                    "type": "tool-helper",
+                    "toolCallId": "H",
+                    "state": "input-available",
+                    "input": {"input": "where am I"},
+                },
+            )
+            second = await post(client, sent)
+    shown = [c for c in first[:-1] if c["type"] == "tool-input-available"]
+    assert [(c["toolCallId"], c["toolName"], c["input"]) for c in shown] == [
+        ("H", "helper", {"input": "where am I"}),
+        (ASKED, "locate", {"precise": True}),
+    ]
+    assert first[-2]["type"] == "finish" and first[-2]["finishReason"] == "tool-calls"
+    assert second[0] == {"type": "start", "messageId": message_id}
+    done = [c for c in second[:-1] if c["type"] == "tool-output-available"]
+    assert [(c["toolCallId"], c["output"]) for c in done if not c.get("preliminary")] == [
+        ("H", "you are in Paris")
+    ]
+    text = "".join(c["delta"] for c in second[:-1] if c["type"] == "text-delta")
+    assert text == "parent saw: you are in Paris" and sub_steps == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        _sub_part({"town": "Paris"}),  # not the client tool's output schema
+        _sub_part({"city": "Paris"}, input={"precise": False}),  # another input
+        {**_sub_part({"city": "Paris"}), "type": "tool-helper"},  # another tool
+    ],
+    ids=["schema", "input", "tool"],
+)
+async def test_an_ai_sdk_answer_that_does_not_fit_is_a_400_and_nothing_changes(tmp_path, part):
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            before = await _load("s", tmp_path)
+            response = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+            after = await _load("s", tmp_path)
+            then = await post(client, answer("s", first[0]["messageId"], _sub_part({"city": "X"})))
+    assert response.status_code == 400, response.text
+    assert (after.version, after.messages) == (before.version, before.messages)
+    text = "".join(c["delta"] for c in then[:-1] if c["type"] == "text-delta")
+    assert text == "parent saw: you are in X"
+
+
+async def test_an_ai_sdk_answer_sent_to_the_sub_session_is_a_409(tmp_path):
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await post(client, body("s"))
+            sub = await _load(SUB, tmp_path)
+            part = {
+                "type": "tool-locate",
+                "toolCallId": "L",
+                "state": "output-available",
+                "input": {"precise": True},
+                "output": {"city": "Oslo"},
+            }
+            response = await client.post("/api/chat", json=answer(SUB, sub.messages[1].id, part))
+            after = await _load(SUB, tmp_path)
+    assert response.status_code == 409, response.text
+    assert "'s'" in response.json()["error"]
+    assert [c.decided for c in pending_calls(list(after.messages))] == [False]
+
+
+async def test_a_reloaded_page_gets_the_sub_call_to_answer_and_then_its_answer(tmp_path):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session, _, _ = await _suspend(host)
+        waiting = ui_messages((await host.store.load("s")).messages)
+        await session.respond(ASKED, output={"city": "Paris"})
+        done = ui_messages((await host.store.load("s")).messages)
+
+    def tools(messages: list) -> list:
+        return [
+            (p["toolCallId"], p["type"], p["state"], p.get("output"))
+            for p in messages[-1]["parts"]
+            if p["type"].startswith("tool-")
+        ]
+
+    assert tools(waiting) == [
+        ("H", "tool-helper", "input-available", None),
+        (ASKED, "tool-locate", "input-available", None),
+    ]
+    assert tools(done) == [
+        ("H", "tool-helper", "output-available", "you are in Paris"),
+        (ASKED, "tool-locate", "output-available", {"city": "Paris"}),
+    ]
+
+
+async def test_the_ai_package_answers_the_sub_call_and_the_turn_goes_on_in_its_message(tmp_path):
+    node = ensure_ai_package()
+    async with web_server(parent(), store=str(tmp_path / "w.db")) as server:
+        config = {"url": server.url, "chatId": "s", "tool": "locate", "output": {"city": "Oz"}}
+        with trio.fail_after(60):
+            proc = await trio.run_process(
+                [node, str(WEB / "sub_client_chat.mjs"), json.dumps(config)],
+                capture_stdout=True,
+                cwd=WEB,
+            )
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            stored = (await client.get("/api/sessions/s")).json()
+    chat = json.loads(proc.stdout)
+    assert chat["error"] is None and chat["status"] == "ready"
+    assert [(c["toolCallId"], c["toolName"]) for c in chat["calls"]] == [
+        ("H", "helper"),
+        (ASKED, "locate"),
+    ]
+    _, second = chat["bodies"]
+    assert (
+        second["trigger"] == "submit-message" and second["messageId"] == chat["messages"][-1]["id"]
+    )
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant"]
+    message = chat["messages"][-1]
+    states = [
+        (p["toolCallId"], p["state"], p.get("output"))
+        for p in message["parts"]
+        if p["type"].startswith("tool-")
+    ]
+    assert states == [
+        ("H", "output-available", "you are in Oz"),
+        (ASKED, "output-available", {"city": "Oz"}),
+    ]
+    assert [p["text"] for p in message["parts"] if p["type"] == "text"] == [
+        "parent saw: you are in Oz"
+    ]
+    assert message["parts"] == stored["ui_messages"][-1]["parts"]
