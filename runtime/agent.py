@@ -303,9 +303,11 @@ class Agent:
         raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
         ``approval_timeout`` is the calling call's deadline too. More approvals (two
         calls of a sub-step, a later sub-step that asks) pass one at a time, the calling
-        turn's continuation waiting again for the next. An agent with a client-side tool
-        (:meth:`Tool.client`) is refused here (:class:`ToolDefinitionError`): a sub-turn
-        waiting for one is a tool error (docs/approval.md).
+        turn's continuation waiting again for the next. A sub-agent's client-side tool
+        (:meth:`Tool.client`) passes up the same way: the calling turn waits for its
+        output under the id ``<call id>.<sub call id>`` (its stream shows the sub call
+        under it), checked against that tool's output schema, and the call gives it to
+        the sub-agent (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
