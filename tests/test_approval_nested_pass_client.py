@@ -22,6 +22,8 @@ from runtime.messages import AssistantMessage, ToolMessage, UserMessage
 from runtime.output import ToolCall
 from tests.support.faults import check_history
 from tests.support.grammar import check_grammar
+from tests.test_agui import run as agui_run
+from tests.test_agui import run_input, user
 from tests.test_approval_nested_pass_owner import _load, trio_wall
 from tests.test_approval_web import answer, post
 from tests.test_sqlite_attacks import _providers_take
@@ -475,3 +477,33 @@ async def test_the_ai_package_answers_the_sub_call_and_the_turn_goes_on_in_its_m
         "parent saw: you are in Oz"
     ]
     assert message["parts"] == stored["ui_messages"][-1]["parts"]
+
+
+pick = Tool.client("pick", {"type": "object", "properties": {}}, "Pick a color.")
+
+
+def _picks_model(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("pick", {}, tool_call_id="P")
+    return [f"picked {_last_result(request).output}"]
+
+
+async def test_an_ag_ui_run_names_the_sub_call_pending_and_the_next_run_answers_it():
+    picker = Agent(name="helper", provider=ScriptedProvider(responder=_picks_model), tools=[pick])
+    agent = Agent(
+        name="top",
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[picker.as_tool(pass_approvals=True)],
+    )
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+        first = await agui_run(server, run_input("t", user("go", "m1")))
+        history = [
+            user("go", "m1"),
+            {"id": "answer-1", "role": "tool", "toolCallId": "H.P", "content": "red"},
+        ]
+        second = await agui_run(server, run_input("t", *history, runId="r2"))
+    starts = [(e["toolCallId"], e["toolCallName"]) for e in first if e["type"] == "TOOL_CALL_START"]
+    assert starts == [("H", "helper"), ("H.P", "pick")]
+    assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["H.P"]}
+    text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "parent saw: picked red"
