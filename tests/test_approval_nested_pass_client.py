@@ -507,3 +507,32 @@ async def test_an_ag_ui_run_names_the_sub_call_pending_and_the_next_run_answers_
     assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["H.P"]}
     text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "parent saw: picked red"
+
+
+async def test_a_takeover_of_the_waiting_calling_turn_shows_the_sub_call_again(tmp_path):
+    """A worker taking the waiting calling turn over (``resume=True``) streams its
+    suspended step as stored: the agent tool's call and, after it, the sub call to
+    answer (before this change it showed the agent tool's call alone)."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(parent(), session_id="s")
+        ids = {"turn_id": "turn_w", "message_id": "msg_w", "resume": True}
+        async with session.stream("go", **ids) as out:
+            first = [c async for c in out]
+        async with session.stream("go", **ids) as out:
+            again = [c async for c in out]
+        result = out.result
+    assert result.finish_reason == "awaiting-input"
+    check_grammar(again)
+
+    def calls(chunks: list) -> list:
+        return [(c.tool_call_id, c.tool_name, c.input) for c in chunks if isinstance(c, ToolCall)]
+
+    assert (
+        calls(again)
+        == calls(first)
+        == [
+            ("H", "helper", {"input": "where am I"}),
+            (ASKED, "locate", {"precise": True}),
+        ]
+    )
+    assert sub_steps == [0]
