@@ -234,7 +234,9 @@ def _check(
     agent's ``max_tool_result_chars``) with the marker, as a server tool's stored result
     is: kept whole, a 1 MB reason or 10 MB output stayed in the session, read back and
     written again with it, though the model read only ``max_chars`` of it. An output is
-    checked against the tool's schema whole, before it is cut."""
+    checked against the tool's schema whole, before it is cut; not again when the
+    calling session's call passes it down (``by_caller``: its check was the caller's,
+    on the whole output, and what it passes is cut to the calling agent's limit)."""
     waiting = part.awaiting
     assert waiting is not None
     given = decision.has_output or decision.error is not None
@@ -266,7 +268,9 @@ def _check(
         output = _storable_output(part, decision.output)
         tool = tools.get(part.tool_name)
         check = getattr(tool, "validate_output", None)
-        if waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
+        if decision.by_caller:  # checked whole by the caller, which may have cut it
+            check = None
+        elif waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
             sub_check = getattr(tool, "validate_sub_output", None)
             name = waiting.sub_tool
             check = None if sub_check is None else (lambda value: sub_check(name, value))

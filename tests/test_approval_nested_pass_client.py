@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, AlreadyDecided, CallerDecides, Host, InvalidDecision, Tool
+from runtime import Agent, AlreadyDecided, Budget, CallerDecides, Host, InvalidDecision, Tool
 from runtime.actor_messages import InferRequest
 from runtime.app.web.ui_stream import ui_messages
 from runtime.approval import WAITING_META, pending_calls, waiting_calls
@@ -536,3 +536,31 @@ async def test_a_takeover_of_the_waiting_calling_turn_shows_the_sub_call_again(t
         ]
     )
     assert sub_steps == [0]
+
+
+def _echo_model(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("locate", {"precise": True}, tool_call_id="L")
+    result = _last_result(request)
+    return [f"error: {result.error}" if result.error else f"got {len(str(result.output))}"]
+
+
+async def test_an_output_past_the_callers_result_limit_reaches_the_sub_agent_cut(tmp_path):
+    """The caller stores the output cut to its agent's ``max_tool_result_chars`` (as
+    any client's output), after checking it whole against the schema: the sub-session
+    takes that cut output (its check was the caller's), not an error because the cut
+    text no longer fits the schema."""
+    helper3 = Agent(name="helper", provider=ScriptedProvider(responder=_echo_model), tools=[locate])
+    agent = Agent(
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[helper3.as_tool(pass_approvals=True)],
+        budget=Budget(max_tool_result_chars=200),
+    )
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session, _, _ = await _suspend(host, agent)
+        result = await session.respond(ASKED, output={"city": "P" * 1000})
+        sub = await host.store.load(SUB)
+    (located,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
+    assert located.error is None and isinstance(located.output, str)
+    assert "[truncated:" in located.output and len(located.output) < 300  # (the marker)
+    assert result.text.startswith("parent saw: got ")
