@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from a2a.types.a2a_pb2 import TaskState
+from google.protobuf.json_format import MessageToDict
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, AlreadyDecided, Budget, CallerDecides, Host, InvalidDecision, Tool
@@ -22,6 +24,8 @@ from runtime.messages import AssistantMessage, ToolMessage, UserMessage
 from runtime.output import ToolCall
 from tests.support.faults import check_history
 from tests.support.grammar import check_grammar
+from tests.test_a2a import BOTH, collect, sdk
+from tests.test_a2a import user as a2a_user
 from tests.test_agui import run as agui_run
 from tests.test_agui import run_input, user
 from tests.test_approval_nested_pass_owner import _load, trio_wall
@@ -62,7 +66,8 @@ def _helper_model(request: InferRequest) -> list:
 
 
 def _parent_model(request: InferRequest) -> list:
-    if [m.content for m in request.messages if isinstance(m, UserMessage)][-1] != "go":
+    said = [m.content for m in request.messages if isinstance(m, UserMessage)][-1]
+    if said == "never mind":
         return ["fine"]
     if current_step(request.messages) == 0:
         return tool_call("helper", {"input": "where am I"}, tool_call_id="H")
@@ -564,3 +569,24 @@ async def test_an_output_past_the_callers_result_limit_reaches_the_sub_agent_cut
     assert located.error is None and isinstance(located.output, str)
     assert "[truncated:" in located.output and len(located.output) < 300  # (the marker)
     assert result.text.startswith("parent saw: got ")
+
+
+async def test_an_a2a_task_names_the_sub_call_and_its_output_completes_the_task(tmp_path):
+    async with web_server(parent(), protocols=BOTH, store=str(tmp_path / "w.db")) as server:
+
+        async def run(client: Any) -> tuple[Any, Any]:
+            (asked,) = await collect(client, a2a_user("go", message_id="q"))
+            data = MessageToDict(asked.task.status.message.parts[1].data)["pending"]
+            output = {"decisions": [{"id": ASKED, "output": {"city": "Oslo"}}]}
+            (answered,) = await collect(
+                client, a2a_user(message_id="o", task_id=asked.task.id, data=output)
+            )
+            return data, answered
+
+        pending, answered = await sdk(server, run, streaming=False)
+    assert [(p["id"], p["kind"], p["tool"], p["input"]) for p in pending] == [
+        (ASKED, "client", "locate", {"precise": True})
+    ]
+    assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED
+    text = "".join(p.text for p in answered.task.artifacts[0].parts)
+    assert text == "parent saw: you are in Oslo"
