@@ -3,7 +3,8 @@ worker deployment (real PostgreSQL and Redis, in process): the calling row waits
 stream shows the sub call (``tool-input-available``, id ``H.L``); the AI SDK
 continuation answering that part resumes both turns on a worker; an output that does
 not fit the client tool's schema is a 400 and one posted for the sub-session a 409,
-both changing nothing; the sub-agent's ``approval_timeout`` expires the calling row."""
+both changing nothing; the sub-agent's ``approval_timeout`` expires the calling row;
+of two racing outputs one is taken."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
@@ -140,3 +142,30 @@ async def test_the_sub_agents_timeout_expires_the_calling_row_and_errors_its_cli
     assert result.output == "unknown place: timed out"
     (located,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
     assert located.error == "timed out" and sub_steps == [0, 1]
+
+
+async def test_two_racing_outputs_posted_to_a_worker_deployment_one_is_taken(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, calling()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            message_id, _ = await _suspend(d, client)
+            responses: list[httpx.Response] = []
+
+            async def post(city: str) -> None:
+                sent = _answer("s1", message_id, _sub_part({"city": city}))
+                responses.append(await client.post(f"{d.urls[0]}/api/chat", json=sent))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "Paris")
+                nursery.start_soon(post, "Rome")
+        turn = await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        sub = await d.store.load(SUB)
+        record = await d.store.load("s1")
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses[0] == 200 and 400 <= statuses[1] < 500, [r.text for r in responses]
+    assert turn is not None and turn.status == "done" and sub_steps == [0, 1]
+    assert sub is not None and record is not None
+    (located,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
+    (h,) = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert h.output == f"you are in {located.output['city']}"
