@@ -198,6 +198,9 @@ class ToolOutcome:
     (:attr:`ToolContext.waits_for`): no result; the calling turn suspends."""
     waits_until: float | None = None
     """When the wait :attr:`waits_for` names expires (``None``: never)."""
+    waits_client: tuple[str, Any] | None = None
+    """With :attr:`waits_for`: the sub-agent's client tool call it waits for (its tool
+    name and input; :attr:`ToolContext.waits_client`); ``None``: an approval."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -303,20 +303,14 @@ class Agent:
         raises :class:`~runtime.errors.CallerDecides`. The sub-agent's
         ``approval_timeout`` is the calling call's deadline too. More approvals (two
         calls of a sub-step, a later sub-step that asks) pass one at a time, the calling
-        turn's continuation waiting again for the next. An agent with a client-side tool
-        (:meth:`Tool.client`) is refused here (:class:`ToolDefinitionError`): a sub-turn
-        waiting for one is a tool error (docs/approval.md).
+        turn's continuation waiting again for the next. A sub-agent's client-side tool
+        (:meth:`Tool.client`) passes up the same way: the calling turn waits for its
+        output under the id ``<call id>.<sub call id>`` (its stream shows the sub call
+        under it), checked against that tool's output schema, and the call gives it to
+        the sub-agent (docs/approval.md).
         """
         if type(max_depth) is not int or max_depth < 1:
             raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
-        clients = [t.name for t in self.tools if isinstance(t, Tool) and t.is_client]
-        if pass_approvals and clients:
-            raise ToolDefinitionError(
-                f"as_tool(pass_approvals=True): agent {self.name!r} has client-side tools "
-                f"({', '.join(clients)}), and only approvals pass up to the calling session: "
-                "a sub-turn waiting for a client tool's output would be a tool error. Leave "
-                "them out of the sub-agent, or use pass_approvals=False"
-            )
         agent = self
         tool_name = name or self.name
 
@@ -331,9 +325,47 @@ class Agent:
             f"Delegate a task to the {self.name} agent. {self.instructions or ''}".strip()
             + "\n\nArgs:\n    input: The task or question for the agent, in plain words."
         )
-        return tool(
+        built = tool(
             run_agent, name=tool_name, description=description, needs_approval=needs_approval
         )
+        fields: dict[str, Any] = {str(a.alias): getattr(built, a.name) for a in attrs.fields(Tool)}
+        return AgentTool(**fields, sub_agent=self if pass_approvals else None)
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class AgentTool(Tool):
+    """An agent used as a tool (:meth:`Agent.as_tool`)."""
+
+    __repr__ = _repr
+
+    sub_agent: Any = attrs.field(default=None, repr=False)
+    """The agent, when its waits pass up to the caller (``pass_approvals=True``)."""
+
+    def validate_sub_output(self, name: str, output: Any) -> None:
+        """Check a caller's ``output`` for the sub-agent's client-side tool ``name`` (a
+        nested ``"client"`` wait, :attr:`~runtime.messages.Awaiting.sub_tool`) against
+        that tool's output schema, as the sub-session itself would
+        (:class:`~runtime.tools.ToolInputError`); agents calling agents are searched
+        too, the first tool of that name found."""
+        found = _client_tool(self.sub_agent, name, set())
+        if found is not None:
+            found.validate_output(output)
+
+
+def _client_tool(agent: Any, name: str, seen: set[int]) -> Any:
+    """The client-side tool ``name`` of ``agent`` or of the agents it calls as tools."""
+    if agent is None or id(agent) in seen:
+        return None
+    seen.add(id(agent))
+    for t in agent.tools:
+        if isinstance(t, Tool) and t.is_client and t.name == name:
+            return t
+    for t in agent.tools:
+        if isinstance(t, AgentTool):
+            found = _client_tool(t.sub_agent, name, seen)
+            if found is not None:
+                return found
+    return None
 
 
 def _sub_session_id(context: ToolContext, tool_name: str) -> str:
@@ -398,7 +430,31 @@ def _passes(result: Any, may: bool) -> bool:
     approvals only (runtime.approval.APPROVAL), and passes the first: one at a time, the
     next once it is decided (the calling call waits again for it)."""
     pending = result.pending
-    return may and bool(pending) and all(p.kind == "approval" for p in pending)
+    return may and bool(pending) and all(p.kind in ("approval", "client") for p in pending)
+
+
+def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
+    """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
+    tool's name and input (two agents deep, the one its own nested wait names)."""
+    for m in reversed(messages):
+        if isinstance(m, AssistantMessage):
+            for p in m.content:
+                if not isinstance(p, ToolCallPart) or p.awaiting is None:
+                    continue
+                w = p.awaiting
+                if w.id == wait_id:
+                    if w.sub_tool is not None:
+                        return w.sub_tool, w.sub_input
+                    return p.tool_name, p.input
+            break
+    raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+
+
+def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
+    """The id the calling session answers a sub-agent's client tool call with: the
+    calling call's id and the sub-session's wait id (the sub call's id), so it is unique
+    among the calling turn's calls whatever ids the sub-agent's model gave."""
+    return f"{tool_call_id}.{wait_id}"
 
 
 def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:
@@ -490,9 +546,22 @@ async def _go_on(
     is there already and the sub-turn resumed or finished: it goes on from its committed
     steps, or gives its answer, as any retried sub-turn does."""
     try:
-        await session.decide(
-            decision.id, approved=bool(decision.approved), reason=decision.reason, by_caller=True
-        )
+        if decision.kind == "client":
+            prefix = f"{context.tool_call_id}."
+            assert decision.id.startswith(prefix), (decision.id, prefix)
+            answer: dict[str, Any] = (
+                {"error": decision.error}
+                if decision.error is not None
+                else {"output": decision.output}
+            )
+            await session.decide(decision.id[len(prefix) :], by_caller=True, **answer)
+        else:
+            await session.decide(
+                decision.id,
+                approved=bool(decision.approved),
+                reason=decision.reason,
+                by_caller=True,
+            )
     except AlreadyDecided:
         pass  # recorded by the run a crash cut short
     try:
@@ -585,7 +654,7 @@ async def _run_sub_turn(
         await session.close()
         raise RuntimeError(ended)
     decision = context.decision
-    if decision is not None and decision.approved is None:
+    if decision is not None and not decision.decided:
         # the calling turn went on without it (a new message): nobody resumes it now
         await session.end_wait(NESTED_WAIT)
         await session.close()
@@ -599,6 +668,11 @@ async def _run_sub_turn(
             result, pass_approvals and context.may_wait
         )
         until = _deadline(session.messages, result.pending[0].approval_id) if passes else None
+        client = (
+            _sub_client(session.messages, result.pending[0].approval_id)
+            if passes and result.pending[0].kind == "client"
+            else None
+        )
         if result.finish_reason == "awaiting-input" and not passes:
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
@@ -607,8 +681,12 @@ async def _run_sub_turn(
         await session.close()
     context.add_usage(result.usage)
     if passes:  # the calling turn waits for its approval (issue 21)
-        context.waits_for = result.pending[0].approval_id
+        wait_id = result.pending[0].approval_id
+        if client is not None:  # answered on the caller under an id of its own
+            wait_id = sub_wait_id(context.tool_call_id, wait_id)
+        context.waits_for = wait_id
         context.waits_until = until
+        context.waits_client = client
         return ""
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason

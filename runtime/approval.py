@@ -82,6 +82,11 @@ class PendingCall:
     """The turn's assistant message (the continuation keeps it)."""
     turn_id: str
     decided: bool = False
+    sub_tool: str | None = None
+    """A call whose sub-agent waits for its client-side tool (``Awaiting.sub_tool``):
+    that tool's name; :attr:`approval_id` is the id the calling stream showed its call
+    under, and :attr:`sub_input` its input."""
+    sub_input: Any = None
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -215,6 +220,8 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
         message_id=message_id,
         turn_id=waiting.turn_id,
         decided=waiting.decided,
+        sub_tool=waiting.sub_tool,
+        sub_input=waiting.sub_input,
     )
 
 
@@ -227,7 +234,9 @@ def _check(
     agent's ``max_tool_result_chars``) with the marker, as a server tool's stored result
     is: kept whole, a 1 MB reason or 10 MB output stayed in the session, read back and
     written again with it, though the model read only ``max_chars`` of it. An output is
-    checked against the tool's schema whole, before it is cut."""
+    checked against the tool's schema whole, before it is cut; not again when the
+    calling session's call passes it down (``by_caller``: its check was the caller's,
+    on the whole output, and what it passes is cut to the calling agent's limit)."""
     waiting = part.awaiting
     assert waiting is not None
     given = decision.has_output or decision.error is not None
@@ -259,6 +268,12 @@ def _check(
         output = _storable_output(part, decision.output)
         tool = tools.get(part.tool_name)
         check = getattr(tool, "validate_output", None)
+        if decision.by_caller:  # checked whole by the caller, which may have cut it
+            check = None
+        elif waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
+            sub_check = getattr(tool, "validate_sub_output", None)
+            name = waiting.sub_tool
+            check = None if sub_check is None else (lambda value: sub_check(name, value))
         if check is not None:
             try:
                 check(output)
@@ -583,7 +598,9 @@ def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
     continuation that would run them never came: a client that did not come back, a
     process stopped after the decision's save), in call order. A new user message runs
     them before it (:func:`supersede` leaves them to its caller): a recorded approval is
-    never turned into a denial by a later message."""
+    never turned into a denial by a later message. A call whose sub-agent's client tool
+    the caller answered (``Awaiting.sub_tool``) is one too: run, it passes the output
+    down and its result is the sub-agent's answer."""
     found = _last_turn(messages)
     ids = {c.tool_call_id for c in _waiting_in(messages, found) if c.decided}
     if found is None or not ids:
@@ -595,8 +612,10 @@ def approved_waiting(messages: Sequence[Message]) -> tuple[ToolCallPart, ...]:
             if isinstance(p, ToolCallPart)
             and p.tool_call_id in ids
             and p.awaiting is not None
-            and p.awaiting.kind == APPROVAL
-            and p.awaiting.approved
+            and (
+                (p.awaiting.kind == APPROVAL and p.awaiting.approved)
+                or p.awaiting.sub_tool is not None  # a sub-agent's client tool, answered:
+            )  # its call runs with the output, which its sub-agent takes
         ]
     )
 

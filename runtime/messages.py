@@ -108,6 +108,14 @@ class Awaiting:
     it (this id) decides it, its call's turn waiting for the same id
     (``as_tool(pass_approvals=True)``) or ending it: a decision addressed to this session
     is refused (:class:`~runtime.errors.CallerDecides`). ``None``: this session's own."""
+    sub_tool: str | None = None
+    """A nested wait (:attr:`nested`) of kind ``"client"``: the name of the sub-agent's
+    client-side tool whose output the caller gives (its sub-turn waits for it). Its
+    :attr:`id` is ``<this call's id>.<the sub-session's wait id>``: the caller answers
+    it with ``respond(id, output=...)``, and the call passes the output down."""
+    sub_input: Any = None
+    """With :attr:`sub_tool`: that client tool call's input (what the caller's stream
+    shows, ``tool-input-available``)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -52,6 +52,8 @@ converter.register_unstructure_hook_factory(
         expires_at=override(omit_if_default=True),
         nested=override(omit_if_default=True),
         caller=override(omit_if_default=True),
+        sub_tool=override(omit_if_default=True),
+        sub_input=override(omit_if_default=True),
     ),
 )
 

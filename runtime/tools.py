@@ -91,6 +91,7 @@ class ToolContext(Generic[Deps]):
         "tool_name",
         "turn_id",
         "usage",
+        "waits_client",
         "waits_for",
         "waits_until",
     )
@@ -153,6 +154,10 @@ class ToolContext(Generic[Deps]):
         self.waits_until: float | None = None
         """With :attr:`waits_for`: when that wait expires (the sub-agent's
         ``approval_timeout``, wall-clock seconds), the deadline of the calling turn's."""
+        self.waits_client: tuple[str, Any] | None = None
+        """With :attr:`waits_for`: the sub-turn waits for a client tool's output, not an
+        approval: that call's tool name and input (the calling stream shows the call;
+        :attr:`waits_for` is then ``<this call's id>.<the sub call's id>``)."""
         self._emit = emit
 
     @property

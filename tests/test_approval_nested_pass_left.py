@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, Host, Tool, ToolDefinitionError
+from runtime import Agent, Host, Tool
 from runtime.actor_messages import InferRequest
 from runtime.agent import CALLER_DELETED
 from runtime.approval import pending_calls, waiting_calls
@@ -54,11 +54,10 @@ def _with_client_tool() -> Agent:
     return Agent(name="helper", provider=ScriptedProvider([["hi"]]), tools=[locate])
 
 
-def test_pass_approvals_for_an_agent_with_a_client_tool_is_refused_when_built():
-    """Only approvals pass up: a sub-turn waiting for ``locate``'s output was a tool
-    error at run time, after the sub-agent's other calls had run."""
-    with pytest.raises(ToolDefinitionError, match=r"'helper' has client-side tools \(locate\)"):
-        _with_client_tool().as_tool(pass_approvals=True)
+def test_pass_approvals_for_an_agent_with_a_client_tool_builds():
+    """Refused when built until ``subclient``: a client tool's call now passes up
+    (tests/test_approval_nested_pass_client.py)."""
+    assert _with_client_tool().as_tool(pass_approvals=True).name == "helper"
 
 
 def test_an_agent_with_a_client_tool_is_still_a_tool_without_pass_approvals():

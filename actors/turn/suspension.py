@@ -123,22 +123,44 @@ def awaiting(
 
 
 def nested_wait(
-    approval_id: str, turn_id: str, expires_at: float | None = None, caller: str | None = None
+    approval_id: str,
+    turn_id: str,
+    expires_at: float | None = None,
+    caller: str | None = None,
+    client: tuple[str, Any] | None = None,
 ) -> Awaiting:
     """The stored wait of a call whose sub-agent (an agent used as a tool) suspended for
     the approval ``approval_id``: the calling turn waits for that same id
     (``ToolOutcome.waits_for``); its deadline is the sooner of the sub-turn's own (its
     agent's ``approval_timeout``) and this turn's agent's, if either has one: past it the
     call is denied ``timed out``, and its sub-turn with it. ``caller``: as
-    :func:`awaiting`'s (an agent tool two agents deep)."""
+    :func:`awaiting`'s (an agent tool two agents deep). ``client``: the sub-turn waits
+    for a client tool's output, not an approval (that call's tool name and input): a
+    ``"client"`` wait the caller answers with the output (``approval_id`` is then
+    ``<call id>.<sub call id>``)."""
     return Awaiting(
-        kind=APPROVAL,
+        kind=APPROVAL if client is None else CLIENT,
         id=approval_id,
         turn_id=turn_id,
         expires_at=expires_at,
         nested=True,
         caller=caller,
+        sub_tool=None if client is None else client[0],
+        sub_input=None if client is None else client[1],
     )
+
+
+def held_sub_calls(parts: list[Part], held: Mapping[str, Awaiting]) -> list[ToolCallChunk]:
+    """The client tool calls of sub-agents the held calls wait for (nested ``"client"``
+    waits), as the calling stream shows them: a call under the wait's id, named by the
+    sub-agent's tool (the AI SDK's ``tool-input-available``, so a page answers it)."""
+    return [
+        ToolCallChunk(tool_call_id=w.id, tool_name=w.sub_tool, input=w.sub_input)
+        for p in parts
+        if isinstance(p, ToolCallPart)
+        and (w := held.get(p.tool_call_id)) is not None
+        and w.sub_tool is not None
+    ]
 
 
 def expiry_time(host: TurnHost, agent: Agent) -> float | None:
@@ -305,6 +327,8 @@ class Suspending:
                     approval_id=w.id,
                 )
             )
+        for call in held_sub_calls(turn.parts.content, turn.held):
+            await turn.ctrl.send(call)  # a sub-agent's client tool call, to be answered
 
     async def _announce_waiting(self, turn: Any, step: int) -> None:
         """The bus hears of each approval the suspended turn waits for (once stored);
@@ -369,6 +393,8 @@ class Suspending:
                             step=step, tool_call_id=call, tool_name=name, approval_id=w.id
                         )
                     )
+                elif w is not None and not w.decided and w.sub_tool is not None:
+                    items += held_sub_calls([part], {call: w})
         # no usage: the step ran no model call here, and its tokens are in the turn's
         # total already (``finish``); the stored step's usage again (none is kept per
         # step) would count it twice for a client adding up each stream's steps
@@ -493,7 +519,7 @@ class Suspending:
         """Run ``parts`` (approved, of one earlier turn) on the tool executor, each
         outcome into ``outcomes``, announced on the bus and to the hook, not streamed.
         ``end``: calls whose sub-agent waits, denied by a new message: each is given the
-        decision ``approved=None``, which ends its sub-turn (``ToolContext.decision``)."""
+        decision ``decided=False``, which ends its sub-turn (``ToolContext.decision``)."""
         awaited = parts[0].awaiting
         assert awaited is not None
         budget, sid = self.agent.budget, self.state.session_id
@@ -568,11 +594,12 @@ class Suspending:
 
 def _decision_of(part: ToolCallPart, end: bool) -> Awaiting | None:
     """What a call run before a new message is told of its decision: a nested one's
-    (``approved=None`` when the new message ends its sub-turn), else nothing."""
+    (``decided=False`` when the new message ends its sub-turn: a client tool's output
+    has ``approved=None`` too), else nothing."""
     w = part.awaiting
     if w is None or not w.nested:
         return None
-    return attrs.evolve(w, approved=None) if end else w
+    return attrs.evolve(w, decided=False, approved=None) if end else w
 
 
 def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:

@@ -178,6 +178,7 @@ class ToolCalling:
                             turn.turn_id,
                             _sooner(item.waits_until, expiry_time(self.host, self.agent)),
                             caller_of(turn.meta),
+                            item.waits_client,
                         )
                         continue
                     await self._tool_done(turn.turn_id, step, item, ctrl)

@@ -18,7 +18,8 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     finish`` (RESULT: what a
     resumed turn's waiting calls give, docs/approval.md, with the ``tool-stream``
     chunks of an approved agent-as-tool running among them, and its
-    ``tool-approval-request`` when its sub-agent asks again: then ``finish``
+    ``tool-approval-request`` when its sub-agent asks again, or the ``tool-call`` of
+    its sub-agent's next client tool, id ``<call id>.<sub call id>``: then ``finish``
     ``awaiting-input`` follows, no step; or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
     part ids, ``object-delta`` only inside the text part it parses, and strictly
@@ -44,6 +45,9 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
             continue
         if leading and t == "tool-approval-request":  # an agent-as-tool's, asking again
             asks += 1
+            continue
+        if leading and t == "tool-call" and "." in _get(c, "tool_call_id"):
+            asks += 1  # its sub-agent's next client tool call, passed up (subclient)
             continue
         if leading and t == "tool-stream":  # an approved agent-as-tool's, as it runs
             continue

@@ -157,14 +157,19 @@ def pending_message(
 ) -> dict[str, Any]:
     """The status message of a task waiting for input: a line a person reads, and the
     calls as data (what the answer's ``decisions`` name)."""
+    # a sub-agent's client tool passed up (``PendingCall.sub_tool``): its call, not the
+    # agent tool's, is the one to run
+    shown = [
+        (c, c.sub_tool or c.tool_name, c.sub_input if c.sub_tool else c.input) for c in pending
+    ]
     lines = [
         f"{'approve' if c.kind == APPROVAL else 'run the client-side tool'} "
-        f"{c.tool_name}({orjson.dumps(c.input).decode()}) [id {c.approval_id}]"
-        for c in pending
+        f"{name}({orjson.dumps(input).decode()}) [id {c.approval_id}]"
+        for c, name, input in shown
     ]
     calls = [
-        {"id": c.approval_id, "kind": c.kind, "tool": c.tool_name, "input": c.input}
-        for c in pending
+        {"id": c.approval_id, "kind": c.kind, "tool": name, "input": input}
+        for c, name, input in shown
     ]
     parts = [
         wire.text_part("waiting for input: " + "; ".join(lines)),

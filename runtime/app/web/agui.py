@@ -234,7 +234,9 @@ def _tool_answers(
     waiting client tool calls (see :func:`_answers`)."""
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
-    by_call = {c.tool_call_id: c for c in waiting}
+    # a sub-agent's client tool passed up is answered under the id its call was
+    # streamed with (``<call id>.<sub call id>``), not the agent tool's call id
+    by_call = {c.approval_id if c.sub_tool else c.tool_call_id: c for c in waiting}
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     known = {
         p.tool_call_id

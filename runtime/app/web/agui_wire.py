@@ -319,7 +319,8 @@ def finished(
             {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "outcome": outcome},
         ]
     outcome = {"type": "success"}
-    client = [c.tool_call_id for c in pending if c.kind == CLIENT]
+    # (a sub-agent's client tool passed up: the id its call was streamed under)
+    client = [c.approval_id if c.sub_tool else c.tool_call_id for c in pending if c.kind == CLIENT]
     if client:
         outcome["pendingToolCallIds"] = client
     return [{"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "outcome": outcome}]

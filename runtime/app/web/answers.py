@@ -84,7 +84,10 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
     parts = message.get("parts")
     if not isinstance(parts, list):
         raise ApiError(400, "the assistant message has no 'parts'")
-    calls = {c.tool_call_id: c for c in waiting}
+    # A call whose sub-agent waits for a client tool is answered by the part the
+    # stream showed that tool's call in (its id the wait's); the agent tool's own part
+    # (its preliminary output, the sub-agent's text so far) is no answer.
+    calls = {c.approval_id if c.sub_tool else c.tool_call_id: c for c in waiting}
     by_key = {**calls, **{c.approval_id: c for c in waiting}}
     out: list[tuple[str, Decision]] = []
     answered: set[str] = set()
@@ -120,6 +123,7 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
                 )
             _check_part(p, call, f"the output of call {call_id!r}")
             _once(answered, call_id)
+            call_id = call.approval_id  # (a sub-agent's client tool's: the wait's id)
             if state == "output-error":
                 text = p.get("errorText")
                 if not isinstance(text, str):
@@ -144,23 +148,24 @@ def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
     call's id, another tool's name, or an input other than the stored one (an input
     absent or ``null`` is none given)."""
     call_id, kind = part.get("toolCallId"), str(part.get("type", ""))
-    if call_id is not None and call_id != call.tool_call_id:
+    shown_id, name, input = call.tool_call_id, call.tool_name, call.input
+    if call.sub_tool is not None:  # as the stream showed it: the sub-agent's call
+        shown_id, name, input = call.approval_id, call.sub_tool, call.sub_input
+    if call_id is not None and call_id != shown_id:
         raise ApiError(
             400,
-            f"{what} is for call {call.tool_call_id!r} ({call.tool_name}), but its part "
-            f"names call {call_id!r}",
+            f"{what} is for call {shown_id!r} ({name}), but its part names call {call_id!r}",
         )
-    if kind.startswith("tool-") and kind[5:] != call.tool_name:
+    if kind.startswith("tool-") and kind[5:] != name:
         raise ApiError(
             400,
-            f"{what} is for call {call.tool_call_id!r} of tool {call.tool_name!r}, but its "
-            f"part is a {kind!r}",
+            f"{what} is for call {shown_id!r} of tool {name!r}, but its part is a {kind!r}",
         )
     sent = part.get("input")  # null: a client that keeps no input sent none
-    if sent is not None and not _same_json(sent, call.input):
+    if sent is not None and not _same_json(sent, input):
         raise ApiError(
             400,
-            f"{what} carries an input for {call.tool_name} other than the call's: the "
+            f"{what} carries an input for {name} other than the call's: the "
             "server runs the call with the input the model gave, an edited input is not "
             "taken (answer with the input as it was streamed)",
         )

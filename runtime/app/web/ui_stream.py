@@ -60,6 +60,7 @@ import orjson
 from runtime import output as o
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     File,
     Message,
     ReasoningPart,
@@ -404,6 +405,25 @@ def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]
     return part
 
 
+def _sub_tool_part(waiting: Awaiting) -> dict[str, Any]:
+    """The part of a sub-agent's client tool call that an agent tool's call waited for
+    (``Awaiting.sub_tool``), as the stream showed it (its id the wait's), with the
+    caller's answer once given: a reloaded page can still answer it."""
+    part: dict[str, Any] = {
+        "type": f"tool-{waiting.sub_tool}",
+        "toolCallId": waiting.id,
+        "input": waiting.sub_input,
+        "state": "input-available",
+    }
+    if waiting.decided and waiting.error is not None:
+        part["state"] = "output-error"
+        part["errorText"] = waiting.error
+    elif waiting.decided:
+        part["state"] = "output-available"
+        part["output"] = ui_output(waiting.output)
+    return part
+
+
 def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     for step in message.steps():
@@ -420,6 +440,8 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
                 parts.append({"type": "reasoning", "id": ui_id, "text": p.text, "state": "done"})
             elif isinstance(p, ToolCallPart):
                 parts.append(_tool_part(p, results.get(p.tool_call_id)))
+                if p.awaiting is not None and p.awaiting.sub_tool is not None:
+                    parts.append(_sub_tool_part(p.awaiting))
             # provider-data parts are opaque to a UI
     metadata: dict[str, Any] = {"interrupted": message.interrupted}
     if message.error is not None:  # failed: not interrupted, and the UI can say why
