@@ -48,8 +48,6 @@ from runtime.turn_queue import FINAL_STATUSES, STEERED, QueuedTurn, TurnOptions,
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
 
-log = get_logger("axon.store.turns")
-
 
 @attrs.define(kw_only=True)
 class _Submission:
@@ -370,7 +368,7 @@ class TurnSubmitting:
             # 409), and another session's id (or its turn's) is not this client's to
             # read. The operator's log line names both.
             used = "idempotency key" if idempotency_key is not None else "turn id"
-            log.info(
+            get_logger("axon.store.turns").info(
                 "turn_queue.key_taken",
                 session_id=session_id,
                 used=used,
