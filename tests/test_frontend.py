@@ -92,6 +92,8 @@ class Deployment:
     """The front ends' busy strategy (``serve --on-busy``; ``None``: enqueue)."""
     relays: list[RedisRelay] = attrs.Factory(list)
     """The front ends' relays."""
+    fronts: list[Any] = attrs.Factory(list)
+    """The front ends' :class:`~runtime.app.web.frontend.FrontEnd` s (their ``close``)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -144,6 +146,7 @@ class Deployment:
                     on_busy=self.on_busy,
                     **limits,
                 )
+                self.fronts.append(app.state.axon.front)
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
                 task_status.started(binds[0])
                 await trio.sleep_forever()

@@ -129,7 +129,7 @@ async def test_submit_with_the_same_idempotency_key_returns_the_first_turn(queue
 
 async def test_an_idempotency_key_of_another_session_is_refused(queue):
     await queue.submit("s1", "hello", idempotency_key="req-1")
-    with pytest.raises(StoreError, match="already names turn"):
+    with pytest.raises(StoreError, match="already used by another session"):
         await queue.submit("s2", "hello", idempotency_key="req-1")
     assert await queue.turns("s2") == []
 

@@ -40,6 +40,7 @@ from runtime.busy import (
     OnBusy,
 )
 from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict, TurnIdTaken
+from runtime.logging import get_logger
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
 from runtime.turn_queue import FINAL_STATUSES, STEERED, QueuedTurn, TurnOptions, TurnStatus
@@ -363,14 +364,20 @@ class TurnSubmitting:
         row = await self.store.run(f"submit to session {session_id!r}", submission.run)
         turn = await self._decoded(row)
         if turn.session_id != session_id:
-            used = (
-                f"idempotency key {idempotency_key!r}"
-                if idempotency_key is not None
-                else f"turn id {turn_id!r}"
+            # Taken, not by whom: the refusal's text reaches the client (a front end's
+            # 409), and another session's id (or its turn's) is not this client's to
+            # read. The operator's log line names both.
+            used = "idempotency key" if idempotency_key is not None else "turn id"
+            get_logger("axon.store.turns").info(
+                "turn_queue.key_taken",
+                session_id=session_id,
+                used=used,
+                other_session=turn.session_id,
+                turn_id=turn.turn_id,
             )
             raise TurnConflict(
-                f"submit to session {session_id!r}: {used} already names turn "
-                f"{turn.turn_id} of session {turn.session_id!r}"
+                f"submit to session {session_id!r}: this {used} is already used by "
+                "another session; send the message under an id of its own"
             )
         return turn
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Callable
+from contextlib import nullcontext
 from typing import Any
 
 import orjson
@@ -170,8 +171,12 @@ class EventStream:
                     nursery.start_soon(keep_alive)
                 await write(self.first)
                 if self.events is not None:
-                    async for event in self.events:
-                        await write(self.encode(event))
+                    # A worker deployment's front end that closes ends its streams (the
+                    # task goes on: subscribe to it on another front end).
+                    front = state.front
+                    with front.viewing() if front is not None else nullcontext():
+                        async for event in self.events:
+                            await write(self.encode(event))
                 nursery.cancel_scope.cancel()
             if writer.stalled or not await writer.close():
                 writer.abandon()
@@ -348,7 +353,7 @@ class A2AEndpoint:
             if method in ("GetTask", "CancelTask", "SubscribeToTask"):
                 task_id, history_length = wire.task_request(params)
                 if method != "GetTask":  # closing: 503, nothing canceled (as a send)
-                    self.state.host.check_not_closing()
+                    self._check_not_closing(method == "SubscribeToTask")
                 if method == "GetTask":
                     live = await self.tasks.find(task_id)
                     result = task_out(live.snapshot(history_length))
@@ -389,7 +394,7 @@ class A2AEndpoint:
             if verb not in ("cancel", "subscribe"):
                 task_id, verb = route[len("/tasks/") :], ""
             else:  # closing: 503, nothing canceled (as a send)
-                self.state.host.check_not_closing()
+                self._check_not_closing(verb == "subscribe")
             if verb == "cancel":
                 only("POST")
                 return _json((await self.tasks.cancel(task_id)).snapshot())
@@ -418,6 +423,18 @@ class A2AEndpoint:
         return EventStream(
             encode({"task": live.snapshot()}), live.follow(live.cursor), encode, self.state
         )
+
+    def _check_not_closing(self, subscribe: bool) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` (503) for a cancel or subscribe the
+        closing server refuses: on an embedded host both (its turns are being stopped);
+        on a worker deployment's front end a subscribe only (a stream it would cut: read
+        it on another), a cancel being one write to the store, done wherever it comes
+        (:meth:`runtime.app.web.frontend.FrontEnd.close`)."""
+        front = self.state.front
+        if front is None:
+            self.state.host.check_not_closing()
+        elif subscribe:
+            front.check_open()
 
     def _subscribe(self, live: LiveTask, encode: Callable[[dict[str, Any]], bytes]) -> EventStream:
         if live.state in wire.TERMINAL and not live.running:

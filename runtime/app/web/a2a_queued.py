@@ -181,6 +181,7 @@ class QueuedTaskBook(TaskBook):
     # -- sending ------------------------------------------------------------------------
 
     async def send(self, request: wire.SendRequest) -> LiveTask:
+        self.front.check_open()  # closing: 503, nothing queued or decided
         incoming = request.message
         if incoming.task_id is not None:
             return await self._continue(incoming)

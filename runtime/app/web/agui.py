@@ -463,6 +463,8 @@ class AGUIRoutes:
     async def run(self, request: Request) -> Any:
         state = self.state
         self._check_request(request)
+        if state.front is not None:  # closing: 503 before the body is read
+            state.front.check_open()
         try:
             raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
             await check_json_values(raw, state)
@@ -673,8 +675,10 @@ class AGUIRoutes:
                 options=options,
                 stop_name=user_id,  # a stop held for it before the run came
             )
-        except ApiError as exc:
-            raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
+        except ApiError as exc:  # (its Retry-After kept: a full queue's, a store's)
+            raise AGUIError(
+                exc.status, exc.message, _CODES.get(exc.status), headers=exc.headers
+            ) from None
         out = QueuedTurnOutput(front, turn)
         return self._queued(run, out, agent, prelude=prelude)
 
@@ -748,6 +752,7 @@ class AGUIRoutes:
         records nothing), and the continuation they start, as the workers stream it."""
         state = self.state
         front = state.front
+        front.check_open()  # closing: 503, nothing recorded (its body came meanwhile)
         agent = state.agent_for(session_id)
         tools = {t.name: t for t in agent.tools}
         limit = agent.budget.max_tool_result_chars
@@ -764,8 +769,10 @@ class AGUIRoutes:
                 )
         except DecisionError as exc:
             raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
-        except ApiError as exc:
-            raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
+        except ApiError as exc:  # (its Retry-After kept: a full queue's, a store's)
+            raise AGUIError(
+                exc.status, exc.message, _CODES.get(exc.status), headers=exc.headers
+            ) from None
         # decided before (a replayed run): the continuation those decisions started
         turn = decided[-1].turn if decided else await front.queue.get_status(waiting[0].turn_id)
         if turn is None or turn.waiting:

@@ -66,7 +66,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -88,6 +89,7 @@ from runtime.app.web.answers import (
 )
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import (
+    FRONT_END_CLOSING,
     ApiError,
     busy_message,
     json_response,
@@ -113,6 +115,7 @@ from runtime.approval import WAITING_META, Decision, Recorded, approval_decided,
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
     SESSION_DELETED,
+    HostClosed,
     QueueFull,
     RelayTurnGone,
     RelayUnavailable,
@@ -188,6 +191,13 @@ def stop_name(payload: dict[str, Any], regenerate: bool) -> str | None:
     return named if isinstance(named, str) and named else None
 
 
+CLOSING_END = (
+    b": this front end is stopping; the turn goes on: read it on another with "
+    b"GET /api/chat/{id}/stream and Last-Event-ID\n\n"
+)
+"""The end of an AI SDK stream a closing front end stops reading: an SSE comment
+(every client skips it) after whole events, no ``[DONE]``: the turn did not end."""
+
 STEER_ANSWERED_WAIT = 2.0
 """Seconds a steer's 202 reads the steered turn's relay stream for its ``steered``
 chunk (there already, unless the relay lost it) before it asks the store."""
@@ -202,13 +212,32 @@ class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
 
-    def __init__(self, *args: Any, queue: TurnQueue, watch: TurnWatch | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        queue: TurnQueue,
+        watch: TurnWatch | None = None,
+        front: FrontEnd | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.queue = queue
         self.watch = watch if watch is not None else TurnWatch(queue)
         """The front end's :class:`~runtime.app.web.watch.TurnWatch`, shared by its viewers."""
+        self.front = front
+        """The front end whose closing ends this stream (:meth:`FrontEnd.viewing`)."""
 
     async def _body(self, write: Any, encoder: RelayEncoder) -> None:
+        if self.front is None:
+            await self._followed(write, encoder)
+            return
+        with self.front.viewing() as viewing:
+            await self._followed(write, encoder)
+        if viewing.cancelled_caught:  # the front end closes: the turn goes on elsewhere
+            self.cut = True
+            await write(CLOSING_END)
+
+    async def _followed(self, write: Any, encoder: RelayEncoder) -> None:
         delay = POLL_FIRST
         status: Any = object()  # not looked at yet
         try:
@@ -448,6 +477,42 @@ class FrontEnd:
         self.queue = queue
         self.relay = relay
         self.watch = TurnWatch(queue)
+        self.closing = False
+        """Set by :meth:`close` (``serve`` stopping, once its ``--drain`` ended)."""
+        self._viewers: set[trio.CancelScope] = set()
+
+    def close(self) -> None:
+        """Begin closing (``serve``, once its ``--drain`` ended; during the drain this
+        front end serves as before). A stateless front end holds nothing a client's
+        work needs: new work (a message, an answer to a waiting turn, a stream to
+        read) is refused with 503 and ``Retry-After`` (:meth:`check_open`), nothing
+        queued, for another front end to take; the streams being read end cleanly now
+        (:meth:`viewing`: whole events, resumable there with ``Last-Event-ID`` or the
+        protocol's own resubscribe) instead of cut by the server's last seconds. The
+        turns go on on their workers. Stops, deletes and reads of sessions are still
+        answered: one short write or read in the store, harmless and wanted."""
+        self.closing = True
+        for scope in list(self._viewers):
+            scope.cancel()
+
+    def check_open(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` (each protocol's 503 with
+        ``Retry-After``) once this front end is closing (:meth:`close`)."""
+        if self.closing:
+            raise HostClosed(FRONT_END_CLOSING)
+
+    @contextmanager
+    def viewing(self) -> Iterator[trio.CancelScope]:
+        """A scope a stream's reading runs in, cancelled when this front end closes
+        (:meth:`close`): ``cancelled_caught`` then tells the stream to end cleanly."""
+        with trio.CancelScope() as scope:
+            if self.closing:
+                scope.cancel()
+            self._viewers.add(scope)
+            try:
+                yield scope
+            finally:
+                self._viewers.discard(scope)
 
     def routes(self) -> dict[str, Callable[[Request], Any]]:
         """The app's endpoints this mode replaces, by name (see :func:`create_app`)."""
@@ -482,11 +547,13 @@ class FrontEnd:
             background=state.background,
             queue=self.queue,
             watch=self.watch,
+            front=self,
             after_pauses=after_pauses,
             announced=announced,
         )
 
     async def chat(self, request: Request) -> Any:
+        self.check_open()  # (before the body is read: the 503 closes the connection)
         state = web_state(request)
         payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
         if is_continuation(payload):
@@ -667,7 +734,9 @@ class FrontEnd:
         input; ``meta``: set on the session as the turn starts); a refusal is an
         :class:`ApiError` with the status the queue's error means (429 over a cap, 503
         while the store is unreachable, 409 for a key another turn holds, 400 for
-        anything else the store refused), and nothing is queued."""
+        anything else the store refused), and nothing is queued; on a front end that
+        is closing, :class:`~runtime.errors.HostClosed` (:meth:`check_open`)."""
+        self.check_open()
         try:
             meta = dict(meta or {})
             if titled:  # (its meta alone: the whole session was read for this)
@@ -719,6 +788,7 @@ class FrontEnd:
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
+        self.check_open()  # (its body may have come as this front end began closing)
         decided: list[Decided] = []
         tools = self._tools(request, session_id)
         stored, whole = await self._answered_on(session_id, tools, payload)
@@ -822,6 +892,7 @@ class FrontEnd:
         return outcome
 
     async def stream(self, request: Request) -> Any:
+        self.check_open()
         session_id = session_id_param(request.path_params["session_id"])
         after_seq = parse_after_seq(request)
         turn = await self._active(session_id)

@@ -44,6 +44,13 @@ CLOSING_RETRY_AFTER = "5"
 the server restarting (or another one behind the same address) takes it then."""
 
 
+FRONT_END_CLOSING = (
+    "this front end is stopping: the turns run on the workers, another front end serves them"
+)
+"""Why a worker deployment's front end that is closing refuses new work and ends the
+streams it serves (:meth:`runtime.app.web.frontend.FrontEnd.close`)."""
+
+
 def closing_message(exc: Exception) -> str:
     """What a request whose turn entered as the host closed (``serve`` stopping:
     :class:`~runtime.errors.HostClosed`) is told: nothing of it ran or was stored."""

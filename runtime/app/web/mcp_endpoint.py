@@ -49,15 +49,22 @@ from runtime.app.mcp_tools import (
     Report,
     build_server,
     busy_result,
+    closing_result,
     error_result,
     tool_result,
 )
 from runtime.app.web.chat_input import TooManyValues, _read_body, check_json_values
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError, has_bearer
-from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
+from runtime.app.web.queued_turn import (
+    CUT_BY_CLOSING,
+    QueuedTurnOutput,
+    cancel_quietly,
+    settle_quietly,
+)
 from runtime.app.web.writer import streams_bounded
 from runtime.busy import REJECT
+from runtime.errors import HostClosed
 
 PATH = "/mcp"
 
@@ -219,15 +226,20 @@ class QueuedAgentTools(AgentTools):
             turn = await front.submit(session_id, prompt, None, False)
         except ApiError as exc:  # a full queue, a store that cannot be reached, ...
             return error_result(f"the turn could not be queued: {exc.message}")
+        except HostClosed as exc:  # this front end is closing: another takes the call
+            return closing_result(exc, session_id)
         out = QueuedTurnOutput(front, turn)
         progress = Progress(report)
         try:
-            async for chunk in out:
-                await progress.chunk(chunk)
+            with front.viewing() as viewing:
+                async for chunk in out:
+                    await progress.chunk(chunk)
         except BaseException:  # the call was cancelled (or the server shuts down)
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await cancel_quietly(out, CANCELLED)
             raise
+        if viewing.cancelled_caught:  # this front end closes: the turn goes on, saved
+            return error_result(f"{CUT_BY_CLOSING} ({session_id})")
         await settle_quietly(out)
         return tool_result(out.result, session_id)
 

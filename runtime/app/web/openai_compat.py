@@ -329,6 +329,11 @@ class OpenAIRoutes:
 
     async def chat_completions(self, request: Request) -> Any:
         state = self.state
+        if state.front is not None:  # closing: 503 before the body is read
+            try:
+                state.front.check_open()
+            except HostClosed as exc:
+                return _closing(exc)
         try:
             raw = await _read_body(request, state.max_body, state.body_timeout, state.body_budget)
             await check_json_values(raw, state)
@@ -410,6 +415,8 @@ class OpenAIRoutes:
             )
         except ApiError as exc:
             raise OpenAIError(exc.status, exc.message, headers=exc.headers) from None
+        except HostClosed as exc:  # this front end is closing: another takes it
+            return _closing(exc)
         out = QueuedTurnOutput(front, turn)
         headers = {SESSION_HEADER: session_id} if named else {}
         if chat.stream:

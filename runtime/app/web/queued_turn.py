@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
 from runtime.actor_messages import TurnResult
+from runtime.app.web.http import FRONT_END_CLOSING
 from runtime.app.web.resume import STOPPED, stored_turn_chunks
 from runtime.app.web.ui_stream import DONE
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, follow_turn
@@ -181,6 +182,11 @@ class StoredSession:
     id: str
     messages: tuple[Message, ...]
     first: int = 0
+
+
+CUT_BY_CLOSING = f"{FRONT_END_CLOSING}; this turn goes on there, its answer saved in its session"
+"""The error a stream of a protocol without a resume ends with when its front end
+closes (:meth:`runtime.app.web.frontend.FrontEnd.close`): OpenAI's, AG-UI's, MCP's."""
 
 
 def _error(kind: str, message: str) -> o.Error:
@@ -556,11 +562,15 @@ class QueuedStreamResponse:
 
     async def _pump(self, receive: Receive, pump: BodyPump) -> None:
         async def body(write: Write) -> None:
-            async for chunk in self.out:
-                data = self.encoder.events(chunk)
-                if data:
-                    await write(data)
-            await settle_quietly(self.out)
+            with self.out.front.viewing() as viewing:
+                async for chunk in self.out:
+                    data = self.encoder.events(chunk)
+                    if data:
+                        await write(data)
+            if viewing.cancelled_caught:  # the front end closes: the turn goes on
+                await write(self.encoder.events(_error("unavailable", CUT_BY_CLOSING)))
+            else:
+                await settle_quietly(self.out)
             final = getattr(self.encoder, "final", None)
             ending = final(self.out) if final is not None else DONE
             if ending:

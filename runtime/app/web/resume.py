@@ -223,6 +223,9 @@ class RelayStreamResponse:
         self.handed = False
         """Whether the stream was handed over at a message its client steered in (it
         ended with that ``finish`` and ``[DONE]``: :mod:`runtime.app.web.frontend`)."""
+        self.cut = False
+        """Whether the stream was ended before its turn did (a front end closing:
+        :mod:`runtime.app.web.frontend`): no ``[DONE]``."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = BodyWriter.ok(send, HEADERS, timeout=self.send_timeout)
@@ -242,7 +245,7 @@ class RelayStreamResponse:
 
         async def body(write: Write) -> None:
             await self._body(write, encoder)
-            if not self.handed:
+            if not (self.handed or self.cut):
                 await write(DONE)
 
         pump = BodyPump(writer, self.keepalive)

@@ -683,6 +683,9 @@ async def _serve_until_signal(
         # for a turn cancelled below must not start one of its own (it gets the closing
         # host's 503), nor a new turn, stop or resume on a connection still open.
         host.shutting_down = True
+        front = app.state.axon.front
+        if front is not None:  # a worker deployment's: new work 503, its streams ended
+            front.close()
         host.cancel_turns("server shutdown")  # end streams with a clean abort
         for cancel_turns in getattr(app.state, "turn_cancellers", ()):
             cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
