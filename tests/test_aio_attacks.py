@@ -10,13 +10,11 @@ side is done on events, never by a timing (``LIMIT`` only bounds a hang).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,36 +23,11 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
-from runtime import Agent, SessionError, UserMessage, tool
+from runtime import Agent, SessionError, tool
 from runtime.actor_messages import Batcher
 from runtime.app import aio
 from runtime.app.aio import HANDOFF_MOST, AsyncHost, HostClosed
-
-LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(main: Any) -> Any:
-    async def bounded() -> Any:
-        async with asyncio.timeout(LIMIT):
-            return await main()
-
-    return asyncio.run(bounded())
-
-
-def endless() -> Iterator[str]:
-    for i in itertools.count():
-        yield f"w{i} "
-
-
-def talker() -> Agent:
-    """Talks without end when asked for "a lot"; answers "Fine." otherwise."""
-
-    def reply(request: Any) -> Iterator[str]:
-        asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
-        return endless() if asked[-1] == "a lot" else iter(["Fine."])
-
-    return Agent(provider=ScriptedProvider(responder=reply))
+from tests.support.aio_talk import LIMIT, ROOT, endless, run, talker
 
 
 def host_threads() -> set[threading.Thread]:

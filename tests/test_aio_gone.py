@@ -12,12 +12,10 @@ the other side is done on events, never by a timing (``LIMIT`` only bounds a han
 from __future__ import annotations
 
 import asyncio
-import itertools
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,32 +27,7 @@ from actors.stores.sqlite import SQLiteStore
 from runtime import Agent, ConfigurationError, Host, SessionError, UserMessage
 from runtime.app import aio
 from runtime.app.aio import AsyncHost
-
-LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(main: Any) -> Any:
-    async def bounded() -> Any:
-        async with asyncio.timeout(LIMIT):
-            return await main()
-
-    return asyncio.run(bounded())
-
-
-def endless() -> Iterator[str]:
-    for i in itertools.count():
-        yield f"w{i} "
-
-
-def talker() -> Agent:
-    """Talks without end when asked for "a lot"; answers "Fine." otherwise."""
-
-    def reply(request: Any) -> Iterator[str]:
-        asked = [m.text for m in request.messages if isinstance(m, UserMessage)]
-        return endless() if asked[-1] == "a lot" else iter(["Fine."])
-
-    return Agent(provider=ScriptedProvider(responder=reply))
+from tests.support.aio_talk import LIMIT, ROOT, run, talker
 
 
 def statuses(record: Any) -> list[tuple[str, str | None]]:

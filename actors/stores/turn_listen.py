@@ -67,17 +67,11 @@ class TurnListening:
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
-                if listener is not None:
-                    _close_on_loop(listener.conn)
-                    self._listen = None
-                try:
-                    conn = await trio.to_thread.run_sync(self._connect_listener)
-                except Exception as err:
+                if not await self._reopen(listener):
                     # Down: say "maybe" after a pause; the caller's next query retries.
-                    self._log.warning("turns.listen_failed", error=redact(str(err)))
                     await trio.sleep(min(timeout, 1.0))
                     return True
-                self._listen = _Listener(conn)
+                assert self._listen is not None
                 self._listen.fresh = False  # (said now)
                 return True
             if listener.fresh:  # opened by a check since the last wait
@@ -90,6 +84,20 @@ class TurnListening:
                 _close_on_loop(listener.conn)
                 self._log.warning("turns.listen_broken", error=redact(str(err)))
                 return True
+
+    async def _reopen(self, listener: _Listener | None) -> bool:
+        """Open a ``LISTEN`` connection in place of ``listener`` (broken, or none), under
+        the wait lock; ``False`` (logged) when it could not be opened."""
+        if listener is not None:
+            _close_on_loop(listener.conn)
+            self._listen = None
+        try:
+            conn = await trio.to_thread.run_sync(self._connect_listener)
+        except Exception as err:
+            self._log.warning("turns.listen_failed", error=redact(str(err)))
+            return False
+        self._listen = _Listener(conn)
+        return True
 
     async def check_listening(self) -> bool:
         """Whether the ``LISTEN`` connection answers: one round trip on it (``SELECT 1``),
@@ -113,16 +121,7 @@ class TurnListening:
         async with self._wait_lock:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
-                if listener is not None:
-                    _close_on_loop(listener.conn)
-                    self._listen = None
-                try:
-                    conn = await trio.to_thread.run_sync(self._connect_listener)
-                except Exception as err:
-                    self._log.warning("turns.listen_failed", error=redact(str(err)))
-                    return False
-                self._listen = _Listener(conn)  # fresh: the next wait returns at once
-                return True
+                return await self._reopen(listener)  # fresh: the next wait returns at once
             answered = False
             try:
                 await _ping(listener.conn)

@@ -93,24 +93,42 @@ _PROVIDER_RUNS: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
 how many of its hosts they serve (:func:`_claim_provider`)."""
 
 
-def _claim_provider(provider: Provider) -> None:
-    """Count ``provider`` serving one more host of this Trio run; a
-    :class:`~runtime.errors.ConfigurationError` if it serves another run now (another
-    thread's ``run_sync`` or host). A provider is an actor: its inbox and its tasks
-    belong to one run, and requests of two runs in one inbox failed Trio's assertions
-    and hung both runs' turns (a threaded web app's ``run_sync`` of one module-level
-    agent per request). Hosts of one run may share it."""
+def _claim_run(
+    runs: dict[int, tuple[trio.lowlevel.TrioToken, int]], thing: object, refusal: str
+) -> None:
+    """Count ``thing`` serving one more host of this Trio run in ``runs``; a
+    :class:`~runtime.errors.ConfigurationError` saying ``refusal`` if it serves another
+    run now (another thread's ``run_sync``, ``AsyncHost`` or ``Host.open``)."""
     token = trio.lowlevel.current_trio_token()
     with _RUNS_LOCK:
-        held = _PROVIDER_RUNS.get(id(provider))
+        held = runs.get(id(thing))
         if held is not None and held[0] is not token:
-            raise ConfigurationError(
-                f"provider {getattr(provider, 'name', provider)!r} is serving a host in "
-                "another thread's Trio run now (run_sync or Host.open there): a provider, "
-                "and so an Agent, serves one Trio run at a time; give each thread an Agent "
-                "of its own (with its own provider), or send the turns to one host"
-            )
-        _PROVIDER_RUNS[id(provider)] = (token, 1 if held is None else held[1] + 1)
+            raise ConfigurationError(refusal)
+        runs[id(thing)] = (token, 1 if held is None else held[1] + 1)
+
+
+def _release_run(runs: dict[int, tuple[trio.lowlevel.TrioToken, int]], thing: object) -> None:
+    """One host fewer served by ``thing`` (:func:`_claim_run`)."""
+    with _RUNS_LOCK:
+        held = runs.pop(id(thing), None)
+        if held is not None and held[1] > 1:
+            runs[id(thing)] = (held[0], held[1] - 1)
+
+
+def _claim_provider(provider: Provider) -> None:
+    """Count ``provider`` serving one more host of this Trio run; refused if it serves
+    another run now. A provider is an actor: its inbox and its tasks belong to one run,
+    and requests of two runs in one inbox failed Trio's assertions and hung both runs'
+    turns (a threaded web app's ``run_sync`` of one module-level agent per request).
+    Hosts of one run may share it."""
+    _claim_run(
+        _PROVIDER_RUNS,
+        provider,
+        f"provider {getattr(provider, 'name', provider)!r} is serving a host in "
+        "another thread's Trio run now (run_sync or Host.open there): a provider, "
+        "and so an Agent, serves one Trio run at a time; give each thread an Agent "
+        "of its own (with its own provider), or send the turns to one host",
+    )
 
 
 _STORE_RUNS: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
@@ -119,39 +137,20 @@ by ``id``, as :data:`_PROVIDER_RUNS` (:func:`_claim_store`)."""
 
 
 def _claim_store(store: object) -> None:
-    """Count ``store`` serving one more host of this Trio run; a
-    :class:`~runtime.errors.ConfigurationError` if it serves another run now. A store's
-    lock and connection (SQLite's ``trio.Lock``, PostgreSQL's pool) belong to one run:
-    two ``AsyncHost`` threads saving through one ``SQLiteStore`` interleaved their
-    transactions, and a turn each of 7 sessions in 200 was lost, both runs told ``stop``.
-    Hosts of one run may share it; a path opens a store per host."""
-    token = trio.lowlevel.current_trio_token()
-    with _RUNS_LOCK:
-        held = _STORE_RUNS.get(id(store))
-        if held is not None and held[0] is not token:
-            raise ConfigurationError(
-                f"this {type(store).__name__} is serving a host in another thread's Trio "
-                "run now (an AsyncHost, run_sync or Host.open there): a store object "
-                "serves one Trio run at a time; give each host the store's path "
-                "(store='app.db': each opens its own), or send the turns to one host"
-            )
-        _STORE_RUNS[id(store)] = (token, 1 if held is None else held[1] + 1)
-
-
-def _release_store(store: object) -> None:
-    """One host fewer served by ``store`` (:func:`_claim_store`)."""
-    with _RUNS_LOCK:
-        held = _STORE_RUNS.pop(id(store), None)
-        if held is not None and held[1] > 1:
-            _STORE_RUNS[id(store)] = (held[0], held[1] - 1)
-
-
-def _release_provider(provider: Provider) -> None:
-    """One host fewer served by ``provider`` (:func:`_claim_provider`)."""
-    with _RUNS_LOCK:
-        held = _PROVIDER_RUNS.pop(id(provider), None)
-        if held is not None and held[1] > 1:
-            _PROVIDER_RUNS[id(provider)] = (held[0], held[1] - 1)
+    """Count ``store`` serving one more host of this Trio run; refused if it serves
+    another run now. A store's lock and connection (SQLite's ``trio.Lock``,
+    PostgreSQL's pool) belong to one run: two ``AsyncHost`` threads saving through one
+    ``SQLiteStore`` interleaved their transactions, and a turn each of 7 sessions in
+    200 was lost, both runs told ``stop``. Hosts of one run may share it; a path opens a
+    store per host."""
+    _claim_run(
+        _STORE_RUNS,
+        store,
+        f"this {type(store).__name__} is serving a host in another thread's Trio "
+        "run now (an AsyncHost, run_sync or Host.open there): a store object "
+        "serves one Trio run at a time; give each host the store's path "
+        "(store='app.db': each opens its own), or send the turns to one host",
+    )
 
 
 DRAIN_TIMEOUT = 5.0
@@ -467,7 +466,7 @@ class Host:
             the_store = await open_store(store)
         except BaseException:
             if given:
-                _release_store(store)
+                _release_run(_STORE_RUNS, store)
             raise
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
@@ -523,11 +522,11 @@ class Host:
             reraise(sole)
         finally:
             for provider in made._claimed if made is not None else ():
-                _release_provider(provider)  # (its tasks have ended with the nursery)
+                _release_run(_PROVIDER_RUNS, provider)  # (its tasks have ended with the nursery)
             if pacer is not None:
                 release_pacer(pacer, held)
             if given:
-                _release_store(store)
+                _release_run(_STORE_RUNS, store)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
