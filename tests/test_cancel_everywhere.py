@@ -1402,3 +1402,41 @@ async def test_a_wait_expiring_as_the_host_closes_leaves_its_continuation_to_the
     assert out.result.text == "guarded done"
     assert LEDGER.keys.get("call_G") is None, session.messages  # denied: never run
     assert well_formed(session.messages) == []
+
+
+async def test_a_decision_in_flight_as_the_host_closes_raises_host_closed(
+    tmp_path: Any, autojump_clock: Any
+) -> None:
+    """A ``decide`` whose save was under way as its host closed (and closed the store it
+    had opened) raised the store's ``StoreError("... is closed")`` at the caller, where
+    a decision of a closed host raises ``HostClosed`` (found by the PostgreSQL sweep,
+    approved_then_new_input, host way)."""
+    shape = next(s for s in SHAPES if s.name == "approval")
+    got: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=str(tmp_path / "d.db"), log_tap=False) as host:
+            agent = Agent(provider=scripted_provider(shape), tools=[guarded])
+            session = await host.open_session(agent, session_id=SID)
+            assert (await session.run("go")).finish_reason == "awaiting-input"
+            (call,) = session.pending
+            original = host.store.save
+            reached = trio.Event()
+
+            async def held_save(*args: Any, **kwargs: Any) -> Any:
+                reached.set()
+                while not host.closed:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                return await original(*args, **kwargs)
+
+            host.store.save = held_save
+
+            async def decide() -> None:
+                try:
+                    await session.decide(call.approval_id, approved=True)
+                except BaseException as e:  # what escapes is the finding
+                    got.append(e)
+
+            nursery.start_soon(decide)
+            await reached.wait()
+    (raised,) = got
+    assert isinstance(raised, HostClosed), repr(raised)
