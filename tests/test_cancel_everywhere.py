@@ -2,7 +2,9 @@
 
 One turn of each shape (text only; reasoning, a tool call and an answer over two steps;
 a tool needing approval, approved and resumed; the same approval followed by a new
-input instead of the continuation; two tools in parallel; a provider error mid-stream)
+input instead of the continuation; two tools in parallel; a provider error mid-stream;
+and, resumed otherwise, a wait the host's expiry timer denies and resumes, a client
+tool's output)
 runs on the scripted provider (embedded on SQLite and on the memory store) and on the
 real OpenAI and Anthropic clients (against the suite's loopback SSE server, on SQLite),
 and is cut after the N-th Trio task step (counted by a :class:`trio.abc.Instrument`,
@@ -947,13 +949,21 @@ async def _as_stored(host: Host, session: Any) -> list[BaseException]:
     return bad
 
 
+def _taken_back(awaiting: Any) -> Any:
+    """A wait's decision taken back: a person's, the expiry timer's (its reason), a
+    client tool's (its output or error)."""
+    return attrs.evolve(
+        awaiting, decided=False, approved=None, reason=None, output=None, error=None
+    )
+
+
 def _undecided(messages: Any) -> list[Any]:
     """``messages`` with every waiting call's decision taken back."""
     out: list[Any] = []
     for m in messages:
         if isinstance(m, AssistantMessage):
             content = tuple(
-                attrs.evolve(p, awaiting=attrs.evolve(p.awaiting, decided=False, approved=None))
+                attrs.evolve(p, awaiting=_taken_back(p.awaiting))
                 if isinstance(p, ToolCallPart) and p.awaiting is not None
                 else p
                 for p in m.content
