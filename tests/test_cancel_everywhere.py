@@ -605,7 +605,9 @@ class Run:
         return str(self.tmp / "cut.db")
 
     def agent(self, server: Any) -> Agent:
-        tools: list[Any] = [lookup, guarded, locate]
+        tools: list[Any] = [lookup, guarded]
+        if any(name == "locate" for _, name, _ in self.shape.calls):
+            tools.append(locate)  # (not to a sub-agent passing approvals up: refused)
         if self.provider_kind == "scripted":
             shape = self.shape
             provider = scripted_provider(shape)
