@@ -2,7 +2,9 @@
 
 One turn of each shape (text only; reasoning, a tool call and an answer over two steps;
 a tool needing approval, approved and resumed; the same approval followed by a new
-input instead of the continuation; two tools in parallel; a provider error mid-stream)
+input instead of the continuation; two tools in parallel; a provider error mid-stream;
+and, resumed otherwise, a wait the host's expiry timer denies and resumes, a client
+tool's output)
 runs on the scripted provider (embedded on SQLite and on the memory store) and on the
 real OpenAI and Anthropic clients (against the suite's loopback SSE server, on SQLite),
 and is cut after the N-th Trio task step (counted by a :class:`trio.abc.Instrument`,
@@ -69,11 +71,13 @@ from runtime import (
     ReasoningChunk,
     SessionBusy,
     Summarize,
+    Tool,
     ToolContext,
     UnknownApproval,
     tool,
 )
 from runtime.compaction import SUMMARY_INSTRUCTIONS, apply_summaries, is_summary
+from runtime.events import TurnFinished
 from runtime.history import INTERRUPTED, repair
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from tests import test_provider_openai_responses as rs
@@ -128,6 +132,24 @@ async def guarded(key: str, ctx: ToolContext) -> str:
     return f"guarded-{key}"
 
 
+locate = Tool.client(
+    "locate",
+    {"type": "object", "properties": {"key": {"type": "string"}}},
+    "Locate a key (the caller runs it).",
+)
+"""A client-side tool: the turn waits for the caller's output (``decide(output=...)``)."""
+
+TIMEOUT = 5.0
+"""The ``approval_timeout`` of the expiring shape (virtual seconds)."""
+EPOCH = 1_700_000_000.0
+
+
+def trio_wall() -> float:
+    """The hosts' wall clock: moves with Trio's (autojump) clock, so the expiry timer's
+    deadline comes in virtual time."""
+    return EPOCH + trio.current_time()
+
+
 # -- the shapes -------------------------------------------------------------------------
 
 
@@ -154,6 +176,9 @@ class Shape:
     """The session starts from a long history the turn summarizes first."""
     final: str = "fine"
     """The next turn's answer."""
+    expire: bool = False
+    """The approval is never decided: the host's expiry timer denies it (``timed out``)
+    once ``approval_timeout`` passed and resumes the turn itself."""
 
 
 def _calls(calls: list[tuple[str, str, str]]) -> list[Any]:
@@ -247,6 +272,23 @@ MORE_SHAPES = [
         compact=True,
     ),
 ]
+
+
+RESUME_SHAPES = [
+    Shape(
+        "expired_approval",
+        [[*_calls([("call_G", "guarded", "g")])], ["guarded done"]],
+        calls=[("call_G", "guarded", "g")],
+        expire=True,
+    ),
+    Shape(
+        "client_tool",
+        [[*_calls([("call_C", "locate", "c")])], ["located"]],
+        calls=[("call_C", "locate", "c")],
+    ),
+]
+"""Turns resumed otherwise than by a person's approval: by the host's expiry timer, and by
+a client tool's output."""
 
 
 def _last_user_text(messages: Any) -> str:
@@ -395,6 +437,10 @@ def anthropic_reply(shape: Shape, step: int, final: bool) -> Reply:
 def gemini_reply(shape: Shape, step: int, final: bool) -> Reply:
     if final:
         return Reply(body=gemini_sse(gemini_chunk([{"text": "fine"}], "STOP")), write_events=True)
+    if shape.error:  # (an overloaded model's error event after part of the answer)
+        error = {"error": {"code": 503, "message": "The model is overloaded.", "status": "X"}}
+        chunks = [gemini_chunk([{"text": "partial "}]), gemini_chunk([{"text": "answer "}])]
+        return Reply(body=gemini_sse(*chunks, error), write_events=True)
     if step == 0 and shape.calls:
         chunks = (
             [gemini_chunk([{"text": "let me look", "thought": True}])] if shape.reasoning else []
@@ -414,6 +460,10 @@ def responses_reply(shape: Shape, step: int, final: bool) -> Reply:
     if final:
         events = [rs.created(), *rs.message(0, "msg_f", "fine"), rs.completed()]
         return Reply(body=rs.body(*events), write_events=True)
+    if shape.error:  # (the server's error event after part of the answer)
+        added, delta, _ = rs.message(0, "msg_e", "partial answer ")
+        error = {"type": "error", "code": "server_error", "message": "overloaded", "param": None}
+        return Reply(body=rs.body(rs.created(), added, delta, error), write_events=True)
     if step == 0 and shape.calls:
         events = [rs.created()]
         for i, (call_id, name, key) in enumerate(shape.calls):
@@ -555,7 +605,9 @@ class Run:
         return str(self.tmp / "cut.db")
 
     def agent(self, server: Any) -> Agent:
-        tools = [lookup, guarded]
+        tools: list[Any] = [lookup, guarded]
+        if any(name == "locate" for _, name, _ in self.shape.calls):
+            tools.append(locate)  # (not to a sub-agent passing approvals up: refused)
         if self.provider_kind == "scripted":
             shape = self.shape
             provider = scripted_provider(shape)
@@ -570,6 +622,7 @@ class Run:
                 history_processors=[Summarize(max_tokens=200, keep_turns=1)]
                 if shape.compact
                 else [],
+                approval_timeout=TIMEOUT if shape.expire else None,
             )
         if self.provider_kind == "openai":
             provider: Any = OpenAIProvider("m", base_url=server.url + "/v1", api_key="t")
@@ -581,7 +634,14 @@ class Run:
             provider = AnthropicProvider("m", base_url=server.url, api_key="t")
         if self.provider_kind != "gemini":  # (its client is plain httpx)
             resolve_platform(provider)  # (not in a worker thread: the clock jumps past it)
-        return Agent(provider=provider, tools=tools)
+        return Agent(provider=provider, tools=[lookup, guarded])
+
+    @contextlib.asynccontextmanager
+    async def host(self) -> Any:
+        """A host on the run's store, its wall clock Trio's (the expiry timer's deadline)."""
+        async with Host.open(store=self.store(), log_tap=False) as host:
+            host.clock = trio_wall
+            yield host
 
     async def turn(self, session: Any, holder: dict[str, Any]) -> None:
         """The turn: the stream, and for an approval the decision and its continuation."""
@@ -601,9 +661,11 @@ class Run:
             raise one from None
         holder["out"] = None
         holder["results"].append(out.result)
+        if session.pending and self.shape.expire:
+            await _expired_and_resumed(session)
+            return
         if session.pending:
-            for call in session.pending:
-                await session.decide(call.approval_id, approved=True)
+            await _answer(session)
             then = session.stream(self.shape.then) if self.shape.then else session.resume()
             async with then as again:
                 holder["out"] = again
@@ -641,6 +703,8 @@ class Run:
                 return True
             if self.how == "stop":
                 out = holder["out"]
+                if out is None and self.shape.expire and holder.get("session") is not None:
+                    out = holder["session"].current  # (the expiry timer's continuation)
                 if out is None:
                     return False  # no stream to stop just now: at the next step
                 out.cancel("stop")
@@ -661,8 +725,9 @@ class Run:
                 elif self.how == "interrupt":
                     await self._cut_by_input(agent, holder, cutter, closing, escaped)
                 else:
-                    async with Host.open(store=self.store(), log_tap=False) as host:
+                    async with self.host() as host:
                         session = await self.open(host, agent)
+                        holder["session"] = session
                         trio.lowlevel.add_instrument(cutter)
                         try:
                             with scope:
@@ -671,6 +736,8 @@ class Run:
                             escaped.append(e)
                         finally:
                             trio.lowlevel.remove_instrument(cutter)
+                        if self.shape.expire:  # (the timer's continuation is not the
+                            await _idle(session)  # caller's: its scope leaves it running)
                         escaped += await _as_stored(host, session)
                 gc.collect()
         finally:
@@ -706,7 +773,7 @@ class Run:
                 closing.set()
 
         async with trio.open_nursery() as nursery:
-            async with Host.open(store=self.store(), log_tap=False) as host:
+            async with self.host() as host:
                 session = await self.open(host, agent)
                 trio.lowlevel.add_instrument(cutter)
                 try:
@@ -748,7 +815,7 @@ class Run:
             except BaseException as e:  # what escapes is the finding
                 escaped.append(e)
 
-        async with Host.open(store=self.store(), log_tap=False) as host:
+        async with self.host() as host:
             session = await self.open(host, agent)
             trio.lowlevel.add_instrument(cutter)
             try:
@@ -762,16 +829,17 @@ class Run:
     async def after(self, server: Any) -> list[str]:
         """(b), (c), (d) on the store the cut left: what is wrong, one a line."""
         bad: list[str] = []
-        async with Host.open(store=self.store(), log_tap=False) as host:
+        async with self.host() as host:
             record = await host.store.load(SID)
             bad += [f"after the cut: {b}" for b in well_formed(record.messages if record else ())]
             keys_before = {k: list(v) for k, v in LEDGER.keys.items()}
             agent = self.agent(server)
             session = await host.open_session(agent, session_id=SID)
             with trio.fail_after(600):
-                if session.pending:
-                    for call in session.pending:
-                        await session.decide(call.approval_id, approved=True)
+                if session.pending and self.shape.expire:
+                    await _expired_and_resumed(session)
+                elif session.pending:
+                    await _answer(session)
                     async with session.resume() as out:
                         async for _ in out:
                             pass
@@ -837,6 +905,37 @@ class Run:
             return outcome, await self.after(server)
 
 
+async def _answer(session: Any) -> None:
+    """Approve each waiting call; a client tool's, its output."""
+    for call in session.pending:
+        if call.kind == "client":
+            await session.decide(call.approval_id, output=f"at {call.input['key']}")
+        else:
+            await session.decide(call.approval_id, approved=True)
+
+
+async def _expired_and_resumed(session: Any) -> None:
+    """Wait (virtual time) until the host's expiry timer denied the waiting calls and a
+    turn ended after it: its continuation, or a new input that superseded the wait.
+    ``HostClosed`` if the host closes first."""
+    host = session.host
+    finished = host.bus.subscribe([TurnFinished], session_id=SID, name="expiry-wait")
+    try:
+        with trio.fail_after(600):
+            while not len(finished.inbox):
+                if host.shutting_down:
+                    raise HostClosed("the host closed while the wait expired")
+                await trio.sleep(0.5)
+    finally:
+        finished.close()
+
+
+async def _idle(session: Any) -> None:
+    with trio.fail_after(600):
+        while session.busy:  # noqa: ASYNC110
+            await trio.sleep(0.5)
+
+
 async def _as_stored(host: Host, session: Any) -> list[BaseException]:
     """What is wrong with the session in memory once its turn was cut: still busy, or
     a history other than the store's."""
@@ -852,13 +951,21 @@ async def _as_stored(host: Host, session: Any) -> list[BaseException]:
     return bad
 
 
+def _taken_back(awaiting: Any) -> Any:
+    """A wait's decision taken back: a person's, the expiry timer's (its reason), a
+    client tool's (its output or error)."""
+    return attrs.evolve(
+        awaiting, decided=False, approved=None, reason=None, output=None, error=None
+    )
+
+
 def _undecided(messages: Any) -> list[Any]:
     """``messages`` with every waiting call's decision taken back."""
     out: list[Any] = []
     for m in messages:
         if isinstance(m, AssistantMessage):
             content = tuple(
-                attrs.evolve(p, awaiting=attrs.evolve(p.awaiting, decided=False, approved=None))
+                attrs.evolve(p, awaiting=_taken_back(p.awaiting))
                 if isinstance(p, ToolCallPart) and p.awaiting is not None
                 else p
                 for p in m.content
@@ -1009,15 +1116,23 @@ async def test_a_steered_structured_delegating_or_compacting_turn_cut_loses_noth
 
 
 @pytest.mark.parametrize(
+    ("store", "shape", "how"),
+    _sampled(
+        [(st, sh, h) for st in ["sqlite", "memory"] for sh in RESUME_SHAPES for h in HOWS],
+        lambda st, sh, h: f"{sh.name}/{st}/{h}",
+        3,
+    ),
+)
+async def test_a_turn_resumed_by_the_expiry_timer_or_a_client_tools_output_cut_loses_nothing(
+    store: str, shape: Shape, how: str, tmp_path: Any, autojump_clock: Any
+) -> None:
+    await _sweep(Run(shape, "scripted", store, how, tmp_path))
+
+
+@pytest.mark.parametrize(
     ("provider", "shape", "how"),
     _sampled(
-        [
-            (p, sh, h)
-            for p in ["gemini", "responses"]
-            for sh in SHAPES
-            if not sh.error
-            for h in HOWS
-        ],
+        [(p, sh, h) for p in ["gemini", "responses"] for sh in SHAPES for h in HOWS],
         lambda p, sh, h: f"{p}/{sh.name}/{h}",
         7,
     ),
@@ -1037,7 +1152,12 @@ def idle_jump_clock() -> trio.testing.MockClock:
 
 @pytest.mark.parametrize(
     ("shape", "how"),
-    _sampled([(sh, h) for sh in SHAPES for h in HOWS], lambda sh, h: f"postgres/{sh.name}/{h}", 16),
+    [
+        pytest.param(sh, h, id=f"{sh.name}-{h}")
+        for i, sh in enumerate(SHAPES)
+        for j, h in enumerate(HOWS)
+        if EVERY or (i + j) % len(HOWS) == 0  # (each shape one way, each way in turn)
+    ],
 )
 async def test_a_turn_cut_at_any_step_loses_nothing_on_postgresql(
     shape: Shape, how: str, pg_url: str, tmp_path: Any, idle_jump_clock: Any
@@ -1219,3 +1339,116 @@ async def test_a_structured_turn_resumed_after_its_retry_step_was_cut_asks_again
     ]
     assert again.result.output == Weather(city="Paris", temp=21.5)
     assert wire_errors(request.messages) == []
+
+
+class _HeldLoad(MemoryStore):
+    """A memory store whose first load, once armed, of a session whose wait was decided
+    waits until ``release`` is set, shielded (as a SQLite store's query in its thread
+    goes on when cancelled): the expiry timer's read of the session it just expired,
+    held until the host has closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.reached = trio.Event()
+        self.release = trio.Event()
+
+    async def load(self, session_id: str) -> Any:
+        found = await super().load(session_id)
+        decided = found is not None and any(
+            p.awaiting.decided
+            for m in found.messages
+            if isinstance(m, AssistantMessage)
+            for p in m.content
+            if isinstance(p, ToolCallPart) and p.awaiting is not None
+        )
+        if self.armed and decided:
+            self.armed = False
+            self.reached.set()
+            with trio.CancelScope(shield=True):
+                await self.release.wait()
+        return found
+
+
+async def test_a_wait_expiring_as_the_host_closes_leaves_its_continuation_to_the_next_host(
+    autojump_clock: Any,
+) -> None:
+    """The host's expiry timer denied a waiting call and went on to resume the turn as
+    the host closed: the continuation's ``resume`` was refused ``HostClosed`` (as a
+    closed host's new work is), which the timer's task let out of the host's nursery,
+    and ``async with Host.open(...)`` raised it at the application that closed its host
+    (found by the sweep: expired_approval, scope way). The timer leaves the
+    continuation to the session's next host, which runs it."""
+    LEDGER.keys.clear()
+    shape = next(s for s in RESUME_SHAPES if s.name == "expired_approval")
+    store = _HeldLoad()
+
+    def agent() -> Agent:
+        return Agent(provider=scripted_provider(shape), tools=[guarded], approval_timeout=TIMEOUT)
+
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=store, log_tap=False) as host:
+            host.clock = trio_wall
+            session = await host.open_session(agent(), session_id=SID)
+            assert (await session.run("go")).finish_reason == "awaiting-input"
+            store.armed = True
+
+            async def release_once_closed() -> None:
+                while not host.closed:  # noqa: ASYNC110 (its nursery waits for the timer)
+                    await trio.sleep(0.01)
+                store.release.set()
+
+            nursery.start_soon(release_once_closed)
+            await store.reached.wait()  # the timer expired the wait, reads the session
+    record = await store.load(SID)
+    assert record is not None
+    assert [m.role for m in record.messages] == ["user", "assistant"]  # not run on
+    (call,) = record.messages[1].content
+    assert (call.awaiting.decided, call.awaiting.reason) == (True, "timed out")
+    async with Host.open(store=store, log_tap=False) as host:
+        host.clock = trio_wall
+        session = await host.open_session(agent(), session_id=SID)
+        async with session.resume() as out:
+            async for _ in out:
+                pass
+    assert out.result.text == "guarded done"
+    assert LEDGER.keys.get("call_G") is None, session.messages  # denied: never run
+    assert well_formed(session.messages) == []
+
+
+async def test_a_decision_in_flight_as_the_host_closes_raises_host_closed(
+    tmp_path: Any, autojump_clock: Any
+) -> None:
+    """A ``decide`` whose save was under way as its host closed (and closed the store it
+    had opened) raised the store's ``StoreError("... is closed")`` at the caller, where
+    a decision of a closed host raises ``HostClosed`` (found by the PostgreSQL sweep,
+    approved_then_new_input, host way)."""
+    shape = next(s for s in SHAPES if s.name == "approval")
+    got: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=str(tmp_path / "d.db"), log_tap=False) as host:
+            agent = Agent(provider=scripted_provider(shape), tools=[guarded])
+            session = await host.open_session(agent, session_id=SID)
+            assert (await session.run("go")).finish_reason == "awaiting-input"
+            (call,) = session.pending
+            original = host.store.save
+            reached = trio.Event()
+
+            async def held_save(*args: Any, **kwargs: Any) -> Any:
+                reached.set()
+                while not host.closed:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                return await original(*args, **kwargs)
+
+            host.store.save = held_save
+
+            async def decide() -> None:
+                try:
+                    await session.decide(call.approval_id, approved=True)
+                except BaseException as e:  # what escapes is the finding
+                    got.append(e)
+
+            nursery.start_soon(decide)
+            await reached.wait()
+    (raised,) = got
+    assert isinstance(raised, HostClosed), repr(raised)

@@ -39,7 +39,13 @@ from runtime.approval import (
     pending_calls,
     record_decision,
 )
-from runtime.errors import AlreadyDecided, NothingToResume, SessionBusy, UnknownApproval
+from runtime.errors import (
+    AlreadyDecided,
+    HostClosed,
+    NothingToResume,
+    SessionBusy,
+    UnknownApproval,
+)
 from runtime.events import ToolApprovalExpired
 from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, Message, ToolCallPart
@@ -155,6 +161,11 @@ async def resume_expired(session: Session, close: bool = False) -> None:
                 pass
     except (NothingToResume, SessionBusy):
         pass
+    except HostClosed:
+        # The host began to close after the expiry was recorded: the continuation is the
+        # session's next host's (its resume, or the turn that supersedes the wait). Let
+        # out, it ended the host's nursery and ``Host.open`` raised it at its caller.
+        return
     if close and session.loaded and not (session.busy or session.queued):
         # Left open, every expired wait of a session its application had closed stayed
         # in memory for the host's life (no idle_ttl by default): its history, actors.

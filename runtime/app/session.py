@@ -67,6 +67,7 @@ from runtime.errors import (
     SessionError,
     SessionNotLoaded,
     StoreConflict,
+    StoreError,
     TurnWithdrawn,
     WaitExpired,
 )
@@ -1447,6 +1448,15 @@ class Session:
             # Past the deadline before the timer noticed: deny it now, as the timer
             # would have, and resume the turn (in the background).
             self.host.expire_now(self)
+            raise
+        except StoreError as e:
+            if self.host.shutting_down:  # (set from the start of its close on)
+                # Its save was under way as the host closed the store it had opened:
+                # what a closed host's decision raises, not the store's "is closed".
+                raise HostClosed(
+                    "the host closed while the decision was being saved: open a new one "
+                    "(Host.open()); it loads what the store kept"
+                ) from e
             raise
         if recorded.messages is not None:
             self._decided = recorded
