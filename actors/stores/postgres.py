@@ -341,7 +341,7 @@ def _is_connection_error(err: BaseException) -> bool:
     if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
         # A primary that became read-only (a failover's old primary, a standby the DNS
         # still names, default_transaction_read_only): nothing to fix in the request;
-        # retried (on another connection: see _read_only) until it is writable again.
+        # retried (on another connection: see _close_if_read_only) until it is writable again.
         return True
     if isinstance(err, psycopg.OperationalError):
         state = getattr(err, "sqlstate", None)
@@ -516,12 +516,16 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn, _read_only(conn):
-                if transaction:
-                    with conn.transaction():
+            with self._pool.connection() as conn:
+                try:
+                    if transaction:
+                        with conn.transaction():
+                            result = fn(conn)
+                    else:
                         result = fn(conn)
-                else:
-                    result = fn(conn)
+                except Exception as err:
+                    _close_if_read_only(conn, err)
+                    raise
                 _used[id(conn)] = time.monotonic()
                 return result
 
@@ -1801,19 +1805,18 @@ CHECK_IDLE = 1.0
 when it is handed out again."""
 
 
-@contextlib.contextmanager
-def _read_only(conn: Any) -> Iterator[None]:
-    """Close ``conn`` when what ran on it met a read-only server (the pool then drops it
-    and opens another): a connection to a demoted primary or to a standby stays one,
-    where a new connection follows the failover (a DNS name, a pooler, a multi-host URL
-    with ``target_session_attrs=read-write``)."""
-    import psycopg
+_READ_ONLY_SQL_TRANSACTION: Final = "25006"
+"""SQLSTATE of ``psycopg.errors.ReadOnlySqlTransaction``: told by its code, which needs no
+import on every statement's way out."""
 
-    try:
-        yield
-    except psycopg.errors.ReadOnlySqlTransaction:
+
+def _close_if_read_only(conn: Any, err: Exception) -> None:
+    """Close ``conn`` when ``err`` says what ran on it met a read-only server (the pool
+    then drops it and opens another): a connection to a demoted primary or to a standby
+    stays one, where a new connection follows the failover (a DNS name, a pooler, a
+    multi-host URL with ``target_session_attrs=read-write``)."""
+    if getattr(err, "sqlstate", None) == _READ_ONLY_SQL_TRANSACTION:
         conn.close()
-        raise
 
 
 _used: dict[int, float] = {}
