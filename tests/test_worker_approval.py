@@ -139,6 +139,18 @@ async def waiting_turn(d: Deployment, session_id: str = "s1") -> Any:
             await trio.sleep(0.02)
 
 
+async def expire_waiting_turn(d: Deployment) -> Any:
+    """Move the first worker's wall clock ten minutes on past s1's waiting turn (its
+    ``approval_timeout`` 600 s, checked to be set) and return the turn once the worker
+    noticed the expiry from the queue and finished it."""
+    waited = await waiting_turn(d)
+    assert waited.expires_at is not None and waited.expires_at > time.time() + 500
+    host = d.workers[0].host
+    assert host is not None
+    host.clock = lambda: time.time() + 601  # the wall clock, ten minutes on
+    return await d.queue.wait_finished(waited.turn_id, LIMIT)
+
+
 async def test_a_suspended_turns_row_awaits_input_with_no_owner_and_no_lease(
     pg_url: str, redis_url: str
 ) -> None:
@@ -374,12 +386,7 @@ async def test_a_worker_notices_an_expired_wait_from_the_queue_and_resumes_it_de
 ) -> None:
     async with deployment(pg_url, redis_url, approval_agent(timeout=600)) as d:
         await first_part(d, d.urls[0])
-        waited = await waiting_turn(d)
-        assert waited.expires_at is not None and waited.expires_at > time.time() + 500
-        host = d.workers[0].host
-        assert host is not None
-        host.clock = lambda: time.time() + 601  # the wall clock, ten minutes on
-        turn = await d.queue.wait_finished(waited.turn_id, LIMIT)
+        turn = await expire_waiting_turn(d)
         record = await d.store.load("s1")
     assert turn is not None and turn.status == "done" and turn.resumes == 1
     assert record is not None
