@@ -229,6 +229,7 @@ class StreamController(Actor):
             # started, its wake finding this actor awake, so a rest here would leave that
             # turn's items in an inbox nobody reads. Then it rests on REST, as before.
             self.turn_ended = await self._hand_over(done)
+        self._handling = None  # rendered whole: an idle session keeps none of its turn
 
     async def _run_pieces(self, texts: list[str], out: list[Any], deltas_only: bool) -> None:
         """A run of more than :data:`_PIECE` deltas: ``out`` (what the batch made so far)

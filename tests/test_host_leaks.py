@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import traceback
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -337,3 +338,19 @@ async def test_a_session_closed_with_a_save_in_flight_leaves_nothing_in_the_pers
         stored = [await store.inner.version(f"s{i}") for i in range(5)]
     assert kept == ({}, {})
     assert all(stored)  # (saved all the same)
+
+
+async def test_an_open_session_keeps_nothing_of_its_ended_turn_in_its_stream_controller() -> None:
+    # The controller kept the last batch it rendered (its TurnDone, the turn's result and
+    # the batch's chunks) until the session's next turn: an idle session held its last
+    # turn's output, and a worker's leak count grew when that batch held one more chunk.
+    agent = make_agent("success")
+    async with Host.open(store=":memory:", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("hi") as out:
+            await drain(out)
+            result = weakref.ref(out.result)
+        del out
+        gc.collect()
+        assert result() is None
+        await session.close()
