@@ -141,6 +141,7 @@ class Engine(Actor):
         self._splitter: ThinkTagSplitter | None = None
         self._out: Batcher | None = None
         self._current: str | None = None
+        self._scope: trio.CancelScope | None = None  # the current call's
 
     def on_crash(self, exc: BaseException) -> None:
         """The call in flight fails, and its later chunks are dropped: the batch the
@@ -161,7 +162,7 @@ class Engine(Actor):
         """Fail the call in flight, once (it is forgotten here): a :class:`StreamFailed`
         saying the engine crashed, to the runner."""
         current = self._current
-        self._splitter = self._out = self._current = None
+        self._splitter = self._out = self._current = self._scope = None
         if current is None:
             return
         why = describe_exception(exc)
@@ -177,17 +178,21 @@ class Engine(Actor):
     def on_rest(self) -> None:
         """The session is idle: its last request is over, a late chunk of it is dropped
         (a full garbage collection walks every idle session's engine)."""
-        self._splitter = self._out = self._current = None
+        self._splitter = self._out = self._current = self._scope = None
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, BeginRequest):
             self._current = message.request_id
+            self._scope = message.cancel_scope
             self._splitter = ThinkTagSplitter(self.tags) if self.tags else None
             self._out = Batcher(self.output, message.request_id)
             return
         if not isinstance(message, Batch) or message.tag != self._current:
             return
         message.taken = True
+        scope = self._scope
+        if scope is not None and scope.cancel_called:
+            return  # its requester is done with the call: nobody would read it
         assert self._out is not None
         last = message[-1] if message else None
         if type(last) is FinishChunk and last.reason != "tool-calls":

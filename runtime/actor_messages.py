@@ -106,6 +106,11 @@ class BeginRequest:
     __repr__ = _repr
 
     request_id: str
+    cancel_scope: trio.CancelScope | None = None
+    """The call's (:attr:`InferRequest.cancel_scope`): once its requester cancelled it,
+    the engine forwards none of what the provider had queued of it. The runner no longer
+    reads it, and what it left in the runner's stream inbox stayed there, unread, while
+    the session idled."""
 
 
 # -- tools -------------------------------------------------------------------------------

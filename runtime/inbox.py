@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
@@ -273,6 +273,37 @@ class Inbox(Generic[T]):
             raise trio.EndOfChannel
         raise trio.WouldBlock
 
+    def discard(self, unwanted: Callable[[T], bool]) -> int:
+        """Take the queued messages ``unwanted`` says yes to out of the queue, and those of
+        senders waiting for room (whose puts then return, as delivered); how many. The
+        others keep their order, and waiting senders' move up into the room made. For
+        what nobody will read: a model call cancelled by its turn left batches in the
+        engine's inbox (its provider's puts with room do not yield, so one may come after
+        the cancel) and in the runner's stream inbox (the engine waiting for room there),
+        kept, unread, by an idle session until its next call. An inbox left empty is
+        parked."""
+        buffer, putters = self._buffer, self._putters
+        if not buffer and not putters:
+            return 0
+        kept: deque[T] = deque(m for m in buffer or () if not unwanted(m))
+        n = len(buffer or ()) - len(kept)
+        if not n and (not putters or not unwanted(next(iter(putters.values())))):
+            return 0  # (a sender waits only on a full queue: nothing moves up)
+        while putters:
+            task, waiting = next(iter(putters.items()))
+            if unwanted(waiting):
+                n += 1
+            elif len(kept) < self.capacity:
+                kept.append(waiting)
+            else:
+                break
+            del putters[task]
+            trio.lowlevel.reschedule(task)
+        self._buffer = kept
+        if not kept:
+            self.park()
+        return n
+
     def drain_nowait(self, into: list[T], limit: int = 4096) -> None:
         """Append every message already waiting (up to ``limit``) to ``into``."""
         if self._buffer is None and not self._putters:
@@ -512,6 +543,16 @@ class Batcher(Generic[T]):
             return True
         self.inbox.put_over(batch)
         return False
+
+    def recall(self, inbox: Inbox[Any]) -> int:
+        """This batcher's batches that their receiver has not taken, out of ``inbox``
+        (the inbox behind :attr:`inbox`, which may wrap it) again
+        (:meth:`Inbox.discard`): what a cancelled sender put for nobody. How many."""
+        tag = self.tag
+        n = inbox.discard(lambda m: isinstance(m, Batch) and m.tag == tag and not m.taken)
+        if n:
+            self._pending = None
+        return n
 
     def mark(self) -> tuple[Batch[T] | None, int]:
         """What changes whenever an item is sent: the batch items go to and its length.

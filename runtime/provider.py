@@ -431,13 +431,19 @@ class Provider(ServingActor[InferRequest]):
         out = Batcher(
             request.reply, request.request_id, max_hold=self.max_hold, hold_rounds=self.hold_rounds
         )
+        scope = request.cancel_scope
         try:
-            with request.cancel_scope:
+            with scope:
                 if self._limiter is not None:
                     async with self._limiter:
                         await self._timed(request, out)
                 else:
                     await self._timed(request, out)
+            if scope.cancel_called:
+                # The requester is done with the call. A batch put after its cancel
+                # (the task was already scheduled, and a put with room does not yield)
+                # would sit in a resting engine's inbox until the session's next turn.
+                out.recall(request.reply)
         except Exception as exc:  # the call failed: tell the requester, stay alive
             err = self.classify_error(exc)
             await self._paused_by(err)

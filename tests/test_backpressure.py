@@ -178,3 +178,42 @@ async def test_what_a_stalled_receiver_holds_up_did_not_grow_with_the_batches():
         "stream-controller": 1024 * 64,
         "consumer": 256 * 64,
     }
+
+
+async def test_a_call_cut_short_leaves_nothing_unread_in_the_sessions_inboxes(monkeypatch):
+    # The consumer stops reading: the pipeline fills up to the engine's inbox. It leaves,
+    # the turn ends aborted, and the session idles: what the engine had forwarded to the
+    # runner, and the provider to the engine, of the cut call was kept until the next.
+    monkeypatch.setattr(Batcher, "max_items", 2)
+    agent = Agent(provider=ScriptedProvider(responder=lambda r: endless_text([0])))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="cut")
+        with trio.fail_after(30):
+            async with session.stream("a lot") as out:
+                await anext(out)
+                await trio.testing.wait_all_tasks_blocked()
+                runner = session.runner
+                assert runner is not None and len(runner.stream_inbox) > 0  # (it filled up)
+            await trio.testing.wait_all_tasks_blocked()
+        assert out.result is not None and out.result.finish_reason == "aborted"
+        assert (len(runner.stream_inbox), len(runner.engine.inbox)) == (0, 0)
+
+
+async def test_discarding_lets_the_senders_waiting_for_room_in_or_drops_theirs_too():
+    inbox: Inbox[str] = Inbox(2)
+    for m in ("old-1", "keep-1"):
+        inbox.put_nowait(m)
+    done: list[str] = []
+
+    async def put(m: str) -> None:
+        await inbox.put(m)
+        done.append(m)
+
+    async with trio.open_nursery() as nursery:
+        for m in ("old-2", "keep-2", "keep-3"):
+            nursery.start_soon(put, m)
+            await trio.testing.wait_all_tasks_blocked()
+        assert inbox.discard(lambda m: m.startswith("old")) == 2
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == ["old-2", "keep-2"]  # keep-3 still waits: the queue is full again
+        assert [inbox.get_nowait() for _ in range(3)] == ["keep-1", "keep-2", "keep-3"]

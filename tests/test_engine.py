@@ -177,3 +177,27 @@ def test_the_engine_and_the_agent_share_one_think_tag_default():
 
     assert Engine(Inbox(1)).tags == Agent().think_tags == DEFAULT_THINK_TAGS
     assert ThinkTagSplitter().feed("<think>r</think>a") == [(True, "r"), (False, "a")]
+
+
+async def test_the_engine_forwards_nothing_of_a_call_its_requester_cancelled():
+    # The runner reads a call's output no more once it cancelled the call: what the
+    # engine forwarded after that stayed in the runner's inbox while the session idled.
+    import trio
+
+    from actors.engine import Engine
+    from runtime import Inbox, TextChunk
+    from runtime.actor_messages import BeginRequest
+    from runtime.inbox import Batch
+
+    out: Inbox = Inbox(4)
+    engine = Engine(out)
+    scope = trio.CancelScope()
+    await engine.handle(BeginRequest(request_id="r", cancel_scope=scope))
+    before, after = Batch("r"), Batch("r")
+    before.append(TextChunk(text="a"))
+    after.append(TextChunk(text="b"))
+    await engine.handle(before)
+    scope.cancel()
+    await engine.handle(after)
+    assert [[c.text for c in b] for b in (out.get_nowait(),)] == [["a"]]
+    assert len(out) == 0 and after.taken

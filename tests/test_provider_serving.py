@@ -148,7 +148,46 @@ async def test_a_call_cancelled_by_its_requester_is_not_in_flight_nor_failed(aut
         await trio.testing.wait_all_tasks_blocked()
         items = received(slow.reply)
         provider.stop()
-    assert [type(i) for i in items] == [TextChunk]
+    assert items == []  # (what it streamed unread is taken back: nobody reads it now)
+
+
+class Late(Provider):
+    """Streams ``hi``; once ``go`` is set, its requester's cancel lands while the call's
+    task is already scheduled, and it puts one more batch before its next schedule
+    point."""
+
+    provider_name = "late"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.go = trio.Event()
+
+    async def stream(self, request: InferRequest, emit: Any) -> None:
+        await emit(TextChunk(text="hi"))
+        await self.go.wait()
+        request.cancel_scope.cancel()  # (as the turn's end does, from another task)
+        await emit(TextChunk(text="late"))  # a put with room does not yield
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_batch_put_after_the_requester_cancelled_is_not_left_in_its_inbox(
+    autojump_clock,
+):
+    # A cancelled turn's engine rests with an empty inbox; a batch its provider put
+    # after the cancel sat there, unread, until the session's next turn.
+    provider = Late(model="m")
+    async with trio.open_nursery() as nursery:
+        await start(nursery, provider)
+        call = infer("c-1")
+        await provider.send(call)
+        first = await call.reply.get()
+        first.taken = True  # (the engine took the first batch)
+        provider.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert provider.in_flight == []
+        assert len(call.reply) == 0 and call.reply.parked
+        provider.stop()
+    assert [c.text for c in first] == ["hi"]
 
 
 async def test_giving_up_fails_the_calls_still_queued(autojump_clock):

@@ -194,7 +194,7 @@ class Inferring:
         )
         return True
 
-    async def _begin(self, request_id: str) -> None:
+    async def _begin(self, request_id: str, scope: trio.CancelScope) -> None:
         """Tell the engine a model call starts.
 
         A cancelled call can leave the engine blocked on a full stream inbox with what it
@@ -203,7 +203,7 @@ class Inferring:
         never end. So while the engine has no room, what arrives on the stream inbox is
         dropped: nothing of the new call can be there before the engine hears of it.
         """
-        begin = BeginRequest(request_id=request_id)
+        begin = BeginRequest(request_id=request_id, cancel_scope=scope)
         engine = self.engine
         try:
             engine.inbox.put_nowait(begin)
@@ -246,7 +246,8 @@ class Inferring:
             lambda verdict: self._throttled(turn, limiter, verdict),
         )
         request_id = new_id("req")
-        await self._begin(request_id)
+        scope = trio.CancelScope()
+        await self._begin(request_id, scope)
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,
@@ -256,7 +257,7 @@ class Inferring:
             messages=with_feedback(turn.output, messages),
             tools=tools,
             reply=self.engine.inbox,
-            cancel_scope=trio.CancelScope(),
+            cancel_scope=scope,
             settings=agent.settings,
             output=agent.output_schema,
             text_runs=True,  # the engine and this runner take a read's deltas as one item
@@ -317,7 +318,11 @@ class Inferring:
                 if finished:
                     return
         finally:
-            request.cancel_scope.cancel()
+            scope.cancel()
+            # What the engine forwarded of the call that is still unread (a cancelled
+            # turn's), out of the inbox: an idle session would keep it until its next
+            # call. The engine forwards nothing more of it (BeginRequest.cancel_scope).
+            inbox.discard(lambda m: isinstance(m, Batch) and m.tag == request_id)
             await release(limiter, grant, result.usage)
 
     async def _throttled(self, turn: Turn, limiter: Limiter | None, verdict: Verdict) -> None:
