@@ -343,3 +343,21 @@ async def test_the_ai_package_reads_the_unsaved_turn_as_an_error_and_finds_no_st
     assert read["error"] == f"{NOT_SAVED}: {NOT_SAVED_MESSAGE}"  # useChat's error
     assert "stored" not in read and "storedError" in read  # the page's read: 404, no history
     no_leak(json.dumps(read))
+
+
+async def test_an_ag_ui_run_posted_again_after_a_failed_save_runs_and_stores_one_copy():
+    store = DownStore()
+    body = {
+        "threadId": "t2",
+        "runId": "r1",
+        "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+    }
+    async with web_server(answer_agent(), store=store, protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            first = parse_sse((await c.post("/ag-ui", json=body)).text)
+            store.down = False
+            again = parse_sse((await c.post("/ag-ui", json=body)).text)
+        kept = await stored(server, "t2")
+    assert first[-1]["type"] == "RUN_ERROR"
+    assert again[-1]["type"] == "RUN_FINISHED"
+    assert kept == [("user", "hi"), ("assistant", "Hello.")]
