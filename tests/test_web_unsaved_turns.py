@@ -52,17 +52,24 @@ LEAKS = (PATH, "private-7f3a", "a1B2c3D4", "StoreError", "disk full")
 class DownStore(MemoryStore):
     """A memory store whose saves raise while ``down`` (a full disk), quoting a path and
     a key as a driver's message may; ``fail_after`` saves succeed first when set (the
-    turn's earlier steps stored, its last not). ``saves`` counts the calls."""
+    turn's earlier steps stored, its last not); with ``fail_only`` that one save alone
+    fails. ``saves`` counts the calls."""
 
-    def __init__(self, *, down: bool = True, fail_after: int | None = None) -> None:
+    def __init__(
+        self, *, down: bool = True, fail_after: int | None = None, fail_only: int = 0
+    ) -> None:
         super().__init__()
         self.down = down
         self.fail_after = fail_after
+        self.fail_only = fail_only
+        """The one save (counted from 1) that fails, when set."""
         self.saves = 0
 
     async def save(self, session_id, start, messages, meta=None, **kwargs):  # type: ignore[no-untyped-def]
         self.saves += 1
         failing = self.down if self.fail_after is None else self.saves > self.fail_after
+        if self.fail_only:
+            failing = self.saves == self.fail_only
         if failing:
             raise StoreError(f"disk full writing {PATH} (token {KEY})")
         return await super().save(session_id, start, messages, meta, **kwargs)
@@ -199,7 +206,7 @@ async def test_a_turn_whose_earlier_steps_saved_and_last_did_not_is_told_not_sav
     assert store.saves > 2  # the later saves were tried, and failed
     assert [c["type"] for c in chunks if isinstance(c, dict)][-1] == "error"
     assert chunks[-2]["errorText"] == f"{NOT_SAVED}: {NOT_SAVED_MESSAGE}"
-    assert "Both found." not in [text for _, text in kept]
+    assert all("Both found." not in text for _, text in kept)
     no_leak(json.dumps(chunks))
 
 
@@ -361,3 +368,21 @@ async def test_an_ag_ui_run_posted_again_after_a_failed_save_runs_and_stores_one
     assert first[-1]["type"] == "RUN_ERROR"
     assert again[-1]["type"] == "RUN_FINISHED"
     assert kept == [("user", "hi"), ("assistant", "Hello.")]
+
+
+async def test_a_last_step_save_refused_once_is_written_by_the_final_save_and_ends_with_finish():
+    # The turn's final save writes again what the last step's refused save held: the
+    # client is told the turn ended (finish), and the store holds all of it, once.
+    agent = Agent(name="finder", provider=ScriptedProvider(TWO_TOOLS), tools=[lookup])
+    counting = DownStore(down=False)
+    async with web_server(agent, store=counting, protocols=ALL) as server:
+        await post_chat(server, chat_body("c", "u1", "Find a and b"))
+        whole = await stored(server, "c")
+    agent = Agent(name="finder", provider=ScriptedProvider(TWO_TOOLS), tools=[lookup])
+    store = DownStore(fail_only=counting.saves)  # the last save a saved turn makes
+    async with web_server(agent, store=store, protocols=ALL) as server:
+        chunks = await post_chat(server, chat_body("s8", "u1", "Find a and b"))
+        kept = await stored(server, "s8")
+    assert store.saves == counting.saves + 1  # the refused one, written again
+    assert [c if isinstance(c, str) else c["type"] for c in chunks][-2:] == ["finish", "[DONE]"]
+    assert kept == whole and kept[-1][1].endswith("Both found.")
