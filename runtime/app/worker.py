@@ -1210,6 +1210,9 @@ class Worker:
         # in a batch awaits unless a takeover's restart is looked for, so the lease's
         # loss, noticed on the loop, is the same for the whole batch.
         extend = getattr(writer, "extend", None)
+        # The writer's bound in bytes (the Redis relay's): waiting here, the turn's
+        # stream (bounded, blocking) fills and the turn waits for a slow Redis.
+        room = getattr(writer, "room", None)
         try:
             while chunks := await out.next_batch():
                 if writer is None:
@@ -1218,6 +1221,8 @@ class Worker:
                     if not entry.lost:
                         extend(chunks)
                         entry.last_out = chunks[-1]
+                        if room is not None:
+                            await room()
                     continue
                 for chunk in chunks:
                     if entry.lost:
@@ -1228,6 +1233,8 @@ class Worker:
                             continue  # readers have the step's start: the reset keeps it
                     writer.append(chunk)
                     entry.last_out = chunk
+                if room is not None:
+                    await room()
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
