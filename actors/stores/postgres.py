@@ -78,6 +78,7 @@ import attrs
 import orjson
 import trio
 
+from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
 from actors.stores.postgres_calls import (
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION_NAME,
@@ -1378,9 +1379,11 @@ class PostgresStore:
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Delete the session and its messages; deleting an unknown session is a no-op.
+        """Delete the session and its messages, and the sub-sessions it owns, at any
+        depth (its agent tools' calls', :mod:`actors.stores.owned`), theirs too;
+        deleting an unknown session is a no-op.
 
-        In the same transaction, the session's turns that are not over end ``cancelled``
+        In the same transaction, the turns of each of them that are not over end ``cancelled``
         (finish reason ``aborted``, cancel reason ``session deleted``): a queued one or
         one waiting for a person never runs; a running one's worker has every later save
         refused (its fence: the row no longer runs), so nothing of it is written and the
@@ -1392,11 +1395,15 @@ class PostgresStore:
         validate_session_id(session_id)
 
         def delete(conn: Any) -> None:
+            # with the sub-sessions it owns, any depth (actors.stores.owned), found by
+            # reads before any lock, then locked and deleted as one session is
+            owned = owned_sessions(session_id, lambda caller: _sub_candidates(conn, caller))
             turns = conn.execute(
                 """SELECT turn_id, status FROM axon_turns
-                WHERE session_id = %s AND status IN ('queued', 'running', 'awaiting-input')
+                WHERE session_id = ANY(%s)
+                    AND status IN ('queued', 'running', 'awaiting-input')
                 ORDER BY seq FOR UPDATE""",
-                (session_id,),
+                (owned,),
             ).fetchall()
             for turn_id, status in turns:  # one statement each: the head trigger moves on
                 conn.execute(
@@ -1413,11 +1420,13 @@ class PostgresStore:
                 )
                 if status == "running":
                     conn.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, turn_id))
-            # The session's row; its id's deletion mark moves if it was stored (the
-            # trigger axon_sessions_deletion_v1, in the statement: a delete of a session
-            # never stored, or deleted at once by another, moves nothing).
-            conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
-            conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
+            # The sessions' rows, one at a time in id order (two deletes of overlapping
+            # trees lock them in one order); each id's deletion mark moves if it was
+            # stored (the trigger axon_sessions_deletion_v1, in the statement: a delete
+            # of a session never stored, or deleted at once by another, moves nothing).
+            for sid in sorted(owned):
+                conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (sid,))
+            conn.execute("DELETE FROM axon_messages WHERE session_id = ANY(%s)", (owned,))
 
         await self.run(f"delete of session {session_id!r}", delete)
 
@@ -1428,6 +1437,31 @@ class PostgresStore:
         self._closed = True
         self._lane.close()
         await trio.to_thread.run_sync(self._pool.close)
+
+
+def _sub_candidates(conn: Any, caller: str) -> list[tuple[str, Any]]:
+    """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
+    its assistant messages' calls name, and those whose ids start with ``<caller>.``
+    (compared in code point order, ``COLLATE "C"``, whatever the database's collation:
+    under a linguistic one ``'.'`` may not sort before ``'/'``)."""
+    named = called_sub_sessions(
+        caller,
+        (
+            bytes(body)
+            for (body,) in conn.execute(
+                "SELECT body FROM axon_messages WHERE session_id = %s AND role = 'assistant'",
+                (caller,),
+            ).fetchall()
+        ),
+    )
+    low, high = prefix_range(caller)
+    rows = conn.execute(
+        """SELECT session_id, meta FROM axon_sessions
+        WHERE session_id = ANY(%s)
+            OR (session_id COLLATE "C" >= %s AND session_id COLLATE "C" < %s)""",
+        (sorted(named), low, high),
+    ).fetchall()
+    return [(sid, bytes(meta)) for sid, meta in rows]
 
 
 _HAS_USER_MESSAGES_SQL: Final = f"""SELECT asked.id FROM unnest(%(ids)s::text[]) AS asked(id),
