@@ -19,6 +19,7 @@ from runtime.redact import redact
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
+    from runtime.log_repeats import RepeatedWarning
 
 
 class _Listener:
@@ -41,6 +42,7 @@ class TurnListening:
         _wait_lock: trio.Lock
         _closed: bool
         _log: Any
+        _listen_failed: RepeatedWarning
 
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the queue's API
         """Block until a ``NOTIFY axon_turns`` arrives or ``timeout`` seconds pass; ``True``
@@ -94,8 +96,9 @@ class TurnListening:
         try:
             conn = await trio.to_thread.run_sync(self._connect_listener)
         except Exception as err:
-            self._log.warning("turns.listen_failed", error=redact(str(err)))
+            self._listen_failed.warning(error=redact(str(err)))
             return False
+        self._listen_failed.clear()
         self._listen = _Listener(conn)
         return True
 
