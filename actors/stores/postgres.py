@@ -459,6 +459,7 @@ class PostgresStore:
             conn.execute(f"SET search_path TO {schema}")
             idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
+            _note_idle_session_timeout(conn)
             conn.commit()
 
         pool = psycopg_pool.ConnectionPool(
@@ -470,7 +471,10 @@ class PostgresStore:
             # on a server connection another client (another store) gets next: none,
             # and no statement prepared (it stays on the backend it was prepared on).
             configure=None if pooled else configure,
-            check=_check_if_idle,
+            # No check by the pool: its loop waits a second (then two, four) after a
+            # connection fails it, and the one opened meanwhile in its place idles in
+            # the pool past a short idle_session_timeout: checked at last, dead too
+            # (:func:`_alive`, checked in :meth:`run` instead).
             # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
             # :meth:`run`), and a single read needs none.
             kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True}
@@ -516,18 +520,34 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn:
-                try:
-                    if transaction:
-                        with conn.transaction():
+            # Connections the server closed while they idled (idle_session_timeout) are
+            # dropped and the next taken at once, up to the pool's size of them; the
+            # last is used unchecked, so a server that is down fails the call as before
+            # (retried with backoff and a warning by ``_retrying``).
+            timed_out = False
+            for left in range(self._pool.max_size, -1, -1):
+                with self._pool.connection() as conn:
+                    if left and not _alive(conn):
+                        continue  # closed: the pool discards it and opens another
+                    try:
+                        if transaction:
+                            with conn.transaction():
+                                result = fn(conn)
+                        else:
                             result = fn(conn)
-                    else:
-                        result = fn(conn)
-                except Exception as err:
-                    _close_if_read_only(conn, err)
-                    raise
-                _used[id(conn)] = time.monotonic()
-                return result
+                    except Exception as err:
+                        if getattr(err, "sqlstate", None) == IDLE_SESSION_TIMEOUT and (
+                            left and not timed_out
+                        ):
+                            # Ended by the server while idle: nothing of ``fn`` ran. Once
+                            # more on another connection, at once; twice is no race.
+                            timed_out = True
+                            continue
+                        _close_if_read_only(conn, err)
+                        raise
+                    _used[id(conn)] = time.monotonic()
+                    return result
+            raise AssertionError("unreachable: the last try returns or raises")
 
         async def once() -> _T:
             return await trio.to_thread.run_sync(
@@ -1800,6 +1820,11 @@ def _replace_messages(
     return int(got[0])
 
 
+IDLE_SESSION_TIMEOUT = "57P05"
+"""The SQLSTATE of a connection the server closed for ``idle_session_timeout``
+(``terminating connection due to idle-session timeout``): retried at once, once
+(:meth:`PostgresStore.run`)."""
+
 CHECK_IDLE = 1.0
 """Seconds a pooled connection may sit unused before the pool checks it (a round trip)
 when it is handed out again."""
@@ -1823,18 +1848,50 @@ _used: dict[int, float] = {}
 """When each pooled connection (by ``id``) last ended a transaction that went through."""
 
 
-def _check_if_idle(conn: Any) -> None:
-    """The pool's check of a connection it hands out, only for one idle a while.
+_idle_limits: dict[int, float] = {}
+"""The server's ``idle_session_timeout`` (seconds) of each pooled connection (by ``id``)
+that has one (:func:`_note_idle_session_timeout`)."""
 
-    Checking every time (psycopg-pool's ``check_connection``) costs a round trip per
-    transaction, doubling the round trips of a busy worker; a connection that carried a
-    transaction a moment ago is as good as checked. One that broke anyway (the server
-    restarted within that second) fails its transaction, which :meth:`PostgresStore.run`
-    retries on another connection, and the pool discards the broken one."""
+
+def _note_idle_session_timeout(conn: Any) -> None:
+    """Note ``conn``'s ``idle_session_timeout`` (a role's, a database's, the URL's
+    ``options``, the server's): past it the server closes the idle connection, and
+    :func:`_alive` checks one idle for half of it. None on a server before 14 (no such
+    setting) or with it off (0)."""
+    row = conn.execute(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    if row is not None and row[0] > 0:
+        _idle_limits[id(conn)] = row[0] / 1000
+    else:
+        _idle_limits.pop(id(conn), None)
+
+
+def _alive(conn: Any) -> bool:
+    """Whether ``conn``, taken from the pool, may be used: ``False`` if it was found
+    closed (by the server: ``idle_session_timeout``, a restart), which the pool then
+    discards. Checked (psycopg-pool's ``check_connection``, a round trip) only once idle
+    for :data:`CHECK_IDLE`, or for half its ``idle_session_timeout`` when that is
+    shorter: checking every time doubled the round trips of a busy worker, and a
+    connection that carried a transaction a moment ago is as good as checked. One that
+    broke anyway fails its transaction, which :meth:`PostgresStore.run` retries on
+    another connection. Before, a timeout of 300 ms (below the check's second) failed
+    every call that took a connection idle between the two, and the pool's own check
+    starved it (its waits of a second after a failed check outlast the timeout)."""
+    limit = _idle_limits.get(id(conn))
+    bound = CHECK_IDLE if limit is None else min(CHECK_IDLE, limit / 2)
+    if time.monotonic() - _used.get(id(conn), 0.0) <= bound:
+        return True
+    import psycopg  # (the round trip's path: a connection idle a while)
     import psycopg_pool
 
-    if time.monotonic() - _used.get(id(conn), 0.0) > CHECK_IDLE:
+    try:
         psycopg_pool.ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        if not conn.closed:
+            raise
+        return False
+    return True
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:
