@@ -86,3 +86,30 @@ async def test_an_idle_session_timeout_is_tried_again_once_at_once_and_a_second_
     # with its warning (a server that is going away is not hidden).
     assert twice == 1
     assert retries(out) == ["terminating connection due to idle-session timeout"]
+
+
+async def test_reads_from_the_event_loop_after_idle_spells_all_go_through(pg_url):
+    # The loop's lane (no thread, no pool): its connections idle as the pool's do.
+    from runtime.messages import UserMessage
+
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    store = await PostgresStore.open(f"{pg_url}&{IDLE_300MS}", retry_for=5)
+    answered = 0
+
+    async def call() -> None:
+        nonlocal answered
+        assert await store.load_last_turn("s") is not None
+        answered += 1
+
+    try:
+        await store.save("s", 0, [UserMessage(content="hi")])
+        for _ in range(8):
+            async with trio.open_nursery() as nursery:  # three lane connections in use
+                for _ in range(3):
+                    nursery.start_soon(call)
+            await trio.sleep(0.5)  # each idles past the server's 300 ms
+    finally:
+        await store.aclose()
+    assert answered == 24
+    assert retries(out) == []

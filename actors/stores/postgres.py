@@ -87,7 +87,7 @@ from actors.stores.postgres_calls import (
     STATUS_COLUMNS,
     STATUS_KINDS,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane, idle_session_timeout
 from actors.stores.postgres_schema import (
     _first_connect,
 )
@@ -370,8 +370,11 @@ class PostgresStore:
         pool_size: int,
         retry_for: float,
         utf8: bool = True,
+        idle_limit: list[float | None] | None = None,
     ):
-        """Wrap an open pool whose schema exists; use :meth:`open` instead."""
+        """Wrap an open pool whose schema exists; use :meth:`open` instead.
+        ``idle_limit`` holds the server's ``idle_session_timeout`` as the pool's
+        connections last read it (:func:`_note_idle_session_timeout`)."""
         self._pool = pool
         self._url = url
         self._shown = redact_url(url)
@@ -386,7 +389,13 @@ class PostgresStore:
         ``None`` behind a transaction pooler that names no direct one: they poll."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
-        self._lane = LoopLane(self.libpq, self.schema, pool_size, pooled=self.pooled)
+        self._lane = LoopLane(
+            self.libpq,
+            self.schema,
+            pool_size,
+            pooled=self.pooled,
+            idle_limit=[None] if idle_limit is None else idle_limit,
+        )
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
         self._utf8 = utf8
@@ -455,11 +464,13 @@ class PostgresStore:
             lambda: trio.to_thread.run_sync(_first_connect, libpq, schema, pooled),
         )
 
+        idle_limit: list[float | None] = [None]  # (the pool's and the lane's)
+
         def configure(conn: Any) -> None:
             conn.execute(f"SET search_path TO {schema}")
             idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
-            _note_idle_session_timeout(conn)
+            idle_limit[0] = _note_idle_session_timeout(conn)
             conn.commit()
 
         pool = psycopg_pool.ConnectionPool(
@@ -491,6 +502,7 @@ class PostgresStore:
             pool_size=pool_size,
             retry_for=retry_for,
             utf8=encoding == "UTF8",
+            idle_limit=idle_limit,
         )
 
     async def now(self) -> float:
@@ -1853,18 +1865,18 @@ _idle_limits: dict[int, float] = {}
 that has one (:func:`_note_idle_session_timeout`)."""
 
 
-def _note_idle_session_timeout(conn: Any) -> None:
+def _note_idle_session_timeout(conn: Any) -> float | None:
     """Note ``conn``'s ``idle_session_timeout`` (a role's, a database's, the URL's
     ``options``, the server's): past it the server closes the idle connection, and
-    :func:`_alive` checks one idle for half of it. None on a server before 14 (no such
+    :func:`_alive` checks one idle for half of it (the event loop's connections, on the
+    same URL, go by it too: :class:`LoopLane`). ``None`` on a server before 14 (no such
     setting) or with it off (0)."""
-    row = conn.execute(
-        "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'"
-    ).fetchone()
-    if row is not None and row[0] > 0:
-        _idle_limits[id(conn)] = row[0] / 1000
+    limit = idle_session_timeout(conn)
+    if limit is not None:
+        _idle_limits[id(conn)] = limit
     else:
         _idle_limits.pop(id(conn), None)
+    return limit
 
 
 def _alive(conn: Any) -> bool:
