@@ -31,6 +31,15 @@ def retries(out: io.StringIO) -> list[str]:
     ]
 
 
+def warnings(out: io.StringIO) -> list[str]:
+    """Every warning's event (psycopg-pool's lines too: ``discarding closed connection``)."""
+    return [
+        line["event"]
+        for line in (json.loads(raw) for raw in out.getvalue().splitlines())
+        if line["level"] in ("warning", "error")
+    ]
+
+
 async def test_calls_after_idle_spells_past_the_idle_session_timeout_all_go_through(pg_url):
     out = io.StringIO()
     configure_logging("info", stream=out)
@@ -51,7 +60,7 @@ async def test_calls_after_idle_spells_past_the_idle_session_timeout_all_go_thro
     finally:
         await store.aclose()
     assert answered == 24
-    assert retries(out) == []
+    assert warnings(out) == []  # nor psycopg-pool's discard of each closed one
 
 
 async def test_an_idle_session_timeout_is_tried_again_once_at_once_and_a_second_is_an_outage(
@@ -113,3 +122,25 @@ async def test_reads_from_the_event_loop_after_idle_spells_all_go_through(pg_url
         await store.aclose()
     assert answered == 24
     assert retries(out) == []
+
+
+async def test_the_listen_connection_waits_past_the_idle_session_timeout(pg_url):
+    # Waiting idle is its work: before, the server closed it in each wait of a second
+    # (a ``turns.listen_broken`` warning and a reconnect each, its notifications missed).
+    from actors.stores.turns import TurnQueue
+
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    store = await PostgresStore.open(f"{pg_url}&{IDLE_300MS}", retry_for=5)
+    queue = TurnQueue(store)
+    try:
+        assert await queue.wait(1.0)  # opened: "maybe" at once
+        woken = [await queue.wait(1.0) for _ in range(3)]
+        payload = f"{store.schema}:t"
+        await store.run("notify", lambda conn: conn.execute(f"NOTIFY axon_turns, '{payload}'"))
+        notified = await queue.wait(5.0)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert (woken, notified) == ([False, False, False], True)
+    assert warnings(out) == []

@@ -66,6 +66,7 @@ itself (its pool, transactions, fences and saves).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import struct
 import time
@@ -473,6 +474,7 @@ class PostgresStore:
             idle_limit[0] = _note_idle_session_timeout(conn)
             conn.commit()
 
+        _quiet_expected_discards()
         pool = psycopg_pool.ConnectionPool(
             libpq,
             min_size=1,
@@ -538,27 +540,35 @@ class PostgresStore:
             # (retried with backoff and a warning by ``_retrying``).
             timed_out = False
             for left in range(self._pool.max_size, -1, -1):
-                with self._pool.connection() as conn:
-                    if left and not _alive(conn):
-                        continue  # closed: the pool discards it and opens another
-                    try:
-                        if transaction:
-                            with conn.transaction():
-                                result = fn(conn)
-                        else:
-                            result = fn(conn)
-                    except Exception as err:
-                        if getattr(err, "sqlstate", None) == IDLE_SESSION_TIMEOUT and (
-                            left and not timed_out
-                        ):
-                            # Ended by the server while idle: nothing of ``fn`` ran. Once
-                            # more on another connection, at once; twice is no race.
-                            timed_out = True
+                found_closed = None
+                try:
+                    with self._pool.connection() as conn:
+                        if left and not _alive(conn):
+                            # Closed: the pool discards it (quietly) and opens another.
+                            found_closed = id(conn)
+                            _found_closed.add(found_closed)
                             continue
-                        _close_if_read_only(conn, err)
-                        raise
-                    _used[id(conn)] = time.monotonic()
-                    return result
+                        try:
+                            if transaction:
+                                with conn.transaction():
+                                    result = fn(conn)
+                            else:
+                                result = fn(conn)
+                        except Exception as err:
+                            if getattr(err, "sqlstate", None) == IDLE_SESSION_TIMEOUT and (
+                                left and not timed_out
+                            ):
+                                # Ended by the server while idle: nothing of ``fn`` ran. Once
+                                # more on another connection, at once; twice is no race.
+                                timed_out = True
+                                continue
+                            _close_if_read_only(conn, err)
+                            raise
+                        _used[id(conn)] = time.monotonic()
+                        return result
+                finally:
+                    if found_closed is not None:  # its discard logged (or not) by now
+                        _found_closed.discard(found_closed)
             raise AssertionError("unreachable: the last try returns or raises")
 
         async def once() -> _T:
@@ -1904,6 +1914,36 @@ def _alive(conn: Any) -> bool:
             raise
         return False
     return True
+
+
+_found_closed: set[int] = set()
+"""Connections (by ``id``) :func:`_alive` found closed, on their way back to the pool
+(:meth:`PostgresStore.run`),
+whose discard psycopg-pool would log as a warning (``discarding closed connection``):
+one a call after each idle spell past a short ``idle_session_timeout`` (85 in a worker's
+ten turns at 300 ms), each expected and replaced. Any other discard is still logged."""
+
+
+def _expected_discard(record: logging.LogRecord) -> bool:
+    """psycopg-pool's log filter: ``False`` (dropped) for the discard of a connection
+    :func:`_alive` found closed."""
+    args = record.args
+    if (
+        record.msg == "discarding closed connection: %s"
+        and isinstance(args, tuple)
+        and len(args) == 1
+        and id(args[0]) in _found_closed
+    ):
+        _found_closed.discard(id(args[0]))
+        return False
+    return True
+
+
+def _quiet_expected_discards() -> None:
+    """Install :func:`_expected_discard` on psycopg-pool's logger, once."""
+    pool_log = logging.getLogger("psycopg.pool")
+    if _expected_discard not in pool_log.filters:
+        pool_log.addFilter(_expected_discard)
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:

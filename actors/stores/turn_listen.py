@@ -156,7 +156,14 @@ class TurnListening:
             autocommit=True,
         )
         try:
-            conn.execute(f"LISTEN {TURNS_CHANNEL}")
+            if conn.info.server_version >= 140000:
+                # Waiting idle is this connection's work: a role's (or the server's)
+                # idle_session_timeout closed it at each wait longer than the timeout
+                # (at 300 ms: a `turns.listen_broken` warning and a reconnect each 0.3 s,
+                # each reconnect's notifications missed). One round trip with the LISTEN.
+                conn.execute(f"SET idle_session_timeout = 0; LISTEN {TURNS_CHANNEL}")
+            else:  # (no such setting before 14)
+                conn.execute(f"LISTEN {TURNS_CHANNEL}")
         except BaseException:
             conn.close()
             raise
