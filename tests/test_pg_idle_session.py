@@ -11,6 +11,7 @@ timeout too: 111 of 120 calls failed ("couldn't get a connection after 5.00 sec"
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 
@@ -144,3 +145,21 @@ async def test_the_listen_connection_waits_past_the_idle_session_timeout(pg_url)
         await store.aclose()
     assert (woken, notified) == ([False, False, False], True)
     assert warnings(out) == []
+
+
+async def test_the_idle_checks_records_go_with_the_connections_the_pool_dropped(pg_url):
+    # Kept by the connection's id, one record stayed for every connection ever opened
+    # (a worker whose server closes idle connections opens one every few seconds).
+    from actors.stores import postgres
+
+    before = len(postgres._used), len(postgres._idle_limits)
+    for _ in range(3):
+        store = await PostgresStore.open(f"{pg_url}&{IDLE_300MS}", retry_for=5)
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(store.now)
+        finally:
+            await store.aclose()
+    gc.collect()
+    assert (len(postgres._used), len(postgres._idle_limits)) <= before

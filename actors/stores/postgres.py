@@ -71,6 +71,7 @@ import re
 import struct
 import time
 import urllib.parse
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -565,7 +566,7 @@ class PostgresStore:
                                 continue
                             _close_if_read_only(conn, err)
                             raise
-                        _used[id(conn)] = time.monotonic()
+                        _used[conn] = time.monotonic()
                         return result
                 finally:
                     if found_closed is not None:  # its discard logged (or not) by now
@@ -1900,13 +1901,16 @@ def _close_if_read_only(conn: Any, err: Exception) -> None:
         conn.close()
 
 
-_used: dict[int, float] = {}
-"""When each pooled connection (by ``id``) last ended a transaction that went through."""
+_used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""When each pooled connection last ended a transaction that went through (weak: a
+connection the pool closed and dropped leaves no entry; by ``id``, one entry stayed for
+each connection ever opened, and a new connection given a dead one's ``id`` inherited
+its time and went unchecked)."""
 
 
-_idle_limits: dict[int, float] = {}
-"""The server's ``idle_session_timeout`` (seconds) of each pooled connection (by ``id``)
-that has one (:func:`_note_idle_session_timeout`)."""
+_idle_limits: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""The server's ``idle_session_timeout`` (seconds) of each pooled connection that has
+one (:func:`_note_idle_session_timeout`; weak, as :data:`_used`)."""
 
 
 def _note_idle_session_timeout(conn: Any) -> float | None:
@@ -1917,9 +1921,9 @@ def _note_idle_session_timeout(conn: Any) -> float | None:
     setting) or with it off (0)."""
     limit = idle_session_timeout(conn)
     if limit is not None:
-        _idle_limits[id(conn)] = limit
+        _idle_limits[conn] = limit
     else:
-        _idle_limits.pop(id(conn), None)
+        _idle_limits.pop(conn, None)
     return limit
 
 
@@ -1934,9 +1938,9 @@ def _alive(conn: Any) -> bool:
     another connection. Before, a timeout of 300 ms (below the check's second) failed
     every call that took a connection idle between the two, and the pool's own check
     starved it (its waits of a second after a failed check outlast the timeout)."""
-    limit = _idle_limits.get(id(conn))
+    limit = _idle_limits.get(conn)
     bound = CHECK_IDLE if limit is None else min(CHECK_IDLE, limit / 2)
-    if time.monotonic() - _used.get(id(conn), 0.0) <= bound:
+    if time.monotonic() - _used.get(conn, 0.0) <= bound:
         return True
     import psycopg  # (the round trip's path: a connection idle a while)
     import psycopg_pool
