@@ -23,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
-from actors.providers.json_slot import StringSlot, learn
+from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.sse import SSEDecoder, block_bytes
 from runtime.chunks import TextChunk
 from runtime.provider import TextRun
@@ -396,3 +396,68 @@ def test_openai_runs_after_a_block_read_as_its_event_go_on_by_lines(monkeypatch:
     got = [x[1] if isinstance(x, tuple) else x["choices"][0]["delta"]["content"] for x in out]
     assert got == texts
     assert sum(read) <= 6  # the first read's and the quoted text's block
+
+
+def _failed_windows(monkeypatch: Any, cls: Any) -> list[int]:
+    """The sizes of the windows of blocks ``cls`` 's slot read and dropped (not whole)."""
+    failed: list[int] = []
+    window_lines = cls._window_lines
+
+    def counted(self: Any, block: list[bytes], size: int, *rest: Any) -> Any:
+        got = window_lines(self, block, size, *rest)
+        if got is None:
+            failed.append(len(block) // size)
+        return got
+
+    monkeypatch.setattr(cls, "_window_lines", counted)
+    return failed
+
+
+def test_a_read_ending_with_the_stream_s_end_reads_no_window_it_drops(monkeypatch: Any) -> None:
+    """A read holding the last text deltas and the stream's end (block stop, message
+    delta, message stop) reads the deltas in windows that each read whole: no window
+    holding the end's blocks is tried and halved (a turn's fixed cost, issue 24 goal 1);
+    the same texts and events."""
+    texts = [f"w{i}" for i in range(600)]
+    body = b"".join(f"event: content_block_delta\ndata: {_delta(t)}\n\n".encode() for t in texts)
+    end = (
+        b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+        b'"end_turn","stop_sequence":null},"usage":{"output_tokens":600}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    failed = _failed_windows(monkeypatch, StringSlot)
+    out, failure = trio.run(_read, [body[:300], body[300:] + end])
+    assert failure is None
+    got = [x[1] if isinstance(x, tuple) else x["delta"]["text"] for x in out[:-3]]
+    assert got == texts  # (the first delta read as its event: the slot is learned from it)
+    assert [e["type"] for e in out[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
+    assert failed == []
+
+
+def test_an_openai_read_ending_with_the_stream_s_end_reads_no_window_it_drops(
+    monkeypatch: Any,
+) -> None:
+    """The same for Chat Completions: a read of the last text chunks, the finish chunk,
+    the usage chunk and ``[DONE]``."""
+    texts = [f"w{i}" for i in range(600)]
+    body = b"".join(
+        f"data: {_chunk({'content': t}, 'ab' * (i % 5))}\n\n".encode() for i, t in enumerate(texts)
+    )
+    usage = {**_HEAD, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+    end = (
+        f"data: {_chunk({}, 'x', 'stop')}\n\n"
+        f"data: {json.dumps(usage, separators=(',', ':'))}\n\n"
+        "data: [DONE]\n\n"
+    ).encode()
+    failed = _failed_windows(monkeypatch, StringSlot)
+    failed_two = _failed_windows(monkeypatch, TwoStringSlot)
+    out, failure = trio.run(_read_openai, [body[:900], body[900:] + end])
+    assert failure is None
+    got = [x[1] if isinstance(x, tuple) else x["choices"][0]["delta"]["content"] for x in out[:-2]]
+    assert got == texts
+    assert [x["choices"] for x in out[len(texts) :]] == [
+        [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+        [],
+    ]
+    assert failed == failed_two == []

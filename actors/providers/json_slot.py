@@ -251,14 +251,22 @@ def _run_lines(
     where the data's value starts in its line; it gives the texts and the window's
     length in ``read``), halved down to one block when they do not read whole, doubled
     after each that does; the texts, the first block not read (left to the caller) and
-    its offset, the window carried as :func:`_run` carries it."""
+    its offset, the window carried as :func:`_run` carries it.
+
+    The blocks at the end of the read that cannot be the slot's (:func:`_tail`) are left
+    out first: a read holding a run's last deltas and the events after it (a stream's end:
+    a block stop, the finish, the usage) made the run halve its window down to one block,
+    a handful of windows of up to 255 blocks each read and dropped, and one more run per
+    event after it, once a turn (issue 24 goal 1). The same texts and blocks read: a block
+    left out would fail every window holding it."""
     size = lead.count(b"\n") + 2
     head = lead + slot._opening
     line_start = len(lead) - lead.rfind(b"\n") - 1
+    end = _tail(lines, i, k, size, lead, head[len(lead) - line_start :])
     texts: list[str] = []
     window = slot.window
-    while i < k:
-        j = min(i + window, k)
+    while i < end:
+        j = min(i + window, end)
         got = window_of(lines[size * i : size * j], size, head, line_start, read, at)
         if got is not None:
             texts += got[0]
@@ -270,8 +278,33 @@ def _run_lines(
         else:
             slot.window = _WINDOW
             return texts, i, at
-    slot.window = window
+    slot.window = window if end == k else _WINDOW  # (as when block ``end`` failed alone)
     return texts, i, at
+
+
+_TAIL = 8
+"""The blocks at most that :func:`_tail` looks at from a read's end: a stream's end is
+three (Anthropic's block stop, finish and stop; Chat Completions' finish, usage and
+``[DONE]``); a bound, so that a read of many other blocks read one at a time (each
+followed by a run) is not looked at whole again before each."""
+
+
+def _tail(lines: list[bytes], i: int, k: int, size: int, lead: bytes, data_head: bytes) -> int:
+    """``k`` less the blocks before it (at most :data:`_TAIL`, none before ``i``) that no
+    window can read: their lines are not ``lead`` 's (``size - 2`` of them) and a data line
+    starting with ``data_head`` (``lead`` 's last line and the slot's opening bytes), which
+    a window compares each of its blocks against (:meth:`StringSlot._window_lines`)."""
+    stop = max(i, k - _TAIL)
+    if size == 2:
+        while k > stop and not lines[2 * k - 2].startswith(data_head):
+            k -= 1
+        return k
+    leads = lead.split(b"\n")[:-1]
+    while k > stop and not (
+        lines[size * k - 2].startswith(data_head) and lines[size * (k - 1) : size * k - 2] == leads
+    ):
+        k -= 1
+    return k
 
 
 def _strings(loads: Callable[[bytes], Any], strings: list[bytes]) -> list[str] | None:
