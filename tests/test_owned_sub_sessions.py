@@ -18,6 +18,7 @@ from actors.stores.turns import TurnQueue
 from runtime.errors import SESSION_DELETED
 from runtime.messages import AssistantMessage, Message, ToolCallPart, UserMessage
 from runtime.tools import PARENT_SESSION_META, sub_session_id
+from tests.support.pg import own_database
 
 
 def _calls(n: int, *calls: tuple[str, str]) -> list[Message]:
@@ -102,3 +103,26 @@ async def test_a_sub_sessions_queued_turn_is_cancelled_with_its_callers_delete(p
         assert left is not None and left.status == "queued"
     finally:
         await store.aclose()
+
+
+async def test_a_delete_in_a_database_of_a_linguistic_collation_finds_sub_sessions_by_index():
+    # The sub-sessions are read by their ids' code points (``COLLATE "C"``: in a
+    # linguistic order ``'.'`` may not sort before ``'/'``), which the primary key of a
+    # database of another collation cannot serve: each delete read every session.
+    import psycopg
+
+    icu = "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with own_database("UTF8", icu) as url:
+        store = await PostgresStore.open(url)
+        await store.aclose()
+        with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+            conn.execute("SET search_path TO axon_t")
+            conn.execute("SET enable_seqscan = off")  # (a table this small is read whole)
+            plan = " ".join(
+                row[0]
+                for row in conn.execute(
+                    """EXPLAIN SELECT session_id FROM axon_sessions
+                    WHERE session_id COLLATE "C" >= 'c.' AND session_id COLLATE "C" < 'c/'"""
+                )
+            )
+    assert "Index Cond" in plan and "'c.'" in plan.split("Index Cond")[1]  # (not a Filter)

@@ -8,6 +8,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   update_seq BIGINT,                     -- recency order (a sequence)
                   version BIGINT,                        -- bumped by every save
                   incarnation BIGINT)                    -- version of its first save
+    axon_sessions_by_code_point ON axon_sessions         -- the ids in code point order:
+        ((session_id COLLATE "C"))                       -- sub-sessions at a delete
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows

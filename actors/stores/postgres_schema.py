@@ -275,7 +275,12 @@ def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
             )
         ),
         "axon_sessions": (
-            any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
+            any(
+                _created_name(statement) not in relations
+                for statement in _SCHEMA
+                if " ON axon_sessions " in statement
+            )
+            or any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
             or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
             or ("axon_sessions", _DELETION_TRIGGER) not in triggers
         ),

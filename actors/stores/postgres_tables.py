@@ -22,6 +22,13 @@ _SCHEMA = (
         version BIGINT NOT NULL,
         incarnation BIGINT NOT NULL DEFAULT 0
     )""",
+    # The sessions' ids in code point order, whatever the database's collation: a
+    # session's sub-sessions (ids ``<caller>.``...) are read as a range of them at its
+    # delete (actors.stores.owned), which a primary key in a linguistic collation (where
+    # '.' need not sort before '/') cannot serve: each delete read every session. Only
+    # a new session writes it (an id never changes: a save's update stays HOT).
+    """CREATE INDEX IF NOT EXISTS axon_sessions_by_code_point
+        ON axon_sessions ((session_id COLLATE "C"))""",
     # No index on update_seq (stores of before have axon_sessions_by_update; nothing reads
     # it: listing every session sorts them all, a walk of the whole index buys nothing):
     # every save bumps update_seq, and an indexed column changed makes the row's update
