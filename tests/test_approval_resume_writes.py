@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host
+from actors.stores.sqlite import SQLiteStore
+from runtime import Agent, Host, tool
 from runtime.messages import AssistantMessage, ToolMessage, UserMessage
 from tests.support.approval_tools import clear_ran, delete_file, ran  # noqa: F401 (fixture)
 
@@ -65,3 +66,50 @@ async def test_a_continuation_writes_only_the_tool_result_of_the_step_it_continu
     assert call.awaiting is not None and call.awaiting.decided and call.awaiting.approved  # type: ignore[union-attr]
     assert isinstance(result, ToolMessage) and result.output == "deleted /x"
     assert ran == ["/x"]
+
+
+async def test_a_continuation_whose_session_another_writer_saved_meanwhile_keeps_nothing_stale(
+    tmp_path: Path,
+) -> None:
+    """The record the continuation began from is the store's only at its version: a
+    writer that saves while the approved tool runs moves it, and the result's save is
+    rebased onto that writer's rows (nothing of either lost, nothing kept that moved; as
+    before the continuation kept rows)."""
+    path = str(tmp_path / "s.db")
+
+    @tool(needs_approval=True)
+    async def meddle() -> str:
+        """Another writer saves the session while this runs."""
+        other = await SQLiteStore.open(path)
+        try:
+            record = await other.load("s")
+            assert record is not None
+            await other.save(
+                "s",
+                len(record.messages),
+                [UserMessage(content="other", id="other")],
+                expected_version=record.version,
+            )
+        finally:
+            await other.aclose()
+        return "meddled"
+
+    steps = [tool_call("meddle", {}, tool_call_id="M"), ["done"]]
+    async with Host.open(store=path) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[meddle]), session_id="s"
+        )
+        waiting = await session.run("go")
+        await session.decide(waiting.pending[0].approval_id, approved=True)
+        async with session.resume() as out:
+            async for _ in out:
+                pass
+        assert out.result is not None and out.result.text == "done"
+        record = await host.store.load("s")
+    assert record is not None
+    users = [m.content for m in record.messages if isinstance(m, UserMessage)]
+    assert sorted(users) == ["go", "other"]  # (the turn rebased after the other's)
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.output for r in results] == ["meddled"]
+    answers = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    assert len(answers) == 1 and answers[0].text == "done"
