@@ -24,7 +24,14 @@ from runtime.errors import (
 from runtime.media import MediaLimits
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
 from runtime.retry import RetryPolicy
-from runtime.tools import AGENT_DEPTH_META, PARENT_SESSION_META, Tool, ToolContext, tool
+from runtime.tools import (
+    AGENT_DEPTH_META,
+    PARENT_SESSION_META,
+    Tool,
+    ToolContext,
+    sub_session_id,
+    tool,
+)
 
 if TYPE_CHECKING:
     from runtime.output_schema import OutputSchema
@@ -371,16 +378,6 @@ def _client_tool(agent: Any, name: str, seen: set[int]) -> Any:
 def _sub_session_id(context: ToolContext, tool_name: str) -> str:
     """The id of the session one call of an agent used as a tool runs in."""
     return sub_session_id(context.session_id, tool_name, context.tool_call_id)
-
-
-def sub_session_id(session_id: str, tool_name: str, tool_call_id: str) -> str:
-    """The id of the session the call ``tool_call_id`` of the agent tool ``tool_name``
-    in session ``session_id`` runs in: ``<parent>.<name>.<call id>``, hashed when that
-    is too long, with the characters a session id may not hold replaced."""
-    raw = f"{session_id}~{tool_name}~{tool_call_id}"
-    if len(raw) > 128:
-        raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
-    return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
 
 
 CALLER_DELETED = "the session that called this agent as a tool was deleted"

@@ -78,6 +78,11 @@ class Budget:
     """Tool calls per turn, over all steps; calls past it are not run."""
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    """Output tokens per turn, over all its calls (sub-agents included). Each call asks
+    the provider for at most what is left (:meth:`output_left`, sent as the API's own
+    cap), so no call writes past it; a call cut at that cap, or calls that spent it all
+    while the model still wants tools, end the turn with finish reason ``budget``
+    (:meth:`output_spent`), the cut text saved."""
     max_total_tokens: int | None = None
     max_cost: float | None = None
     """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
@@ -124,6 +129,24 @@ class Budget:
         if self.max_cost is not None and not usage.empty:
             if usage.cost is None or usage.cost > self.max_cost:
                 return "max_cost"
+        return None
+
+    def output_left(self, usage: Usage) -> int | None:
+        """The output tokens the turn's next call may write, after ``usage`` so far: what
+        :attr:`max_output_tokens` leaves (0 when spent), ``None`` without that budget."""
+        if self.max_output_tokens is None:
+            return None
+        return max(self.max_output_tokens - usage.output_tokens, 0)
+
+    def output_spent(self, usage: Usage, *, more: bool, cut: bool) -> str | None:
+        """``"max_output_tokens"`` when the turn's calls wrote all the output it may
+        (``usage``) and either the model wants another call (``more``: its tool calls'
+        results would go to a call that may write nothing, which no API takes) or the
+        last call was cut at its cap (``cut``: finish reason ``length``; the budget cut
+        it, as :meth:`tokens_exceeded` would have once its usage came back). Not exceeded
+        otherwise: a last answer that ends (``stop``) on exactly the budget is whole."""
+        if (more or cut) and self.output_left(usage) == 0:
+            return "max_output_tokens"
         return None
 
     def admits_tool_call(self, used: int) -> bool:

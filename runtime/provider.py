@@ -105,11 +105,32 @@ class InferRequest:
     output: Any = None
     """The agent's :class:`~runtime.output_schema.OutputSchema`: the provider asks for an
     answer that is JSON matching it (``None``: free text)."""
+    max_output_tokens: int | None = None
+    """The output tokens the turn has left (:attr:`Budget.max_output_tokens
+    <runtime.budget.Budget.max_output_tokens>` less what its calls wrote so far), at least
+    1; ``None``: no output budget. The provider sends it as its API's own cap on the
+    call's output (:func:`cap_output`), so a call cannot write past the turn's budget:
+    the budget was only checked once a call's usage came back, and a turn allowed 200
+    tokens could be billed for a 4,000-token answer."""
     text_runs: bool = False
     """Whether ``reply`` takes :class:`TextRun` s: the turn runner's engine does, and a
     provider that reads a network read at a time may then send a read's text deltas as
     one (the OpenAI and Anthropic providers do); any other requester gets a
     :class:`~runtime.chunks.TextChunk` per delta, as every provider may always send."""
+
+
+def cap_output(options: dict[str, Any], key: str, left: int | None, default: Any = None) -> None:
+    """Set ``options[key]``, a provider's output token cap (its API's field name), to the
+    smaller of the cap the options already give (the agent's ``settings`` over the
+    provider's own options; else ``default``, the provider's own, if any) and ``left``
+    (:attr:`InferRequest.max_output_tokens`): an explicit cap below what the turn has left
+    stays, the turn's budget wins when it is smaller. Nothing changes when ``left`` is
+    ``None``."""
+    if left is None:
+        return
+    given = options.get(key, default)
+    small = isinstance(given, int) and not isinstance(given, bool) and given < left
+    options[key] = given if small else left
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

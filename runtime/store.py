@@ -216,7 +216,16 @@ class Store(Protocol):
         pages them with :func:`list_page`, which slices their full list."""
         ...
 
-    async def delete(self, session_id: str) -> None: ...
+    async def delete(self, session_id: str) -> None:
+        """Delete the session, and with it the sessions it owns: the sub-sessions its
+        agent tools' calls ran in (``Agent.as_tool``: the id
+        :func:`~runtime.tools.sub_session_id` derives from its own and the call's, the
+        meta naming it, :func:`~runtime.tools.caller_of`), at any depth, with their turns
+        queued or waiting (the built-in stores: in one transaction). Nobody else reaches
+        a sub-session; left behind, it stayed for good. Deleting an unknown session is
+        not an error. A store of before that deletes the one session still works (its
+        sub-sessions stay)."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -14,6 +14,7 @@ connection or a file.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -57,6 +58,18 @@ def caller_of(meta: Any) -> str | None:
     ``None`` for a session an application opened."""
     caller = meta.get(PARENT_SESSION_META) if isinstance(meta, Mapping) else None
     return caller if isinstance(caller, str) else None
+
+
+def sub_session_id(session_id: str, tool_name: str, tool_call_id: str) -> str:
+    """The id of the session the call ``tool_call_id`` of the agent tool ``tool_name``
+    in session ``session_id`` runs in: ``<parent>.<name>.<call id>``, hashed when that
+    is too long, with the characters a session id may not hold replaced. Here, beside
+    :func:`caller_of`, as the stores derive it too: a session deleted takes the
+    sub-sessions its calls ran in with it (:meth:`runtime.store.Store.delete`)."""
+    raw = f"{session_id}~{tool_name}~{tool_call_id}"
+    if len(raw) > 128:
+        raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
+    return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
 
 
 def agent_depth(meta: Any) -> int:

@@ -30,6 +30,30 @@ def test_tokens_exceeded_names_the_token_budget_usage_went_over(limits, name):
     assert Budget(**limits).tokens_exceeded(usage) == name
 
 
+def test_output_left_is_what_max_output_tokens_leaves_never_below_zero():
+    usage = Usage(input_tokens=100, output_tokens=10, total_tokens=110)
+    assert Budget(max_output_tokens=25).output_left(usage) == 15
+    assert Budget(max_output_tokens=8).output_left(usage) == 0
+    assert Budget().output_left(usage) is None
+
+
+@pytest.mark.parametrize(
+    ("more", "cut", "limit", "name"),
+    [
+        (True, False, 10, "max_output_tokens"),  # tool calls, and no call may write more
+        (False, True, 10, "max_output_tokens"),  # the call was cut at what was left
+        (False, False, 10, None),  # an answer that ended on exactly the budget is whole
+        (True, True, 11, None),  # a token left: the next call may write it
+        (True, True, None, None),
+    ],
+)
+def test_output_spent_ends_the_turn_only_when_nothing_is_left_and_it_matters(
+    more, cut, limit, name
+):
+    usage = Usage(input_tokens=100, output_tokens=10, total_tokens=110)
+    assert Budget(max_output_tokens=limit).output_spent(usage, more=more, cut=cut) == name
+
+
 def test_admits_tool_call_counts_calls_already_used_against_max_tool_calls():
     assert Budget(max_tool_calls=2).admits_tool_call(1)
     assert not Budget(max_tool_calls=2).admits_tool_call(2)

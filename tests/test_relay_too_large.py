@@ -5,7 +5,12 @@ named as such at once, not an outage retried until the writer gives up
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import httpx
+import pytest
+import trio
 from coredis.exceptions import ConnectionError as RedisConnectionError
 from coredis.exceptions import ResponseError
 from structlog.testing import capture_logs
@@ -13,9 +18,13 @@ from structlog.testing import capture_logs
 from actors.providers.scripted import ScriptedProvider
 from actors.relays import resp
 from runtime import Agent
+from runtime import output as o
+from runtime.errors import RelayTurnGone
 from runtime.provider import InferRequest
-from tests.support.redis import redis_small_bulk, unique_prefix
+from tests.support.redis import redis_small_bulk, require_redis, unique_prefix
+from tests.support.services import RedisServer, ServiceUnavailable
 from tests.test_frontend import EventReader, body, data, deployment, redis_url, stored_text
+from tests.test_relay import USAGE, opened, read_all
 from tests.test_relay_web import sse_events
 
 __all__ = ["redis_url"]  # (the fixture, imported for pytest)
@@ -129,3 +138,60 @@ async def test_a_refused_entry_holding_the_turns_end_still_tells_the_reader_and_
     assert [e for e in events if e["type"] == "error"] == []
     assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "second answer"
     assert stored_text(stored) == "second answer"
+
+
+@pytest.fixture
+def tls_redis() -> Iterator[RedisServer]:
+    """A Redis of the test's own over TLS (``rediss://``, a self-signed certificate made
+    for it) taking no argument past 1 MB; skipped, saying why, where redis-server was
+    built without TLS or openssl is missing."""
+    require_redis()  # (skips where no redis-server is installed)
+    try:
+        server = RedisServer(tls=True, options=("--proto-max-bulk-len", "1mb"))
+    except ServiceUnavailable as exc:
+        pytest.skip(f"no TLS Redis here: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _turn(turn_id: str, text: str) -> list[Any]:
+    return [
+        o.Start(message_id="m" + turn_id, turn_id=turn_id, session_id="s" + turn_id),
+        o.StepStart(step=0),
+        o.TextStart(step=0, part_id="p"),
+        o.TextDelta(step=0, part_id="p", text=text),
+        o.TextFinish(step=0, part_id="p"),
+        o.StepFinish(step=0, finish_reason="stop", usage=USAGE),
+        o.Finish(finish_reason="stop", usage=USAGE),
+    ]
+
+
+@pytest.mark.parametrize("size", [2_000_000, 20_000_000])
+async def test_an_entry_larger_than_a_tls_redis_takes_is_refused_at_once_and_named(
+    tls_redis: RedisServer, size: int
+) -> None:
+    # Over TLS Redis's "Protocol error" reply is lost with the connection it closes:
+    # coredis raised ConnectionError ("Connection lost while receiving response"; "while
+    # sending request" for 20 MB), retried as Redis down until the writer gave up. Now
+    # the entry's size, past the proto-max-bulk-len Redis says, names it.
+    with capture_logs() as logs:
+        async with opened(tls_redis.url, op_timeout=5.0, close_timeout=30) as relay:
+            big = relay.writer(session_id="sbig", turn_id="big", fresh=True)
+            small = relay.writer(session_id="ssmall", turn_id="small", fresh=True)
+            small.extend(_turn("small", "hello"))
+            big.extend(_turn("big", "x" * size))
+            with trio.fail_after(60):
+                await small.aclose()
+                await big.aclose()
+            with pytest.raises(RelayTurnGone, match="larger than it accepts"):
+                await read_all(relay, "big")
+            shown = await read_all(relay, "small")
+    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
+    assert refused["turn_id"] == "big" and refused["entry_bytes"] > size
+    assert "proto-max-bulk-len" in refused["why"] and refused["dropped"] >= 1
+    assert [e for e in logs if e["event"] in ("relay.flush_failed", "relay.unflushed")
+            and e.get("turn_id") == "big"] == []  # fmt: skip
+    assert big.lost >= 1 and small.lost == 0
+    assert [c.text for c in shown if type(c) is o.TextDelta] == ["hello"]

@@ -47,6 +47,7 @@ from runtime.testing.stores import (
     StoreIncarnations,
     StoreKeptRows,
     StorePaging,
+    StoreSubSessions,
     conversation,
     record,
     turn,
@@ -72,7 +73,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 class TestEveryStore(
-    StoreConformance, StorePaging, StoreIncarnations, StoreDeletionMarks, StoreKeptRows
+    StoreConformance,
+    StorePaging,
+    StoreIncarnations,
+    StoreDeletionMarks,
+    StoreKeptRows,
+    StoreSubSessions,
 ):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 

@@ -285,6 +285,120 @@ async def test_a_sub_turn_whose_caller_is_deleted_meanwhile_leaves_no_wait_for_i
     assert stored is None or pending_calls(stored.messages) == (), stored.messages
 
 
+@pytest.mark.parametrize("deeper", [False, True], ids=["sub-turn", "sub-sub-turn"])
+async def test_a_callers_delete_after_its_turn_takes_the_sub_sessions_a_worker_saved(
+    pg_url: str, deeper: bool
+) -> None:
+    """A worker's turn whose agent tool (two agents deep too) ran saved a sub-session
+    per call; the caller's delete takes them with it. Before, each stayed for good, with
+    the sub-turn's messages, an orphan nobody reaches (not listed as anyone's)."""
+    held = Held()
+    held.go.set()
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    subs = [sub_session_id("s", "helper", "call_h")]
+    if deeper:
+        subs.append(sub_session_id(subs[0], "inner", "call_i"))
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                while (row := await queue.get(turn.turn_id)) is None or row.status != "done":  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            worker.stop()
+        saved = [await store_b.load(sub) for sub in subs]
+        await store_b.delete("s")
+        stored = [await store_b.load(sid) for sid in ("s", *subs)]
+        listed = await store_b.list_sessions()
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    assert all(r is not None for r in saved)
+    assert stored == [None] * (1 + len(subs)), stored
+    assert listed == []
+
+
+async def test_a_caller_waiting_for_a_passed_up_approval_deleted_takes_its_sub_session(
+    pg_url: str,
+) -> None:
+    """A sub-turn's approval passed up to its caller (``pass_approvals=True``): both
+    sessions wait, both saved. The front end's delete of the caller (its sub-sessions'
+    waits ended, then the delete) takes the sub-session with it; before, the sub-session
+    stayed for good with its denied call."""
+    from runtime.app.nested import end_sub_waits
+
+    held = Held()
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    sub = sub_session_id("s", "helper", "call_h")
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store_a, agent=passing(held), lease=30.0, poll=0.05)
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                while (row := await queue.get(turn.turn_id)) is None or not row.waiting:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+            waiting = await store_b.load(sub)
+            await end_sub_waits(store_b, "s")
+            await store_b.delete("s")
+            await until_idle(worker)
+            worker.stop()
+        stored = await store_b.load(sub)
+        row = await queue.get(turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    assert waiting is not None and pending_calls(waiting.messages)
+    assert held.guarded == 0
+    assert row is not None and row.status == "cancelled"
+    assert stored is None, stored.messages
+
+
+@pytest.mark.parametrize("deeper", [False, True], ids=["sub-turn", "sub-sub-turn"])
+async def test_a_caller_deleted_while_a_worker_holds_its_sub_turn_leaves_no_sub_session(
+    pg_url: str, deeper: bool
+) -> None:
+    """The calling session is deleted (by another process's store, no front end) while
+    the worker's sub-turn (two agents deep too) runs a tool under the calling turn's
+    claim: the delete takes whatever of the sub-sessions was saved with it, and the
+    sub-turn's later saves are refused as a deleted caller's (its fence), so none is
+    created after it."""
+    held = Held()
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    subs = [sub_session_id("s", "helper", "call_h")]
+    if deeper:
+        subs.append(sub_session_id(subs[0], "inner", "call_i"))
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", "go")
+            with trio.fail_after(LIMIT):
+                await held.inside.wait()
+            await store_b.delete("s")
+            held.go.set()
+            await until_idle(worker)
+            worker.stop()
+        stored = [await store_b.load(sid) for sid in ("s", *subs)]
+        row = await queue.get(turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+    assert held.runs == 1
+    assert row is not None and row.status == "cancelled"
+    assert stored == [None] * (1 + len(subs)), stored
+
+
 @pytest.mark.parametrize("lost", [False, True], ids=["stopped", "taken-over"])
 async def test_a_sub_session_saved_after_its_calling_turn_ended_is_the_claims(
     pg_url: str, lost: bool

@@ -105,7 +105,7 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.output_schema import OUTPUT_TOOL
-from runtime.provider import Emit, ProviderOptions
+from runtime.provider import Emit, ProviderOptions, cap_output
 from runtime.redact import redact
 
 PROVIDER = "anthropic"
@@ -1524,6 +1524,8 @@ class AnthropicProvider(SDKProvider):
         if request.tools:
             params["tools"] = map_tools(request.tools)
         settings = {**self.request_options, **request.settings}
+        # the turn's output budget left, when below the cap given (the API requires one)
+        cap_output(settings, "max_tokens", request.max_output_tokens, self.max_tokens)
         budget = thinking_budget(
             self.thinking_budget,
             settings.get("max_tokens", self.max_tokens),

@@ -124,7 +124,7 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.output_schema import OUTPUT_TOOL
-from runtime.provider import Emit, ProviderOptions
+from runtime.provider import Emit, ProviderOptions, cap_output
 
 PROVIDER = "google"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -926,7 +926,9 @@ class GeminiProvider(SDKProvider):
 
         known = types.GenerateContentConfig.model_fields
         extra_body: dict[str, Any] = {}
-        for key, value in {**self.request_options, **request.settings}.items():
+        options = {**self.request_options, **request.settings}
+        cap_output(options, "max_output_tokens", request.max_output_tokens)  # the turn's left
+        for key, value in options.items():
             if key in _RESERVED:
                 continue
             if key == "tools":

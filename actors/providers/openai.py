@@ -110,7 +110,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.provider import Emit, ProviderOptions
+from runtime.provider import Emit, ProviderOptions, cap_output
 from runtime.redact import redact
 
 _FINISH_REASONS = {
@@ -1174,6 +1174,25 @@ def _call_ids_for(base_url: str | None) -> CallIdShape:
     return "mistral" if host == "mistral.ai" or host.endswith(".mistral.ai") else "openai"
 
 
+def _cap_field_for(base_url: str | None) -> str:
+    """The request field that caps a call's output: ``max_completion_tokens`` on OpenAI's
+    own API (its reasoning models refuse ``max_tokens``), ``max_tokens`` on any other
+    server. Why: compatible servers read ``max_tokens``, and not all read the newer name:
+    Mistral refuses it (422, "Extra inputs are not permitted"), Ollama and LM Studio
+    ignore it and write on to the context's end (vLLM and llama.cpp take both)."""
+    host = (urlsplit(base_url).hostname or "") if base_url else "api.openai.com"
+    own = host == "api.openai.com" or host.endswith(".openai.azure.com")
+    return "max_completion_tokens" if own else "max_tokens"
+
+
+def _cap_fields(options: dict[str, Any], default: str) -> tuple[str, ...]:
+    """The output cap fields a call's ``options`` name (an agent's ``settings`` or the
+    provider's options may name either, for a server that reads only that one), else the
+    provider's ``default`` (:func:`_cap_field_for`)."""
+    named = tuple(k for k in ("max_completion_tokens", "max_tokens") if k in options)
+    return named or (default,)
+
+
 BODY_KEYS = ("messages", "tools", "stream_options")
 """The ``create`` arguments the provider builds as wire JSON, given to the SDK in
 ``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
@@ -1225,6 +1244,9 @@ class OpenAIProvider(OpenAISDKProvider):
             raise errors.ConfigurationError(
                 f"call_ids must be 'openai' or 'mistral', not {call_ids!r}"
             )
+        self.cap_field = _cap_field_for(base_url)
+        """Where a call's output cap goes when no option names one (:func:`_cap_field_for`):
+        the turn's output budget left (:attr:`InferRequest.max_output_tokens`)."""
         self.call_ids: CallIdShape = call_ids or _call_ids_for(base_url)
         """The shape of the call ids the server takes (:class:`CallIds`): ``mistral``
         for a ``base_url`` on ``mistral.ai`` unless given; give it for Mistral's models
@@ -1256,6 +1278,8 @@ class OpenAIProvider(OpenAISDKProvider):
             params["tools"] = map_tools(request.tools)
         if request.output is not None:
             params["response_format"] = map_output(request.output)
+        for field in _cap_fields(options, self.cap_field):
+            cap_output(options, field, request.max_output_tokens)
         stream_options = options.pop("stream_options", {})
         params.update(options)
         params["stream"] = True

@@ -118,7 +118,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.provider import Emit, ProviderOptions
+from runtime.provider import Emit, ProviderOptions, cap_output
 
 PROVIDER = "openai-responses"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -977,6 +977,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
         options = {**self.request_options, **request.settings}
+        cap_output(options, "max_output_tokens", request.max_output_tokens)  # the turn's left
         store = bool(options.pop("store", self.store))
         params: dict[str, Any] = {
             "model": self.model,

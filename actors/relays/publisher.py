@@ -62,6 +62,9 @@ class RelayPublisher(Actor):
                 session_id=chunk.session_id, turn_id=turn_id
             )
         writer.append(chunk)
+        room = getattr(writer, "room", None)  # the Redis relay's bound in bytes
+        if room is not None:
+            await room()  # the bus (``block``) holds the turn while Redis is slow
         if type(chunk) in _ENDS:
             del self.writers[turn_id]
             # A turn that waits for input pauses its stream: its continuation (same turn

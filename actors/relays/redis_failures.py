@@ -149,6 +149,53 @@ def _duplicate(error: BaseException) -> bool:
     return isinstance(error, _response_error()) and "equal or smaller" in str(error)
 
 
+BULK_FLOOR = 1024 * 1024
+"""The smallest ``proto-max-bulk-len`` Redis accepts (1 MB): an entry below it is never
+too large, so a connection lost under one is an outage, not asked about."""
+BULK_DEFAULT = 512 * 1024 * 1024
+"""Redis's ``proto-max-bulk-len`` when it does not say (``CONFIG`` refused or renamed,
+as managed services do): its default, 512 MB."""
+
+
+class EntryTooLarge(Exception):
+    """A relay entry larger than the Redis takes (its ``proto-max-bulk-len``), found by
+    its size, not by the transport's error: over TLS (``rediss://``) Redis's ``Protocol
+    error`` reply is lost with the connection it closes (coredis raises
+    ``ConnectionError: Connection lost while receiving response``, or ``while sending
+    request`` for a larger one), which looked like Redis down and was retried as such.
+    Its text starts as Redis's own does, so one description serves both."""
+
+    def __init__(self, size: int, limit: int, error: BaseException) -> None:
+        super().__init__(
+            f"Protocol error: invalid bulk length (an entry of {size} bytes, past the "
+            f"{limit} bytes of Redis's proto-max-bulk-len; the connection said "
+            f"{_described(error)[:100]})"
+        )
+        self.size = size
+        self.limit = limit
+
+
+async def _bulk_limit(client: Any, within: float) -> int | None:
+    """Redis's ``proto-max-bulk-len`` (``CONFIG GET``), asked only when a connection was
+    lost under an entry of at least :data:`BULK_FLOOR`; :data:`BULK_DEFAULT` when Redis
+    refuses to say; ``None`` when it does not answer within ``within`` (down: the
+    entry's size tells nothing then, the flush is retried as an outage)."""
+    try:
+        with trio.fail_after(within):
+            reply = await client.config_get(["proto-max-bulk-len"])
+    except _response_error():
+        return BULK_DEFAULT
+    except _retryable() as exc:
+        if isinstance(exc, trio.TooSlowError):  # coredis would queue behind the lost reply
+            client.connection_pool.disconnect()
+        return None
+    values = list(reply.values()) if isinstance(reply, dict) else []
+    try:
+        return int(values[0]) if values else BULK_DEFAULT
+    except (TypeError, ValueError):
+        return BULK_DEFAULT
+
+
 def _closed_stream() -> tuple[type[BaseException], ...]:
     """What coredis raises writing to a connection already closed (anyio's streams)."""
     import anyio

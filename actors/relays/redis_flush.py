@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.relays import resp
+from actors.relays.redis_failures import BULK_FLOOR, EntryTooLarge, _bulk_limit, _transient
 
 if TYPE_CHECKING:
     from actors.relays.redis_writer import RedisRelayWriter, _Job
@@ -142,13 +143,17 @@ class _Flusher:
     async def _send(self, jobs: list[_Job]) -> None:
         """One pipeline of ``jobs``; each writer gets its outcome, whatever happens."""
         try:
-            if self.connection is not None:
-                await self._send_resp(jobs)
-            else:
-                await self._send_coredis(jobs)
-        except Exception as exc:  # the connection: every flush of it failed
-            for job in jobs:
-                job.error = exc
+            try:
+                if self.connection is not None:
+                    await self._send_resp(jobs)
+                else:
+                    await self._send_coredis(jobs)
+            except Exception as exc:  # the connection: every flush of it failed
+                for job in jobs:
+                    job.error = exc
+            if any(_suspect(job) for job in jobs):
+                with trio.CancelScope(shield=True):  # bounded: ``timeout``
+                    await self._name_too_large(jobs)
         except BaseException:  # the deadline (or the relay closing): none was confirmed
             for job in jobs:
                 job.error = trio.TooSlowError(f"Redis did not answer within {self.timeout:g} s")
@@ -156,6 +161,21 @@ class _Flusher:
         finally:
             for job in jobs:
                 job.writer._settle(job)
+
+    async def _name_too_large(self, jobs: list[_Job]) -> None:
+        """A connection lost under an entry of at least :data:`BULK_FLOOR`: Redis may
+        have closed it for the entry's size (its ``Protocol error`` lost with it, as over
+        TLS). Redis's ``proto-max-bulk-len`` is asked, and each such entry past it is
+        refused as :class:`EntryTooLarge` (named, not retried); the other flushes keep
+        their connection error (retried). A Redis that does not answer says nothing:
+        all are retried, as in an outage."""
+        limit = await _bulk_limit(self.client, self.timeout)
+        if limit is None:
+            return
+        for job in jobs:
+            if _suspect(job) and job.size() > limit:
+                assert job.error is not None
+                job.error = EntryTooLarge(job.size(), limit, job.error)
 
     async def _send_resp(self, jobs: list[_Job]) -> None:
         assert self.connection is not None
@@ -197,3 +217,9 @@ class _Flusher:
                 job.result = await result
             except Exception as exc:  # this writer's command was refused
                 job.error = exc
+
+
+def _suspect(job: _Job) -> bool:
+    """Whether ``job``'s flush lost its connection carrying an entry Redis may have
+    refused for its size (see :meth:`_Flusher._name_too_large`)."""
+    return not job.tail and isinstance(job.error, _transient()) and job.size() >= BULK_FLOOR

@@ -68,6 +68,7 @@ from actors.relays.redis_writer import (
     FLUSH_INTERVAL,
     LIVE_TTL,
     MAX_QUEUE,
+    MAX_QUEUE_BYTES,
     RedisRelayWriter,
 )
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
@@ -171,6 +172,7 @@ class RedisRelay:
         live_ttl: int = LIVE_TTL,
         end_ttl: int = END_TTL,
         max_queue: int = MAX_QUEUE,
+        max_queue_bytes: int = MAX_QUEUE_BYTES,
         retry_base: float = 0.05,
         retry_max: float = 2.0,
         retry_for: float = RETRY_FOR,
@@ -188,6 +190,8 @@ class RedisRelay:
         self.live_ttl = live_ttl
         self.end_ttl = end_ttl
         self.max_queue = max_queue
+        self.max_queue_bytes = max_queue_bytes
+        """Bytes a writer holds before its turn waits (:data:`MAX_QUEUE_BYTES`)."""
         self.retry_base = retry_base
         self.retry_max = retry_max
         self.retry_for = retry_for

@@ -23,6 +23,18 @@ on; the queue is bounded (``max_queue``): past it the queue is dropped and the s
 gets a ``gap`` item, which makes readers raise :class:`~runtime.errors.RelayTurnGone`,
 so they rebuild from the store. Nothing committed is lost: the relay is a cache of what
 the store will hold.
+
+**Bytes.** A count alone let a turn of large chunks (a 20 MB tool output, the inputs of
+thousands of parallel calls) hold ``max_queue`` times their size while Redis was slow. A
+writer also counts the bytes it holds (its queued chunks' JSON, and the entry a flush
+has out: :attr:`RedisRelayWriter.held`); past ``max_queue_bytes``
+(:data:`MAX_QUEUE_BYTES`) its turn waits (:meth:`RedisRelayWriter.room`, which the
+worker and the relay publisher await after each batch they append), so a slow Redis
+slows the turn instead of growing the worker or losing the stream. A Redis that gives
+no room for ``close_timeout`` is down, not slow: the queue is dropped as on overflow
+(``gap``), and until a flush goes through again a writer over the bound drops instead
+of waiting, so an outage neither holds the turn nor the memory. Readers take nothing
+from a writer (they read Redis): a reader that stops reading holds none of it.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import structlog
 import trio
+from orjson import dumps as _dumps
 
 from actors.relays.redis_entries import (
     END,
@@ -48,7 +61,13 @@ from actors.relays.redis_entries import (
     _tail,
     _Undecodable,
 )
-from actors.relays.redis_failures import _backoff, _described, _duplicate, _retryable
+from actors.relays.redis_failures import (
+    EntryTooLarge,
+    _backoff,
+    _described,
+    _duplicate,
+    _retryable,
+)
 from runtime.errors import RelayUnavailable
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.serde import unstructurer, utf8_dumps
@@ -65,6 +84,13 @@ END_TTL = 15 * 60
 MAX_QUEUE = 10_000
 """Chunks a writer queues at most while Redis does not answer; past it the queue is
 dropped and readers are told (``gap``)."""
+MAX_QUEUE_BYTES = 16 * 1024 * 1024
+"""Bytes a writer holds (queued chunks' JSON and its flush's entry out) before its turn
+waits for Redis (:meth:`RedisRelayWriter.room`). 16 MB: a turn's usual burst (deltas, a
+step's tool calls) is a few kB, far below it; a chunk larger than it (a 20 MB tool
+output) still goes, alone (the wait is before the next batch, not for the one that
+crosses the bound); and a worker running dozens of turns against a slow Redis holds at
+most dozens of times this, not ``max_queue`` times its largest chunk."""
 FLUSH_INTERVAL = 0.005
 """Seconds: a writer's flush asked for sooner than this after its previous one waits for
 the relay's next tick (multiples of this on the Trio clock), so a burst of chunks is one
@@ -100,8 +126,10 @@ _MARKERS = frozenset({GAP, END, FROM_START})
 
 def _too_large(error: BaseException) -> bool:
     """Whether ``error`` is Redis's answer to a command larger than it takes (past its
-    ``proto-max-bulk-len``): ``Protocol error: invalid bulk length``."""
-    return "Protocol error" in str(error)[:30]
+    ``proto-max-bulk-len``): ``Protocol error: invalid bulk length`` where Redis's reply
+    came (plain ``redis://``), :class:`EntryTooLarge` where the flusher found it by the
+    entry's size (the reply lost with the connection, as over TLS)."""
+    return isinstance(error, EntryTooLarge) or "Protocol error" in str(error)[:30]
 
 
 def _refusal(error: BaseException) -> str:
@@ -153,8 +181,23 @@ def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
 
 def _entry_bytes(job: _Job) -> int:
     """The size of the items of ``job``'s ``XADD`` (what made an entry too large)."""
-    items = job.commands[0][3]["items"] if job.commands else b""
-    return len(items)
+    return job.size()
+
+
+def _size(item: dict[str, Any]) -> int:
+    """The bytes ``item`` takes as JSON (what :attr:`RedisRelayWriter.held` counts). An
+    item that does not encode (an int past 64 bits) counts as its ``repr``: its flush
+    will fail (:meth:`RedisRelayWriter._take`), not its append."""
+    try:
+        return len(utf8_dumps(item, default=str))
+    except TypeError:
+        return len(repr(item))
+
+
+def _measured(items: list[dict[str, Any]]) -> int:
+    """The bytes ``items`` take as JSON, on the rare paths that cut a queue (a retry's
+    split, an overflow); an append counts its chunk's alone."""
+    return sum(_size(item) for item in items)
 
 
 def _quiet(items: list[dict[str, Any]]) -> bool:
@@ -193,6 +236,14 @@ class RedisRelayWriter:
         """The writer whose tail this one continues, written (``prev``) until this
         writer's first entry is in."""
         self._queue: list[dict[str, Any]] = []
+        self._bytes = 0
+        """The turn's chunks in ``_queue`` as JSON, in bytes (the writer's own markers,
+        a few bytes each, are not counted)."""
+        self._out = 0
+        """The entry of the flush that is out, in bytes (0 while none is)."""
+        self._gave_way = False
+        """:meth:`room` waited ``close_timeout`` and Redis made none: until a flush goes
+        through, a writer over the bound drops its queue instead of waiting."""
         self._due: float | None = None
         """When the flusher writes the queue (Trio clock); ``None`` while the writer is
         not waiting for it (nothing queued, or its flush or tail read is out)."""
@@ -265,6 +316,10 @@ class RedisRelayWriter:
         cls = type(chunk)
         hook = _UNSTRUCTURERS.get(cls) or _hook(cls)  # (a value that is no chunk: TypeError)
         item = hook(chunk)
+        try:  # orjson itself: no Python call more a chunk (issue 24 goal 3)
+            self._bytes += len(_dumps(item, default=str))
+        except TypeError:  # half a character, or a value that does not encode
+            self._bytes += _size(item)
         queue = self._queue
         if (
             self._due is not None
@@ -287,6 +342,10 @@ class RedisRelayWriter:
             cls = type(chunk)
             hook = _UNSTRUCTURERS.get(cls) or _hook(cls)
             item = hook(chunk)
+            try:
+                self._bytes += len(_dumps(item, default=str))
+            except TypeError:
+                self._bytes += _size(item)
             queue = self._queue
             if (
                 self._due is not None
@@ -296,6 +355,57 @@ class RedisRelayWriter:
                 queue.append(item)
             else:
                 self._put(item)
+
+    @property
+    def held(self) -> int:
+        """The bytes this writer holds for Redis: its queued chunks as JSON, and the
+        entry its flush has out (what ``max_queue_bytes`` bounds)."""
+        return self._bytes + self._out
+
+    async def room(self) -> None:
+        """Wait while this writer holds ``max_queue_bytes`` or more (:attr:`held`): the
+        turn's backpressure when Redis is slower than the turn (see the module's
+        **Bytes**). Its callers await it after each batch they append (the worker's
+        relay task, the relay publisher): the turn's own queues are bounded and block,
+        so the turn waits, nothing is lost. Redis making no room within
+        ``close_timeout`` is an outage: the queue is dropped (``gap``, counted in
+        :attr:`lost`) and the turn goes on; until a flush goes through again, a writer
+        over the bound drops at once instead of waiting again."""
+        bound = self.relay.max_queue_bytes
+        if self._bytes + self._out < bound or self._closing:
+            return
+        if self._gave_way:  # logged once an outage: its turn's every batch drops
+            self._overflow(None)
+            return
+        with trio.move_on_after(self.relay.close_timeout):
+            while self._bytes + self._out >= bound and not self._closed:
+                if self._settled is None:
+                    self._settled = trio.Event()
+                await self._settled.wait()
+            return
+        self._gave_way = True
+        self._overflow(
+            f"Redis took no entry of this turn for {self.relay.close_timeout:g} s while "
+            f"it held {self._bytes + self._out} bytes for it; readers rebuild from the "
+            "store (and, until a flush goes through, from every batch over the bound)"
+        )
+
+    def _overflow(self, why: str | None) -> None:
+        """Drop the queue (but a failed flush's batch, which Redis may hold already at
+        its seqs: ``_doubt``) and tell readers (``gap``): Redis is not keeping up.
+        Logged with ``why`` (``None``: not logged, the outage's first drop was)."""
+        queue, doubt = self._queue, self._doubt
+        dropped = _chunks(queue[doubt:])
+        self.lost += dropped
+        if why is not None:
+            log.warning("relay.overflow", turn_id=self.turn_id, dropped=dropped,
+                        bytes=self._bytes, error=why)  # fmt: skip
+        del queue[doubt:]
+        self._bytes = _measured(queue)
+        if not queue or queue[-1]["type"] != GAP:
+            queue.append({"type": GAP})
+        if self._due is None and not self._busy and not self._closed and not self._unproven:
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
 
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most
@@ -390,17 +500,7 @@ class RedisRelayWriter:
             self._learn_step(item["step"])
         queue = self._queue
         if len(queue) >= self.relay.max_queue:
-            doubt = self._doubt  # kept: Redis may hold them already, at their seqs
-            dropped = _chunks(queue[doubt:])
-            self.lost += dropped
-            log.warning(
-                "relay.overflow",
-                turn_id=self.turn_id,
-                dropped=dropped,
-                error="Redis is not keeping up; readers of this turn rebuild from the store",
-            )
-            del queue[doubt:]
-            queue.append({"type": GAP})
+            self._overflow("Redis is not keeping up; readers of this turn rebuild from the store")
         queue.append(item)
         last = self._end_by is None and item["type"] in _LAST
         if last:
@@ -504,8 +604,10 @@ class RedisRelayWriter:
         retry, self._doubt = self._doubt, 0
         if retry:  # a failed flush's batch again, alone (see ``_doubt``)
             batch, self._queue = self._queue[:retry], self._queue[retry:]
+            self._bytes = _measured(self._queue)
         else:
             batch, self._queue = self._queue, []
+            self._bytes = 0
         self._end_by = None
         if not _quiet(batch):  # a lone step-start does not hold what follows
             self._sent = now
@@ -518,8 +620,10 @@ class RedisRelayWriter:
             self._settle(_Job(writer=self, batch=batch, first=first, commands=[], touch=False,
                               at=now, error=exc))  # fmt: skip
             return None
-        return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now,
-                    retry=retry > 0)  # fmt: skip
+        job = _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now,
+                   retry=retry > 0)  # fmt: skip
+        self._out = _entry_bytes(job)
+        return job
 
     def _settle(self, job: _Job) -> None:
         """The outcome of this writer's flush ``job``: the seqs move on, or the batch goes
@@ -539,6 +643,7 @@ class RedisRelayWriter:
             self._tail_read(last, error)
             return
         self._busy = False
+        self._out = 0
         error = job.error
         if error is None or _duplicate(error):
             # A duplicate: a retry of a flush that Redis applied before the connection
@@ -551,8 +656,10 @@ class RedisRelayWriter:
             self.flushes += 1
             self._attempt = 0
             self._retry_at = -math.inf
+            self._gave_way = False
         elif isinstance(error, _retryable()):
             self._queue = job.batch + self._queue
+            self._bytes += _entry_bytes(job)
             self._doubt = len(job.batch)
             self._failed("relay.flush_failed", error)
         else:  # Redis refused it (OOM, wrong type): not retried
@@ -644,6 +751,7 @@ class RedisRelayWriter:
         else:  # a key of another type: the queue is lost, as a refusal
             self.lost += _chunks(self._queue) + (unsure[1] if unsure is not None else 0)
             self._queue = [{"type": GAP}]
+            self._bytes = 0
             self._failed("relay.flush_refused", error)
         self._busy = False
         self._notify()
@@ -699,6 +807,11 @@ class _Job:
     """The job reads the stream's tail (``XREVRANGE``), not a flush (nothing carried)."""
     retry: bool = False
     """The batch is a failed flush's again: Redis may have applied it unanswered."""
+
+    def size(self) -> int:
+        """The bytes of the entry's items (its ``XADD``'s largest argument: what Redis's
+        ``proto-max-bulk-len`` bounds); 0 for a tail read."""
+        return len(self.commands[0][3]["items"]) if self.commands and not self.tail else 0
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ import attrs
 import trio
 
 import runtime.store as store_contract
+from actors.stores.owned import owned_sessions
 from actors.stores.validation import (
     check_limit,
     check_save,
@@ -25,6 +26,7 @@ from actors.stores.validation import (
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
+from runtime.tools import caller_of
 
 
 @attrs.define(slots=True)
@@ -211,14 +213,20 @@ class MemoryStore:
         return infos
 
     async def delete(self, session_id: str) -> None:
-        """Forget the session; deleting an unknown session is not an error."""
+        """Forget the session and the sub-sessions it owns, at any depth (its agent
+        tools' calls', :mod:`actors.stores.owned`: here those whose meta names it, all
+        sessions read); deleting an unknown session is not an error."""
         await trio.lowlevel.checkpoint()
         self._check_open()
         validate_session_id(session_id)
-        session = self._sessions.pop(session_id, None)
-        if session is not None:
-            self._deleted_version = max(self._deleted_version, session.version)
-            self._mark_deletion(session_id)
+        for sid in owned_sessions(session_id, self._subs_of):
+            session = self._sessions.pop(sid, None)
+            if session is not None:
+                self._deleted_version = max(self._deleted_version, session.version)
+                self._mark_deletion(sid)
+
+    def _subs_of(self, caller: str) -> list[tuple[str, Any]]:
+        return [(sid, s.meta) for sid, s in self._sessions.items() if caller_of(s.meta) == caller]
 
     def _mark_deletion(self, session_id: str) -> None:
         """Set ``session_id``'s mark one above the highest, and drop the marks

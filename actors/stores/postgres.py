@@ -66,10 +66,12 @@ itself (its pool, transactions, fences and saves).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import struct
 import time
 import urllib.parse
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -78,6 +80,7 @@ import attrs
 import orjson
 import trio
 
+from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
 from actors.stores.postgres_calls import (
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION_NAME,
@@ -87,7 +90,7 @@ from actors.stores.postgres_calls import (
     STATUS_COLUMNS,
     STATUS_KINDS,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane, idle_session_timeout
 from actors.stores.postgres_schema import (
     _first_connect,
 )
@@ -370,8 +373,11 @@ class PostgresStore:
         pool_size: int,
         retry_for: float,
         utf8: bool = True,
+        idle_limit: list[float | None] | None = None,
     ):
-        """Wrap an open pool whose schema exists; use :meth:`open` instead."""
+        """Wrap an open pool whose schema exists; use :meth:`open` instead.
+        ``idle_limit`` holds the server's ``idle_session_timeout`` as the pool's
+        connections last read it (:func:`_note_idle_session_timeout`)."""
         self._pool = pool
         self._url = url
         self._shown = redact_url(url)
@@ -386,7 +392,13 @@ class PostgresStore:
         ``None`` behind a transaction pooler that names no direct one: they poll."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
-        self._lane = LoopLane(self.libpq, self.schema, pool_size, pooled=self.pooled)
+        self._lane = LoopLane(
+            self.libpq,
+            self.schema,
+            pool_size,
+            pooled=self.pooled,
+            idle_limit=[None] if idle_limit is None else idle_limit,
+        )
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
         self._utf8 = utf8
@@ -455,12 +467,16 @@ class PostgresStore:
             lambda: trio.to_thread.run_sync(_first_connect, libpq, schema, pooled),
         )
 
+        idle_limit: list[float | None] = [None]  # (the pool's and the lane's)
+
         def configure(conn: Any) -> None:
             conn.execute(f"SET search_path TO {schema}")
             idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
+            idle_limit[0] = _note_idle_session_timeout(conn)
             conn.commit()
 
+        _quiet_expected_discards()
         pool = psycopg_pool.ConnectionPool(
             libpq,
             min_size=1,
@@ -470,7 +486,10 @@ class PostgresStore:
             # on a server connection another client (another store) gets next: none,
             # and no statement prepared (it stays on the backend it was prepared on).
             configure=None if pooled else configure,
-            check=_check_if_idle,
+            # No check by the pool: its loop waits a second (then two, four) after a
+            # connection fails it, and the one opened meanwhile in its place idles in
+            # the pool past a short idle_session_timeout: checked at last, dead too
+            # (:func:`_alive`, checked in :meth:`run` instead).
             # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
             # :meth:`run`), and a single read needs none.
             kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True}
@@ -487,6 +506,7 @@ class PostgresStore:
             pool_size=pool_size,
             retry_for=retry_for,
             utf8=encoding == "UTF8",
+            idle_limit=idle_limit,
         )
 
     async def now(self) -> float:
@@ -516,18 +536,42 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn:
+            # Connections the server closed while they idled (idle_session_timeout) are
+            # dropped and the next taken at once, up to the pool's size of them; the
+            # last is used unchecked, so a server that is down fails the call as before
+            # (retried with backoff and a warning by ``_retrying``).
+            timed_out = False
+            for left in range(self._pool.max_size, -1, -1):
+                found_closed = None
                 try:
-                    if transaction:
-                        with conn.transaction():
-                            result = fn(conn)
-                    else:
-                        result = fn(conn)
-                except Exception as err:
-                    _close_if_read_only(conn, err)
-                    raise
-                _used[id(conn)] = time.monotonic()
-                return result
+                    with self._pool.connection() as conn:
+                        if left and not _alive(conn):
+                            # Closed: the pool discards it (quietly) and opens another.
+                            found_closed = id(conn)
+                            _found_closed.add(found_closed)
+                            continue
+                        try:
+                            if transaction:
+                                with conn.transaction():
+                                    result = fn(conn)
+                            else:
+                                result = fn(conn)
+                        except Exception as err:
+                            if getattr(err, "sqlstate", None) == IDLE_SESSION_TIMEOUT and (
+                                left and not timed_out
+                            ):
+                                # Ended by the server while idle: nothing of ``fn`` ran. Once
+                                # more on another connection, at once; twice is no race.
+                                timed_out = True
+                                continue
+                            _close_if_read_only(conn, err)
+                            raise
+                        _used[conn] = time.monotonic()
+                        return result
+                finally:
+                    if found_closed is not None:  # its discard logged (or not) by now
+                        _found_closed.discard(found_closed)
+            raise AssertionError("unreachable: the last try returns or raises")
 
         async def once() -> _T:
             return await trio.to_thread.run_sync(
@@ -1378,9 +1422,11 @@ class PostgresStore:
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Delete the session and its messages; deleting an unknown session is a no-op.
+        """Delete the session and its messages, and the sub-sessions it owns, at any
+        depth (its agent tools' calls', :mod:`actors.stores.owned`), theirs too;
+        deleting an unknown session is a no-op.
 
-        In the same transaction, the session's turns that are not over end ``cancelled``
+        In the same transaction, the turns of each of them that are not over end ``cancelled``
         (finish reason ``aborted``, cancel reason ``session deleted``): a queued one or
         one waiting for a person never runs; a running one's worker has every later save
         refused (its fence: the row no longer runs), so nothing of it is written and the
@@ -1392,11 +1438,15 @@ class PostgresStore:
         validate_session_id(session_id)
 
         def delete(conn: Any) -> None:
+            # with the sub-sessions it owns, any depth (actors.stores.owned), found by
+            # reads before any lock, then locked and deleted as one session is
+            owned = owned_sessions(session_id, lambda caller: _sub_candidates(conn, caller))
             turns = conn.execute(
                 """SELECT turn_id, status FROM axon_turns
-                WHERE session_id = %s AND status IN ('queued', 'running', 'awaiting-input')
+                WHERE session_id = ANY(%s)
+                    AND status IN ('queued', 'running', 'awaiting-input')
                 ORDER BY seq FOR UPDATE""",
-                (session_id,),
+                (owned,),
             ).fetchall()
             for turn_id, status in turns:  # one statement each: the head trigger moves on
                 conn.execute(
@@ -1413,11 +1463,13 @@ class PostgresStore:
                 )
                 if status == "running":
                     conn.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, turn_id))
-            # The session's row; its id's deletion mark moves if it was stored (the
-            # trigger axon_sessions_deletion_v1, in the statement: a delete of a session
-            # never stored, or deleted at once by another, moves nothing).
-            conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
-            conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
+            # The sessions' rows, one at a time in id order (two deletes of overlapping
+            # trees lock them in one order); each id's deletion mark moves if it was
+            # stored (the trigger axon_sessions_deletion_v1, in the statement: a delete
+            # of a session never stored, or deleted at once by another, moves nothing).
+            for sid in sorted(owned):
+                conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (sid,))
+            conn.execute("DELETE FROM axon_messages WHERE session_id = ANY(%s)", (owned,))
 
         await self.run(f"delete of session {session_id!r}", delete)
 
@@ -1428,6 +1480,31 @@ class PostgresStore:
         self._closed = True
         self._lane.close()
         await trio.to_thread.run_sync(self._pool.close)
+
+
+def _sub_candidates(conn: Any, caller: str) -> list[tuple[str, Any]]:
+    """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
+    its assistant messages' calls name, and those whose ids start with ``<caller>.``
+    (compared in code point order, ``COLLATE "C"``, whatever the database's collation:
+    under a linguistic one ``'.'`` may not sort before ``'/'``)."""
+    named = called_sub_sessions(
+        caller,
+        (
+            bytes(body)
+            for (body,) in conn.execute(
+                "SELECT body FROM axon_messages WHERE session_id = %s AND role = 'assistant'",
+                (caller,),
+            ).fetchall()
+        ),
+    )
+    low, high = prefix_range(caller)
+    rows = conn.execute(
+        """SELECT session_id, meta FROM axon_sessions
+        WHERE session_id = ANY(%s)
+            OR (session_id COLLATE "C" >= %s AND session_id COLLATE "C" < %s)""",
+        (sorted(named), low, high),
+    ).fetchall()
+    return [(sid, bytes(meta)) for sid, meta in rows]
 
 
 _HAS_USER_MESSAGES_SQL: Final = f"""SELECT asked.id FROM unnest(%(ids)s::text[]) AS asked(id),
@@ -1800,6 +1877,11 @@ def _replace_messages(
     return int(got[0])
 
 
+IDLE_SESSION_TIMEOUT = "57P05"
+"""The SQLSTATE of a connection the server closed for ``idle_session_timeout``
+(``terminating connection due to idle-session timeout``): retried at once, once
+(:meth:`PostgresStore.run`)."""
+
 CHECK_IDLE = 1.0
 """Seconds a pooled connection may sit unused before the pool checks it (a round trip)
 when it is handed out again."""
@@ -1819,22 +1901,87 @@ def _close_if_read_only(conn: Any, err: Exception) -> None:
         conn.close()
 
 
-_used: dict[int, float] = {}
-"""When each pooled connection (by ``id``) last ended a transaction that went through."""
+_used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""When each pooled connection last ended a transaction that went through (weak: a
+connection the pool closed and dropped leaves no entry; by ``id``, one entry stayed for
+each connection ever opened, and a new connection given a dead one's ``id`` inherited
+its time and went unchecked)."""
 
 
-def _check_if_idle(conn: Any) -> None:
-    """The pool's check of a connection it hands out, only for one idle a while.
+_idle_limits: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""The server's ``idle_session_timeout`` (seconds) of each pooled connection that has
+one (:func:`_note_idle_session_timeout`; weak, as :data:`_used`)."""
 
-    Checking every time (psycopg-pool's ``check_connection``) costs a round trip per
-    transaction, doubling the round trips of a busy worker; a connection that carried a
-    transaction a moment ago is as good as checked. One that broke anyway (the server
-    restarted within that second) fails its transaction, which :meth:`PostgresStore.run`
-    retries on another connection, and the pool discards the broken one."""
+
+def _note_idle_session_timeout(conn: Any) -> float | None:
+    """Note ``conn``'s ``idle_session_timeout`` (a role's, a database's, the URL's
+    ``options``, the server's): past it the server closes the idle connection, and
+    :func:`_alive` checks one idle for half of it (the event loop's connections, on the
+    same URL, go by it too: :class:`LoopLane`). ``None`` on a server before 14 (no such
+    setting) or with it off (0)."""
+    limit = idle_session_timeout(conn)
+    if limit is not None:
+        _idle_limits[conn] = limit
+    else:
+        _idle_limits.pop(conn, None)
+    return limit
+
+
+def _alive(conn: Any) -> bool:
+    """Whether ``conn``, taken from the pool, may be used: ``False`` if it was found
+    closed (by the server: ``idle_session_timeout``, a restart), which the pool then
+    discards. Checked (psycopg-pool's ``check_connection``, a round trip) only once idle
+    for :data:`CHECK_IDLE`, or for half its ``idle_session_timeout`` when that is
+    shorter: checking every time doubled the round trips of a busy worker, and a
+    connection that carried a transaction a moment ago is as good as checked. One that
+    broke anyway fails its transaction, which :meth:`PostgresStore.run` retries on
+    another connection. Before, a timeout of 300 ms (below the check's second) failed
+    every call that took a connection idle between the two, and the pool's own check
+    starved it (its waits of a second after a failed check outlast the timeout)."""
+    limit = _idle_limits.get(conn)
+    bound = CHECK_IDLE if limit is None else min(CHECK_IDLE, limit / 2)
+    if time.monotonic() - _used.get(conn, 0.0) <= bound:
+        return True
+    import psycopg  # (the round trip's path: a connection idle a while)
     import psycopg_pool
 
-    if time.monotonic() - _used.get(id(conn), 0.0) > CHECK_IDLE:
+    try:
         psycopg_pool.ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        if not conn.closed:
+            raise
+        return False
+    return True
+
+
+_found_closed: set[int] = set()
+"""Connections (by ``id``) :func:`_alive` found closed, on their way back to the pool
+(:meth:`PostgresStore.run`),
+whose discard psycopg-pool would log as a warning (``discarding closed connection``):
+one a call after each idle spell past a short ``idle_session_timeout`` (85 in a worker's
+ten turns at 300 ms), each expected and replaced. Any other discard is still logged."""
+
+
+def _expected_discard(record: logging.LogRecord) -> bool:
+    """psycopg-pool's log filter: ``False`` (dropped) for the discard of a connection
+    :func:`_alive` found closed."""
+    args = record.args
+    if (
+        record.msg == "discarding closed connection: %s"
+        and isinstance(args, tuple)
+        and len(args) == 1
+        and id(args[0]) in _found_closed
+    ):
+        _found_closed.discard(id(args[0]))
+        return False
+    return True
+
+
+def _quiet_expected_discards() -> None:
+    """Install :func:`_expected_discard` on psycopg-pool's logger, once."""
+    pool_log = logging.getLogger("psycopg.pool")
+    if _expected_discard not in pool_log.filters:
+        pool_log.addFilter(_expected_discard)
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:

@@ -10,6 +10,7 @@ the turn queue's ``LISTEN`` connection closes its connections the same way
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +35,20 @@ class LoopLane:
     is read. A connection that fails is closed, never reused; the caller retries on
     another (:func:`_retrying`)."""
 
-    def __init__(self, libpq: str, schema: str, size: int, *, pooled: bool = False) -> None:
+    def __init__(
+        self,
+        libpq: str,
+        schema: str,
+        size: int,
+        *,
+        pooled: bool = False,
+        idle_limit: list[float | None] | None = None,
+    ) -> None:
         self._libpq = libpq
+        self._idle_limit = [None] if idle_limit is None else idle_limit
+        """The server's ``idle_session_timeout`` (seconds; ``None``: none known), as the
+        store's pooled connections on the same URL last read it: asked on each of these
+        too, it cost a statement a connection."""
         self._schema = schema
         self._pooled = pooled
         """Behind a transaction pooler (``?pooler=transaction``): each call an unnamed
@@ -66,7 +79,7 @@ class LoopLane:
         except trio.WouldBlock:
             await slots.acquire()
         try:
-            conn = self._free.pop() if self._free else await trio.to_thread.run_sync(self._connect)
+            conn = self._take_free() or await trio.to_thread.run_sync(self._connect)
             ok = False
             try:
                 pgconn = conn.pgconn
@@ -94,11 +107,27 @@ class LoopLane:
                 return result
             finally:
                 if ok and not self._closed:
+                    conn._axon_freed = time.monotonic()
                     self._free.append(conn)
                 else:
                     _close_on_loop(conn)
         finally:
             slots.release()
+
+    def _take_free(self) -> Any:
+        """The free connection used last (``None``: none), those the server has closed
+        or is about to close dropped without a round trip: idle for half their
+        ``idle_session_timeout`` (:attr:`_idle_limit`). Before, each call after
+        an idle spell past a short timeout (300 ms) met a closed connection, and was
+        retried with a ``store.retry`` warning on the next closed one (21 warnings in
+        24 calls)."""
+        while self._free:
+            conn = self._free.pop()
+            limit = self._idle_limit[0]
+            if limit is None or time.monotonic() - conn._axon_freed < limit / 2:
+                return conn
+            _close_on_loop(conn)
+        return None
 
     def _connect(self) -> Any:
         import psycopg
@@ -116,6 +145,7 @@ class LoopLane:
             conn.close()
             raise
         conn._axon_prepared = set()  # type: ignore[attr-defined]
+        conn._axon_freed = time.monotonic()  # type: ignore[attr-defined]
         return conn
 
     def close(self) -> None:
@@ -123,6 +153,17 @@ class LoopLane:
         free, self._free = self._free, []
         for conn in free:
             _close_on_loop(conn)
+
+
+def idle_session_timeout(conn: Any) -> float | None:
+    """``conn``'s ``idle_session_timeout`` in seconds (a role's, a database's, the URL's
+    ``options``, the server's), past which the server closes it while idle; ``None``
+    when off (0) or on a server before 14 (no such setting). Not asked behind a
+    transaction pooler: its server connections' timeouts are the pooler's business."""
+    row = conn.execute(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    return None if row is None or row[0] <= 0 else row[0] / 1000
 
 
 def _close_on_loop(conn: Any) -> None:

@@ -58,6 +58,7 @@ import orjson
 import trio
 
 import runtime.store as store_contract
+from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
 from actors.stores.validation import (
     check_limit,
     check_version,
@@ -648,6 +649,48 @@ class _Written:
         ]
 
 
+def _sub_candidates(conn: sqlite3.Connection, caller: str) -> list[tuple[str, Any]]:
+    """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
+    its assistant messages' calls name, and those whose ids start with ``<caller>.``."""
+    named = called_sub_sessions(
+        caller,
+        (
+            body
+            for (body,) in conn.execute(
+                "SELECT body FROM messages WHERE session_id = ? AND role = 'assistant'",
+                (caller,),
+            )
+        ),
+    )
+    low, high = prefix_range(caller)
+    rows = conn.execute(
+        """SELECT session_id, meta FROM sessions WHERE session_id >= ? AND session_id < ?
+        UNION SELECT session_id, meta FROM sessions
+        WHERE session_id IN (SELECT value FROM json_each(?))""",
+        (low, high, orjson.dumps(sorted(named)).decode()),
+    ).fetchall()
+    return [(sid, meta) for sid, meta in rows]
+
+
+def _delete_one(conn: sqlite3.Connection, session_id: str) -> None:
+    """Delete one session's rows, in the delete's transaction; its id's deletion mark
+    moves if it was stored, as does the highest deleted version."""
+    row = conn.execute(
+        "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+    if row is None:
+        return
+    _mark_deletion(conn, session_id)  # a session deleted: its id's mark moves (one row an id)
+    if row[0] > _deleted_version(conn):
+        conn.execute(
+            """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
+            ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+            (str(row[0]),),
+        )
+
+
 class SQLiteStore:
     """Sessions in one SQLite file; create with ``await SQLiteStore.open(path)``.
 
@@ -1119,7 +1162,9 @@ class SQLiteStore:
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Delete the session and its messages; deleting an unknown session is a no-op."""
+        """Delete the session and its messages, and the sub-sessions it owns, at any depth
+        (its agent tools' calls', :mod:`actors.stores.owned`), in one transaction;
+        deleting an unknown session is a no-op."""
         validate_session_id(session_id)
         await self._run(f"delete of session {session_id!r}", self._delete, session_id)
 
@@ -1135,16 +1180,10 @@ class SQLiteStore:
             ).fetchone()
             if row[1] != _SCHEMA_TEXT:
                 raise _schema_moved(self._path, row[1])
-            conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
-            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-            if row[0] is not None:  # a session deleted: its id's mark moves (one row an id)
-                _mark_deletion(conn, session_id)
-            if row[0] is not None and row[0] > _deleted_version(conn):
-                conn.execute(
-                    """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
-                    ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
-                    (str(row[0]),),
-                )
+            # with the sub-sessions it owns, any depth (actors.stores.owned), all in
+            # this transaction: a sub-session is never left without its caller
+            for sid in owned_sessions(session_id, lambda caller: _sub_candidates(conn, caller)):
+                _delete_one(conn, sid)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)

@@ -19,6 +19,7 @@ from runtime.redact import redact
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
+    from runtime.log_repeats import RepeatedWarning
 
 
 class _Listener:
@@ -41,6 +42,7 @@ class TurnListening:
         _wait_lock: trio.Lock
         _closed: bool
         _log: Any
+        _listen_failed: RepeatedWarning
 
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the queue's API
         """Block until a ``NOTIFY axon_turns`` arrives or ``timeout`` seconds pass; ``True``
@@ -94,8 +96,9 @@ class TurnListening:
         try:
             conn = await trio.to_thread.run_sync(self._connect_listener)
         except Exception as err:
-            self._log.warning("turns.listen_failed", error=redact(str(err)))
+            self._listen_failed.warning(error=redact(str(err)))
             return False
+        self._listen_failed.clear()
         self._listen = _Listener(conn)
         return True
 
@@ -153,7 +156,14 @@ class TurnListening:
             autocommit=True,
         )
         try:
-            conn.execute(f"LISTEN {TURNS_CHANNEL}")
+            if conn.info.server_version >= 140000:
+                # Waiting idle is this connection's work: a role's (or the server's)
+                # idle_session_timeout closed it at each wait longer than the timeout
+                # (at 300 ms: a `turns.listen_broken` warning and a reconnect each 0.3 s,
+                # each reconnect's notifications missed). One round trip with the LISTEN.
+                conn.execute(f"SET idle_session_timeout = 0; LISTEN {TURNS_CHANNEL}")
+            else:  # (no such setting before 14)
+                conn.execute(f"LISTEN {TURNS_CHANNEL}")
         except BaseException:
             conn.close()
             raise

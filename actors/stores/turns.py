@@ -88,6 +88,7 @@ from actors.stores.turn_listen import TurnListening, _Listener
 from actors.stores.turn_reads import DECODE_INLINE, TurnReads
 from actors.stores.turn_sql import CANCEL_CHANNEL, TURNS_CHANNEL
 from actors.stores.turn_submit import TurnSubmitting
+from runtime.log_repeats import RepeatedWarning
 from runtime.logging import get_logger
 from runtime.turn_queue import (
     CANCELLED,
@@ -161,6 +162,9 @@ class TurnQueue(TurnSubmitting, TurnClaiming, TurnDecisions, TurnListening, Turn
         self._wait_lock = trio.Lock()
         self._closed = False
         self._log = get_logger("axon.store.turns")
+        self._listen_failed = RepeatedWarning("axon.store.turns", "turns.listen_failed")
+        """``LISTEN`` connections that could not be opened (the server down: one a
+        poll), logged at once and then with a count (:mod:`runtime.log_repeats`)."""
 
 
 def as_protocol(queue: TurnQueue) -> TurnQueueProtocol:

@@ -260,6 +260,8 @@ class Inferring:
             cancel_scope=scope,
             settings=agent.settings,
             output=agent.output_schema,
+            # what the turn may still write: the provider's own cap on the call's output
+            max_output_tokens=agent.budget.output_left(turn.usage),
             text_runs=True,  # the engine and this runner take a read's deltas as one item
         )
         await self._ask(provider, request)

@@ -688,12 +688,16 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         budget = self.agent.budget
         while True:
             budget.check_step(turn.step)
+            if budget.output_left(turn.usage) == 0:  # no call may write nothing
+                raise BudgetExceeded("max_output_tokens")
             if turn.parts.content:  # a step boundary is behind
                 await self._at_boundary(turn)
             step = await self._begin_step(turn)
             result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
-            over = budget.tokens_exceeded(turn.usage)
+            over = budget.tokens_exceeded(turn.usage) or budget.output_spent(
+                turn.usage, more=bool(result.calls), cut=result.finish == "length"
+            )
             if result.calls:
                 over = await self._take_results(turn, result, step, over)
             again = await self._end_step(turn, result, step, over)
@@ -748,7 +752,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             if oc.usage is not None:  # an agent used as a tool spent tokens
                 turn.usage = turn.usage + oc.usage
             self._add_result(turn, oc, step)
-        over = over or self.agent.budget.tokens_exceeded(turn.usage)
+        budget = self.agent.budget
+        over = over or budget.tokens_exceeded(turn.usage)
+        over = over or budget.output_spent(turn.usage, more=True, cut=False)
         await self._hold(turn, step)
         return over
 

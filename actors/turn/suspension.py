@@ -446,7 +446,9 @@ class Suspending:
             if part.tool_call_id not in turn.held:
                 self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
-        over = self.agent.budget.tokens_exceeded(turn.usage)
+        budget = self.agent.budget  # (the continuation makes a call: 0 left is spent)
+        over = budget.tokens_exceeded(turn.usage)
+        over = over or budget.output_spent(turn.usage, more=True, cut=False)
         if turn.held:  # its sub-agent asked again: the call waits for the next approval
             await self._hold(turn, step)  # (as a step that asks: marked, asked, saved)
             if not over:

@@ -56,6 +56,7 @@ from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
 from runtime.app.commands import program_name
 from runtime.app.session import FINAL_WAIT
+from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import HostClosed, InvalidSessionId, SessionBusy
 from runtime.ids import new_id
@@ -272,6 +273,7 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
         return closing_result(exc, session.id)
     except SessionBusy:
         return _busy(session)
+    await forget_unsaved(session, out.result)
     return tool_result(out.result, session.id)
 
 
@@ -291,6 +293,8 @@ def tool_result(result: TurnResult | None, session_id: str) -> types.CallToolRes
     if result is None:  # a turn whose end nothing tells (a store that could not be read)
         return _error(f"the turn ended without a result (session {session_id})")
     reason = result.finish_reason
+    if unsaved(result):  # whatever it answered: the session does not hold it
+        return _error(f"{unsaved_error(result).message} (session {session_id})")
     if reason == "error":
         why = result.error.message if result.error is not None else "the turn failed"
         return _error(f"the turn failed: {why} (session {session_id})")

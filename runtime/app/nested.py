@@ -3,7 +3,9 @@ when the calling session is deleted, the waits its sub-sessions keep for its dec
 are ended, as nobody can make it any more. Before, such a sub-session waited for good,
 and refused every decision (``CallerDecides``) and every new message (``CallerWaits``).
 The embedded host's ``delete_session``, the worker front end's delete and ``runtime
-delete`` call :func:`end_sub_waits` before they delete the session. A scratch session
+delete`` call :func:`end_sub_waits` before they delete the session (its readers are told
+of each denial), and the store's delete then deletes the sub-sessions with it (every
+built-in store, :mod:`actors.stores.owned`). A scratch session
 (an unnamed OpenAI-compatible completion's) is deleted with its sub-sessions
 (:func:`delete_scratch`): nobody can read or continue them."""
 

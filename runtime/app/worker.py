@@ -110,6 +110,7 @@ from runtime.errors import (
     describe_exception,
 )
 from runtime.history import off_loop_limiter
+from runtime.log_repeats import RepeatedWarning
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import UserMessage
@@ -495,6 +496,9 @@ class Worker:
         """When the claim loop last made progress (``trio.current_time()``): a claim
         answered; moved on by the time it then waited for this worker's own turns
         (:meth:`_claim_stalled`)."""
+        self._claim_failed = RepeatedWarning("axon.worker", "worker.claim_failed")
+        """Claims that failed (the store down): a line at once, then one with a count
+        each :data:`~runtime.log_repeats.REPEAT_INTERVAL`, not one a poll."""
         self._loop_parked = False
         """The claim loop waits for this worker's own turns (a free slot, a takeover's
         end): no stall, however long (the turns' leases say whether they progress)."""
@@ -663,10 +667,11 @@ class Worker:
                     claim = await self._claim(leases)
                 except StoreError as exc:
                     slots.release()
-                    log().warning("worker.claim_failed", error=redact(str(exc)))
+                    self._claim_failed.warning(error=redact(str(exc)))
                     await trio.sleep(self.poll)
                     continue
                 self._loop_at = trio.current_time()  # a claim answered
+                self._claim_failed.clear()
                 if claim is None:
                     slots.release()
                     await self._wait()
@@ -872,7 +877,7 @@ class Worker:
             claim = await claimed.take()
         except StoreError as exc:
             leases.release(claimed.turn_id, claimed.epoch)
-            log().warning("worker.claim_failed", error=redact(str(exc)))
+            self._claim_failed.warning(error=redact(str(exc)))
             return None
         except BaseException:
             leases.release(claimed.turn_id, claimed.epoch)
@@ -1210,6 +1215,9 @@ class Worker:
         # in a batch awaits unless a takeover's restart is looked for, so the lease's
         # loss, noticed on the loop, is the same for the whole batch.
         extend = getattr(writer, "extend", None)
+        # The writer's bound in bytes (the Redis relay's): waiting here, the turn's
+        # stream (bounded, blocking) fills and the turn waits for a slow Redis.
+        room = getattr(writer, "room", None)
         try:
             while chunks := await out.next_batch():
                 if writer is None:
@@ -1218,6 +1226,8 @@ class Worker:
                     if not entry.lost:
                         extend(chunks)
                         entry.last_out = chunks[-1]
+                        if room is not None:
+                            await room()
                     continue
                 for chunk in chunks:
                     if entry.lost:
@@ -1228,6 +1238,8 @@ class Worker:
                             continue  # readers have the step's start: the reset keeps it
                     writer.append(chunk)
                     entry.last_out = chunk
+                if room is not None:
+                    await room()
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn

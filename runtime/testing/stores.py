@@ -49,6 +49,9 @@ stored yet a session deleted since from another writer's new one) adds
 :class:`StoreDeletionMarks`; the runtime's read of them over any store (``None``: none
 kept, rebased as before) is in :class:`StoreConformance`.
 
+A store whose ``delete`` deletes the sub-sessions a session's agent tools ran in, at any
+depth (the built-in ones), adds :class:`StoreSubSessions`.
+
 The data helpers (:func:`conversation`, :func:`turn`, :func:`record`) are public too, for
 a store's own tests beyond the kit.
 """
@@ -93,6 +96,7 @@ from runtime.store import (
     save_keeping,
     version_and_mark,
 )
+from runtime.tools import PARENT_SESSION_META, sub_session_id
 
 # -- data --------------------------------------------------------------------------------
 
@@ -856,3 +860,93 @@ class StoreDeletionMarks:
         assert await store.load("s") is None
         now = await store.deletions("s")
         assert await store.save("s", 0, turn(1), expected_version=0, absent_mark=now) > 0
+
+
+def _calling(n: int, *calls: tuple[str, str]) -> list[Message]:
+    """A turn whose assistant message calls the tools ``calls`` (name, call id): a
+    caller's turn whose calls of agent tools ran in sub-sessions."""
+    return [
+        UserMessage(content=f"question {n}", id=f"cu{n}"),
+        AssistantMessage(
+            content=tuple(
+                ToolCallPart(tool_call_id=call, tool_name=name, input={}, step=0)
+                for name, call in calls
+            ),
+            id=f"ca{n}",
+        ),
+    ]
+
+
+class StoreSubSessions:
+    """What a store's :meth:`~runtime.store.Store.delete` deletes with a session: the
+    sub-sessions its agent tools' calls ran in (the id
+    :func:`~runtime.tools.sub_session_id` derives, the meta naming the caller), at any
+    depth. Apart from :class:`StoreConformance`: a store written before deletes the one
+    session (its sub-sessions stay) and still passes that kit::
+
+        class TestMyStore(StoreConformance, StoreSubSessions): ...
+    """
+
+    async def _sub(self, store, caller: str, name: str, call: str, *calls) -> str:
+        sub = sub_session_id(caller, name, call)
+        await store.save(sub, 0, _calling(1, *calls), {PARENT_SESSION_META: caller})
+        return sub
+
+    async def test_a_deleted_session_takes_its_sub_sessions_at_any_depth(self, store):
+        await store.save("c", 0, _calling(0, ("helper", "k1"), ("plain", "k2")))
+        sub = await self._sub(store, "c", "helper", "k1", ("deeper", "k3"))
+        subsub = await self._sub(store, sub, "deeper", "k3", ("deepest", "k4"))
+        third = await self._sub(store, subsub, "deepest", "k4")
+        await store.save("other", 0, turn(0))
+        await store.delete("c")
+        for sid in ("c", sub, subsub, third):
+            assert await store.load(sid) is None, sid
+        assert [i.session_id for i in await store.list_sessions()] == ["other"]
+        if hasattr(store, "deletions"):  # each one's deletion mark moved
+            for sid in (sub, subsub, third):
+                assert await store.deletions(sid) > 0, sid
+
+    async def test_hashed_sub_session_ids_are_deleted_too(self, store):
+        caller = "c" * 120  # its calls' sub-session ids are hashed (over 128 characters)
+        await store.save(caller, 0, _calling(0, ("helper", "k1")))
+        sub = await self._sub(store, caller, "helper", "k1", ("deeper", "k" * 120))
+        subsub = await self._sub(store, sub, "deeper", "k" * 120)
+        assert sub.startswith("sub.") and subsub.startswith("sub.")
+        await store.delete(caller)
+        assert await store.load(sub) is None and await store.load(subsub) is None
+
+    async def test_a_sub_session_its_callers_stored_call_does_not_name_is_deleted(self, store):
+        # the sub-session saved before the caller's call was (its id: "<caller>.<...>")
+        await store.save("c", 0, turn(0))
+        sub = await self._sub(store, "c", "helper", "k9")
+        await store.delete("c")
+        assert await store.load(sub) is None
+
+    async def test_sessions_the_caller_does_not_own_are_left(self, store):
+        await store.save("c", 0, _calling(0, ("helper", "k1")))
+        look_alike = "c.helper.k2"  # an id of that shape, naming no caller
+        await store.save(look_alike, 0, turn(1))
+        others = sub_session_id("c", "helper", "k1")  # the call's id, another's meta
+        await store.save(others, 0, turn(2), {PARENT_SESSION_META: "d"})
+        await store.save("c2", 0, turn(3))
+        await store.save("c2.helper.k1", 0, turn(4), {PARENT_SESSION_META: "c2"})
+        await store.delete("c")
+        for sid in (look_alike, others, "c2", "c2.helper.k1"):
+            assert await store.load(sid) is not None, sid
+
+    async def test_deleting_a_sub_session_leaves_its_caller(self, store):
+        await store.save("c", 0, _calling(0, ("helper", "k1")))
+        sub = await self._sub(store, "c", "helper", "k1")
+        await store.delete(sub)
+        assert await store.load(sub) is None and await store.load("c") is not None
+
+    async def test_two_deletes_of_one_caller_at_once_delete_it_all(self, store):
+        await store.save("c", 0, _calling(0, ("helper", "k1")))
+        sub = await self._sub(store, "c", "helper", "k1", ("deeper", "k3"))
+        subsub = await self._sub(store, sub, "deeper", "k3")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.delete, "c")
+            nursery.start_soon(store.delete, "c")
+            nursery.start_soon(store.delete, sub)
+        assert await store.list_sessions() == []
+        assert await store.load(subsub) is None

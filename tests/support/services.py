@@ -175,9 +175,15 @@ class PostgresServer:
 class RedisServer:
     """A ``redis-server`` of the test run's own on a free port: no persistence, its
     working directory temporary. ``stop`` kills it; ``start`` brings it back empty on
-    the same port (what a restart without persistence does to a real deployment)."""
+    the same port (what a restart without persistence does to a real deployment).
 
-    def __init__(self) -> None:
+    ``tls``: it listens with TLS only (``rediss://``), on a self-signed certificate made
+    for it (:func:`self_signed`); a ``redis-server`` built without TLS is
+    :class:`ServiceUnavailable`, saying so. ``options``: more ``--name value`` settings."""
+
+    def __init__(self, *, tls: bool = False, options: tuple[str, ...] = ()) -> None:
+        self.tls = tls
+        self.options = options
         binary = os.environ.get("AXON_TEST_REDIS_SERVER") or shutil.which("redis-server")
         if binary is None:
             raise ServiceUnavailable(
@@ -189,10 +195,27 @@ class RedisServer:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         watch(self.root, "redis")
-        self.start()
+        listen = ["--port", str(self.port)]
+        if tls:
+            cert, key = self_signed(self.root)
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                      "--tls-key-file", str(key), "--tls-auth-clients", "no"]  # fmt: skip
+        self._listen = listen
+        try:
+            self.start()
+        except ServiceUnavailable as exc:
+            said = (self.root / "server.log").read_text(errors="replace")[-300:].strip()
+            shutil.rmtree(self.root, ignore_errors=True)
+            if tls:
+                raise ServiceUnavailable(
+                    f"redis-server with TLS did not start (built without TLS?): {exc}; {said}"
+                ) from None
+            raise
 
     @property
     def url(self) -> str:
+        if self.tls:  # the certificate is the test's own: not verified
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=none"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
@@ -200,9 +223,9 @@ class RedisServer:
             return
         self.process = subprocess.Popen(
             [
-                self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                self.binary, *self._listen, "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.root),
-                "--logfile", str(self.root / "server.log"),
+                "--logfile", str(self.root / "server.log"), *self.options,
             ],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -219,6 +242,28 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def self_signed(root: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, written in ``root``: made
+    with ``openssl`` (what Debian's redis-server links against, so present where it
+    is); :class:`ServiceUnavailable` where it is not installed."""
+    cert, key = root / "cert.pem", root / "key.pem"
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ServiceUnavailable("openssl is not installed: no certificate for a TLS Redis")
+    try:
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            timeout=START_TIMEOUT, check=True,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        said = exc.stderr.decode(errors="replace")[-300:]
+        raise ServiceUnavailable(f"openssl made no certificate: {said}") from None
+    return cert, key
 
 
 def watch(root: Path, kind: str, command: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ import trio
 
 from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
+from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
 from runtime.app.web.answers import record_all
 from runtime.app.web.chat_input import title_of
 from runtime.app.web.http import CLOSING_RETRY_AFTER, closing_message
@@ -850,6 +851,7 @@ class TaskBook:
                 with trio.move_on_after(FINAL_WAIT):
                     await out.done.wait()
             self._finish(live, out.result)
+            await forget_unsaved(session, out.result)
         except Exception as exc:
             if not started:
                 raise
@@ -872,6 +874,8 @@ class TaskBook:
         ids = (live.id, live.context_id)
         if result is None:
             live.set_state(wire.FAILED, _agent_note(*ids, "the turn ended without a result"))
+        elif unsaved(result):  # whatever it answered: the context does not hold it
+            live.set_state(wire.FAILED, _agent_note(*ids, unsaved_error(result).message))
         elif result.finish_reason == "awaiting-input":
             live.set_state(wire.INPUT_REQUIRED, pending_message(*ids, result.pending))
         elif result.finish_reason == "error":

@@ -70,6 +70,7 @@ from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
+from runtime.app.unsaved import ENDS, forget_unsaved, told_end
 from runtime.app.web import (
     BODY_TIMEOUT,
     DEFAULT_MAX_BODY,
@@ -456,6 +457,7 @@ class TurnResponse:
                         await _steered(out)(scope, receive, send)
                         return
                     await self._stream(out, receive, send, self.background or local)
+                await forget_unsaved(session, out.result)
             except (InputHeld, RegenerateOutdated) as exc:  # never a second copy
                 busy = (
                     error_response(
@@ -557,9 +559,15 @@ class TurnResponse:
             nursery.start_soon(watch_disconnect)
             if self.keepalive:
                 nursery.start_soon(keep_alive)
+            end = None
+            """The turn's last chunk (``finish``, ``error``, ``abort``), held until its
+            result tells whether it was saved (:mod:`runtime.app.unsaved`)."""
             async for chunk in out:
                 if handed:
                     continue  # (read on: the turn feeds the stream that took over)
+                if type(chunk) in ENDS:
+                    end = chunk
+                    continue
                 data = encoder.events(chunk)
                 if (
                     type(chunk) is o.Steered
@@ -581,6 +589,8 @@ class TurnResponse:
             # ``final(out)`` ends its protocol's stream its own way (AG-UI's RUN_FINISHED).
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()
+            if end is not None:
+                await write(encoder.events(told_end(end, out.result)))
             final = getattr(encoder, "final", None)
             ending = final(out) if final is not None else DONE
             if ending:

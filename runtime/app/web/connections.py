@@ -29,7 +29,9 @@ or starving connections against ``serve`` (docs/web.md, "Connections"):
   is still answered past the cap, on a connection of :data:`PROBE_ROOM` kept for
   them: refused like any other, a kubelet's liveness probe made the orchestrator
   restart a server that was only busy. Such a connection carries the probe and
-  nothing else (:class:`OneRequestStream`), then is closed.
+  nothing else (:class:`OneRequestStream`), then is closed. Connections that send
+  nothing (or no probe's request line) do not keep a probe out: the newest takes the
+  place of the oldest (:meth:`ConnectionCap.make_room`).
 * :attr:`CappedConfig.send_timeout`: every write to a connection, whoever makes it, is
   given up when its client takes nothing of it for ``--send-timeout`` (twice in a row),
   and the connection closed: Starlette's 500 and Hypercorn's own answers were written
@@ -105,6 +107,12 @@ PROBE_READ_TIMEOUT = 0.5
 refused: a prober sends it at once; only a client that sends nothing (or a slow
 attacker) waits this long for its 503."""
 
+PROBE_READS = 64
+"""Connections past the cap whose head is being read at once (:func:`probe_head`), to
+find the probes among them; one more takes the place of the oldest that has not sent a
+probe's request line yet (:meth:`ConnectionCap.make_room`), or gets the 503 when none
+can give way."""
+
 REPORT_INTERVAL = 60.0
 """Seconds between two log lines saying connections were refused: one line a burst,
 not one a connection (which an attacker could use to fill the log)."""
@@ -164,6 +172,7 @@ class ConnectionCap:
         "open",
         "per_address",
         "probes",
+        "reading",
         "refused",
         "reported_at",
     )
@@ -178,8 +187,10 @@ class ConnectionCap:
         """Connections open per address, for those with any."""
         self.open = 0
         self.lingering = 0
-        """Refused connections being read until their client closes (:data:`LINGERING`),
-        or for the head of a probe (:func:`probe_head`)."""
+        """Refused connections being read until their client closes (:data:`LINGERING`)."""
+        self.reading: dict[HeadRead, None] = {}
+        """Connections past the cap whose head is being read (:func:`probe_head`), the
+        oldest first (:data:`PROBE_READS`)."""
         self.probes = 0
         """Probes being served past the cap (:data:`PROBE_ROOM`)."""
         self.refused = 0
@@ -207,6 +218,25 @@ class ConnectionCap:
             self._report(now)
         else:
             self._held.set()
+        return False
+
+    def make_room(self) -> bool:
+        """Whether a head may be read (:func:`probe_head`): fewer than
+        :data:`PROBE_READS` are, or the oldest read whose request line is not a probe's
+        yet (a connection that sent nothing, or part of a line) gave way, its read
+        cancelled (then it is refused). Before, these reads shared the refusals'
+        :data:`LINGERING` room, and 64 connections that opened and sent nothing filled it
+        for a second and a half each (the read, then the refusal's linger): a kubelet's
+        probe meanwhile got the 503, so a client that sends nothing could have a busy pod
+        restarted. A probe sends its head as it connects: to be made to give way, more
+        than :data:`PROBE_READS` connections must come after it before its head does."""
+        if len(self.reading) < PROBE_READS:
+            return True
+        for read in self.reading:
+            if not read.probe_line:
+                del self.reading[read]
+                read.scope.cancel()
+                return True
         return False
 
     def release(self, address: str | None = None) -> None:
@@ -248,6 +278,18 @@ class ConnectionCap:
         self.reported_at = now
         self.refused = 0
         self._held = trio.Event()
+
+
+class HeadRead:
+    """One head being read past the cap (:func:`probe_head`, :attr:`ConnectionCap.reading`):
+    its read's cancel scope, and whether the request line it has sent is a probe's (then
+    it gives way to no other)."""
+
+    __slots__ = ("probe_line", "scope")
+
+    def __init__(self, scope: trio.CancelScope) -> None:
+        self.scope = scope
+        self.probe_line = False
 
 
 class CappedConfig(Config):
@@ -301,13 +343,7 @@ def is_probe(head: bytes) -> bool:
     ``transfer-encoding``) and no ``upgrade``. Anything else is not answered past the
     cap, whatever it would be."""
     lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
-        return False
-    if parts[1].partition(b"?")[0] not in PROBE_PATHS or parts[2] not in (
-        b"HTTP/1.1",
-        b"HTTP/1.0",
-    ):
+    if not is_probe_line(lines[0]):
         return False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
@@ -321,30 +357,46 @@ def is_probe(head: bytes) -> bool:
     return True
 
 
+def is_probe_line(line: bytes) -> bool:
+    """Whether ``line`` (a request line, without its end) is a probe's: ``GET`` or
+    ``HEAD`` of a :data:`PROBE_PATHS` path (a query allowed), HTTP/1.0 or 1.1."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD"):
+        return False
+    return parts[1].partition(b"?")[0] in PROBE_PATHS and parts[2] in (b"HTTP/1.1", b"HTTP/1.0")
+
+
 async def probe_head(stream: Any, cap: ConnectionCap) -> bytes | None:
     """The head of a health probe (:func:`is_probe`) sent on ``stream``, a connection
     past the cap, to be served all the same (:class:`OneRequestStream`); ``None`` for
     anything else (the caller refuses it: what was read is dropped, as a refused
     connection's request is). Read for at most :data:`PROBE_READ_TIMEOUT` and
     :data:`PROBE_HEAD_MAX` bytes, while :data:`PROBE_ROOM` probes are not being served
-    already and, the read counted as a lingering one, :data:`LINGERING` refused
-    connections are not being read: past either the connection is refused at once. A
-    head followed by anything (a body, a pipelined request) is no probe."""
-    if cap.probes >= PROBE_ROOM or cap.lingering >= LINGERING:
+    already and there is room to read it (:meth:`ConnectionCap.make_room`): past either
+    the connection is refused at once. Refused as soon as its request line is not a
+    probe's; a read whose line is not a probe's yet may be cut short by a newer
+    connection's (refused then). A head followed by anything (a body, a pipelined
+    request) is no probe."""
+    if cap.probes >= PROBE_ROOM or not cap.make_room():
         return None
-    cap.lingering += 1
+    read = HeadRead(trio.CancelScope(deadline=trio.current_time() + PROBE_READ_TIMEOUT))
+    cap.reading[read] = None
     data = b""
     try:
-        with trio.move_on_after(PROBE_READ_TIMEOUT):
+        with read.scope:
             while b"\r\n\r\n" not in data and len(data) <= PROBE_HEAD_MAX:
                 piece = await stream.receive_some(PROBE_HEAD_MAX + 1)
                 if not piece:
                     return None
                 data += piece
+                if not read.probe_line and b"\r\n" in data:
+                    if not is_probe_line(data.partition(b"\r\n")[0]):
+                        return None  # no probe: refused now, not when the head ends
+                    read.probe_line = True
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return None
     finally:
-        cap.lingering -= 1
+        cap.reading.pop(read, None)
     head, end, rest = data.partition(b"\r\n\r\n")
     if not end or rest or len(data) > PROBE_HEAD_MAX or not is_probe(head):
         return None
@@ -526,11 +578,13 @@ def raise_open_file_limit() -> int | None:
 __all__ = [
     "CappedConfig",
     "ConnectionCap",
+    "HeadRead",
     "OneRequestStream",
     "ReleasingTCPServer",
     "address_key",
     "default_max_connections",
     "is_probe",
+    "is_probe_line",
     "probe_head",
     "raise_open_file_limit",
     "release_connections_on_close",

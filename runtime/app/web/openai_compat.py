@@ -66,6 +66,7 @@ from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.nested import delete_scratch
 from runtime.app.session import FINAL_WAIT
+from runtime.app.unsaved import ENDS, forget_unsaved, told_end
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import (
     INLINE_BODY,
@@ -188,10 +189,17 @@ class CompletionWhole:
             try:
                 async with session.stream(self.text, on_busy=strategy) as out:
                     nursery.start_soon(_watch_disconnect, receive, out)
+                    end = None  # held until the result says whether the turn was saved
                     async for chunk in out:
-                        self.encoder.chunks(chunk)
+                        if type(chunk) in ENDS:
+                            end = chunk
+                        else:
+                            self.encoder.chunks(chunk)
                     with trio.move_on_after(FINAL_WAIT):
                         await out.done.wait()
+                    if end is not None:
+                        self.encoder.chunks(told_end(end, out.result))
+                await forget_unsaved(session, out.result)
             except TurnWithdrawn as exc:  # stopped while it waited: the turn's abort
                 self.encoder.chunks(o.Abort(reason=exc.reason))
             except CallerWaits as exc:
