@@ -218,18 +218,20 @@ class Persister(Actor):
         ``start``, the store still at the version that save left (so nobody wrote since).
         None when that is not known (an empty tuple). The turn's assistant message
         (every step's parts) changes every step, the tool results after it do not: they
-        are kept (:func:`~runtime.store.save_keeping`), not written again every step."""
+        are kept (:func:`~runtime.store.save_keeping`), not written again every step.
+
+        A continuation's first save has no previous save of its turn here: the record it
+        began from (:attr:`SaveRequest.held`, the session at ``expected_version``) says
+        the same, the user message and the waiting assistant message the decision stored
+        being kept (issue 21: the continuation rewrote both)."""
         written = self._written.get(req.session_id)
-        if written is None:
-            return ()
-        turn_id, version, start, messages = written
-        if turn_id != req.turn_id or version != expected or start != req.start:
-            return ()
-        return tuple(
-            i
-            for i, (ours, stored) in enumerate(zip(req.messages, messages, strict=False))
-            if ours is stored
-        )
+        if written is not None:
+            turn_id, version, start, messages = written
+            if turn_id == req.turn_id and version == expected and start == req.start:
+                return _same_places(req.messages, messages)
+        if req.held and expected == req.expected_version:
+            return _same_places(req.messages, req.held[req.start :])
+        return ()
 
     def forget(self, session_id: str) -> None:
         """Drop what is remembered of ``session_id``: its host evicted it. An evicted
@@ -479,3 +481,8 @@ def _checked(store: Store, version: Any) -> int:
             "version: a Store's save must return it (see runtime.store.Store)"
         )
     return version
+
+
+def _same_places(ours: tuple[Message, ...], stored: tuple[Message, ...]) -> tuple[int, ...]:
+    """The positions at which ``ours`` holds the very objects ``stored`` holds."""
+    return tuple(i for i, (a, b) in enumerate(zip(ours, stored, strict=False)) if a is b)

@@ -288,6 +288,13 @@ class SaveRequest:
     conflict reads the mark again: moved, the session was deleted and created again
     since the turn began, and the save is refused as a deleted session's
     (:class:`~runtime.errors.SessionDeleted`) instead of rebased onto the new one."""
+    held: tuple[Message, ...] = ()
+    """The session's messages as the store holds them at ``expected_version`` (the record
+    a continuation's turn began from, for its first save): those of ``messages`` that
+    are these very objects at the same places are not written again
+    (:meth:`~actors.persister.Persister._unchanged`). A continuation's first save sends
+    its turn from the user message on, which the store holds as it is, with the waiting
+    assistant message the decision stored: without this it rewrote both (issue 21)."""
 
 
 # -- stream controller markers -------------------------------------------------------------

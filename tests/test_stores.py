@@ -672,7 +672,8 @@ async def test_unserializable_message_midway_leaves_state_intact(tmp_path: Path,
 
 
 async def test_failure_inside_the_transaction_rolls_everything_back(tmp_path: Path):
-    """An insert that fails after the upsert and the tail delete undoes both."""
+    """A message row's write that fails after the upsert and the rows before it undoes
+    them all (the row at 3 is written over its place or inserted: both fail)."""
     path = tmp_path / "sessions.db"
     store = await SQLiteStore.open(path)
     try:
@@ -680,17 +681,19 @@ async def test_failure_inside_the_transaction_rolls_everything_back(tmp_path: Pa
         await store.save("b", 0, turn(0))
         before = await _state(store)
         conn = sqlite3.connect(path)
-        conn.execute(
-            "CREATE TRIGGER fail_insert BEFORE INSERT ON messages WHEN NEW.idx = 3 "
-            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
-        )
+        for event in ("INSERT", "UPDATE"):
+            conn.execute(
+                f"CREATE TRIGGER fail_{event} BEFORE {event} ON messages WHEN NEW.idx = 3 "
+                "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            )
         conn.commit()
         with pytest.raises(StoreError, match="injected failure"):
             await store.save("a", 1, turn(5) + turn(6), {"k": 2})
         assert await _state(store) == before
         # The connection is not left inside a transaction: once the fault is gone the
         # same save goes through.
-        conn.execute("DROP TRIGGER fail_insert")
+        conn.execute("DROP TRIGGER fail_INSERT")
+        conn.execute("DROP TRIGGER fail_UPDATE")
         conn.commit()
         conn.close()
         await store.save("a", 1, turn(5) + turn(6), {"k": 2})
@@ -730,14 +733,24 @@ async def test_a_turn_s_store_calls_take_few_statements(tmp_path: Path):
         loaded = await store.load("s")
         assert loaded == record("s", turn(0), {"agent": "a"}) and loaded.version == 1
         assert took() == ["SELECT (SELECT coalesce(", "SELECT CASE WHEN m.idx I"]
-        # Appending deletes nothing; replacing a tail still deletes it first.
+        # Appending deletes nothing; a tail replaced is written over its rows (one
+        # statement a row, not a delete and an insert); a shorter one deletes the rest.
         await store.save("s", 2, turn(1), expected_version=1)
         assert "DELETE FROM messages WHE" not in took()
         await store.save("s", 3, turn(2), expected_version=2)
-        assert "DELETE FROM messages WHE" in took()
+        replaced = took()
+        assert "DELETE FROM messages WHE" not in replaced
+        assert replaced.count("UPDATE messages SET role") == 1
+        assert replaced.count("INSERT INTO messages (se") == 1
         loaded = await store.load("s")
         assert loaded == record("s", turn(0) + turn(1)[:1] + turn(2), {"agent": "a"})
         assert loaded.version == 3
+        await store.save("s", 2, turn(3)[:1], expected_version=3)
+        shortened = took()
+        assert "DELETE FROM messages WHE" in shortened
+        assert shortened.count("UPDATE messages SET role") == 1
+        loaded = await store.load("s")
+        assert loaded == record("s", turn(0) + turn(3)[:1], {"agent": "a"})
     finally:
         store._conn.set_trace_callback(None)
         await store.aclose()
@@ -821,8 +834,7 @@ async def test_each_save_writes_only_its_own_rows(tmp_path: Path):
         await store.save("a", 501, [UserMessage(content="redo", id="redo")])  # replace the last one
         assert audit() == [
             ("sessions", "update", "a", None),
-            ("messages", "delete", "a", 501),
-            ("messages", "insert", "a", 501),
+            ("messages", "update", "a", 501),  # over its row
         ]
         # Rows that existed before are the same physical rows.
         now = conn.execute(

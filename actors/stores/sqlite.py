@@ -991,23 +991,29 @@ class SQLiteStore:
         if meta:
             merged.update(meta)
         _upsert_session(conn, session_id, merged, version, now)
-        if start < count:  # (none at or after the count: nothing to delete)
-            conn.execute(
-                "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
-            )
         rows = written.rows()
-        if rows and rows[0][1] < start:  # rows written over, before the kept ones
-            over = [row for row in rows if row[1] < start]
+        # The tail from ``start`` replaces the session's: rows past its end go, the rows
+        # it has a place for are written over theirs (as those before the kept ones
+        # are), the rest inserted. A decision rewrites the waiting message, the last
+        # row: one statement, where deleting it and inserting it again were two.
+        end = start + sum(1 for row in rows if row[1] >= start)
+        if end < count:
+            conn.execute(
+                "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, end)
+            )
+        over = 0
+        while over < len(rows) and rows[over][1] < count:
+            over += 1
+        if over:
             conn.executemany(
                 """UPDATE messages SET role = ?3, body = ?4, message_id = ?5
                 WHERE session_id = ?1 AND idx = ?2""",
-                over,
+                rows[:over],
             )
-            rows = rows[len(over) :]
         conn.executemany(
             """INSERT INTO messages (session_id, idx, role, body, message_id)
             VALUES (?, ?, ?, ?, ?)""",
-            rows,
+            rows[over:],
         )
         return version
 

@@ -106,7 +106,7 @@ from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger, log_exception
-from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
+from runtime.messages import AssistantMessage, Message, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import ErrorInfo
 from runtime.redact import redact
 
@@ -158,6 +158,25 @@ def _nested_in(message: Any, ids: set[str]) -> tuple[ToolCallPart, ...]:
         and p.tool_call_id in ids
         and p.awaiting is not None
         and p.awaiting.nested
+    )
+
+
+def _as_committed(stored: Message, committed: Committed, messages: list[Message]) -> bool:
+    """Whether ``stored`` (the assistant message of a turn taken up again) and the
+    messages after it are exactly what :meth:`TurnRunner._continue` would rebuild from
+    ``committed``: the same part, usage and tool message objects, not interrupted, no
+    error."""
+    at = committed.assistant_index
+    tools = committed.tool_messages
+    return (
+        type(stored) is AssistantMessage
+        and stored.content is committed.parts
+        and stored.id == committed.message_id
+        and not stored.interrupted
+        and stored.error is None
+        and stored.usage is committed.usage
+        and len(messages) - at - 1 == len(tools)
+        and all(map(operator.is_, messages[at + 1 :], tools))
     )
 
 
@@ -372,10 +391,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """Run one user input to completion (or until it is cut short), then close it."""
         agent, budget = self.agent, self.agent.budget
         try:
-            await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
+            began = await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
             if run.user_message_id is not None:  # (``_user_id`` asks them)
                 await self.read_ids()
             turn, committed, superseded = self._open_turn(run)
+            if committed is not None:
+                turn.began_from = began
         except Exception:
             run.consumer.close()  # a bug before the turn began: its stream just ends
             raise
@@ -630,6 +651,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         stored = state.messages[committed.assistant_index]
         if committed.finished and stored.content == committed.parts:  # type: ignore[union-attr]
             return  # the history is left as it is
+        if _as_committed(stored, committed, state.messages):
+            # Nothing cut (a turn that waited, continued): the stored objects stay, so
+            # its first save knows them stored as they are (``SaveRequest.held``) and
+            # writes only what is new (issue 21: it rewrote the waiting message).
+            return
         # (a finished turn too, once a cut step is dropped: a structured answer the
         # resumed turn rejects is asked for again, and the request must not end with
         # the cut step's partial text)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from runtime.actor_messages import SessionState
     from runtime.hosting import TurnHost
     from runtime.inbox import Inbox
+    from runtime.messages import Message
 
 NO_TITLE: Any = object()
 """No title (``TurnRunner._stale_title``: no deleted conversation's title to leave out)."""
@@ -89,6 +90,10 @@ class Saving:
                 session_id=state.session_id,
             )
         start = min(turn.start_index, state.saved_upto)
+        began, turn.began_from = turn.began_from, None  # (the persister knows the rest)
+        held: tuple[Message, ...] = ()
+        if began is not None and prev is None and began.version == state.version:
+            held = began.messages
         req = SaveRequest(
             request_id=new_id("save"),
             session_id=state.session_id,
@@ -102,6 +107,7 @@ class Saving:
             reply=self.save_replies,
             ends=ends,
             absent_mark=self._absent_mark,
+            held=held,
         )
         self._pending, self._answered = req, None
         try:
@@ -160,7 +166,7 @@ class Saving:
 
     async def _sync(
         self, turn_id: str, *, reload: bool = False, stored: SessionRecord | None = None
-    ) -> None:
+    ) -> SessionRecord | None:
         """Before a turn: if another writer saved the session since this process last
         saw it, take its history (a version query; a load only when it moved), so the
         model sees that writer's turns. Bounded, and best effort: a save that meets the
@@ -170,7 +176,11 @@ class Saving:
         or taken over from another worker) the session has almost surely moved: it is
         loaded at once, one store round trip instead of a version query and a load; and
         when its caller hands the session as it just read or wrote it (``stored``: a
-        continuation started in the process that recorded its decisions), none."""
+        continuation started in the process that recorded its decisions), none.
+
+        Returns the stored session the history now holds, when this read it or was
+        handed it (a continuation's first save keeps its rows: :attr:`Turn.began_from`),
+        else ``None``."""
         state = self.state
         if self._absent_mark is not None:  # the previous turn's: read again, or not at all
             self._absent_mark = None
@@ -179,7 +189,7 @@ class Saving:
             # (a worker's claim of a first turn hands its empty record): nothing to take,
             # and no bound entered to find that out (a cancel scope, as the SQLite path
             # below avoids; issue 24 goal 3).
-            return
+            return stored
         store = getattr(self.persister, "store", None)
         moved = False
         if self._pending is None and store is not None and stored is None and not reload:
@@ -192,36 +202,36 @@ class Saving:
                 now = _version_mark_now(store, state.session_id)
                 if now is not None and now[0] == 0:
                     self._absent_mark = now[1]
-                    return
+                    return None
                 moved = now is not None
             else:
                 version = _version_now(store, state.session_id)
                 if version == state.version:
-                    return
+                    return None
                 moved = version is not None
         with trio.move_on_after(SAVE_TIMEOUT):
             prev = self._pending
             if prev is not None:  # the previous turn's final save, if it outlived the turn
                 await self._adopt(prev, None)
             if store is None:
-                return
+                return None
             try:
                 if stored is not None and stored.version >= state.version:
                     record: SessionRecord | None = stored  # (not older than ours)
                 elif not reload and not moved and state.version == 0:
                     if await self._absent(store):
-                        return
+                        return None
                     record = await store.load(state.session_id)
                 elif (
                     not reload
                     and not moved
                     and await store.version(state.session_id) == state.version
                 ):
-                    return
+                    return None
                 else:
                     record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
-                    return  # (``reload``) it had not moved after all
+                    return None  # (``reload``) it had not moved after all
                 if record is not None and not self.host.expects_other_writers:
                     # another process's turn, left running as it died: marked interrupted
                     # (runtime.liveness) before this one's turn reads it
@@ -233,7 +243,7 @@ class Saving:
                     turn_id=turn_id,
                     error=redact(describe_exception(exc)),
                 )
-                return
+                return None
             adopted = adopt_record(state, record)
             if adopted.deleted:
                 # The deleted conversation's title is the one this runner's turns carried
@@ -246,6 +256,8 @@ class Saving:
                     self._stale_title = self._held_title
             self._publish_history()
             await self._concurrent(adopted, "reloaded", turn_id)
+            return record
+        return None
 
     async def _absent(self, store: Any) -> bool:
         """Whether the session, which this host holds nothing stored of, is still not

@@ -20,6 +20,7 @@ from runtime.errors import AxonError, ContextTooLong, exception_message
 from runtime.ids import new_id
 from runtime.messages import Awaiting, ToolCallPart, ToolMessage
 from runtime.output import ErrorInfo
+from runtime.store import SessionRecord
 from runtime.tools import Tool
 
 
@@ -90,6 +91,10 @@ class Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    began_from: SessionRecord | None = None
+    """The stored session a turn taken up again (a continuation, a takeover) began from,
+    until its first save, which names it (:attr:`SaveRequest.held`): the persister then
+    keeps the rows the store holds as they are instead of writing them again."""
     approved_before: tuple[ToolCallPart, ...] = ()
     """The calls a person approved in the turn this one superseded and that never ran:
     they run as this turn begins, before its model call, their results stored before its
