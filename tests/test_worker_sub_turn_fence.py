@@ -15,6 +15,8 @@ is fenced by that turn's claim (``PostgresStore.fenced_under``): refused once it
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -102,18 +104,30 @@ async def taken_over(pg_url: str, store_b: PostgresStore, turn_id: str, sub: str
     )
 
 
+@contextlib.asynccontextmanager
+async def two_stores(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore, TurnQueue]]:
+    """The worker's store, another process's, and a turn queue on the latter (the front
+    end's), closed after."""
+    store_a = await PostgresStore.open(pg_url)
+    store_b = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store_b)
+    try:
+        yield store_a, store_b, queue
+    finally:
+        await queue.aclose()
+        await store_a.aclose()
+        await store_b.aclose()
+
+
 @pytest.mark.parametrize("deeper", [False, True], ids=["sub-turn", "sub-sub-turn"])
 async def test_a_sub_turn_cancelled_by_the_lease_watch_saves_nothing_over_the_takeover(
     pg_url: str, deeper: bool
 ) -> None:
     held = Held()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     sub = sub_session_id("s", "helper", "call_h")
     if deeper:
         sub = sub_session_id(sub, "inner", "call_i")
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             # a lease long enough that only the test's takeover takes the turn
             worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
@@ -132,10 +146,6 @@ async def test_a_sub_turn_cancelled_by_the_lease_watch_saves_nothing_over_the_ta
             worker.stop()
         stored = await store_b.load(sub)
         caller = await store_b.load("s")
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert held.runs == 1
     assert stored is not None
     # b's sub-session as b saved it: a's aborted sub-turn is not rebased after it
@@ -208,12 +218,9 @@ async def test_a_passed_up_approvals_continuation_taken_over_inside_the_sub_turn
     continuation's claim is a new one (epoch up): the sub-turn's saves are fenced by it,
     and a's aborted sub-turn lands nowhere."""
     held = Held()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     agent = passing(held)
     sub = sub_session_id("s", "helper", "call_h")
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=agent, lease=30.0, poll=0.05)
             await nursery.start(worker.run)
@@ -234,10 +241,6 @@ async def test_a_passed_up_approvals_continuation_taken_over_inside_the_sub_turn
             await until_idle(worker)
             worker.stop()
         stored = await store_b.load(sub)
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert held.runs == 1
     assert before is not None and stored is not None
     assert stored.messages == (*before.messages, TAKEOVER), stored.messages
@@ -256,11 +259,8 @@ async def test_a_sub_turn_whose_caller_is_deleted_meanwhile_leaves_no_wait_for_i
     from runtime.app.nested import end_sub_waits
 
     held = Held()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     sub = sub_session_id("s", "helper", "call_h")
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(
                 store=store_a, agent=passing(held, hold_first=True), lease=30.0, poll=0.05
@@ -276,10 +276,6 @@ async def test_a_sub_turn_whose_caller_is_deleted_meanwhile_leaves_no_wait_for_i
             worker.stop()
         stored = await store_b.load(sub)
         row = await queue.get(turn.turn_id)
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert held.runs == 1 and held.guarded == 0
     assert row is None or row.status == "cancelled"
     assert stored is None or pending_calls(stored.messages) == (), stored.messages
@@ -294,13 +290,10 @@ async def test_a_callers_delete_after_its_turn_takes_the_sub_sessions_a_worker_s
     the sub-turn's messages, an orphan nobody reaches (not listed as anyone's)."""
     held = Held()
     held.go.set()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     subs = [sub_session_id("s", "helper", "call_h")]
     if deeper:
         subs.append(sub_session_id(subs[0], "inner", "call_i"))
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
             await nursery.start(worker.run)
@@ -313,10 +306,6 @@ async def test_a_callers_delete_after_its_turn_takes_the_sub_sessions_a_worker_s
         await store_b.delete("s")
         stored = [await store_b.load(sid) for sid in ("s", *subs)]
         listed = await store_b.list_sessions()
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert all(r is not None for r in saved)
     assert stored == [None] * (1 + len(subs)), stored
     assert listed == []
@@ -332,11 +321,8 @@ async def test_a_caller_waiting_for_a_passed_up_approval_deleted_takes_its_sub_s
     from runtime.app.nested import end_sub_waits
 
     held = Held()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     sub = sub_session_id("s", "helper", "call_h")
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=passing(held), lease=30.0, poll=0.05)
             await nursery.start(worker.run)
@@ -351,10 +337,6 @@ async def test_a_caller_waiting_for_a_passed_up_approval_deleted_takes_its_sub_s
             worker.stop()
         stored = await store_b.load(sub)
         row = await queue.get(turn.turn_id)
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert waiting is not None and pending_calls(waiting.messages)
     assert held.guarded == 0
     assert row is not None and row.status == "cancelled"
@@ -371,13 +353,10 @@ async def test_a_caller_deleted_while_a_worker_holds_its_sub_turn_leaves_no_sub_
     sub-turn's later saves are refused as a deleted caller's (its fence), so none is
     created after it."""
     held = Held()
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
     subs = [sub_session_id("s", "helper", "call_h")]
     if deeper:
         subs.append(sub_session_id(subs[0], "inner", "call_i"))
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
             await nursery.start(worker.run)
@@ -390,10 +369,6 @@ async def test_a_caller_deleted_while_a_worker_holds_its_sub_turn_leaves_no_sub_
             worker.stop()
         stored = [await store_b.load(sid) for sid in ("s", *subs)]
         row = await queue.get(turn.turn_id)
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     assert held.runs == 1
     assert row is not None and row.status == "cancelled"
     assert stored == [None] * (1 + len(subs)), stored
@@ -445,10 +420,7 @@ async def test_a_sub_session_saved_after_its_calling_turn_ended_is_the_claims(
         provider=ScriptedProvider([[*tool_call("lingering", {}, tool_call_id="call_l")]]),
         tools=[lingering],
     )
-    store_a = await PostgresStore.open(pg_url)
-    store_b = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store_b)
-    try:
+    async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=boss, lease=30.0, poll=0.05)
             await nursery.start(worker.run)
@@ -470,10 +442,6 @@ async def test_a_sub_session_saved_after_its_calling_turn_ended_is_the_claims(
             await trio.testing.wait_all_tasks_blocked()  # (its last save answered)
             stored = await store_b.load(sub)
             worker.stop()
-    finally:
-        await queue.aclose()
-        await store_a.aclose()
-        await store_b.aclose()
     if lost:
         assert stored is None
     else:
