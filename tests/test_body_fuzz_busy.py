@@ -310,10 +310,13 @@ async def test_resume_ids_after_the_turn_ended(tmp_path):
     """A resume of a finished turn's stream, with every forged or out-of-range id."""
     async with web_server(busy_agent(), store=str(tmp_path / "fuzz.db")) as server:
         rig = BusyRig(server, "resume")
+        ran = 0
 
         @fuzz_settings(20)
         @given(data=st.data())
         def example(data: Any) -> None:
+            nonlocal ran
+            ran += 1
             request = resume_request(data, "other-done")
             _, path, _, headers = request
             response = rig.raw(request)
@@ -328,6 +331,7 @@ async def test_resume_ids_after_the_turn_ended(tmp_path):
                 example()
 
         await trio.to_thread.run_sync(run)
+    print(f"\nresume fuzz after the turn: {ran} examples")
 
 
 # -- headers --------------------------------------------------------------------------------
