@@ -150,6 +150,17 @@ async def test_a_cross_origin_post_is_refused_with_403_and_runs_no_turn():
         assert await nothing_ran(server, "csrf")
 
 
+@pytest.mark.parametrize("origin", ["http://[::1", "http://[::1:80", "https://[zz"])
+async def test_an_origin_that_is_no_url_is_refused_with_403_not_a_500(origin):
+    # urlsplit raised ValueError ("Invalid IPv6 URL") out of the guard: a 500 with no
+    # body, for any path, from one header (found by tests/test_body_fuzz_busy.py).
+    async with web_server(agent()) as server, httpx.AsyncClient(base_url=server.url) as client:
+        r = await client.post("/api/chat", json=body("csrf"), headers={"origin": origin})
+        assert r.status_code == 403, r.text
+        assert repr(origin) in r.json()["error"]
+        assert await nothing_ran(server, "csrf")
+
+
 async def test_a_cross_site_post_without_an_origin_is_refused():
     async with web_server(agent()) as server, httpx.AsyncClient(base_url=server.url) as client:
         for site in ("cross-site", "same-site"):

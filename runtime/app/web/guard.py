@@ -309,7 +309,10 @@ class RequestGuard:
         origin = origin.strip().lower()
         if origin in self.origins:
             return True
-        parts = urlsplit(origin)
+        try:
+            parts = urlsplit(origin)
+        except ValueError:  # ("http://[::1": an unclosed IPv6 bracket) no origin of ours
+            return False
         return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
 
 
