@@ -267,11 +267,14 @@ async def test_a_reader_of_a_takeover_between_the_two_waiting_saves_is_asked_onc
     finally:
         await store_a.aclose()
         await store_b.aclose()
-    # a's step 0 (its call and the request) is taken back (``reset-step``: nothing of
-    # it was committed) and b's run of it asks again with the same id: after the reset,
-    # one request, the one the sub-turn stored
+    # a's step 0 (its call and the request), if the reader was shown it, is taken back
+    # (``reset-step``: nothing of it was committed) and b's run of it asks again with the
+    # same id: after the reset, one request, the one the sub-turn stored (on a loaded
+    # machine the reader may be shown b's run only)
     kinds = [c["type"] for c in payloads(first)]
-    after = payloads(first)[len(kinds) - kinds[::-1].index("reset-step") :]
+    after = payloads(first)
+    if "reset-step" in kinds:
+        after = after[len(kinds) - kinds[::-1].index("reset-step") :]
     shown = [c["approvalId"] for c in after if c["type"] == "tool-approval-request"]
     assert shown == [stored_ask.approval_id], kinds
     assert {c["approvalId"] for c in requests} == {stored_ask.approval_id}
