@@ -175,6 +175,13 @@ class Engine(Actor):
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the runner is gone or cannot take it: its own deadline or close ends it
 
+    def forget_call(self, request_id: str) -> None:
+        """The runner is done with call ``request_id`` (cancelled, or over): nothing more
+        of it is forwarded, and what was forwarded last is let go (the batcher held the
+        batch the runner discarded unread, until this session's next call or rest)."""
+        if self._current == request_id:
+            self._splitter = self._out = self._current = self._scope = None
+
     def on_rest(self) -> None:
         """The session is idle: its last request is over, a late chunk of it is dropped
         (a full garbage collection walks every idle session's engine)."""

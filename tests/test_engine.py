@@ -201,3 +201,25 @@ async def test_the_engine_forwards_nothing_of_a_call_its_requester_cancelled():
     await engine.handle(after)
     assert [[c.text for c in b] for b in (out.get_nowait(),)] == [["a"]]
     assert len(out) == 0 and after.taken
+
+
+async def test_a_call_the_runner_is_done_with_is_let_go_by_the_engine():
+    # The runner ends a call and discards what it left unread: the engine's batcher let
+    # go of the batch it sent last only at the session's next call or rest (an idle
+    # session kept it: test_host_leaks under load).
+    import gc
+
+    from actors.engine import Engine
+    from runtime import Inbox, TextChunk
+    from runtime.actor_messages import BeginRequest
+    from runtime.inbox import Batch, Batcher
+
+    out: Inbox = Inbox(4)
+    engine = Engine(out)
+    await engine.handle(BeginRequest(request_id="r"))
+    first = Batch("r")
+    first.append(TextChunk(text="a"))
+    await engine.handle(first)
+    sent = out.get_nowait()  # (unread: discarded by the runner)
+    engine.forget_call("r")
+    assert not [r for r in gc.get_referrers(sent) if isinstance(r, Batcher)]

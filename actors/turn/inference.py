@@ -11,7 +11,7 @@ has one (after a ``reset-step`` if the failed call had streamed output). Mixed i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
 
@@ -56,6 +56,13 @@ if TYPE_CHECKING:
     from runtime.history import RepairedHistory
     from runtime.hosting import TurnHost
     from runtime.inbox import Inbox
+
+
+class _ForgetsCalls(Protocol):
+    """The engine as a call's end reaches it (its class is another actor's, not
+    imported: :meth:`actors.engine.Engine.forget_call`)."""
+
+    def forget_call(self, request_id: str) -> None: ...
 
 
 class Inferring:
@@ -325,6 +332,7 @@ class Inferring:
             # turn's), out of the inbox: an idle session would keep it until its next
             # call. The engine forwards nothing more of it (BeginRequest.cancel_scope).
             inbox.discard(lambda m: isinstance(m, Batch) and m.tag == request_id)
+            cast(_ForgetsCalls, self.engine).forget_call(request_id)
             await release(limiter, grant, result.usage)
 
     async def _throttled(self, turn: Turn, limiter: Limiter | None, verdict: Verdict) -> None:
