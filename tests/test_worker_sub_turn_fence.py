@@ -104,6 +104,15 @@ async def taken_over(pg_url: str, store_b: PostgresStore, turn_id: str, sub: str
     )
 
 
+def sub_ids(deeper: bool) -> list[str]:
+    """The sub-sessions the calling turn's agent tool opens: its own, and with ``deeper``
+    its inner agent's under it."""
+    subs = [sub_session_id("s", "helper", "call_h")]
+    if deeper:
+        subs.append(sub_session_id(subs[0], "inner", "call_i"))
+    return subs
+
+
 @contextlib.asynccontextmanager
 async def two_stores(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore, TurnQueue]]:
     """The worker's store, another process's, and a turn queue on the latter (the front
@@ -124,9 +133,7 @@ async def test_a_sub_turn_cancelled_by_the_lease_watch_saves_nothing_over_the_ta
     pg_url: str, deeper: bool
 ) -> None:
     held = Held()
-    sub = sub_session_id("s", "helper", "call_h")
-    if deeper:
-        sub = sub_session_id(sub, "inner", "call_i")
+    sub = sub_ids(deeper)[-1]
     async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             # a lease long enough that only the test's takeover takes the turn
@@ -290,9 +297,7 @@ async def test_a_callers_delete_after_its_turn_takes_the_sub_sessions_a_worker_s
     the sub-turn's messages, an orphan nobody reaches (not listed as anyone's)."""
     held = Held()
     held.go.set()
-    subs = [sub_session_id("s", "helper", "call_h")]
-    if deeper:
-        subs.append(sub_session_id(subs[0], "inner", "call_i"))
+    subs = sub_ids(deeper)
     async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
@@ -353,9 +358,7 @@ async def test_a_caller_deleted_while_a_worker_holds_its_sub_turn_leaves_no_sub_
     sub-turn's later saves are refused as a deleted caller's (its fence), so none is
     created after it."""
     held = Held()
-    subs = [sub_session_id("s", "helper", "call_h")]
-    if deeper:
-        subs.append(sub_session_id(subs[0], "inner", "call_i"))
+    subs = sub_ids(deeper)
     async with two_stores(pg_url) as (store_a, store_b, queue):
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store_a, agent=agents(held, deeper=deeper), lease=30.0, poll=0.05)
