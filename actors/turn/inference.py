@@ -11,8 +11,10 @@ has one (after a ``reset-step`` if the failed call had streamed output). Mixed i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import attrs
 import trio
 
 from actors.turn.compaction import compact
@@ -38,6 +40,7 @@ from runtime.chunks import (
     ToolCallChunk,
     ToolInputDeltaChunk,
     ToolInputStartChunk,
+    Usage,
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
@@ -107,10 +110,12 @@ class Inferring:
             result = Step()
             try:
                 await self._call_once(turn, result)
+                result.usage = counted(result, turn.parts.written, mark, self._log)
                 price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
+                result.usage = counted(result, turn.parts.written, mark, self._log)
                 if result.usage.total_tokens:  # a failed call billed what it read and wrote
                     price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                     spent = await priced(result.usage, price_key() if price_key else None)
@@ -255,6 +260,7 @@ class Inferring:
         request_id = new_id("req")
         scope = trio.CancelScope()
         await self._begin(request_id, scope)
+        result.cap = agent.budget.output_left(turn.usage)
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,
@@ -268,7 +274,7 @@ class Inferring:
             settings=agent.settings,
             output=agent.output_schema,
             # what the turn may still write: the provider's own cap on the call's output
-            max_output_tokens=agent.budget.output_left(turn.usage),
+            max_output_tokens=result.cap,
             text_runs=True,  # the engine and this runner take a read's deltas as one item
         )
         await self._ask(provider, request)
@@ -406,6 +412,27 @@ class Inferring:
                 )
             )
         return done.messages
+
+
+def counted(step: Step, written: Callable[[int], int], mark: int, log: Any) -> Usage:
+    """The usage a call of ``step`` counts toward the turn's: the reported one, or, when
+    the call was sent a cap by the turn's output budget (:attr:`Step.cap`) and its
+    server reported no output tokens while it wrote some (a compatible server that
+    ignores ``stream_options.include_usage``, one that reports zeros, a stream cut
+    before its usage), an estimate: the UTF-8 bytes it wrote from part ``mark`` on
+    (``written``, :meth:`~actors.turn.parts.PartsManager.written`: no fewer than its
+    tokens), at most that cap (what the server was told it may write). Counting
+    nothing gave the next call the whole budget again, each call writing up to all of
+    it; counting the whole cap ended a turn with tools after its first call."""
+    usage, cap = step.usage, step.cap
+    if cap is None or usage.output_tokens:
+        return usage
+    n = written(mark)
+    if not n:
+        return usage
+    guess = min(n, cap)
+    log.warning("usage.estimated", output_tokens=guess, bytes=n, cap=cap)
+    return attrs.evolve(usage, output_tokens=guess, total_tokens=usage.total_tokens + guess)
 
 
 def _past_deadline(wait: float) -> float | None:

@@ -32,6 +32,8 @@ class Step:
     usage: Usage = attrs.field(factory=Usage)
     calls: list[ToolCallChunk] = attrs.field(factory=list)
     produced: bool = False
+    cap: int | None = None
+    """The output tokens the call was sent as the turn's left (``None``: no budget)."""
 
 
 @attrs.define(slots=True, eq=False)
