@@ -44,7 +44,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import ProviderError, RateLimited, exception_text
+from runtime.errors import BudgetExceeded, ProviderError, RateLimited, exception_text
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -251,6 +251,9 @@ class Inferring:
         provider = self._provider_at(turn.provider)
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
+        result.cap = agent.budget.output_left(turn.usage)
+        if result.cap == 0:  # the summary calls wrote what was left: no call may write 0
+            raise BudgetExceeded("max_output_tokens")
         limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
         grant = await acquire(
             limiter,
@@ -260,7 +263,6 @@ class Inferring:
         request_id = new_id("req")
         scope = trio.CancelScope()
         await self._begin(request_id, scope)
-        result.cap = agent.budget.output_left(turn.usage)
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,
@@ -386,7 +388,11 @@ class Inferring:
             step=turn.step,
             instructions=instructions,
             tools=tools,
+            left=self.agent.budget.output_left(turn.usage),
         )
+        turn.usage = turn.usage + done.usage
+        if done.over is not None:  # a summary cut by the turn's budget: not used
+            raise BudgetExceeded(done.over)
         history = self.state.messages
         for stored in done.stored:
             at = (
@@ -396,7 +402,6 @@ class Inferring:
             )
             history.insert(at, stored.message)
             turn.a_index += 1
-        turn.usage = turn.usage + done.usage
         if done.stored:
             self._publish_history()
             last = done.stored[-1]
