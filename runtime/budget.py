@@ -152,6 +152,21 @@ class Budget:
             return "max_output_tokens"
         return None
 
+    def bounded(self, more: int | None, usage: Usage) -> Budget:
+        """This budget for a run of a turn that may write at most ``more`` output tokens
+        beyond ``usage`` (its committed steps', for a turn resumed): its
+        :attr:`max_output_tokens` lowered to ``usage.output_tokens + more`` if that is
+        less; itself when ``more`` is ``None``. An agent tool's sub-turn runs under what
+        its calling turn has left this way (:attr:`ToolContext.output_left
+        <runtime.tools.ToolContext.output_left>`)."""
+        if more is None:
+            return self
+        bound = usage.output_tokens + max(more, 0)
+        own = self.max_output_tokens
+        if own is not None and own <= bound:
+            return self
+        return attrs.evolve(self, max_output_tokens=bound)
+
     def admits_tool_call(self, used: int) -> bool:
         """Whether one more tool call may run after ``used`` calls this turn."""
         return self.max_tool_calls is None or used < self.max_tool_calls

@@ -251,7 +251,7 @@ class Inferring:
         provider = self._provider_at(turn.provider)
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
-        result.cap = agent.budget.output_left(turn.usage)
+        result.cap = turn.limits.output_left(turn.usage)
         if result.cap == 0:  # the summary calls wrote what was left: no call may write 0
             raise BudgetExceeded("max_output_tokens")
         limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
@@ -388,7 +388,7 @@ class Inferring:
             step=turn.step,
             instructions=instructions,
             tools=tools,
-            left=self.agent.budget.output_left(turn.usage),
+            left=turn.limits.output_left(turn.usage),
         )
         turn.usage = turn.usage + done.usage
         if done.over is not None:  # a summary cut by the turn's budget: not used
