@@ -481,6 +481,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 may_wait=request.may_wait and (not call.approved or call.decision is not None),
                 decision=call.decision,
                 confirm=request.confirm,
+                output_left=request.output_left,
             )
             try:
                 outcome = await run_tool_call(

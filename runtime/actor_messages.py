@@ -160,6 +160,8 @@ class ExecuteTools:
     max_parallel: int | None = None
     """How many of ``calls`` run at once (``Budget.max_parallel_tool_calls``; ``None``:
     all)."""
+    output_left: int | None = None
+    """The output tokens the calling turn has left (``ToolContext.output_left``)."""
 
     def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an
@@ -585,6 +587,10 @@ class RunTurn:
     the client-side tools a protocol's caller declares with its request (AG-UI's
     ``tools``, :mod:`runtime.app.web.agui`). A name the agent already offers fails the
     turn (``ToolDefinitionError``). Not saved: a continuation is given them again."""
+    max_output_tokens: int | None = None
+    """The output tokens this run of the turn may write at most, under the agent's own
+    ``Budget.max_output_tokens`` (``None``: that alone): an agent tool's sub-turn is
+    given what its calling turn has left (``ToolContext.output_left``)."""
     instructions: str | None = None
     """Added after the agent's instructions for this turn's model calls only (AG-UI's
     ``context``); never saved."""

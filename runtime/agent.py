@@ -281,11 +281,15 @@ class Agent:
         its meta linking to the parent session and call), on the same host. The sub-turn
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
-        result. A sub-turn that fails, or suspends to wait for a person's input (a call
-        that needs approval, with no in-process approver; a client tool), is a tool error
-        the parent model sees, and the calls it waited for are denied there (reason
-        :data:`NESTED_WAIT`) and the sub-turn ended, so nobody can run them, or it,
-        later; one a budget stopped ends its text with a note saying so.
+        result. It runs under its own budget and, when the parent has an output-token
+        budget, what that has left as the call begins (:attr:`ToolContext.output_left`):
+        a sub-turn stopped by it ends ``budget`` (its text and a note are the result),
+        and the parent, its output spent, ends ``budget`` too. A sub-turn that fails,
+        or suspends to wait for a person's input (a call that needs approval, with no
+        in-process approver; a client tool), is a tool error the parent model sees, and
+        the calls it waited for are denied there (reason :data:`NESTED_WAIT`) and the
+        sub-turn ended, so nobody can run them, or it, later; one a budget stopped ends
+        its text with a note saying so.
         The sub-turn is named by the call's :attr:`ToolContext.idempotency_key`: the
         same call run again (a retried continuation) takes that turn's answer, or goes on
         from its committed steps, instead of running the sub-agent again.
@@ -479,7 +483,14 @@ async def _sub_stream(
     """Stream the sub-turn (or go on with it from its committed steps), inside the call.
     ``stored``: the record the sub-session's open just read (``None``: the turn loads
     it), so a first call loads the sub-session once."""
-    turn = session.stream(input, turn_id=turn_id, message_id=message_id, resume=True, stored=stored)
+    turn = session.stream(
+        input,
+        turn_id=turn_id,
+        message_id=message_id,
+        resume=True,
+        stored=stored,
+        max_output_tokens=context.output_left,  # the caller's left bounds the sub-turn
+    )
     async with _confirming(turn, context) as out:
         async for chunk in out:
             await context.emit(chunk)
@@ -562,7 +573,10 @@ async def _go_on(
     except AlreadyDecided:
         pass  # recorded by the run a crash cut short
     try:
-        async with _confirming(session.resume(), context) as out:
+        # what the caller has left now, its usage so far counted there: beyond what the
+        # sub-turn wrote before it waited (Budget.bounded)
+        resumed = session.resume(max_output_tokens=context.output_left)
+        async with _confirming(resumed, context) as out:
             async for chunk in out:
                 await context.emit(chunk)
     except NothingToResume:  # resumed already: it went on, or finished

@@ -82,7 +82,10 @@ class Budget:
     the provider for at most what is left (:meth:`output_left`, sent as the API's own
     cap), so no call writes past it; a call cut at that cap, or calls that spent it all
     while the model still wants tools, end the turn with finish reason ``budget``
-    (:meth:`output_spent`), the cut text saved."""
+    (:meth:`output_spent`), the cut text saved; a call cut with tokens left (a smaller
+    cap, the server's own limit) ends it ``length``. A call whose server reports no
+    output tokens counts the UTF-8 bytes it wrote, at most its cap
+    (:func:`actors.turn.inference.counted`)."""
     max_total_tokens: int | None = None
     max_cost: float | None = None
     """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
@@ -148,6 +151,21 @@ class Budget:
         if (more or cut) and self.output_left(usage) == 0:
             return "max_output_tokens"
         return None
+
+    def bounded(self, more: int | None, usage: Usage) -> Budget:
+        """This budget for a run of a turn that may write at most ``more`` output tokens
+        beyond ``usage`` (its committed steps', for a turn resumed): its
+        :attr:`max_output_tokens` lowered to ``usage.output_tokens + more`` if that is
+        less; itself when ``more`` is ``None``. An agent tool's sub-turn runs under what
+        its calling turn has left this way (:attr:`ToolContext.output_left
+        <runtime.tools.ToolContext.output_left>`)."""
+        if more is None:
+            return self
+        bound = usage.output_tokens + max(more, 0)
+        own = self.max_output_tokens
+        if own is not None and own <= bound:
+            return self
+        return attrs.evolve(self, max_output_tokens=bound)
 
     def admits_tool_call(self, used: int) -> bool:
         """Whether one more tool call may run after ``used`` calls this turn."""

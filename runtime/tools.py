@@ -98,6 +98,7 @@ class ToolContext(Generic[Deps]):
         "depth",
         "host",
         "may_wait",
+        "output_left",
         "session_id",
         "step",
         "tool_call_id",
@@ -124,6 +125,7 @@ class ToolContext(Generic[Deps]):
         may_wait: bool = False,
         decision: Any = None,
         confirm: Callable[[], Awaitable[bool]] | None = None,
+        output_left: int | None = None,
     ) -> None:
         self.host = host
         """The host running the call: its bus, and sub-sessions
@@ -171,6 +173,14 @@ class ToolContext(Generic[Deps]):
         """With :attr:`waits_for`: the sub-turn waits for a client tool's output, not an
         approval: that call's tool name and input (the calling stream shows the call;
         :attr:`waits_for` is then ``<this call's id>.<the sub call's id>``)."""
+        self.output_left = output_left
+        """The output tokens the calling turn has left as its calls began
+        (``Budget.max_output_tokens`` less what it wrote, sub-agents' included;
+        ``None``: no such budget). An agent used as a tool runs its sub-turn under it,
+        as under its own budget (``Session.stream(max_output_tokens=...)``): the
+        sub-turn's output counts toward the calling turn's, so it may not write more
+        than the caller has. Calls of one step that run at once are each given all of
+        it: together they may write more, and the calling turn then ends ``budget``."""
         self._emit = emit
 
     @property

@@ -8,6 +8,13 @@ count fails) and the summary call is one more request to the same provider actor
 inbox of its own (not the engine's: a summary is neither streamed nor stored as a part).
 A summary call that fails raises the provider's error, which the runner's retry policy
 treats like a failure of the step's own call.
+
+A summary call is one of the turn's calls: it is sent the output tokens the turn has left
+(``Budget.max_output_tokens``) as its cap, under any smaller cap of its own settings, and
+its usage, priced as the step's call is, counts toward the turn's (an estimate when its
+server reports none, as for the step's call). One cut at that cap (``length``) is not
+used (half a summary would stand for the turns it cut in every later request): the turn
+ends ``budget``.
 """
 
 from __future__ import annotations
@@ -29,12 +36,13 @@ from runtime.compaction import (
     estimate_text,
     run_processors,
 )
-from runtime.errors import ActorFailed, AxonError, describe_exception
+from runtime.errors import ActorFailed, AxonError, BudgetExceeded, describe_exception
 from runtime.history import repair
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
 from runtime.messages import Message, UserMessage
+from runtime.pricing import priced
 from runtime.redact import redact
 
 _log = get_logger("axon.compaction")
@@ -50,6 +58,10 @@ class Compacted:
     """Summaries to store in the history (before the turn's user message), in order."""
     usage: Usage = attrs.field(factory=Usage)
     """The summary calls' usage, for the turn's."""
+    over: str | None = None
+    """The budget a summary call ran out of (it was cut at the turn's output tokens
+    left), or a processor raised :class:`BudgetExceeded` for: the turn ends with it,
+    after counting :attr:`usage`; ``messages`` are then the ones given."""
 
 
 async def compact(
@@ -62,10 +74,13 @@ async def compact(
     step: int,
     instructions: str | None,
     tools: tuple[Any, ...],
+    left: int | None = None,
 ) -> Compacted:
     """``messages`` (repaired) through ``processors``; repaired again after them, so a
     processor of the application's that cuts between a call and its result still sends
-    a valid history (the call gets an ``interrupted`` result, an orphan result goes)."""
+    a valid history (the call gets an ``interrupted`` result, an orphan result goes).
+    ``left``: the turn's output tokens left (``None``: no output budget), which the
+    summary calls share."""
     spent: list[Usage] = []
 
     async def count(sent: Sequence[Message]) -> int:
@@ -86,7 +101,10 @@ async def compact(
         return context.estimate(sent)
 
     async def summarize(how: str, text: str, settings: Mapping[str, Any]) -> str:
-        answer, usage = await ask(
+        cap = None if left is None else max(left - sum(u.output_tokens for u in spent), 0)
+        if cap == 0:  # no call may write nothing
+            raise BudgetExceeded("max_output_tokens")
+        answer, usage, finish = await ask(
             provider,
             session_id=session_id,
             turn_id=turn_id,
@@ -94,8 +112,11 @@ async def compact(
             instructions=how,
             text=text,
             settings=dict(settings),
+            cap=cap,
         )
         spent.append(usage)
+        if finish == "length" and cap is not None and usage.output_tokens >= cap:
+            raise BudgetExceeded("max_output_tokens")  # cut by the budget: half a summary
         return answer
 
     context = CompactionContext(
@@ -107,8 +128,13 @@ async def compact(
         counter=count,
         summarizer=summarize,
     )
-    out = await run_processors(processors, messages, context)
     usage = Usage()
+    try:
+        out = await run_processors(processors, messages, context)
+    except BudgetExceeded as exc:
+        for u in spent:
+            usage = usage + u
+        return Compacted(messages=messages, usage=usage, over=exc.budget)
     for u in spent:
         usage = usage + u
     return Compacted(messages=tuple(repair(out)), stored=tuple(context.stored), usage=usage)
@@ -123,9 +149,12 @@ async def ask(
     instructions: str,
     text: str,
     settings: dict[str, Any],
-) -> tuple[str, Usage]:
-    """One model call on ``provider`` with ``text`` as the user message and no tools:
-    its answer text and usage. Reasoning the provider streams is not kept."""
+    cap: int | None = None,
+) -> tuple[str, Usage, str]:
+    """One model call on ``provider`` with ``text`` as the user message and no tools,
+    sent ``cap`` as its output cap: its answer text, usage (priced; with ``cap``, the
+    answer's UTF-8 bytes, at most ``cap``, when the server reported no output tokens)
+    and finish reason. Reasoning the provider streams is not kept."""
     reply: Inbox[Batch[Any]] = Inbox(32, "block", name="summary")
     request = InferRequest(
         request_id=new_id("req"),
@@ -138,6 +167,7 @@ async def ask(
         reply=reply,
         cancel_scope=trio.CancelScope(),
         settings=settings,
+        max_output_tokens=cap,
     )
     limiter = limiter_of(provider)  # a summary call counts toward the rate limit too
     grant = await acquire(limiter, lambda: estimate_text(instructions) + estimate_text(text))
@@ -160,7 +190,15 @@ async def ask(
                 elif type(chunk) is StreamFailed:
                     raise chunk.error
                 elif type(chunk) is FinishChunk:
-                    return "".join(pieces), usage
+                    answer = "".join(pieces)
+                    if cap is not None and not usage.output_tokens and answer:
+                        guess = min(len(answer.encode("utf-8", "surrogatepass")), cap)
+                        usage = attrs.evolve(
+                            usage, output_tokens=guess, total_tokens=usage.total_tokens + guess
+                        )
+                    price_key = getattr(provider, "price_key", None)
+                    usage = await priced(usage, price_key() if price_key else None)
+                    return answer, usage, chunk.reason
     finally:
         request.cancel_scope.cancel()
         await release(limiter, grant, usage)

@@ -11,8 +11,10 @@ has one (after a ``reset-step`` if the failed call had streamed output). Mixed i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import attrs
 import trio
 
 from actors.turn.compaction import compact
@@ -38,10 +40,11 @@ from runtime.chunks import (
     ToolCallChunk,
     ToolInputDeltaChunk,
     ToolInputStartChunk,
+    Usage,
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import ProviderError, RateLimited, exception_text
+from runtime.errors import BudgetExceeded, ProviderError, RateLimited, exception_text
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -107,10 +110,12 @@ class Inferring:
             result = Step()
             try:
                 await self._call_once(turn, result)
+                result.usage = counted(result, turn.parts.written, mark, self._log)
                 price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
+                result.usage = counted(result, turn.parts.written, mark, self._log)
                 if result.usage.total_tokens:  # a failed call billed what it read and wrote
                     price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                     spent = await priced(result.usage, price_key() if price_key else None)
@@ -246,6 +251,9 @@ class Inferring:
         provider = self._provider_at(turn.provider)
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
+        result.cap = turn.limits.output_left(turn.usage)
+        if result.cap == 0:  # the summary calls wrote what was left: no call may write 0
+            raise BudgetExceeded("max_output_tokens")
         limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
         grant = await acquire(
             limiter,
@@ -268,7 +276,7 @@ class Inferring:
             settings=agent.settings,
             output=agent.output_schema,
             # what the turn may still write: the provider's own cap on the call's output
-            max_output_tokens=agent.budget.output_left(turn.usage),
+            max_output_tokens=result.cap,
             text_runs=True,  # the engine and this runner take a read's deltas as one item
         )
         await self._ask(provider, request)
@@ -380,7 +388,11 @@ class Inferring:
             step=turn.step,
             instructions=instructions,
             tools=tools,
+            left=turn.limits.output_left(turn.usage),
         )
+        turn.usage = turn.usage + done.usage
+        if done.over is not None:  # a summary cut by the turn's budget: not used
+            raise BudgetExceeded(done.over)
         history = self.state.messages
         for stored in done.stored:
             at = (
@@ -390,7 +402,6 @@ class Inferring:
             )
             history.insert(at, stored.message)
             turn.a_index += 1
-        turn.usage = turn.usage + done.usage
         if done.stored:
             self._publish_history()
             last = done.stored[-1]
@@ -406,6 +417,27 @@ class Inferring:
                 )
             )
         return done.messages
+
+
+def counted(step: Step, written: Callable[[int], int], mark: int, log: Any) -> Usage:
+    """The usage a call of ``step`` counts toward the turn's: the reported one, or, when
+    the call was sent a cap by the turn's output budget (:attr:`Step.cap`) and its
+    server reported no output tokens while it wrote some (a compatible server that
+    ignores ``stream_options.include_usage``, one that reports zeros, a stream cut
+    before its usage), an estimate: the UTF-8 bytes it wrote from part ``mark`` on
+    (``written``, :meth:`~actors.turn.parts.PartsManager.written`: no fewer than its
+    tokens), at most that cap (what the server was told it may write). Counting
+    nothing gave the next call the whole budget again, each call writing up to all of
+    it; counting the whole cap ended a turn with tools after its first call."""
+    usage, cap = step.usage, step.cap
+    if cap is None or usage.output_tokens:
+        return usage
+    n = written(mark)
+    if not n:
+        return usage
+    guess = min(n, cap)
+    log.warning("usage.estimated", output_tokens=guess, bytes=n, cap=cap)
+    return attrs.evolve(usage, output_tokens=guess, total_tokens=usage.total_tokens + guess)
 
 
 def _past_deadline(wait: float) -> float | None:

@@ -253,6 +253,24 @@ class PartsManager:
         self._refusal = False
         self._signature = self._redacted = self._provider = None
 
+    def written(self, mark: int) -> int:
+        """The UTF-8 bytes of what the model wrote from part ``mark`` on, the open part's
+        too: text, reasoning, each call's tool name and input as JSON. A call whose
+        server reports no usage is counted by it (:func:`actors.turn.inference.counted`):
+        every token of a byte-level tokenizer (BPE, SentencePiece's byte fallback) stands
+        for one byte or more, so what a call showed is no more tokens than bytes."""
+        n = sum(len(p.encode("utf-8", "surrogatepass")) for p in self._pieces)
+        for part in self.content[mark:]:
+            if isinstance(part, TextPart | ReasoningPart):
+                n += len(part.text.encode("utf-8", "surrogatepass"))
+            elif isinstance(part, ToolCallPart):
+                n += len(part.tool_name.encode("utf-8", "surrogatepass"))
+                try:
+                    n += len(orjson.dumps(part.input))
+                except TypeError:  # not JSON as orjson takes it (a key not a string)
+                    n += len(json.dumps(part.input, default=str, ensure_ascii=False).encode())
+        return n
+
     def _open(self, kind: str, out: list[Any]) -> None:
         self.close(out)
         self._kind = kind

@@ -608,6 +608,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:
             self._continue(turn, committed)
+        # this run's output bound (a sub-turn's: its caller's left), beyond what it wrote
+        turn.limits = agent.budget.bounded(run.max_output_tokens, turn.usage)
         return turn, committed, superseded
 
     async def _announce_start(
@@ -685,7 +687,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     async def _steps(self, turn: Turn) -> None:
         """The step loop: budget check, model call, tools, step boundary; until a step
         finishes without tool calls (or suspends, waiting for input)."""
-        budget = self.agent.budget
+        budget = turn.limits
         while True:
             budget.check_step(turn.step)
             if budget.output_left(turn.usage) == 0:  # no call may write nothing
@@ -752,7 +754,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             if oc.usage is not None:  # an agent used as a tool spent tokens
                 turn.usage = turn.usage + oc.usage
             self._add_result(turn, oc, step)
-        budget = self.agent.budget
+        budget = turn.limits
         over = over or budget.tokens_exceeded(turn.usage)
         over = over or budget.output_spent(turn.usage, more=True, cut=False)
         await self._hold(turn, step)

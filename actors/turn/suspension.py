@@ -446,7 +446,7 @@ class Suspending:
             if part.tool_call_id not in turn.held:
                 self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
-        budget = self.agent.budget  # (the continuation makes a call: 0 left is spent)
+        budget = turn.limits  # (the continuation makes a call: 0 left is spent)
         over = budget.tokens_exceeded(turn.usage)
         over = over or budget.output_spent(turn.usage, more=True, cut=False)
         if turn.held:  # its sub-agent asked again: the call waits for the next approval
@@ -524,7 +524,7 @@ class Suspending:
         decision ``decided=False``, which ends its sub-turn (``ToolContext.decision``)."""
         awaited = parts[0].awaiting
         assert awaited is not None
-        budget, sid = self.agent.budget, self.state.session_id
+        budget, sid = turn.limits, self.state.session_id
         tools = {t.name: t for t in await self._tools(turn)}
         by_step: dict[int, list[ToolCallPart]] = {}
         for part in parts:
@@ -561,6 +561,7 @@ class Suspending:
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 max_parallel=budget.max_parallel_tool_calls,
+                output_left=budget.output_left(turn.usage),  # a sub-agent's bound
                 reply=self.tool_inbox,
                 cancel_scope=trio.CancelScope(),
                 host=self.host,

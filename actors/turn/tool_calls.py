@@ -62,7 +62,7 @@ class ToolCalling:
     async def _run_tools(self, turn: Turn, result: Step, *, refuse: str | None) -> str | None:
         """Run (or refuse) the step's calls, streaming each outcome as it completes into
         ``turn.outcomes``. Returns the name of a budget the calls ran into, if any."""
-        agent, budget, sid = self.agent, self.agent.budget, self.state.session_id
+        agent, budget, sid = self.agent, turn.limits, self.state.session_id
         step, ctrl = turn.step, turn.ctrl
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
@@ -137,7 +137,7 @@ class ToolCalling:
     ) -> None:
         """Run ``runnable`` on the tool executor, streaming each outcome as it completes
         into ``turn.outcomes``."""
-        budget, sid, ctrl = self.agent.budget, self.state.session_id, turn.ctrl
+        budget, sid, ctrl = turn.limits, self.state.session_id, turn.ctrl
         if runnable:
             if turn.confirm is not None:  # a worker's: is the turn still its own?
                 await turn.confirm()  # (cancels the turn when it is not)
@@ -158,6 +158,7 @@ class ToolCalling:
                 depth=agent_depth(turn.meta),
                 may_wait=True,
                 confirm=turn.confirm,
+                output_left=budget.output_left(turn.usage),  # a sub-agent's bound
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}

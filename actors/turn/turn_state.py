@@ -15,6 +15,7 @@ import attrs
 from actors.turn.parts import PartsManager
 from actors.turn.structured import StructuredTurn
 from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
+from runtime.budget import Budget
 from runtime.chunks import ToolCallChunk, Usage
 from runtime.errors import AxonError, ContextTooLong, exception_message
 from runtime.ids import new_id
@@ -32,6 +33,12 @@ class Step:
     usage: Usage = attrs.field(factory=Usage)
     calls: list[ToolCallChunk] = attrs.field(factory=list)
     produced: bool = False
+    cap: int | None = None
+    """The output tokens the call was sent as the turn's left (``None``: no budget)."""
+
+
+_NO_LIMITS = Budget()
+"""A :class:`Turn`'s budget until the runner sets its own (frozen: one for all)."""
 
 
 @attrs.define(slots=True, eq=False)
@@ -61,6 +68,10 @@ class Turn:
     outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
     """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
     usage: Usage = attrs.field(factory=Usage)
+    limits: Budget = _NO_LIMITS
+    """The budget the turn runs under: the agent's, its output tokens bounded for this
+    run by :attr:`RunTurn.max_output_tokens <runtime.actor_messages.RunTurn.
+    max_output_tokens>` (an agent tool's sub-turn: what its caller has left)."""
     step: int = 0
     step_open: bool = False
     ended: bool = False

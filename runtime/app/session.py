@@ -57,6 +57,7 @@ from runtime.errors import (
     ActorFailed,
     CallerWaits,
     ClosedWhileWaiting,
+    ConfigurationError,
     HostClosed,
     InputHeld,
     InvalidMeta,
@@ -187,6 +188,16 @@ def _as_record(session_id: str, decided: Recorded) -> SessionRecord:
     return SessionRecord(session_id=session_id, messages=decided.messages, version=decided.version)
 
 
+def _check_bound(value: int | None) -> int | None:
+    """A turn's ``max_output_tokens``: ``None`` or an int of 0 or more, else
+    :class:`~runtime.errors.ConfigurationError` (a string reached every call's cap)."""
+    if value is not None and (type(value) is not int or value < 0):
+        raise ConfigurationError(
+            f"max_output_tokens must be None or an int of 0 or more, not {value!r}"
+        )
+    return value
+
+
 def _check_id(value: str | None, what: str) -> str | None:
     """``value`` unchanged if ``None`` or a valid id (the session ids' alphabet: ids end
     up in log lines, SQL parameters and URLs), else :class:`InvalidTurnId`."""
@@ -265,6 +276,7 @@ class TurnStream:
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
         follow: bool = False,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.session = session
         self.follow = follow
@@ -292,6 +304,8 @@ class TurnStream:
         """Tools offered for this turn only (``RunTurn.tools``)."""
         self.instructions = instructions
         """Instructions added for this turn only (``RunTurn.instructions``)."""
+        self.max_output_tokens = _check_bound(max_output_tokens)
+        """The output tokens this run may write at most (``RunTurn.max_output_tokens``)."""
         self.stored: SessionRecord | None = None
         """The session as just read from the store (``RunTurn.stored``): for a
         continuation, or a turn whose session was loaded for it."""
@@ -473,6 +487,7 @@ class TurnStream:
                     tools=self.tools,
                     instructions=self.instructions,
                     stored=self.stored,
+                    max_output_tokens=self.max_output_tokens,
                 )
             )
         except BaseException:
@@ -957,9 +972,16 @@ class ResumeStream(TurnStream):
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
         decided: Recorded | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         super().__init__(
-            session, "", turn_id=None, resume=False, tools=tools, instructions=instructions
+            session,
+            "",
+            turn_id=None,
+            resume=False,
+            tools=tools,
+            instructions=instructions,
+            max_output_tokens=max_output_tokens,
         )
         self._decided = decided
 
@@ -1301,6 +1323,7 @@ class Session:
         regenerates: str | None = None,
         follow: bool = False,
         stored: SessionRecord | None = None,
+        max_output_tokens: int | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -1346,6 +1369,12 @@ class Session:
         :meth:`take_loaded` gives right after the host opened it), which the turn starts
         from instead of asking the store again (a ``resume`` turn loads the session
         first otherwise). Only for a record read just now: a newer save is not looked for.
+
+        ``max_output_tokens``: the output tokens this turn may write at most, over all its
+        calls, under the agent's own ``Budget.max_output_tokens`` (the smaller holds, and
+        is each call's cap as the budget is): an agent used as a tool runs its sub-turn
+        under what its calling turn has left (:attr:`ToolContext.output_left`). An int of
+        0 or more; ``None``: the agent's budget alone.
         """
         self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
@@ -1364,6 +1393,7 @@ class Session:
             tools=tools,
             instructions=instructions,
             follow=follow,
+            max_output_tokens=max_output_tokens,
         )
         if stored is not None:
             stream.stored = stored
@@ -1595,6 +1625,7 @@ class Session:
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
         decided: Recorded | None = None,
+        max_output_tokens: int | None = None,
     ) -> TurnStream:
         """The continuation of the turn that waited, once every call it waits for is
         decided: ``async with session.resume() as out``. Approved calls run (once),
@@ -1609,8 +1640,16 @@ class Session:
         and the web app's continuation request): the continuation starts from what that
         decision stored, without asking the store for the version, while it is still
         the session's latest decision (:meth:`take_decided` says why that is safe only
-        then). Leave it out where the decision and the continuation are apart."""
-        return ResumeStream(self, tools=tools, instructions=instructions, decided=decided)
+        then). Leave it out where the decision and the continuation are apart.
+        ``max_output_tokens``: :meth:`stream`'s, what the continuation may write beyond
+        the turn's committed steps."""
+        return ResumeStream(
+            self,
+            tools=tools,
+            instructions=instructions,
+            decided=decided,
+            max_output_tokens=max_output_tokens,
+        )
 
     async def respond(
         self,
