@@ -135,10 +135,14 @@ class _Refusals:
     ended in between (the client's ``DELETE`` right after) had it start a 500 on the
     finished response, which the server raised out of the app as a second traceback
     ("Error in ASGI Framework"), as it did the ``ClosedResourceError`` it raises next
-    (:meth:`MCPEndpoint.__call__` lets that one end there)."""
+    (:meth:`MCPEndpoint.__call__` lets that one end there).
+
+    A response it started and returned without ending (:attr:`started`, not
+    :attr:`finished`) is ended by :meth:`MCPEndpoint.__call__`."""
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.started = False
         self.finished = False
         self.held: Any = None
 
@@ -146,6 +150,8 @@ class _Refusals:
         send = self.send
         if self.finished:
             return
+        if message["type"] == "http.response.start":
+            self.started = True
         if message["type"] == "http.response.body" and not message.get("more_body"):
             self.finished = True  # (the response is whole: nothing follows it)
         if message["type"] == "http.response.start" and message["status"] == 413:
@@ -175,6 +181,9 @@ GET_STREAM_ID = "_GET_stream"
 same table as its requests' response streams, by ``str`` of their JSON-RPC ids
 (``mcp.server.streamable_http.GET_STREAM_KEY``; ``_handle_post_request``:
 ``request_id = str(message.id)``, ``self._request_streams[request_id] = ...``)."""
+
+
+END_OF_BODY: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 def _request_key(session_id: str | None, raw: bytes) -> tuple[str, str, Any] | None:
@@ -349,6 +358,16 @@ class MCPEndpoint:
             with streams_bounded(scope):  # its event streams are the transport's own
                 try:
                     await self.manager.handle_request(scope, receive, sending)
+                    if sending.started and not sending.finished:
+                        # A call's POST racing its session's DELETE: the transport
+                        # started the call's event stream, then found the session
+                        # closed at handing it the call (``ClosedResourceError`` at
+                        # ``writer.send`` in ``_handle_post_request``, which it logs
+                        # as "SSE response error" and returns from), and left the
+                        # response open: Hypercorn cut the connection, and the
+                        # client read a broken response (7 in 50 such races). Ended
+                        # here as the stream of a session that ended.
+                        await sending(END_OF_BODY)
                 except anyio.ClosedResourceError:
                     if not sending.finished:
                         raise  # (_Refusals: after its answer, the session it was for ended)
