@@ -36,6 +36,7 @@ import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.errors import StopTest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.memory import MemoryStore
@@ -44,6 +45,7 @@ from runtime.actor_messages import InferRequest
 from runtime.messages import ToolMessage, UserMessage
 from tests.test_body_fuzz import (
     STORES,
+    Call,
     Rig,
     _respond,
     a2a_new,
@@ -64,6 +66,7 @@ from tests.test_body_fuzz import (
     ui_new,
     ui_valid,
 )
+from tests.test_mcp_session_ends import left
 from tests.web.harness import web_server
 
 GATE: dict[str, trio.Event] = {}
@@ -490,6 +493,17 @@ HEADER_FAMILIES: dict[str, tuple[Callable[[Rig], Any], Callable[[Rig], None], st
 }
 
 
+def headers_sent(rig: BusyRig, seed: Callable[[Rig], Call], shape: str) -> None:
+    """One header example: ``seed``'s request with its headers drawn (from ``rig.data``)
+    and mutated, sent and its answer checked; the seed's cleanup runs however it ends."""
+    with seed(rig) as call:
+        headers = rig.data.draw(header_mutations(call.headers), label="headers")
+        body = json.dumps(call.body).encode()
+        call.response = rig.raw((call.method, call.path, body, headers))
+        if not refused_by_the_server(call.response, headers):
+            rig.check(shape, call.response, body + repr(headers).encode())
+
+
 @pytest.mark.parametrize("family", list(HEADER_FAMILIES))
 async def test_request_headers(family, tmp_path):
     seed, valid, shape = HEADER_FAMILIES[family]
@@ -505,17 +519,7 @@ async def test_request_headers(family, tmp_path):
             nonlocal ran
             ran += 1
             rig.data = data
-            call = seed(rig)
-            headers = data.draw(header_mutations(call.headers), label="headers")
-            body = json.dumps(call.body).encode()
-            response = None
-            try:
-                response = rig.raw((call.method, call.path, body, headers))
-                if not refused_by_the_server(response, headers):
-                    rig.check(shape, response, body + repr(headers).encode())
-            finally:
-                if call.cleanup is not None:
-                    call.cleanup(response)
+            headers_sent(rig, seed, shape)
             rig.settled()
             valid(rig)
             rig.settled()
@@ -532,3 +536,27 @@ async def test_request_headers(family, tmp_path):
 
         await trio.to_thread.run_sync(run)
     print(f"\nheader fuzz {family}: {ran} examples")
+
+
+class _CutShort:
+    """A hypothesis ``data`` whose draws end the example, as hypothesis does at a draw past
+    an example's data (``StopTest``; common while it shrinks)."""
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        raise StopTest(0)
+
+
+async def test_a_header_example_cut_short_at_its_draw_still_closes_its_mcp_session():
+    # Its seed opened the session before the draw: the example drew before its `try`,
+    # and a cut-short draw left the session and the SDK's two tasks for it (branch
+    # mcpreap: the session the large header run found "left after a DELETE").
+    async with web_server(busy_agent(), protocols=("ai-sdk", "mcp")) as server:
+        rig = BusyRig(server, "headers-mcp")
+        rig.data = _CutShort()
+
+        def run() -> None:
+            with rig.http, rig.pool, pytest.raises(StopTest):
+                headers_sent(rig, mcp_tool, "mcp")
+
+        await trio.to_thread.run_sync(run)
+        assert await left(server) == (0, {})

@@ -155,15 +155,10 @@ async def test_bodies_on_the_worker_front_end(pg_url, redis_url):
                 ran += 1
                 rig.data = data
                 seed = data.draw(st.sampled_from(list(SEEDS)), label="seed")
-                call = seed(rig)
-                body = data.draw(mutated(call.body, rig.ids), label="body")
-                response = None
-                try:
-                    response = rig.send(call.method, call.path, body, call.headers)
-                    rig.check(SEEDS[seed], response, body)
-                finally:
-                    if call.cleanup is not None:
-                        call.cleanup(response)
+                with seed(rig) as call:
+                    body = data.draw(mutated(call.body, rig.ids), label="body")
+                    call.response = rig.send(call.method, call.path, body, call.headers)
+                    rig.check(SEEDS[seed], call.response, body)
                 rig.settled()
                 ui_valid(rig)
                 rig.settled()

@@ -135,10 +135,14 @@ class _Refusals:
     ended in between (the client's ``DELETE`` right after) had it start a 500 on the
     finished response, which the server raised out of the app as a second traceback
     ("Error in ASGI Framework"), as it did the ``ClosedResourceError`` it raises next
-    (:meth:`MCPEndpoint.__call__` lets that one end there)."""
+    (:meth:`MCPEndpoint.__call__` lets that one end there).
+
+    A response it started and returned without ending (:attr:`started`, not
+    :attr:`finished`) is ended by :meth:`MCPEndpoint.__call__`."""
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.started = False
         self.finished = False
         self.held: Any = None
 
@@ -146,6 +150,8 @@ class _Refusals:
         send = self.send
         if self.finished:
             return
+        if message["type"] == "http.response.start":
+            self.started = True
         if message["type"] == "http.response.body" and not message.get("more_body"):
             self.finished = True  # (the response is whole: nothing follows it)
         if message["type"] == "http.response.start" and message["status"] == 413:
@@ -170,13 +176,26 @@ class _Refusals:
             await send(message)
 
 
-def _request_key(session_id: str | None, raw: bytes) -> tuple[str, bytes] | None:
-    """A POSTed JSON-RPC request's session id and id (as JSON, so ``7`` and ``"7"``
-    differ); ``None`` for anything else (a notification, a response, a request outside a
-    session, a body the transport refuses). The transport keeps one response stream per
-    id in a session: a second request with the id of one in flight took it over, and the
-    first was never answered (its turn ran; its POST waited for as long as the client
-    kept the connection)."""
+GET_STREAM_ID = "_GET_stream"
+"""The key the ``mcp`` package's transport files a session's GET stream under, in the
+same table as its requests' response streams, by ``str`` of their JSON-RPC ids
+(``mcp.server.streamable_http.GET_STREAM_KEY``; ``_handle_post_request``:
+``request_id = str(message.id)``, ``self._request_streams[request_id] = ...``)."""
+
+
+END_OF_BODY: Message = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def _request_key(session_id: str | None, raw: bytes) -> tuple[str, str, Any] | None:
+    """A POSTed JSON-RPC request's session id, the key the transport files its response
+    stream under (``str`` of its id: ``7`` and ``"7"`` are one, as there) and its id;
+    ``None`` for anything else (a notification, a response, a request outside a session,
+    a body the transport refuses). The transport keeps one response stream per key in a
+    session: a second request with the key of one in flight took it over, and the first
+    was never answered (its turn ran; its POST waited for as long as the client kept the
+    connection), nor did it end with the session (branch ``mcpreap``: ``7`` then ``"7"``
+    had the second answered with the first's result, the first POST's tasks left after
+    the ``DELETE``)."""
     if not session_id:
         return None
     try:
@@ -186,23 +205,41 @@ def _request_key(session_id: str | None, raw: bytes) -> tuple[str, bytes] | None
     if not isinstance(message, dict) or "method" not in message:
         return None
     request_id = message.get("id")
-    if request_id is None or isinstance(request_id, (dict, list, bool)):
-        return None
-    return session_id, orjson.dumps(request_id)
+    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+        return None  # (no id: a notification; any other: not a request to the transport)
+    return session_id, str(request_id), request_id
 
 
-def _id_in_use(request_id: bytes) -> Response:
+def _id_in_use(request_id: Any) -> Response:
     """409 for a request whose id a request of its session in flight has."""
+    shown = orjson.dumps(request_id).decode()
     body = {
         "jsonrpc": "2.0",
-        "id": orjson.loads(request_id),
+        "id": request_id,
         "error": {
             "code": -32600,
-            "message": f"request id {request_id.decode()} is in use by a request of this "
+            "message": f"request id {shown} is in use by a request of this "
             "session still being answered: ids must be unique among a session's requests",
         },
     }
     return Response(orjson.dumps(body), status_code=409, media_type="application/json")
+
+
+def _id_reserved(request_id: str) -> Response:
+    """400 for a request with the id the transport keeps its session's GET stream under
+    (:data:`GET_STREAM_ID`): its response stream took the GET stream's place, whose
+    request then outlived the session's ``DELETE`` for as long as the client kept it, and
+    the server's messages for the GET stream went to the request's."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "error": {
+            "code": -32600,
+            "message": f"request id {orjson.dumps(request_id).decode()} is reserved by this "
+            "server: use another",
+        },
+    }
+    return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
 
 CANCELLED = "the MCP client cancelled the call"
@@ -262,8 +299,8 @@ class MCPEndpoint:
         )
         self.token = token.encode() if token else None
         self.started = False
-        self.in_flight: set[tuple[str, bytes]] = set()
-        """The requests being answered, by session id and JSON-RPC id
+        self.in_flight: set[tuple[str, str]] = set()
+        """The requests being answered, by session id and the key of their JSON-RPC id
         (:func:`_request_key`): one more with the same pair is refused."""
 
     @asynccontextmanager
@@ -304,10 +341,16 @@ class MCPEndpoint:
                 refusal = jsonrpc_error(exc.status, message, headers=exc.headers)
                 await refusal(scope, receive, send)
                 return
-            in_flight = _request_key(_header(scope, b"mcp-session-id"), raw)
-            if in_flight is not None and in_flight in self.in_flight:
-                await _id_in_use(in_flight[1])(scope, receive, send)
-                return
+            request = _request_key(_header(scope, b"mcp-session-id"), raw)
+            if request is not None:
+                session_id, key, request_id = request
+                if key == GET_STREAM_ID:
+                    await _id_reserved(request_id)(scope, receive, send)
+                    return
+                in_flight = (session_id, key)
+                if in_flight in self.in_flight:
+                    await _id_in_use(request_id)(scope, receive, send)
+                    return
         if in_flight is not None:
             self.in_flight.add(in_flight)
         try:
@@ -315,6 +358,16 @@ class MCPEndpoint:
             with streams_bounded(scope):  # its event streams are the transport's own
                 try:
                     await self.manager.handle_request(scope, receive, sending)
+                    if sending.started and not sending.finished:
+                        # A call's POST racing its session's DELETE: the transport
+                        # started the call's event stream, then found the session
+                        # closed at handing it the call (``ClosedResourceError`` at
+                        # ``writer.send`` in ``_handle_post_request``, which it logs
+                        # as "SSE response error" and returns from), and left the
+                        # response open: Hypercorn cut the connection, and the
+                        # client read a broken response (7 in 50 such races). Ended
+                        # here as the stream of a session that ended.
+                        await sending(END_OF_BODY)
                 except anyio.ClosedResourceError:
                     if not sending.finished:
                         raise  # (_Refusals: after its answer, the session it was for ended)
