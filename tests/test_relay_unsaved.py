@@ -78,10 +78,16 @@ async def two_front_ends(url: str, store: Any) -> AsyncIterator[tuple[Any, Any]]
 
 
 async def live_and_resumed(
-    store: GatedStore, url: str, headers: dict[str, str] | None = None, *, on_a: bool = False
+    store: GatedStore,
+    url: str,
+    headers: dict[str, str] | None = None,
+    *,
+    on_a: bool = False,
+    stop: bool = False,
 ) -> tuple[list[Any], list[Any]]:
     """The turn's live stream (POST on A) and its resume (GET on B, or on A), the
-    resume begun while the turn's save waits."""
+    resume begun while the turn's save waits; with ``stop``, the turn stopped from B
+    then (over the relay's cancel channel)."""
     live: list[Any] = []
     async with two_front_ends(url, store) as (a, b):
         viewer = a if on_a else b
@@ -98,11 +104,23 @@ async def live_and_resumed(
                         "GET", f"{viewer.url}/api/chat/s1/stream", headers=headers or {}
                     ) as response:
                         if response.status_code == 200:
+                            if stop:
+                                r = await client.post(f"{b.url}/api/chat/s1/stop", json={})
+                                assert r.status_code == 202
+                                await cancelled(a.host.sessions["s1"].current)
                             store.gate.set()
                             raw = (await response.aread()).decode()
                             break
                     await trio.sleep(0.02)
     return live, [d for _, d in sse_events(raw)]
+
+
+async def cancelled(turn: Any) -> None:
+    """Wait until the turn's stop (over the relay's cancel channel) has reached it."""
+    while True:
+        if turn.cancel_reason is not None:
+            return
+        await trio.sleep(0.01)
 
 
 def end(events: list[Any]) -> Any:
@@ -141,6 +159,16 @@ async def test_a_resumed_stream_of_a_save_not_confirmed_in_time_says_it_may_not_
     monkeypatch.setattr(saving_module, "SAVE_TIMEOUT", 0.3)
     live, resumed = await live_and_resumed(GatedStore(hang=True), redis_url)
     told = {"type": "error", "errorText": f"{NOT_SAVED}: {NOT_CONFIRMED_MESSAGE}"}
+    assert end(live) == end(resumed) == told
+
+
+async def test_a_turn_stopped_from_another_front_end_while_its_save_fails_resumes_not_saved(
+    redis_url: str,
+):
+    # The stop reaches the turn in its save (shielded): it ends unsaved, not stopped,
+    # and both streams say so.
+    live, resumed = await live_and_resumed(GatedStore(), redis_url, stop=True)
+    told = {"type": "error", "errorText": f"{NOT_SAVED}: {NOT_SAVED_MESSAGE}"}
     assert end(live) == end(resumed) == told
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
@@ -103,9 +104,13 @@ async def stored(store: MemoryStore) -> list[tuple[str, str]]:
     ]
 
 
-async def test_a_turn_queued_behind_an_unsaved_one_does_not_save_it_when_the_store_is_back():
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt"])
+async def test_a_turn_queued_behind_an_unsaved_one_does_not_save_it_when_the_store_is_back(
+    on_busy: str,
+):
     # The store is down for the first turn and back by the time the queued one calls
-    # its model: the first turn's client was told not_saved, and it stays so.
+    # its model: the first turn's client was told not_saved, and it stays so. Under
+    # ``interrupt`` the new message cuts the first turn in its save (shielded): the same.
     requests, respond = seen_by_model()
     store = RefusingStore(down=True)
     store.refusing = False  # (whatever it holds, once it is back)
@@ -116,7 +121,7 @@ async def test_a_turn_queued_behind_an_unsaved_one_does_not_save_it_when_the_sto
         return answer
 
     agent = Agent(
-        name="a", provider=ScriptedProvider(responder=back_for_the_second), on_busy="enqueue"
+        name="a", provider=ScriptedProvider(responder=back_for_the_second), on_busy=on_busy
     )
     async with web_server(agent, store=store) as server:
         out = await two_posts(server, store, first="first")
