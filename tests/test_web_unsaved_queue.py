@@ -38,6 +38,13 @@ class RefusingStore(MemoryStore):
         self.gate = trio.Event()
         self.refusing = True
         self.down = down
+        self.unreadable = False
+        """Loads fail too (not with a store's error: a plug-in's own exception)."""
+
+    async def load(self, session_id):  # type: ignore[no-untyped-def]
+        if self.unreadable:
+            raise RuntimeError("cannot read either")
+        return await super().load(session_id)
 
     async def save(self, session_id, start, messages, meta=None, **kwargs):  # type: ignore[no-untyped-def]
         await self.gate.wait()
@@ -129,6 +136,29 @@ async def test_a_turn_queued_behind_an_unsaved_one_does_not_save_it_when_the_sto
     assert ends(out["second"])["type"] == "finish"
     assert await stored(store) == [("user", "second"), ("assistant", "answer 2")]
     assert requests[1] == [("user", "second")]  # the model never saw the unsaved turn
+
+
+async def test_a_queued_turn_runs_without_the_unsaved_one_when_the_store_cannot_be_read():
+    # The reload after the refused save fails too: the history is cut before the
+    # unsaved turn all the same, the queued turn runs and saves from there.
+    requests, respond = seen_by_model()
+    store = RefusingStore(down=True)
+    store.refusing = False
+
+    def unreadable_for_the_first(request: Any) -> list[str]:
+        answer = respond(request)
+        store.down = store.unreadable = len(requests) < 2
+        return answer
+
+    agent = Agent(
+        name="a", provider=ScriptedProvider(responder=unreadable_for_the_first), on_busy="enqueue"
+    )
+    async with web_server(agent, store=store) as server:
+        out = await two_posts(server, store, first="first")
+    assert ends(out["first"]) == TOLD
+    assert ends(out["second"])["type"] == "finish"
+    assert await stored(store) == [("user", "second"), ("assistant", "answer 2")]
+    assert requests[1] == [("user", "second")]
 
 
 async def test_a_turn_the_store_refuses_does_not_fail_the_turn_queued_behind_it():

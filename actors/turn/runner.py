@@ -954,11 +954,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 item.stored.set()
             turn.unsaved_steers.clear()
             result = self._result(turn, saved)
-            if turn.refused and self.host.forgets_unsaved:
-                # Before the hand-over, which lets a turn queued behind this one start:
-                # it must start from what the store holds, not carry this turn on.
-                await self._discard_unsaved(turn)
-            await self._hand_over(run, turn, TurnDone(result=result))
+            try:
+                if turn.refused and self.host.forgets_unsaved:
+                    # Before the hand-over, which lets a turn queued behind this one
+                    # start: it must start from what the store holds, not carry this on.
+                    await self._discard_unsaved(turn)
+            finally:
+                await self._hand_over(run, turn, TurnDone(result=result))
         if turn.deleted:
             self._forget_deleted(turn.meta)
 

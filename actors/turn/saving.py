@@ -351,7 +351,7 @@ class Saving:
         with trio.move_on_after(SAVE_TIMEOUT, shield=True):
             try:
                 record = None if store is None else await store.load(state.session_id)
-            except StoreError as exc:
+            except Exception as exc:  # (any store's failure: the history stays cut)
                 self._log.warning(
                     "session.reload-failed",
                     session_id=state.session_id,
