@@ -120,6 +120,13 @@ class TurnHost(ToolHost, Protocol):
         workers of one deployment): taking in their turns is then no warning."""
 
     @property
+    def forgets_unsaved(self) -> bool:
+        """Whether a turn whose final save the store refused is dropped from the
+        session's history once it is over (``serve``: its client was told it was not
+        saved), so the session's next turn, one queued behind it too, starts from what
+        the store holds; otherwise it stays in memory and the next save writes it."""
+
+    @property
     def clock(self) -> Callable[[], float]:
         """The wall clock (seconds since the epoch) approval deadlines are set by."""
 

@@ -386,3 +386,18 @@ async def test_a_last_step_save_refused_once_is_written_by_the_final_save_and_en
     assert store.saves == counting.saves + 1  # the refused one, written again
     assert [c if isinstance(c, str) else c["type"] for c in chunks][-2:] == ["finish", "[DONE]"]
     assert kept == whole and kept[-1][1].endswith("Both found.")
+
+
+async def test_a_first_step_save_refused_once_is_written_by_the_next_and_ends_with_finish():
+    # The first step's commit (the user message, the first call and its result) is
+    # refused, the later ones are not: the next step's save writes from where the store
+    # stopped, so the turn is stored whole, with no step missing, and ends with finish.
+    agent = Agent(name="finder", provider=ScriptedProvider(TWO_TOOLS), tools=[lookup])
+    store = DownStore(fail_only=1)
+    async with web_server(agent, store=store, protocols=ALL) as server:
+        chunks = await post_chat(server, chat_body("s9", "u1", "Find a and b"))
+        record = await server.host.store.load("s9")
+    assert [c if isinstance(c, str) else c["type"] for c in chunks][-2:] == ["finish", "[DONE]"]
+    assert record is not None
+    assert [m.role for m in record.messages] == ["user", "assistant", "tool", "tool"]
+    assert record.messages[1].text == "Looking up a. Now b. Both found."

@@ -955,7 +955,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             for item, _ in turn.unsaved_steers:  # the turn is over: what it saved, it saved
                 item.stored.set()
             turn.unsaved_steers.clear()
-            await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
+            result = self._result(turn, saved)
+            try:
+                if turn.refused and self.host.forgets_unsaved:
+                    # Before the hand-over, which lets a turn queued behind this one
+                    # start: it must start from what the store holds, not carry this on.
+                    await self._discard_unsaved(turn)
+            finally:
+                await self._hand_over(run, turn, TurnDone(result=result))
         if turn.deleted:
             self._forget_deleted(turn.meta)
 
@@ -993,8 +1000,10 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if turn.deleted:  # refused, its session deleted: nothing written, no error
             turn.finish_reason, turn.abort_reason = "aborted", SESSION_DELETED
             return False
-        if final is not None and final.error is not None and turn.error is None:
-            turn.error = error_info(final.error)
+        if final is not None and final.error is not None:
+            turn.refused = True
+            if turn.error is None:
+                turn.error = error_info(final.error)
         return final is not None and final.error is None
 
     async def _announce_end(self, turn: Turn, closing: list[Any], saved: bool) -> None:

@@ -332,6 +332,37 @@ class Saving:
             )
         return None
 
+    async def _discard_unsaved(self, turn: Turn) -> None:
+        """The store refused ``turn``'s final save and the host forgets such turns
+        (``serve``: its client is told ``not_saved``): the history becomes what the store
+        holds (loaded again, bounded), so the session's next turn, one queued behind this
+        one too, neither runs on nor saves what its client was told is not saved. Kept,
+        the next turn's save wrote it, the client's reload showing the answer it had
+        been told was lost; and content the store refuses (too large, not encodable)
+        failed every later turn's save with it. The load gives the steps the store
+        confirmed as it holds them (as a session closed and opened again would); a
+        store that cannot be read leaves the history cut before the turn, its next save
+        then written from there."""
+        state = self.state
+        cut = min(state.saved_upto, turn.start_index)
+        del state.messages[cut:]
+        state.saved_upto = cut
+        store = getattr(self.persister, "store", None)
+        with trio.move_on_after(SAVE_TIMEOUT, shield=True):
+            try:
+                record = None if store is None else await store.load(state.session_id)
+            except Exception as exc:  # (any store's failure: the history stays cut)
+                self._log.warning(
+                    "session.reload-failed",
+                    session_id=state.session_id,
+                    turn_id=turn.turn_id,
+                    error=redact(describe_exception(exc)),
+                )
+            else:
+                if record is not None and record.version >= state.version:
+                    adopt_record(state, record)
+        self._publish_history()
+
     def _forget_deleted(self, meta: Mapping[str, Any]) -> None:
         """The session was deleted while a turn of it ran (its save refused): forget its
         history, so nothing of it is saved again; a later turn starts a new

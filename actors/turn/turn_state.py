@@ -125,6 +125,9 @@ class Turn:
     marked: bool = False
     """A save of the turn stored it as running in this process (``Saving._save_meta``):
     its saves that end it clear the marker."""
+    refused: bool = False
+    """The store refused the turn's final save (an error, not a save that outlived
+    ``SAVE_TIMEOUT``): nothing of it after its last confirmed save is stored."""
 
 
 CONTEXT_TOO_LONG_HINT = (

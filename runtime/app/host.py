@@ -367,6 +367,11 @@ class Host:
         workers of one deployment, each running a session's next turn in turn): a
         session that takes in another writer's turns then logs it at debug, not as a
         ``session.concurrent-writer`` warning (the bus event is published either way)."""
+        self.forgets_unsaved = False
+        """Set by ``serve`` (``create_app``): a turn whose final save the store refused is
+        dropped from its session's history as it ends (its client is told ``not_saved``),
+        so the next turn, one queued behind it too, starts from what the store holds.
+        Otherwise it stays in memory and the session's next save writes it."""
         self.tool_executor: Actor
         self._block: trio.CancelScope | None = None
         """The scope of ``Host.open``'s block (the application's code in it), cancelled

@@ -80,6 +80,7 @@ async def mcp_server_command(args: argparse.Namespace) -> int:
     from runtime.app.mcp_tools import AgentTools, HostSessions, build_server
 
     async with Host.open(store=args.store) as host:
+        host.forgets_unsaved = True  # its client is told a refused save as not saved
         for plugin in plugins:
             await host.start_actor(plugin)
         tools = AgentTools(HostSessions(host, agent))

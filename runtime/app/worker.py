@@ -193,6 +193,9 @@ class _Running:
     (nothing more of it is written), but its stream ends with ``abort``."""
     last_out: Any = None
     """The last chunk written to the relay (:meth:`Worker._relay`)."""
+    end: Any = None
+    """The turn's end chunk (``finish``, ``error``, ``abort``), held from the relay
+    until its result says it was saved (:meth:`Worker._stream_turn`)."""
     steered: list[str] = attrs.Factory(list)
     """The ids of the steering messages the turn took (:meth:`Worker._take_steering`):
     a cancel naming one stops the turn, whose rest is that message's answer."""
@@ -1092,6 +1095,14 @@ class Worker:
             status = await self._finish(entry)
         finally:
             if writer is not None:
+                if entry.end is not None and (entry.deleted or not entry.lost):
+                    # The turn's own end, once its result says its save holds it. A turn
+                    # given back unsaved (or whose lease went) ends no stream: the
+                    # takeover goes on in it, resetting the step; before, its readers
+                    # were shown this run's end first (``finish``, or ``error`` quoting
+                    # the store), then the re-run and a second end.
+                    writer.append(entry.end)
+                    entry.last_out = entry.end
                 if entry.deleted and not isinstance(entry.last_out, _ENDS):
                     # Its readers' end (``abort``, as the deleting front end gives its
                     # own): unless the turn's own end went out before the delete was known.
@@ -1222,6 +1233,15 @@ class Worker:
             while chunks := await out.next_batch():
                 if writer is None:
                     continue
+                if entry.end is not None:  # (nothing follows a turn's end: kept in order)
+                    chunks.insert(0, entry.end)
+                    entry.end = None
+                if type(chunks[-1]) in _ENDS:  # held until the turn's result is in
+                    end = chunks.pop()
+                    if not entry.lost:  # (once lost, nothing goes out)
+                        entry.end = end
+                    if not chunks:
+                        continue
                 if extend is not None and not restart:
                     if not entry.lost:
                         extend(chunks)

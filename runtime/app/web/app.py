@@ -1122,6 +1122,9 @@ def create_app(
     state.relay = relay
     state.readiness.relay = relay
     state.cancel_hook = cancel_hook
+    # Every protocol tells a turn whose save the store refused as ``not_saved``
+    # (runtime/app/unsaved.py): none of it is carried on into a later turn's save.
+    host.forgets_unsaved = True
     if queue is not None:
         if relay is None:
             raise ValueError("a front end (queue=) needs the relay its workers write to")

@@ -50,6 +50,7 @@ from runtime.app.commands import (
     report_bad_input,
 )
 from runtime.app.host import Host
+from runtime.app.unsaved import told_end
 from runtime.app.web import (
     BODY_TIMEOUT,
     DEFAULT_MAX_BODY,
@@ -629,6 +630,14 @@ async def _open_relay(stack: AsyncExitStack, args: argparse.Namespace) -> RedisR
     return await stack.enter_async_context(RedisRelay.open(args.redis, **options))
 
 
+async def publish_turns(host: Host, relay: Any) -> Any:
+    """Publish the turns ``host`` runs to ``relay`` (``serve --redis``), each turn's end
+    as its web client is told it (:func:`~runtime.app.unsaved.told_end`): a client
+    resuming from the relay a turn whose save failed is told ``not_saved``, as the live
+    stream told it, not the ``finish`` (or the store's error) the turn's stream ended with."""
+    return await attach_relay(host, relay, told=told_end)
+
+
 async def _start_deployment(
     stack: AsyncExitStack,
     args: argparse.Namespace,
@@ -643,7 +652,7 @@ async def _start_deployment(
         queue = turn_queue(host.store, **queue_caps(args))
         stack.push_async_callback(queue.aclose)
     elif relay is not None:
-        await attach_relay(host, relay)
+        await publish_turns(host, relay)
     for plugin in plugins:
         await host.start_actor(plugin)
     return queue

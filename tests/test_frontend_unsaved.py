@@ -1,0 +1,60 @@
+"""A worker's turn whose final save the store refused: the worker gives it back and
+another claim re-runs it (``worker.turn_unsaved``), its readers told to drop the unsaved
+step. The front end's client is shown one answer ending once: the unsaved run's end
+never reaches the relay (``Worker._stream_turn`` holds a turn's end until its result is
+in). Before, the client got that run's ``error`` quoting the store (its class, its
+path) in the middle of the stream, then the re-run and a ``finish``. Real PostgreSQL,
+real Redis, real HTTP over loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from actors.providers.scripted import ScriptedProvider
+from actors.stores.postgres import PostgresStore
+from runtime import Agent
+from runtime.errors import StoreError
+from tests.support.redis import require_redis
+from tests.test_frontend import body, deployment
+from tests.test_relay_web import sse_events
+
+ANSWER = "hello there"
+SECRET = "/var/lib/postgresql/private-7f3a"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_a_turn_given_back_unsaved_streams_one_answer_ending_once(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = PostgresStore.save
+    refused: list[int] = []
+
+    async def save(
+        self: Any, session_id: str, start: int, messages: Any, meta: Any = None, **kw: Any
+    ) -> Any:
+        # The first run's step commit and its final save: refused (a full disk).
+        if len(refused) < 2 and any(getattr(m, "text", "") == ANSWER for m in messages):
+            refused.append(start)
+            raise StoreError(f"could not extend file {SECRET}: No space left on device")
+        return await real(self, session_id, start, messages, meta, **kw)
+
+    monkeypatch.setattr(PostgresStore, "save", save)
+    agent = Agent(name="a", provider=ScriptedProvider(responder=lambda request: [ANSWER]))
+    async with deployment(pg_url, redis_url, agent) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=30) as client:
+            response = await client.post("/api/chat", json=body("s1"))
+        record = await d.store.load("s1")
+        (turn,) = await d.queue.turns("s1")
+    events = [e for _, e in sse_events(response.text) if e != "[DONE]"]
+    types = [e["type"] for e in events]
+    assert len(refused) == 2 and turn.status == "done" and turn.attempts == 2
+    assert "error" not in types and types.count("finish") == 1 and types[-1] == "finish"
+    assert SECRET not in response.text and "StoreError" not in response.text
+    assert record is not None and [m.role for m in record.messages] == ["user", "assistant"]
