@@ -268,3 +268,22 @@ async def test_calls_racing_their_sessions_delete_end_their_responses_and_leave_
                     nursery.start_soon(lambda s=session: raw.delete("/mcp", headers=s))
             assert await left(server) == (0, {})
     assert set(statuses) <= {200, 404}, statuses
+
+
+@pytest.mark.parametrize("request_id", [2.0, 2.5, None, True, [1], {"a": 1}])
+async def test_a_request_whose_id_is_no_string_or_integer_is_refused_not_taken_for_a_notification(
+    request_id,
+):
+    # MCP: "Requests MUST include a string or integer ID ... MUST NOT be null". The
+    # transport took a request with any other id for a notification: 202, nothing run,
+    # nothing answered, and the client waited for an answer that never came.
+    async with web_server(quick_agent(), protocols=MCP) as server:
+        async with client(server) as raw:
+            session = await open_session(raw)
+            refused = await raw.post("/mcp", json=call(request_id), headers=session)
+            unopened = await raw.post("/mcp", json={**INIT, "id": request_id})
+    for answer in (refused, unopened):
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == -32600
+        assert "string or an integer" in answer.json()["error"]["message"]
+    assert not server.host.sessions

@@ -196,18 +196,44 @@ def _request_key(session_id: str | None, raw: bytes) -> tuple[str, str, Any] | N
     connection), nor did it end with the session (branch ``mcpreap``: ``7`` then ``"7"``
     had the second answered with the first's result, the first POST's tasks left after
     the ``DELETE``)."""
-    if not session_id:
-        return None
+    message = _message(raw)
+    if not session_id or message is None or "id" not in message:
+        return None  # (no id: a notification)
+    request_id = message["id"]
+    return session_id, str(request_id), request_id
+
+
+def _message(raw: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC request or notification ``raw`` holds (an object with a
+    ``method``), else ``None`` (left to the transport's own answers)."""
     try:
         message = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(message, dict) or "method" not in message:
+    return message if isinstance(message, dict) and "method" in message else None
+
+
+def _id_invalid(raw: bytes) -> Response | None:
+    """400 for a request whose ``id`` is neither a string nor an integer (MCP: "Requests
+    MUST include a string or integer ID", never null), else ``None``. The transport
+    took such a request for a notification (its model has no ``id``, extra keys
+    allowed): 202, nothing run, and the client waited for an answer that never came."""
+    message = _message(raw)
+    if message is None or "id" not in message:
         return None
-    request_id = message.get("id")
-    if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
-        return None  # (no id: a notification; any other: not a request to the transport)
-    return session_id, str(request_id), request_id
+    request_id = message["id"]
+    if isinstance(request_id, (int, str)) and not isinstance(request_id, bool):
+        return None
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32600,
+            "message": "a request's id must be a string or an integer "
+            f"(not {orjson.dumps(request_id).decode()[:40]})",
+        },
+    }
+    return Response(orjson.dumps(body), status_code=400, media_type="application/json")
 
 
 def _id_in_use(request_id: Any) -> Response:
@@ -340,6 +366,10 @@ class MCPEndpoint:
                 message = "Request body too large" if too_large else exc.message
                 refusal = jsonrpc_error(exc.status, message, headers=exc.headers)
                 await refusal(scope, receive, send)
+                return
+            invalid = _id_invalid(raw)
+            if invalid is not None:
+                await invalid(scope, receive, send)
                 return
             request = _request_key(_header(scope, b"mcp-session-id"), raw)
             if request is not None:
