@@ -102,15 +102,6 @@ class _Entry:
         return self.first + len(self.items) - 1
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class _Raw:
-    """A stream entry as a page script returns it (coredis's ``StreamEntry`` for one
-    ``XRANGE``): its id and its fields."""
-
-    identifier: bytes | str
-    field_values: dict[bytes, bytes]
-
-
 class _Undecodable(ValueError):
     """A stream entry that is not one a writer wrote (junk in the relay's keys)."""
 

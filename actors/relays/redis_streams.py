@@ -47,7 +47,6 @@ from actors.relays.redis_entries import (
     _decode,
     _identifier,
     _Place,
-    _Raw,
     _Resets,
     _Sieve,
     _turn_id,
@@ -72,6 +71,7 @@ from actors.relays.redis_writer import (
     MAX_QUEUE,
     MAX_QUEUE_BYTES,
     RedisRelayWriter,
+    _entries,
 )
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
@@ -741,14 +741,7 @@ class RedisRelay:
             ),
             unseen=unseen,
         )
-        entries = [
-            _Raw(
-                identifier=identifier,
-                field_values=dict(zip(fields[::2], fields[1::2], strict=True)),
-            )
-            for identifier, fields in raw
-        ]
-        return entries, bool(more)
+        return _entries(raw), bool(more)
 
     async def _scan(
         self,

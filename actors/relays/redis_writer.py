@@ -824,7 +824,8 @@ class _RawEntry:
 
 
 def _entries(reply: Any) -> list[_RawEntry]:
-    """An ``XREVRANGE`` reply on the RESP connection (``[[id, [field, value, ...]]]``)."""
+    """An ``XREVRANGE`` reply on the RESP connection, or a reader's page
+    (``[[id, [field, value, ...]]]``)."""
     return [
         _RawEntry(identifier=identifier, field_values=dict(zip(flat[::2], flat[1::2], strict=True)))
         for identifier, flat in reply
