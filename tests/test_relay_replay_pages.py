@@ -19,13 +19,24 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from actors.relays.redis_entries import _Resets, _Sieve
 from runtime import output as o
 from runtime.errors import RelayTurnGone
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
-from tests.test_relay import TAKEN_OVER, USAGE, opened, read_all, redis_url, text_turn
+from tests.support.redis import require_redis
+from tests.support.services import RedisServer, ServiceUnavailable
+from tests.test_relay import (
+    TAKEN_OVER,
+    USAGE,
+    opened,
+    paused_then_resumed,
+    read_all,
+    redis_url,
+    text_turn,
+)
 
 __all__ = ["redis_url"]  # (the fixture)
 
@@ -248,3 +259,61 @@ async def test_a_stream_lost_between_the_two_passes_is_gone_not_cut(redis_url: s
         relay._page = losing
         with pytest.raises(RelayTurnGone):
             await read_all(relay, "t")
+
+
+async def test_a_paged_read_stops_at_a_pause_with_nothing_after_it(redis_url: str) -> None:
+    """The backlog's last item, a pause, is known for the last only once the second pass
+    has read on past it (it holds back one item): the read stops there, not live."""
+    async with opened(redis_url) as relay:
+        relay.page_bytes = 1
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["asks"]):
+            await writer.flushed()
+            writer.append(chunk)
+        await writer.aclose(paused=True)
+        got = await read_all(relay, "t")
+    assert [c.type for c in got] == [c.type for c in text_turn(["asks"])]
+
+
+async def test_paged_reads_after_a_pause_are_the_one_page_reads(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        await paused_then_resumed(relay)
+        whole = [[c async for c in relay.read("t", after_pauses=k)] for k in (0, 1)]
+        relay.page_bytes = 1
+        paged = [[c async for c in relay.read("t", after_pauses=k)] for k in (0, 1)]
+    assert paged == whole
+    assert whole[1][0].type == "start" and len(whole[1]) < len(whole[0])
+
+
+async def test_a_redis_that_refuses_scripts_is_paged_with_xrange(redis_url: str) -> None:
+    """Scripting denied to the relay's user (an ACL without ``@scripting``): a page is an
+    ``XRANGE`` for as many entries as the page holds of the biggest seen, and the
+    restarted step is dropped all the same."""
+    require_redis()
+    acl = ("--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting")
+    try:
+        server = RedisServer(options=acl)
+    except ServiceUnavailable as exc:
+        pytest.skip(f"no Redis of the test's own: {exc}")
+    counts: list[int] = []
+    try:
+        with capture_logs() as logs:
+            async with opened(server.url) as relay:
+                relay.page_bytes = PAGE_BYTES
+                await write_big_turn(relay, restart=True)
+                xrange = relay.client.xrange
+
+                async def counted(*args: Any, count: int, **kwargs: Any) -> Any:
+                    counts.append(count)
+                    return await xrange(*args, count=count, **kwargs)
+
+                relay.client.xrange = counted
+                replay = await read_all(relay, "t")
+                again = await read_all(relay, "t")
+    finally:
+        server.close()
+    texts = [c.text[-3:] for c in replay if c.type == "text-delta"]
+    assert texts == [f"{i:03}" for i in range(ENTRIES // 2, ENTRIES)]
+    assert again == replay
+    assert [e["event"] for e in logs].count("relay.page_script_refused") == 1  # then known
+    assert max(counts) <= 2  # one at first, then twice that, then one 200 KB entry a page

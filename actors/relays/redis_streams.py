@@ -94,6 +94,9 @@ entry: an ``XRANGE`` of :data:`PAGE` entries took 256 entries whatever their siz
 entries of 16 MB, one writer's bound each, were 4 GB in one reply). A backlog that fits
 in one page is read once; a longer one twice (a first pass finds its resets, the second
 yields as it goes), holding a page at a time."""
+FALLBACK_PAGE = 16
+"""The most entries a page holds where Redis refuses the page script (``XRANGE``, not
+bounded in bytes by Redis: :meth:`RedisRelay._page`)."""
 CANCEL_PING = 5.0
 """Seconds between two PINGs on the cancel watch's subscription (one a process): a
 subscription that answers none within ``op_timeout`` is dropped and made again."""
@@ -243,6 +246,8 @@ class RedisRelay:
         self.page_bytes = page_bytes
         """Bytes a reader's page of entries holds at most, past one entry
         (:data:`PAGE_BYTES`)."""
+        self.scripts_refused = False
+        """Whether Redis refused a reader's page script (:meth:`_page`): ``XRANGE`` then."""
         self.cancel_ping = cancel_ping
         """Seconds between two PINGs on the cancel subscription (:data:`CANCEL_PING`)."""
         self.down = False
@@ -672,9 +677,12 @@ class RedisRelay:
         again = _Cursor(turn_id=turn_id)
         start = "-"
         more = twice = held is None
+        entries: list[Any] = []
         while True:
             if held is None:  # the second pass, a page at a time, up to the first's end
-                entries, more = await self._page(turn_id, key, start, last_id)
+                entries, more = await self._page(
+                    turn_id, key, start, last_id, biggest=again.biggest, after=len(entries)
+                )
                 held = [pair for entry in entries for pair in again.accept(entry)]
                 if entries:
                     start = f"({_identifier(entries[-1].identifier)}"
@@ -725,23 +733,46 @@ class RedisRelay:
         start: str,
         stop: bytes | str,
         *,
+        biggest: int,
+        after: int,
         count: int = PAGE,
         unseen: bool = False,
     ) -> tuple[list[Any], bool]:
         """The stream's entries from ``start`` to ``stop``, at most ``count`` of them and
-        :attr:`page_bytes` past the first (:data:`_PAGE`), and whether there may be more."""
-        more, raw = await self._read_call(
+        :attr:`page_bytes` past the first (:data:`_PAGE`), and whether there may be more.
+
+        A Redis that refuses the script (scripting disabled, or denied by the ACL of the
+        relay's user) gets ``XRANGE`` instead, for as many entries as :attr:`page_bytes`
+        holds of the ``biggest`` the read has seen, but at most twice as many as its page
+        before held (``after``; one at first) and :data:`FALLBACK_PAGE`: without Redis
+        bounding the bytes, a page may hold that many entries larger than those seen."""
+        from coredis.exceptions import ResponseError
+
+        if not self.scripts_refused:
+            try:
+                more, raw = await self._read_call(
+                    turn_id,
+                    "replay",
+                    functools.partial(
+                        self.client.eval,
+                        _PAGE,
+                        keys=[key],
+                        args=[start, stop, count, self.page_bytes],
+                    ),
+                    unseen=unseen,
+                )
+                return _entries(raw), bool(more)
+            except ResponseError as exc:
+                log.warning("relay.page_script_refused", error=_described(exc))
+                self.scripts_refused = True
+        wanted = max(1, min(count, FALLBACK_PAGE, 2 * after, self.page_bytes // biggest))
+        page = await self._read_call(
             turn_id,
             "replay",
-            functools.partial(
-                self.client.eval,
-                _PAGE,
-                keys=[key],
-                args=[start, stop, count, self.page_bytes],
-            ),
+            functools.partial(self.client.xrange, key, start, stop, count=wanted),
             unseen=unseen,
         )
-        return _entries(raw), bool(more)
+        return list(page), len(page) == wanted
 
     async def _scan(
         self,
@@ -766,8 +797,17 @@ class RedisRelay:
         start = "-"
         last_id: bytes | str = "0-0"
         first = True
+        entries: list[Any] = []
         while True:
-            entries, more = await self._page(turn_id, key, start, "+", unseen=unseen and first)
+            entries, more = await self._page(
+                turn_id,
+                key,
+                start,
+                "+",
+                biggest=cursor.biggest,
+                after=len(entries),
+                unseen=unseen and first,
+            )
             pairs = [pair for entry in entries for pair in cursor.accept(entry)]
             found.see(pairs)
             place.skip_pauses(pairs)
