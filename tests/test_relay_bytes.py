@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 import trio
 
+from actors.providers.scripted import ScriptedProvider
+from actors.relays import attach_relay
 from actors.relays.redis_writer import _measured
+from runtime import Agent, Host
 from runtime import output as o
 from runtime.errors import RelayTurnGone
 from tests.support.redis import require_redis
 from tests.support.services import RedisServer, ServiceUnavailable
-from tests.test_relay import USAGE, opened, read_all
+from tests.test_relay import USAGE, opened, read_all, read_when_published
 
 BOUND = 1_000_000
 """The writers' ``max_queue_bytes`` here."""
@@ -189,3 +192,82 @@ async def test_a_redis_paused_past_close_timeout_loses_the_queue_not_the_turn_no
     assert 0 < writer.lost < DELTAS + 3
     # the bound and the delta that crossed it: never the turn's 8 MB
     assert most <= BOUND + len(BIG) + SLACK
+
+
+async def test_a_turn_waiting_for_a_paused_redis_holds_no_other_sessions_chunks(
+    own_server: RedisServer,
+) -> None:
+    # Before: the publisher's handler awaited the big turn's room after each chunk, and
+    # the small turn's chunks waited behind it on the bus: none reached the relay (its
+    # writer was not even opened) until Redis answered again.
+    big_agent = Agent(
+        name="big", provider=ScriptedProvider(steps=[[BIG * DELTAS]], chunk_size=len(BIG))
+    )
+    small_agent = Agent(name="small", provider=ScriptedProvider(steps=[["hello"]]))
+    async with opened(
+        own_server.url, max_queue_bytes=BOUND, op_timeout=0.5, close_timeout=120,
+        retry_max=0.2,
+    ) as relay, Host.open(log_tap=False) as host:  # fmt: skip
+        publisher = await attach_relay(host, relay)
+        big = await host.open_session(big_agent, session_id="big")
+        small = await host.open_session(small_agent, session_id="small")
+        outs: dict[str, Any] = {}
+
+        async def run(session: Any, text: str) -> None:
+            async with session.stream(text) as out:
+                outs[session.id] = out
+                await out.collect()
+
+        with paused(own_server), trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, big, "go")
+                with trio.fail_after(30):  # the big turn comes to wait on the paused Redis
+                    while not any(w.held >= BOUND for w in publisher.writers.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                await run(small, "hi")
+                small_turn = outs["small"].turn_id
+                with trio.fail_after(30):  # its end reached its writer, Redis paused still
+                    while small_turn in publisher.writers or not any(  # noqa: ASYNC110
+                        w.turn_id == small_turn for w in relay.live
+                    ):
+                        await trio.sleep(0.05)
+                assert "big" in {w.session_id for w in relay.live}  # still waiting
+                own_server.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        got_small = await read_when_published(relay, small_turn)
+        got_big = await read_when_published(relay, outs["big"].turn_id)
+    assert [c.text for c in got_small if type(c) is o.TextDelta] == ["hello"]
+    assert "".join(c.text for c in got_big if type(c) is o.TextDelta) == BIG * DELTAS
+
+
+async def test_a_published_burst_of_large_chunks_waits_within_the_bound(
+    own_server: RedisServer,
+) -> None:
+    # Before: the turn's burst (8 MB, put without a wait while the inbox had room) sat
+    # in the publisher's inbox, out of the writer's bound, while the handler waited.
+    agent = Agent(
+        name="big", provider=ScriptedProvider(steps=[[BIG * DELTAS]], chunk_size=len(BIG))
+    )
+    async with opened(
+        own_server.url, max_queue_bytes=BOUND, op_timeout=0.5, close_timeout=120,
+        retry_max=0.2,
+    ) as relay, Host.open(log_tap=False) as host:  # fmt: skip
+        publisher = await attach_relay(host, relay)
+        session = await host.open_session(agent, session_id="big")
+        with paused(own_server), trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+
+                async def run() -> None:
+                    async with session.stream("go") as out:
+                        await out.collect()
+
+                nursery.start_soon(run)
+                with trio.fail_after(30):  # the turn comes to wait on the paused Redis
+                    while not any(w.held >= BOUND for w in publisher.writers.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                await trio.sleep(1.0)  # (it waits: nothing more comes)
+                (writer,) = publisher.writers.values()
+                assert writer.held < BOUND + len(BIG) + SLACK
+                assert len(publisher.inbox) == 0
+                own_server.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        got = await read_all(relay, writer.turn_id)
+    assert "".join(c.text for c in got if type(c) is o.TextDelta) == BIG * DELTAS

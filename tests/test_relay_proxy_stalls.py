@@ -132,7 +132,7 @@ async def test_a_read_past_its_deadline_logs_the_error_and_the_wait(redis_url: s
     """``relay.read_failed`` for a reply that never came names the error and how long was
     waited (before: ``error=''``, a ``TooSlowError`` having no text)."""
     sent = turn(1, 2)
-    async with through_proxy(scripted({("XRANGE", 1): STALL_AFTER})) as (_, relay):
+    async with through_proxy(scripted({("EVAL", 1): STALL_AFTER})) as (_, relay):
         writer = relay.writer(session_id="s", turn_id="t", fresh=True)
         for chunk in sent:
             writer.append(chunk)
@@ -274,7 +274,7 @@ async def test_a_cancel_published_just_after_a_reads_pool_restart_reaches_the_wa
     never read back, lost for good."""
     cancels: list[tuple[str, str]] = []
     sent = turn(1, 2)
-    async with through_proxy(scripted({("XRANGE", 1): STALL_AFTER}), cancel_ping=60.0) as (
+    async with through_proxy(scripted({("EVAL", 1): STALL_AFTER}), cancel_ping=60.0) as (
         proxy,
         relay,
     ):
@@ -286,7 +286,7 @@ async def test_a_cancel_published_just_after_a_reads_pool_restart_reaches_the_wa
         async with trio.open_nursery() as nursery:
             await nursery.start(relay.watch_cancels, lambda *args: cancels.append(args))
             proxy.delay_subscriptions(0.7)  # within coredis's 1 s for the acknowledgement
-            got, gone = await checked_read(relay, "r")  # its first XRANGE held: the restart
+            got, gone = await checked_read(relay, "r")  # its first page (EVAL) held: the restart
             listening = await relay.request_cancel("t", "stop")
             with trio.move_on_after(5):
                 while not cancels:  # noqa: ASYNC110 - the watch's own record

@@ -195,3 +195,48 @@ async def test_an_entry_larger_than_a_tls_redis_takes_is_refused_at_once_and_nam
             and e.get("turn_id") == "big"] == []  # fmt: skip
     assert big.lost >= 1 and small.lost == 0
     assert [c.text for c in shown if type(c) is o.TextDelta] == ["hello"]
+
+
+@pytest.fixture
+def tls_redis_without_config() -> Iterator[RedisServer]:
+    """:func:`tls_redis` with ``CONFIG`` disabled (renamed to nothing), as managed
+    services do: it will not say its ``proto-max-bulk-len``."""
+    require_redis()
+    options = ("--proto-max-bulk-len", "1mb", "--rename-command", "CONFIG", '""')
+    try:
+        server = RedisServer(tls=True, options=options)
+    except ServiceUnavailable as exc:
+        pytest.skip(f"no TLS Redis here: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("size", [2_000_000, 20_000_000])
+async def test_an_entry_too_large_for_a_tls_redis_that_will_not_say_its_limit_is_refused(
+    tls_redis_without_config: RedisServer, size: int
+) -> None:
+    # Before: a refused CONFIG GET was taken for the 512 MB default, the entry (under
+    # it) retried as Redis down until the writer gave up (close_timeout), and readers
+    # told of an overflow, not of the entry. Now: retried once, refused when its
+    # connection is lost under it again while Redis answers.
+    with capture_logs() as logs:
+        async with opened(tls_redis_without_config.url, op_timeout=5.0, close_timeout=30) as relay:
+            big = relay.writer(session_id="sbig", turn_id="big", fresh=True)
+            small = relay.writer(session_id="ssmall", turn_id="small", fresh=True)
+            small.extend(_turn("small", "hello"))
+            big.extend(_turn("big", "x" * size))
+            with trio.fail_after(60):
+                await small.aclose()
+                await big.aclose()
+            with pytest.raises(RelayTurnGone, match="larger than it accepts"):
+                await read_all(relay, "big")
+            shown = await read_all(relay, "small")
+    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
+    assert refused["turn_id"] == "big" and refused["entry_bytes"] > size
+    assert "CONFIG refused" in refused["why"] and refused["unsure"] >= 1  # (a retry's)
+    failed = [e for e in logs if e["event"] == "relay.flush_failed" and e["turn_id"] == "big"]
+    assert len(failed) == 1  # the first loss: retried once
+    assert big.lost >= 1 and small.lost == 0
+    assert [c.text for c in shown if type(c) is o.TextDelta] == ["hello"]

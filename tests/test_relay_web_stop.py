@@ -285,18 +285,28 @@ async def test_a_stop_naming_an_unwritten_turn_sent_while_its_host_is_deaf_stops
     assert "never" not in replies["u1"].text
 
 
-def _held_publishing(publisher: Any) -> trio.Event:
+class _Gate:
+    """What :func:`_held_publishing` returns: ``set()`` lets the held chunks through."""
+
+    def __init__(self, publisher: Any) -> None:
+        self.publisher = publisher
+        self.append = publisher.append
+        self.held: list[Any] = []
+        publisher.append = self.held.append  # (returns None: no room to wait for)
+
+    def set(self) -> None:
+        self.publisher.append = self.append
+        for chunk in self.held:
+            self.append(chunk)
+        self.held.clear()
+
+
+def _held_publishing(publisher: Any) -> _Gate:
     """Hold ``publisher``'s writes to Redis (a turn's first chunk among them) until the
-    returned event is set: the window in which the relay knows of no running turn."""
-    gate = trio.Event()
-    publish = publisher.handle
-
-    async def late(chunk: Any) -> None:
-        await gate.wait()
-        await publish(chunk)
-
-    publisher.handle = late
-    return gate
+    returned gate is set: the window in which the relay knows of no running turn. The
+    publisher appends a chunk to its writer in the turn's own ``bus.publish``
+    (``RelayPublisher.append``): held there, the turn runs on."""
+    return _Gate(publisher)
 
 
 @asynccontextmanager

@@ -8,9 +8,19 @@ requests and cancels the local turn they name: a stop pressed on any front end r
 the process that runs the turn; a stop naming a message or a turn there stops only what
 it names (``Host.stop_named``: a waiting message taken out, or the running turn).
 
-The actor's inbox is ``block`` (every chunk must reach the relay in order) but its
-handler never waits on Redis: ``append`` only queues, and the relay's flush task writes.
-A Redis that is down therefore never stalls a turn.
+Every chunk reaches the relay in order, and nothing waits on Redis itself: ``append``
+only queues, and the relay's flush task writes. A Redis that is down stalls a turn at
+most until its writer's bound gives way (``close_timeout``), and no other turn.
+
+**A slow Redis slows only the turns it holds.** A writer's queue is bounded in bytes
+(the Redis relay's ``max_queue_bytes``, ``room()``); the turn over it waits, in its own
+publishing: a chunk's ``put`` into this actor's inbox (:class:`_RoomInbox`) appends it
+to its writer at once and waits for that writer's room, so chunks never queue in the
+inbox. Before, the actor's handler appended them and awaited the writer's room after
+each: every other turn's chunks waited behind it on the bus (a slow Redis for one huge
+turn held every turn of the host out of the relay, and, once the inbox was full, every
+turn of the host), and a burst of one turn's chunks queued in the inbox (4096 of them,
+whatever their size) out of the bound.
 
 **A stop before the turn.** A named stop goes to every host; one sent before the POST of
 the message it names reached the host that runs it (the relay streams no turn of the
@@ -33,17 +43,18 @@ seconds (an event the runner gave up delivering: the end goes as it came).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, ClassVar
 
+import structlog
 import trio
 
 from runtime.actor import Actor
 from runtime.approval import AWAITING_INPUT
 from runtime.events import TurnFinished
 from runtime.hosting import TurnCanceller
-from runtime.inbox import OverflowPolicy
+from runtime.inbox import Inbox, OverflowPolicy
 from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
 
 _ENDS = (Finish, Error, Abort)
@@ -51,6 +62,43 @@ _ENDS = (Finish, Error, Abort)
 FINISHED_WAIT = 15.0
 """Seconds a turn's end chunk waits at most for its ``TurnFinished`` (which the runner
 publishes within its 5 s ``SAVE_TIMEOUT`` of handing the controller the end, or never)."""
+
+log = structlog.get_logger("axon.relay")
+
+
+class _RoomInbox(Inbox[Any]):
+    """The publisher's inbox, which its chunks never enter: a chunk's ``put`` (the
+    producing turn's ``bus.publish``) appends it to its turn's writer at once
+    (:meth:`RelayPublisher.append`, in the order the turn publishes), then waits while that
+    writer holds its bound (``room()``): that turn waits for Redis, and the others'
+    chunks go on (see the module doc). ``put_nowait`` appends without the wait."""
+
+    __slots__ = ("publisher",)
+
+    def __init__(self, publisher: RelayPublisher) -> None:
+        super().__init__(publisher.inbox_capacity, "block", name=publisher.name)
+        self.publisher = publisher
+
+    async def put(self, message: Any) -> None:
+        room = self._append(message)
+        if room is not None:
+            await room()
+
+    def put_nowait(self, message: Any) -> None:
+        self._append(message)
+
+    def _append(self, message: Any) -> Any:
+        if self._closed or self._receiver_closed:  # (the actor stopped: unsubscribed)
+            raise trio.ClosedResourceError
+        try:
+            return self.publisher.append(message)
+        except Exception as exc:  # the relay's failure is never the turn's
+            log.error(
+                "relay.publish_failed",
+                turn_id=getattr(message, "turn_id", None),
+                error=f"{type(exc).__name__}: {exc}"[:300],
+            )
+            return None
 
 
 class RelayPublisher(Actor):
@@ -78,19 +126,30 @@ class RelayPublisher(Actor):
         """The ``TurnFinished`` of relayed turns whose end chunk has not come yet."""
         self.held: dict[str, tuple[Any, Any]] = {}
         """``(writer, end chunk)`` of turns whose ``TurnFinished`` has not come yet."""
+        self.inbox = _RoomInbox(self)
 
     async def handle(self, chunk: Any) -> None:
+        room = self.append(chunk)  # (what is sent to the actor rather than published)
+        if room is not None:
+            await room()
+
+    def append(self, chunk: Any) -> Callable[[], Awaitable[None]] | None:
+        """Append ``chunk`` to its turn's writer (opened by the turn's ``start``, closed
+        by its end); the writer's ``room`` to wait for after it (the Redis relay's bound
+        in bytes), ``None`` when there is none to wait for (a turn's end never waits: a
+        turn cancelled meanwhile, its end published as it unwinds, would leave its
+        stream without one)."""
         turn_id = chunk.turn_id
         if not turn_id:
-            return
+            return None
         if type(chunk) is TurnFinished:
             if self.told is not None:
-                await self._finished(chunk)
-            return
+                self._finished(chunk)
+            return None
         writer = self.writers.get(turn_id)
         if writer is None:
             if type(chunk) is not Start:
-                return  # a turn that began before the publisher started: not relayed
+                return None  # a turn that began before the publisher started: not relayed
             writer = self.writers[turn_id] = self.relay.writer(
                 session_id=chunk.session_id, turn_id=turn_id
             )
@@ -101,23 +160,21 @@ class RelayPublisher(Actor):
                 if finished is None:  # not come yet: the end waits for it
                     self.held[turn_id] = (writer, chunk)
                     self.relay.nursery.start_soon(self._give_up_waiting, turn_id)
-                    return
+                    return None
                 chunk = self.told(chunk, finished)
-            await self._end(writer, chunk)
-            return
+            self._end(writer, chunk)
+            return None
         writer.append(chunk)
-        room = getattr(writer, "room", None)  # the Redis relay's bound in bytes
-        if room is not None:
-            await room()  # the bus (``block``) holds the turn while Redis is slow
+        return getattr(writer, "room", None)
 
-    async def _finished(self, finished: TurnFinished) -> None:
+    def _finished(self, finished: TurnFinished) -> None:
         """A turn's ``TurnFinished``: its held end goes out as told, or it waits for
         the end (only a relayed turn's: one with an open writer)."""
         turn_id = finished.turn_id
         held = self.held.pop(turn_id, None)
         if held is not None:
             writer, end = held
-            await self._end(writer, self.told(end, finished))  # type: ignore[misc]
+            self._end(writer, self.told(end, finished))  # type: ignore[misc]
         elif turn_id in self.writers:
             self.finished[turn_id] = finished
 
@@ -128,21 +185,13 @@ class RelayPublisher(Actor):
         await trio.sleep(FINISHED_WAIT)
         held = self.held.pop(turn_id, None)
         if held is not None:
-            writer, end = held
-            writer.append(end)
-            self._close(writer, end)
+            self._end(*held)
 
-    async def _end(self, writer: Any, end: Any) -> None:
-        writer.append(end)
-        room = getattr(writer, "room", None)
-        if room is not None:
-            await room()
-        self._close(writer, end)
-
-    def _close(self, writer: Any, end: Any) -> None:
-        """Close the writer of a turn that ended with ``end`` (appended). A turn that
-        waits for input pauses its stream: its continuation (same turn id,
+    def _end(self, writer: Any, end: Any) -> None:
+        """Append a turn's ``end`` and close its writer (an end never waits for room). A
+        turn that waits for input pauses its stream: its continuation (same turn id,
         docs/approval.md) goes on in it, readers passing over the pause."""
+        writer.append(end)
         paused = type(end) is Finish and end.finish_reason == AWAITING_INPUT
         self.relay.nursery.start_soon(partial(writer.aclose, paused=paused))
 

@@ -2,12 +2,13 @@
 
 The layout of the relay's keys and the format of a turn's stream entries, with what reads
 them: :func:`_decode` (one entry), :class:`_Cursor` (a reader's proof that each entry
-continues the stream), :class:`_Place` (where a read starts), :func:`_drop_restarted` (a
-backlog without its reset steps), :func:`_tail` (where a writer's numbering starts),
-:class:`_StepScan` (a takeover's backward scan of one step), and the other keys' values
-(:func:`_turn_id`, :func:`_cancel_from`). Pure code over what Redis returned, no Redis
-call: apart from the writer (:mod:`actors.relays.redis_writer`) and the reader
-(:mod:`actors.relays.redis_streams`), which both read entries.
+continues the stream), :class:`_Place` (where a read starts), :class:`_Resets` and
+:class:`_Sieve` (a backlog without its reset steps, read in two passes), :func:`_tail`
+(where a writer's numbering starts), :class:`_StepScan` (a takeover's backward scan of
+one step), and the other keys' values (:func:`_turn_id`, :func:`_cancel_from`). Pure
+code over what Redis returned, no Redis call: apart from the writer
+(:mod:`actors.relays.redis_writer`) and the reader (:mod:`actors.relays.redis_streams`),
+which both read entries.
 
 Layout (every key under ``prefix``, ``axon:`` by default):
 
@@ -158,6 +159,9 @@ class _Cursor:
     from_start: bool = False
     """The stream began with :data:`FROM_START`: whole for a reader that showed nothing
     of the turn before it, lost for one that did."""
+    biggest: int = 1
+    """The most bytes (fields and values) of an entry read: how many entries a live
+    read asks for at once (:data:`PAGE_BYTES` of them)."""
 
     def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
         """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
@@ -178,6 +182,7 @@ class _Cursor:
                 f"the relay's stream of turn {turn!r} was written over after seq "
                 f"{self.position} (Redis lost it and another writer started it again)"
             )
+        self.biggest = max(self.biggest, sum(map(len, raw.field_values.values())))
         pairs: list[tuple[int, dict[str, Any]]] = []
         for seq, item in enumerate(entry.items, start=entry.first):
             kind = item["type"]
@@ -304,27 +309,77 @@ class _StepScan:
         return list(reversed(self.open)) if self.found else None
 
 
-def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int, Any]]:
-    """The backlog with every reset step's earlier chunks removed: before a restart
-    marker (an older worker's takeover), all of them; before a ``reset-step`` (a
-    takeover, a provider fallback), all but the step's ``step-start``, which no new one
-    follows. The marker or reset stays only when the reader had already been sent some
-    of the removed chunks (seq <= ``seen``)."""
-    resets = [i for i, (_, item) in enumerate(backlog) if item.get("type") in _RESETS]
-    if not resets:
-        return backlog
-    keep = [True] * len(backlog)
-    for i in resets:
-        step = backlog[i][1]["step"]
-        kept = _KEPT[backlog[i][1]["type"]]
-        dropped_seen = False
-        for j in range(i):
-            seq, item = backlog[j]
-            if keep[j] and item.get("step") == step and item.get("type") not in kept:
-                keep[j] = False
-                dropped_seen = dropped_seen or seq <= seen
-        keep[i] = dropped_seen
-    return [pair for pair, k in zip(backlog, keep, strict=True) if k]
+class _Resets:
+    """Where a backlog's steps were reset, found by a first pass over it (:meth:`see`):
+    for each step the seq of its last restart marker (an older worker's takeover) and of
+    its last ``reset-step`` (a takeover, a provider fallback). What a replay drops is
+    decided from these alone (:class:`_Sieve`), so it yields as it reads a second time,
+    holding one page, not the whole backlog (which it held before: a fresh reader of a
+    long stream of large entries held the stream's whole size)."""
+
+    __slots__ = ("resets", "restarts")
+
+    def __init__(self) -> None:
+        self.restarts: dict[Any, int] = {}
+        self.resets: dict[Any, int] = {}
+
+    def see(self, pairs: list[tuple[int, Any]]) -> None:
+        for seq, item in pairs:
+            kind = item["type"]
+            if kind == RESTART:
+                self.restarts[item["step"]] = seq
+            elif kind == "reset-step" and (step := _step_of(item)) is not None:
+                self.resets[step] = seq
+
+
+def _step_of(item: dict[str, Any]) -> Any:
+    """The step an item belongs to, as a reset names it (``None``: no step, or junk that
+    no reset could name)."""
+    step = item.get("step")
+    return step if isinstance(step, int | float | str) else None
+
+
+class _Sieve:
+    """A backlog read in order, without every reset step's earlier chunks: before a
+    restart marker, all of them; before a ``reset-step``, all but the step's
+    ``step-start``, which no new one follows. The marker or reset is kept only when the
+    reader had been sent some of what it removes (seq <= ``seen``). The resets' places
+    come from a first pass (:class:`_Resets`); what each removes, and whether the reader
+    saw any of it, is followed here as the items go by (for each step the first seq of
+    the items a reset would still remove), so nothing of the backlog is held."""
+
+    __slots__ = ("found", "plain", "seen", "soft")
+
+    def __init__(self, found: _Resets, seen: int) -> None:
+        self.found = found
+        self.seen = seen
+        self.plain: dict[Any, int] = {}
+        """Each step's first item any reset removes (not yet removed by one)."""
+        self.soft: dict[Any, int] = {}
+        """Each step's first ``step-start`` or kept ``reset-step``: a marker removes them."""
+
+    def keeps(self, seq: int, item: dict[str, Any]) -> bool:
+        step = _step_of(item)
+        if step is None:
+            return True
+        kind = item["type"]
+        restarted = self.found.restarts.get(step, 0) > seq
+        if kind in _RESETS:
+            first = self.plain.pop(step, None)
+            if kind == RESTART:
+                soft = self.soft.pop(step, None)
+                first = soft if first is None else first if soft is None else min(first, soft)
+            shown = first is not None and first <= self.seen
+            if kind == RESTART:
+                return shown
+            if shown:
+                self.soft.setdefault(step, seq)
+            return shown and not restarted
+        if kind == "step-start":
+            self.soft.setdefault(step, seq)
+            return not restarted
+        self.plain.setdefault(step, seq)
+        return not restarted and self.found.resets.get(step, 0) <= seq
 
 
 _KEPT = {RESTART: (RESTART,), "reset-step": (RESTART, "reset-step", "step-start")}

@@ -152,9 +152,12 @@ def _duplicate(error: BaseException) -> bool:
 BULK_FLOOR = 1024 * 1024
 """The smallest ``proto-max-bulk-len`` Redis accepts (1 MB): an entry below it is never
 too large, so a connection lost under one is an outage, not asked about."""
-BULK_DEFAULT = 512 * 1024 * 1024
-"""Redis's ``proto-max-bulk-len`` when it does not say (``CONFIG`` refused or renamed,
-as managed services do): its default, 512 MB."""
+BULK_UNSAID = 0
+"""What :func:`_bulk_limit` returns when Redis answers but will not say its
+``proto-max-bulk-len`` (``CONFIG`` refused or renamed, as managed services do). Its
+default (512 MB) was assumed before; such a service may set it lower, and an entry
+between the two was retried as an outage until the writer gave up
+(:meth:`~actors.relays.redis_flush._Flusher._name_too_large` decides instead)."""
 
 
 class EntryTooLarge(Exception):
@@ -166,10 +169,15 @@ class EntryTooLarge(Exception):
     Its text starts as Redis's own does, so one description serves both."""
 
     def __init__(self, size: int, limit: int, error: BaseException) -> None:
+        past = (
+            f"past the {limit} bytes of Redis's proto-max-bulk-len"
+            if limit != BULK_UNSAID
+            else "twice lost with its connection, by a Redis that answered meanwhile "
+            "and would not say its proto-max-bulk-len (CONFIG refused)"
+        )
         super().__init__(
-            f"Protocol error: invalid bulk length (an entry of {size} bytes, past the "
-            f"{limit} bytes of Redis's proto-max-bulk-len; the connection said "
-            f"{_described(error)[:100]})"
+            f"Protocol error: invalid bulk length (an entry of {size} bytes, {past}; "
+            f"the connection said {_described(error)[:100]})"
         )
         self.size = size
         self.limit = limit
@@ -177,23 +185,23 @@ class EntryTooLarge(Exception):
 
 async def _bulk_limit(client: Any, within: float) -> int | None:
     """Redis's ``proto-max-bulk-len`` (``CONFIG GET``), asked only when a connection was
-    lost under an entry of at least :data:`BULK_FLOOR`; :data:`BULK_DEFAULT` when Redis
-    refuses to say; ``None`` when it does not answer within ``within`` (down: the
-    entry's size tells nothing then, the flush is retried as an outage)."""
+    lost under an entry of at least :data:`BULK_FLOOR`; :data:`BULK_UNSAID` when Redis
+    answers without saying it; ``None`` when it does not answer within ``within`` (down:
+    the entry's size tells nothing then, the flush is retried as an outage)."""
     try:
         with trio.fail_after(within):
             reply = await client.config_get(["proto-max-bulk-len"])
     except _response_error():
-        return BULK_DEFAULT
+        return BULK_UNSAID
     except _retryable() as exc:
         if isinstance(exc, trio.TooSlowError):  # coredis would queue behind the lost reply
             client.connection_pool.disconnect()
         return None
     values = list(reply.values()) if isinstance(reply, dict) else []
     try:
-        return int(values[0]) if values else BULK_DEFAULT
+        return int(values[0]) if values else BULK_UNSAID
     except (TypeError, ValueError):
-        return BULK_DEFAULT
+        return BULK_UNSAID
 
 
 def _closed_stream() -> tuple[type[BaseException], ...]:

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.relays import resp
-from actors.relays.redis_failures import BULK_FLOOR, EntryTooLarge, _bulk_limit, _transient
+from actors.relays.redis_failures import (
+    BULK_FLOOR,
+    BULK_UNSAID,
+    EntryTooLarge,
+    _bulk_limit,
+    _transient,
+)
 
 if TYPE_CHECKING:
     from actors.relays.redis_writer import RedisRelayWriter, _Job
@@ -168,13 +174,28 @@ class _Flusher:
         TLS). Redis's ``proto-max-bulk-len`` is asked, and each such entry past it is
         refused as :class:`EntryTooLarge` (named, not retried); the other flushes keep
         their connection error (retried). A Redis that does not answer says nothing:
-        all are retried, as in an outage."""
+        all are retried, as in an outage.
+
+        A Redis that answers but will not say (``CONFIG`` refused or renamed, as managed
+        services do, perhaps with a lower limit than its 512 MB default, which was
+        assumed before: an entry between the two was retried as an outage until its
+        writer gave up, and every flush of the turn after it with it): its answer shows
+        it is up, so the entry is retried once, and refused when its connection is lost
+        under it again (the writer's ``lost_under``), Redis answering again. What that
+        costs when the losses were a network's: one entry of the turn, readers told
+        (the store holds the turn; the relay is a cache)."""
         limit = await _bulk_limit(self.client, self.timeout)
         if limit is None:
             return
         for job in jobs:
-            if _suspect(job) and job.size() > limit:
-                assert job.error is not None
+            if not _suspect(job):
+                continue
+            assert job.error is not None
+            if limit == BULK_UNSAID:
+                if job.writer.lost_under == job.first:
+                    job.error = EntryTooLarge(job.size(), limit, job.error)
+                job.writer.lost_under = job.first
+            elif job.size() > limit:
                 job.error = EntryTooLarge(job.size(), limit, job.error)
 
     async def _send_resp(self, jobs: list[_Job]) -> None:

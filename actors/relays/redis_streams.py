@@ -45,9 +45,10 @@ from actors.relays.redis_entries import (
     _cancel_from,
     _Cursor,
     _decode,
-    _drop_restarted,
     _identifier,
     _Place,
+    _Resets,
+    _Sieve,
     _turn_id,
     _Undecodable,
 )
@@ -70,6 +71,7 @@ from actors.relays.redis_writer import (
     MAX_QUEUE,
     MAX_QUEUE_BYTES,
     RedisRelayWriter,
+    _entries,
 )
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
@@ -86,6 +88,15 @@ RETRY_FOR = 30.0
 (:class:`~runtime.errors.RelayUnavailable`)."""
 BLOCK_MS = 1000
 """How long one blocking ``XREAD`` waits for new entries before checking the key again."""
+PAGE_BYTES = 1024 * 1024
+"""Bytes (the entries' fields and values) a read's page holds at most, past its first
+entry: an ``XRANGE`` of :data:`PAGE` entries took 256 entries whatever their size (256
+entries of 16 MB, one writer's bound each, were 4 GB in one reply). A backlog that fits
+in one page is read once; a longer one twice (a first pass finds its resets, the second
+yields as it goes), holding a page at a time."""
+FALLBACK_PAGE = 16
+"""The most entries a page holds where Redis refuses the page script (``XRANGE``, not
+bounded in bytes by Redis: :meth:`RedisRelay._page`)."""
 CANCEL_PING = 5.0
 """Seconds between two PINGs on the cancel watch's subscription (one a process): a
 subscription that answers none within ``op_timeout`` is dropped and made again."""
@@ -160,6 +171,33 @@ channel message) on the stream of them all, at most ``ARGV[3]`` kept (the entry'
 Redis's time of it); the stream lives ``ARGV[2]`` ms past the latest."""
 
 
+_PAGE = """
+local start, stop = ARGV[1], ARGV[2]
+local count, budget = tonumber(ARGV[3]), tonumber(ARGV[4])
+local out, used, biggest, batch = {}, 0, 1, 1
+while #out < count do
+  local got = redis.call('XRANGE', KEYS[1], start, stop, 'COUNT', batch)
+  for _, entry in ipairs(got) do
+    local size = 0
+    for _, value in ipairs(entry[2]) do size = size + #value end
+    if #out > 0 and used + size > budget then return {1, out} end
+    out[#out + 1] = entry
+    used = used + size
+    if size > biggest then biggest = size end
+    start = '(' .. entry[1]
+  end
+  if #got < batch then return {0, out} end
+  batch = math.max(1, math.min(count - #out, math.floor((budget - used) / biggest)))
+end
+return {1, out}
+"""
+"""One page of a stream (``KEYS[1]``) from ``ARGV[1]`` to ``ARGV[2]``: at most ``ARGV[3]``
+entries, and at most ``ARGV[4]`` bytes of fields and values past the first entry, and
+whether the range may hold more (``1``). Redis has no byte bound on ``XRANGE``: the
+script reads in batches sized by the biggest entry seen so far, so Redis holds about a
+page too, not ``ARGV[3]`` entries of any size."""
+
+
 class RedisRelay:
     """:class:`runtime.relay.Relay` on Redis Streams. Open with :meth:`RedisRelay.open`."""
 
@@ -182,6 +220,7 @@ class RedisRelay:
         flush_interval: float = FLUSH_INTERVAL,
         end_wait: float = END_WAIT,
         cancel_ping: float = CANCEL_PING,
+        page_bytes: int = PAGE_BYTES,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -204,6 +243,11 @@ class RedisRelay:
         self.end_wait = end_wait
         """Seconds a turn's last chunk waits at most for its writer's close, to go out
         with the end in one entry (:data:`END_WAIT`)."""
+        self.page_bytes = page_bytes
+        """Bytes a reader's page of entries holds at most, past one entry
+        (:data:`PAGE_BYTES`)."""
+        self.scripts_refused = False
+        """Whether Redis refused a reader's page script (:meth:`_page`): ``XRANGE`` then."""
         self.cancel_ping = cancel_ping
         """Seconds between two PINGs on the cancel subscription (:data:`CANCEL_PING`)."""
         self.down = False
@@ -611,7 +655,9 @@ class RedisRelay:
         key = self.turn_key(turn_id)
         seen = after_seq if after_seq is not None else 0
         cursor = _Cursor(turn_id=turn_id)
-        backlog, last_id = await self._replay(turn_id, key, cursor, unseen=unseen)
+        place = _Place(seen=seen, pauses=after_pauses)
+        found = _Resets()
+        held, last_id = await self._scan(turn_id, key, cursor, place, found, unseen=unseen)
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
         if seen and cursor.from_start:
@@ -626,11 +672,41 @@ class RedisRelay:
                 f"the relay's stream of turn {turn_id!r} ends at seq {cursor.position}, "
                 f"before seq {seen} the client saw: it was lost and started again"
             )
-        place = _Place(seen=seen, pauses=after_pauses)
-        place.skip_pauses(backlog)
-        backlog = _drop_restarted(backlog, place.seen)
-        for index, (seq, item) in enumerate(backlog):
-            done = self._next(place, turn_id, seq, item, tail=index == len(backlog) - 1)
+        sieve = _Sieve(found, place.seen)
+        back: tuple[int, Any] | None = None  # the item before: it is the tail if none follows
+        again = _Cursor(turn_id=turn_id)
+        start = "-"
+        more = twice = held is None
+        entries: list[Any] = []
+        while True:
+            if held is None:  # the second pass, a page at a time, up to the first's end
+                entries, more = await self._page(
+                    turn_id, key, start, last_id, biggest=again.biggest, after=len(entries)
+                )
+                held = [pair for entry in entries for pair in again.accept(entry)]
+                if entries:
+                    start = f"({_identifier(entries[-1].identifier)}"
+            for pair in held:
+                if not sieve.keeps(*pair):
+                    continue
+                if back is not None:
+                    done = self._next(place, turn_id, *back, tail=False)
+                    if done is _END:
+                        return
+                    if done is not None:
+                        yield done
+                back = pair
+            held = None
+            if not more:
+                break
+        if twice and again.position != cursor.position:
+            # (Redis lost the stream, or part of it, between the two passes)
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} changed under its reader "
+                f"(read to seq {again.position} of {cursor.position})"
+            )
+        if back is not None:
+            done = self._next(place, turn_id, *back, tail=True)
             if done is _END:
                 return
             if done is not None:
@@ -639,7 +715,8 @@ class RedisRelay:
             return
         while True:  # live: block on new entries after the last one
             pairs: list[tuple[int, Any]] = []
-            for entry in await self._next_entries(turn_id, key, last_id, on_quiet):
+            count = max(1, min(PAGE, self.page_bytes // cursor.biggest))
+            for entry in await self._next_entries(turn_id, key, last_id, on_quiet, count):
                 pairs.extend(cursor.accept(entry))
                 last_id = entry.identifier
             for index, (seq, item) in enumerate(pairs):
@@ -649,30 +726,96 @@ class RedisRelay:
                 if done is not None:
                     yield done
 
-    async def _replay(
-        self, turn_id: str, key: str, cursor: _Cursor, *, unseen: bool = False
-    ) -> tuple[list[tuple[int, Any]], bytes | str]:
-        """The turn's stream from the start, page by page, as ``cursor`` accepts it (seq,
-        item pairs), and the id of its last entry, where live reading goes on.
+    async def _page(
+        self,
+        turn_id: str,
+        key: str,
+        start: str,
+        stop: bytes | str,
+        *,
+        biggest: int,
+        after: int,
+        count: int = PAGE,
+        unseen: bool = False,
+    ) -> tuple[list[Any], bool]:
+        """The stream's entries from ``start`` to ``stop``, at most ``count`` of them and
+        :attr:`page_bytes` past the first (:data:`_PAGE`), and whether there may be more.
 
-        From the start, so restarted steps are dropped before anything goes out. Seqs are
+        A Redis that refuses the script (scripting disabled, or denied by the ACL of the
+        relay's user) gets ``XRANGE`` instead, for as many entries as :attr:`page_bytes`
+        holds of the ``biggest`` the read has seen, but at most twice as many as its page
+        before held (``after``; one at first) and :data:`FALLBACK_PAGE`: without Redis
+        bounding the bytes, a page may hold that many entries larger than those seen."""
+        from coredis.exceptions import ResponseError
+
+        if not self.scripts_refused:
+            try:
+                more, raw = await self._read_call(
+                    turn_id,
+                    "replay",
+                    functools.partial(
+                        self.client.eval,
+                        _PAGE,
+                        keys=[key],
+                        args=[start, stop, count, self.page_bytes],
+                    ),
+                    unseen=unseen,
+                )
+                return _entries(raw), bool(more)
+            except ResponseError as exc:
+                log.warning("relay.page_script_refused", error=_described(exc))
+                self.scripts_refused = True
+        wanted = max(1, min(count, FALLBACK_PAGE, 2 * after, self.page_bytes // biggest))
+        page = await self._read_call(
+            turn_id,
+            "replay",
+            functools.partial(self.client.xrange, key, start, stop, count=wanted),
+            unseen=unseen,
+        )
+        return list(page), len(page) == wanted
+
+    async def _scan(
+        self,
+        turn_id: str,
+        key: str,
+        cursor: _Cursor,
+        place: _Place,
+        found: _Resets,
+        *,
+        unseen: bool = False,
+    ) -> tuple[list[tuple[int, Any]] | None, bytes | str]:
+        """The first pass over the turn's stream from its start, page by page, as
+        ``cursor`` accepts it: where its resets are (``found``), the pauses the read
+        starts after (``place``), and the id of its last entry, where live reading goes
+        on. Returns the backlog's (seq, item) pairs too when it was one page (``None``
+        when longer: it is read again, a page at a time, as it is yielded).
+
+        From the start, so restarted steps are dropped before anything goes out, and a
+        stream that cannot be proved whole is refused before anything goes out. Seqs are
         the writer's, so a stream that lost its head (Redis restarted without its data
         while the turn went on) shows as a hole, never as a shorter turn."""
-        backlog: list[tuple[int, Any]] = []
         start = "-"
         last_id: bytes | str = "0-0"
+        first = True
+        entries: list[Any] = []
         while True:
-            page = await self._read_call(
+            entries, more = await self._page(
                 turn_id,
-                "replay",
-                functools.partial(self.client.xrange, key, start, "+", count=PAGE),
-                unseen=unseen and start == "-",
+                key,
+                start,
+                "+",
+                biggest=cursor.biggest,
+                after=len(entries),
+                unseen=unseen and first,
             )
-            for entry in page:
-                backlog.extend(cursor.accept(entry))
-                last_id = entry.identifier
-            if len(page) < PAGE:
-                return backlog, last_id
+            pairs = [pair for entry in entries for pair in cursor.accept(entry)]
+            found.see(pairs)
+            place.skip_pauses(pairs)
+            if entries:
+                last_id = entries[-1].identifier
+            if not more:
+                return (pairs if first else None), last_id
+            first = False
             start = f"({_identifier(last_id)}"
 
     async def _next_entries(
@@ -681,8 +824,11 @@ class RedisRelay:
         key: str,
         last_id: bytes | str,
         on_quiet: Callable[[float], Awaitable[None]] | None = None,
+        count: int = PAGE,
     ) -> Any:
-        """The stream's next entries after ``last_id``, blocking until there are some;
+        """The stream's next entries after ``last_id`` (at most ``count``: a reader that
+        fell behind a writer of large entries asks for a page's bytes of those it read,
+        not :data:`PAGE` whatever their size), blocking until there are some;
         :class:`~runtime.errors.RelayTurnGone` when the stream expired meanwhile.
         ``on_quiet`` is told how long it has waited after each read that found none."""
         since = trio.current_time()
@@ -691,7 +837,7 @@ class RedisRelay:
                 turn_id,
                 "live",
                 functools.partial(
-                    self.client.xread, {key: last_id}, count=PAGE, block=self.block_ms
+                    self.client.xread, {key: last_id}, count=count, block=self.block_ms
                 ),
                 blocking=True,
             )

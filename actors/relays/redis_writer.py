@@ -275,12 +275,17 @@ class RedisRelayWriter:
         without answering. The next flush carries them alone, at the same seqs, so
         Redis refusing it as a duplicate means exactly them, not the chunks queued since
         (which a duplicate would otherwise take as written, though they never were)."""
-        self._unsure: tuple[int, int] | None = None
-        """After Redis refused such a retry: the seq after its batch, and the turn's
-        chunks in it. Redis may hold the batch all the same (the first try applied
-        unanswered), so the stream's tail is read before the next flush: the batch is
-        lost (counted, readers told) only if the tail is not this writer's entry ending
-        just before that seq (:meth:`_tail_read`)."""
+        self.lost_under: int | None = None
+        """The first seq of this writer's flush whose connection was lost under it while
+        Redis would not say its ``proto-max-bulk-len`` (``CONFIG`` refused): lost again
+        under the same entry, that entry is refused as too large
+        (:meth:`~actors.relays.redis_flush._Flusher._name_too_large`)."""
+        self._unsure: tuple[int, int, str] | None = None
+        """After Redis refused such a retry: the seq after its batch, the turn's chunks
+        in it, and why (the gap's ``why`` if it is lost). Redis may hold the batch all
+        the same (the first try applied unanswered), so the stream's tail is read before
+        the next flush: the batch is lost (counted, readers told) only if the tail is not
+        this writer's entry ending just before that seq (:meth:`_tail_read`)."""
         self._first_step: int | None = None
         """The step the caller first asked :meth:`shown` about (a takeover's re-run)."""
         self._unproven = False
@@ -653,6 +658,7 @@ class RedisRelayWriter:
                 self._touched = job.at
             self._next_seq = job.first + len(job.batch)
             self._prev = None
+            self.lost_under = None
             self.flushes += 1
             self._attempt = 0
             self._retry_at = -math.inf
@@ -665,8 +671,13 @@ class RedisRelayWriter:
         else:  # Redis refused it (OOM, wrong type): not retried
             dropped = _chunks(job.batch)
             if job.retry:  # Redis may hold it (applied unanswered): the tail says
-                self._next_seq, self._unsure = None, (job.first + len(job.batch), dropped)
-                self._failed("relay.flush_refused", error, unsure=dropped)
+                why = _refusal(error)
+                self._next_seq, self._unsure = None, (job.first + len(job.batch), dropped, why)
+                if _too_large(error):
+                    self._failed("relay.flush_refused", error, unsure=dropped,
+                                 entry_bytes=_entry_bytes(job), why=why)  # fmt: skip
+                else:
+                    self._failed("relay.flush_refused", error, unsure=dropped)
             else:
                 self.lost += dropped
                 # Why, with the stream: Redis full now may be freed by the time a reader
@@ -742,7 +753,9 @@ class RedisRelayWriter:
             if lost:
                 # What the turn streamed before is not in the stream: readers are told
                 # (they rebuild from the store) instead of shown the turn without it.
-                self._queue.insert(0, {"type": GAP})
+                # (a refused retry's says why, as the refusal of a first try does)
+                gap = {"type": GAP} if unsure is None else {"type": GAP, "why": unsure[2]}
+                self._queue.insert(0, gap)
                 event = "relay.takeover_lost_stream" if unsure is None else "relay.refused_lost"
                 log.warning(event, turn_id=self.turn_id)
         elif isinstance(error, _retryable()):
@@ -824,7 +837,8 @@ class _RawEntry:
 
 
 def _entries(reply: Any) -> list[_RawEntry]:
-    """An ``XREVRANGE`` reply on the RESP connection (``[[id, [field, value, ...]]]``)."""
+    """An ``XREVRANGE`` reply on the RESP connection, or a reader's page
+    (``[[id, [field, value, ...]]]``)."""
     return [
         _RawEntry(identifier=identifier, field_values=dict(zip(flat[::2], flat[1::2], strict=True)))
         for identifier, flat in reply
