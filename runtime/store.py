@@ -218,9 +218,9 @@ class Store(Protocol):
 
     async def delete(self, session_id: str) -> None:
         """Delete the session, and with it the sessions it owns: the sub-sessions its
-        agent tools' calls ran in (``Agent.as_tool``: the id
-        :func:`~runtime.tools.sub_session_id` derives from its own and the call's, the
-        meta naming it, :func:`~runtime.tools.caller_of`), at any depth, with their turns
+        agent tools' calls ran in (``Agent.as_tool``: the sessions whose meta names it
+        as their caller, :func:`~runtime.tools.caller_of`, whatever their id: a hashed
+        one, :func:`~runtime.tools.sub_session_id`, too), at any depth, with their turns
         queued or waiting (the built-in stores: in one transaction). Nobody else reaches
         a sub-session; left behind, it stayed for good. Deleting an unknown session is
         not an error. A store of before that deletes the one session still works (its

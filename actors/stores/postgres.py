@@ -7,9 +7,11 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   created_at, updated_at TIMESTAMPTZ,
                   update_seq BIGINT,                     -- recency order (a sequence)
                   version BIGINT,                        -- bumped by every save
-                  incarnation BIGINT)                    -- version of its first save
-    axon_sessions_by_code_point ON axon_sessions         -- the ids in code point order:
-        ((session_id COLLATE "C"))                       -- sub-sessions at a delete
+                  incarnation BIGINT,                    -- version of its first save
+                  caller TEXT)                           -- the caller its meta names
+    axon_sessions_by_caller ON axon_sessions (caller)    -- sub-sessions at a delete
+    axon_sessions_by_code_point ON axon_sessions         -- the ids in code point order
+        ((session_id COLLATE "C"))                       -- (an older version's delete)
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows
@@ -82,7 +84,7 @@ import attrs
 import orjson
 import trio
 
-from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
+from actors.stores.owned import UNREADABLE_CALLER, owned_sessions
 from actors.stores.postgres_calls import (
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION_NAME,
@@ -1486,25 +1488,14 @@ class PostgresStore:
 
 def _sub_candidates(conn: Any, caller: str) -> list[tuple[str, Any]]:
     """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
-    its assistant messages' calls name, and those whose ids start with ``<caller>.``
-    (compared in code point order, ``COLLATE "C"``, whatever the database's collation:
-    under a linguistic one ``'.'`` may not sort before ``'/'``)."""
-    named = called_sub_sessions(
-        caller,
-        (
-            bytes(body)
-            for (body,) in conn.execute(
-                "SELECT body FROM axon_messages WHERE session_id = %s AND role = 'assistant'",
-                (caller,),
-            ).fetchall()
-        ),
-    )
-    low, high = prefix_range(caller)
+    whose ``caller`` column (kept by the database from their meta,
+    :data:`~actors.stores.postgres_tables.CALLER_FUNCTION`) names it, or says their meta
+    could not be read there; a lookup of ``axon_sessions_by_caller``. No message is read:
+    the calls' ids in the caller's assistant messages were read and decoded before, all
+    of them, at each delete."""
     rows = conn.execute(
-        """SELECT session_id, meta FROM axon_sessions
-        WHERE session_id = ANY(%s)
-            OR (session_id COLLATE "C" >= %s AND session_id COLLATE "C" < %s)""",
-        (sorted(named), low, high),
+        "SELECT session_id, meta FROM axon_sessions WHERE caller = ANY(%s)",
+        ([caller, UNREADABLE_CALLER],),
     ).fetchall()
     return [(sid, bytes(meta)) for sid, meta in rows]
 
