@@ -394,6 +394,16 @@ def fence_under(store: Any, session_id: str, caller_id: str) -> None:
         fence(session_id, caller_id)
 
 
+def release_under(store: Any, session_id: str) -> Callable[[], None] | None:
+    """What has ``store`` drop the fence :func:`fence_under` gave ``session_id``, to be
+    called once its host closed the sub-session and every save of it sent before is
+    written (:meth:`~actors.stores.postgres.PostgresStore.release_under`); ``None`` when
+    there is none to drop (a store that fences nothing, a session that is no fenced
+    sub-session)."""
+    release = getattr(store, "release_under", None)
+    return None if release is None else release(session_id)
+
+
 def checks_absent_mark(store: Store) -> bool:
     """Whether ``store``'s ``save`` takes ``absent_mark``: with ``expected_version=0`` and
     ``absent_mark`` a deletion mark read before (:func:`deletion_mark`), the save checks
