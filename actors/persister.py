@@ -24,6 +24,7 @@ saves: written in line, it held every other turn of the host at its next step's 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import trio
@@ -58,10 +59,11 @@ class _Forget:
     """The marker :meth:`Persister.forget_when_saved` queues behind a closed session's
     saves: handled in their order, it forgets the session once they are written."""
 
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "then")
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, then: Callable[[], None] | None = None) -> None:
         self.session_id = session_id
+        self.then = then
 
 
 class Persister(Actor):
@@ -123,7 +125,7 @@ class Persister(Actor):
             queued.append(message)
             return
         if isinstance(message, _Forget):
-            self.forget(message.session_id)
+            self._forgotten(message)
             return
         if len(message.messages) > OFF_LOOP_MESSAGES and self._nursery is not None:
             self._aside[message.session_id] = [message]
@@ -138,7 +140,7 @@ class Persister(Actor):
             while queued:
                 item = queued[0]
                 if isinstance(item, _Forget):
-                    self.forget(item.session_id)
+                    self._forgotten(item)
                 else:
                     await self._save(item)
                 del queued[0]  # (no schedule point from here to the pop: none comes in)
@@ -244,7 +246,12 @@ class Persister(Actor):
         self._latest.pop(session_id, None)
         self._written.pop(session_id, None)
 
-    def forget_when_saved(self, session_id: str) -> None:
+    def _forgotten(self, marker: _Forget) -> None:
+        self.forget(marker.session_id)
+        if marker.then is not None:
+            marker.then()
+
+    def forget_when_saved(self, session_id: str, then: Callable[[], None] | None = None) -> None:
         """:meth:`forget` ``session_id`` once the saves of it already sent here are
         written: its host closed it with a save in flight (one that outlasted its turn's
         wait, ``SAVE_TIMEOUT``: a slow or paused store), and its runner, stopped, sends no
@@ -252,11 +259,12 @@ class Persister(Actor):
         session's latest request; a waiting turn's messages, 10 MB attachments and
         all), for the host's life: so a marker is queued behind it, past the inbox's
         capacity if need be (never a wait), and handled in its order. A persister that
-        stops already forgets at once."""
+        stops already forgets at once. ``then``, called once it is forgotten: the store's
+        release of the session's sub-turn fence (``Host.close_session``)."""
         try:
-            self.inbox.put_over(_Forget(session_id))
+            self.inbox.put_over(_Forget(session_id, then))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self.forget(session_id)
+            self._forgotten(_Forget(session_id, then))
 
     def refuse(self, session_id: str, turn_id: str) -> None:
         """Refuse every save of turn ``turn_id`` from now on: its session is being

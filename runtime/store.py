@@ -218,9 +218,9 @@ class Store(Protocol):
 
     async def delete(self, session_id: str) -> None:
         """Delete the session, and with it the sessions it owns: the sub-sessions its
-        agent tools' calls ran in (``Agent.as_tool``: the id
-        :func:`~runtime.tools.sub_session_id` derives from its own and the call's, the
-        meta naming it, :func:`~runtime.tools.caller_of`), at any depth, with their turns
+        agent tools' calls ran in (``Agent.as_tool``: the sessions whose meta names it
+        as their caller, :func:`~runtime.tools.caller_of`, whatever their id: a hashed
+        one, :func:`~runtime.tools.sub_session_id`, too), at any depth, with their turns
         queued or waiting (the built-in stores: in one transaction). Nobody else reaches
         a sub-session; left behind, it stayed for good. Deleting an unknown session is
         not an error. A store of before that deletes the one session still works (its
@@ -392,6 +392,16 @@ def fence_under(store: Any, session_id: str, caller_id: str) -> None:
     fence = getattr(store, "fence_under", None)
     if fence is not None:
         fence(session_id, caller_id)
+
+
+def release_under(store: Any, session_id: str) -> Callable[[], None] | None:
+    """What has ``store`` drop the fence :func:`fence_under` gave ``session_id``, to be
+    called once its host closed the sub-session and every save of it sent before is
+    written (:meth:`~actors.stores.postgres.PostgresStore.release_under`); ``None`` when
+    there is none to drop (a store that fences nothing, a session that is no fenced
+    sub-session)."""
+    release = getattr(store, "release_under", None)
+    return None if release is None else release(session_id)
 
 
 def checks_absent_mark(store: Store) -> bool:

@@ -126,3 +126,142 @@ async def test_a_delete_in_a_database_of_a_linguistic_collation_finds_sub_sessio
                 )
             )
     assert "Index Cond" in plan and "'c.'" in plan.split("Index Cond")[1]  # (not a Filter)
+
+
+async def test_a_postgres_delete_reads_no_message_of_its_tree(
+    pg_url: str, monkeypatch: Any
+) -> None:
+    # The sub-sessions are found by the caller they record (axon_sessions.caller), not
+    # by the calls in the tree's assistant messages, every one of which a delete read
+    # and decoded (a session of thousands of steps paid it at its delete).
+    import psycopg
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        ids = await _tree(store, 2)
+        sent: list[str] = []
+        execute = psycopg.Cursor.execute
+
+        def recorded(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(" ".join(str(query).split()))
+            return execute(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", recorded)
+        await store.delete("c")
+        monkeypatch.undo()
+        reads = [q for q in sent if "axon_messages" in q and not q.startswith("DELETE")]
+        assert reads == [], reads
+        assert sum("WHERE caller = ANY" in q for q in sent) == len(ids)  # one a session
+        assert await store.list_sessions() == []
+    finally:
+        await store.aclose()
+
+
+async def test_a_postgres_delete_looks_sub_sessions_up_in_the_callers_index(pg_url: str):
+    import psycopg
+
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    with psycopg.connect(pg_url.split("?")[0], autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {pg_url.split('schema=')[1]}")
+        conn.execute("SET enable_seqscan = off")  # (a table this small is read whole)
+        plan = " ".join(
+            row[0]
+            for row in conn.execute(
+                "EXPLAIN SELECT session_id, meta FROM axon_sessions "
+                "WHERE caller = ANY(ARRAY['c', ''])"
+            )
+        )
+    assert "axon_sessions_by_caller" in plan, plan
+
+
+async def test_a_sub_session_whose_meta_names_another_caller_since_goes_with_that_one(
+    pg_url: str,
+):
+    # the column follows the meta (the update's trigger): the delete of the caller
+    # named first leaves it, the delete of the one named now takes it
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("c", 0, _calls(0))
+        await store.save("d", 0, _calls(1))
+        version = await store.save("s", 0, _calls(2), {PARENT_SESSION_META: "c"})
+        await store.save("s", 2, _calls(3), {PARENT_SESSION_META: "d"}, expected_version=version)
+        await store.delete("c")
+        assert await store.load("s") is not None
+        await store.delete("d")
+        assert await store.load("s") is None
+    finally:
+        await store.aclose()
+
+
+async def test_a_sub_session_whose_meta_a_latin1_database_cannot_read_is_deleted():
+    # "中" has no LATIN1 form: the database cannot read that meta (its caller column
+    # says so, ''), and the delete reads it in Python
+    with own_database("LATIN1") as url:
+        store = await PostgresStore.open(url)
+        try:
+            await store.save("c", 0, _calls(0))
+            sub = sub_session_id("c" * 120, "helper", "k1")
+            await store.save(sub, 0, _calls(1), {PARENT_SESSION_META: "c", "名": "中"})
+            await store.save("other", 0, _calls(2), {PARENT_SESSION_META: "d", "名": "中"})
+            await store.delete("c")
+            assert await store.load(sub) is None
+            assert await store.load("other") is not None
+        finally:
+            await store.aclose()
+
+
+async def test_a_store_of_before_finds_the_sub_sessions_it_holds_and_its_older_writers(
+    pg_url: str,
+):
+    # A store made before the caller column (dropped here) holds a hashed sub-session
+    # its caller's stored call does not name: the opening fills the column from the
+    # metas; a process of before, which writes no caller, inserts another after it: the
+    # trigger records it.
+    import psycopg
+
+    schema = pg_url.split("schema=")[1]
+    caller = "c" * 120
+    before = sub_session_id(caller, "helper", "k1")
+    after = sub_session_id(caller, "helper", "k2")
+    store = await PostgresStore.open(pg_url)  # (its saves name no caller column)
+    with psycopg.connect(pg_url.split("?")[0], autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute("DROP TRIGGER axon_sessions_caller_v1 ON axon_sessions")
+        conn.execute("DROP TRIGGER axon_sessions_caller_update_v1 ON axon_sessions")
+        conn.execute("DROP FUNCTION axon_sessions_caller_v1()")
+        conn.execute("DROP FUNCTION axon_meta_caller_v1(bytea)")
+        conn.execute("ALTER TABLE axon_sessions DROP COLUMN caller")  # (and its index)
+    await store.save(caller, 0, _calls(0))
+    await store.save(before, 0, _calls(1), {PARENT_SESSION_META: caller})
+    await store.aclose()
+    store = await PostgresStore.open(pg_url)
+    try:
+        with psycopg.connect(pg_url.split("?")[0], autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {schema}")
+            conn.execute(  # an older process's insert (its save's, as it was)
+                """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+                VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))""",
+                (after, b'{"parent_session_id":"%s"}' % caller.encode()),
+            )
+        await store.delete(caller)
+        assert await store.list_sessions() == []
+    finally:
+        await store.aclose()
+
+
+async def test_a_sqlite_file_of_before_gains_the_callers_index_at_open(tmp_path: Path):
+    import sqlite3
+
+    from actors.stores.sqlite import _SUBS_OF_SQL
+
+    path = tmp_path / "s.db"
+    store = await SQLiteStore.open(path)
+    await store.aclose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX sessions_by_caller")  # (as a file of before)
+    store = await SQLiteStore.open(path)
+    await store.aclose()
+    with sqlite3.connect(path) as conn:
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {_SUBS_OF_SQL}", ("c",)).fetchall()
+    assert "USING INDEX sessions_by_caller" in str(plan), plan

@@ -159,6 +159,7 @@ async def test_a_stored_sessions_save_is_hot_and_key_less_turns_index_no_key(
     ).fetchall()
     sizes = dict(indexes)
     assert sorted(name for name in sizes if name.startswith("axon_sessions")) == [
+        "axon_sessions_by_caller",  # a column a save never changes: still HOT
         "axon_sessions_by_code_point",  # the ids, which a save never changes: still HOT
         "axon_sessions_pkey",
     ]

@@ -333,6 +333,7 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     finally:
         conn.close()
     assert [name for kind, name in objects if kind != "index" or "autoindex" not in name] == [
+        "sessions_by_caller",
         "sessions_by_update",
         "user_messages_by_id",
         "axon_meta",
@@ -408,6 +409,8 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
 # -- PostgreSQL: processes at once, upgrades killed, newer schemas ------------------------
 
 _STORE_TRIGGERS = [
+    ("axon_sessions", "axon_sessions_caller_update_v1"),
+    ("axon_sessions", "axon_sessions_caller_v1"),
     ("axon_sessions", "axon_sessions_deletion_v1"),
     ("axon_sessions", "axon_sessions_incarnation_v1"),
     ("axon_turns", "axon_turns_head_insert_v1"),
@@ -872,6 +875,11 @@ _OLD_STORES = {
         "ALTER TABLE axon_sessions DROP COLUMN incarnation",
     ],
     "before claim tokens": ["ALTER TABLE axon_turns DROP COLUMN claim_token"],
+    "before callers": [
+        "DROP TRIGGER axon_sessions_caller_v1 ON axon_sessions",
+        "DROP TRIGGER axon_sessions_caller_update_v1 ON axon_sessions",
+        "ALTER TABLE axon_sessions DROP COLUMN caller",
+    ],
     "before waiting turns": [
         "ALTER TABLE axon_turns DROP CONSTRAINT axon_turns_status_check, ADD CONSTRAINT "
         "axon_turns_status_check CHECK (status IN ('queued', 'running', 'done', 'failed', "
@@ -933,6 +941,8 @@ async def test_an_opening_alters_existing_tables_only_once_it_holds_them_all(
     else:
         assert altering, ran
         assert locks and locks[0] < altering[0], ran
-        altered = "axon_sessions" if old == "before incarnations" else "axon_turns"
+        altered = (
+            "axon_sessions" if old in ("before incarnations", "before callers") else "axon_turns"
+        )
         assert ran[locks[0]] == f"LOCK TABLE {altered} IN ACCESS EXCLUSIVE MODE"
     assert _complete(_schema_parts(pg_url))

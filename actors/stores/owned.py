@@ -9,13 +9,17 @@ the caller left each of them in the store for good, with whatever the sub-turn h
 and any turn of it still queued or waiting. Every built-in store now deletes a session's
 sub-sessions, at any depth, in the same transaction as the session.
 
-Found by what the caller holds, not by a scan of every session: the sub-session ids its
-stored assistant messages' tool calls derive (the store does not know which tools are
-agents: an id that names no stored session costs a primary-key probe), and, for the
-unhashed ids (``<caller>.<tool>.<call>``), the ids that start with ``<caller>.``: a
-sub-session saved before the caller's call was (none found: a worker confirms a tool
-batch before running it). Either way a candidate is the caller's only when its meta
-names it: a session an application named ``<caller>.x`` itself is left alone.
+Found by what each sub-session records, its caller (its meta's
+:data:`~runtime.tools.PARENT_SESSION_META`, written with its first save), indexed: the
+memory store reads its sessions' metas; SQLite and PostgreSQL look the caller up in an
+index of it (SQLite's an expression index over the meta; PostgreSQL's a ``caller``
+column its triggers keep, so every writer, a process of an earlier version too, keeps
+it, and a save whose meta is unchanged stays HOT). Before, the stores derived the
+candidates from the caller's stored calls (every assistant message of each session of
+the tree read and decoded at its delete) and the ``<caller>.`` id range: a sub-session
+with a hashed id (``sub.<sha>``) whose caller's call was never stored (the caller's
+step not saved yet) was found by neither. A candidate is the caller's only when its meta
+names it (read again here): a session whose meta names another caller, or none, stays.
 """
 
 from __future__ import annotations
@@ -25,42 +29,16 @@ from typing import Any
 
 import orjson
 
-from runtime.tools import caller_of, sub_session_id
+from runtime.tools import caller_of
 
 OWNED_MAX = 100_000
 """At most this many sessions are deleted with one (a cycle cannot occur, ids are
 unique; a bound on one delete's transaction all the same)."""
 
-
-def called_sub_sessions(session_id: str, bodies: Iterable[Any]) -> set[str]:
-    """The ids of the sub-sessions the tool calls in ``bodies`` (the serde JSON of the
-    session's stored assistant messages) would run in, were their tools agents. Read
-    leniently: a body that cannot be read names none (a delete never fails on a damaged
-    row, which it deletes)."""
-    ids: set[str] = set()
-    for body in bodies:
-        try:
-            message = orjson.loads(body)
-        except (orjson.JSONDecodeError, TypeError):
-            continue
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            call, name = part.get("tool_call_id"), part.get("tool_name")
-            if isinstance(call, str) and isinstance(name, str):
-                ids.add(sub_session_id(session_id, name, call))
-    ids.discard(session_id)
-    return ids
-
-
-def prefix_range(session_id: str) -> tuple[str, str]:
-    """The range ``[low, high)`` of the ids that start with ``<session_id>.`` (the
-    unhashed sub-session ids), in code point order (SQLite's ``BINARY``, PostgreSQL's
-    ``COLLATE "C"``): ``'/'`` follows ``'.'``."""
-    return f"{session_id}.", f"{session_id}/"
+UNREADABLE_CALLER = ""
+"""What PostgreSQL's ``axon_sessions.caller`` holds for a meta that holds the key but
+that the database could not read (no session's id is empty): a delete reads those
+sessions too and decides on their meta here (:func:`meta_caller`)."""
 
 
 def meta_caller(raw: Any) -> str | None:

@@ -7,9 +7,11 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   created_at, updated_at TIMESTAMPTZ,
                   update_seq BIGINT,                     -- recency order (a sequence)
                   version BIGINT,                        -- bumped by every save
-                  incarnation BIGINT)                    -- version of its first save
-    axon_sessions_by_code_point ON axon_sessions         -- the ids in code point order:
-        ((session_id COLLATE "C"))                       -- sub-sessions at a delete
+                  incarnation BIGINT,                    -- version of its first save
+                  caller TEXT)                           -- the caller its meta names
+    axon_sessions_by_caller ON axon_sessions (caller)    -- sub-sessions at a delete
+    axon_sessions_by_code_point ON axon_sessions         -- the ids in code point order
+        ((session_id COLLATE "C"))                       -- (an older version's delete)
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows
@@ -82,7 +84,7 @@ import attrs
 import orjson
 import trio
 
-from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
+from actors.stores.owned import UNREADABLE_CALLER, owned_sessions
 from actors.stores.postgres_calls import (
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION_NAME,
@@ -205,6 +207,10 @@ class Fence:
     """Asked right before a save that ends the turn in its call (:attr:`one_call` said
     ``True``) is sent: ``None``, or the claim of the next turn for this fence's owner
     rides on it (:data:`SAVE_NEXT_FUNCTION`), as the :class:`RidingClaim` says."""
+    token: object = attrs.field(factory=object, eq=False, repr=False)
+    """This fence's identity, kept by its copy without callbacks (:attr:`PostgresStore._after`):
+    a release (:meth:`PostgresStore.release_under`) drops the fence it was given, not a
+    later one of the same claim (the sub-session opened again)."""
     under: str | None = None
     """Set on the fence of a sub-session an agent tool of the claimed turn runs in
     (:meth:`PostgresStore.fence_under`): the claimed turn's session. Such a fence only
@@ -425,7 +431,9 @@ class PostgresStore:
         callbacks dropped: they hold the turn's stream and history): a sub-turn may
         outlive its calling turn (the agent tool's task ends after the turn that
         cancelled it), and its late saves are checked against the same claim. Until
-        the sub-session is fenced again (bounded: :data:`ENDED_REMEMBERED`)."""
+        the sub-session is fenced again or its host released it (:meth:`release_under`:
+        the host closed it and its saves are written; bounded all the same:
+        :data:`ENDED_REMEMBERED`)."""
         self._log = get_logger("axon.store.postgres")
 
     @property
@@ -659,6 +667,36 @@ class PostgresStore:
         subs = self._under.setdefault(root, [])
         if session_id not in subs:
             subs.append(session_id)
+
+    def release_under(self, session_id: str) -> Callable[[], None] | None:
+        """What drops the fence :meth:`fence_under` gave ``session_id`` (``None``: it has
+        none), to be called once no save of the sub-turns it fenced can come: its host
+        closed the sub-session and the saves sent before are written
+        (``Host.close_session``). Before, such a fence stayed in :attr:`_after` until
+        :data:`ENDED_REMEMBERED` later ones pushed it out, those of sub-sessions long
+        closed as much as those of a sub-turn still running past its calling turn: a
+        late save of that one, pushed out, was written unfenced. Now the bound holds the
+        fences of sub-sessions still open here only. The fence it was given only: one
+        fenced since (opened again) stays."""
+        held = self._fences.get(session_id)
+        if held is None or held.under is None:
+            held = self._after.get(session_id)
+        if held is None or held.under is None:
+            return None
+        token = held.token
+
+        def release() -> None:
+            fence = self._fences.get(session_id)
+            if fence is not None and fence.token is token:
+                del self._fences[session_id]
+                subs = self._under.get(fence.under or "")
+                if subs is not None and session_id in subs:
+                    subs.remove(session_id)
+            fence = self._after.get(session_id)
+            if fence is not None and fence.token is token:
+                del self._after[session_id]
+
+        return release
 
     def _fence_after(self, session_id: str, fence: Fence) -> None:
         """Keep checking ``session_id``'s saves against ``fence``'s claim once its calling
@@ -1486,25 +1524,14 @@ class PostgresStore:
 
 def _sub_candidates(conn: Any, caller: str) -> list[tuple[str, Any]]:
     """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
-    its assistant messages' calls name, and those whose ids start with ``<caller>.``
-    (compared in code point order, ``COLLATE "C"``, whatever the database's collation:
-    under a linguistic one ``'.'`` may not sort before ``'/'``)."""
-    named = called_sub_sessions(
-        caller,
-        (
-            bytes(body)
-            for (body,) in conn.execute(
-                "SELECT body FROM axon_messages WHERE session_id = %s AND role = 'assistant'",
-                (caller,),
-            ).fetchall()
-        ),
-    )
-    low, high = prefix_range(caller)
+    whose ``caller`` column (kept by the database from their meta,
+    :data:`~actors.stores.postgres_tables.CALLER_FUNCTION`) names it, or says their meta
+    could not be read there; a lookup of ``axon_sessions_by_caller``. No message is read:
+    the calls' ids in the caller's assistant messages were read and decoded before, all
+    of them, at each delete."""
     rows = conn.execute(
-        """SELECT session_id, meta FROM axon_sessions
-        WHERE session_id = ANY(%s)
-            OR (session_id COLLATE "C" >= %s AND session_id COLLATE "C" < %s)""",
-        (sorted(named), low, high),
+        "SELECT session_id, meta FROM axon_sessions WHERE caller = ANY(%s)",
+        ([caller, UNREADABLE_CALLER],),
     ).fetchall()
     return [(sid, bytes(meta)) for sid, meta in rows]
 

@@ -32,6 +32,8 @@ from actors.stores.postgres_calls import (
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
+    _CALLER_SCHEMA,
+    _CALLER_TRIGGER,
     _DELETION_TRIGGER,
     _HEAD_INSERT_TRIGGER,
     _HEAD_SCHEMA,
@@ -191,6 +193,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _add_turn_columns(conn, schema)
     _add_session_columns(conn, schema)
     _ensure_incarnation_trigger(conn)
+    _ensure_caller_trigger(conn)
     _ensure_deletion_trigger(conn)
     if MESSAGE_ID_INDEX not in relations:  # a store of before builds it, once
         for statement in _MESSAGE_ID_SCHEMA:
@@ -283,6 +286,7 @@ def _tables_to_alter(conn: Any, schema: str, relations: set[str]) -> list[str]:
             or any(("axon_sessions", column) not in columns for column, _ in _SESSION_COLUMNS)
             or ("axon_sessions", _INCARNATION_TRIGGER) not in triggers
             or ("axon_sessions", _DELETION_TRIGGER) not in triggers
+            or ("axon_sessions", _CALLER_TRIGGER) not in triggers
         ),
         "axon_messages": MESSAGE_ID_INDEX not in relations,
     }
@@ -379,6 +383,18 @@ def _ensure_incarnation_trigger(conn: Any) -> None:
     ).fetchone()
     if found is None:
         for statement in _INCARNATION_SCHEMA:
+            conn.execute(statement)
+
+
+def _ensure_caller_trigger(conn: Any) -> None:
+    """The triggers that keep a session's ``caller`` (:data:`_CALLER_TRIGGER`), created
+    with their functions and index when missing, the sessions stored before filled."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_sessions'::regclass AND tgname = %s",
+        (_CALLER_TRIGGER,),
+    ).fetchone()
+    if found is None:
+        for statement in _CALLER_SCHEMA:
             conn.execute(statement)
 
 

@@ -20,13 +20,15 @@ _SCHEMA = (
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         update_seq BIGINT NOT NULL,
         version BIGINT NOT NULL,
-        incarnation BIGINT NOT NULL DEFAULT 0
+        incarnation BIGINT NOT NULL DEFAULT 0,
+        caller TEXT
     )""",
     # The sessions' ids in code point order, whatever the database's collation: a
-    # session's sub-sessions (ids ``<caller>.``...) are read as a range of them at its
-    # delete (actors.stores.owned), which a primary key in a linguistic collation (where
-    # '.' need not sort before '/') cannot serve: each delete read every session. Only
-    # a new session writes it (an id never changes: a save's update stays HOT).
+    # delete of subturnedge's version reads a session's sub-sessions (ids
+    # ``<caller>.``...) as a range of them (this version reads ``caller``, see
+    # _CALLER_SCHEMA), which a primary key in a linguistic collation (where '.' need
+    # not sort before '/') cannot serve. Kept while such processes may run. Only a new
+    # session writes it (an id never changes: a save's update stays HOT).
     """CREATE INDEX IF NOT EXISTS axon_sessions_by_code_point
         ON axon_sessions ((session_id COLLATE "C"))""",
     # No index on update_seq (stores of before have axon_sessions_by_update; nothing reads
@@ -140,6 +142,9 @@ _SESSION_COLUMNS = (
     # The version of the session's first save (runtime.store.SessionRecord.incarnation),
     # written by :data:`_INCARNATION_SCHEMA`'s trigger; 0 for the sessions stored before.
     ("incarnation", "BIGINT NOT NULL DEFAULT 0"),
+    # The calling session its meta names (a sub-session's owner, :data:`_CALLER_SCHEMA`),
+    # written by its triggers; NULL for a session an application opened.
+    ("caller", "TEXT"),
 )
 """Columns ``axon_sessions`` gained after schema 1 shipped: added on open when missing,
 as :data:`_TURN_COLUMNS` are."""
@@ -164,6 +169,78 @@ _INCARNATION_SCHEMA = (
         FOR EACH ROW EXECUTE FUNCTION {_INCARNATION_TRIGGER}()""",
 )
 """Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table)."""
+
+CALLER_FUNCTION = "axon_meta_caller_v1"
+"""The calling session a stored meta names (its JSON's ``parent_session_id``,
+:data:`~runtime.tools.PARENT_SESSION_META`), ``NULL`` for a meta that names none, and
+``''`` (no session's id) for one that names it but cannot be read here (a database
+that is not UTF-8 cannot hold every character; JSON text may hold ``\\u0000``, which
+``->>`` refuses): a delete reads those too and decides in Python."""
+
+_CALLER_KEY = "'\\x22706172656e745f73657373696f6e5f696422'::bytea"
+"""``"parent_session_id"`` (with its quotes) as bytes: a meta whose bytes do not hold
+it names no caller, told without parsing it (the triggers' ``WHEN``, the function's
+first test): a session an application opened costs no call of a function."""
+
+_CALLER_TRIGGER = "axon_sessions_caller_v1"
+"""The triggers (and their function) that keep ``axon_sessions.caller``: the caller a
+session's meta names, so a delete finds a session's sub-sessions by an index
+(``axon_sessions_by_caller``, :mod:`actors.stores.owned`) without reading the calls in
+its messages. On an insert whose meta names one, and on an update whose meta changed and
+names one or named one: only sub-sessions run the function (a save whose meta is the
+stored one runs nothing; the column unchanged, a save's update stays HOT). Kept by the
+database, as :data:`_INCARNATION_TRIGGER`, so every writer records it: the save's
+function of every version, a process of an earlier version during a rolling upgrade. A
+new version of it gets a new name."""
+
+_CALLER_UPDATE_TRIGGER = "axon_sessions_caller_update_v1"
+""":data:`_CALLER_TRIGGER`'s function run on an update (a trigger's ``WHEN`` cannot read
+``OLD`` on an insert)."""
+
+CALLER_INDEX = "axon_sessions_by_caller"
+"""The sub-sessions by their caller (partial: a session naming none has no entry)."""
+
+_CALLER_SCHEMA = (
+    f"""CREATE OR REPLACE FUNCTION {CALLER_FUNCTION}(meta BYTEA) RETURNS TEXT
+        LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+    DECLARE
+        found JSON;
+    BEGIN
+        IF position({_CALLER_KEY} IN meta) = 0 THEN
+            RETURN NULL;
+        END IF;
+        BEGIN  -- (a subtransaction: only for the metas that hold the key)
+            found := convert_from(meta, 'UTF8')::json -> 'parent_session_id';
+            IF json_typeof(found) = 'string' THEN
+                RETURN found #>> '{{}}';
+            END IF;
+            RETURN NULL;
+        EXCEPTION WHEN OTHERS THEN
+            RETURN '';
+        END;
+    END $$""",
+    f"""CREATE OR REPLACE FUNCTION {_CALLER_TRIGGER}() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+    BEGIN
+        NEW.caller := {CALLER_FUNCTION}(NEW.meta);
+        RETURN NEW;
+    END $$""",
+    f"""CREATE TRIGGER {_CALLER_TRIGGER} BEFORE INSERT ON axon_sessions
+        FOR EACH ROW WHEN (position({_CALLER_KEY} IN NEW.meta) > 0)
+        EXECUTE FUNCTION {_CALLER_TRIGGER}()""",
+    f"""CREATE TRIGGER {_CALLER_UPDATE_TRIGGER} BEFORE UPDATE OF meta ON axon_sessions
+        FOR EACH ROW WHEN (OLD.meta IS DISTINCT FROM NEW.meta
+            AND (OLD.caller IS NOT NULL OR position({_CALLER_KEY} IN NEW.meta) > 0))
+        EXECUTE FUNCTION {_CALLER_TRIGGER}()""",
+    # The sessions stored before the triggers (a store of before: under the upgrade's
+    # lock, so no writer adds one meanwhile); a read of every meta, once.
+    f"""UPDATE axon_sessions SET caller = {CALLER_FUNCTION}(meta)
+        WHERE position({_CALLER_KEY} IN meta) > 0""",
+    f"""CREATE INDEX IF NOT EXISTS {CALLER_INDEX}
+        ON axon_sessions (caller) WHERE caller IS NOT NULL""",
+)
+"""Created once, when the insert's trigger is missing, after the column (a store of
+before gains them under the upgrade's lock: ``CREATE TRIGGER`` locks the table)."""
 
 _DELETION_TRIGGER = "axon_sessions_deletion_v1"
 """The trigger (and its function) that sets a deleted session row's id's deletion mark

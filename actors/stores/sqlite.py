@@ -14,6 +14,7 @@ Layout (schema version 5)::
              message_id TEXT,                            -- a user message's id, else NULL
              PRIMARY KEY(session_id, idx))
     user_messages_by_id ON messages(session_id, message_id) WHERE role = 'user'
+    sessions_by_caller ON sessions(<the caller its meta names>)   -- sub-sessions
     deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: grows
               count INTEGER)                             -- with each delete of the id
 
@@ -58,7 +59,7 @@ import orjson
 import trio
 
 import runtime.store as store_contract
-from actors.stores.owned import called_sub_sessions, owned_sessions, prefix_range
+from actors.stores.owned import owned_sessions
 from actors.stores.validation import (
     check_limit,
     check_version,
@@ -150,6 +151,31 @@ the save writes (it has the message, no JSON to parse), not an expression index:
 writer of schema 4 writes nothing into a file of schema 5 (``_schema_moved``), and the
 rows stored before are filled once by the upgrade (:func:`_fill_message_ids`)."""
 
+_CALLER_OF = (
+    "instr(meta, '\"parent_session_id\"') > 0 AND json_valid(CAST(meta AS TEXT))",
+    "json_extract(CAST(meta AS TEXT), '$.parent_session_id')",
+)
+"""The caller a session's meta names (:data:`~runtime.tools.PARENT_SESSION_META`), as
+SQL: the condition under which it may name one (its bytes hold the key, and it reads as
+JSON: ``json_extract`` fails the statement on a meta that does not) and the expression.
+``CAST``: the meta is stored as the bytes ``orjson`` wrote (a BLOB), which SQLite 3.45
+and later read as its binary JSONB."""
+
+_CALLER_INDEX = f"""CREATE INDEX IF NOT EXISTS sessions_by_caller
+    ON sessions ({_CALLER_OF[1]}) WHERE {_CALLER_OF[0]}"""
+"""The sub-sessions by their caller: a delete finds a session's sub-sessions by it
+(:mod:`actors.stores.owned`) without reading the calls in its messages. An expression
+index, not a column: SQLite keeps it at every writer's insert and update, a process's
+of an earlier version too (so the file's schema version stays: a writer of before still
+writes), and a file of before gains it on open (:func:`_connect`), built from the metas
+it holds. Partial: a session whose meta does not hold the key has no entry and costs its
+saves no JSON parse."""
+
+_SUBS_OF_SQL = f"""SELECT session_id, meta FROM sessions
+    WHERE {_CALLER_OF[0]} AND {_CALLER_OF[1]} = ?"""
+"""The sessions whose meta names a caller (the index's condition repeated: SQLite uses
+a partial index only for a query whose ``WHERE`` holds its terms)."""
+
 _SCHEMA = (
     """CREATE TABLE axon_meta (
         key TEXT PRIMARY KEY,
@@ -175,6 +201,7 @@ _SCHEMA = (
     )""",
     _DELETIONS_TABLE,
     _MESSAGE_ID_INDEX,
+    _CALLER_INDEX,
 )
 _COLUMNS_V1 = {
     "axon_meta": {"key", "value"},
@@ -454,6 +481,16 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
     )
 
 
+def _has_caller_index(conn: sqlite3.Connection) -> bool:
+    """Whether the file has :data:`_CALLER_INDEX` (a file of before has not)."""
+    return (
+        conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'sessions_by_caller'"
+        ).fetchone()
+        is not None
+    )
+
+
 def _create_schema(conn: sqlite3.Connection) -> None:
     for statement in _SCHEMA:
         conn.execute(statement)
@@ -484,9 +521,10 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.execute("BEGIN")
         try:
             found = _inspect(conn, path)
+            indexed = found is not None and _has_caller_index(conn)
         finally:
             conn.execute("COMMIT")
-        if found is None or found < SCHEMA_VERSION:
+        if found is None or found < SCHEMA_VERSION or not indexed:
             # Take the write lock, then look again: another process may have created or
             # upgraded the schema between our read and now.
             conn.execute("BEGIN IMMEDIATE")
@@ -496,6 +534,8 @@ def _connect(path: str) -> sqlite3.Connection:
                     _create_schema(conn)
                 elif found < SCHEMA_VERSION:
                     _migrate(conn, found)
+                if not _has_caller_index(conn):  # a file of before: built once
+                    conn.execute(_CALLER_INDEX)
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)
@@ -650,26 +690,9 @@ class _Written:
 
 
 def _sub_candidates(conn: sqlite3.Connection, caller: str) -> list[tuple[str, Any]]:
-    """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
-    its assistant messages' calls name, and those whose ids start with ``<caller>.``."""
-    named = called_sub_sessions(
-        caller,
-        (
-            body
-            for (body,) in conn.execute(
-                "SELECT body FROM messages WHERE session_id = ? AND role = 'assistant'",
-                (caller,),
-            )
-        ),
-    )
-    low, high = prefix_range(caller)
-    rows = conn.execute(
-        """SELECT session_id, meta FROM sessions WHERE session_id >= ? AND session_id < ?
-        UNION SELECT session_id, meta FROM sessions
-        WHERE session_id IN (SELECT value FROM json_each(?))""",
-        (low, high, orjson.dumps(sorted(named)).decode()),
-    ).fetchall()
-    return [(sid, meta) for sid, meta in rows]
+    """The stored sessions whose meta names ``caller``, with their meta: a lookup of
+    ``sessions_by_caller`` (:data:`_CALLER_INDEX`)."""
+    return conn.execute(_SUBS_OF_SQL, (caller,)).fetchall()
 
 
 def _delete_one(conn: sqlite3.Connection, session_id: str) -> None:

@@ -62,7 +62,13 @@ from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.redact import redact
-from runtime.store import SessionRecord, Store, fence_under, validate_session_id
+from runtime.store import (
+    SessionRecord,
+    Store,
+    fence_under,
+    release_under,
+    validate_session_id,
+)
 from runtime.tools import caller_of
 
 if TYPE_CHECKING:
@@ -1083,6 +1089,9 @@ class Host:
         del self.sessions[session.id]
         self.bus.forget_session(session.id)
         self.persister.forget(session.id)  # (all saved: nothing of it is in flight)
+        release = release_under(self.store, session.id)  # (its sub-turn fence: as closed)
+        if release is not None:
+            release()
         session.detach()
         return SessionEvicted(
             session_id=session.id, reason=reason, idle_for=now - session.last_used
@@ -1162,11 +1171,18 @@ class Host:
         # waiting (approval, client tool) left its messages there, held for the host's
         # life once the session closed. A save still in flight (it outlasted the turn's
         # wait) reads the session's latest request: then once it is written.
+        # An agent tool's sub-session: its store's fence of the sub-turn's saves is let
+        # go once they are written (it outlived the calling turn's block, and stayed
+        # among the store's last ENDED_REMEMBERED until others pushed it out).
+        release = release_under(self.store, session.id)
         if session.runner is not None:
             if session.state.all_saved:
                 self.persister.forget(session.id)
             else:
-                self.persister.forget_when_saved(session.id)
+                self.persister.forget_when_saved(session.id, release)
+                release = None
+        if release is not None:
+            release()
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session for good: its running turn cancelled (abort reason ``session

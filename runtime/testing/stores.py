@@ -922,6 +922,18 @@ class StoreSubSessions:
         await store.delete("c")
         assert await store.load(sub) is None
 
+    async def test_a_hashed_sub_session_its_callers_stored_call_does_not_name_is_deleted(
+        self, store
+    ):
+        # the caller's step not saved yet (a worker saves it after the tool's sub-turn
+        # began) and the id hashed: neither its calls nor the "<caller>." range name it
+        caller = "c" * 120
+        await store.save(caller, 0, turn(0))
+        sub = await self._sub(store, caller, "helper", "k1")
+        assert sub.startswith("sub.")
+        await store.delete(caller)
+        assert await store.load(sub) is None
+
     async def test_sessions_the_caller_does_not_own_are_left(self, store):
         await store.save("c", 0, _calling(0, ("helper", "k1")))
         look_alike = "c.helper.k2"  # an id of that shape, naming no caller
