@@ -205,7 +205,7 @@ def encode_rows(
         if kept and idx - start in kept:
             continue
         try:
-            body = serde.to_json(message)
+            body = serde.message_json(message)
         except Exception as err:
             anyway = _encoded_anyway(message, err)
             if anyway is None:
