@@ -43,8 +43,9 @@ from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.liveness import rebased_meta
 from runtime.logging import get_logger
-from runtime.messages import Message
+from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
+from runtime.serde import forget_encoded
 from runtime.store import Store, checks_absent_mark, deletion_mark, rebase, save_keeping
 
 REBASE_ATTEMPTS = 5
@@ -211,8 +212,16 @@ class Persister(Actor):
         if result.in_place and req.step is not None and req.ends is None:
             assert result.version is not None
             self._written[req.session_id] = (req.turn_id, result.version, req.start, req.messages)
-        else:
-            self._written.pop(req.session_id, None)
+            return
+        self._written.pop(req.session_id, None)
+        if req.step is None or req.ends is not None:  # the turn's last save: no step
+            # will save its answer again, whose encoded parts need not be kept
+            # (serde.message_json); the answer is the last one, after its user message
+            for message in reversed(req.messages):
+                if type(message) is AssistantMessage:
+                    forget_encoded(message.id)
+                if type(message) is not ToolMessage:
+                    break
 
     def _unchanged(self, req: SaveRequest, expected: int) -> tuple[int, ...]:
         """The positions of ``req``'s messages the store holds as they are: the same

@@ -383,11 +383,17 @@ def _remember(key: str, encoded: _Encoded) -> None:
             _encoded_bytes[0] -= len(_encoded.popitem(last=False)[1].body)
 
 
-def forget_encoded() -> None:
-    """Drop every message :func:`message_json` keeps the encoded parts of."""
+def forget_encoded(message_id: str | None = None) -> None:
+    """Drop what :func:`message_json` keeps of the message ``message_id`` (its turn has
+    ended: no step will save it again), or of every message."""
     with _encoded_lock:
-        _encoded.clear()
-        _encoded_bytes[0] = 0
+        if message_id is None:
+            _encoded.clear()
+            _encoded_bytes[0] = 0
+            return
+        old = _encoded.pop(message_id, None)
+        if old is not None:
+            _encoded_bytes[0] -= len(old.body)
 
 
 _assistant_fields_fn: list[Callable[[Any], _Dict]] = []

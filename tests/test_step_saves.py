@@ -91,6 +91,26 @@ async def test_a_long_turns_stored_answer_is_what_encoding_it_whole_gives(tmp_pa
     assert body == serde.to_json(answer)
 
 
+async def test_a_finished_turns_answer_is_not_kept_encoded(tmp_path: Path, keeping_any) -> None:
+    kept: list[set[str]] = []
+
+    @tool
+    def look(i: int) -> str:
+        """Notes which answers are kept encoded."""
+        kept.append(set(serde._encoded))
+        return "x"
+
+    steps = [tool_call("look", {"i": i}, tool_call_id=f"c{i}") for i in range(3)]
+    agent = Agent(provider=ScriptedProvider([*steps, ["done"]]), tools=[look])
+    serde.forget_encoded()
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("go")
+        answer = session.messages[1].id
+    assert answer in kept[-1]  # while the turn ran (its steps' saves)
+    assert answer not in serde._encoded
+
+
 def _call(i: int, **kw: Any) -> ToolCallPart:
     return ToolCallPart(
         tool_call_id=f"c{i}", tool_name="t", input={"i": i, "f": 1.0, "s": "é😀"}, step=i, **kw
