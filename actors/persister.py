@@ -23,8 +23,10 @@ saves: written in line, it held every other turn of the host at its next step's 
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import compress
 from typing import Any, NoReturn
 
 import trio
@@ -42,8 +44,9 @@ from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.liveness import rebased_meta
 from runtime.logging import get_logger
-from runtime.messages import Message
+from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
+from runtime.serde import forget_encoded
 from runtime.store import Store, checks_absent_mark, deletion_mark, rebase, save_keeping
 
 REBASE_ATTEMPTS = 5
@@ -211,8 +214,16 @@ class Persister(Actor):
         if result.in_place and req.step is not None and req.ends is None:
             assert result.version is not None
             self._written[req.session_id] = (req.turn_id, result.version, req.start, req.messages)
-        else:
-            self._written.pop(req.session_id, None)
+            return
+        self._written.pop(req.session_id, None)
+        if req.step is None or req.ends is not None:  # the turn's last save: no step
+            # will save its answer again, whose encoded parts need not be kept
+            # (serde.message_json); the answer is the last one, after its user message
+            for message in reversed(req.messages):
+                if type(message) is AssistantMessage:
+                    forget_encoded(message.id)
+                if type(message) is not ToolMessage:
+                    break
 
     def _unchanged(self, req: SaveRequest, expected: int) -> tuple[int, ...]:
         """The positions of ``req``'s messages the store holds as they are: the same
@@ -492,5 +503,6 @@ def _checked(store: Store, version: Any) -> int:
 
 
 def _same_places(ours: tuple[Message, ...], stored: tuple[Message, ...]) -> tuple[int, ...]:
-    """The positions at which ``ours`` holds the very objects ``stored`` holds."""
-    return tuple(i for i, (a, b) in enumerate(zip(ours, stored, strict=False)) if a is b)
+    """The positions at which ``ours`` holds the very objects ``stored`` holds. (In C, not
+    a Python loop: a step's save asks it of every message of its turn so far.)"""
+    return tuple(compress(range(len(ours)), map(operator.is_, ours, stored)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import typing
 from collections.abc import Collection, Mapping, Sequence
+from itertools import filterfalse, repeat
 from typing import Any
 
 import cattrs
@@ -67,12 +68,9 @@ def check_save(
             f"got {type(messages).__name__}"
         )
     messages = tuple(messages)
-    for offset, message in enumerate(messages):
-        if not isinstance(message, _MESSAGE_TYPES):
-            raise StoreError(
-                f"save of session {session_id!r}: message {start + offset} is a "
-                f"{type(message).__name__}, not a Message"
-            )
+    # (in C first: a step's save is checked with every message of its turn so far)
+    if not all(map(isinstance, messages, repeat(_MESSAGE_TYPES))):
+        _refuse_messages(session_id, start, messages)
     if meta is not None and not isinstance(meta, Mapping):
         raise StoreError(
             f"save of session {session_id!r}: meta must be a dict or None, "
@@ -81,6 +79,16 @@ def check_save(
     if meta is not None and not all(isinstance(key, str) for key in meta):
         raise StoreError(f"save of session {session_id!r}: meta keys must be str")
     return messages
+
+
+def _refuse_messages(session_id: str, start: int, messages: tuple[Any, ...]) -> None:
+    """Raise :class:`StoreError` naming the first of ``messages`` that is not a Message."""
+    for offset, message in enumerate(messages):
+        if not isinstance(message, _MESSAGE_TYPES):
+            raise StoreError(
+                f"save of session {session_id!r}: message {start + offset} is a "
+                f"{type(message).__name__}, not a Message"
+            )
 
 
 def kept_tail(
@@ -104,6 +112,10 @@ def kept_tail(
             "give expected_version"
         )
     positions = frozenset(kept)
+    if set(map(type, positions)) == {int} and 0 <= min(positions) <= max(positions) < len(
+        messages
+    ):  # (in C: a step's save keeps every message of its turn so far but one)
+        return max(positions) + 1, positions
     for i in positions:
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(messages):
             raise StoreError(
@@ -201,11 +213,11 @@ def encode_rows(
     be fails the save with nothing written. None for the positions ``kept`` (stored as
     they are: :func:`kept_tail`)."""
     rows = []
-    for idx, message in enumerate(messages, start):
-        if kept and idx - start in kept:
-            continue
+    # (the positions not kept, found in C: a step's save keeps all but one or two)
+    for offset in filterfalse(kept.__contains__, range(len(messages))):
+        idx, message = start + offset, messages[offset]
         try:
-            body = serde.to_json(message)
+            body = serde.message_json(message)
         except Exception as err:
             anyway = _encoded_anyway(message, err)
             if anyway is None:
