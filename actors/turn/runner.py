@@ -569,13 +569,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         approved: tuple[Any, ...] = ()
         ended_nested: tuple[Any, ...] = ()
         # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
-        was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
-        if committed is None:
-            superseded = pending_calls(state.messages)
+        waiting = waiting_calls(state.messages)
+        was_waiting = bool(waiting) or bool(run.meta.get(WAITING_META))
+        if committed is None and waiting:  # (nothing waits: nothing to deny, run or end)
+            superseded = tuple([c for c in waiting if not c.decided])  # (pending_calls)
             # a turn waiting for input gives way; what a person approved runs first
             approved = approved_waiting(state.messages)
             leave = {p.tool_call_id for p in approved}
-            ended = {c.tool_call_id for c in waiting_calls(state.messages)} - leave
+            ended = {c.tool_call_id for c in waiting} - leave
             at = supersede(state.messages, self.agent.budget.max_tool_result_chars, leave)
             if at is not None:  # sub-turns of calls the new message denies: ended too
                 ended_nested = _nested_in(state.messages[at], ended)

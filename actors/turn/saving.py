@@ -190,6 +190,17 @@ class Saving:
             # and no bound entered to find that out (a cancel scope, as the SQLite path
             # below avoids; issue 24 goal 3).
             return stored
+        if (
+            stored is not None
+            and self._pending is None
+            and stored.version > state.version
+            and (self.host.expects_other_writers or RUNNING_META not in stored.meta)
+        ):
+            # A continuation handed the session as this process's decision stored it
+            # (``resume()``, ``respond``): nothing to wait for (no earlier save to adopt,
+            # no read, nothing to settle), so no bound entered to take it (a cancel
+            # scope: issue 21, the continuation's start; issue 24 goal 1).
+            return await self._take_record(stored, turn_id)
         store = getattr(self.persister, "store", None)
         moved = False
         if self._pending is None and store is not None and stored is None and not reload:
@@ -244,20 +255,29 @@ class Saving:
                     error=redact(describe_exception(exc)),
                 )
                 return None
-            adopted = adopt_record(state, record)
-            if adopted.deleted:
-                # The deleted conversation's title is the one this runner's turns carried
-                # (a title set since, as a worker's next turn carries its front end's, is
-                # the new conversation's); a runner that opened no turn yet knows none
-                # but the one its host loaded, which the turn about to open carries.
-                if self._held_title is NO_TURN:
-                    self._deleted_since = True
-                else:
-                    self._stale_title = self._held_title
-            self._publish_history()
-            await self._concurrent(adopted, "reloaded", turn_id)
-            return record
+            return await self._take_record(record, turn_id)
         return None
+
+    async def _take_record(
+        self, record: SessionRecord | None, turn_id: str
+    ) -> SessionRecord | None:
+        """:meth:`_sync`'s end: the history becomes ``record`` plus what this process had
+        not saved (:func:`adopt_record`); said so when another writer's work came in."""
+        adopted = adopt_record(self.state, record)
+        if adopted.deleted:
+            # The deleted conversation's title is the one this runner's turns carried
+            # (a title set since, as a worker's next turn carries its front end's, is
+            # the new conversation's); a runner that opened no turn yet knows none
+            # but the one its host loaded, which the turn about to open carries.
+            if self._held_title is NO_TURN:
+                self._deleted_since = True
+            else:
+                self._stale_title = self._held_title
+        self._publish_history()
+        if adopted.concurrent:
+            with trio.move_on_after(SAVE_TIMEOUT):  # (its event may wait for a full inbox)
+                await self._concurrent(adopted, "reloaded", turn_id)
+        return record
 
     async def _absent(self, store: Any) -> bool:
         """Whether the session, which this host holds nothing stored of, is still not
