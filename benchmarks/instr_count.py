@@ -1,16 +1,19 @@
 """Instructions a turn, Axon's and the floor's, counted by callgrind (issue 24 goal 1).
 
 CPU time on the shared 2-core machine moves with its load; the instructions a process
-executes do not. One child a tree runs under ``valgrind --tool=callgrind`` (the
-loopback server, a separate process, is not counted): it opens a host as :mod:`benchmarks.
-cpu_floor` does (SQLite store, log lines at ``info`` into a file), warms up both sides,
+executes do not. One child a tree runs under ``valgrind --tool=callgrind`` (the loopback
+server, a separate process, is not counted): it opens a host as :mod:`benchmarks.cpu_floor`
+does (SQLite store, log lines at ``info`` into a file), warms up both sides,
 then runs ``turns`` reads of the floor (:mod:`benchmarks.floor`), then ``turns`` Axon
-turns, each in a fresh session (:func:`benchmarks.bench_pipeline.axon_side`, which
-checks the text and the stored message), and waits until every task waits after each.
-Callgrind's counters are zeroed before each side's reads (``os.getloadavg`` marks the
-spot: ``--zero-before=getloadavg``) and dumped after them
-(``os.sched_get_priority_max``: ``--dump-before``), so start-up, imports and warm-up
-are not counted. ``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
+turns, each in a fresh session (:func:`benchmarks.bench_pipeline.axon_side`, which checks
+the text and the stored message), and waits until every task waits after each. Callgrind's
+counters are dumped (and so reset) before each side's reads (``os.getloadavg`` marks the
+spot: ``--dump-before=getloadavg``) and after them (``os.sched_get_priority_max``), so
+start-up, imports and warm-up are not counted: the dumps ``.2`` (the floor) and ``.4``
+(Axon) are the counted parts, ``.1`` and ``.3`` the stretches before. (``--zero-before``
+reset the summary but not every function's cost: a dump's functions carried up to 75 M
+instructions of the imports and warm-up, so a zeroed dump could be read only as its total.)
+``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
 
 ``--collect``: a full garbage collection before each side's counted part. Without it the
 collections that fall in the window depend on the collector's phase, which any change to a
@@ -18,10 +21,19 @@ turn's allocations shifts: a gen-1 or gen-2 collection more or less in one tree'
 moved a 1,000-delta turn's count by ~300k instructions (1.5 %) between two trees differing
 by ~20k (branch ``anthperf2``); with it both trees start from the same phase.
 
+``--cache``: callgrind also simulates the caches and the branch predictor (``--cache-sim=yes
+--branch-sim=yes``, the simulator cachegrind uses, kept under callgrind for its
+zero/dump marks): a turn's first-level data misses (D1mr + D1mw), last-level misses (DLmr +
+DLmw + ILmr), instruction-cache misses and mispredicted branches (Bcm + Bim), Axon's and the
+floor's. The simulated caches are this machine's (Zen 5): I1 32 KiB 8-way, D1 48 KiB
+12-way, and as the last level its private 1 MiB 16-way L2 (``CACHE_LL``), not the 32 MiB L3
+shared with the other core: a turn's working set fits the L3, so the misses that cost are
+the L2's. Deterministic like the instruction count; ~1.5x slower.
+
 ``python3 -m benchmarks.instr_count --trees /work/main,$PWD [--formats anthropic]
-[--deltas 1000] [--turns 10] [--collect]``: each tree is put first on ``PYTHONPATH`` of its
-children, as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
-a child's start ~30 s.
+[--deltas 1000] [--turns 10] [--collect] [--cache]``: each tree is put first on
+``PYTHONPATH`` of its children, as :mod:`benchmarks.cpu_floor` does. Under callgrind a
+1,000-delta Axon turn takes ~0.5 s; a child's start ~30 s.
 """
 
 from __future__ import annotations
@@ -36,6 +48,11 @@ import tempfile
 from pathlib import Path
 
 WARM = 3
+PARTS = (2, 4)
+CACHE_I1 = "32768,8,64"
+CACHE_D1 = "49152,12,64"
+CACHE_LL = "1048576,16,64"
+CACHE_EVENTS = ("Ir", "D1 miss", "LL miss", "I1 miss", "mispredicts", "branches")
 
 
 async def _reads(
@@ -62,7 +79,7 @@ async def _reads(
             for side, run in (("floor", floor), ("axon", axon)):
                 if collect:  # both sides, both trees, from the collector's same phase
                     gc.collect()
-                os.getloadavg()  # callgrind: zero the counters
+                os.getloadavg()  # callgrind: dump and reset the counters
                 for _ in range(turns):
                     got = await run()
                     await wait_all_tasks_blocked()
@@ -93,18 +110,69 @@ def _child(fmt: str, n: int, turns: int, collect: bool) -> None:
         server.close()
 
 
+def _cache_counts(text: str) -> dict[str, int]:
+    """The simulated events of a callgrind dump, folded into :data:`CACHE_EVENTS`."""
+    names = re.search(r"^events: (.+)$", text, re.M)
+    found = re.search(r"^summary: ([\d ]+)$", text, re.M)
+    if names is None or found is None:
+        raise RuntimeError("no events or summary line")
+    got = dict(zip(names.group(1).split(), map(int, found.group(1).split()), strict=False))
+    return {
+        "Ir": got["Ir"],
+        "D1 miss": got["D1mr"] + got["D1mw"],
+        "LL miss": got["DLmr"] + got["DLmw"] + got["ILmr"],
+        "I1 miss": got["I1mr"],
+        "mispredicts": got["Bcm"] + got["Bim"],
+        "branches": got["Bc"] + got["Bi"],
+    }
+
+
+def cache_count(
+    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool = False
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Simulated cache and branch events of the floor's ``turns`` reads and of Axon's
+    ``turns`` turns (see ``--cache``)."""
+    _run(tree, fmt, n, turns, out, collect, cache=True)
+    floor, axon = (
+        _cache_counts(Path(f"{out}.{part}").read_text(errors="replace")) for part in PARTS
+    )
+    return floor, axon
+
+
 def count(
     tree: str, fmt: str, n: int, turns: int, out: str, collect: bool = False
 ) -> tuple[int, int]:
     """Ir of the floor's ``turns`` reads and of Axon's ``turns`` turns, one child under
     callgrind (``collect``: a full collection before each side's)."""
+    _run(tree, fmt, n, turns, out, collect)
+    counts = []
+    for part in PARTS:
+        text = Path(f"{out}.{part}").read_text(errors="replace")
+        found = re.search(r"^summary: (\d+)", text, re.M)
+        if found is None:
+            raise RuntimeError(f"no summary in {out}.{part}")
+        counts.append(int(found.group(1)))
+    return counts[0], counts[1]
+
+
+def _run(
+    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool, cache: bool = False
+) -> None:
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+    simulate = [
+        "--cache-sim=yes",
+        "--branch-sim=yes",
+        f"--I1={CACHE_I1}",
+        f"--D1={CACHE_D1}",
+        f"--LL={CACHE_LL}",
+    ]
     argv = [
         "valgrind",
         "--tool=callgrind",
         f"--callgrind-out-file={out}",
-        "--zero-before=getloadavg",
+        "--dump-before=getloadavg",
         "--dump-before=sched_get_priority_max",
+        *(simulate if cache else []),
         sys.executable,
         "-P",
         __file__,
@@ -117,14 +185,6 @@ def count(
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
-    counts = []
-    for part in (1, 2):
-        text = Path(f"{out}.{part}").read_text(errors="replace")
-        found = re.search(r"^summary: (\d+)", text, re.M)
-        if found is None:
-            raise RuntimeError(f"no summary in {out}.{part}")
-        counts.append(int(found.group(1)))
-    return counts[0], counts[1]
 
 
 def main() -> None:
@@ -139,6 +199,11 @@ def main() -> None:
         action="store_true",
         help="a full garbage collection before each side's counted part",
     )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="also simulate the caches and branches: misses and mispredicts a turn",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -149,11 +214,22 @@ def main() -> None:
     for fmt in args.formats.split(","):
         for i, tree in enumerate(trees):
             path = f"{args.out}/cg.{fmt}.{args.deltas}.{i}"
+            if args.cache:
+                sides = cache_count(tree, fmt, args.deltas, args.turns, path, args.collect)
+                print(f"{fmt} {args.deltas} {tree} ({path}.2, .4), a turn:", flush=True)
+                for event in CACHE_EVENTS:
+                    floor, axon = (side[event] / args.turns for side in sides)
+                    print(
+                        f"  {event:<12} floor {floor:>13,.0f}  Axon {axon:>13,.0f}"
+                        f"  {axon / floor:.3f}x",
+                        flush=True,
+                    )
+                continue
             counts = count(tree, fmt, args.deltas, args.turns, path, args.collect)
             floor, axon = (c / args.turns for c in counts)
             print(
                 f"{fmt} {args.deltas} {tree}: floor {floor:,.0f} Ir a read,"
-                f" Axon {axon:,.0f} Ir a turn, {axon / floor:.3f}x ({path}.1, .2)",
+                f" Axon {axon:,.0f} Ir a turn, {axon / floor:.3f}x ({path}.2, .4)",
                 flush=True,
             )
 

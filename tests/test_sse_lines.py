@@ -345,7 +345,7 @@ def test_a_slot_whose_bytes_hold_a_newline_reads_no_run_of_lines() -> None:
     lines = [b"event: content_block_delta", b'data: {"a":1,', b'"text":"x"}', b""]
     read = b"".join(line + b"\n" for line in lines)
     head = b"event: content_block_delta\ndata: " + slot.prefix + b'"'
-    assert slot._window_lines(lines[:3], 3, head, 6, read, 0) is None
+    assert slot._window_lines(lines[1:2], head, 6, read, 0) is None
     assert slot.run_lines(lines[:3], 0, 1, b"event: content_block_delta\ndata: ", read, 0)[:2] == (
         [],
         0,
