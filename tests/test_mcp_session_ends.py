@@ -270,7 +270,12 @@ async def test_calls_racing_their_sessions_delete_end_their_responses_and_leave_
     assert set(statuses) <= {200, 404}, statuses
 
 
-@pytest.mark.parametrize("request_id", [2.0, 2.5, None, True, [1], {"a": 1}])
+DEEP: Any = []
+for _ in range(300):  # (past orjson.dumps' 255 levels: the refusal's text was a 500)
+    DEEP = [DEEP]
+
+
+@pytest.mark.parametrize("request_id", [2.0, 2.5, None, True, [1], {"a": 1}, DEEP])
 async def test_a_request_whose_id_is_no_string_or_integer_is_refused_not_taken_for_a_notification(
     request_id,
 ):

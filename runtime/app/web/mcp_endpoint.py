@@ -213,6 +213,12 @@ def _message(raw: bytes) -> dict[str, Any] | None:
     return message if isinstance(message, dict) and "method" in message else None
 
 
+_JSON_TYPES = {float: "a number with a fraction", bool: "a boolean", type(None): "null"}
+_JSON_TYPES.update({list: "an array", dict: "an object"})
+"""How a refused id is named (never echoed: an id nested 300 deep is past what
+``orjson.dumps`` takes, and its refusal was a 500)."""
+
+
 def _id_invalid(raw: bytes) -> Response | None:
     """400 for a request whose ``id`` is neither a string nor an integer (MCP: "Requests
     MUST include a string or integer ID", never null), else ``None``. The transport
@@ -230,7 +236,7 @@ def _id_invalid(raw: bytes) -> Response | None:
         "error": {
             "code": -32600,
             "message": "a request's id must be a string or an integer "
-            f"(not {orjson.dumps(request_id).decode()[:40]})",
+            f"(not {_JSON_TYPES.get(type(request_id), 'that')})",
         },
     }
     return Response(orjson.dumps(body), status_code=400, media_type="application/json")
