@@ -134,6 +134,24 @@ def test_a_post_racing_its_sessions_delete_logs_one_info_line(caplog, message, e
     assert "Traceback" not in caplog.text
 
 
+def test_a_race_record_is_dropped_where_the_loggers_level_is_above_info(caplog):
+    # Rewritten to INFO after the logger let it pass at ERROR: its handlers took it.
+    from runtime.app.web.mcp_endpoint import quiet_ended_session_races
+
+    quiet_ended_session_races()
+    logger = logging.getLogger("mcp.server.streamable_http")
+    kept: list[logging.LogRecord] = []
+    handler = logging.Handler()  # (of no level: the record's own decides)
+    handler.emit = kept.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=logger.name):
+            sdk_log(anyio.ClosedResourceError(), "SSE response error")
+    finally:
+        logger.removeHandler(handler)
+    assert kept == []
+
+
 @pytest.mark.parametrize(
     "exc",
     [ValueError("boom"), ExceptionGroup("", [anyio.ClosedResourceError(), ValueError("boom")])],

@@ -204,9 +204,10 @@ def _only_closed(exc: BaseException | None) -> bool:
 
 class _EndedSessionRaces(logging.Filter):
     """The transport's ERROR and traceback for a POST whose session ended as it was sent
-    (:data:`RACE_MESSAGES`, raised by a closed stream) made one INFO line: an operator's
-    log filled with tracebacks for a client's ordinary ``DELETE``. Its other records, and
-    those messages for any other error, are left as they are."""
+    (:data:`RACE_MESSAGES`, raised by a closed stream) made one INFO line (dropped where
+    the logger's level is above INFO): an operator's log filled with tracebacks for a
+    client's ordinary ``DELETE``. Its other records, and those messages for any other
+    error, are left as they are."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in RACE_MESSAGES and record.exc_info and _only_closed(record.exc_info[1]):
@@ -214,6 +215,7 @@ class _EndedSessionRaces(logging.Filter):
             record.msg, record.args = "%s: its session ended as it was sent (%s)", said
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
         return True
 
 
