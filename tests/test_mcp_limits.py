@@ -189,3 +189,16 @@ async def test_calls_and_notifications_racing_their_sessions_delete_log_no_trace
                 assert await left(server) == (0, {})
     sdk = [r for r in caplog.records if r.name == "mcp.server.streamable_http"]
     assert [r.getMessage() for r in sdk if r.exc_info or r.levelno >= logging.ERROR] == []
+
+
+def test_serves_mcp_options_set_the_limits():
+    import argparse
+
+    from runtime.app.web.serve import add_serve_arguments, mcp_limits
+
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    assert mcp_limits(parser.parse_args([])) == MCPLimits()
+    given = ["--mcp-session-idle", "30", "--mcp-max-sessions", "off"]
+    given += ["--mcp-stream-max-age", "60"]
+    limits = MCPLimits(session_idle=30, max_sessions=None, stream_max_age=60)
+    assert mcp_limits(parser.parse_args(given)) == limits
