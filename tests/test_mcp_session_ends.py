@@ -188,7 +188,7 @@ async def test_a_delete_racing_the_initialized_notification_leaves_nothing():
 async def test_a_get_stream_never_read_whose_client_goes_ends_and_its_session_expires():
     # No DELETE: the client opens its GET stream, reads none of it and closes the
     # connection. The GET's tasks end with the connection; the session itself stays
-    # until the package's idle timeout (30 minutes in serve; a second here).
+    # until its idle timeout (--mcp-session-idle, 600 s by default; a second here).
     async with web_server(slow_agent(), protocols=MCP) as server:
         manager(server).session_idle_timeout = 1
         async with client(server) as raw:

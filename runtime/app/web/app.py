@@ -104,7 +104,7 @@ from runtime.app.web.http import (
     ui_view,
 )
 from runtime.app.web.http import session_id_param as _session_id
-from runtime.app.web.protocols import mount_protocols
+from runtime.app.web.protocols import MCPLimits, mount_protocols
 from runtime.app.web.resend import (
     classify_resend,
     client_message_id,
@@ -711,6 +711,8 @@ class WebState:
         worker deployment's ``request_cancel``)."""
         self.front: Any = None
         """The :class:`~runtime.app.web.frontend.FrontEnd` of a worker deployment, if any."""
+        self.mcp_limits = MCPLimits()
+        """The bounds of ``/mcp``'s sessions (:class:`~runtime.app.web.protocols.MCPLimits`)."""
         self.background: trio.Nursery | None = None
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
@@ -1073,6 +1075,7 @@ def create_app(
     on_busy: OnBusy | None = None,
     max_queued_per_session: int | None = MAX_QUEUED_PER_SESSION,
     max_body_in_flight: int = DEFAULT_MAX_BODY_IN_FLIGHT,
+    mcp_limits: MCPLimits | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -1106,6 +1109,9 @@ def create_app(
     for one session's running turn (``enqueue``, ``interrupt``, ``steer``; ``None``: no
     cap): one more is a 429 with ``Retry-After`` and waits nowhere (a front end of
     workers: the queue's own caps, ``turn_queue(max_queued_per_session=)``).
+
+    ``mcp_limits`` bounds ``/mcp``'s sessions (idle lifetime, how many, a GET stream's
+    age: :class:`~runtime.app.web.protocols.MCPLimits`; its defaults when not given).
     """
     cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
@@ -1121,6 +1127,8 @@ def create_app(
     )
     state.relay = relay
     state.readiness.relay = relay
+    if mcp_limits is not None:
+        state.mcp_limits = mcp_limits
     state.cancel_hook = cancel_hook
     # Every protocol tells a turn whose save the store refused as ``not_saved``
     # (runtime/app/unsaved.py): none of it is carried on into a later turn's save.

@@ -31,6 +31,7 @@ queued turn; bad input is refused before anything is queued, as in the embedded 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -154,7 +155,12 @@ class _Refusals:
             self.started = True
         if message["type"] == "http.response.body" and not message.get("more_body"):
             self.finished = True  # (the response is whole: nothing follows it)
-        if message["type"] == "http.response.start" and message["status"] == 413:
+        if message["type"] == "http.response.start" and message["status"] == 503:
+            # The transport's one 503: its session cap (``Too many open sessions``),
+            # which says nothing of when to come back; room frees as sessions end.
+            headers = [*message["headers"], (b"retry-after", FULL_RETRY_AFTER)]
+            await send({**message, "headers": headers})
+        elif message["type"] == "http.response.start" and message["status"] == 413:
             self.finished = True
             refusal = jsonrpc_error(413, "Request body too large")
             await send({**message, "headers": refusal.raw_headers})
@@ -174,6 +180,53 @@ class _Refusals:
             await send({"type": "http.response.body", "body": body})
         else:
             await send(message)
+
+
+FULL_RETRY_AFTER = b"60"
+"""``Retry-After`` on the transport's 503 at its session cap (``--mcp-max-sessions``)."""
+
+
+SDK_LOGGER = "mcp.server.streamable_http"
+"""The transport's logger, whose records :class:`_EndedSessionRaces` quiets."""
+
+RACE_MESSAGES = frozenset({"Error handling POST request", "SSE response error"})
+"""What the transport logs, with a traceback at ERROR, when a POST finds its session
+closed as it hands the message on (the client's ``DELETE`` just before: an ordinary
+race, 12 and 7 in 50 such races in branch ``mcpreap``)."""
+
+
+def _only_closed(exc: BaseException | None) -> bool:
+    """``exc`` is a closed or broken stream, or a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_closed(inner) for inner in exc.exceptions)
+    return isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError))
+
+
+class _EndedSessionRaces(logging.Filter):
+    """The transport's ERROR and traceback for a POST whose session ended as it was sent
+    (:data:`RACE_MESSAGES`, raised by a closed stream) made one INFO line (dropped where
+    the logger's level is above INFO): an operator's log filled with tracebacks for a
+    client's ordinary ``DELETE``. Its other records, and those messages for any other
+    error, are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in RACE_MESSAGES and record.exc_info and _only_closed(record.exc_info[1]):
+            said = (record.getMessage(), type(record.exc_info[1]).__name__)
+            record.msg, record.args = "%s: its session ended as it was sent (%s)", said
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
+QUIET_RACES = _EndedSessionRaces()
+
+
+def quiet_ended_session_races() -> None:
+    """Put :data:`QUIET_RACES` on the transport's logger (once)."""
+    logger = logging.getLogger(SDK_LOGGER)
+    if QUIET_RACES not in logger.filters:
+        logger.addFilter(QUIET_RACES)
 
 
 GET_STREAM_ID = "_GET_stream"
@@ -324,11 +377,16 @@ class MCPEndpoint:
         queued = getattr(state, "front", None) is not None  # a worker deployment's front end
         self.tools = (QueuedAgentTools if queued else AgentTools)(state)
         self.server = build_server(self.tools, send_timeout=state.send_timeout)
+        limits = state.mcp_limits
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             security_settings=None,  # the app's guard checks Host and Origin (module doc)
             max_request_body_size=state.max_body,
+            session_idle_timeout=limits.session_idle,
+            max_sessions=limits.max_sessions,
         )
+        self.stream_max_age: float | None = limits.stream_max_age
+        quiet_ended_session_races()
         self.token = token.encode() if token else None
         self.started = False
         self.in_flight: set[tuple[str, str]] = set()
@@ -393,7 +451,7 @@ class MCPEndpoint:
             sending = _Refusals(send)
             with streams_bounded(scope):  # its event streams are the transport's own
                 try:
-                    await self.manager.handle_request(scope, receive, sending)
+                    await self._handled(scope, receive, sending)
                     if sending.started and not sending.finished:
                         # A call's POST racing its session's DELETE: the transport
                         # started the call's event stream, then found the session
@@ -410,6 +468,32 @@ class MCPEndpoint:
         finally:
             if in_flight is not None:
                 self.in_flight.discard(in_flight)
+
+    async def _handled(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The transport's answer; a session's GET stream ended after
+        :attr:`stream_max_age` (the package's ``close_standalone_sse_stream``: the
+        response ends whole and the client opens another, as SSE clients do; the ``mcp``
+        package's client after a second). The transport counts an open GET stream as a
+        request in flight, its session's idle countdown stopped: one held open, read or
+        not, kept the session and its tasks for as long as the connection lived (its 15 s
+        pings too small to fill the socket and meet ``--send-timeout``)."""
+        max_age = self.stream_max_age
+        session_id = _header(scope, b"mcp-session-id")
+        transport = None
+        if scope["method"] == "GET" and max_age is not None and session_id is not None:
+            transport = self.manager._server_instances.get(session_id)
+        if transport is None or max_age is None:
+            await self.manager.handle_request(scope, receive, send)
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def age_out(age: float) -> None:
+                await trio.sleep(age)
+                transport.close_standalone_sse_stream()
+
+            nursery.start_soon(age_out, max_age)
+            await self.manager.handle_request(scope, receive, send)
+            nursery.cancel_scope.cancel()
 
     async def _body_read(self, scope: Scope, receive: Receive) -> tuple[Receive, bytes]:
         """A ``receive`` that hands the transport the request's body, read here first

@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
+
 from runtime.extras import require_mcp
 
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
@@ -35,6 +37,32 @@ BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai", "mcp"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
+
+MCP_SESSION_IDLE = 600.0
+"""Seconds an MCP session (``/mcp``) lives with no request in flight: the ``mcp``
+package's default is 30 minutes, for a session that costs little but that a client that
+left without its ``DELETE`` never ends."""
+
+MCP_MAX_SESSIONS = 1000
+"""MCP sessions held at once (the package's default: 10,000)."""
+
+MCP_STREAM_MAX_AGE = 300.0
+"""Seconds a session's GET stream is kept open before it is ended (the client opens
+another, as SSE clients do): the package counts an open GET stream as a request in
+flight, so a session whose client held one open, read or not, never idled out."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class MCPLimits:
+    """The bounds of ``/mcp``'s sessions (``serve --mcp-session-idle``,
+    ``--mcp-max-sessions``, ``--mcp-stream-max-age``; ``create_app(mcp_limits=)``).
+    ``None``: no bound. There is no per-client bound: the app knows no client identity
+    (``--token`` is one token for every client), so one client can open
+    ``max_sessions`` sessions and the next is answered 503 until some expire."""
+
+    session_idle: float | None = MCP_SESSION_IDLE
+    max_sessions: int | None = MCP_MAX_SESSIONS
+    stream_max_age: float | None = MCP_STREAM_MAX_AGE
 
 
 def parse_protocols(value: str) -> tuple[str, ...]:
@@ -129,6 +157,7 @@ __all__ = [
     "BUILT",
     "DEFAULT",
     "PROTOCOLS",
+    "MCPLimits",
     "mount_protocols",
     "parse_protocols",
     "unbuilt_refusal",

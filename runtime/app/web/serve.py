@@ -58,7 +58,14 @@ from runtime.app.web import (
     SEND_TIMEOUT,
 )
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import (
+    MCP_MAX_SESSIONS,
+    MCP_SESSION_IDLE,
+    MCP_STREAM_MAX_AGE,
+    MCPLimits,
+    parse_protocols,
+    unbuilt_refusal,
+)
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import QuietStream, configure_logging, get_logger, unblocked
@@ -107,6 +114,15 @@ def _embedded_cap(args: argparse.Namespace) -> dict[str, Any]:
     ``off``: no cap). It was a front end's option only, and ignored without a word."""
     given = getattr(args, "max_queued_per_session", None)
     return {} if given is None else {"max_queued_per_session": given or None}
+
+
+def mcp_limits(args: argparse.Namespace) -> MCPLimits:
+    """The bounds of ``/mcp``'s sessions ``serve``'s options set (``off``: no cap)."""
+    return MCPLimits(
+        session_idle=args.mcp_session_idle,
+        max_sessions=args.mcp_max_sessions or None,
+        stream_max_age=args.mcp_stream_max_age,
+    )
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -330,6 +346,33 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a stream waits for a client that takes no data before dropping it "
         "and cancelling its turn; every other write to a connection (an error answer "
         f"too) is bounded by it as well (default {SEND_TIMEOUT:g})",
+    )
+    add(
+        "--mcp-session-idle",
+        type=positive(float),
+        default=MCP_SESSION_IDLE,
+        metavar="SECONDS",
+        help="with --protocols mcp: end an MCP session after SECONDS with no request in "
+        "flight, one whose client left without its DELETE among them (the client opens "
+        f"another after its 404; default {MCP_SESSION_IDLE:g})",
+    )
+    add(
+        "--mcp-max-sessions",
+        type=_cap,
+        default=MCP_MAX_SESSIONS,
+        metavar="N",
+        help="with --protocols mcp: hold at most N MCP sessions; one more is answered 503 "
+        "(Retry-After) until some end; there is no per-client cap, one token serving "
+        f"every client (default {MCP_MAX_SESSIONS}; 'off': no cap)",
+    )
+    add(
+        "--mcp-stream-max-age",
+        type=positive(float),
+        default=MCP_STREAM_MAX_AGE,
+        metavar="SECONDS",
+        help="with --protocols mcp: end a session's GET stream after SECONDS (the client "
+        "opens another), so a session whose client holds one open, read or not, can still "
+        f"expire (default {MCP_STREAM_MAX_AGE:g})",
     )
 
 
@@ -607,6 +650,7 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             queue=queue,
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
+            mcp_limits=mcp_limits(args),
             **_embedded_cap(args),
         )
         served = _served(args, front_end=queue is not None, plugins=plugins)
