@@ -82,8 +82,10 @@ class Budget:
     the provider for at most what is left (:meth:`output_left`, sent as the API's own
     cap), so no call writes past it; a call cut at that cap, or calls that spent it all
     while the model still wants tools, end the turn with finish reason ``budget``
-    (:meth:`output_spent`), the cut text saved; a call cut with tokens left (a smaller
-    cap, the server's own limit) ends it ``length``. A call whose server reports no
+    (:meth:`output_spent`), the cut text saved, also when its server counts up to a
+    quarter short of the cap (:func:`actors.turn.inference.cut_by_budget`); a call cut
+    further below it (the server's own limit), or by a smaller ``settings`` cap, ends it
+    ``length``. A call whose server reports no
     output tokens counts the UTF-8 bytes it wrote, at most its cap
     (:func:`actors.turn.inference.counted`)."""
     max_total_tokens: int | None = None
