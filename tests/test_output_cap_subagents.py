@@ -206,3 +206,21 @@ async def test_a_continuation_retried_after_its_sub_turn_finished_counts_it_once
     assert out.result.error is None, out.result.error
     assert [b.get("max_tokens") for b in bodies] == [100, 82, 72, 70]
     assert out.result.usage.output_tokens == 34
+
+
+async def test_a_superseded_turns_approved_sub_turn_counts_only_its_tokens_after_the_wait():
+    """Approved, then a new message instead of the continuation: the new turn runs the
+    call first and counts the 2 its sub-turn wrote after the wait (the 10 before it were
+    the waiting turn's), so its own call is sent 98 (it counted 12 and was sent 88). The
+    sub-turn itself may write what the new turn has left: 100."""
+    replies = [*WAITED[:3], Reply(body=chat(texts=("Hello.",), usage=4))]
+    async with loopback_server(*replies) as server:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(waiting_caller(server.url), session_id="s")
+            asked = await session.run("Ask the helper.")
+            await session.decide(asked.pending[0].approval_id, approved=True)
+            result = await session.run("Hello?")
+        bodies = [r.json() for r in server.requests]
+    assert result.error is None, result.error
+    assert [b.get("max_tokens") for b in bodies] == [100, 82, 100, 98]
+    assert result.usage.output_tokens == 2 + 4
