@@ -82,8 +82,10 @@ class Budget:
     the provider for at most what is left (:meth:`output_left`, sent as the API's own
     cap), so no call writes past it; a call cut at that cap, or calls that spent it all
     while the model still wants tools, end the turn with finish reason ``budget``
-    (:meth:`output_spent`), the cut text saved; a call cut with tokens left (a smaller
-    cap, the server's own limit) ends it ``length``. A call whose server reports no
+    (:meth:`output_spent`), the cut text saved, also when its server counts up to a
+    quarter short of the cap (:func:`actors.turn.inference.cut_by_budget`); a call cut
+    further below it (the server's own limit), or by a smaller ``settings`` cap, ends it
+    ``length``. A call whose server reports no
     output tokens counts the UTF-8 bytes it wrote, at most its cap
     (:func:`actors.turn.inference.counted`)."""
     max_total_tokens: int | None = None
@@ -142,13 +144,15 @@ class Budget:
         return max(self.max_output_tokens - usage.output_tokens, 0)
 
     def output_spent(self, usage: Usage, *, more: bool, cut: bool) -> str | None:
-        """``"max_output_tokens"`` when the turn's calls wrote all the output it may
-        (``usage``) and either the model wants another call (``more``: its tool calls'
-        results would go to a call that may write nothing, which no API takes) or the
-        last call was cut at its cap (``cut``: finish reason ``length``; the budget cut
-        it, as :meth:`tokens_exceeded` would have once its usage came back). Not exceeded
-        otherwise: a last answer that ends (``stop``) on exactly the budget is whole."""
-        if (more or cut) and self.output_left(usage) == 0:
+        """``"max_output_tokens"`` when the last call was cut at the cap this budget sent
+        it (``cut``: finish ``length`` at that cap, judged by the caller from the cap and
+        the reported tokens, which a server may count short of it), or when the turn's
+        calls wrote all the output it may (``usage``) and the model wants another call
+        (``more``: its tool calls' results would go to a call that may write nothing,
+        which no API takes). Not exceeded otherwise: a last answer that ends (``stop``)
+        on exactly the budget is whole."""
+        left = self.output_left(usage)
+        if left is not None and (cut or (more and left == 0)):
             return "max_output_tokens"
         return None
 

@@ -116,6 +116,13 @@ class Awaiting:
     sub_input: Any = None
     """With :attr:`sub_tool`: that client tool call's input (what the caller's stream
     shows, ``tool-input-available``)."""
+    counted: Usage | None = None
+    """A nested wait (:attr:`nested`): the usage of the call's sub-turn up to its wait,
+    which the calling turn counted as its own when it suspended. Decided, the call runs
+    again and reports its sub-turn's whole usage (it is one turn, resumed); the calling
+    turn adds only what is beyond this. Stored with the wait, so a continuation run in
+    another process, or retried after a crash (its sub-turn finished by then), subtracts
+    exactly what its suspended turn counted. ``None``: nothing counted (no usage)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

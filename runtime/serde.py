@@ -57,6 +57,7 @@ converter.register_unstructure_hook_factory(
         caller=override(omit_if_default=True),
         sub_tool=override(omit_if_default=True),
         sub_input=override(omit_if_default=True),
+        counted=override(omit_if_default=True),
     ),
 )
 

@@ -41,13 +41,14 @@ def test_output_left_is_what_max_output_tokens_leaves_never_below_zero():
     ("more", "cut", "limit", "name"),
     [
         (True, False, 10, "max_output_tokens"),  # tool calls, and no call may write more
-        (False, True, 10, "max_output_tokens"),  # the call was cut at what was left
+        (False, True, 10, "max_output_tokens"),  # the call was cut at the budget's cap
         (False, False, 10, None),  # an answer that ended on exactly the budget is whole
-        (True, True, 11, None),  # a token left: the next call may write it
+        (True, False, 11, None),  # a token left: the next call may write it
+        (False, True, 11, "max_output_tokens"),  # cut at the cap, counted short of it
         (True, True, None, None),
     ],
 )
-def test_output_spent_ends_the_turn_only_when_nothing_is_left_and_it_matters(
+def test_output_spent_ends_the_turn_when_the_budget_cut_a_call_or_left_nothing_for_more(
     more, cut, limit, name
 ):
     usage = Usage(input_tokens=100, output_tokens=10, total_tokens=110)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from actors.providers import OpenAIProvider
 from runtime import Agent, Budget, Host, tool
 from tests.support.loopback import Reply, loopback_server, sse
@@ -61,7 +63,11 @@ def provider(url: str) -> OpenAIProvider:
 
 
 async def run(
-    replies: list[Reply], budget: Budget, *, fallback: bool = False
+    replies: list[Reply],
+    budget: Budget,
+    *,
+    fallback: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     """The turn's result and the request bodies the server got."""
     async with loopback_server(*replies) as server:
@@ -69,7 +75,9 @@ async def run(
             chain: Any = provider(server.url)
             if fallback:
                 chain = [chain, provider(server.url)]
-            agent = Agent(provider=chain, tools=[get_weather], budget=budget)
+            agent = Agent(
+                provider=chain, tools=[get_weather], budget=budget, settings=settings or {}
+            )
             session = await host.open_session(agent, session_id="s")
             result = await session.run("What is the weather in Paris?")
         return result, [r.json() for r in server.requests]
@@ -140,6 +148,31 @@ async def test_a_call_cut_at_the_budgets_cap_with_usage_ends_the_turn_budget():
     cut = Reply(body=chat(texts=("Once upon",), finish="length", usage=200))
     result, _ = await run([cut], Budget(max_output_tokens=200))
     assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
+
+
+@pytest.mark.parametrize(
+    ("reported", "finish"), [(190, "budget"), (150, "budget"), (149, "length")]
+)
+async def test_a_call_cut_at_the_budgets_cap_counted_short_of_it_ends_the_turn_budget(
+    reported, finish
+):
+    """The server stopped at our cap of 200 but counts fewer (a token left out, another
+    tokenizer): within a quarter of the cap, the budget's cut (it read ``length``, the
+    server's own limit); further below, another limit's."""
+    cut = Reply(body=chat(texts=("Once upon",), finish="length", usage=reported))
+    result, bodies = await run([cut], Budget(max_output_tokens=200))
+    assert [b["max_tokens"] for b in bodies] == [200]
+    assert result.finish_reason == finish
+    assert result.usage.output_tokens == reported  # (what the server bills)
+
+
+async def test_a_call_cut_by_a_smaller_settings_cap_near_the_budgets_ends_the_turn_length():
+    """The agent's own ``max_tokens`` (180) was sent, not the budget's 200: it cut the
+    call, though 180 is within the budget cap's margin."""
+    cut = Reply(body=chat(texts=("Once upon",), finish="length", usage=180))
+    result, bodies = await run([cut], Budget(max_output_tokens=200), settings={"max_tokens": 180})
+    assert [b["max_tokens"] for b in bodies] == [180]
+    assert (result.finish_reason, result.budget) == ("length", None)
 
 
 async def test_a_stream_cut_before_its_usage_counts_its_bytes_for_the_fallbacks_cap():

@@ -11,7 +11,7 @@ has one (after a ``reset-step`` if the failed call had streamed output). Mixed i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
@@ -438,6 +438,45 @@ def counted(step: Step, written: Callable[[int], int], mark: int, log: Any) -> U
     guess = min(n, cap)
     log.warning("usage.estimated", output_tokens=guess, bytes=n, cap=cap)
     return attrs.evolve(usage, output_tokens=guess, total_tokens=usage.total_tokens + guess)
+
+
+CAP_SETTINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+"""The agent ``settings`` keys that cap a call's output, one provider's or another's
+(Chat Completions, Anthropic; Chat Completions; Responses, Gemini)."""
+
+CUT_MARGIN = 4
+"""A ``length`` call that reports at least ``cap - cap // CUT_MARGIN`` output tokens (3/4
+of the budget's cap it was sent) was cut by that cap (:func:`cut_by_budget`)."""
+
+
+def cut_by_budget(step: Step, settings: Mapping[str, Any]) -> bool:
+    """Whether a call of ``step`` that finished ``length`` was cut by the cap the turn's
+    output budget sent it (:attr:`Step.cap`), so the turn ends ``budget``, not
+    ``length`` (a limit of the model's or server's own).
+
+    Its reported output reaching the cap says so. Below it, a server that stopped at
+    our cap of N tokens wrote N of its own, and reports fewer only by counting them
+    otherwise (a last or special token left out, a proxy counting with another
+    tokenizer): a few, or some tens of percent, so a report within :data:`CUT_MARGIN`
+    of the cap is the budget's cut too. Not when the agent's ``settings`` sent a smaller
+    cap of their own (that one cut it: ``length``), nor far below the cap: then another
+    limit cut it (the context window's end on a server that does not refuse the
+    request for it, the model's own maximum, a provider's default such as Anthropic's
+    4096), and ``budget`` would say the turn's allowance ran out while most of it is
+    left. Rejected: every ``length`` of a call whose cap was the budget's remainder: a
+    llama.cpp or Ollama server that reaches its context's end after 500 tokens of a
+    10,000 budget would read ``budget``, wrongly, whatever the budget."""
+    cap = step.cap
+    if step.finish != "length" or cap is None:
+        return False
+    written = step.usage.output_tokens
+    if written >= cap:
+        return True
+    for key in CAP_SETTINGS:
+        own = settings.get(key)
+        if isinstance(own, int) and not isinstance(own, bool) and own < cap:
+            return False  # (sent instead of the budget's: it cut the call)
+    return written >= cap - cap // CUT_MARGIN
 
 
 def _past_deadline(wait: float) -> float | None:

@@ -45,7 +45,7 @@ from typing import Any
 import trio
 
 from actors.turn import saving
-from actors.turn.inference import Inferring
+from actors.turn.inference import Inferring, cut_by_budget
 from actors.turn.parts import PartsManager
 from actors.turn.saving import NO_TITLE as _NO_TITLE
 from actors.turn.saving import NO_TURN as _NO_TURN
@@ -699,7 +699,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
             over = budget.tokens_exceeded(turn.usage) or budget.output_spent(
-                turn.usage, more=bool(result.calls), cut=result.finish == "length"
+                turn.usage, more=bool(result.calls), cut=cut_by_budget(result, self.agent.settings)
             )
             if result.calls:
                 over = await self._take_results(turn, result, step, over)

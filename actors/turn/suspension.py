@@ -128,6 +128,7 @@ def nested_wait(
     expires_at: float | None = None,
     caller: str | None = None,
     client: tuple[str, Any] | None = None,
+    counted: Usage | None = None,
 ) -> Awaiting:
     """The stored wait of a call whose sub-agent (an agent used as a tool) suspended for
     the approval ``approval_id``: the calling turn waits for that same id
@@ -137,7 +138,8 @@ def nested_wait(
     :func:`awaiting`'s (an agent tool two agents deep). ``client``: the sub-turn waits
     for a client tool's output, not an approval (that call's tool name and input): a
     ``"client"`` wait the caller answers with the output (``approval_id`` is then
-    ``<call id>.<sub call id>``)."""
+    ``<call id>.<sub call id>``). ``counted``: the sub-turn's usage so far, which the
+    calling turn adds as it suspends (:func:`since_wait` takes it off again)."""
     return Awaiting(
         kind=APPROVAL if client is None else CLIENT,
         id=approval_id,
@@ -147,6 +149,37 @@ def nested_wait(
         caller=caller,
         sub_tool=None if client is None else client[0],
         sub_input=None if client is None else client[1],
+        counted=counted,
+    )
+
+
+def since_wait(usage: Usage | None, waited: Awaiting | None) -> Usage | None:
+    """What a call run on after its wait adds to the turn: its ``usage`` less what the
+    turn counted when the call suspended (``Awaiting.counted``). A pass_approvals
+    sub-turn reports its whole usage, the tokens before its wait included, and those
+    were counted at the wait: added again, a caller allowed 100 that wrote 34 counted
+    44 and sent its next call a cap of 60, not 70. Read from the stored wait, not from
+    the sub-session: a continuation retried after a crash finds its sub-turn finished
+    (its saved usage the whole), yet its own turn counted only what was before the
+    wait. Each count floors at 0; a cost is unknown when either is."""
+    counted = waited.counted if waited is not None else None
+    if usage is None or counted is None:
+        return usage
+
+    def less(a: int | None, b: int | None) -> int | None:
+        return None if a is None else max(0, a - (b or 0))
+
+    cost = None if usage.cost is None else usage.cost - (counted.cost or 0.0)
+    if counted.cost is None and not counted.empty:
+        cost = None  # (a sub-turn of unknown price: its whole cost is unknown too)
+    return Usage(
+        input_tokens=max(0, usage.input_tokens - counted.input_tokens),
+        output_tokens=max(0, usage.output_tokens - counted.output_tokens),
+        total_tokens=max(0, usage.total_tokens - counted.total_tokens),
+        cache_read=less(usage.cache_read, counted.cache_read),
+        cache_write=less(usage.cache_write, counted.cache_write),
+        reasoning_tokens=less(usage.reasoning_tokens, counted.reasoning_tokens),
+        cost=None if cost is None else max(0.0, cost),
     )
 
 
@@ -441,8 +474,9 @@ class Suspending:
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
             oc = turn.outcomes[part.tool_call_id]
-            if oc.usage is not None:  # an agent used as a tool, approved: its tokens count
-                turn.usage = turn.usage + oc.usage  # (they were lost: the budget too)
+            spent = since_wait(oc.usage, part.awaiting)  # (the rest counted at its wait)
+            if spent is not None:  # an agent used as a tool, approved: its tokens count
+                turn.usage = turn.usage + spent  # (they were lost: the budget too)
             if part.tool_call_id not in turn.held:
                 self._add_result(turn, oc, part.step)
         in_call_order(self.state.messages, turn.a_index)
@@ -484,9 +518,13 @@ class Suspending:
         try:
             await self._run_quietly(turn, parts, outcomes)
         finally:
-            for oc in outcomes.values():
-                if oc.usage is not None:  # an agent used as a tool: this turn spent it
-                    turn.usage = turn.usage + oc.usage
+            for part in parts:
+                oc = outcomes.get(part.tool_call_id)
+                # an agent used as a tool: this turn spent what its sub-turn wrote after
+                # the wait (before it, the superseded turn counted)
+                spent = since_wait(oc.usage if oc is not None else None, part.awaiting)
+                if spent is not None:
+                    turn.usage = turn.usage + spent
             self._place_approved_before(turn, parts, outcomes)
         # Committed before the model call, as a continuation commits its results: a
         # process that dies during that call does not run them again on the next message.

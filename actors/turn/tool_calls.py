@@ -180,6 +180,7 @@ class ToolCalling:
                             _sooner(item.waits_until, expiry_time(self.host, self.agent)),
                             caller_of(turn.meta),
                             item.waits_client,
+                            item.usage,  # counted as the turn suspends (_take_results)
                         )
                         continue
                     await self._tool_done(turn.turn_id, step, item, ctrl)
