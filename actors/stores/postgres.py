@@ -62,25 +62,23 @@ in the session exactly once.
 
 **Its parts.** The schema's DDL is in :mod:`actors.stores.postgres_tables`, the
 server-side functions of a turn's calls in :mod:`actors.stores.postgres_calls`, the
-schema's creation and upgrade on open in :mod:`actors.stores.postgres_schema`, and the
-event loop's connections in :mod:`actors.stores.postgres_lane`, the URL's parsing in
+schema's creation and upgrade on open in :mod:`actors.stores.postgres_schema`, the event
+loop's connections in :mod:`actors.stores.postgres_lane`, the URL's parsing in
 :mod:`actors.stores.postgres_url`, the connections' health and the retries in
 :mod:`actors.stores.postgres_health`, the statements and binary formats of a session's
-rows in :mod:`actors.stores.postgres_rows`, and the fences' checks in
-:mod:`actors.stores.postgres_fences`; this module is the store itself (its pool,
-transactions and saves), and the names callers import from it stay importable here (an
-``import X as X`` re-exports one it does not use itself).
+rows in :mod:`actors.stores.postgres_rows`, and the fences (their checks, and the store's
+keeping of them: :class:`FenceKeeping`) in :mod:`actors.stores.postgres_fences`; this
+module is the store itself (its pool, transactions and saves). The names callers import
+from it stay importable here (``import X as X`` re-exports one it does not use itself).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-import attrs
 import orjson
 import trio
 
@@ -96,6 +94,7 @@ from actors.stores.postgres_fences import (
     _MARK_TURN,
     _SHARE_TURN,
     Fence,
+    FenceKeeping,
     LockedSession,
     Suspend,
     _check_fence,
@@ -103,6 +102,7 @@ from actors.stores.postgres_fences import (
     _own_write,
     decision_written,
 )
+from actors.stores.postgres_fences import ENDED_REMEMBERED as ENDED_REMEMBERED
 from actors.stores.postgres_fences import LOCK_SESSION as LOCK_SESSION
 from actors.stores.postgres_fences import RidingClaim as RidingClaim
 from actors.stores.postgres_health import CHECK_IDLE as CHECK_IDLE
@@ -179,10 +179,6 @@ from runtime.store import SessionInfo, SessionRecord, validate_session_id
 DEFAULT_POOL_SIZE = 8
 DEFAULT_RETRY_FOR = 30.0
 """Seconds a call keeps retrying while the server cannot be reached."""
-ENDED_REMEMBERED = 65536
-"""Sessions whose fence ended that a store remembers, to refuse a late save of their turn
-(least recently ended first out: a session's entry is a few hundred bytes, and one that
-drops out was given up long before, its late save long answered)."""
 IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 """Seconds the server lets a connection of the store sit idle inside a transaction before
 it ends the session (``idle_in_transaction_session_timeout``). A transaction here runs
@@ -195,7 +191,7 @@ connection gone when it wakes, and its retried save is refused by the fence."""
 _T = TypeVar("_T")
 
 
-class PostgresStore:
+class PostgresStore(FenceKeeping):
     """Sessions (and durable turns) in PostgreSQL; create with ``await PostgresStore.open(url)``."""
 
     ends_turns: Final = True
@@ -424,126 +420,6 @@ class PostgresStore:
             )
 
         return await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
-
-    # -- fences --------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
-        """While inside, every save of ``session_id`` is fenced by ``fence``; after,
-        until the session's next fenced block, every save of it is refused (unless
-        ``unfenced``): one made for the turn reaches the store only once the worker has
-        left the block if it outlived the turn's wait for it, and the worker may have
-        given the turn up by then (another worker may have saved the session since)."""
-        self._ended.pop(session_id, None)
-        self._after.pop(session_id, None)
-        self._fences[session_id] = fence
-        if fence.saved:
-            self._marked.add(fence.turn_id)
-        try:
-            yield
-        finally:
-            self._marked.discard(fence.turn_id)
-            for sub in self._under.pop(session_id, ()):
-                held = self._fences.get(sub)
-                if held is not None and held.under == session_id:
-                    del self._fences[sub]
-                    self._fence_after(sub, held)
-            if self._fences.get(session_id) is fence:
-                del self._fences[session_id]
-                self._ended[session_id] = (fence.turn_id, fence.owner, fence.epoch)
-                if len(self._ended) > ENDED_REMEMBERED:
-                    self._ended.popitem(last=False)
-
-    def fence_under(self, session_id: str, caller_id: str) -> None:
-        """Fence every save of ``session_id`` (a sub-session an agent tool runs in:
-        ``Agent.as_tool``) by the claim the saves of ``caller_id`` (the calling session)
-        are fenced by (or were: a tool may outlive its calling turn's fenced block), until
-        the sub-session is fenced again (another call's open, a turn of its own claimed
-        here); nothing when the calling session's saves are not fenced here (no
-        worker's turn).
-
-        A sub-session is not the claimed session, and its saves were not fenced: a worker
-        paused past its lease inside a sub-turn, whose calling turn another worker took
-        over (running the sub-turn again, saving the sub-session), had its aborted
-        sub-turn's save meet that worker's version, taken by the persister for another
-        writer's and rebased after it. Fenced by the calling turn's claim, it is refused
-        (:class:`~runtime.errors.LeaseLost`) however the sub-turn ended. The claim is
-        only checked (:attr:`Fence.under`). Deeper sub-sessions (an agent tool of a
-        sub-agent) are fenced by the same claim, through their caller's fence."""
-        held = self._fences.get(session_id)
-        if held is not None and held.under is None:
-            return  # a turn of its own claimed here: its saves are fenced by that claim
-        caller = self._fences.get(caller_id)
-        late = caller is None
-        if caller is None:  # (opened as its calling turn ended: its tool outlived it)
-            caller = self._after.get(caller_id)
-        if caller is None and caller_id in self._ended:
-            turn_id, owner, epoch = self._ended[caller_id]
-            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
-        if caller is None:
-            return
-        root = caller.under if caller.under is not None else caller_id
-        fence = Fence(
-            turn_id=caller.turn_id,
-            owner=caller.owner,
-            epoch=caller.epoch,
-            on_lost=caller.on_lost,
-            on_deleted=caller.on_deleted,
-            under=root,
-        )
-        self._ended.pop(session_id, None)
-        self._after.pop(session_id, None)
-        self._fences.pop(session_id, None)
-        if late or root not in self._fences:
-            self._fence_after(session_id, fence)
-            return
-        self._fences[session_id] = fence
-        subs = self._under.setdefault(root, [])
-        if session_id not in subs:
-            subs.append(session_id)
-
-    def release_under(self, session_id: str) -> Callable[[], None] | None:
-        """What drops the fence :meth:`fence_under` gave ``session_id`` (``None``: it has
-        none), to be called once no save of the sub-turns it fenced can come: its host
-        closed the sub-session and the saves sent before are written
-        (``Host.close_session``). Before, such a fence stayed in :attr:`_after` until
-        :data:`ENDED_REMEMBERED` later ones pushed it out, those of sub-sessions long
-        closed as much as those of a sub-turn still running past its calling turn: a
-        late save of that one, pushed out, was written unfenced. Now the bound holds the
-        fences of sub-sessions still open here only. The fence it was given only: one
-        fenced since (opened again) stays."""
-        held = self._fences.get(session_id)
-        if held is None or held.under is None:
-            held = self._after.get(session_id)
-        if held is None or held.under is None:
-            return None
-        token = held.token
-
-        def release() -> None:
-            fence = self._fences.get(session_id)
-            if fence is not None and fence.token is token:
-                del self._fences[session_id]
-                subs = self._under.get(fence.under or "")
-                if subs is not None and session_id in subs:
-                    subs.remove(session_id)
-            fence = self._after.get(session_id)
-            if fence is not None and fence.token is token:
-                del self._after[session_id]
-
-        return release
-
-    def _fence_after(self, session_id: str, fence: Fence) -> None:
-        """Keep checking ``session_id``'s saves against ``fence``'s claim once its calling
-        turn's block ended (:attr:`_after`), without the callbacks."""
-        self._after[session_id] = attrs.evolve(fence, on_lost=None, on_deleted=None)
-        self._after.move_to_end(session_id)
-        if len(self._after) > ENDED_REMEMBERED:
-            self._after.popitem(last=False)
-
-    def close_fences(self) -> None:
-        """Refuse every fenced save from now on (a worker stopping at once): a turn cut
-        here keeps only the steps it committed, as if its worker had been killed."""
-        self._fences_closed = True
 
     # -- the Store protocol --------------------------------------------------------------
 
@@ -797,40 +673,6 @@ class PostgresStore:
         if fence is not None:
             self._fenced_save_committed(fence, wrote, steers)
         return version
-
-    def _save_fence(self, session_id: str) -> Fence | None:
-        """The fence a save of ``session_id`` runs under (``None``: none, the session is
-        no fenced turn's), or :class:`LeaseLost` for a save that must not reach the store:
-        one that outlived its fenced block (its worker may have given the turn up, and
-        another worker saved the session since), or any fenced one once the worker is
-        stopping at once (:meth:`close_fences`)."""
-        fence = self._fences.get(session_id)
-        if fence is None:
-            fence = self._after.get(session_id)  # (a sub-session's, checked on)
-        if fence is None and session_id in self._ended:
-            turn_id, owner, epoch = self._ended[session_id]
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: it reached the store after worker "
-                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
-            )
-        if fence is not None and self._fences_closed:
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
-                f"turn {fence.turn_id} keeps its committed steps"
-            )
-        return fence
-
-    def _fenced_save_committed(self, fence: Fence, wrote: list[bool], steers: list[int]) -> None:
-        """After a fenced save committed: its ``watch`` learns the turn's count of steering
-        submits the fence check read (``steers``), later saves of the turn need not mark
-        it ``saved``, and ``on_commit`` hears of a commit its ``in_save`` wrote to (``wrote``:
-        the turn row suspended)."""
-        if fence.watch is not None and steers:
-            fence.watch.saw(steers[-1])
-        if fence.under is None:  # (a sub-session's save marks nothing: its turn's may)
-            self._marked.add(fence.turn_id)
-        if any(wrote) and fence.on_commit is not None:
-            fence.on_commit()
 
     async def _save_call(
         self,

@@ -3,23 +3,28 @@ checked against (:class:`Fence`, with the claim that may ride on a turn's last s
 a suspension), the checks of the turn's row in a save's transaction (:func:`_check_fence`),
 what a save's own write left there (:func:`_own_write`, :func:`decision_written`: a lost
 answer's retry finds it), and the session's lock a save's guard takes
-(:data:`LOCK_SESSION`). :meth:`PostgresStore.fenced
-<actors.stores.postgres.PostgresStore.fenced>` registers a fence."""
+(:data:`LOCK_SESSION`); and the fences a store keeps (:class:`FenceKeeping`, mixed into
+:class:`~actors.stores.postgres.PostgresStore`: its fenced blocks, the sub-sessions fenced
+by their calling turn's claim, the fence each save runs under)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from actors.stores.postgres_calls import STATUS_COLUMNS
-from runtime.errors import (
-    LeaseLost,
-    SessionDeleted,
-)
+from runtime.errors import LeaseLost, SessionDeleted
 from runtime.messages import Message
 from runtime.turn_queue import SteerWatch
+
+ENDED_REMEMBERED = 65536
+"""Sessions whose fence ended that a store remembers, to refuse a late save of their turn
+(least recently ended first out: a session's entry is a few hundred bytes, and one that
+drops out was given up long before, its late save long answered)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -213,3 +218,172 @@ def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
             f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
             f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
         )
+
+
+class FenceKeeping:
+    """The fences a store keeps for its sessions' saves (mixed into
+    :class:`~actors.stores.postgres.PostgresStore`, whose ``__init__`` sets the
+    attributes below and documents them): the worker's fenced blocks, the sub-sessions
+    fenced by their calling turn's claim, and the fence a save runs under."""
+
+    if TYPE_CHECKING:  # set by PostgresStore.__init__
+        _fences_closed: bool
+        _fences: dict[str, Fence]
+        _ended: OrderedDict[str, tuple[str, str, int]]
+        _marked: set[str]
+        _under: dict[str, list[str]]
+        _after: OrderedDict[str, Fence]
+
+    # -- keeping them --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
+        """While inside, every save of ``session_id`` is fenced by ``fence``; after,
+        until the session's next fenced block, every save of it is refused (unless
+        ``unfenced``): one made for the turn reaches the store only once the worker has
+        left the block if it outlived the turn's wait for it, and the worker may have
+        given the turn up by then (another worker may have saved the session since)."""
+        self._ended.pop(session_id, None)
+        self._after.pop(session_id, None)
+        self._fences[session_id] = fence
+        if fence.saved:
+            self._marked.add(fence.turn_id)
+        try:
+            yield
+        finally:
+            self._marked.discard(fence.turn_id)
+            for sub in self._under.pop(session_id, ()):
+                held = self._fences.get(sub)
+                if held is not None and held.under == session_id:
+                    del self._fences[sub]
+                    self._fence_after(sub, held)
+            if self._fences.get(session_id) is fence:
+                del self._fences[session_id]
+                self._ended[session_id] = (fence.turn_id, fence.owner, fence.epoch)
+                if len(self._ended) > ENDED_REMEMBERED:
+                    self._ended.popitem(last=False)
+
+    def fence_under(self, session_id: str, caller_id: str) -> None:
+        """Fence every save of ``session_id`` (a sub-session an agent tool runs in:
+        ``Agent.as_tool``) by the claim the saves of ``caller_id`` (the calling session)
+        are fenced by (or were: a tool may outlive its calling turn's fenced block), until
+        the sub-session is fenced again (another call's open, a turn of its own claimed
+        here); nothing when the calling session's saves are not fenced here (no
+        worker's turn).
+
+        A sub-session is not the claimed session, and its saves were not fenced: a worker
+        paused past its lease inside a sub-turn, whose calling turn another worker took
+        over (running the sub-turn again, saving the sub-session), had its aborted
+        sub-turn's save meet that worker's version, taken by the persister for another
+        writer's and rebased after it. Fenced by the calling turn's claim, it is refused
+        (:class:`~runtime.errors.LeaseLost`) however the sub-turn ended. The claim is
+        only checked (:attr:`Fence.under`). Deeper sub-sessions (an agent tool of a
+        sub-agent) are fenced by the same claim, through their caller's fence."""
+        held = self._fences.get(session_id)
+        if held is not None and held.under is None:
+            return  # a turn of its own claimed here: its saves are fenced by that claim
+        caller = self._fences.get(caller_id)
+        late = caller is None
+        if caller is None:  # (opened as its calling turn ended: its tool outlived it)
+            caller = self._after.get(caller_id)
+        if caller is None and caller_id in self._ended:
+            turn_id, owner, epoch = self._ended[caller_id]
+            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
+        if caller is None:
+            return
+        root = caller.under if caller.under is not None else caller_id
+        fence = Fence(
+            turn_id=caller.turn_id,
+            owner=caller.owner,
+            epoch=caller.epoch,
+            on_lost=caller.on_lost,
+            on_deleted=caller.on_deleted,
+            under=root,
+        )
+        self._ended.pop(session_id, None)
+        self._after.pop(session_id, None)
+        self._fences.pop(session_id, None)
+        if late or root not in self._fences:
+            self._fence_after(session_id, fence)
+            return
+        self._fences[session_id] = fence
+        subs = self._under.setdefault(root, [])
+        if session_id not in subs:
+            subs.append(session_id)
+
+    def release_under(self, session_id: str) -> Callable[[], None] | None:
+        """What drops the fence :meth:`fence_under` gave ``session_id`` (``None``: it has
+        none), to be called once no save of the sub-turns it fenced can come: its host
+        closed the sub-session and the saves sent before are written
+        (``Host.close_session``). Before, such a fence stayed in :attr:`_after` until
+        :data:`ENDED_REMEMBERED` later ones pushed it out, those of sub-sessions long
+        closed as much as those of a sub-turn still running past its calling turn: a
+        late save of that one, pushed out, was written unfenced. Now the bound holds the
+        fences of sub-sessions still open here only. The fence it was given only: one
+        fenced since (opened again) stays."""
+        held = self._fences.get(session_id)
+        if held is None or held.under is None:
+            held = self._after.get(session_id)
+        if held is None or held.under is None:
+            return None
+        token = held.token
+
+        def release() -> None:
+            fence = self._fences.get(session_id)
+            if fence is not None and fence.token is token:
+                del self._fences[session_id]
+                subs = self._under.get(fence.under or "")
+                if subs is not None and session_id in subs:
+                    subs.remove(session_id)
+            fence = self._after.get(session_id)
+            if fence is not None and fence.token is token:
+                del self._after[session_id]
+
+        return release
+
+    def _fence_after(self, session_id: str, fence: Fence) -> None:
+        """Keep checking ``session_id``'s saves against ``fence``'s claim once its calling
+        turn's block ended (:attr:`_after`), without the callbacks."""
+        self._after[session_id] = attrs.evolve(fence, on_lost=None, on_deleted=None)
+        self._after.move_to_end(session_id)
+        if len(self._after) > ENDED_REMEMBERED:
+            self._after.popitem(last=False)
+
+    def close_fences(self) -> None:
+        """Refuse every fenced save from now on (a worker stopping at once): a turn cut
+        here keeps only the steps it committed, as if its worker had been killed."""
+        self._fences_closed = True
+
+    def _save_fence(self, session_id: str) -> Fence | None:
+        """The fence a save of ``session_id`` runs under (``None``: none, the session is
+        no fenced turn's), or :class:`LeaseLost` for a save that must not reach the store:
+        one that outlived its fenced block (its worker may have given the turn up, and
+        another worker saved the session since), or any fenced one once the worker is
+        stopping at once (:meth:`close_fences`)."""
+        fence = self._fences.get(session_id)
+        if fence is None:
+            fence = self._after.get(session_id)  # (a sub-session's, checked on)
+        if fence is None and session_id in self._ended:
+            turn_id, owner, epoch = self._ended[session_id]
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: it reached the store after worker "
+                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
+            )
+        if fence is not None and self._fences_closed:
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
+                f"turn {fence.turn_id} keeps its committed steps"
+            )
+        return fence
+
+    def _fenced_save_committed(self, fence: Fence, wrote: list[bool], steers: list[int]) -> None:
+        """After a fenced save committed: its ``watch`` learns the turn's count of steering
+        submits the fence check read (``steers``), later saves of the turn need not mark
+        it ``saved``, and ``on_commit`` hears of a commit its ``in_save`` wrote to (``wrote``:
+        the turn row suspended)."""
+        if fence.watch is not None and steers:
+            fence.watch.saw(steers[-1])
+        if fence.under is None:  # (a sub-session's save marks nothing: its turn's may)
+            self._marked.add(fence.turn_id)
+        if any(wrote) and fence.on_commit is not None:
+            fence.on_commit()

@@ -16,11 +16,7 @@ from typing import Any, Final
 import trio
 
 from actors.stores.postgres_lane import idle_session_timeout
-from runtime.errors import (
-    ConfigurationError,
-    StoreError,
-    StoreUnavailable,
-)
+from runtime.errors import ConfigurationError, StoreError, StoreUnavailable
 from runtime.redact import redact
 
 _TRANSIENT = ("too many connections", "too many clients")

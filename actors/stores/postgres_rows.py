@@ -15,9 +15,7 @@ import orjson
 from actors.stores.owned import UNREADABLE_CALLER
 from actors.stores.postgres_calls import SESSION_COLUMNS
 from actors.stores.postgres_tables import MESSAGE_ID_FUNCTION
-from runtime.errors import (
-    StoreError,
-)
+from runtime.errors import StoreError
 from runtime.history import run_long_off_loop
 
 _INT4, _TEXT, _BYTEA = 23, 25, 17

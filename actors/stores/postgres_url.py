@@ -8,9 +8,7 @@ import re
 import urllib.parse
 from typing import Final
 
-from runtime.errors import (
-    ConfigurationError,
-)
+from runtime.errors import ConfigurationError
 from runtime.redact import redact_url as _redact_url
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
