@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-import actors.stores.postgres as postgres
+import actors.stores.postgres_rows as postgres_rows
 import actors.stores.validation as validation
 from actors.stores.postgres import PostgresStore
 from actors.stores.sqlite import SQLiteStore
@@ -51,7 +51,7 @@ def walks(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, at: int = 0) -
 
 async def test_a_long_save_is_encoded_off_the_loop_and_a_short_one_on_it(pg_url, monkeypatch):
     encoded = walks(monkeypatch, validation, "encode_rows", at=2)
-    arrays = walks(monkeypatch, postgres, "_arrays")
+    arrays = walks(monkeypatch, postgres_rows, "_arrays")
     store = await PostgresStore.open(pg_url)
     try:
         await store.save("s", 0, history(LONG))

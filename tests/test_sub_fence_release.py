@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-import actors.stores.postgres as postgres
+import actors.stores.postgres_fences as postgres_fences
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.memory import MemoryStore
 from actors.stores.postgres import Fence, PostgresStore
@@ -26,7 +26,7 @@ from runtime.tools import PARENT_SESSION_META
 async def test_a_late_sub_turn_save_is_refused_after_more_closed_sub_sessions_than_the_bound(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres, "ENDED_REMEMBERED", 2)
+    monkeypatch.setattr(postgres_fences, "ENDED_REMEMBERED", 2)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
     try:

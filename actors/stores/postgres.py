@@ -62,43 +62,93 @@ in the session exactly once.
 
 **Its parts.** The schema's DDL is in :mod:`actors.stores.postgres_tables`, the
 server-side functions of a turn's calls in :mod:`actors.stores.postgres_calls`, the
-schema's creation and upgrade on open in :mod:`actors.stores.postgres_schema`, and the
-event loop's connections in :mod:`actors.stores.postgres_lane`; this module is the store
-itself (its pool, transactions, fences and saves).
+schema's creation and upgrade on open in :mod:`actors.stores.postgres_schema`, the event
+loop's connections in :mod:`actors.stores.postgres_lane`, the URL's parsing in
+:mod:`actors.stores.postgres_url`, the connections' health and the retries in
+:mod:`actors.stores.postgres_health`, the statements and binary formats of a session's
+rows in :mod:`actors.stores.postgres_rows`, and the fences (their checks, and the store's
+keeping of them: :class:`FenceKeeping`) in :mod:`actors.stores.postgres_fences`; this
+module is the store itself (its pool, transactions and saves). The names callers import
+from it stay importable here (``import X as X`` re-exports one it does not use itself).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import re
-import struct
 import time
-import urllib.parse
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-import attrs
 import orjson
 import trio
 
-from actors.stores.owned import UNREADABLE_CALLER, owned_sessions
+from actors.stores.owned import owned_sessions
 from actors.stores.postgres_calls import (
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION_NAME,
     SAVE_NEXT_FUNCTION_NAME,
     SAVE_NEXT_KINDS,
-    SESSION_COLUMNS,
-    STATUS_COLUMNS,
     STATUS_KINDS,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane, idle_session_timeout
+from actors.stores.postgres_fences import (
+    _MARK_TURN,
+    _SHARE_TURN,
+    Fence,
+    FenceKeeping,
+    LockedSession,
+    Suspend,
+    _check_fence,
+    _check_fence_row,
+    _own_write,
+    decision_written,
+)
+from actors.stores.postgres_fences import ENDED_REMEMBERED as ENDED_REMEMBERED
+from actors.stores.postgres_fences import LOCK_SESSION as LOCK_SESSION
+from actors.stores.postgres_fences import RidingClaim as RidingClaim
+from actors.stores.postgres_health import CHECK_IDLE as CHECK_IDLE
+from actors.stores.postgres_health import (
+    IDLE_SESSION_TIMEOUT,
+    FreeLimiter,
+    _alive,
+    _close_if_read_only,
+    _found_closed,
+    _note_idle_session_timeout,
+    _quiet_expected_discards,
+    _retrying,
+    _used,
+)
+from actors.stores.postgres_health import _idle_limits as _idle_limits
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane
+from actors.stores.postgres_rows import (
+    _HAS_USER_MESSAGES_SQL,
+    _INSERT_ROWS,
+    _LAST_TURN_NAME,
+    _LAST_TURN_SQL,
+    _LAST_TURNS_NAME,
+    _LAST_TURNS_SQL,
+    _LIST_AFTER_SQL,
+    _LIST_SQL,
+    _arrays_off_loop,
+    _beyond_end,
+    _columns,
+    _last_turn_rows,
+    _replace_messages,
+    _sub_candidates,
+    kept_cursor,
+    load_rows,
+    read_row,
+)
 from actors.stores.postgres_schema import (
     _first_connect,
 )
-from actors.stores.postgres_tables import MESSAGE_ID_FUNCTION
+from actors.stores.postgres_url import POOLER_HINT as POOLER_HINT
+from actors.stores.postgres_url import (
+    _split_url,
+    parse_listen,
+    redact_url,
+)
+from actors.stores.postgres_url import parse_pooler as parse_pooler
+from actors.stores.postgres_url import parse_url as parse_url
 from actors.stores.validation import (
     check_limit,
     check_version,
@@ -123,18 +173,12 @@ from runtime.errors import (
 from runtime.history import run_long_off_loop
 from runtime.logging import get_logger
 from runtime.messages import Message, UserMessage
-from runtime.redact import redact, register_url_secrets
-from runtime.redact import redact_url as _redact_url
+from runtime.redact import register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
-from runtime.turn_queue import SteerWatch
 
 DEFAULT_POOL_SIZE = 8
 DEFAULT_RETRY_FOR = 30.0
 """Seconds a call keeps retrying while the server cannot be reached."""
-ENDED_REMEMBERED = 65536
-"""Sessions whose fence ended that a store remembers, to refuse a late save of their turn
-(least recently ended first out: a session's entry is a few hundred bytes, and one that
-drops out was given up long before, its late save long answered)."""
 IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 """Seconds the server lets a connection of the store sit idle inside a transaction before
 it ends the session (``idle_in_transaction_session_timeout``). A transaction here runs
@@ -144,224 +188,10 @@ it holds would stay until it wakes, and a save's ``FOR SHARE`` of its turn's row
 hide that turn from every takeover (claims lock ``FOR UPDATE SKIP LOCKED``), so a frozen
 worker's turn would never move to a live one. Ended, the frozen client finds its
 connection gone when it wakes, and its retried save is refused by the fence."""
-_TRANSIENT = ("too many connections", "too many clients")
-"""A connection refused for a limit (the server's ``max_connections``, a role's or a
-database's ``CONNECTION LIMIT``): retried as an unreachable server is, though the text
-names a role (``too many connections for role "app"``, which :data:`_PERMANENT`'s
-``role`` took for a refused login: the call failed at once)."""
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_PERMANENT = (
-    "does not exist",
-    "authentication failed",
-    "password",
-    "invalid",
-    "role ",
-    "unrecognized configuration parameter",  # the URL's options: no retry mends it
-)
-
 _T = TypeVar("_T")
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class Fence:
-    """The lease a worker's saves of one session are checked against."""
-
-    turn_id: str
-    owner: str
-    epoch: int
-    on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
-    """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
-    on_deleted: Callable[[], None] | None = attrs.field(default=None, eq=False)
-    """Called instead of :attr:`on_lost` (when set) for a save refused because the
-    session was deleted while the turn ran (:meth:`PostgresStore.delete` ended its row):
-    no other worker holds the turn, the worker ends it as deleted."""
-    in_save: (
-        Callable[[Any, Sequence[Message], Mapping[str, Any] | None, str | None], bool] | None
-    ) = attrs.field(default=None, eq=False)
-    """Run in each fenced save's transaction once the session is written, with the saved
-    messages, meta and ``ends`` (the turn's finish reason when the save is its last,
-    :attr:`runtime.actor_messages.SaveRequest.ends`): it may write the turn's row in the
-    same commit (the turn queue suspends a turn that waits for a person with the step
-    that asks, and finishes a turn with its last step: one transaction instead of two).
-    ``True`` when it wrote; then :attr:`on_commit` is called once the save committed."""
-    saved: bool = False
-    """The turn's row says ``saved`` already (a continuation, a takeover after a save):
-    its saves need not mark it, one statement fewer in the first."""
-    on_commit: Callable[[], None] | None = attrs.field(default=None, eq=False)
-    """Called (from the Trio thread) after a save whose :attr:`in_save` wrote committed."""
-    watch: SteerWatch | None = attrs.field(default=None, eq=False)
-    """Told of the turn's ``steers`` count each committed save's fence check read
-    (:class:`runtime.turn_queue.SteerWatch`)."""
-    one_call: (
-        Callable[[Sequence[Message], Mapping[str, Any] | None, str | None], bool | Suspend | None]
-        | None
-    ) = attrs.field(default=None, eq=False)
-    """With :attr:`in_save`: whether a save of these messages, meta and ``ends`` may go as
-    one call of the save function (:data:`SAVE_FUNCTION`), asked before it is sent:
-    ``None`` no (:attr:`in_save` has more to write than the turn's end or suspension:
-    the transaction), ``False`` yes, ``True`` yes, and the call ends the turn's row
-    ``done`` with ``ends``, a :class:`Suspend` yes, and the call suspends the turn's row
-    (then :attr:`on_commit` is called once it committed). Without it a fence with an
-    :attr:`in_save` always saves in the transaction."""
-    claim_next: Callable[[], RidingClaim | None] | None = attrs.field(default=None, eq=False)
-    """Asked right before a save that ends the turn in its call (:attr:`one_call` said
-    ``True``) is sent: ``None``, or the claim of the next turn for this fence's owner
-    rides on it (:data:`SAVE_NEXT_FUNCTION`), as the :class:`RidingClaim` says."""
-    token: object = attrs.field(factory=object, eq=False, repr=False)
-    """This fence's identity, kept by its copy without callbacks (:attr:`PostgresStore._after`):
-    a release (:meth:`PostgresStore.release_under`) drops the fence it was given, not a
-    later one of the same claim (the sub-session opened again)."""
-    under: str | None = None
-    """Set on the fence of a sub-session an agent tool of the claimed turn runs in
-    (:meth:`PostgresStore.fence_under`): the claimed turn's session. Such a fence only
-    checks the claim (the turn's row read ``FOR SHARE``): refused once another claim
-    took the turn (its epoch moved) or its session was deleted while it ran, whatever
-    the row's status (a sub-turn cancelled with its calling turn may save after that
-    turn ended or suspended: the save function refuses a turn not running, and the
-    save is made again in a transaction, which checks the claim alone). Nothing of the
-    row is written (no ``saved`` mark, end or suspension); no callback but
-    :attr:`on_lost` and :attr:`on_deleted` (the calling turn's, while its fenced block
-    lasts)."""
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class RidingClaim:
-    """The claim of the next turn riding on a turn's last save (:attr:`Fence.claim_next`)."""
-
-    lease: float
-    """The claimed turn's lease, in seconds."""
-    on_answer: Callable[[Any], None]
-    """Given the call's result (in the binary format, the claim's columns from
-    :data:`SAVE_NEXT_CLAIM_AT` on) once the save is known committed, before anything else
-    runs on the event loop."""
-    token: str
-    """The claiming call's token, kept by the row it claims (``axon_turns.claim_token``)."""
-    give_back: Callable[[Any], Any]
-    """Run on a connection when the save's answer was lost after its commit (its retry
-    found its own write): what the lost answer claimed is given back with its attempt,
-    as no worker knows it holds it."""
-
-
-@attrs.frozen(slots=True)
-class Suspend:
-    """:attr:`Fence.one_call`'s answer for a save whose call also suspends the turn's row
-    (``awaiting-input``, no owner, no lease) until ``expires_at`` (wall clock; ``None``:
-    no deadline)."""
-
-    expires_at: float | None
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """Split ``postgresql://...?schema=NAME`` into a libpq URL and the schema name.
-
-    ``schema``, ``pooler``, ``listen_host`` and ``listen_port`` are Axon's own query
-    parameters (libpq does not know them), so they are taken out here
-    (:func:`parse_pooler` and :func:`parse_listen` read the others); everything else
-    goes to libpq as written. Raises :class:`~runtime.errors.ConfigurationError` for
-    anything that is not a PostgreSQL URL or names an unusable schema.
-    """
-    libpq, schema, _ = _split_url(url)
-    return libpq, schema
-
-
-def parse_pooler(url: str) -> bool:
-    """Whether ``url`` says the server is reached through a transaction-pooling proxy
-    (``?pooler=transaction``: PgBouncer's ``pool_mode = transaction``, and the like):
-    then no connection keeps anything between transactions (no prepared statement, no
-    ``SET``, no ``LISTEN``; :data:`POOLER_HINT`)."""
-    return _split_url(url)[2]
-
-
-POOLER_HINT: Final = "docs/deployment.md#behind-pgbouncer"
-"""Where the documentation of ``?pooler=transaction`` is."""
-
-
-def _split_url(url: str) -> tuple[str, str, bool]:
-    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigurationError(
-            f"not a PostgreSQL URL: {url!r} (expected postgresql://[user@]host[:port]/dbname)"
-        )
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for key, value in query if key == "schema"]
-    poolers = [value for key, value in query if key == "pooler"]
-    schema = schemas[-1] if schemas else "public"
-    if _SCHEMA_NAME.fullmatch(schema) is None:
-        raise ConfigurationError(
-            f"invalid schema {schema!r} in {redact_url(url)}: use lowercase letters, digits "
-            "and '_' (at most 63)"
-        )
-    pooler = poolers[-1] if poolers else "none"
-    if pooler not in ("none", "session", "transaction"):
-        raise ConfigurationError(
-            f"invalid pooler {pooler!r} in {redact_url(url)}: 'transaction' (PgBouncer's "
-            f"pool_mode = transaction), or 'none' ({POOLER_HINT})"
-        )
-    # The other parameters go to libpq as they were written: re-encoded, a space
-    # (``options=-c%20TimeZone%3DUTC``) became ``+``, which libpq does not decode
-    # (``unrecognized configuration parameter "+TimeZone"``: the store never opened).
-    kept = "&".join(
-        item
-        for item in parts.query.split("&")
-        if item and urllib.parse.unquote_plus(item.split("=", 1)[0]) not in _OWN_PARAMETERS
-    )
-    libpq = urllib.parse.urlunsplit(parts._replace(query=kept))
-    return libpq, schema, pooler == "transaction"
-
-
-_OWN_PARAMETERS = ("schema", "pooler", "listen_host", "listen_port")
-"""The URL's query parameters Axon takes for itself: libpq never sees them."""
-
-
-def parse_listen(url: str) -> str | None:
-    """The libpq URL of the worker's ``LISTEN`` connection: the store's own; behind a
-    transaction pooler (``?pooler=transaction``) none (workers poll), unless the URL
-    names the server itself with ``listen_host`` and/or ``listen_port`` (the pooler's
-    host and port replaced by them, the rest as the store's: user, database,
-    password)."""
-    libpq, _, pooled = _split_url(url)
-    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query, keep_blank_values=True)
-    direct = [
-        (key[len("listen_") :], value)
-        for key, value in query
-        if key in ("listen_host", "listen_port")
-    ]
-    if not direct:
-        return None if pooled else libpq
-    return (
-        libpq
-        + ("&" if "?" in libpq else "?")
-        + urllib.parse.urlencode(direct, quote_via=urllib.parse.quote)
-    )
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its credentials (the user info's password, ``?password=``,
-    ``sslpassword=``...), for error messages and logs: :func:`runtime.redact.redact_url`."""
-    return _redact_url(url)
-
-
-def _is_connection_error(err: BaseException) -> bool:
-    import psycopg
-    import psycopg_pool
-
-    if isinstance(err, psycopg_pool.PoolTimeout):
-        return True
-    if isinstance(err, psycopg.errors.IdleInTransactionSessionTimeout):
-        return True  # the server ended a frozen client's session: retry on another
-    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction):
-        # A primary that became read-only (a failover's old primary, a standby the DNS
-        # still names, default_transaction_read_only): nothing to fix in the request;
-        # retried (on another connection: see _close_if_read_only) until it is writable again.
-        return True
-    if isinstance(err, psycopg.OperationalError):
-        state = getattr(err, "sqlstate", None)
-        # Class 08: connection exception; 57P0x: the server is shutting down/starting.
-        return state is None or state.startswith("08") or state.startswith("57P")
-    return isinstance(err, psycopg.InterfaceError)
-
-
-class PostgresStore:
+class PostgresStore(FenceKeeping):
     """Sessions (and durable turns) in PostgreSQL; create with ``await PostgresStore.open(url)``."""
 
     ends_turns: Final = True
@@ -590,126 +420,6 @@ class PostgresStore:
             )
 
         return await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
-
-    # -- fences --------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
-        """While inside, every save of ``session_id`` is fenced by ``fence``; after,
-        until the session's next fenced block, every save of it is refused (unless
-        ``unfenced``): one made for the turn reaches the store only once the worker has
-        left the block if it outlived the turn's wait for it, and the worker may have
-        given the turn up by then (another worker may have saved the session since)."""
-        self._ended.pop(session_id, None)
-        self._after.pop(session_id, None)
-        self._fences[session_id] = fence
-        if fence.saved:
-            self._marked.add(fence.turn_id)
-        try:
-            yield
-        finally:
-            self._marked.discard(fence.turn_id)
-            for sub in self._under.pop(session_id, ()):
-                held = self._fences.get(sub)
-                if held is not None and held.under == session_id:
-                    del self._fences[sub]
-                    self._fence_after(sub, held)
-            if self._fences.get(session_id) is fence:
-                del self._fences[session_id]
-                self._ended[session_id] = (fence.turn_id, fence.owner, fence.epoch)
-                if len(self._ended) > ENDED_REMEMBERED:
-                    self._ended.popitem(last=False)
-
-    def fence_under(self, session_id: str, caller_id: str) -> None:
-        """Fence every save of ``session_id`` (a sub-session an agent tool runs in:
-        ``Agent.as_tool``) by the claim the saves of ``caller_id`` (the calling session)
-        are fenced by (or were: a tool may outlive its calling turn's fenced block), until
-        the sub-session is fenced again (another call's open, a turn of its own claimed
-        here); nothing when the calling session's saves are not fenced here (no
-        worker's turn).
-
-        A sub-session is not the claimed session, and its saves were not fenced: a worker
-        paused past its lease inside a sub-turn, whose calling turn another worker took
-        over (running the sub-turn again, saving the sub-session), had its aborted
-        sub-turn's save meet that worker's version, taken by the persister for another
-        writer's and rebased after it. Fenced by the calling turn's claim, it is refused
-        (:class:`~runtime.errors.LeaseLost`) however the sub-turn ended. The claim is
-        only checked (:attr:`Fence.under`). Deeper sub-sessions (an agent tool of a
-        sub-agent) are fenced by the same claim, through their caller's fence."""
-        held = self._fences.get(session_id)
-        if held is not None and held.under is None:
-            return  # a turn of its own claimed here: its saves are fenced by that claim
-        caller = self._fences.get(caller_id)
-        late = caller is None
-        if caller is None:  # (opened as its calling turn ended: its tool outlived it)
-            caller = self._after.get(caller_id)
-        if caller is None and caller_id in self._ended:
-            turn_id, owner, epoch = self._ended[caller_id]
-            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
-        if caller is None:
-            return
-        root = caller.under if caller.under is not None else caller_id
-        fence = Fence(
-            turn_id=caller.turn_id,
-            owner=caller.owner,
-            epoch=caller.epoch,
-            on_lost=caller.on_lost,
-            on_deleted=caller.on_deleted,
-            under=root,
-        )
-        self._ended.pop(session_id, None)
-        self._after.pop(session_id, None)
-        self._fences.pop(session_id, None)
-        if late or root not in self._fences:
-            self._fence_after(session_id, fence)
-            return
-        self._fences[session_id] = fence
-        subs = self._under.setdefault(root, [])
-        if session_id not in subs:
-            subs.append(session_id)
-
-    def release_under(self, session_id: str) -> Callable[[], None] | None:
-        """What drops the fence :meth:`fence_under` gave ``session_id`` (``None``: it has
-        none), to be called once no save of the sub-turns it fenced can come: its host
-        closed the sub-session and the saves sent before are written
-        (``Host.close_session``). Before, such a fence stayed in :attr:`_after` until
-        :data:`ENDED_REMEMBERED` later ones pushed it out, those of sub-sessions long
-        closed as much as those of a sub-turn still running past its calling turn: a
-        late save of that one, pushed out, was written unfenced. Now the bound holds the
-        fences of sub-sessions still open here only. The fence it was given only: one
-        fenced since (opened again) stays."""
-        held = self._fences.get(session_id)
-        if held is None or held.under is None:
-            held = self._after.get(session_id)
-        if held is None or held.under is None:
-            return None
-        token = held.token
-
-        def release() -> None:
-            fence = self._fences.get(session_id)
-            if fence is not None and fence.token is token:
-                del self._fences[session_id]
-                subs = self._under.get(fence.under or "")
-                if subs is not None and session_id in subs:
-                    subs.remove(session_id)
-            fence = self._after.get(session_id)
-            if fence is not None and fence.token is token:
-                del self._after[session_id]
-
-        return release
-
-    def _fence_after(self, session_id: str, fence: Fence) -> None:
-        """Keep checking ``session_id``'s saves against ``fence``'s claim once its calling
-        turn's block ended (:attr:`_after`), without the callbacks."""
-        self._after[session_id] = attrs.evolve(fence, on_lost=None, on_deleted=None)
-        self._after.move_to_end(session_id)
-        if len(self._after) > ENDED_REMEMBERED:
-            self._after.popitem(last=False)
-
-    def close_fences(self) -> None:
-        """Refuse every fenced save from now on (a worker stopping at once): a turn cut
-        here keeps only the steps it committed, as if its worker had been killed."""
-        self._fences_closed = True
 
     # -- the Store protocol --------------------------------------------------------------
 
@@ -963,40 +673,6 @@ class PostgresStore:
         if fence is not None:
             self._fenced_save_committed(fence, wrote, steers)
         return version
-
-    def _save_fence(self, session_id: str) -> Fence | None:
-        """The fence a save of ``session_id`` runs under (``None``: none, the session is
-        no fenced turn's), or :class:`LeaseLost` for a save that must not reach the store:
-        one that outlived its fenced block (its worker may have given the turn up, and
-        another worker saved the session since), or any fenced one once the worker is
-        stopping at once (:meth:`close_fences`)."""
-        fence = self._fences.get(session_id)
-        if fence is None:
-            fence = self._after.get(session_id)  # (a sub-session's, checked on)
-        if fence is None and session_id in self._ended:
-            turn_id, owner, epoch = self._ended[session_id]
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: it reached the store after worker "
-                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
-            )
-        if fence is not None and self._fences_closed:
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
-                f"turn {fence.turn_id} keeps its committed steps"
-            )
-        return fence
-
-    def _fenced_save_committed(self, fence: Fence, wrote: list[bool], steers: list[int]) -> None:
-        """After a fenced save committed: its ``watch`` learns the turn's count of steering
-        submits the fence check read (``steers``), later saves of the turn need not mark
-        it ``saved``, and ``on_commit`` hears of a commit its ``in_save`` wrote to (``wrote``:
-        the turn row suspended)."""
-        if fence.watch is not None and steers:
-            fence.watch.saw(steers[-1])
-        if fence.under is None:  # (a sub-session's save marks nothing: its turn's may)
-            self._marked.add(fence.turn_id)
-        if any(wrote) and fence.on_commit is not None:
-            fence.on_commit()
 
     async def _save_call(
         self,
@@ -1522,197 +1198,6 @@ class PostgresStore:
         await trio.to_thread.run_sync(self._pool.close)
 
 
-def _sub_candidates(conn: Any, caller: str) -> list[tuple[str, Any]]:
-    """The stored sessions that may be ``caller``'s sub-sessions, with their meta: those
-    whose ``caller`` column (kept by the database from their meta,
-    :data:`~actors.stores.postgres_tables.CALLER_FUNCTION`) names it, or says their meta
-    could not be read there; a lookup of ``axon_sessions_by_caller``. No message is read:
-    the calls' ids in the caller's assistant messages were read and decoded before, all
-    of them, at each delete."""
-    rows = conn.execute(
-        "SELECT session_id, meta FROM axon_sessions WHERE caller = ANY(%s)",
-        ([caller, UNREADABLE_CALLER],),
-    ).fetchall()
-    return [(sid, bytes(meta)) for sid, meta in rows]
-
-
-_HAS_USER_MESSAGES_SQL: Final = f"""SELECT asked.id FROM unnest(%(ids)s::text[]) AS asked(id),
-LATERAL (SELECT FROM axon_messages WHERE session_id = %(session)s AND role = 'user'
-    AND {MESSAGE_ID_FUNCTION}(body) = asked.id LIMIT 1) AS stored
-UNION ALL SELECT NULL FROM (SELECT FROM axon_messages WHERE session_id = %(session)s
-    AND role = 'user' AND {MESSAGE_ID_FUNCTION}(body) IS NULL LIMIT 1) AS unreadable"""
-"""The ids asked that the session's stored user messages have, and ``NULL`` when one of
-their bodies has no id the index could read: a lookup of the partial index
-``(session_id, id) WHERE role = 'user'`` for each id, and one for ``NULL`` (the query's
-own ``role = 'user'``, the same literal, lets the planner use it). One lookup an id, not
-``= ANY(ids)`` nor an ``OR``: for those the planner scanned all the session's user rows
-on the index, filtering them, where it believed the session short (a table not analyzed
-yet: 151 pages for 1,000 messages) (:meth:`PostgresStore.has_user_messages`)."""
-_LAST_TURN_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
-FROM axon_sessions AS s
-LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
-    (SELECT a.idx FROM axon_messages AS a
-     WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC LIMIT 1), 0)
-WHERE s.session_id = $1 ORDER BY m.idx"""
-"""A session's row and its messages from its last assistant message on (all of them when
-it has none), in one statement (one snapshot): :meth:`PostgresStore.load_last_turn`, in
-:func:`load_rows`'s columns; the assistant message found backwards on the messages'
-primary key, a row or a few."""
-_LAST_TURN_NAME: Final = b"axon_last_turn_read"
-_LAST_TURNS_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
-FROM axon_sessions AS s
-LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
-    (SELECT a.idx FROM axon_messages AS a
-     WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC
-     LIMIT 1 OFFSET $2::bigint), 0)
-WHERE s.session_id = $1 ORDER BY m.idx"""
-""":data:`_LAST_TURN_SQL` from the session's ``$2 + 1``-th last assistant message on:
-:meth:`PostgresStore.load_last_turns`."""
-_LAST_TURNS_NAME: Final = b"axon_last_turns_read"
-_SESSION_KINDS: Final = tuple(kind for _, kind in SESSION_COLUMNS)
-
-
-def _last_turn_rows(result: Any) -> list[tuple[Any, ...]]:
-    """The rows of a :data:`_LAST_TURN_SQL` answer (binary format)."""
-    return [read_row(result, i, _SESSION_KINDS) for i in range(result.ntuples)]
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class LockedSession:
-    """What a save's guard returns when its own statement locked the session's row
-    (:data:`LOCK_SESSION`): the row's ``(meta, version)``, ``None`` when there is none."""
-
-    row: tuple[Any, int] | None
-
-
-LOCK_SESSION: Final = (
-    "LEFT JOIN LATERAL (SELECT meta, version FROM axon_sessions WHERE session_id = %s "
-    "FOR UPDATE) AS s ON true"
-)
-"""The session's row locked for a save, as a join a guard's statement ends with (selecting
-``s.meta, s.version``): after the statement's earlier joins, so in the order a save locks
-(the turn's row first, then the session's)."""
-
-
-_LIST_PAGE = """SELECT p.session_id, p.meta,
-        (SELECT coalesce(max(m.idx) + 1, 0) FROM axon_messages AS m
-            WHERE m.session_id = p.session_id),
-        p.update_seq
-    FROM (SELECT session_id, meta, update_seq FROM axon_sessions {where}
-        ORDER BY update_seq DESC LIMIT %s) AS p
-    ORDER BY p.update_seq DESC"""
-_LIST_SQL = _LIST_PAGE.format(where="")
-_LIST_AFTER_SQL = _LIST_PAGE.format(where="WHERE update_seq < %s")
-"""A page of the session listing: the top ``limit`` sessions (all, with ``NULL``) below
-the cursor's ``update_seq`` in the inner query, whose messages alone the outer one
-counts: as the highest index plus one, one probe of the messages' primary key (a save
-leaves no hole, a load checks it), where ``count(*)`` read every message's index entry,
-so a page of long sessions cost their length (a 1,000-message one 25 buffers, now 4).
-``update_seq`` comes from one sequence, so it orders the sessions without ties.
-Without an index on it (this schema's, see postgres_tables) the inner query is a scan
-kept to a top-``limit`` heap; with one (``axon_sessions_by_update``, which stores created
-before that schema still have) it is a backward index range scan."""
-
-_SHARE_TURN = "SELECT owner, epoch, status, steers FROM axon_turns WHERE turn_id = %s FOR SHARE"
-_MARK_TURN = (
-    "UPDATE axon_turns SET saved = true WHERE turn_id = %s RETURNING owner, epoch, status, steers"
-)
-"""The fence's look at its turn's row, locked: plain, or marking the turn ``saved`` (its
-first save; a refused save rolls the mark back with everything else)."""
-
-
-def decision_written(
-    conn: Any, session_id: str, turn_id: str, start: int, bodies: Sequence[bytes]
-) -> tuple[int, tuple[Any, ...]] | None:
-    """:meth:`PostgresStore._decision_written`'s read on ``conn``: also run by a decision
-    saved in the transaction (:mod:`actors.stores.turn_decisions`), inside its retry."""
-    rows = conn.execute(
-        """SELECT s.version, m.body, m.xmin = s.xmin
-        FROM axon_sessions AS s JOIN axon_messages AS m
-            ON m.session_id = s.session_id AND m.idx >= %s
-        WHERE s.session_id = %s ORDER BY m.idx""",
-        (start, session_id),
-    ).fetchall()
-    if not rows or not all(same for _, _, same in rows):
-        return None
-    if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
-        return None
-    turn = conn.execute(
-        f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
-        (turn_id,),
-    ).fetchone()
-    return None if turn is None else (int(rows[0][0]), tuple(turn))
-
-
-def kept_cursor(conn: Any) -> Any:
-    """A cursor kept on ``conn`` for the statements every turn sends (a save's lock and
-    write, the finish in a last save, the claim): ``conn.execute`` makes a cursor per
-    statement, which sets up its adapters and looks its parameters' dumpers up again; a
-    kept one has them. Only for a statement whose result is read at once: the next one
-    on the cursor replaces it. A connection serves one thread at a time (the pool's), so
-    its cursor does too; a closed connection's cursor is closed, and replaced."""
-    cursor = getattr(conn, "_axon_cursor", None)
-    if cursor is None or cursor.closed:
-        cursor = conn._axon_cursor = conn.cursor()
-    return cursor
-
-
-def _check_fence(conn: Any, fence: Fence, session_id: str, steers: list[int] | None = None) -> None:
-    """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
-    takeover's epoch bump waits for this transaction, or this one sees it); the turn's
-    ``steers`` count goes to ``steers``."""
-    row = conn.execute(_SHARE_TURN, (fence.turn_id,)).fetchone()
-    _check_fence_row(row, fence, session_id)
-    if steers is not None:
-        steers.append(row[3])
-
-
-def _own_write(
-    fence: Fence, ends: str | None, suspend: Suspend | None
-) -> tuple[str | None, int, str] | None:
-    """The turn's row as a save that ends (``ends``) or suspends (``suspend``) it left it
-    (owner, epoch, status): what a retry of that save finds when the first try committed
-    and only its answer was lost. Nothing else writes those: another worker's takeover
-    bumps the epoch, a release keeps the row ``running``, a poison turn is ``failed``."""
-    if ends is not None:
-        return (fence.owner, fence.epoch, "done")
-    if suspend is not None:
-        return (None, fence.epoch, "awaiting-input")
-    return None
-
-
-class _DeletedWhileRunning(LeaseLost, SessionDeleted):
-    """A fenced save refused because the session was deleted while its turn ran: the
-    delete ended the turn's row ``cancelled`` with no owner at the claim's epoch (no other
-    writer leaves a held row so). A lost lease to the worker (it writes nothing more) and
-    a deleted session to the turn runner (the turn ends quietly, ``session deleted``)."""
-
-
-def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
-    if row is not None and (row[0], row[1], row[2]) == (None, fence.epoch, "cancelled"):
-        what = "the session" if fence.under is None else f"its calling session {fence.under!r}"
-        raise _DeletedWhileRunning(
-            f"save of session {session_id!r} refused: {what} was deleted while turn "
-            f"{fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
-            session_id=session_id,
-        )
-    if fence.under is not None:  # a sub-session's: the claim, whatever the turn's status
-        if row is None or row[1] != fence.epoch:
-            held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: it is a sub-turn's of turn "
-                f"{fence.turn_id} of session {fence.under!r}, which worker {fence.owner} "
-                f"(epoch {fence.epoch}) no longer holds ({held})"
-            )
-        return
-    if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
-        held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
-        raise LeaseLost(
-            f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
-            f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
-        )
-
-
 def _created_meanwhile(
     url: str, session_id: str, expected_version: int | None, actual: int
 ) -> StoreConflict:
@@ -1757,66 +1242,8 @@ in the binary format, the rest as text; the answer in the binary format)."""
 _DECIDE_NAME: Final = b"axon_decide_call"
 _DECIDE_FORMATS: Final = (0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0)
 _DECIDE_KINDS: Final = ("TEXT", "BIGINT", *STATUS_KINDS)
-_INT4, _TEXT, _BYTEA = 23, 25, 17
-"""The element types' oids of the save's arrays."""
-_int4 = struct.Struct("!i").pack
 _INDEX_END: Final = 2**31
 """One past the last index a message may have (``axon_messages.idx`` is an ``INTEGER``)."""
-_ARRAY_HEAD = struct.Struct("!iiiii").pack
-
-
-_INT8 = struct.Struct("!q").unpack
-_INT4_OF = struct.Struct("!i").unpack
-_FLOAT8 = struct.Struct("!d").unpack
-_READ_BINARY: Final[dict[str, Callable[[bytes], Any]]] = {
-    "TEXT": lambda value: value.decode(),
-    "BIGINT": lambda value: _INT8(value)[0],
-    "INTEGER": lambda value: _INT4_OF(value)[0],
-    "BOOLEAN": lambda value: value == b"\x01",
-    "DOUBLE PRECISION": lambda value: _FLOAT8(value)[0],
-    "BYTEA": bytes,
-}
-"""A column in PostgreSQL's binary format, by its type, read as psycopg reads it."""
-
-
-def read_row(result: Any, row: int, kinds: Sequence[str], at: int = 0) -> tuple[Any, ...]:
-    """Row ``row`` of a :class:`LoopLane` result in the binary format, its columns from
-    ``at`` on of types ``kinds`` (:data:`_READ_BINARY`'s)."""
-    values = []
-    for col, kind in enumerate(kinds, at):
-        value = result.get_value(row, col)
-        values.append(None if value is None else _READ_BINARY[kind](value))
-    return tuple(values)
-
-
-def _binary_array(oid: int, items: list[bytes]) -> bytes:
-    """A one-dimensional array of ``items`` (each already in its binary format) in
-    PostgreSQL's binary format: what psycopg's list dumper writes, without its look at
-    every element for their type."""
-    if not items:
-        return struct.pack("!iii", 0, 0, oid)
-    return _ARRAY_HEAD(1, 0, oid, len(items), 1) + b"".join(
-        [_int4(len(item)) + item for item in items]
-    )
-
-
-def _arrays(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
-    """The indexes, roles and bodies of ``rows`` as three arrays in the binary format:
-    the parameters of a save function's call."""
-    ids, roles, bodies = _columns(rows)
-    return (
-        _binary_array(_INT4, [_int4(i) for i in ids]),
-        _binary_array(_TEXT, [role.encode() for role in roles]),
-        _binary_array(_BYTEA, bodies),
-    )
-
-
-async def _arrays_off_loop(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
-    """:func:`_arrays`, in a worker thread for more than
-    :data:`~runtime.history.OFF_LOOP_MESSAGES` rows (600,000 took the loop 1.3 s)."""
-    return await run_long_off_loop(len(rows), _arrays, rows)
-
-
 _NUL: Final = b"\\u0000"
 """An escaped NUL in a JSON text: the save function's merge (``json_each``) reads keys as
 PostgreSQL text, which cannot hold one, so a meta patch holding one goes as a transaction
@@ -1826,276 +1253,3 @@ _TURNS_CHANNEL: Final = "axon_turns"
 where the save function sends a turn's end."""
 _CANCEL_CHANNEL: Final = "axon_cancel"
 """Where a running turn's cancellation is said (:data:`actors.stores.turn_sql.CANCEL_CHANNEL`)."""
-
-
-def _beyond_end(session_id: str, start: int, count: int) -> None:
-    raise StoreError(
-        f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
-    )
-
-
-_INSERT_ROWS = """INSERT INTO axon_messages (session_id, idx, role, body)
-    SELECT %s, u.idx, u.role, u.body
-    FROM unnest(%b::int[], %b::text[], %b::bytea[]) AS u(idx, role, body)"""
-"""The messages of a save, all in one statement (arrays of index, role, body). The arrays
-go in PostgreSQL's binary format (``%b``): in the text format each body was hex-encoded,
-then quoted and escaped by a regular expression, in Python (a few percent of a worker's
-CPU, more for long messages; issue 24); in binary a body is its bytes."""
-
-
-def _columns(rows: list[tuple[str, int, str, bytes]]) -> tuple[list[int], list[str], list[bytes]]:
-    return [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
-
-
-def _replace_messages(
-    conn: Any,
-    session_id: str,
-    start: int,
-    meta: dict[str, Any],
-    rows: list[tuple[str, int, str, bytes]],
-) -> int:
-    """Replace the (locked) session's messages from ``start`` on with ``rows`` and write
-    its merged meta, its next version and place in recency order, all in one statement
-    (it was two: the delete, then the update with the insert); the new version.
-
-    Messages past the new ones are deleted, the new ones inserted (rows below ``start``
-    too: a save's kept rows lie between them and ``start``), or written over where
-    their index is taken (``ON CONFLICT``: the statement's parts all see the rows as they
-    were before it, so deleting ``start..`` and inserting the same keys in one statement
-    would collide). A hole is refused: a save may append (``start`` = the message count)
-    but not beyond, so message ``start - 1`` must be there, and the session's row is
-    updated only if it is; otherwise the caller's transaction rolls back what the
-    statement's other parts wrote."""
-    ids, roles, bodies = _columns(rows)
-    cursor = kept_cursor(conn)
-    got = cursor.execute(
-        f"""WITH gone AS (
-            DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s
-        ), m AS ({_INSERT_ROWS}
-            ON CONFLICT (session_id, idx) DO UPDATE SET role = excluded.role, body = excluded.body
-        )
-        UPDATE axon_sessions SET meta = %s, updated_at = now(),
-            update_seq = nextval('axon_update_seq'),
-            version = nextval('axon_versions')
-        WHERE session_id = %s AND (%s = 0 OR EXISTS (
-            SELECT 1 FROM axon_messages WHERE session_id = %s AND idx = %s - 1))
-        RETURNING version""",
-        (
-            session_id,
-            start + sum(1 for idx in ids if idx >= start),
-            session_id,
-            ids,
-            roles,
-            bodies,
-            orjson.dumps(meta),
-            session_id,
-            start,
-            session_id,
-            start,
-        ),
-    ).fetchone()
-    if got is None:
-        # Every message there was is below ``start`` (there is none at ``start - 1``),
-        # so the statement left them all alone: the count is theirs.
-        (count,) = conn.execute(
-            "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages "
-            "WHERE session_id = %s AND idx < %s",
-            (session_id, start),
-        ).fetchone()
-        _beyond_end(session_id, start, count)
-    return int(got[0])
-
-
-IDLE_SESSION_TIMEOUT = "57P05"
-"""The SQLSTATE of a connection the server closed for ``idle_session_timeout``
-(``terminating connection due to idle-session timeout``): retried at once, once
-(:meth:`PostgresStore.run`)."""
-
-CHECK_IDLE = 1.0
-"""Seconds a pooled connection may sit unused before the pool checks it (a round trip)
-when it is handed out again."""
-
-
-_READ_ONLY_SQL_TRANSACTION: Final = "25006"
-"""SQLSTATE of ``psycopg.errors.ReadOnlySqlTransaction``: told by its code, which needs no
-import on every statement's way out."""
-
-
-def _close_if_read_only(conn: Any, err: Exception) -> None:
-    """Close ``conn`` when ``err`` says what ran on it met a read-only server (the pool
-    then drops it and opens another): a connection to a demoted primary or to a standby
-    stays one, where a new connection follows the failover (a DNS name, a pooler, a
-    multi-host URL with ``target_session_attrs=read-write``)."""
-    if getattr(err, "sqlstate", None) == _READ_ONLY_SQL_TRANSACTION:
-        conn.close()
-
-
-_used: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-"""When each pooled connection last ended a transaction that went through (weak: a
-connection the pool closed and dropped leaves no entry; by ``id``, one entry stayed for
-each connection ever opened, and a new connection given a dead one's ``id`` inherited
-its time and went unchecked)."""
-
-
-_idle_limits: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-"""The server's ``idle_session_timeout`` (seconds) of each pooled connection that has
-one (:func:`_note_idle_session_timeout`; weak, as :data:`_used`)."""
-
-
-def _note_idle_session_timeout(conn: Any) -> float | None:
-    """Note ``conn``'s ``idle_session_timeout`` (a role's, a database's, the URL's
-    ``options``, the server's): past it the server closes the idle connection, and
-    :func:`_alive` checks one idle for half of it (the event loop's connections, on the
-    same URL, go by it too: :class:`LoopLane`). ``None`` on a server before 14 (no such
-    setting) or with it off (0)."""
-    limit = idle_session_timeout(conn)
-    if limit is not None:
-        _idle_limits[conn] = limit
-    else:
-        _idle_limits.pop(conn, None)
-    return limit
-
-
-def _alive(conn: Any) -> bool:
-    """Whether ``conn``, taken from the pool, may be used: ``False`` if it was found
-    closed (by the server: ``idle_session_timeout``, a restart), which the pool then
-    discards. Checked (psycopg-pool's ``check_connection``, a round trip) only once idle
-    for :data:`CHECK_IDLE`, or for half its ``idle_session_timeout`` when that is
-    shorter: checking every time doubled the round trips of a busy worker, and a
-    connection that carried a transaction a moment ago is as good as checked. One that
-    broke anyway fails its transaction, which :meth:`PostgresStore.run` retries on
-    another connection. Before, a timeout of 300 ms (below the check's second) failed
-    every call that took a connection idle between the two, and the pool's own check
-    starved it (its waits of a second after a failed check outlast the timeout)."""
-    limit = _idle_limits.get(conn)
-    bound = CHECK_IDLE if limit is None else min(CHECK_IDLE, limit / 2)
-    if time.monotonic() - _used.get(conn, 0.0) <= bound:
-        return True
-    import psycopg  # (the round trip's path: a connection idle a while)
-    import psycopg_pool
-
-    try:
-        psycopg_pool.ConnectionPool.check_connection(conn)
-    except psycopg.Error:
-        if not conn.closed:
-            raise
-        return False
-    return True
-
-
-_found_closed: set[int] = set()
-"""Connections (by ``id``) :func:`_alive` found closed, on their way back to the pool
-(:meth:`PostgresStore.run`),
-whose discard psycopg-pool would log as a warning (``discarding closed connection``):
-one a call after each idle spell past a short ``idle_session_timeout`` (85 in a worker's
-ten turns at 300 ms), each expected and replaced. Any other discard is still logged."""
-
-
-def _expected_discard(record: logging.LogRecord) -> bool:
-    """psycopg-pool's log filter: ``False`` (dropped) for the discard of a connection
-    :func:`_alive` found closed."""
-    args = record.args
-    if (
-        record.msg == "discarding closed connection: %s"
-        and isinstance(args, tuple)
-        and len(args) == 1
-        and id(args[0]) in _found_closed
-    ):
-        _found_closed.discard(id(args[0]))
-        return False
-    return True
-
-
-def _quiet_expected_discards() -> None:
-    """Install :func:`_expected_discard` on psycopg-pool's logger, once."""
-    pool_log = logging.getLogger("psycopg.pool")
-    if _expected_discard not in pool_log.filters:
-        pool_log.addFilter(_expected_discard)
-
-
-def load_rows(conn: Any, session_id: str) -> list[Any]:
-    """A session's row and its messages, from one snapshot in one statement (a session
-    without messages is one row of NULLs): :meth:`PostgresStore.record` decodes them.
-    The turn queue runs it in a claim's transaction too."""
-    return list(
-        conn.execute(
-            """SELECT s.meta, s.version, m.idx, m.role, m.body, s.incarnation
-            FROM axon_sessions AS s
-            LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
-            WHERE s.session_id = %s ORDER BY m.idx""",
-            (session_id,),
-        ).fetchall()
-    )
-
-
-class FreeLimiter:
-    """A :class:`trio.CapacityLimiter` for ``trio.to_thread.run_sync`` whose acquire takes
-    no schedule point while a token is free (issue 24 goal 3).
-
-    ``CapacityLimiter.acquire_on_behalf_of`` yields once even when a token is free (a
-    cancel-shielded checkpoint), and ``to_thread.run_sync`` then parks the task at once
-    until the thread's result: the first yield carried nothing, a task step and often a
-    scheduler round more for every store call of a turn (claim, saves, finish). Free, the
-    token is taken at once (cancellation still checked, as ``to_thread.run_sync`` checks
-    it first too); while every token is out, or a task waits for one, the call waits in
-    line as before, so the pool's size still bounds the threads.
-    """
-
-    __slots__ = ("_limiter",)
-
-    def __init__(self, total_tokens: int) -> None:
-        self._limiter = trio.CapacityLimiter(total_tokens)
-
-    @property
-    def limiter(self) -> trio.CapacityLimiter:
-        """The limiter itself (its statistics)."""
-        return self._limiter
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()  # yields only when cancelled
-        try:
-            self._limiter.acquire_on_behalf_of_nowait(borrower)
-        except trio.WouldBlock:
-            await self._limiter.acquire_on_behalf_of(borrower)
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        self._limiter.release_on_behalf_of(borrower)
-
-
-async def _retrying(
-    action: str, retry_for: float, fn: Callable[[], Any], *, log: Any = None
-) -> Any:
-    """Await ``fn()``, retrying connection failures with exponential backoff (0.05 s
-    doubling to 2 s) for ``retry_for`` seconds; other database errors fail at once."""
-    import psycopg
-
-    deadline = time.monotonic() + retry_for
-    delay = 0.05
-    while True:
-        try:
-            return await fn()
-        except (StoreError, ConfigurationError):
-            raise
-        except psycopg.Error as err:
-            message = redact(str(err).strip().splitlines()[0] if str(err).strip() else repr(err))
-            lowered = message.lower()
-            permanent = not _is_connection_error(err) or (
-                any(word in lowered for word in _PERMANENT)
-                and not any(word in lowered for word in _TRANSIENT)
-            )
-            if permanent:
-                raise StoreError(f"{action} failed: {message}") from err
-            if time.monotonic() + delay > deadline:
-                what = (
-                    "is read-only"
-                    if isinstance(err, psycopg.errors.ReadOnlySqlTransaction)
-                    else "cannot be reached"
-                )
-                raise StoreUnavailable(
-                    f"{action} failed: the PostgreSQL server {what} ({message}); "
-                    f"gave up after retrying for {retry_for:g} s"
-                ) from err
-            if log is not None:
-                log.warning("store.retry", action=action, error=message, delay=delay)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 2.0)
