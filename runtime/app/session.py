@@ -54,6 +54,7 @@ from runtime.approval import (
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
+    SESSION_DELETED,
     ActorFailed,
     CallerWaits,
     ClosedWhileWaiting,
@@ -110,6 +111,9 @@ class SessionOwner(Protocol):
     clock: Callable[[], float]
     """The clock waits expire by (``Agent(approval_timeout=...)``): a decision for a call
     past its deadline by it is refused (:class:`~runtime.errors.WaitExpired`)."""
+    forgets_unsaved: bool
+    """Whether a turn whose final save was refused is dropped from memory (``serve``):
+    its session's title from an unstored first message goes with it."""
 
     def wait_over(self, session: Session) -> None:
         """Every call of the session's wait is decided: the host's timer forgets it."""
@@ -159,6 +163,30 @@ FINAL_WAIT = 10.0
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 """The meta of every session with none: one shared read-only view, not one per session
 (each is an object the garbage collector walks: ten thousand sessions, issue 24 item 5)."""
+
+
+def _untitle_unstored(session: Session, result: TurnResult) -> None:
+    """A turn of a host that forgets unsaved turns (``serve``: its client told
+    ``not_saved``) ended with its save refused, and the store holds nothing of the
+    session: the title the host holds is that turn's first message's, which is not
+    stored. Kept, it was reapplied on reopen (:attr:`Session.unsaved_meta`) and saved
+    with the next turn, naming the conversation after a message it does not hold. The
+    next message of an idle session titles it again; a turn already queued behind the
+    refused one is saved untitled (its client's title was decided as it queued), the
+    turn after it titles it."""
+    if (
+        result.saved
+        or result.error is None  # a save not confirmed in time: still in flight
+        or result.abort_reason == SESSION_DELETED
+        or "title" not in session.meta
+        or not session.host.forgets_unsaved
+    ):
+        return
+    runner = session.runner
+    if runner is not None and runner.snapshot.saved_upto == 0:
+        session._meta = _frozen_meta(
+            {key: value for key, value in session.meta.items() if key != "title"}
+        )
 
 
 def checked_meta(meta: Any) -> Mapping[str, Any]:
@@ -841,6 +869,8 @@ class TurnStream:
             for follower in self._followers.values():
                 follower._wake_follower()
         session = self.session
+        if result is not None and session.current is self:
+            _untitle_unstored(session, result)
         if session.current is self:
             if self.continues is not None or session.continued is not None:
                 session.continued = self.message_id if self.continues is not None else None
