@@ -240,3 +240,45 @@ async def test_an_end_whose_turn_finished_never_comes_goes_as_it_came(autojump_c
         assert [c.type for c in writer.chunks] == ["start", "finish"] and writer.closed
         await publisher.handle(finished(saved=False))  # too late: nothing more
     assert [c.type for c in writer.chunks] == ["start", "finish"]
+
+
+class DownStore(MemoryStore):
+    """A memory store whose saves fail while ``down``."""
+
+    down = False
+
+    async def save(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise StoreError("disk full")
+        return await super().save(*args, **kwargs)
+
+
+async def test_a_lost_stream_of_an_unsaved_turn_is_never_rebuilt_from_the_previous_answer(
+    redis_url: str,
+):
+    # Turn 1 is stored; turn 2's save is refused, and the relay loses its stream (junk
+    # at its key): the resume of turn 2 may not show turn 1's answer ending ``finish``.
+    from tests.test_relay_web import JUNK_STREAMS, plant_junk_stream, written_active_turn
+
+    store = DownStore()
+    async with two_front_ends(redis_url, store) as (a, _):
+        relay = a.app.state.axon.relay
+        async with httpx.AsyncClient(base_url=a.url, timeout=30) as client:
+            await client.post("/api/chat", json=chat_body("s1"))
+            first = await written_active_turn(relay, "s1")
+            store.down = True
+            body = chat_body("s1", "again")
+            body["messages"][0]["id"] = "u2"
+            r = await client.post("/api/chat", json=body)
+            assert end([d for _, d in sse_events(r.text)])["type"] == "error"
+            with trio.fail_after(10):
+                for _ in range(1000):  # (the publisher writes the key on its own task)
+                    second = await written_active_turn(relay, "s1")
+                    if second != first:
+                        break
+                    await trio.sleep(0.01)
+            await plant_junk_stream(relay, "s1", second, JUNK_STREAMS["a key of another type"])
+            resumed = [d for _, d in sse_events((await client.get("/api/chat/s1/stream")).text)]
+    assert "one two three" not in json.dumps(resumed)
+    assert [e["type"] for e in resumed if isinstance(e, dict)] == ["error"]
+    assert "reload the session" in resumed[0]["errorText"]

@@ -871,6 +871,7 @@ class TurnStream:
         session = self.session
         if result is not None and session.current is self:
             _untitle_unstored(session, result)
+            session.last_turn = (result.turn_id, result.message.id, result.saved)
         if session.current is self:
             if self.continues is not None or session.continued is not None:
                 session.continued = self.message_id if self.continues is not None else None
@@ -1114,6 +1115,11 @@ class Session:
         self._meta: Mapping[str, Any] = _frozen_meta(meta)
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
+        self.last_turn: tuple[str, str, bool] | None = None
+        """The last turn that ended here: its id, its assistant message's id, whether it
+        was saved. A relay resume that lost the turn's stream rebuilds it from that
+        message only (:mod:`runtime.app.web.resume`): the store's last one may be
+        another turn's."""
         self._decided: Recorded | None = None
         """This process's last decision (the session as it stored it, and the turn's
         waiting calls), until a continuation takes it (:meth:`decided_record`)."""
