@@ -746,6 +746,10 @@ class TurnStream:
             self._unfollow(running, item.user_message_id)
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
+        if item.dropped:  # the turn went unsaved, and forgotten: the message runs on its own
+            self._unfollow(running, item.user_message_id)
+            self._followed = None
+            return False
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
         if item.answered:
             self.steer_answered = True
