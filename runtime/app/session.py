@@ -40,6 +40,7 @@ from runtime.actor_messages import (
     TurnResult,
     TurnSteering,
 )
+from runtime.app.unsaved import unsaved, unsaved_error
 from runtime.approval import (
     RECORD_ATTEMPTS,
     WAITING_META,
@@ -78,7 +79,7 @@ from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
 from runtime.messages import AssistantMessage, Message, ToolCallPart, UserContent, UserMessage
-from runtime.output import OutputChunk, Start, Steered
+from runtime.output import ErrorInfo, OutputChunk, Start, Steered
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
 
@@ -875,7 +876,8 @@ class TurnStream:
         session = self.session
         if result is not None and session.current is self:
             _untitle_unstored(session, result)
-            session.last_turn = (result.turn_id, result.message.id, result.saved)
+            told = unsaved_error(result) if unsaved(result) else None
+            session.last_turn = (result.turn_id, result.message.id, told)
         if session.current is self:
             if self.continues is not None or session.continued is not None:
                 session.continued = self.message_id if self.continues is not None else None
@@ -1119,11 +1121,12 @@ class Session:
         self._meta: Mapping[str, Any] = _frozen_meta(meta)
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
-        self.last_turn: tuple[str, str, bool] | None = None
-        """The last turn that ended here: its id, its assistant message's id, whether it
-        was saved. A relay resume that lost the turn's stream rebuilds it from that
-        message only (:mod:`runtime.app.web.resume`): the store's last one may be
-        another turn's."""
+        self.last_turn: tuple[str, str, ErrorInfo | None] | None = None
+        """The last turn that ended here: its id, its assistant message's id, and the
+        error its client was told when it was not saved (``not_saved``). A relay resume
+        that lost the turn's stream rebuilds it from that message only, or ends as its
+        live stream did (:mod:`runtime.app.web.resume`): the store's last assistant
+        message may be another turn's."""
         self._decided: Recorded | None = None
         """This process's last decision (the session as it stored it, and the turn's
         waiting calls), until a continuation takes it (:meth:`decided_record`)."""

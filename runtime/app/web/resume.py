@@ -33,7 +33,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
-from runtime.app.unsaved import NOT_SAVED, NOT_SAVED_MESSAGE
 from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
@@ -43,6 +42,7 @@ from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable
 from runtime.liveness import RUNNING_META
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
+from runtime.output import ErrorInfo
 from runtime.relay import StepRestarted
 
 STOPPED = "stopped by user"
@@ -293,11 +293,9 @@ class RelayStreamResponse:
         (a full replay not yet begun), else an error telling it to reload the session."""
         if replay:
             if message_id is None:  # (a worker's front end names it from the turn's row)
-                message_id, saved = await self._message_of()
-                if not saved:
-                    return sse(
-                        {"type": "error", "errorText": error_text(NOT_SAVED, NOT_SAVED_MESSAGE)}
-                    )
+                message_id, told = await self._message_of()
+                if told is not None:  # as its live stream ended (runtime.app.unsaved)
+                    return sse({"type": "error", "errorText": error_text(told.kind, told.message)})
             record = await (self.load or self.store.load)(self.session_id)
             chunks = (
                 stored_turn_chunks(record.messages, message_id, only=True)
@@ -312,13 +310,14 @@ class RelayStreamResponse:
         )
         return sse({"type": "error", "errorText": text})
 
-    async def _message_of(self) -> tuple[str | None, bool]:
+    async def _message_of(self) -> tuple[str | None, ErrorInfo | None]:
         """The id of the turn's assistant message, when something ties one to the turn,
-        and whether the turn was saved: the host's own record of its last turn (it ran
-        here), else the store's running marker (a step of it committed, it runs or its
-        writer died). Nothing else may be rebuilt: the store's last assistant message
-        is the previous turn's when this one was not stored (its save refused, or not
-        reached yet), and was shown, ending ``finish``, as this turn's answer."""
+        and what its client was told when it was not saved: the host's own record of its
+        last turn (it ran here), else the store's running marker (a step of it
+        committed, it runs or its writer died). Nothing else may be rebuilt: the store's
+        last assistant message is the previous turn's when this one was not stored (its
+        save refused, or not reached yet), and was shown, ending ``finish``, as this
+        turn's answer."""
         session = self.host.sessions.get(self.session_id) if self.host is not None else None
         last = getattr(session, "last_turn", None)
         if last is not None and last[0] == self.turn_id:
@@ -327,8 +326,8 @@ class RelayStreamResponse:
         marker = record.meta.get(RUNNING_META) if record is not None else None
         if isinstance(marker, Mapping) and marker.get("turn_id") == self.turn_id:
             found = marker.get("message_id")
-            return (found if isinstance(found, str) else None), True
-        return None, True
+            return (found if isinstance(found, str) else None), None
+        return None, None
 
 
 def unavailable_event(exc: RelayUnavailable, session_id: str | None = None) -> bytes:
