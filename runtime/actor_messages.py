@@ -488,6 +488,11 @@ class SteeredInput:
     """Set once a save of the turn holds the accepted message (or the turn is over):
     the steering caller's acknowledgement waits for it, so a process killed before that
     save loses no message it acknowledged."""
+    dropped: bool = False
+    """Set with :attr:`stored` when the turn is over and the message is not stored: the
+    store refused the turn's saves and its host forgets such a turn (``serve``), which
+    takes the message with it. The message then starts a turn of its own, as one the
+    turn never took does: acknowledged as taken, it was lost without a word."""
 
 
 @attrs.define(slots=True, eq=False)

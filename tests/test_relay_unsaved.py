@@ -240,3 +240,69 @@ async def test_an_end_whose_turn_finished_never_comes_goes_as_it_came(autojump_c
         assert [c.type for c in writer.chunks] == ["start", "finish"] and writer.closed
         await publisher.handle(finished(saved=False))  # too late: nothing more
     assert [c.type for c in writer.chunks] == ["start", "finish"]
+
+
+class DownStore(MemoryStore):
+    """A memory store whose saves fail while ``down`` (or, with ``hang``, never answer)."""
+
+    down = False
+    hang = False
+
+    async def save(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down and self.hang:
+            await trio.sleep_forever()
+        if self.down:
+            raise StoreError("disk full")
+        return await super().save(*args, **kwargs)
+
+
+async def second_turn_lost(url: str, store: DownStore) -> tuple[list[Any], list[Any]]:
+    """Turn 1 stored, turn 2's saves failing (``store.down`` set between them), turn 2's
+    relay stream then lost (junk at its key): turn 2's live events and its resume's."""
+    from tests.test_relay_web import JUNK_STREAMS, plant_junk_stream, written_active_turn
+
+    async with two_front_ends(url, store) as (a, _):
+        relay = a.app.state.axon.relay
+        async with httpx.AsyncClient(base_url=a.url, timeout=30) as client:
+            await client.post("/api/chat", json=chat_body("s1"))
+            first = await written_active_turn(relay, "s1")
+            store.down = True
+            body = chat_body("s1", "again")
+            body["messages"][0]["id"] = "u2"
+            live = [d for _, d in sse_events((await client.post("/api/chat", json=body)).text)]
+            with trio.fail_after(10):
+                for _ in range(1000):  # (the publisher writes the key on its own task)
+                    second = await written_active_turn(relay, "s1")
+                    if second != first:
+                        break
+                    await trio.sleep(0.01)
+            await plant_junk_stream(relay, "s1", second, JUNK_STREAMS["a key of another type"])
+            resumed = (await client.get("/api/chat/s1/stream")).text
+    return live, [d for _, d in sse_events(resumed)]
+
+
+async def test_a_lost_stream_of_an_unsaved_turn_is_never_rebuilt_from_the_previous_answer(
+    redis_url: str,
+):
+    # Turn 1 is stored; turn 2's save is refused (its session then closed: nothing
+    # here knows the turn), and the relay loses its stream: the resume of turn 2 may
+    # not show turn 1's answer ending ``finish``.
+    live, resumed = await second_turn_lost(redis_url, DownStore())
+    assert end(live)["errorText"] == f"{NOT_SAVED}: {NOT_SAVED_MESSAGE}"
+    assert "one two three" not in json.dumps(resumed)
+    assert [e["type"] for e in resumed if isinstance(e, dict)] == ["error"]
+    assert "reload the session" in resumed[0]["errorText"]
+
+
+async def test_a_lost_stream_of_a_turn_this_host_kept_unconfirmed_ends_as_its_live_stream(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    # Turn 2's save is not confirmed in time: the session is kept (the save may land),
+    # and the host knows what turn 2's client was told.
+    monkeypatch.setattr(saving_module, "SAVE_TIMEOUT", 0.3)
+    store = DownStore()
+    store.hang = True
+    live, resumed = await second_turn_lost(redis_url, store)
+    told = {"type": "error", "errorText": f"{NOT_SAVED}: {NOT_CONFIRMED_MESSAGE}"}
+    assert end(live) == end(resumed) == told
+    assert [e["type"] for e in resumed if isinstance(e, dict)] == ["error"]

@@ -953,7 +953,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             saved = await self._save_last(turn)
             await self._announce_end(turn, closing, saved)
         finally:
+            dropped = turn.refused and self.host.forgets_unsaved  # (see _discard_unsaved)
             for item, _ in turn.unsaved_steers:  # the turn is over: what it saved, it saved
+                item.dropped = dropped
                 item.stored.set()
             turn.unsaved_steers.clear()
             result = self._result(turn, saved)

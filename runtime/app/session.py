@@ -40,6 +40,7 @@ from runtime.actor_messages import (
     TurnResult,
     TurnSteering,
 )
+from runtime.app.unsaved import unsaved, unsaved_error
 from runtime.approval import (
     RECORD_ATTEMPTS,
     WAITING_META,
@@ -54,6 +55,7 @@ from runtime.approval import (
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
+    SESSION_DELETED,
     ActorFailed,
     CallerWaits,
     ClosedWhileWaiting,
@@ -77,7 +79,7 @@ from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
 from runtime.messages import AssistantMessage, Message, ToolCallPart, UserContent, UserMessage
-from runtime.output import OutputChunk, Start, Steered
+from runtime.output import ErrorInfo, OutputChunk, Start, Steered
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
 
@@ -110,6 +112,9 @@ class SessionOwner(Protocol):
     clock: Callable[[], float]
     """The clock waits expire by (``Agent(approval_timeout=...)``): a decision for a call
     past its deadline by it is refused (:class:`~runtime.errors.WaitExpired`)."""
+    forgets_unsaved: bool
+    """Whether a turn whose final save was refused is dropped from memory (``serve``):
+    its session's title from an unstored first message goes with it."""
 
     def wait_over(self, session: Session) -> None:
         """Every call of the session's wait is decided: the host's timer forgets it."""
@@ -159,6 +164,30 @@ FINAL_WAIT = 10.0
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 """The meta of every session with none: one shared read-only view, not one per session
 (each is an object the garbage collector walks: ten thousand sessions, issue 24 item 5)."""
+
+
+def _untitle_unstored(session: Session, result: TurnResult) -> None:
+    """A turn of a host that forgets unsaved turns (``serve``: its client told
+    ``not_saved``) ended with its save refused, and the store holds nothing of the
+    session: the title the host holds is that turn's first message's, which is not
+    stored. Kept, it was reapplied on reopen (:attr:`Session.unsaved_meta`) and saved
+    with the next turn, naming the conversation after a message it does not hold. The
+    next message of an idle session titles it again; a turn already queued behind the
+    refused one is saved untitled (its client's title was decided as it queued), the
+    turn after it titles it."""
+    if (
+        result.saved
+        or result.error is None  # a save not confirmed in time: still in flight
+        or result.abort_reason == SESSION_DELETED
+        or "title" not in session.meta
+        or not session.host.forgets_unsaved
+    ):
+        return
+    runner = session.runner
+    if runner is not None and runner.snapshot.saved_upto == 0:
+        session._meta = _frozen_meta(
+            {key: value for key, value in session.meta.items() if key != "title"}
+        )
 
 
 def checked_meta(meta: Any) -> Mapping[str, Any]:
@@ -718,6 +747,10 @@ class TurnStream:
             self._unfollow(running, item.user_message_id)
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
+        if item.dropped:  # the turn went unsaved, and forgotten: the message runs on its own
+            self._unfollow(running, item.user_message_id)
+            self._followed = None
+            return False
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
         if item.answered:
             self.steer_answered = True
@@ -841,6 +874,10 @@ class TurnStream:
             for follower in self._followers.values():
                 follower._wake_follower()
         session = self.session
+        if result is not None and session.current is self:
+            _untitle_unstored(session, result)
+            told = unsaved_error(result) if unsaved(result) else None
+            session.last_turn = (result.turn_id, result.message.id, told)
         if session.current is self:
             if self.continues is not None or session.continued is not None:
                 session.continued = self.message_id if self.continues is not None else None
@@ -1084,6 +1121,12 @@ class Session:
         self._meta: Mapping[str, Any] = _frozen_meta(meta)
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
+        self.last_turn: tuple[str, str, ErrorInfo | None] | None = None
+        """The last turn that ended here: its id, its assistant message's id, and the
+        error its client was told when it was not saved (``not_saved``). A relay resume
+        that lost the turn's stream rebuilds it from that message only, or ends as its
+        live stream did (:mod:`runtime.app.web.resume`): the store's last assistant
+        message may be another turn's."""
         self._decided: Recorded | None = None
         """This process's last decision (the session as it stored it, and the turn's
         waiting calls), until a continuation takes it (:meth:`decided_record`)."""

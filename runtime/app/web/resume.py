@@ -23,7 +23,7 @@ client to reload the session.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -40,7 +40,9 @@ from runtime.app.web.writer import BodyPump, BodyWriter, Write
 from runtime.busy import HELD_STOP_ID_MAX
 from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable
+from runtime.liveness import RUNNING_META
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
+from runtime.output import ErrorInfo
 from runtime.relay import StepRestarted
 
 STOPPED = "stopped by user"
@@ -90,13 +92,16 @@ class RelayEncoder(UIStreamEncoder):
         return b"".join(prefix + sse(c) for c in self.encode(chunk))
 
 
-def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any]:
+def stored_turn_chunks(
+    messages: Any, message_id: str | None = None, *, only: bool = False
+) -> list[Any]:
     """An assistant message of a stored history as output chunks (a rebuilt turn): the
-    one with id ``message_id`` when it is stored, else the last one."""
+    one with id ``message_id`` when it is stored, else (unless ``only``: nothing then)
+    the last one."""
     messages = list(messages)
     assistants = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
     index = next((i for i in assistants if messages[i].id == message_id), None)
-    if index is None and assistants:
+    if index is None and assistants and not only:
         index = assistants[-1]
     if index is None:
         return []
@@ -200,10 +205,14 @@ class RelayStreamResponse:
         after_pauses: int = 0,
         announced: Iterable[str] = (),
         load: Any = None,
+        host: Any = None,
     ) -> None:
         self.relay = relay
         self.store = store
         self.load = load
+        self.host = host
+        """The embedded host serving the resume, if any: what it knows of the turn's
+        message (:meth:`_message_of`)."""
         """How the stored session is read when the relay lost the turn (an embedded
         host's :meth:`~runtime.app.host.Host.load_settled`: a turn whose host was killed
         is replayed ending interrupted, as the page then shows it)."""
@@ -283,8 +292,16 @@ class RelayStreamResponse:
         """What a client gets when the relay lost the turn: the stored message replayed
         (a full replay not yet begun), else an error telling it to reload the session."""
         if replay:
+            if message_id is None:  # (a worker's front end names it from the turn's row)
+                message_id, told = await self._message_of()
+                if told is not None:  # as its live stream ended (runtime.app.unsaved)
+                    return sse({"type": "error", "errorText": error_text(told.kind, told.message)})
             record = await (self.load or self.store.load)(self.session_id)
-            chunks = stored_turn_chunks(record.messages, message_id) if record is not None else []
+            chunks = (
+                stored_turn_chunks(record.messages, message_id, only=True)
+                if record is not None and message_id is not None
+                else []
+            )
             if chunks:
                 encoder = UIStreamEncoder()
                 return b"".join(encoder.events(c) for c in chunks)
@@ -292,6 +309,25 @@ class RelayStreamResponse:
             exc.kind, f"{exc.message}; reload the session (GET /api/sessions/{self.session_id})"
         )
         return sse({"type": "error", "errorText": text})
+
+    async def _message_of(self) -> tuple[str | None, ErrorInfo | None]:
+        """The id of the turn's assistant message, when something ties one to the turn,
+        and what its client was told when it was not saved: the host's own record of its
+        last turn (it ran here), else the store's running marker (a step of it
+        committed, it runs or its writer died). Nothing else may be rebuilt: the store's
+        last assistant message is the previous turn's when this one was not stored (its
+        save refused, or not reached yet), and was shown, ending ``finish``, as this
+        turn's answer."""
+        session = self.host.sessions.get(self.session_id) if self.host is not None else None
+        last = getattr(session, "last_turn", None)
+        if last is not None and last[0] == self.turn_id:
+            return last[1], last[2]
+        record = await self.store.load(self.session_id)  # (before a dead writer's settling)
+        marker = record.meta.get(RUNNING_META) if record is not None else None
+        if isinstance(marker, Mapping) and marker.get("turn_id") == self.turn_id:
+            found = marker.get("message_id")
+            return (found if isinstance(found, str) else None), None
+        return None, None
 
 
 def unavailable_event(exc: RelayUnavailable, session_id: str | None = None) -> bytes:
@@ -382,6 +418,7 @@ async def resume_stream(request: Request) -> Any:
         send_timeout=state.send_timeout,
         background=state.background,
         load=state.host.load_settled,
+        host=state.host,
     )
 
 
