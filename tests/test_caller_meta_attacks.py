@@ -1,0 +1,125 @@
+"""A web client cannot make its session another's sub-session (attacknew).
+
+A session's sub-sessions are those whose meta names it as their caller
+(``parent_session_id``): a delete takes them, a sub-turn's approvals go to it. So a
+client that could write that key into its session's meta could have its session deleted
+with another's, or be shown another's approvals. Every protocol of ``serve`` is sent the
+key wherever a body carries free fields (the AI SDK body and message metadata, OpenAI's
+``metadata``, A2A's message and request metadata, AG-UI's ``forwardedProps`` and
+``state``), and a first message whose title is the key itself (the stores' triggers
+look for the key's bytes before parsing): none of those sessions names a caller, and
+deleting the victim leaves them all (a session saved with the key, the control, goes).
+Held when written; a guard for protocols to come.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent
+from runtime.tools import PARENT_SESSION_META, caller_of
+from tests.test_web_http import JSON, body, events
+from tests.web.harness import wait_idle, web_server
+
+VICTIM = "victim"
+NAMED = {PARENT_SESSION_META: VICTIM}
+
+
+def agent() -> Agent:
+    return Agent(provider=ScriptedProvider(steps=[["Noted."]] * 20))
+
+
+async def _every_protocol_says_the_caller(server: Any, client: httpx.AsyncClient) -> list[str]:
+    """The attacker's sessions, each told by one protocol that its caller is the victim."""
+    chat = body("att-ai-sdk", "hi")
+    chat.update(meta=NAMED, metadata=NAMED, **NAMED)
+    chat["messages"][-1]["metadata"] = NAMED
+    r = await client.post("/api/chat", json=chat)
+    assert events(r.content)[-1] == "[DONE]"
+    r = await client.post("/api/chat", json=body("att-title", PARENT_SESSION_META))
+    assert events(r.content)[-1] == "[DONE]"
+    r = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "assistant",
+            "messages": [{"role": "user", "content": "hi"}],
+            "metadata": NAMED,
+            "user": VICTIM,
+        },
+        headers={"X-Axon-Session": "att-openai"},
+    )
+    assert r.status_code == 200, r.text
+    message = {
+        "messageId": "m-1",
+        "contextId": "att-a2a",
+        "role": "ROLE_USER",
+        "parts": [{"text": "hi"}],
+        "metadata": NAMED,
+    }
+    r = await client.post(
+        "/a2a/jsonrpc",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {"message": message, "metadata": NAMED},
+        },
+    )
+    assert "error" not in r.json(), r.text
+    r = await client.post(
+        "/ag-ui",
+        json={
+            "threadId": "att-agui",
+            "runId": "run-att",
+            "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+            "forwardedProps": NAMED,
+            "state": NAMED,
+        },
+    )
+    assert r.status_code == 200, r.text
+    made = ["att-ai-sdk", "att-title", "att-openai", "att-a2a", "att-agui"]
+    for session_id in made:
+        await wait_idle(server, session_id)
+    return made
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    if request.param == "sqlite":
+        yield str(tmp_path / "s.db")
+        return
+    from actors.stores.postgres import PostgresStore
+
+    opened = await PostgresStore.open(request.getfixturevalue("pg_url"))
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+async def test_no_protocol_lets_a_client_name_its_sessions_caller(store: Any) -> None:
+    async with web_server(
+        agent(),
+        store=store,
+        protocols=("ai-sdk", "openai", "a2a", "ag-ui"),
+    ) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            r = await client.post("/api/chat", json=body(VICTIM, "mine"))
+            assert events(r.content)[-1] == "[DONE]"
+            made = await _every_protocol_says_the_caller(server, client)
+            store = server.host.store  # (the store actor, whatever was given)
+            # (the control: a session whose meta does name the victim goes with it)
+            control = await store.load("att-title")
+            await store.save("control", 0, control.messages, NAMED)
+            metas = {s: (await store.load(s)).meta for s in made}
+            deleted = await client.delete(f"/api/sessions/{VICTIM}", headers=JSON)
+            left = {s: await store.load(s) for s in made}
+            gone = await store.load("control")
+    assert {s: caller_of(m) for s, m in metas.items()} == dict.fromkeys(made)
+    assert deleted.status_code == 204
+    assert all(record is not None for record in left.values()), left
+    assert gone is None
