@@ -123,3 +123,51 @@ async def test_no_protocol_lets_a_client_name_its_sessions_caller(store: Any) ->
     assert deleted.status_code == 204
     assert all(record is not None for record in left.values()), left
     assert gone is None
+
+
+SHAPES = {
+    "big": ({PARENT_SESSION_META: VICTIM, "big": "x" * 10_000_000}, True),
+    "not_a_string": ({PARENT_SESSION_META: 5}, False),
+    "a_list": ({PARENT_SESSION_META: [VICTIM]}, False),
+    "nested": ({"x": {PARENT_SESSION_META: VICTIM}}, False),
+    "in_a_value": ({"title": PARENT_SESSION_META, "t": f'"{PARENT_SESSION_META}"'}, False),
+}
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    if request.param == "memory":
+        from actors.stores.memory import MemoryStore
+
+        yield MemoryStore()
+        return
+    if request.param == "sqlite":
+        from actors.stores.sqlite import SQLiteStore
+
+        opened: Any = await SQLiteStore.open(tmp_path / "s.db")
+    else:
+        from actors.stores.postgres import PostgresStore
+
+        opened = await PostgresStore.open(request.getfixturevalue("pg_url"))
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+async def test_a_meta_goes_with_the_session_it_names_as_caller_alike_in_every_store(
+    any_store: Any, shape: str
+) -> None:
+    """Only a string at the meta's top level names a caller, in each store alike (the
+    memory store reads the meta in Python, SQLite an expression index, PostgreSQL a
+    trigger's column): 10 MB of meta around it, a number, a list, the key nested or
+    inside a value."""
+    from runtime.messages import UserMessage
+
+    meta, named = SHAPES[shape]
+    said = (UserMessage(content="hi", id="u"),)
+    await any_store.save(VICTIM, 0, said, {})
+    await any_store.save("sub", 0, said, meta)
+    await any_store.delete(VICTIM)
+    assert (await any_store.load("sub") is None) is named
