@@ -313,10 +313,17 @@ def message_json(message: Any) -> bytes:
     step's save stores it again, one more step's parts on: every save encoding it whole
     made a turn of n steps encode n(n+1)/2 parts (1,000 steps: 500,500 tool calls
     unstructured, 47 MB encoded; benchmarks/journal/pipeline.md, ``stepsaves``). A part
-    is a frozen value, so what it encoded to stands while it is the same object. A
-    message that cannot be encoded part by part (a value orjson refuses) is encoded by
-    :func:`to_json`, whose error the caller handles as before."""
-    if type(message) is not messages.AssistantMessage or not message.content:
+    is a frozen value, so what it encoded to stands while it is the same object; the
+    parts must be a tuple: a list given as ``content`` and changed in place (a part
+    replaced, one added) compared the same with itself, and its old bytes were stored
+    (or an ``IndexError`` raised). A message that cannot be encoded part by part (a
+    value orjson refuses) is encoded by :func:`to_json`, whose error the caller handles
+    as before."""
+    if (
+        type(message) is not messages.AssistantMessage
+        or type(message.content) is not tuple  # (a list changed in place seems the same)
+        or not message.content
+    ):
         return to_json(message)
     try:
         return _assistant_json(message)

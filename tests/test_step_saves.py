@@ -199,3 +199,19 @@ def test_a_part_nested_as_deep_as_orjson_writes_is_encoded_as_it_is_whole(keepin
         except TypeError as err:
             by_part = str(err)
         assert by_part == whole
+
+
+@pytest.mark.parametrize("change", ["replaced", "added"])
+def test_a_list_of_parts_changed_in_place_is_encoded_as_it_now_is(change: str) -> None:
+    """``content`` given as a list (the field takes one) and changed in place after its
+    message was encoded: the kept parts were that very list, so every part seemed the
+    same object: a replaced part's old bytes came back (stored by a store's save), an
+    added one raised ``IndexError`` (attacknew)."""
+    parts = [TextPart(text="x" * 600, step=0), TextPart(text="y" * 600, step=0)]
+    message = AssistantMessage(content=parts, id="listed")  # type: ignore[arg-type]
+    serde.message_json(message)
+    if change == "replaced":
+        parts[1] = TextPart(text="w", step=0)
+    else:
+        parts.append(TextPart(text="z", step=1))
+    assert serde.message_json(message) == serde.to_json(message)
