@@ -14,34 +14,43 @@ Held when written; a guard for protocols to come.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
 from runtime.tools import PARENT_SESSION_META, caller_of
+from tests.support.redis import require_redis
+from tests.test_frontend import deployment
 from tests.test_web_http import JSON, body, events
 from tests.web.harness import wait_idle, web_server
 
 VICTIM = "victim"
 NAMED = {PARENT_SESSION_META: VICTIM}
+PROTOCOLS = ("ai-sdk", "openai", "a2a", "ag-ui")
 
 
 def agent() -> Agent:
     return Agent(provider=ScriptedProvider(steps=[["Noted."]] * 20))
 
 
-async def _every_protocol_says_the_caller(server: Any, client: httpx.AsyncClient) -> list[str]:
-    """The attacker's sessions, each told by one protocol that its caller is the victim."""
+async def _every_protocol_says_the_caller(
+    client: httpx.AsyncClient, settled: Callable[[str], Awaitable[None]]
+) -> list[str]:
+    """The attacker's sessions, each told by one protocol that its caller is the victim
+    (``settled``: waits until a session's turn is saved)."""
     chat = body("att-ai-sdk", "hi")
     chat.update(meta=NAMED, metadata=NAMED, **NAMED)
     chat["messages"][-1]["metadata"] = NAMED
     r = await client.post("/api/chat", json=chat)
-    assert events(r.content)[-1] == "[DONE]"
+    assert r.status_code == 200 and b"[DONE]" in r.content, r.text
     r = await client.post("/api/chat", json=body("att-title", PARENT_SESSION_META))
-    assert events(r.content)[-1] == "[DONE]"
+    assert r.status_code == 200 and b"[DONE]" in r.content, r.text
     r = await client.post(
         "/v1/chat/completions",
         json={
@@ -83,7 +92,7 @@ async def _every_protocol_says_the_caller(server: Any, client: httpx.AsyncClient
     assert r.status_code == 200, r.text
     made = ["att-ai-sdk", "att-title", "att-openai", "att-a2a", "att-agui"]
     for session_id in made:
-        await wait_idle(server, session_id)
+        await settled(session_id)
     return made
 
 
@@ -105,14 +114,48 @@ async def test_no_protocol_lets_a_client_name_its_sessions_caller(store: Any) ->
     async with web_server(
         agent(),
         store=store,
-        protocols=("ai-sdk", "openai", "a2a", "ag-ui"),
+        protocols=PROTOCOLS,
     ) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             r = await client.post("/api/chat", json=body(VICTIM, "mine"))
             assert events(r.content)[-1] == "[DONE]"
-            made = await _every_protocol_says_the_caller(server, client)
+            made = await _every_protocol_says_the_caller(client, partial(wait_idle, server))
             store = server.host.store  # (the store actor, whatever was given)
             # (the control: a session whose meta does name the victim goes with it)
+            control = await store.load("att-title")
+            await store.save("control", 0, control.messages, NAMED)
+            metas = {s: (await store.load(s)).meta for s in made}
+            deleted = await client.delete(f"/api/sessions/{VICTIM}", headers=JSON)
+            left = {s: await store.load(s) for s in made}
+            gone = await store.load("control")
+    assert {s: caller_of(m) for s, m in metas.items()} == dict.fromkeys(made)
+    assert deleted.status_code == 204
+    assert all(record is not None for record in left.values()), left
+    assert gone is None
+
+
+async def test_no_protocol_of_a_worker_front_end_lets_a_client_name_its_sessions_caller(
+    pg_url: str,
+) -> None:
+    """The same through a front end, the turns run by a worker (the meta a queued turn
+    carries is set by the worker on its session)."""
+    async with deployment(pg_url, require_redis(), agent(), protocols=PROTOCOLS) as d:
+        store = d.store
+
+        async def settled(session_id: str) -> None:
+            with trio.fail_after(30):
+                while True:
+                    record = await store.load(session_id)
+                    if record is not None and record.messages[-1].role == "assistant":
+                        if not (await d.queue.unsaved_sessions()):
+                            return
+                    await trio.sleep(0.05)
+
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=30) as client:
+            r = await client.post("/api/chat", json=body(VICTIM, "mine"))
+            assert r.status_code == 200, r.text
+            await settled(VICTIM)
+            made = await _every_protocol_says_the_caller(client, settled)
             control = await store.load("att-title")
             await store.save("control", 0, control.messages, NAMED)
             metas = {s: (await store.load(s)).meta for s in made}
