@@ -46,7 +46,7 @@ from runtime.liveness import rebased_meta
 from runtime.logging import get_logger
 from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
-from runtime.serde import forget_encoded
+from runtime.serde import forget_encoded, keep_encoded
 from runtime.store import Store, checks_absent_mark, deletion_mark, rebase, save_keeping
 
 REBASE_ATTEMPTS = 5
@@ -152,6 +152,10 @@ class Persister(Actor):
 
     async def _save(self, message: SaveRequest) -> None:
         """Write one request and answer it (a failure too), then announce the save."""
+        if message.step is not None and message.ends is None:  # the turn goes on: its
+            answer = _answer_of(message.messages)  # next step's save stores its answer
+            if answer is not None:  # again, encoded from what this one encodes
+                keep_encoded(answer.id)
         try:
             version, base = await self._write(message)
         except Exception as exc:  # a failed write is reported to the requester, never lost
@@ -219,11 +223,9 @@ class Persister(Actor):
         if req.step is None or req.ends is not None:  # the turn's last save: no step
             # will save its answer again, whose encoded parts need not be kept
             # (serde.message_json); the answer is the last one, after its user message
-            for message in reversed(req.messages):
-                if type(message) is AssistantMessage:
-                    forget_encoded(message.id)
-                if type(message) is not ToolMessage:
-                    break
+            answer = _answer_of(req.messages)
+            if answer is not None:
+                forget_encoded(answer.id)
 
     def _unchanged(self, req: SaveRequest, expected: int) -> tuple[int, ...]:
         """The positions of ``req``'s messages the store holds as they are: the same
@@ -506,3 +508,13 @@ def _same_places(ours: tuple[Message, ...], stored: tuple[Message, ...]) -> tupl
     """The positions at which ``ours`` holds the very objects ``stored`` holds. (In C, not
     a Python loop: a step's save asks it of every message of its turn so far.)"""
     return tuple(compress(range(len(ours)), map(operator.is_, ours, stored)))
+
+
+def _answer_of(messages: tuple[Message, ...]) -> AssistantMessage | None:
+    """A turn's save's answer: its last message past the tool results after it."""
+    for message in reversed(messages):
+        if type(message) is AssistantMessage:
+            return message
+        if type(message) is not ToolMessage:
+            return None
+    return None

@@ -303,6 +303,25 @@ class _Encoded:
 _encoded: OrderedDict[str, _Encoded] = OrderedDict()
 _encoded_lock = threading.Lock()  # (stores encode a long save in a worker thread)
 _encoded_bytes = [0]
+_keeping: OrderedDict[str, None] = OrderedDict()
+"""The ids of the messages :func:`message_json` keeps (:func:`keep_encoded`)."""
+KEEPING = 4096
+"""At most this many ids marked to keep (a turn that never made its last save leaves
+its mark; the oldest go first)."""
+
+
+def keep_encoded(message_id: str) -> None:
+    """Have :func:`message_json` keep the encoded parts of the message ``message_id``: a
+    running turn's answer, which its next step's save stores again (the persister marks
+    it at a step's save, and :func:`forget_encoded` at its last). Only those: any
+    assistant message of 1 KB encoded whole was kept before, a history given to a
+    session (a client's, AG-UI or Chat Completions) too, its parts held after its turn
+    (their objects ~11x their JSON) until 64 other messages pushed them out."""
+    with _encoded_lock:
+        _keeping[message_id] = None
+        _keeping.move_to_end(message_id)
+        if len(_keeping) > KEEPING:
+            _keeping.popitem(last=False)
 
 
 def message_json(message: Any) -> bytes:
@@ -314,10 +333,17 @@ def message_json(message: Any) -> bytes:
     step's save stores it again, one more step's parts on: every save encoding it whole
     made a turn of n steps encode n(n+1)/2 parts (1,000 steps: 500,500 tool calls
     unstructured, 47 MB encoded; benchmarks/journal/pipeline.md, ``stepsaves``). A part
-    is a frozen value, so what it encoded to stands while it is the same object. A
-    message that cannot be encoded part by part (a value orjson refuses) is encoded by
-    :func:`to_json`, whose error the caller handles as before."""
-    if type(message) is not messages.AssistantMessage or not message.content:
+    is a frozen value, so what it encoded to stands while it is the same object; the
+    parts must be a tuple: a list given as ``content`` and changed in place (a part
+    replaced, one added) compared the same with itself, and its old bytes were stored
+    (or an ``IndexError`` raised). A message that cannot be encoded part by part (a
+    value orjson refuses) is encoded by :func:`to_json`, whose error the caller handles
+    as before."""
+    if (
+        type(message) is not messages.AssistantMessage
+        or type(message.content) is not tuple  # (a list changed in place seems the same)
+        or not message.content
+    ):
         return to_json(message)
     try:
         return _assistant_json(message)
@@ -346,7 +372,7 @@ def _assistant_json(message: messages.AssistantMessage) -> bytes:
             same -= 1
     if not same:
         body = to_json(message)
-        if len(body) < KEPT_FROM_BYTES:
+        if len(body) < KEPT_FROM_BYTES or message.id not in _keeping:
             return body
         end = body.rfind(b'],"id":' + orjson.dumps(message.id))  # (no string holds `"],`)
         if end > 0:
@@ -391,7 +417,9 @@ def forget_encoded(message_id: str | None = None) -> None:
         if message_id is None:
             _encoded.clear()
             _encoded_bytes[0] = 0
+            _keeping.clear()
             return
+        _keeping.pop(message_id, None)
         old = _encoded.pop(message_id, None)
         if old is not None:
             _encoded_bytes[0] -= len(old.body)

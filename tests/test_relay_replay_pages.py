@@ -317,3 +317,32 @@ async def test_a_redis_that_refuses_scripts_is_paged_with_xrange(redis_url: str)
     assert again == replay
     assert [e["event"] for e in logs].count("relay.page_script_refused") == 1  # then known
     assert max(counts) <= 2  # one at first, then twice that, then one 200 KB entry a page
+
+
+async def test_a_busy_redis_does_not_turn_the_page_script_off_for_good(redis_url: str) -> None:
+    """A page script answered ``BUSY`` (another client's script ran past Redis's
+    ``busy-reply-threshold``) is no refusal of scripting: that page is an ``XRANGE``, and
+    the next read pages with the script again. Taken for a refusal, every read of the
+    process after one busy moment paged with ``XRANGE``, without Redis bounding a page's
+    bytes (attacknew)."""
+    from coredis.exceptions import ResponseError
+
+    async with opened(redis_url) as relay:
+        relay.page_bytes = PAGE_BYTES
+        await write_big_turn(relay)
+        evaluate = relay.client.eval
+        busy = [1]
+
+        async def busy_once(*args: Any, **kwargs: Any) -> Any:
+            if busy:
+                busy.pop()
+                raise ResponseError("BUSY Redis is busy running a script.")
+            return await evaluate(*args, **kwargs)
+
+        relay.client.eval = busy_once
+        with capture_logs() as logs:
+            first = await read_all(relay, "t")
+            assert not relay.scripts_refused
+            again = await read_all(relay, "t")
+    assert again == first and len(first) == ENTRIES + 4
+    assert not [e for e in logs if e["event"] == "relay.page_script_refused"]

@@ -10,6 +10,7 @@ are the same."""
 from __future__ import annotations
 
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ import pytest
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, serde, tool
 from runtime.chunks import Usage
-from runtime.messages import AssistantMessage, Awaiting, TextPart, ToolCallPart
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
 from runtime.output import ErrorInfo
 
 STEPS = 200
@@ -119,12 +127,20 @@ def _call(i: int, **kw: Any) -> ToolCallPart:
 
 @pytest.fixture
 def keeping_any() -> Iterator[None]:
-    """Every answer's encoded parts kept, however short (the unit tests' are)."""
+    """Every answer's encoded parts kept, however short (the unit tests' are), whether or
+    not a persister marked it (:func:`runtime.serde.keep_encoded`)."""
+
+    class Every(OrderedDict):  # type: ignore[type-arg]
+        def __contains__(self, key: object) -> bool:
+            return True
+
     kept_from, serde.KEPT_FROM_BYTES = serde.KEPT_FROM_BYTES, 0
+    keeping, serde._keeping = serde._keeping, Every()
     try:
         yield
     finally:
         serde.KEPT_FROM_BYTES = kept_from
+        serde._keeping = keeping
 
 
 def test_an_answer_encoded_part_by_part_is_the_bytes_of_it_encoded_whole(keeping_any) -> None:
@@ -199,3 +215,44 @@ def test_a_part_nested_as_deep_as_orjson_writes_is_encoded_as_it_is_whole(keepin
         except TypeError as err:
             by_part = str(err)
         assert by_part == whole
+
+
+@pytest.mark.parametrize("change", ["replaced", "added"])
+def test_a_list_of_parts_changed_in_place_is_encoded_as_it_now_is(change: str) -> None:
+    """``content`` given as a list (the field takes one) and changed in place after its
+    message was encoded: the kept parts were that very list, so every part seemed the
+    same object: a replaced part's old bytes came back (stored by a store's save), an
+    added one raised ``IndexError`` (attacknew)."""
+    parts = [TextPart(text="x" * 600, step=0), TextPart(text="y" * 600, step=0)]
+    message = AssistantMessage(content=parts, id="listed")  # type: ignore[arg-type]
+    serde.message_json(message)
+    if change == "replaced":
+        parts[1] = TextPart(text="w", step=0)
+    else:
+        parts.append(TextPart(text="z", step=1))
+    assert serde.message_json(message) == serde.to_json(message)
+
+
+async def test_a_given_historys_answers_are_not_kept_encoded_after_the_turn(
+    tmp_path: Path,
+) -> None:
+    """Only a running turn's answer is kept encoded (the persister marks it at its
+    step's saves). Before, every assistant message of 1 KB or more encoded whole was:
+    a history given to a session (a client's, AG-UI or Chat Completions) stayed held,
+    parts and JSON, after its turn, until 64 other messages pushed it out; the parts'
+    objects weigh ~11x their JSON (a 318 KB tool input: 3.5 MB) (attacknew)."""
+    said = AssistantMessage(
+        content=(ToolCallPart(tool_call_id="c", tool_name="t", input={"k": "x" * 2000}, step=0),),
+        id="given",
+    )
+    history = [
+        UserMessage(content="before"),
+        said,
+        ToolMessage(tool_call_id="c", tool_name="t", step=0, output="ok"),
+    ]
+    serde.forget_encoded()
+    agent = Agent(provider=ScriptedProvider([["done"]]))
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s", history=history)
+        await session.run("go")
+    assert "given" not in serde._encoded

@@ -198,6 +198,19 @@ script reads in batches sized by the biggest entry seen so far, so Redis holds a
 page too, not ``ARGV[3]`` entries of any size."""
 
 
+def _scripts_refused(error: BaseException) -> bool:
+    """Whether Redis's answer to a page script says it runs no script for the relay: the
+    ACL denies it (``NOPERM``), ``EVAL`` is renamed away (unknown command), or scripting
+    is disabled. Any other error (``BUSY``: another client's script ran past Redis's
+    ``busy-reply-threshold``) is that page's, read with ``XRANGE``: taken for a refusal,
+    it turned the script off for every later read of the process."""
+    from coredis.exceptions import AuthorizationError, UnknownCommandError
+
+    if isinstance(error, AuthorizationError | UnknownCommandError):
+        return True
+    return "disabled" in str(error).lower()
+
+
 class RedisRelay:
     """:class:`runtime.relay.Relay` on Redis Streams. Open with :meth:`RedisRelay.open`."""
 
@@ -763,8 +776,9 @@ class RedisRelay:
                 )
                 return _entries(raw), bool(more)
             except ResponseError as exc:
-                log.warning("relay.page_script_refused", error=_described(exc))
-                self.scripts_refused = True
+                if _scripts_refused(exc):
+                    log.warning("relay.page_script_refused", error=_described(exc))
+                    self.scripts_refused = True
         wanted = max(1, min(count, FALLBACK_PAGE, 2 * after, self.page_bytes // biggest))
         page = await self._read_call(
             turn_id,
