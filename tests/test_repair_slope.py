@@ -10,6 +10,7 @@ import sys
 import attrs
 
 import runtime.history
+from actors.turn.takeover import find_committed, steered_message_id
 from runtime.actor_messages import History
 from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import (
@@ -85,15 +86,77 @@ def test_a_call_added_after_a_result_of_its_id_was_dropped_takes_that_result():
     """A result of an id no call had yet is dropped; once a later step adds a call of that
     id, the request is what :func:`repair` makes of the whole turn (the result answers
     it), not what the earlier request kept."""
+    text = TextPart(text="x", step=0)
     history: list[Message] = [
         UserMessage(content="go"),
-        AssistantMessage(id="m", content=(TextPart(text="x", step=0),)),
+        AssistantMessage(id="m", content=(text,)),
         ToolMessage(tool_call_id="late", tool_name="f", step=1, output="r"),
     ]
     repaired = RepairedHistory()
     assert len(repaired(history)) == 2
     call = ToolCallPart(tool_call_id="late", tool_name="f", input={}, step=1)
-    history[1] = attrs.evolve(history[1], content=(TextPart(text="x", step=0), call))
+    history[1] = attrs.evolve(history[1], content=(text, call))
     request = repaired(history)
     assert request == tuple(repair(history))
     assert request[2] is history[2] and request[2].error != INTERRUPTED  # type: ignore[union-attr]
+
+
+class _Reads(list):  # type: ignore[type-arg]
+    """A history that counts the messages read from it (by position, in a slice taken
+    and iterated, or iterated)."""
+
+    read = 0
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        got = super().__getitem__(key)
+        if isinstance(key, slice):
+            return _Reads(got)
+        _Reads.read += 1
+        return got
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for message in super().__iter__():
+            _Reads.read += 1
+            yield message
+
+
+def _session_then_turn(earlier_turns: int, steered: bool) -> list[Message]:
+    """``earlier_turns`` finished turns, then a turn of one step with a call (a message
+    steered into it at step 1, and a step with a call after it, when ``steered``)."""
+    history: list[Message] = []
+    for t in range(earlier_turns):
+        history += [UserMessage(content="hi"), AssistantMessage(id=f"old{t}", content=())]
+    call = ToolCallPart(tool_call_id="c0", tool_name="f", input={}, step=0)
+    history += [
+        UserMessage(content="go"),
+        AssistantMessage(id="m", content=(call,)),
+        ToolMessage(tool_call_id="c0", tool_name="f", step=0, output="r"),
+    ]
+    if steered:
+        again = ToolCallPart(tool_call_id="c1", tool_name="f", input={}, step=1)
+        history += [
+            UserMessage(content="and"),
+            AssistantMessage(id=steered_message_id("m", 1), content=(again,)),
+            ToolMessage(tool_call_id="c1", tool_name="f", step=1, output="r"),
+        ]
+    return history
+
+
+def test_a_continued_turn_reads_its_own_messages_not_the_session():
+    """What a turn continued after an approval (or taken over) committed is read from the
+    turn's messages: a session of 2,000 earlier messages adds none to the reading (every
+    one was read, for the calls of steered messages, at each continuation before)."""
+    for steered in (False, True):
+        short = _session_then_turn(0, steered)
+        long = _session_then_turn(1000, steered)[:2000] + short
+        _Reads.read = 0
+        found = find_committed(_Reads(short), "m")
+        few = _Reads.read
+        _Reads.read = 0
+        assert find_committed(_Reads(long), "m") == attrs.evolve(
+            found,  # type: ignore[arg-type]
+            user_index=found.user_index + 2000,  # type: ignore[union-attr]
+            assistant_index=found.assistant_index + 2000,  # type: ignore[union-attr]
+        )
+        assert _Reads.read == few, (steered, few, _Reads.read)
+        assert found is not None and found.calls == (2 if steered else 1)
