@@ -47,6 +47,8 @@ whitespace, blank text parts: the runtime takes them as input), which both refus
 400 (empty content, an empty text part); left out, the turns around it would merge, or
 the request would end with the model's answer."""
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
+_same = operator.is_
+"""The tail's identity checks (:class:`_TailRepair`), apart from the kept part's."""
 
 
 def check_history(history: Iterable[Message]) -> tuple[Message, ...]:
@@ -284,7 +286,7 @@ class RepairedHistory:
     reloaded from the store) is repaired whole once; the copies are kept from then on.
     """
 
-    __slots__ = ("_added", "_kept", "_repaired", "_watched")
+    __slots__ = ("_added", "_kept", "_repaired", "_tail", "_watched")
 
     FOLD = 256
     """Repaired messages held apart from the repaired head (what the turns since it was
@@ -300,6 +302,8 @@ class RepairedHistory:
         self._watched: tuple[Sequence[Message], Any] | None = None
         """The history last repaired and its watermark, when it keeps one (a
         :class:`~runtime.actor_messages.History`): lowered by an edit of a position."""
+        self._tail: _TailRepair | None = None
+        """The repair of the history's tail as of the last call."""
 
     def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
         """The repaired ``messages``: always equal to ``tuple(repair(messages))``, and
@@ -310,11 +314,19 @@ class RepairedHistory:
         kept part, and the answer itself (the kept part grows by what was added since,
         not by a copy of all of it; seven passes before). After an edit below the kept
         part's end, or for a list that keeps no watermark, a comparison by identity
-        takes the place of the copy and the comparison."""
-        boundary = len(messages)
-        while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
-            boundary -= 1
-        boundary = max(0, boundary - 1)  # the last user/system message starts the tail
+        takes the place of the copy and the comparison. The part from the last user or
+        system message on (the turn in flight) is repaired by :class:`_TailRepair`, in
+        what each step added: a turn of many steps walked all of it in Python per call."""
+        tail = self._tail
+        boundary = tail.boundary(messages) if tail is not None else None
+        if boundary is None:
+            boundary = len(messages)
+            while boundary > 0 and not isinstance(
+                messages[boundary - 1], UserMessage | SystemMessage
+            ):
+                boundary -= 1
+            boundary = max(0, boundary - 1)  # the last user/system message starts the tail
+            tail = None
         kept = self._kept
         n = len(kept)
         watched = self._watched
@@ -345,7 +357,195 @@ class RepairedHistory:
             self._watched = (messages, watch())  # another history: watched from now on
         elif watched is not None:  # the kept part is another list's: if the history
             watched[1].low = 0  # watched comes back, it is compared by identity
-        return self._repaired + tuple(self._added + repair(messages[boundary:]))
+        if tail is None:
+            tail = self._tail = _TailRepair(messages, boundary)
+        return self._repaired + tuple(self._added + tail.repaired())
+
+
+class _TailRepair:
+    """:func:`repair` of a history's tail (from its last user or system message on) as a
+    turn grows it: each step replaces the turn's assistant message by one holding the
+    same parts and the step's own after them, and appends the step's tool results. What
+    a call adds is walked (its parts and messages); what was there is checked to be the
+    same objects, in C (``operator.is_``), never walked again in Python. Anything else
+    (a part replaced, a message edited, a call whose id an unmatched result carries) and
+    the tail is repaired anew, by the same rules.
+
+    The group of the last assistant message (its parts, calls and results so far) is
+    kept open; an assistant message after it closes it (its tool results end there)."""
+
+    __slots__ = (
+        "_blanks",
+        "_calls",
+        "_closed",
+        "_index",
+        "_irregular",
+        "_open",
+        "_open_at",
+        "_parts",
+        "_pending",
+        "_results",
+        "_seen",
+        "_slots",
+        "start",
+        "walked",
+    )
+
+    def __init__(self, messages: Sequence[Message], start: int) -> None:
+        self.start = start
+        """Where the tail starts in the history."""
+        self.walked = 0
+        """Messages and parts walked in Python, in all (a count for tests and benchmarks)."""
+        self._reset()
+        self._feed(messages[start:])
+
+    def _reset(self) -> None:
+        self._seen: list[Message] = []
+        """The tail's messages as of the last call, by position from :attr:`start`."""
+        self._closed: list[Message] = []
+        """The repair of the messages before the open group's assistant message."""
+        self._open: AssistantMessage | None = None
+        self._open_at = -1
+        self._parts: list[Part] = []
+        """The open assistant message's parts, blank text parts left out."""
+        self._blanks = 0
+        self._calls: dict[tuple[str, int], ToolCallPart] = {}
+        self._index: dict[tuple[str, int], int] = {}
+        self._results: dict[tuple[str, int], ToolMessage] = {}
+        self._slots: list[ToolMessage | None] = []
+        """The open group's results in call order; ``None`` for a call unanswered."""
+        self._pending: dict[tuple[str, int], int] = {}
+        self._irregular: set[str] = set()
+        """Ids of results that did not answer the call of their own id and step (dropped,
+        or taken by the first unanswered call of their id): a call of such an id added
+        later might have changed what they answered, so the group is walked anew."""
+
+    def boundary(self, messages: Sequence[Message]) -> int | None:
+        """Where ``messages``' tail starts, and this brought up to date with it, when it
+        is this tail grown; else ``None`` (the caller finds the tail and makes a new
+        one). Checks the messages it saw by identity, in C; walks only those added."""
+        start, seen = self.start, self._seen
+        k = len(seen)
+        if len(messages) < start + k or k == 0:
+            return None
+        added = messages[start + k :]
+        if any(isinstance(m, UserMessage | SystemMessage) for m in added):
+            return None  # a turn began: the tail starts at its message
+        now = messages[start : start + k]
+        at = self._open_at
+        if at < 0:
+            if not all(map(_same, now, seen)):
+                return None
+        else:
+            if not (
+                all(map(_same, now[:at], seen[:at]))
+                and all(map(_same, now[at + 1 :], seen[at + 1 :]))
+            ):
+                return None
+            assistant = now[at]
+            if assistant is not seen[at]:
+                if not self._extend(assistant):
+                    self._rebuild(messages)
+                    return self.start
+        self._feed(added)
+        return start
+
+    def _extend(self, assistant: Any) -> bool:
+        """Take the open assistant message replaced by ``assistant``: whether it holds
+        the parts the open one held (the same objects) and then its own, taken here."""
+        old = self._open
+        assert old is not None
+        if not isinstance(assistant, AssistantMessage):
+            return False
+        content, before = assistant.content, old.content
+        if len(content) < len(before) or not all(map(_same, content, before)):
+            return False
+        new = content[len(before) :]
+        if any(isinstance(p, ToolCallPart) and p.tool_call_id in self._irregular for p in new):
+            return False
+        self._seen[self._open_at] = assistant
+        self._open = assistant
+        self._take_parts(new)
+        return True
+
+    def _rebuild(self, messages: Sequence[Message]) -> None:
+        tail = messages[self.start :]
+        self._reset()
+        self._feed(tail)
+
+    def _take_parts(self, parts: Sequence[Part]) -> None:
+        self.walked += len(parts)
+        for p in parts:
+            if isinstance(p, TextPart) and not p.text.strip():
+                self._blanks += 1
+                continue
+            self._parts.append(p)
+            if isinstance(p, ToolCallPart):
+                key = (p.tool_call_id, p.step)
+                if key not in self._calls:
+                    self._index[key] = len(self._slots)
+                    self._slots.append(None)
+                    self._pending[key] = self._index[key]
+                self._calls[key] = p  # (a second call of one id and step: the last part,
+                # in the first one's place, as repair's dict)
+
+    def _close(self) -> None:
+        """End the open group: its repair joins :attr:`_closed`."""
+        if self._open is not None:
+            self._closed += self._group()
+        self._open = None
+        self._open_at = -1
+        self._parts, self._blanks = [], 0
+        self._calls, self._index, self._results = {}, {}, {}
+        self._slots, self._pending, self._irregular = [], {}, set()
+
+    def _feed(self, messages: Sequence[Message]) -> None:
+        self.walked += len(messages)
+        for m in messages:
+            self._seen.append(m)
+            if isinstance(m, ToolMessage):
+                if self._open is None:
+                    continue  # an orphan: no assistant message claimed it
+                key = _call_of(m, self._calls, self._results)
+                if key != (m.tool_call_id, m.step):
+                    self._irregular.add(m.tool_call_id)
+                if key is not None:
+                    self._results[key] = m
+                    self._slots[self._index[key]] = m
+                    self._pending.pop(key, None)
+            elif isinstance(m, AssistantMessage):
+                self._close()
+                self._open, self._open_at = m, len(self._seen) - 1
+                self._take_parts(m.content)
+            else:
+                if self._open is not None:
+                    self._close()
+                self._closed.append(m)
+
+    def _group(self) -> list[Message]:
+        """The open group's repair: its assistant message and a result for each call."""
+        msg = self._open
+        assert msg is not None
+        out: list[Message] = [
+            msg if not self._blanks else attrs.evolve(msg, content=tuple(self._parts))
+        ]
+        slots: list[Any] = self._slots.copy()
+        for key, i in self._pending.items():
+            call = self._calls[key]
+            slots[i] = ToolMessage(
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                step=call.step,
+                error=INTERRUPTED,
+            )
+        out += slots
+        return out
+
+    def repaired(self) -> list[Message]:
+        """The repair of the tail as it stands."""
+        if self._open is None:
+            return self._closed.copy()
+        return self._closed + self._group()
 
 
 class MessageIds:

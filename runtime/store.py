@@ -498,7 +498,8 @@ async def save_keeping(
     same = 0  # (a set: a first save of a long history keeps all of it at its next step)
     while same < len(messages) and same in positions:
         same += 1
-    rest = [i - same for i in positions if i > same]
+    rest = list(map(same.__rsub__, filter(same.__lt__, positions)))  # (i - same, in C:
+    # a step's save keeps every result of its turn so far, one Python step each before)
     if rest and _takes_kept(store):
         return await store.save(  # type: ignore[call-arg]
             session_id,

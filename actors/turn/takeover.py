@@ -109,12 +109,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
     last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
-    earlier = sum(
-        isinstance(p, ToolCallPart)
-        for m in messages[:a]
-        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id)
-        for p in m.content
-    )
+    earlier = _earlier_calls(messages, a, message_id) if msg.id != message_id else 0
     return Committed(
         earlier_calls=earlier,
         message_id=msg.id,
@@ -136,6 +131,22 @@ def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
         if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id):
             return i
     return None
+
+
+def _earlier_calls(messages: Sequence[Message], a: int, message_id: str) -> int:
+    """Tool calls of the turn's assistant messages before the one at ``a`` (a steered
+    one): read back to the turn's first message, ``message_id``'s, not from the session's
+    start. Steered messages follow the first (their ids are made from it as they join),
+    so none is before it; a continuation after each approval of a long session read all
+    of it, per step."""
+    calls = 0
+    for i in range(a - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id):
+            calls += sum(isinstance(p, ToolCallPart) for p in m.content)
+            if m.id == message_id:
+                break
+    return calls
 
 
 def _of_turn(id: str, message_id: str) -> bool:
