@@ -20,20 +20,9 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from runtime import Agent
+from tests.test_mcp_server import ACCEPT, INIT, MCP
 from tests.web.harness import WebServer, web_server
 
-MCP = ("ai-sdk", "mcp")
-ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 SDK_TASKS = ("mcp.", "sse_starlette.")
 """The modules whose tasks a session (and its requests) run."""
