@@ -109,6 +109,10 @@ class _Flusher:
                 self.pipelines += 1
                 scope.deadline = trio.current_time() + self.timeout
                 await self._send(jobs)
+                # Not held while this task sleeps until the next flush: the jobs hold
+                # their writers (each with its queue and turn), and a worker's last
+                # turn's writer outlived its turn until another turn wrote.
+                del jobs
 
     async def _next_jobs(self, scope: trio.CancelScope) -> list[_Job] | None:
         """The flushes of every writer due, once there are any (sleeping until the
@@ -119,22 +123,11 @@ class _Flusher:
         while True:
             if scope.cancel_called:  # its deadline passed (or the last pipeline's did)
                 return None
-            now = trio.current_time()
-            jobs: list[_Job] = []
-            pending = self._pending
-            for writer in list(pending):
-                due = writer._due
-                if due is None:  # closed meanwhile
-                    del pending[writer]
-                elif due <= now:
-                    del pending[writer]
-                    writer._due = None
-                    job = writer._take(now)
-                    if job is not None:
-                        jobs.append(job)
+            jobs = self._take_due(trio.current_time())
             if jobs:
                 return jobs
             # After the look: a writer ``_take`` settled at once is due again (later).
+            pending = self._pending
             soonest = min((writer._due or math.inf for writer in pending), default=math.inf)
             self._asleep_until = soonest
             if scope.deadline != soonest:  # the last pipeline's, or the last sleep's
@@ -145,6 +138,24 @@ class _Flusher:
                 self._asleep_until = -math.inf
             if self._wake.is_set():
                 self._wake = trio.Event()
+
+    def _take_due(self, now: float) -> list[_Job]:
+        """The flushes of the writers due at ``now``, taken (a writer closed meanwhile
+        dropped). A function of its own: the writer it looked at last (closed, maybe) is
+        no local of :meth:`_next_jobs` kept while that task sleeps."""
+        jobs: list[_Job] = []
+        pending = self._pending
+        for writer in list(pending):
+            due = writer._due
+            if due is None:  # closed meanwhile
+                del pending[writer]
+            elif due <= now:
+                del pending[writer]
+                writer._due = None
+                job = writer._take(now)
+                if job is not None:
+                    jobs.append(job)
+        return jobs
 
     async def _send(self, jobs: list[_Job]) -> None:
         """One pipeline of ``jobs``; each writer gets its outcome, whatever happens."""
