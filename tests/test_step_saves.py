@@ -256,3 +256,27 @@ async def test_a_given_historys_answers_are_not_kept_encoded_after_the_turn(
         session = await host.open_session(agent, session_id="s", history=history)
         await session.run("go")
     assert "given" not in serde._encoded
+
+
+async def test_a_turn_waiting_for_approval_leaves_its_answer_neither_marked_nor_kept(
+    tmp_path: Path, keeping_any
+) -> None:
+    """A turn that suspends (its calls wait for a person) ends in this process at its
+    step's save, which marked its answer to keep for the next step's save: the mark and
+    the encoded parts stayed for each waiting turn (1,000 waiting turns: ~140 bytes each
+    more than 1,000 idle evicted sessions, issue 21's memory row 1.00x -> 1.13x)."""
+
+    @tool(needs_approval=True)
+    def wire(amount: int) -> str:
+        """Wires money."""
+        return "sent"
+
+    marked = serde._keeping = OrderedDict()  # (the persister's marks, as they are made)
+    agent = Agent(provider=ScriptedProvider([tool_call("wire", {"amount": 5})]), tools=[wire])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("go")
+        answer = session.messages[1].id
+    assert result.finish_reason == "awaiting-input"
+    assert answer not in marked
+    assert answer not in serde._encoded

@@ -26,6 +26,7 @@ from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exc
 from runtime.ids import new_id
 from runtime.liveness import RUNNING_META, running_marker, settle
 from runtime.redact import redact
+from runtime.serde import forget_encoded
 from runtime.store import SessionRecord, version_and_mark
 
 if TYPE_CHECKING:
@@ -337,6 +338,10 @@ class Saving:
             pending = self._pending
             if pending is not None and (turn.deleted or self._holds_turn(pending, turn)):
                 result = await self._adopt(pending, turn)
+                # That step's save marked the answer's encoded parts to keep for the
+                # next step's (runtime.serde.message_json); there is none in this
+                # process (a turn suspended for a person, its answer asked again...).
+                forget_encoded(turn.message_id)
                 if result.error is None or turn.deleted:
                     return result
             if turn.deleted:  # refused already: a save now would only be refused again
