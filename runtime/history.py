@@ -145,6 +145,7 @@ async def repaired_off_loop(
         return None
     repaired = RepairedHistory()
     await run_long_off_loop(len(messages), repaired, tuple(messages), limiter=limiter)
+    repaired.rest()
     return repaired
 
 
@@ -304,6 +305,13 @@ class RepairedHistory:
         :class:`~runtime.actor_messages.History`): lowered by an edit of a position."""
         self._tail: _TailRepair | None = None
         """The repair of the history's tail as of the last call."""
+
+    def rest(self) -> None:
+        """Drop the repair of the turn in flight (:class:`_TailRepair`): its turn ended,
+        or none has begun (a primed history). The next turn's tail starts at its own user
+        message and is built then; kept, every open session at rest held one, its lists
+        and set (10,000 idle sessions: 4.17 -> 5.05 KB each, issue 24 goal 5)."""
+        self._tail = None
 
     def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
         """The repaired ``messages``: always equal to ``tuple(repair(messages))``, and

@@ -185,6 +185,9 @@ class Checked:
         self.calls += 1
         return out
 
+    def rest(self) -> None:
+        self.kept.rest()
+
 
 BROKEN = [
     UserMessage(content="stored"),

@@ -275,6 +275,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if repaired is None:
             repaired = RepairedHistory()
             repaired(state.messages)  # a resumed history: repaired with its loading
+            repaired.rest()
         self._repaired = repaired
         """Repairs the history once per message, for the requests of every step (given
         primed with ``state.messages`` when the host repaired a long one off the loop:
@@ -946,6 +947,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         over, and a turn that ends well enters one cancel scope here, its save's, not
         two (issue 24 goal 1)."""
         turn.steering.close()  # no step follows: a message still waiting starts a turn
+        self._repaired.rest()  # (the repair of its tail: the next turn's starts anew)
         closing: list[Any] = []
         self._seal(turn, closing)
         saved = turn.untouched  # (an untouched turn has nothing to save)
