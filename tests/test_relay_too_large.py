@@ -176,8 +176,18 @@ async def test_an_entry_larger_than_a_tls_redis_takes_is_refused_at_once_and_nam
     # coredis raised ConnectionError ("Connection lost while receiving response"; "while
     # sending request" for 20 MB), retried as Redis down until the writer gave up. Now
     # the entry's size, past the proto-max-bulk-len Redis says, names it.
+    logs, refused = await _big_beside_small(tls_redis, size)
+    assert "proto-max-bulk-len" in refused["why"] and refused["dropped"] >= 1
+    assert [e for e in logs if e["event"] in ("relay.flush_failed", "relay.unflushed")
+            and e.get("turn_id") == "big"] == []  # fmt: skip
+
+
+async def _big_beside_small(server: RedisServer, size: int) -> tuple[list[Any], Any]:
+    """A turn with an entry of ``size`` bytes and a small one, written at once to
+    ``server``: the big one is refused as too large (readers are told so), the small one
+    streams whole; the logs and the refusal's line."""
     with capture_logs() as logs:
-        async with opened(tls_redis.url, op_timeout=5.0, close_timeout=30) as relay:
+        async with opened(server.url, op_timeout=5.0, close_timeout=30) as relay:
             big = relay.writer(session_id="sbig", turn_id="big", fresh=True)
             small = relay.writer(session_id="ssmall", turn_id="small", fresh=True)
             small.extend(_turn("small", "hello"))
@@ -190,11 +200,9 @@ async def test_an_entry_larger_than_a_tls_redis_takes_is_refused_at_once_and_nam
             shown = await read_all(relay, "small")
     (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
     assert refused["turn_id"] == "big" and refused["entry_bytes"] > size
-    assert "proto-max-bulk-len" in refused["why"] and refused["dropped"] >= 1
-    assert [e for e in logs if e["event"] in ("relay.flush_failed", "relay.unflushed")
-            and e.get("turn_id") == "big"] == []  # fmt: skip
     assert big.lost >= 1 and small.lost == 0
     assert [c.text for c in shown if type(c) is o.TextDelta] == ["hello"]
+    return logs, refused
 
 
 @pytest.fixture
@@ -221,22 +229,7 @@ async def test_an_entry_too_large_for_a_tls_redis_that_will_not_say_its_limit_is
     # it) retried as Redis down until the writer gave up (close_timeout), and readers
     # told of an overflow, not of the entry. Now: retried once, refused when its
     # connection is lost under it again while Redis answers.
-    with capture_logs() as logs:
-        async with opened(tls_redis_without_config.url, op_timeout=5.0, close_timeout=30) as relay:
-            big = relay.writer(session_id="sbig", turn_id="big", fresh=True)
-            small = relay.writer(session_id="ssmall", turn_id="small", fresh=True)
-            small.extend(_turn("small", "hello"))
-            big.extend(_turn("big", "x" * size))
-            with trio.fail_after(60):
-                await small.aclose()
-                await big.aclose()
-            with pytest.raises(RelayTurnGone, match="larger than it accepts"):
-                await read_all(relay, "big")
-            shown = await read_all(relay, "small")
-    (refused,) = [e for e in logs if e["event"] == "relay.flush_refused"]
-    assert refused["turn_id"] == "big" and refused["entry_bytes"] > size
+    logs, refused = await _big_beside_small(tls_redis_without_config, size)
     assert "CONFIG refused" in refused["why"] and refused["unsure"] >= 1  # (a retry's)
     failed = [e for e in logs if e["event"] == "relay.flush_failed" and e["turn_id"] == "big"]
     assert len(failed) == 1  # the first loss: retried once
-    assert big.lost >= 1 and small.lost == 0
-    assert [c.text for c in shown if type(c) is o.TextDelta] == ["hello"]
