@@ -30,10 +30,7 @@ async def test_a_late_sub_turn_save_is_refused_after_more_closed_sub_sessions_th
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
     try:
-        await queue.submit("c", "hi")
-        claim = await queue.claim("w")
-        assert claim is not None
-        fence = Fence(turn_id=claim.turn.turn_id, owner="w", epoch=claim.epoch)
+        fence = await _claimed_caller(queue)
         with store.fenced("c", fence):
             store.fence_under("late", "c")  # a sub-turn that outlives the block
             for n in range(3):  # three more, closed (released) as their sub-turns end
@@ -61,10 +58,7 @@ async def test_a_release_leaves_the_fence_of_the_sub_session_opened_again(pg_url
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
     try:
-        await queue.submit("c", "hi")
-        claim = await queue.claim("w")
-        assert claim is not None
-        fence = Fence(turn_id=claim.turn.turn_id, owner="w", epoch=claim.epoch)
+        fence = await _claimed_caller(queue)
         with store.fenced("c", fence):
             store.fence_under("sub", "c")
             release = store.release_under("sub")  # (closed, a save still in flight)
@@ -140,3 +134,11 @@ async def test_a_sub_session_closed_with_a_save_in_flight_is_released_once_it_is
         assert store.released == []  # (its save not written yet: it may still be refused)
         await trio.sleep(SAVE_TIMEOUT * 4)
         assert store.stored_at_release == [True]
+
+
+async def _claimed_caller(queue: TurnQueue) -> Fence:
+    """The fence of worker ``w``'s claim of a turn of session ``c`` (the calling turn)."""
+    await queue.submit("c", "hi")
+    claim = await queue.claim("w")
+    assert claim is not None
+    return Fence(turn_id=claim.turn.turn_id, owner="w", epoch=claim.epoch)
