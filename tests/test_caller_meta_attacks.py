@@ -122,16 +122,7 @@ async def test_no_protocol_lets_a_client_name_its_sessions_caller(store: Any) ->
             made = await _every_protocol_says_the_caller(client, partial(wait_idle, server))
             store = server.host.store  # (the store actor, whatever was given)
             # (the control: a session whose meta does name the victim goes with it)
-            control = await store.load("att-title")
-            await store.save("control", 0, control.messages, NAMED)
-            metas = {s: (await store.load(s)).meta for s in made}
-            deleted = await client.delete(f"/api/sessions/{VICTIM}", headers=JSON)
-            left = {s: await store.load(s) for s in made}
-            gone = await store.load("control")
-    assert {s: caller_of(m) for s, m in metas.items()} == dict.fromkeys(made)
-    assert deleted.status_code == 204
-    assert all(record is not None for record in left.values()), left
-    assert gone is None
+            await _delete_the_victim(client, store, made)
 
 
 async def test_no_protocol_of_a_worker_front_end_lets_a_client_name_its_sessions_caller(
@@ -156,12 +147,19 @@ async def test_no_protocol_of_a_worker_front_end_lets_a_client_name_its_sessions
             assert r.status_code == 200, r.text
             await settled(VICTIM)
             made = await _every_protocol_says_the_caller(client, settled)
-            control = await store.load("att-title")
-            await store.save("control", 0, control.messages, NAMED)
-            metas = {s: (await store.load(s)).meta for s in made}
-            deleted = await client.delete(f"/api/sessions/{VICTIM}", headers=JSON)
-            left = {s: await store.load(s) for s in made}
-            gone = await store.load("control")
+            await _delete_the_victim(client, store, made)
+
+
+async def _delete_the_victim(client: httpx.AsyncClient, store: Any, made: list[str]) -> None:
+    """Save a control session whose meta names the victim as its caller, delete the
+    victim over HTTP: none of the sessions ``made`` (each naming the victim in every field
+    a protocol offers) names a caller or goes with it; the control goes."""
+    control = await store.load("att-title")
+    await store.save("control", 0, control.messages, NAMED)
+    metas = {s: (await store.load(s)).meta for s in made}
+    deleted = await client.delete(f"/api/sessions/{VICTIM}", headers=JSON)
+    left = {s: await store.load(s) for s in made}
+    gone = await store.load("control")
     assert {s: caller_of(m) for s, m in metas.items()} == dict.fromkeys(made)
     assert deleted.status_code == 204
     assert all(record is not None for record in left.values()), left
