@@ -87,6 +87,9 @@ class PendingCall:
     that tool's name; :attr:`approval_id` is the id the calling stream showed its call
     under, and :attr:`sub_input` its input."""
     sub_input: Any = None
+    original_input: Any = None
+    """A call approved with an edited input: the model's input (:attr:`input` is the
+    edited one, :attr:`~runtime.messages.Awaiting.original_input`); ``None``: not edited."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -104,6 +107,12 @@ class Decision:
     error: str | None = None
     has_output: bool = False
     """Whether ``output`` was given (``None`` is a valid output)."""
+    edited_input: Any = None
+    """An approval's edited input (``approved=True`` only): the tool runs with it instead
+    of the model's, checked against the tool's input schema first (``None``: as the
+    model gave it). Stored as the call's input, the model's kept in
+    :attr:`~runtime.messages.Awaiting.original_input` (docs/approval.md, "Approving with
+    edits")."""
     by_caller: bool = False
     """Made by the calling call of an agent used as a tool, for a wait of its sub-session
     (:attr:`~runtime.messages.Awaiting.caller`): the only decision such a wait takes.
@@ -222,6 +231,7 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
         decided=waiting.decided,
         sub_tool=waiting.sub_tool,
         sub_input=waiting.sub_input,
+        original_input=waiting.original_input,
     )
 
 
@@ -258,6 +268,11 @@ def _check(
             approved=decision.approved,
             reason=_kept(decision.reason, max_chars),
         )
+    if decision.edited_input is not None:
+        raise InvalidDecision(
+            f"call {part.tool_call_id!r} ({part.tool_name}) is a client-side tool: its input "
+            "cannot be edited (the client runs it with the input it likes)"
+        )
     if decision.approved is not None or not given:
         raise InvalidDecision(
             f"call {part.tool_call_id!r} ({part.tool_name}) is a client-side tool: answer "
@@ -285,6 +300,62 @@ def _check(
         decided=True,
         output=output if error is not None else truncate_output(output, max_chars),
         error=_kept(error, max_chars),
+    )
+
+
+def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> Any:
+    """The edited input ``decision`` approves ``part`` with, as the store will give it
+    back (JSON), or :class:`InvalidDecision`: an edit goes with ``approved=True`` only
+    (a denied call never runs, so an edit of it would be stored as if it had meant
+    something), not for a call whose sub-agent asked (its input is the sub-agent's
+    prompt, not the call the person was shown), and must pass the tool's own check of
+    its arguments, as the model's input did before the call waited: an input the tool
+    would refuse would otherwise be approved and then fail as the tool's error."""
+    edited = decision.edited_input
+    where = f"call {part.tool_call_id!r} ({part.tool_name})"
+    if decision.approved is not True:
+        raise InvalidDecision(f"{where}: an edited input goes with approved=True only")
+    if part.awaiting is not None and part.awaiting.nested:
+        raise InvalidDecision(
+            f"{where}: the call waits for a sub-agent's approval, whose input cannot be edited"
+        )
+    if not isinstance(edited, Mapping):
+        raise InvalidDecision(
+            f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
+        )
+    edited = dict(edited)
+    check = getattr(tools.get(part.tool_name), "validate", None)
+    if check is None:  # the tool is gone (a redeploy): nothing to check the edit with
+        raise InvalidDecision(
+            f"{where}: the tool is not available here, so an edited input cannot be checked"
+        )
+    try:
+        check(edited)
+    except ToolInputError as exc:
+        raise InvalidDecision(f"{where}: {exc}") from None
+    try:
+        return orjson.loads(orjson.dumps(to_jsonable(edited)))
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise InvalidDecision(
+            f"{where}: the edited input cannot be stored as JSON: {exc}"
+        ) from None
+
+
+def _decided_part(
+    part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
+) -> ToolCallPart:
+    """``part`` with ``decision`` in it: its :class:`Awaiting` decided (:func:`_check`)
+    and, approved with an edited input, that input as the call's own, the model's kept
+    in :attr:`~runtime.messages.Awaiting.original_input`. The call's input is replaced,
+    not shadowed, so everything that reads a call (the continuation that runs it, each
+    provider's replay, the UI messages) sees the input the tool ran with and the result
+    that input gave, with no reader of its own to get wrong."""
+    waiting = _check(part, decision, tools, max_chars)
+    if decision.edited_input is None:
+        return attrs.evolve(part, awaiting=waiting)
+    edited = _edited(part, decision, tools)
+    return attrs.evolve(
+        part, input=edited, awaiting=attrs.evolve(waiting, original_input=part.input)
     )
 
 
@@ -366,13 +437,20 @@ def _decide(
         if now is not None:
             _check_deadline(message, call, key, now)
     content = tuple(
-        attrs.evolve(p, awaiting=_check(p, decision, tools, max_chars))
+        _decided_part(p, decision, tools, max_chars)
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
         else p
         for p in message.content
     )
     out = list(messages)
     out[index] = attrs.evolve(message, content=content)
+    if decision.edited_input is not None:
+        part = next(
+            p
+            for p in content
+            if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
+        )
+        call = attrs.evolve(call, input=part.input, original_input=call.input)
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after

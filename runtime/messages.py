@@ -116,6 +116,13 @@ class Awaiting:
     sub_input: Any = None
     """With :attr:`sub_tool`: that client tool call's input (what the caller's stream
     shows, ``tool-input-available``)."""
+    original_input: Any = None
+    """The input the model gave, when a person approved the call with an edited input
+    (``respond(id, approved=True, edited_input=...)``): the part's ``input`` is then the
+    edited one, the input the tool ran with and every provider replays, so the call the
+    model reads and its result agree; this keeps the model's own for audit. ``None``
+    (and every record stored before the field existed): not edited (a call's input is
+    always an object, never ``None``)."""
     counted: Usage | None = None
     """A nested wait (:attr:`nested`): the usage of the call's sub-turn up to its wait,
     which the calling turn counted as its own when it suspended. Decided, the call runs

@@ -58,6 +58,7 @@ converter.register_unstructure_hook_factory(
         sub_tool=override(omit_if_default=True),
         sub_input=override(omit_if_default=True),
         counted=override(omit_if_default=True),
+        original_input=override(omit_if_default=True),
     ),
 )
 

@@ -608,7 +608,7 @@ async def test_a_resume_payload_that_is_not_an_approval_is_400_and_records_nothi
     async with web_server(approval_agent(), protocols=("ag-ui",)) as server:
         first = await run(server, run_input("t", user("delete it", "m1")))
         interrupt_id = first[-1]["outcome"]["interrupts"][0]["id"]
-        for payload in ({"approve": True}, "yes", {"approved": True, "editedArgs": {"path": "/"}}):
+        for payload in ({"approve": True}, "yes", {"approved": True, "editedArgs": "/"}):
             r = await post(
                 server,
                 run_input(

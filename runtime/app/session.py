@@ -1457,8 +1457,10 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        edited_input: Mapping[str, Any] | None = None,
         expected_version: int | None = None,
         by_caller: bool = False,
+        tools: Sequence[Tool] = (),
     ) -> Recorded:
         """Record a decision for a waiting call, without resuming the turn: ``approved``
         (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
@@ -1468,6 +1470,13 @@ class Session:
         :class:`~runtime.errors.InvalidDecision` (the wrong kind of answer, an output
         its schema refuses); nothing changes then. ``.complete`` on the result says
         whether every waiting call is decided now: then :meth:`resume`.
+
+        ``edited_input``: approve (``approved=True`` only) with this input instead of the
+        model's; checked against the tool's input schema like the model's
+        (:class:`~runtime.errors.InvalidDecision` if it fails, nothing recorded), stored
+        as the call's input, the model's kept beside it (docs/approval.md, "Approving
+        with edits"). ``tools``: the turn's own tools (``stream(text, tools=...)``), to
+        check an edit of a call of one of them.
 
         ``expected_version``: record it on top of that version of the session, the one
         :meth:`held_record` gave, or not at all: when the session in memory is no longer
@@ -1493,9 +1502,10 @@ class Session:
             output=None if output is _UNSET else output,
             error=error,
             has_output=output is not _UNSET,
+            edited_input=edited_input,
             by_caller=by_caller,
         )
-        tools = {t.name: t for t in self.agent.tools}
+        by_name = {t.name: t for t in (*self.agent.tools, *tools)}
         known = self.held_record()
         if expected_version is not None and (known is None or known.version != expected_version):
             raise StoreConflict(
@@ -1511,7 +1521,7 @@ class Session:
                 self._id,
                 id,
                 decision,
-                tools,
+                by_name,
                 known=known,
                 only_known=expected_version is not None,
                 max_chars=self.agent.budget.max_tool_result_chars,
@@ -1702,6 +1712,7 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        edited_input: Mapping[str, Any] | None = None,
         tools: Sequence[Tool] = (),
         instructions: str | None = None,
     ) -> TurnResult | None:
@@ -1712,9 +1723,15 @@ class Session:
         that is safe). ``tools`` and ``instructions`` are :meth:`resume`'s: a turn
         given tools of its own (``stream(text, tools=...)``) needs them again to run
         one a person approved (before, ``respond`` could not give them: the approved
-        call got ``unknown tool`` and never ran)."""
+        call got ``unknown tool`` and never ran). ``edited_input``: :meth:`decide`'s."""
         recorded = await self.decide(
-            id, approved=approved, reason=reason, output=output, error=error
+            id,
+            approved=approved,
+            reason=reason,
+            output=output,
+            error=error,
+            edited_input=edited_input,
+            tools=tools,
         )
         if not recorded.complete:
             return None

@@ -210,6 +210,13 @@ def _echoes(held: Awaiting | None, decision: Decision) -> bool:
     )
 
 
+def _same_edit(call: PendingCall, decision: Decision) -> bool:
+    """Whether ``decision``'s edit (or none) is the one ``call`` was approved with: a
+    replayed resume repeats it; a different edit of a decided call is another answer."""
+    held = call.input if call.original_input is not None else None
+    return decision.edited_input == held
+
+
 def _answers(
     run: RunInput, messages: Sequence[Message], waiting: Sequence[PendingCall]
 ) -> tuple[list[tuple[str, Decision]], list[str]]:
@@ -289,10 +296,10 @@ def _resume_answers(
         if call is None:
             ignored.append(entry.interrupt_id)
             continue
-        approved, reason = approval_answer(entry)
-        decision = Decision(approved=approved, reason=reason)
+        approved, reason, edited = approval_answer(entry)
+        decision = Decision(approved=approved, reason=reason, edited_input=edited)
         if call.decided:
-            if _echoes(held.get(call.tool_call_id), decision):
+            if _echoes(held.get(call.tool_call_id), decision) and _same_edit(call, decision):
                 continue
             raise AGUIError(
                 409, f"interrupt {entry.interrupt_id!r} was answered already", "already_answered"
@@ -717,6 +724,7 @@ class AGUIRoutes:
                     approved=decision.approved,
                     reason=decision.reason,
                     error=decision.error,
+                    edited_input=decision.edited_input,
                     **({"output": decision.output} if decision.has_output else {}),
                 )
         except DecisionError as exc:

@@ -420,29 +420,33 @@ def tool_answer(message: dict[str, Any]) -> tuple[Any, str | None]:
     return _text_of(message["content"]), message.get("error")
 
 
-def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None]:
-    """A resume entry for an approval as ``(approved, reason)``: a cancelled entry is a
-    denial (reason ``cancelled``); a resolved one's payload must match
-    :data:`APPROVAL_SCHEMA` (``{"approved": bool, "reason"?: str}``)."""
+def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None, dict[str, Any] | None]:
+    """A resume entry for an approval as ``(approved, reason, edited input)``: a
+    cancelled entry is a denial (reason ``cancelled``); a resolved one's payload must
+    match :data:`APPROVAL_SCHEMA` (``{"approved": bool, "reason"?: str, "editedArgs"?:
+    object}``). ``editedArgs`` is checked here for its shape only: whether it goes with
+    the answer (``approved: true``) and fits the tool's schema is the decision's check
+    (:class:`~runtime.errors.InvalidDecision`, a 400 too)."""
     if answer.status == "cancelled":
-        return False, CANCELLED_REASON
+        return False, CANCELLED_REASON, None
     payload = answer.payload
     if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
         raise bad_input(
             f"resume entry {answer.interrupt_id!r}: the payload must be "
-            '{"approved": true|false, "reason"?: string}',
+            '{"approved": true|false, "reason"?: string, "editedArgs"?: object}',
             "invalid_resume_payload",
         )
-    if "editedArgs" in payload:
+    edited = payload.get("editedArgs")
+    if "editedArgs" in payload and not isinstance(edited, dict):
         raise bad_input(
-            f"resume entry {answer.interrupt_id!r}: editedArgs is not supported (the "
-            "interrupt's responseSchema does not offer it)",
+            f"resume entry {answer.interrupt_id!r}: 'editedArgs' must be an object (the "
+            "tool's arguments)",
             "invalid_resume_payload",
         )
     reason = payload.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise bad_input(f"resume entry {answer.interrupt_id!r}: 'reason' must be a string")
-    return payload["approved"], reason
+    return payload["approved"], reason, edited
 
 
 __all__ = [

@@ -82,10 +82,16 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "properties": {
         "approved": {"type": "boolean"},
         "reason": {"type": "string", "description": "Why, shown to the model with a denial."},
+        "editedArgs": {
+            "type": "object",
+            "description": "With approved: true, run the tool with these arguments instead "
+            "of the model's (checked against the tool's input schema).",
+        },
     },
     "required": ["approved"],
 }
-"""The ``responseSchema`` of an approval's interrupt: its resume ``payload``."""
+"""The ``responseSchema`` of an approval's interrupt: its resume ``payload``
+(``editedArgs``: approve with edits, docs/approval.md)."""
 
 
 # -- runtime messages -> AG-UI messages ---------------------------------------------------

@@ -1,0 +1,222 @@
+"""Approving a call with an edited input (``respond(id, approved=True, edited_input=...)``,
+docs/approval.md "Approving with edits"): the edit is checked against the tool's input
+schema (refused, nothing recorded, when it fails), stored as the call's input with the
+model's kept beside it, the tool runs once with it, and each real provider is replayed the
+edited call followed by the result it gave."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from actors.providers import (
+    AnthropicProvider,
+    OpenAIProvider,
+    OpenAIResponsesProvider,
+    ScriptedProvider,
+)
+from actors.providers.scripted import tool_call
+from runtime import Agent, Host, Tool, tool
+from runtime.errors import InvalidDecision
+from tests import test_provider_openai_responses as rs
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+)
+from tests.test_provider_e2e import an_text, an_tool, oa_answer, oa_tool_step
+
+ran: list[str] = []
+
+
+@tool(needs_approval=True)
+async def lookup(key: str) -> str:
+    """Look a key up."""
+    ran.append(key)
+    return f"value-{key}"
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    """Dummy keys: nothing here may reach a real server."""
+    ran.clear()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-dummy")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+def scripted(*tools: Tool) -> Agent:
+    steps = [[*tool_call("lookup", {"key": "a"})], ["done"]]
+    return Agent(provider=ScriptedProvider(steps), tools=list(tools or [lookup]))
+
+
+def the_call(messages: Any) -> Any:
+    return next(p for m in messages for p in getattr(m, "content", ()) if hasattr(p, "awaiting"))
+
+
+async def test_an_edited_approval_runs_the_tool_once_with_the_edit_and_keeps_the_original(
+    tmp_path,
+):
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(scripted(), session_id="s")
+        waited = await session.run("go")
+    async with Host.open(store=db, log_tap=False) as host:  # decided from a new host
+        session = await host.open_session(scripted(), session_id="s")
+        result = await session.respond(
+            waited.pending[0].approval_id, approved=True, edited_input={"key": "b"}
+        )
+        assert result is not None and result.finish_reason == "stop"
+    assert ran == ["b"]
+    async with Host.open(store=db, log_tap=False) as host:  # as stored
+        record = await host.store.load("s")
+    assert record is not None
+    part = the_call(record.messages)
+    assert part.input == {"key": "b"}
+    assert part.awaiting.approved is True and part.awaiting.original_input == {"key": "a"}
+    (output,) = [m.output for m in record.messages if type(m).__name__ == "ToolMessage"]
+    assert output == "value-b"
+
+
+async def test_an_approval_without_an_edit_stores_no_original(tmp_path):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(scripted(), session_id="s")
+        waited = await session.run("go")
+        await session.respond(waited.pending[0].approval_id, approved=True)
+        record = await host.store.load("s")
+    assert record is not None and ran == ["a"]
+    part = the_call(record.messages)
+    assert part.input == {"key": "a"} and part.awaiting.original_input is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"approved": True, "edited_input": {"key": 3}}, "invalid arguments for lookup"),
+        ({"approved": True, "edited_input": {}}, "invalid arguments for lookup"),
+        ({"approved": True, "edited_input": ["b"]}, "must be a JSON object"),
+        ({"approved": False, "edited_input": {"key": "b"}}, "approved=True only"),
+        ({"approved": False, "reason": "no", "edited_input": {"key": "b"}}, "approved=True"),
+    ],
+)
+async def test_an_edit_that_does_not_fit_is_refused_and_nothing_is_recorded(tmp_path, answer, says):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(scripted(), session_id="s")
+        waited = await session.run("go")
+        before = await host.store.load("s")
+        with pytest.raises(InvalidDecision, match=says):
+            await session.respond(waited.pending[0].approval_id, **answer)
+        after = await host.store.load("s")
+        assert before is not None and after is not None
+        assert after.version == before.version and after.messages == before.messages
+        assert [c.approval_id for c in session.pending] == [waited.pending[0].approval_id]
+        # still waiting: the plain approval goes through
+        await session.respond(waited.pending[0].approval_id, approved=True)
+    assert ran == ["a"]
+
+
+async def test_a_client_tools_call_takes_no_edit(tmp_path):
+    client = Tool.client("pick", {"type": "object", "properties": {"n": {"type": "integer"}}})
+    steps = [[*tool_call("pick", {"n": 1})], ["done"]]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[client])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        waited = await session.run("go")
+        version = (await host.store.load("s")).version  # type: ignore[union-attr]
+        with pytest.raises(InvalidDecision, match="cannot be edited"):
+            await session.respond(waited.pending[0].approval_id, output=2, edited_input={"n": 2})
+        assert (await host.store.load("s")).version == version  # type: ignore[union-attr]
+
+
+async def test_a_turns_own_tool_is_checked_with_the_tools_respond_is_given(tmp_path):
+    steps = [[*tool_call("lookup", {"key": "a"})], ["done"]]
+    agent = Agent(provider=ScriptedProvider(steps))
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("go", tools=[lookup]) as out:
+            async for _ in out:
+                pass
+        key = session.pending[0].approval_id
+        with pytest.raises(InvalidDecision, match="not available here"):
+            await session.respond(key, approved=True, edited_input={"key": "b"})
+        await session.respond(key, approved=True, edited_input={"key": "b"}, tools=[lookup])
+    assert ran == ["b"]
+
+
+# -- what each provider is replayed ---------------------------------------------------------
+
+
+async def edit_from_a_new_host(tmp_path, provider_of: Any, first: bytes, answer: bytes) -> dict:
+    """Suspend on ``first`` (a call of ``lookup`` with key ``a``), approve it with key
+    ``b`` from a new host on the same SQLite file; the body of the continuation's model
+    request."""
+    db = tmp_path / "s.db"
+    async with loopback_server(Reply(body=first), Reply(body=answer)) as server:
+        async with Host.open(store=db, log_tap=False) as host:
+            session = await host.open_session(
+                Agent(provider=provider_of(server.url), tools=[lookup]), session_id="s"
+            )
+            waited = await session.run("go")
+        async with Host.open(store=db, log_tap=False) as host:
+            session = await host.open_session(
+                Agent(provider=provider_of(server.url), tools=[lookup]), session_id="s"
+            )
+            approval_id = waited.pending[0].approval_id
+            result = await session.respond(approval_id, approved=True, edited_input={"key": "b"})
+    assert ran == ["b"] and result is not None and result.finish_reason == "stop"
+    assert len(server.requests) == 2
+    return server.requests[1].json()
+
+
+async def test_openai_chat_is_replayed_the_edited_call_and_its_result(tmp_path):
+    sent = await edit_from_a_new_host(
+        tmp_path,
+        lambda url: OpenAIProvider("m", base_url=url + "/v1", api_key="test"),
+        oa_tool_step("", "call_A", "a"),
+        oa_answer("ok"),
+    )
+    messages = sent["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    (call,) = messages[1]["tool_calls"]
+    assert call["id"] == "call_A" and json.loads(call["function"]["arguments"]) == {"key": "b"}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_A", "content": "value-b"}
+
+
+async def test_anthropic_is_replayed_the_edited_call_and_its_result(tmp_path):
+    first = anthropic_sse(
+        anthropic_start(), *an_tool(0, "toolu_A", "a"), *anthropic_end("tool_use")
+    )
+    answer = anthropic_sse(anthropic_start(), *an_text(0, "ok"), *anthropic_end("end_turn"))
+    sent = await edit_from_a_new_host(
+        tmp_path,
+        lambda url: AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key="test"),
+        first,
+        answer,
+    )
+    messages = sent["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == [
+        {"type": "tool_use", "id": "toolu_A", "name": "lookup", "input": {"key": "b"}}
+    ]
+    (block,) = messages[2]["content"]
+    assert block["type"] == "tool_result" and block["tool_use_id"] == "toolu_A"
+    assert "value-b" in json.dumps(block["content"]) and not block.get("is_error")
+
+
+async def test_openai_responses_is_replayed_the_edited_call_and_its_output(tmp_path):
+    first = rs.body(rs.created(), *rs.call(0, "fc_1", "call_A", '{"key": "a"}'), rs.completed())
+    answer = rs.body(rs.created(), *rs.message(0, "msg_1", "ok"), rs.completed())
+    sent = await edit_from_a_new_host(
+        tmp_path,
+        lambda url: OpenAIResponsesProvider("gpt-5-mini", base_url=url + "/v1", api_key="test"),
+        first,
+        answer,
+    )
+    items = sent["input"]
+    (call,) = [i for i in items if i.get("type") == "function_call"]
+    (output,) = [i for i in items if i.get("type") == "function_call_output"]
+    assert call["call_id"] == "call_A" and json.loads(call["arguments"]) == {"key": "b"}
+    assert output == {"type": "function_call_output", "call_id": "call_A", "output": "value-b"}
