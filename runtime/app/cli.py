@@ -79,6 +79,7 @@ from runtime.errors import (
     AlreadyDecided,
     ConfigurationError,
     InvalidCursor,
+    InvalidDecision,
     InvalidMedia,
     StoreError,
     UnknownApproval,
@@ -436,20 +437,50 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
         else:
             if renderer is not None:
                 renderer.end_line()
-            answer = await ask(f"approve {describe_call(call)}? [y/N] ", prompt_out)
-            if answer is None:
+            if not await prompt_decision(session, call, prompt_out):
                 prompt_out.write("\n")
                 if args.store is not None:  # stored, still waiting: how to decide it later
                     say_on_stderr(waiting_line(calls[index:], session.id, args) + "\n")
                 return 130
-            approved = answer.strip().lower() in ("y", "yes")
-            decision = {"approved": approved}
-            decision["reason"] = None if approved else "denied at the prompt"
-        try:
-            await session.decide(call.approval_id, **decision)
-        except (AlreadyDecided, UnknownApproval) as exc:  # decided elsewhere meanwhile
-            raise BadInput(str(exc)) from None
+            continue
+        await _decided(session, call, decision)
     return None
+
+
+async def _decided(session: Any, call: PendingCall, decision: dict[str, Any]) -> None:
+    try:
+        await session.decide(call.approval_id, **decision)
+    except (AlreadyDecided, UnknownApproval) as exc:  # decided elsewhere meanwhile
+        raise BadInput(str(exc)) from None
+
+
+async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
+    """Ask about ``call`` at the terminal until it is decided: ``y`` approves, ``e``
+    approves with an input typed as a JSON object (asked again, saying why, when it is
+    not JSON or the tool's schema refuses it: docs/approval.md, "Approving with
+    edits"), anything else denies. ``False`` for Ctrl-C (nothing recorded)."""
+    while True:
+        answer = await ask(f"approve {describe_call(call)}? [y/N/e] ", out)
+        if answer is None:
+            return False
+        choice = answer.strip().lower()
+        if choice not in ("e", "edit"):
+            approved = choice in ("y", "yes")
+            reason = None if approved else "denied at the prompt"
+            await _decided(session, call, {"approved": approved, "reason": reason})
+            return True
+        typed = await ask(f"input for {terminal_line(call.tool_name)} (a JSON object): ", out)
+        if typed is None:
+            return False
+        try:
+            edited = json.loads(typed)
+            await _decided(session, call, {"approved": True, "edited_input": edited})
+        except InvalidDecision as exc:  # (a ValueError too: caught first)
+            say_on_stderr(terminal_line(f"{exc}: asked again") + "\n")
+        except ValueError as exc:  # not JSON
+            say_on_stderr(terminal_line(f"not JSON: {exc}: asked again") + "\n")
+        else:
+            return True
 
 
 def describe_call(call: PendingCall) -> str:

@@ -784,6 +784,7 @@ class TaskBook:
                 approved=decision.approved,
                 reason=decision.reason,
                 error=decision.error,
+                edited_input=decision.edited_input,
                 expected_version=version,
                 **({"output": decision.output} if decision.has_output else {}),
             )
@@ -966,8 +967,10 @@ class TaskBook:
 
 def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tuple[str, Decision]]:
     """The decisions in a message's ``data`` parts: ``{"decisions": [{"id", "approved",
-    "reason"} | {"id", "output"} | {"id", "error"}, ...]}`` (or one such decision alone;
-    ``id`` may be left out when one call waits)."""
+    "reason", "editedInput"} | {"id", "output"} | {"id", "error"}, ...]}`` (or one such
+    decision alone; ``id`` may be left out when one call waits). ``editedInput``: approve
+    with that input instead of the model's (``approved: true`` only, checked against
+    the tool's schema by the decision, docs/approval.md)."""
     found: list[Any] = []
     for value in values:
         if isinstance(value, dict) and isinstance(value.get("decisions"), list):
@@ -995,6 +998,9 @@ def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tu
             raise wire.invalid_params(f"decisions[{i}].approved must be true or false")
         if not isinstance(reason, str | None) or not isinstance(error, str | None):
             raise wire.invalid_params(f"decisions[{i}].reason and .error must be strings")
+        edited = d.get("editedInput")
+        if "editedInput" in d and not isinstance(edited, dict):
+            raise wire.invalid_params(f"decisions[{i}].editedInput must be an object")
         out.append(
             (
                 key,
@@ -1004,6 +1010,7 @@ def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tu
                     output=d.get("output"),
                     error=error,
                     has_output="output" in d,
+                    edited_input=edited,
                 ),
             )
         )
