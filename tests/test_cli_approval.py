@@ -45,12 +45,13 @@ def run(agent: str, *args: str) -> subprocess.CompletedProcess:
     return axon("run", "--agent", f"{AGENTS}:{agent}", *args)
 
 
-def run_in_a_terminal(answer: str) -> subprocess.CompletedProcess:
-    """``run`` with its stdin on a pseudo-terminal, where ``answer`` is typed."""
+def run_in_a_terminal(answer: str, *options: str) -> subprocess.CompletedProcess:
+    """``run`` (with ``options``) with its stdin on a pseudo-terminal, where ``answer``
+    is typed."""
     leader, follower = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime", "run", "--agent", f"{AGENTS}:agent", "hi"],
+            [sys.executable, "-m", "runtime", "run", "--agent", f"{AGENTS}:agent", *options, "hi"],
             stdin=follower,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -228,6 +229,17 @@ def test_show_says_how_each_call_that_waited_was_decided(tmp_path):
     call = 'tool-call get_weather({"city":"Oslo"}) id=call_get_weather'
     assert f"{call}, approved [step 1]" in approved
     assert f"{call}, denied: denied by --deny-all [step 1]" in denied
+
+
+def test_show_says_a_call_was_approved_with_edits_and_what_the_model_asked(tmp_path):
+    db = str(tmp_path / "s.db")
+    done = run_in_a_terminal('e\n{"city": "Bergen"}', "--store", db, "--session", "s1")
+    assert done.returncode == 0, done.stderr
+    shown = " ".join(axon("show", "s1", "--store", db).stdout.split())
+    assert (
+        'tool-call get_weather({"city":"Bergen"}) id=call_get_weather, approved with edits '
+        '(the model\'s input {"city":"Oslo"}) [step 1]'
+    ) in shown
 
 
 def test_no_prompt_and_no_waiting_turn_is_an_error(tmp_path):

@@ -43,7 +43,9 @@ EXPECTED = {
     "unknown plug-in 'turns'; registered plug-ins: otel, recorder\n",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
-    ("approval.md", 1): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    ("approval.md", 1): "{'to': 'cfo@example.com'} {'to': 'ceo@example.com'} "
+    "sent to cfo@example.com\n",
+    ("approval.md", 2): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
     "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",

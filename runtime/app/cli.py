@@ -752,6 +752,9 @@ def _decision(awaiting: Awaiting | None) -> str:
         return ""
     if awaiting.kind != APPROVAL:
         return ", answered by the client"
+    if awaiting.approved and awaiting.original_input is not None:  # the input shown is the edit
+        asked = orjson.dumps(awaiting.original_input).decode()
+        return f", approved with edits (the model's input {asked})"
     if awaiting.approved:
         return ", approved"
     return f", denied: {awaiting.reason}" if awaiting.reason else ", denied"
