@@ -354,6 +354,8 @@ def _decided_part(
     if decision.edited_input is None:
         return attrs.evolve(part, awaiting=waiting)
     edited = _edited(part, decision, tools)
+    if edited == part.input:  # the model's own input sent back: a plain approval
+        return attrs.evolve(part, awaiting=waiting)
     return attrs.evolve(
         part, input=edited, awaiting=attrs.evolve(waiting, original_input=part.input)
     )
@@ -450,7 +452,8 @@ def _decide(
             for p in content
             if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
         )
-        call = attrs.evolve(call, input=part.input, original_input=call.input)
+        original = part.awaiting.original_input if part.awaiting is not None else None
+        call = attrs.evolve(call, input=part.input, original_input=original)
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after

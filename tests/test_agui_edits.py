@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from runtime.app.web.agui_input import AGUIError, ResumeAnswer, approval_answer
 from runtime.messages import ToolCallPart
 from tests.test_agui import approval_agent, deleted, post, run, run_input, user
 from tests.web.harness import web_server
@@ -80,3 +83,25 @@ async def test_an_edit_that_does_not_fit_is_400_and_records_nothing(payload, cod
     assert r.status_code == 400 and r.json()["code"] == code, r.text
     assert after.version == before.version and after.messages == before.messages
     assert deleted == [] and not waiting_call(after).awaiting.decided
+
+
+@given(
+    payload=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["approved", "reason", "editedArgs", "x"]), inner, max_size=4
+        ),
+        max_leaves=10,
+    )
+)
+def test_any_resume_payload_is_an_answer_of_the_schemas_shape_or_a_400(payload):
+    entry = ResumeAnswer(interrupt_id="i", status="resolved", payload=payload)
+    try:
+        approved, reason, edited = approval_answer(entry)
+    except AGUIError as exc:
+        assert exc.status == 400
+        return
+    assert isinstance(payload, dict) and approved is payload["approved"]
+    assert isinstance(approved, bool) and isinstance(reason, str | None)
+    assert edited is None or (isinstance(edited, dict) and edited is payload["editedArgs"])

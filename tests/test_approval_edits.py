@@ -220,3 +220,41 @@ async def test_openai_responses_is_replayed_the_edited_call_and_its_output(tmp_p
     (output,) = [i for i in items if i.get("type") == "function_call_output"]
     assert call["call_id"] == "call_A" and json.loads(call["arguments"]) == {"key": "b"}
     assert output == {"type": "function_call_output", "call_id": "call_A", "output": "value-b"}
+
+
+async def test_an_edit_equal_to_the_models_input_is_a_plain_approval(tmp_path):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(scripted(), session_id="s")
+        waited = await session.run("go")
+        recorded = await session.decide(
+            waited.pending[0].approval_id, approved=True, edited_input={"key": "a"}
+        )
+        record = await host.store.load("s")
+    assert record is not None and recorded.call.original_input is None
+    part = the_call(record.messages)
+    assert part.input == {"key": "a"} and part.awaiting.original_input is None
+
+
+async def test_an_edited_approval_whose_continuation_never_came_runs_the_edit_before_a_new_message(
+    tmp_path,
+):
+    steps = [[*tool_call("lookup", {"key": "a"})], ["next answer"]]
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[lookup]), session_id="s"
+        )
+        waited = await session.run("go")
+        recorded = await session.decide(
+            waited.pending[0].approval_id, approved=True, edited_input={"key": "b"}
+        )
+        assert recorded.call.input == {"key": "b"}
+        assert recorded.call.original_input == {"key": "a"}
+    async with Host.open(store=db, log_tap=False) as host:  # no resume: a new message
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps[1:]), tools=[lookup]), session_id="s"
+        )
+        await session.run("something else")
+    assert ran == ["b"]
+    (result,) = [m for m in session.messages if type(m).__name__ == "ToolMessage"]
+    assert result.output == "value-b"

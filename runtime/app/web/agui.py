@@ -213,8 +213,9 @@ def _echoes(held: Awaiting | None, decision: Decision) -> bool:
 def _same_edit(call: PendingCall, decision: Decision) -> bool:
     """Whether ``decision``'s edit (or none) is the one ``call`` was approved with: a
     replayed resume repeats it; a different edit of a decided call is another answer."""
-    held = call.input if call.original_input is not None else None
-    return decision.edited_input == held
+    if decision.edited_input is None:
+        return call.original_input is None
+    return bool(decision.edited_input == call.input)
 
 
 def _answers(
