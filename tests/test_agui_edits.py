@@ -88,9 +88,11 @@ async def test_an_edit_that_does_not_fit_is_400_and_records_nothing(payload, cod
 @given(
     payload=st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-        lambda inner: st.lists(inner, max_size=3)
-        | st.dictionaries(
-            st.sampled_from(["approved", "reason", "editedArgs", "x"]), inner, max_size=4
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(["approved", "reason", "editedArgs", "x"]), inner, max_size=4
+            )
         ),
         max_leaves=10,
     )
