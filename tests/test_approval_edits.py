@@ -258,3 +258,20 @@ async def test_an_edited_approval_whose_continuation_never_came_runs_the_edit_be
     assert ran == ["b"]
     (result,) = [m for m in session.messages if type(m).__name__ == "ToolMessage"]
     assert result.output == "value-b"
+
+
+async def test_a_sub_agents_approval_passed_up_takes_no_edit(tmp_path):
+    from tests.test_approval_nested_pass import parent
+    from tests.test_approval_nested_pass import ran as wired
+
+    wired.clear()
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(parent(), session_id="s")
+        waited = await session.run("go")
+        key = waited.pending[0].approval_id
+        version = (await host.store.load("s")).version  # type: ignore[union-attr]
+        with pytest.raises(InvalidDecision, match="sub-agent's approval"):
+            await session.respond(key, approved=True, edited_input={"input": "pay y"})
+        assert (await host.store.load("s")).version == version  # type: ignore[union-attr]
+        await session.respond(key, approved=True)
+    assert wired == ["x"]
