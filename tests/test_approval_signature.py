@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 from hypothesis import given
@@ -21,9 +22,12 @@ from runtime import output as o
 from runtime.app.web.answers import _answers
 from runtime.app.web.http import ApiError
 from runtime.app.web.signing import ApprovalSigner, for_session, input_digest
-from runtime.app.web.ui_stream import UIStreamEncoder
+from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.approval import PendingCall
+from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, ToolMessage, UserMessage
 from tests.support.redis import require_redis
+from tests.test_approval_nested_pass import parent
+from tests.test_approval_nested_pass import ran as nested_ran
 from tests.test_approval_web import answer, approval_part, request_of
 from tests.test_frontend import LIMIT, deployment
 from tests.test_relay_web import sse_events
@@ -123,6 +127,33 @@ def test_the_encoder_signs_the_request_of_a_call_it_showed():
     assert plain.encode(ask) == [
         {"type": "tool-approval-request", "approvalId": "a", "toolCallId": "D"}
     ]
+
+
+def test_the_stored_form_signs_only_the_approvals_still_to_answer():
+    waiting = ToolCallPart(
+        tool_call_id="D",
+        tool_name="delete_file",
+        input={"path": "/x"},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="a", turn_id="t"),
+    )
+    ran_one = attrs.evolve(
+        waiting,
+        tool_call_id="E",
+        awaiting=Awaiting(kind="approval", id="b", turn_id="t", decided=True, approved=True),
+    )
+    history = [
+        UserMessage(content="go"),
+        AssistantMessage(content=[ran_one, waiting]),
+        ToolMessage(tool_call_id="E", tool_name="delete_file", output="ok", step=0),
+    ]
+    parts = ui_messages(history, for_session(SIGNER, "s"))[-1]["parts"]
+    approvals = {p["toolCallId"]: p["approval"] for p in parts if "approval" in p}
+    assert approvals == {
+        "E": {"id": "b", "approved": True},
+        "D": {"id": "a", "signature": SIGNER.sign("s", "a", "D", "delete_file", {"path": "/x"})},
+    }
+    assert "signature" not in str(ui_messages(history))
 
 
 # -- the continuation's parser ------------------------------------------------------------
@@ -314,3 +345,25 @@ async def test_worker_front_end_without_a_secret_takes_the_sdks_metadata(pg_url,
     )
     assert "signature" not in request_of(first)
     assert response.status_code == 200 and waiting == 0 and worker_ran == ["/x"]
+
+
+async def test_a_sub_agents_approval_on_the_calling_call_is_signed_and_verifies(tmp_path):
+    """``as_tool(pass_approvals=True)``: the request shows on the calling call ``H``
+    (the agent tool, its input) with the sub-turn's approval id; its signature names
+    that call as the store holds it, and the answer echoing it runs the tool once."""
+    nested_ran.clear()
+    async with web_server(parent(), store=str(tmp_path / "w.db"), approval_secret=SECRET) as srv:
+        async with httpx.AsyncClient(base_url=srv.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            asked = request_of(first)
+            signature = SIGNER.sign("s", asked["approvalId"], "H", "helper", {"input": "pay x"})
+            assert asked["toolCallId"] == "H" and asked["signature"] == signature
+            part = {
+                "type": "tool-helper",
+                "toolCallId": "H",
+                "state": "approval-responded",
+                "input": {"input": "pay x"},
+                "approval": {"id": asked["approvalId"], "approved": True, "signature": signature},
+            }
+            second = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+    assert second.status_code == 200 and nested_ran == ["x"]

@@ -401,7 +401,8 @@ def _tool_part(
     waiting = call.awaiting
     if waiting is not None and waiting.kind == "approval":
         approval: dict[str, Any] = {"id": waiting.id}
-        if signer is not None:  # as the stream's request had it (the page echoes it)
+        if signer is not None and result is None:  # (a call with its result needs none)
+            # as the stream's request had it: a reloaded page echoes it with its answer
             approval["signature"] = signer.sign(
                 waiting.id, call.tool_call_id, call.tool_name, call.input
             )
@@ -521,7 +522,8 @@ def ui_messages(
 ) -> list[dict[str, Any]]:
     """A stored history as AI SDK ``UIMessage`` s: the tool results folded into their
     calls' tool parts, a ``step-start`` part before each step; with ``signer`` (the
-    session's), each approval with the ``signature`` its request was streamed with."""
+    session's), each approval of a call with no result yet (one a client may still
+    answer) with the ``signature`` its request was streamed with."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if isinstance(m, UserMessage | SystemMessage):
