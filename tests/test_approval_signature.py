@@ -7,6 +7,7 @@ is accepted with a secret or without."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -21,6 +22,7 @@ from runtime import Agent, tool
 from runtime import output as o
 from runtime.app.web.answers import _answers
 from runtime.app.web.http import ApiError
+from runtime.app.web.serve import add_serve_parser, approval_secret
 from runtime.app.web.signing import ApprovalSigner, for_session, input_digest
 from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.approval import PendingCall
@@ -367,3 +369,12 @@ async def test_a_sub_agents_approval_on_the_calling_call_is_signed_and_verifies(
             }
             second = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
     assert second.status_code == 200 and nested_ran == ["x"]
+
+
+def test_serve_takes_the_secret_from_its_option_else_the_environment(monkeypatch):
+    parser = add_serve_parser(argparse.ArgumentParser().add_subparsers())
+    monkeypatch.delenv("AXON_APPROVAL_SECRET", raising=False)
+    assert approval_secret(parser.parse_args([])) is None
+    monkeypatch.setenv("AXON_APPROVAL_SECRET", "from-env")
+    assert approval_secret(parser.parse_args([])) == "from-env"
+    assert approval_secret(parser.parse_args(["--approval-secret", "given"])) == "given"

@@ -660,11 +660,17 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
             mcp_limits=mcp_limits(args),
-            approval_secret=getattr(args, "approval_secret", None) or os.environ.get(SECRET_ENV),
+            approval_secret=approval_secret(args),
             **_embedded_cap(args),
         )
         served = _served(args, front_end=queue is not None, plugins=plugins)
         return await _serve_until_signal(app, host, args, served, protocols=protocols)
+
+
+def approval_secret(args: argparse.Namespace) -> str | None:
+    """The secret that signs approval requests: ``--approval-secret``, else
+    ``$AXON_APPROVAL_SECRET``, else none (nothing signed; docs/approval.md)."""
+    return getattr(args, "approval_secret", None) or os.environ.get(SECRET_ENV) or None
 
 
 def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:
