@@ -14,6 +14,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Tool, tool
+from runtime.app.web.signing import ApprovalSigner
 from tests.web.harness import NPM_TIMEOUT, WEB, ensure_ai_package, web_server
 
 ran: list[str] = []
@@ -71,11 +72,15 @@ def agent(call: str = "delete_file") -> Agent:
     return Agent(provider=ScriptedProvider(steps), tools=[delete_file, pick_color])
 
 
-async def chat_through_an_approval(node: str, tmp_path: Any, **answer: Any) -> tuple[dict, dict]:
-    """The chat's outcome and the stored session, for one approval answered ``answer``."""
+async def chat_through_an_approval(
+    node: str, tmp_path: Any, app_options: dict[str, Any] | None = None, **answer: Any
+) -> tuple[dict, dict]:
+    """The chat's outcome and the stored session, for one approval answered ``answer``
+    (the app made with ``app_options``)."""
     ran.clear()
     tool_name = "pick_color" if "clientOutput" in answer else "delete_file"
-    async with web_server(agent(tool_name), store=str(tmp_path / "w.db")) as server:
+    store = str(tmp_path / "w.db")
+    async with web_server(agent(tool_name), store=store, **(app_options or {})) as server:
         config = json.dumps({"url": server.url, "chatId": "s", **answer})
         with trio.fail_after(60):
             proc = await trio.run_process(
@@ -123,3 +128,33 @@ async def test_the_ai_package_supplies_a_client_tools_output(node, ai, tmp_path)
     assert tool_part["state"] == "output-available" and tool_part["output"] == "red"
     assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["Deleting. ", "Gone."]
     assert message["parts"] == stored["ui_messages"][-1]["parts"]
+
+
+SECRET = {"approval_secret": "node-secret"}
+
+
+async def test_the_ai_package_echoes_the_signed_approval_and_the_server_verifies_it(
+    node, ai, tmp_path
+):
+    """ai 6 (6.0.221 on) and 7 keep the request's ``signature`` in the tool part's
+    ``approval`` and send it back with the answer (tests/web/package.json and
+    ai6/package.json ask for versions that do)."""
+    chat, _ = await chat_through_an_approval(
+        node, tmp_path, SECRET, approved=True, reason="ok", **ai
+    )
+    assert chat["error"] is None and chat["status"] == "ready" and ran == ["/x"]
+    _, second = chat["bodies"]
+    (part,) = [p for p in second["messages"][-1]["parts"] if p.get("toolCallId") == "D"]
+    approval = part["approval"]
+    expected = ApprovalSigner(secret=b"node-secret").sign(
+        "s", approval["id"], "D", "delete_file", {"path": "/x"}
+    )
+    assert approval["signature"] == expected and approval["approved"] is True
+
+
+async def test_the_ai_package_with_an_altered_signature_is_refused(node, ai, tmp_path):
+    chat, stored = await chat_through_an_approval(
+        node, tmp_path, SECRET, approved=True, tamperSignature="AA", **ai
+    )
+    assert chat["status"] == "error" and "signature" in chat["error"]
+    assert ran == [] and stored["waiting"] == 1  # nothing recorded: it still waits

@@ -94,6 +94,8 @@ class Deployment:
     """The front ends' relays."""
     fronts: list[Any] = attrs.Factory(list)
     """The front ends' :class:`~runtime.app.web.frontend.FrontEnd` s (their ``close``)."""
+    app_options: dict[str, Any] = attrs.Factory(dict)
+    """More ``create_app`` options of the front ends started from now on."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -145,6 +147,7 @@ class Deployment:
                     protocols=self.protocols,
                     on_busy=self.on_busy,
                     **limits,
+                    **self.app_options,
                 )
                 self.fronts.append(app.state.axon.front)
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))

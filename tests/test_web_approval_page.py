@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, ToolMessage, UserMessage, tool
+from runtime.app.web.signing import ApprovalSigner
 from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.test_web_browser import playwright_sync as playwright_sync  # the fixture
 from tests.web.harness import WebServer, web_server
@@ -74,8 +76,8 @@ def ask(page: Any, expect: Any, text: str) -> Any:
     return card
 
 
-async def drive(playwright_sync: Any, act: Any) -> dict[str, Any]:
-    async with web_server(approval_agent()) as server:
+async def drive(playwright_sync: Any, act: Any, **app_options: Any) -> dict[str, Any]:
+    async with web_server(approval_agent(), **app_options) as server:
         with trio.fail_after(120):
             return await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
 
@@ -227,3 +229,39 @@ async def test_a_new_message_after_approving_one_of_two_calls_keeps_that_card_ap
     assert seen["page_errors"] == []
     assert seen["first_denied"] == 0 and seen["first_state"] == "approval-responded"
     assert deleted == ["/a"]
+
+
+@pytest.mark.parametrize("reload", [False, True], ids=["live", "reloaded"])
+async def test_the_page_echoes_the_signed_approval_it_got(playwright_sync, reload):
+    """With ``approval_secret`` the request carries a ``signature`` (the stream's, and
+    the stored form's after a reload): the page sends it back with the answer, as the
+    ``ai`` package does, and the server verifies it. Before, the page rebuilt the
+    answered approval from its id alone."""
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        sent: list[Any] = []
+
+        def posted(request: Any) -> None:
+            if request.method == "POST" and request.url.endswith("/api/chat"):
+                sent.append(request.post_data_json)
+
+        page.on("request", posted)
+        card = ask(page, expect, "please delete /tmp/x")
+        if reload:
+            page.reload()
+            card = page.locator(".tool-card").first
+            expect(card).to_have_attribute("data-state", "approval-requested")
+        card.get_by_role("button", name="Approve").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        seen["sent"] = sent
+
+    seen = await drive(playwright_sync, act, approval_secret="page-secret")
+    assert seen["page_errors"] == [] and deleted == ["/tmp/x"]
+    answer = seen["sent"][-1]
+    (part,) = [p for p in answer["messages"][-1]["parts"] if p.get("toolCallId") == "D0"]
+    approval = part["approval"]
+    signer = ApprovalSigner(secret=b"page-secret")
+    assert approval["approved"] is True
+    assert approval["signature"] == signer.sign(
+        answer["id"], approval["id"], "D0", "delete_file", {"path": "/tmp/x"}
+    )

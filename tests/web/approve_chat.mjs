@@ -10,7 +10,9 @@
 //
 // Prints one JSON object: the request bodies sent, the chat's final messages, its status
 // and error (if any).
-// With "ai": a file URL of another copy of the package (ai@6), that one is used.
+// With "ai": a file URL of another copy of the package (ai@6), that one is used. With
+// "tamperSignature": the continuation's approval signature has its last two characters
+// replaced by these (a forged answer, tests/test_approval_node.py).
 
 const config = JSON.parse(process.argv[2]);
 const {
@@ -28,7 +30,19 @@ const bodies = [];
 const transport = new DefaultChatTransport({
   api: `${config.url}/api/chat`,
   fetch: async (url, init) => {
-    bodies.push(JSON.parse(init.body));
+    let body = JSON.parse(init.body);
+    if (config.tamperSignature && body.messages.at(-1).role === "assistant") {
+      // a client that alters the signature it got (its last two characters)
+      for (const p of body.messages.at(-1).parts) {
+        if (p.approval && p.approval.signature) {
+          const sig = p.approval.signature;
+          const end = sig.slice(-2) === config.tamperSignature ? "BB" : config.tamperSignature;
+          p.approval.signature = sig.slice(0, -2) + end;
+        }
+      }
+      init = { ...init, body: JSON.stringify(body) };
+    }
+    bodies.push(body);
     return fetch(url, init);
   },
 });

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.app.web.http import ApiError
+from runtime.app.web.signing import SessionSigner
 from runtime.approval import (
     WAITING_META,
     Decision,
@@ -67,7 +68,9 @@ def is_continuation(payload: dict[str, Any]) -> bool:
     )
 
 
-def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tuple[str, Decision]]:
+def _answers(
+    message: dict[str, Any], waiting: Sequence[PendingCall], signer: SessionSigner | None = None
+) -> list[tuple[str, Decision]]:
     """The answers the assistant message carries: approvals it responded to, outputs of
     the client tools the turn waits for (other tool parts are results the server gave,
     which the client sends back as it got them: passed over).
@@ -80,7 +83,13 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
     ``errorText``. Taken as they came, the edited input of an approval (a page that lets
     the person change the arguments, then approve) approved the call as the model made
     it, with the person told nothing; an approval id put in another call's part approved
-    that other call; two answers for one call were refused as "decided already"."""
+    that other call; two answers for one call were refused as "decided already".
+
+    An approval's ``signature`` (the ``ai`` package sends back the one its request was
+    streamed with, :mod:`runtime.app.web.signing`) must be text, and with ``signer`` it
+    must verify against the stored call: 403 otherwise. Its other keys
+    (``descriptor``, ``inputSchemaInput``, ``requestReason``, ``isAutomatic``: what
+    the SDK copies from the request) are passed over."""
     parts = message.get("parts")
     if not isinstance(parts, list):
         raise ApiError(400, "the assistant message has no 'parts'")
@@ -104,8 +113,13 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
                 raise ApiError(400, "'approval.approved' must be a boolean, 'reason' a string")
             key = approval["id"]
             call = by_key.get(key)
+            signature = approval.get("signature")
+            if not isinstance(signature, str | None):
+                raise ApiError(400, "'approval.signature' must be a string")
             if call is not None:
                 _check_part(p, call, f"the approval {key!r}")
+                if signature is not None and signer is not None:
+                    _check_signature(signature, call, signer)
             _once(answered, call.tool_call_id if call is not None else key)
             out.append((key, Decision(approved=approved, reason=reason)))
         elif (
@@ -134,6 +148,20 @@ def _answers(message: dict[str, Any], waiting: Sequence[PendingCall]) -> list[tu
             else:
                 out.append((call_id, Decision(output=p.get("output"), has_output=True)))
     return out
+
+
+def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -> None:
+    """403 when ``signature`` is not the one the approval request of ``call`` was
+    streamed with, for the call as the store holds it now."""
+    if not signer.verify(
+        signature, call.approval_id, call.tool_call_id, call.tool_name, call.input
+    ):
+        raise ApiError(
+            403,
+            f"the signature of the approval {call.approval_id!r} does not verify for call "
+            f"{call.tool_call_id!r} ({call.tool_name}) of this session as it is stored: "
+            "nothing was recorded (reload the session for its current requests)",
+        )
 
 
 def _once(answered: set[str], call_id: str) -> None:
@@ -218,7 +246,7 @@ app's ``session.decide``; a worker deployment's front end, the turn queue's ``de
 
 
 async def record_answers(
-    session: Any, payload: dict[str, Any]
+    session: Any, payload: dict[str, Any], signer: SessionSigner | None = None
 ) -> tuple[tuple[str, ...], Recorded | None]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
     calls the turn waited for (the client knows them: their input is not sent again) and
@@ -239,7 +267,10 @@ async def record_answers(
     before its continuation stored a result: a kill, a restart), gives ``None`` for the
     decision: the caller resumes the turn from the store (``session.resume()``). Before,
     the client sending its answers again was told they answer nothing, and the turn
-    waited for good with nothing left to decide."""
+    waited for good with nothing left to decide.
+
+    ``signer`` (the session's, with a secret configured) checks each approval's
+    ``signature`` (:func:`_answers`)."""
     if session.busy:
         raise ApiError(409, f"session {session.id!r} is already running a turn")
 
@@ -258,7 +289,7 @@ async def record_answers(
     known = session.held_record()
     if known is not None:
         try:
-            announced, answers = _checked(known.messages, payload, tools)
+            announced, answers = _checked(known.messages, payload, tools, signer)
             first, *rest = answers
             recorded = await record(*first, expected_version=known.version)
         except (ApiError, DecisionError, StoreConflict):
@@ -266,12 +297,14 @@ async def record_answers(
         else:  # the store held what the checks saw: the rest are checked as well
             return announced, await record_all(rest, record, recorded)
     stored = await session.host.store.load(session.id)
-    if stored is not None and _repeats(stored.messages, payload):
+    if stored is not None and _repeats(stored.messages, payload, signer):
         return tuple(c.tool_call_id for c in waiting_calls(stored.messages)), None
-    return await check_and_record_on(stored, tools, payload, record)
+    return await check_and_record_on(stored, tools, payload, record, signer)
 
 
-def _repeats(stored: Sequence[Message], payload: dict[str, Any]) -> bool:
+def _repeats(
+    stored: Sequence[Message], payload: dict[str, Any], signer: SessionSigner | None = None
+) -> bool:
     """Whether the body only repeats the recorded answers of a turn whose every call is
     decided and none has its result yet (decided, never resumed)."""
     waiting = waiting_calls(stored)
@@ -281,7 +314,7 @@ def _repeats(stored: Sequence[Message], payload: dict[str, Any]) -> bool:
     if payload.get("messageId", message.get("id")) not in (None, waiting[0].message_id):
         return False
     try:
-        answers = _answers(message, waiting)
+        answers = _answers(message, waiting, signer)
     except ApiError:
         return False
     held = _held(stored)
@@ -289,7 +322,10 @@ def _repeats(stored: Sequence[Message], payload: dict[str, Any]) -> bool:
 
 
 def _checked(
-    stored: Sequence[Message], payload: dict[str, Any], tools: Mapping[str, Any]
+    stored: Sequence[Message],
+    payload: dict[str, Any],
+    tools: Mapping[str, Any],
+    signer: SessionSigner | None = None,
 ) -> tuple[tuple[str, ...], list[tuple[str, Decision]]]:
     """The ids of the calls the stored turn waits for and the body's answers to record
     (echoes of recorded ones left out), each checked against ``stored``: a body with a
@@ -299,7 +335,7 @@ def _checked(
     message_id = payload.get("messageId", message.get("id"))
     if waiting and message_id not in (None, waiting[0].message_id):
         raise ApiError(404, f"message {message_id!r} is not the turn waiting for input")
-    answers = _answers(message, waiting)
+    answers = _answers(message, waiting, signer)
     held = _held(stored)
     answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
     if not answers:
@@ -333,12 +369,13 @@ async def check_and_record(
     tools: Mapping[str, Any],
     payload: dict[str, Any],
     record: RecordAnswer,
+    signer: SessionSigner | None = None,
 ) -> tuple[tuple[str, ...], Recorded]:
     """:func:`record_answers` for session ``session_id`` of ``store``, read from it, each
     answer recorded with ``record`` once all are checked against the stored turn; the
     ids of the calls the turn waited for, and what the last answer recorded (its
     ``complete``: whether the answers completed the turn's decisions)."""
-    return await check_and_record_on(await store.load(session_id), tools, payload, record)
+    return await check_and_record_on(await store.load(session_id), tools, payload, record, signer)
 
 
 async def check_and_record_on(
@@ -346,22 +383,26 @@ async def check_and_record_on(
     tools: Mapping[str, Any],
     payload: dict[str, Any],
     record: RecordAnswer,
+    signer: SessionSigner | None = None,
 ) -> tuple[tuple[str, ...], Recorded]:
     """:func:`check_and_record` on the session as the caller read it (``None``: never
     saved), so that the caller can hand the same read to its first decision."""
     stored = stored_record.messages if stored_record is not None else ()
-    announced, answers = _checked(stored, payload, tools)
+    announced, answers = _checked(stored, payload, tools, signer)
     return announced, await record_all(answers, record)
 
 
 def answers_refused(
-    stored_record: SessionRecord | None, tools: Mapping[str, Any], payload: dict[str, Any]
+    stored_record: SessionRecord | None,
+    tools: Mapping[str, Any],
+    payload: dict[str, Any],
+    signer: SessionSigner | None = None,
 ) -> bool:
     """Whether :func:`check_and_record_on` would refuse the body's answers on
     ``stored_record`` (an :class:`ApiError`), recording nothing."""
     stored = stored_record.messages if stored_record is not None else ()
     try:
-        _checked(stored, payload, tools)
+        _checked(stored, payload, tools, signer)
     except ApiError:
         return True
     return False

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -115,6 +116,7 @@ from runtime.app.web.resend import (
     unrelayed_turn_id,
 )
 from runtime.app.web.resume import resume_stream, stop_turn
+from runtime.app.web.signing import ApprovalSigner, for_session
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, handed_over, ui_messages
 from runtime.app.web.writer import BodyWriter, SendDeadline
 from runtime.approval import Recorded, pending_calls
@@ -711,6 +713,9 @@ class WebState:
         worker deployment's ``request_cancel``)."""
         self.front: Any = None
         """The :class:`~runtime.app.web.frontend.FrontEnd` of a worker deployment, if any."""
+        self.signer: ApprovalSigner | None = None
+        """Signs the AI SDK's approval requests and checks the signatures sent back
+        (``create_app(approval_secret=)``; :mod:`runtime.app.web.signing`)."""
         self.mcp_limits = MCPLimits()
         """The bounds of ``/mcp``'s sessions (:class:`~runtime.app.web.protocols.MCPLimits`)."""
         self.background: trio.Nursery | None = None
@@ -778,8 +783,9 @@ async def chat(request: Request) -> Any:
     state = _state(request)
     payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
     session = await state.session(session_id)
+    signer = for_session(state.signer, session.id)
     if is_continuation(payload):
-        announced, recorded = await record_answers(session, payload)
+        announced, recorded = await record_answers(session, payload, signer)
         if recorded is not None and not recorded.complete:  # whoever decides the last resumes
             return json_response({"recorded": True, "waiting": recorded.left}, 202)
         return TurnResponse(
@@ -788,6 +794,7 @@ async def chat(request: Request) -> Any:
             resume=True,
             decided=recorded,
             announced=announced,
+            encoder=None if signer is None else partial(UIStreamEncoder, announced, signer),
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,
             background=state.background,
@@ -800,7 +807,7 @@ async def chat(request: Request) -> Any:
         else classify_resend(session.messages, client_id, text, regenerate=regenerate)
     )
     if resend == "retry":
-        return replay_response(session.messages)
+        return replay_response(session.messages, signer)
     running = session.current
     held = held_answer_id(payload)
     return TurnResponse(
@@ -814,6 +821,7 @@ async def chat(request: Request) -> Any:
         # the client's ``turnId`` (a stop may name it before this POST came)
         turn_id=await unrelayed_turn_id(state.relay, client_turn_id(payload)),
         max_queued=state.max_queued_per_session,
+        encoder=None if signer is None else partial(UIStreamEncoder, (), signer),
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
@@ -903,7 +911,7 @@ async def get_session(request: Request) -> Response:
             "waiting": len(pending_calls(record.messages)),
             "meta": public_meta(record.meta),
             **({} if ui_only else {"messages": unstructure(list(record.messages))}),
-            "ui_messages": ui_messages(record.messages),
+            "ui_messages": ui_messages(record.messages, for_session(state.signer, session_id)),
         }
     )
 
@@ -1076,6 +1084,7 @@ def create_app(
     max_queued_per_session: int | None = MAX_QUEUED_PER_SESSION,
     max_body_in_flight: int = DEFAULT_MAX_BODY_IN_FLIGHT,
     mcp_limits: MCPLimits | None = None,
+    approval_secret: str | bytes | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -1112,6 +1121,10 @@ def create_app(
 
     ``mcp_limits`` bounds ``/mcp``'s sessions (idle lifetime, how many, a GET stream's
     age: :class:`~runtime.app.web.protocols.MCPLimits`; its defaults when not given).
+
+    ``approval_secret`` signs the AI SDK's approval requests (``signature``) and checks
+    the signatures its continuations send back (:mod:`runtime.app.web.signing`; the same
+    on every front end of a worker deployment). ``None``: nothing signed or checked.
     """
     cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
@@ -1130,6 +1143,7 @@ def create_app(
     if mcp_limits is not None:
         state.mcp_limits = mcp_limits
     state.cancel_hook = cancel_hook
+    state.signer = ApprovalSigner.of(approval_secret)
     # Every protocol tells a turn whose save the store refused as ``not_saved``
     # (runtime/app/unsaved.py): none of it is carried on into a later turn's save.
     host.forgets_unsaved = True

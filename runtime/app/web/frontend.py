@@ -109,6 +109,7 @@ from runtime.app.web.resume import (
     stop_target,
     unavailable_event,
 )
+from runtime.app.web.signing import for_session
 from runtime.app.web.ui_stream import error_text, handed_over, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch, follow_turn
 from runtime.approval import WAITING_META, Decision, Recorded, approval_decided, pending_calls
@@ -550,6 +551,7 @@ class FrontEnd:
             front=self,
             after_pauses=after_pauses,
             announced=announced,
+            signer=state.signer,
         )
 
     async def chat(self, request: Request) -> Any:
@@ -682,6 +684,7 @@ class FrontEnd:
             watch=self.watch,
             steered_by=turn.user_message_id,
             resume_after=parse_after_seq(request),
+            signer=state.signer,
         )
 
     async def _interrupt_running(self, session_id: str, turn: QueuedTurn) -> None:
@@ -796,7 +799,8 @@ class FrontEnd:
         # the first decided on it too (its version-checked save proves it current, else
         # the queue reads again); on a last turn, the queue reads its own.
         record = self._recorder(request, session_id, decided, known=stored if whole else None)
-        announced, recorded = await check_and_record_on(stored, tools, payload, record)
+        signer = for_session(web_state(request).signer, session_id)
+        announced, recorded = await check_and_record_on(stored, tools, payload, record, signer)
         if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
             # as the decision left them: no read of the session just saved
             return json_response({"recorded": True, "waiting": recorded.left}, 202)
@@ -1040,7 +1044,9 @@ class FrontEnd:
                 "waiting": len(pending_calls(record.messages)),
                 "meta": record.meta,
                 **({} if ui_only else {"messages": unstructure(list(record.messages))}),
-                "ui_messages": ui_messages(record.messages),
+                "ui_messages": ui_messages(
+                    record.messages, for_session(web_state(request).signer, session_id)
+                ),
             }
         )
 

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from runtime.app.web.http import ApiError
 from runtime.app.web.resume import stored_turn_chunks
+from runtime.app.web.signing import SessionSigner
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
 from runtime.errors import RelayUnavailable
 from runtime.media import user_content
@@ -115,10 +116,11 @@ def classify_resend(
     return "retry" if users[-1].content == user_content(content) else "edit"
 
 
-def replay_response(history: Sequence[Any]) -> Response:
+def replay_response(history: Sequence[Any], signer: SessionSigner | None = None) -> Response:
     """The session's last answer as a UI message stream, rebuilt from the history: what a
-    retried message gets instead of a second turn."""
-    encoder = UIStreamEncoder()
+    retried message gets instead of a second turn (its approval requests signed by
+    ``signer``, the session's, as the first stream's were)."""
+    encoder = UIStreamEncoder(signer=signer)
     body = b"".join(encoder.events(c) for c in stored_turn_chunks(history))
     return Response(body + DONE, headers=HEADERS)
 

@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from runtime import output as o
 from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.signing import ApprovalSigner, SessionSigner, for_session
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
 from runtime.busy import HELD_STOP_ID_MAX
@@ -67,8 +68,8 @@ class RelayEncoder(UIStreamEncoder):
     ``start`` would open a second one, so a ``start`` for a message id already started is
     dropped."""
 
-    def __init__(self, announced: Iterable[str] = ()) -> None:
-        super().__init__(announced)
+    def __init__(self, announced: Iterable[str] = (), signer: SessionSigner | None = None) -> None:
+        super().__init__(announced, signer)
         self._reset_step: int | None = None
         self._started: set[str] = set()
 
@@ -206,8 +207,11 @@ class RelayStreamResponse:
         announced: Iterable[str] = (),
         load: Any = None,
         host: Any = None,
+        signer: ApprovalSigner | None = None,
     ) -> None:
         self.relay = relay
+        self.signer = for_session(signer, session_id)
+        """Signs the approval requests streamed (:mod:`runtime.app.web.signing`)."""
         self.store = store
         self.load = load
         self.host = host
@@ -250,7 +254,7 @@ class RelayStreamResponse:
                 writer.abandon()
 
     async def _pump(self, receive: Receive, writer: BodyWriter) -> bool:
-        encoder = RelayEncoder(self.announced)
+        encoder = RelayEncoder(self.announced, self.signer)
 
         async def body(write: Write) -> None:
             await self._body(write, encoder)
@@ -303,7 +307,7 @@ class RelayStreamResponse:
                 else []
             )
             if chunks:
-                encoder = UIStreamEncoder()
+                encoder = UIStreamEncoder(signer=self.signer)
                 return b"".join(encoder.events(c) for c in chunks)
         text = error_text(
             exc.kind, f"{exc.message}; reload the session (GET /api/sessions/{self.session_id})"
@@ -419,6 +423,7 @@ async def resume_stream(request: Request) -> Any:
         background=state.background,
         load=state.host.load_settled,
         host=state.host,
+        signer=state.signer,
     )
 
 

@@ -66,6 +66,7 @@ from runtime.app.web.protocols import (
     parse_protocols,
     unbuilt_refusal,
 )
+from runtime.app.web.signing import SECRET_ENV
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import QuietStream, configure_logging, get_logger, unblocked
@@ -236,6 +237,14 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="require 'Authorization: Bearer TOKEN' on /api/ and the protocols' endpoints "
         f"(/v1/, /a2a/, /ag-ui, /mcp), not the probes /healthz and /readyz (or set ${TOKEN_ENV})",
+    )
+    add(
+        "--approval-secret",
+        default=None,
+        metavar="SECRET",
+        help="sign the AI SDK's tool approval requests (HMAC) and refuse a continuation "
+        "whose signature does not verify; the same on every front end of a worker "
+        f"deployment (or set ${SECRET_ENV}; default: nothing signed; docs/approval.md)",
     )
     add(
         "--cors-origin",
@@ -651,10 +660,17 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
             mcp_limits=mcp_limits(args),
+            approval_secret=approval_secret(args),
             **_embedded_cap(args),
         )
         served = _served(args, front_end=queue is not None, plugins=plugins)
         return await _serve_until_signal(app, host, args, served, protocols=protocols)
+
+
+def approval_secret(args: argparse.Namespace) -> str | None:
+    """The secret that signs approval requests: ``--approval-secret``, else
+    ``$AXON_APPROVAL_SECRET``, else none (nothing signed; docs/approval.md)."""
+    return getattr(args, "approval_secret", None) or os.environ.get(SECRET_ENV) or None
 
 
 def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:

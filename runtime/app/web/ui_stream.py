@@ -25,7 +25,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
   streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
   which the final result replaces; its other nested chunks are not forwarded;
-* ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``);
+* ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
+  ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
+  whose input the stream showed);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
@@ -58,6 +60,7 @@ from typing import Any
 import orjson
 
 from runtime import output as o
+from runtime.app.web.signing import SessionSigner
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -129,9 +132,13 @@ class UIStreamEncoder:
     the middle of a turn, which had no ``start``, keeps the runtime's ``part_id``).
     """
 
-    def __init__(self, announced: Iterable[str] = ()) -> None:
+    def __init__(self, announced: Iterable[str] = (), signer: SessionSigner | None = None) -> None:
         self._announced: set[str] = set(announced)
         """Calls the client knows already: a continuation's waiting calls (docs/approval.md)."""
+        self._signer = signer
+        """Signs approval requests (a secret configured): the session's signer."""
+        self._inputs: dict[str, Any] = {}
+        """With a signer, each call's input as the stream showed it, by call id."""
         self._streamed: dict[str, str] = {}
         self._message_id: str | None = None
         self._reasoning_count: dict[int, int] = {}
@@ -228,6 +235,8 @@ class UIStreamEncoder:
 
     def _tool_call(self, chunk: o.ToolCall) -> list[dict[str, Any]]:
         self._announced.add(chunk.tool_call_id)
+        if self._signer is not None:
+            self._inputs[chunk.tool_call_id] = chunk.input
         return [self._input_available(chunk.tool_call_id, chunk.tool_name, chunk.input)]
 
     def _tool_result(self, chunk: o.ToolResult) -> list[dict[str, Any]]:
@@ -259,13 +268,20 @@ class UIStreamEncoder:
         return [self._input_available(chunk.tool_call_id, chunk.tool_name, None)]
 
     def _tool_approval_request(self, chunk: o.ToolApprovalRequest) -> list[dict[str, Any]]:
-        return [
-            {
-                "type": "tool-approval-request",
-                "approvalId": chunk.approval_id,
-                "toolCallId": chunk.tool_call_id,
-            }
-        ]
+        """The request; signed (a signer) over the input this stream showed the call
+        with: a stream read from after the call (a resume) has none to sign, and the
+        session's ``ui_messages`` carry the signature."""
+        ui = {
+            "type": "tool-approval-request",
+            "approvalId": chunk.approval_id,
+            "toolCallId": chunk.tool_call_id,
+        }
+        call = chunk.tool_call_id
+        if self._signer is not None and call in self._inputs:
+            ui["signature"] = self._signer.sign(
+                chunk.approval_id, call, chunk.tool_name, self._inputs[call]
+            )
+        return [ui]
 
     def _tool_output_denied(self, chunk: o.ToolOutputDenied) -> list[dict[str, Any]]:
         return [{"type": "tool-output-denied", "toolCallId": chunk.tool_call_id}]
@@ -374,7 +390,9 @@ def encode_turn(chunks: Iterable[Any]) -> list[dict[str, Any]]:
 # -- stored history -> UIMessage ----------------------------------------------------------
 
 
-def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]:
+def _tool_part(
+    call: ToolCallPart, result: ToolMessage | None, signer: SessionSigner | None
+) -> dict[str, Any]:
     part: dict[str, Any] = {
         "type": f"tool-{call.tool_name}",
         "toolCallId": call.tool_call_id,
@@ -383,6 +401,11 @@ def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]
     waiting = call.awaiting
     if waiting is not None and waiting.kind == "approval":
         approval: dict[str, Any] = {"id": waiting.id}
+        if signer is not None and result is None:  # (a call with its result needs none)
+            # as the stream's request had it: a reloaded page echoes it with its answer
+            approval["signature"] = signer.sign(
+                waiting.id, call.tool_call_id, call.tool_name, call.input
+            )
         if waiting.decided:
             approval["approved"] = bool(waiting.approved)
             if waiting.reason is not None:
@@ -424,7 +447,9 @@ def _sub_tool_part(waiting: Awaiting) -> dict[str, Any]:
     return part
 
 
-def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> dict[str, Any]:
+def _assistant(
+    message: AssistantMessage, results: dict[str, ToolMessage], signer: SessionSigner | None
+) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     for step in message.steps():
         parts.append({"type": "step-start"})
@@ -439,7 +464,7 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
                 k += 1
                 parts.append({"type": "reasoning", "id": ui_id, "text": p.text, "state": "done"})
             elif isinstance(p, ToolCallPart):
-                parts.append(_tool_part(p, results.get(p.tool_call_id)))
+                parts.append(_tool_part(p, results.get(p.tool_call_id), signer))
                 if p.awaiting is not None and p.awaiting.sub_tool is not None:
                     parts.append(_sub_tool_part(p.awaiting))
             # provider-data parts are opaque to a UI
@@ -492,15 +517,19 @@ def handed_over(chunk: o.Steered) -> bytes:
     return sse({"type": "finish", "finishReason": "other", "messageMetadata": meta}) + DONE
 
 
-def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+def ui_messages(
+    messages: Sequence[Message], signer: SessionSigner | None = None
+) -> list[dict[str, Any]]:
     """A stored history as AI SDK ``UIMessage`` s: the tool results folded into their
-    calls' tool parts, a ``step-start`` part before each step."""
+    calls' tool parts, a ``step-start`` part before each step; with ``signer`` (the
+    session's), each approval of a call with no result yet (one a client may still
+    answer) with the ``signature`` its request was streamed with."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if isinstance(m, UserMessage | SystemMessage):
             out.append({"id": m.id, "role": m.role, "parts": ui_parts(m.content)})
         elif isinstance(m, AssistantMessage):
-            out.append(_assistant(m, _results_of(messages, i)))
+            out.append(_assistant(m, _results_of(messages, i), signer))
     return out
 
 
