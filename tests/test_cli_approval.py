@@ -1,5 +1,5 @@
 """``run`` decides a turn that waits for approval (docs/approval.md, "The command line"):
-``--approve-all``, ``--deny-all``, a ``[y/N/e]`` prompt on a terminal, and otherwise one
+``--approve-all``, ``--deny-all``, a ``[y/N]`` prompt on a terminal, and otherwise one
 line and exit status 3, never a wait on a stdin nobody types into."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_deny_all_shows_the_denial_and_the_models_answer_to_it():
 def test_y_at_the_terminal_prompt_approves():
     proc = run_in_a_terminal("y")
     assert proc.returncode == 0, proc.stderr
-    assert 'approve get_weather({"city": "Oslo"})? [y/N/e] ' in proc.stdout
+    assert 'approve get_weather({"city": "Oslo"})? [y/N] ' in proc.stdout
     assert "It is sunny in Oslo." in proc.stdout
 
 
@@ -100,7 +100,7 @@ def test_e_at_the_terminal_prompt_approves_with_the_input_typed():
 def test_an_edit_that_is_not_json_or_not_the_tools_input_is_asked_again():
     proc = run_in_a_terminal('e\n{city\ne\n{"city": 3}\ne\n{"city": "Bergen"}')
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("[y/N/e] ") == 3
+    assert proc.stdout.count("[y/N] ") == 3
     err = proc.stderr.splitlines()
     assert [line for line in err if line.endswith("asked again")] == [
         line for line in err if "not JSON" in line or "invalid arguments for get_weather" in line
@@ -132,7 +132,7 @@ def test_ctrl_c_at_the_prompt_leaves_the_call_waiting(tmp_path):
     guard.start()
     try:
         shown = b""
-        while b"[y/N/e] " not in shown and (chunk := os.read(proc.stdout.fileno(), 4096)):
+        while b"[y/N] " not in shown and (chunk := os.read(proc.stdout.fileno(), 4096)):
             shown += chunk
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=HANG_GUARD)

@@ -84,7 +84,7 @@ async def delete(path: str) -> str:
 
 
 def test_the_approval_prompt_shows_a_calls_overrides_and_escapes_as_text():
-    """``approve NAME(ARGS)? [y/N/e]``: an override in the arguments made them read as other
+    """``approve NAME(ARGS)? [y/N]``: an override in the arguments made them read as other
     arguments, an escape sequence could rewrite the line the person decides on."""
     call = PendingCall(
         approval_id="a1",

@@ -460,7 +460,7 @@ async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
     not JSON or the tool's schema refuses it: docs/approval.md, "Approving with
     edits"), anything else denies. ``False`` for Ctrl-C (nothing recorded)."""
     while True:
-        answer = await ask(f"approve {describe_call(call)}? [y/N/e] ", out)
+        answer = await ask(f"approve {describe_call(call)}? [y/N] ", out)
         if answer is None:
             return False
         choice = answer.strip().lower()
