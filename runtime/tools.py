@@ -663,14 +663,17 @@ def own_input(value: Any) -> Any:
     :func:`runtime.serde.message_json`), so this process's next request and one made
     after a reload differed. The tool's return value is copied already
     (:func:`to_jsonable`)."""
-    t = type(value)
+    t = type(value)  # (a leaf is not called for: most of a large input is leaves)
     if t is dict:
-        return {k: own_input(v) for k, v in value.items()}
+        return {k: own_input(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
     if t is list:
-        return [own_input(v) for v in value]
+        return [own_input(v) if type(v) in _CONTAINERS else v for v in value]
     if t is tuple:
-        return tuple(own_input(v) for v in value)
+        return tuple([own_input(v) if type(v) in _CONTAINERS else v for v in value])
     return value
+
+
+_CONTAINERS = frozenset({dict, list, tuple})
 
 
 def to_jsonable(value: Any) -> Any:
