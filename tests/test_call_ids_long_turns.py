@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import actors.turn.parts as parts_module
 from actors.providers.scripted import ScriptedProvider, tool_call
@@ -198,3 +199,107 @@ async def test_ids_stay_unique_after_a_takeover_at_the_last_committed_step(
             await out.collect()
     stored = (await store.load("s")).messages
     assert calls_of(stored) == results_of(stored) == expected(5)
+
+
+@tool
+async def hold() -> str:
+    """Waits until the test lets go (a message is steered in meanwhile)."""
+    gate["held"].set()
+    await gate["release"].wait()
+    return "held"
+
+
+gate: dict[str, trio.Event] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    gate["held"], gate["release"] = trio.Event(), trio.Event()
+
+
+async def steered_turn(store: Any, agent: Agent, stop: trio.Event | None = None) -> Any:
+    """Run the turn ``t`` (message ``m``) and steer "also" into it while step 0's ``hold``
+    runs; with ``stop``, leave once it is set (the worker dies there). What ``store``
+    holds then (at the turn's end without ``stop``)."""
+    record = None
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+
+        async def steer() -> None:
+            await gate["held"].wait()
+            async with session.stream("also") as out:
+                await out.collect()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(steer)
+            async with session.stream("go", turn_id="t", message_id="m", resume=True) as out:
+                await gate["held"].wait()
+                await trio.testing.wait_all_tasks_blocked()
+                gate["release"].set()
+                if stop is None:
+                    await out.collect()
+                else:
+                    await stop.wait()
+                    await trio.sleep(1)  # the persister writes step 1 (autojump clock)
+                    record = await store.load("s")
+            nursery.cancel_scope.cancel()
+    return record if record is not None else await store.load("s")
+
+
+def steered_steps(start: int = 0) -> ScriptedProvider:
+    """The steered turn's model: its calls in order, whatever the history (a steps list
+    is read by the step the history shows, which a steered message starts over)."""
+    steps = [
+        [*tool_call("hold", {}, tool_call_id="call_0")],
+        [*tool_call("lookup", {"i": 1}, tool_call_id="call_0")],
+        [*tool_call("lookup", {"i": 2}, tool_call_id="call_0")],
+        ["done"],
+    ][start:]
+    return ScriptedProvider(responder=lambda request: steps.pop(0))
+
+
+STEERED_IDS = ["call_0", repeated_call_id("call_0", 1), repeated_call_id("call_0", 2)]
+
+
+async def test_ids_stay_unique_across_the_messages_of_a_steered_turn(autojump_clock: Any) -> None:
+    # Each message steered in starts an assistant message of its own; the turn's results
+    # and outcomes are kept by call id, so an id must not come back in a later message.
+    store = MemoryStore()
+    agent = Agent(provider=steered_steps(), tools=[hold, lookup], on_busy="steer")
+    await steered_turn(store, agent)
+    stored = (await store.load("s")).messages
+    assert len([m for m in stored if isinstance(m, AssistantMessage)]) == 2
+    assert calls_of(stored) == results_of(stored) == STEERED_IDS
+
+
+async def test_a_steered_turn_taken_over_gives_its_calls_the_ids_they_had(
+    autojump_clock: Any,
+) -> None:
+    # The first worker commits steps 0 (first message) and 1 (the steered one's) and
+    # dies in step 2's tool; the second runs step 2 again: its call is call_0-2 again.
+    hanging = trio.Event()
+    hang = [True]
+
+    @tool(name="lookup")
+    async def hangs(i: int) -> str:
+        """Looks a number up."""
+        if i == 2 and hang:
+            hanging.set()
+            await trio.sleep_forever()
+        return f"r{i}"
+
+    def agent() -> Agent:
+        return Agent(provider=steered_steps(), tools=[hold, hangs], on_busy="steer")
+
+    store, first = MemoryStore(), MemoryStore()
+    record = await steered_turn(first, agent(), stop=hanging)
+    assert calls_of(record.messages) == STEERED_IDS[:2]
+    await store.save("s", 0, record.messages, dict(record.meta))
+    hang.clear()
+    takeover = Agent(provider=steered_steps(start=2), tools=[hold, hangs], on_busy="steer")
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(takeover, session_id="s")
+        async with session.stream("go", turn_id="t", message_id="m", resume=True) as out:
+            await out.collect()
+    stored = (await store.load("s")).messages
+    assert calls_of(stored) == results_of(stored) == STEERED_IDS

@@ -35,7 +35,7 @@ only to the same (:func:`runtime.history.replays_to`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -87,7 +87,7 @@ class PartsManager:
         "step",
     )
 
-    def __init__(self, content: Sequence[Part] = ()) -> None:
+    def __init__(self, content: Sequence[Part] = (), earlier: Iterable[str] = ()) -> None:
         self.content: list[Part] = list(content)
         """The stored parts so far, in stream order (the open part is not among them).
         A turn taken over from another worker starts with the parts of its committed
@@ -95,10 +95,14 @@ class PartsManager:
         place elsewhere only part for part with the same call id (``mark_held``): parts
         are added and dropped here, so :attr:`call_ids` stays the content's."""
         self.call_ids: set[str] = {p.tool_call_id for p in self.content if type(p) is ToolCallPart}
-        """The call ids of :attr:`content`'s calls, grown as calls are added and shrunk
-        as a failed call's parts are discarded: what :class:`CallIds` renames against.
+        """The call ids of :attr:`content`'s calls and ``earlier``'s (those of the turn's
+        messages before this one: a message steered in starts another), grown as calls
+        are added and shrunk as a failed call's parts are discarded: what
+        :class:`CallIds` renames against, so a call id names one call in the turn (its
+        results and outcomes are kept by id turn-wide).
         Built from the whole message for each model call, it was a walk of every part
         of the turn per step (500,500 parts in a 1,000-step turn)."""
+        self.call_ids.update(earlier)
         self.step = 0
         """The step the parts that open now belong to; the turn runner sets it."""
         self.origin: Origin | None = None
@@ -293,13 +297,14 @@ class PartsManager:
 
 
 class CallIds:
-    """Makes the tool call ids of one model call unique in the turn's assistant message.
+    """Makes the tool call ids of one model call unique in the turn (its assistant
+    message, and those before it when messages were steered in).
 
     Some servers and local models number the calls of each response (``call_0`` in every
     step), so a turn could hold two calls with one id: the turn's bookkeeping (results,
     outcomes, held calls), the stored message and the stream (the AI SDK finds a tool
     part by ``toolCallId``) all take a call id to name one call. So a call whose id the
-    message already holds gets another, ``{id}-{step}`` (``-{step}-{k}`` if that one is
+    turn already holds gets another, ``{id}-{step}`` (``-{step}-{k}`` if that one is
     taken too), on every chunk of it: its input's start and deltas and the complete call.
     The history then keeps that id, and every request built from it sends it with both
     the call and its result, so they still pair.
