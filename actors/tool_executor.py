@@ -25,7 +25,14 @@ from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
 from runtime.redact import redact
 from runtime.results import truncate_output
-from runtime.tools import Tool, ToolContext, ToolInputError, note_abandoned_call, to_jsonable
+from runtime.tools import (
+    Tool,
+    ToolContext,
+    ToolInputError,
+    note_abandoned_call,
+    own_input,
+    to_jsonable,
+)
 
 
 def writable(value: Any, *, deep: bool = False) -> Any:
@@ -175,7 +182,7 @@ async def run_tool_call(
         names = ", ".join(sorted(tools)) or "none"
         return done(error=f"unknown tool {call.tool_name!r}; available tools: {names}")
     try:
-        kwargs = tool.validate(call.input)
+        kwargs = tool.validate(own_input(call.input))  # the history's input stays the model's
     except ToolInputError as exc:
         return done(error=str(exc))
     except Exception as exc:  # a validator of the tool's own that raised past pydantic

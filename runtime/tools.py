@@ -649,6 +649,33 @@ class ClientTool(Tool):
         return dict(arguments)
 
 
+def own_input(value: Any) -> Any:
+    """A copy of a call's input for the tool's code (its validation, its approval rule,
+    the function): every dict and list anew, the rest (strings, numbers: immutable;
+    what JSON holds) shared.
+
+    The input is the model's, what it sent: the history's :class:`ToolCallPart` holds
+    it, and each later request sends it again. Pydantic copies what a parameter's type
+    walks (``dict``'s top level, a ``list[int]``) and hands an ``Any`` or ``object``
+    parameter, and the values inside a ``dict``, the very objects. A tool that kept
+    one and changed it after its step's save changed the history in memory only: the
+    store had written the call as it came (and a step's save encodes a part once,
+    :func:`runtime.serde.message_json`), so this process's next request and one made
+    after a reload differed. The tool's return value is copied already
+    (:func:`to_jsonable`)."""
+    t = type(value)  # (a leaf is not called for: most of a large input is leaves)
+    if t is dict:
+        return {k: own_input(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    if t is list:
+        return [own_input(v) if type(v) in _CONTAINERS else v for v in value]
+    if t is tuple:
+        return tuple([own_input(v) if type(v) in _CONTAINERS else v for v in value])
+    return value
+
+
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
 def to_jsonable(value: Any) -> Any:
     """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible.
 

@@ -10,7 +10,7 @@ import trio
 from actors.providers import anthropic, gemini, openai, openai_responses
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
-from actors.turn.parts import CallIds
+from actors.turn.parts import CallIds, PartsManager
 from runtime import Agent, Host, RetryPolicy, ToolCallPart, ToolMessage, UserMessage, tool
 from runtime.app.web.ui_stream import encode_turn, ui_messages
 from runtime.chunks import ToolCallChunk, ToolInputDeltaChunk, ToolInputStartChunk
@@ -153,8 +153,13 @@ async def test_a_taken_over_step_gives_its_call_the_same_id(autojump_clock):
     check_history((await store.load(SID)).messages)
 
 
+def held_ids(parts: list[ToolCallPart]) -> set[str]:
+    """The call ids a parts manager holding ``parts`` renames against."""
+    return PartsManager(parts).call_ids
+
+
 def test_an_id_new_to_the_message_is_kept_and_no_chunk_is_copied():
-    ids = CallIds([ToolCallPart(tool_call_id="a", tool_name="t", input={}, step=0)], 1)
+    ids = CallIds(held_ids([ToolCallPart(tool_call_id="a", tool_name="t", input={}, step=0)]), 1)
     start = ToolInputStartChunk(tool_call_id="b", tool_name="t")
     delta = ToolInputDeltaChunk(tool_call_id="b", delta="{}")
     call = ToolCallChunk(tool_call_id="b", tool_name="t", input={})
@@ -165,7 +170,7 @@ def test_an_id_new_to_the_message_is_kept_and_no_chunk_is_copied():
 
 
 def test_a_repeated_id_renames_every_chunk_of_its_call_and_repeats_within_one_response():
-    held = [ToolCallPart(tool_call_id="call_0", tool_name="t", input={}, step=0)]
+    held = held_ids([ToolCallPart(tool_call_id="call_0", tool_name="t", input={}, step=0)])
     ids = CallIds(held, 1)
     got = [
         ids.start(ToolInputStartChunk(tool_call_id="call_0", tool_name="t")).tool_call_id,

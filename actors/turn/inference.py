@@ -281,7 +281,7 @@ class Inferring:
         )
         await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
-        ids = CallIds(parts.content, turn.step)  # a call id the message holds gets another
+        ids = CallIds(parts.call_ids, turn.step)  # a call id the message holds gets another
         parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
         try:
             while True:

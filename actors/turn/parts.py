@@ -35,7 +35,8 @@ only to the same (:func:`runtime.history.replays_to`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import attrs
@@ -80,16 +81,28 @@ class PartsManager:
         "_redacted",
         "_refusal",
         "_signature",
+        "call_ids",
         "content",
         "origin",
         "step",
     )
 
-    def __init__(self, content: Sequence[Part] = ()) -> None:
+    def __init__(self, content: Sequence[Part] = (), earlier: Iterable[str] = ()) -> None:
         self.content: list[Part] = list(content)
         """The stored parts so far, in stream order (the open part is not among them).
         A turn taken over from another worker starts with the parts of its committed
-        steps (see :mod:`actors.turn.takeover`): the new ones follow them."""
+        steps (see :mod:`actors.turn.takeover`): the new ones follow them. Edited in
+        place elsewhere only part for part with the same call id (``mark_held``): parts
+        are added and dropped here, so :attr:`call_ids` stays the content's."""
+        self.call_ids: set[str] = {p.tool_call_id for p in self.content if type(p) is ToolCallPart}
+        """The call ids of :attr:`content`'s calls and ``earlier``'s (those of the turn's
+        messages before this one: a message steered in starts another), grown as calls
+        are added and shrunk as a failed call's parts are discarded: what
+        :class:`CallIds` renames against, so a call id names one call in the turn (its
+        results and outcomes are kept by id turn-wide).
+        Built from the whole message for each model call, it was a walk of every part
+        of the turn per step (500,500 parts in a 1,000-step turn)."""
+        self.call_ids.update(earlier)
         self.step = 0
         """The step the parts that open now belong to; the turn runner sets it."""
         self.origin: Origin | None = None
@@ -189,6 +202,7 @@ class PartsManager:
                 step=self.step,
             )
         )
+        self.call_ids.add(chunk.tool_call_id)
         out.append(chunk)
 
     def provider_data(self, chunk: ProviderDataChunk, out: list[Any]) -> None:
@@ -246,7 +260,11 @@ class PartsManager:
         """Forget what a failed model call made: the open part (no :class:`PartEnd`:
         the stream controller closes it before its ``reset-step``) and every part
         stored after the first ``mark``. The step starts over; its new parts get new
-        ids, so no id of a discarded part comes back."""
+        ids, so no id of a discarded part comes back. (A discarded call's id was new to
+        the message, :class:`CallIds`: no earlier call keeps it.)"""
+        self.call_ids.difference_update(
+            [p.tool_call_id for p in self.content[mark:] if type(p) is ToolCallPart]
+        )
         del self.content[mark:]
         self._kind = None
         self._pieces = []
@@ -279,13 +297,14 @@ class PartsManager:
 
 
 class CallIds:
-    """Makes the tool call ids of one model call unique in the turn's assistant message.
+    """Makes the tool call ids of one model call unique in the turn (its assistant
+    message, and those before it when messages were steered in).
 
     Some servers and local models number the calls of each response (``call_0`` in every
     step), so a turn could hold two calls with one id: the turn's bookkeeping (results,
     outcomes, held calls), the stored message and the stream (the AI SDK finds a tool
     part by ``toolCallId``) all take a call id to name one call. So a call whose id the
-    message already holds gets another, ``{id}-{step}`` (``-{step}-{k}`` if that one is
+    turn already holds gets another, ``{id}-{step}`` (``-{step}-{k}`` if that one is
     taken too), on every chunk of it: its input's start and deltas and the complete call.
     The history then keeps that id, and every request built from it sends it with both
     the call and its result, so they still pair.
@@ -293,12 +312,19 @@ class CallIds:
     Derived, not random: a step run again (a turn taken over from another worker, whose
     message holds the parts of the committed steps; a model call made again after a
     failure, whose parts were discarded) gives each call the id it had.
+
+    ``held``: the ids of the message's calls, :attr:`PartsManager.call_ids` (read, never
+    changed here: it grows as each call of this model call becomes a part). The ids this
+    model call takes go to :attr:`used` too, so a call whose input is still streaming
+    holds its id before it is a part, and a failed call's ids go with this object.
     """
 
-    __slots__ = ("_open", "renamed", "step", "used")
+    __slots__ = ("_open", "held", "renamed", "step", "used")
 
-    def __init__(self, content: Sequence[Part], step: int) -> None:
-        self.used = {p.tool_call_id for p in content if type(p) is ToolCallPart}
+    def __init__(self, held: AbstractSet[str], step: int) -> None:
+        self.held = held
+        self.used: set[str] = set()
+        """The ids this model call gave its calls."""
         self.step = step
         self.renamed: dict[str, str] = {}
         """The provider's id of a call whose input is streaming -> the id it has here;
@@ -306,9 +332,9 @@ class CallIds:
         self._open: dict[str, str] = {}  # a call's input streaming: provider id -> its id
 
     def _fresh(self, original: str) -> str:
-        used = self.used
+        used, held = self.used, self.held
         new, k = original, 0
-        while new in used:
+        while new in held or new in used:
             k += 1
             new = repeated_call_id(original, self.step, k)
         used.add(new)

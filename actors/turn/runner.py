@@ -647,7 +647,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         state = self.state
         turn.start_index, turn.a_index = committed.user_index, committed.assistant_index
         turn.message_id = committed.message_id  # a steered message's, after a steer
-        turn.parts = PartsManager(committed.parts)
+        turn.parts = PartsManager(committed.parts, committed.earlier_ids)
         turn.step = committed.next_step
         turn.tool_calls_used = committed.calls
         turn.results = {t.tool_call_id: t for t in committed.tool_messages}
@@ -865,7 +865,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         turn.message_id = answer_id
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
-        turn.parts = PartsManager()
+        turn.parts = PartsManager(earlier=turn.parts.call_ids)  # ids stay unique in the turn
         if turn.output is not None:
             turn.output.message_id = turn.message_id
         self._publish_history()

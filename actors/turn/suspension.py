@@ -51,7 +51,7 @@ from runtime.messages import (
     ToolMessage,
 )
 from runtime.results import truncate_output
-from runtime.tools import Tool, ToolContext, agent_depth
+from runtime.tools import Tool, ToolContext, agent_depth, own_input
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -76,7 +76,7 @@ def hold_kind(
     if tool is None or not (tool.is_client or (tool.needs_approval and not approver_in_process)):
         return None  # the common case, decided without validating the input twice
     try:
-        arguments = tool.validate(call_input)
+        arguments = tool.validate(own_input(call_input))  # (the rule may change them)
     except Exception:  # ToolInputError, or a validator of the tool's own that raised
         return None  # the executor makes it the call's error result
     if tool.is_client:

@@ -60,6 +60,9 @@ class Committed:
     earlier_calls: int = 0
     """Tool calls of the turn's assistant messages before this one (a turn that messages
     were steered into has one after each)."""
+    earlier_ids: frozenset[str] = frozenset()
+    """Their call ids: a call of the steps from here on gets none of them
+    (:class:`actors.turn.parts.CallIds`), as it did not from the worker that began."""
 
     @property
     def calls(self) -> int:
@@ -109,9 +112,10 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
     last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
-    earlier = _earlier_calls(messages, a, message_id) if msg.id != message_id else 0
+    earlier = _earlier_calls(messages, a, message_id) if msg.id != message_id else []
     return Committed(
-        earlier_calls=earlier,
+        earlier_calls=len(earlier),
+        earlier_ids=frozenset(earlier),
         message_id=msg.id,
         user_index=u,
         assistant_index=a,
@@ -133,17 +137,17 @@ def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
     return None
 
 
-def _earlier_calls(messages: Sequence[Message], a: int, message_id: str) -> int:
-    """Tool calls of the turn's assistant messages before the one at ``a`` (a steered
+def _earlier_calls(messages: Sequence[Message], a: int, message_id: str) -> list[str]:
+    """The call ids of the turn's assistant messages before the one at ``a`` (a steered
     one): read back to the turn's first message, ``message_id``'s, not from the session's
     start. Steered messages follow the first (their ids are made from it as they join),
     so none is before it; a continuation after each approval of a long session read all
     of it, per step."""
-    calls = 0
+    calls: list[str] = []
     for i in range(a - 1, -1, -1):
         m = messages[i]
         if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id):
-            calls += sum(isinstance(p, ToolCallPart) for p in m.content)
+            calls += [p.tool_call_id for p in m.content if isinstance(p, ToolCallPart)]
             if m.id == message_id:
                 break
     return calls
