@@ -93,8 +93,8 @@ if TYPE_CHECKING:
         UnsupportedMedia,
         WaitExpired,
     )
-    from runtime.events import Event
     from runtime.inbox import Inbox
+    from runtime.lifecycle import Event
     from runtime.logging import configure_logging
     from runtime.media import InputLimits, MediaLimits
     from runtime.messages import (
@@ -192,7 +192,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "WaitExpired",
         "UnsupportedMedia",
     ),
-    "runtime.events": ("Event",),
+    "runtime.lifecycle": ("Event",),
     "runtime.inbox": ("Inbox",),
     "runtime.logging": ("configure_logging",),
     "runtime.media": ("InputLimits", "MediaLimits"),

@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 import attrs
 import trio
 
+from runtime import lifecycle  # the actor.* events, on the first crash (runtime/lifecycle.py)
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import ActorFailed, describe_exception, exception_message
-from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger, log_exception
 from runtime.redact import redact
@@ -461,7 +461,7 @@ class Supervisor:
                                 session_id=actor.session_id,
                             )
                             await self._publish(
-                                ActorRestarted(
+                                lifecycle.ActorRestarted(
                                     actor=actor.name, restarts=restarts, session_id=actor.session_id
                                 )
                             )
@@ -532,7 +532,7 @@ class Supervisor:
             restarts=restarts,
         )
         await self._publish(
-            ActorCrashed(
+            lifecycle.ActorCrashed(
                 actor=actor.name,
                 error=exception_message(exc),
                 error_type=type(exc).__name__,
@@ -554,7 +554,9 @@ class Supervisor:
             error=err,
         )
         await self._publish(
-            ActorGaveUp(actor=actor.name, restarts=restarts, error=err, session_id=actor.session_id)
+            lifecycle.ActorGaveUp(
+                actor=actor.name, restarts=restarts, error=err, session_id=actor.session_id
+            )
         )
         return err
 
@@ -593,7 +595,7 @@ class Supervisor:
         if not said:
             try:
                 self.bus.publish_nowait(
-                    ActorGaveUp(
+                    lifecycle.ActorGaveUp(
                         actor=actor.name, restarts=restarts, error=err, session_id=actor.session_id
                     )
                 )

@@ -12,11 +12,12 @@ version-checked save: of two decisions for one call, exactly one is recorded.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import orjson
 
+from runtime import lifecycle  # the decision's event, on first use (runtime/lifecycle.py)
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
     AlreadyDecided,
@@ -26,7 +27,6 @@ from runtime.errors import (
     UnknownApproval,
     WaitExpired,
 )
-from runtime.events import ToolApprovalDecided
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -40,6 +40,9 @@ from runtime.messages import (
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
 from runtime.tools import ToolInputError, to_jsonable
+
+if TYPE_CHECKING:
+    from runtime.events import ToolApprovalDecided
 
 APPROVAL = "approval"
 CLIENT = "client"
@@ -164,7 +167,7 @@ def approval_decided(
     structured log) is not handed the client's whole reason, up to the body's size."""
     if call.kind != APPROVAL:
         return None
-    return ToolApprovalDecided(
+    return lifecycle.ToolApprovalDecided(
         session_id=session_id,
         tool_call_id=call.tool_call_id,
         approved=approved,

@@ -54,10 +54,15 @@ OURS = ("<attrs generated ", ("runtime.", "actors."))
 runtime.output.TextDelta>``) start with the first string; the class's module, the word
 after the next space, with one of the prefixes when the class is ours."""
 
-FORMAT = 1
-"""Bumped when what the file holds changes shape."""
+FORMAT = 2
+"""Bumped when what the file holds changes shape (2: a generated ``__hash__``'s number
+kept as :data:`SALT`)."""
 
 _SIGNATURE = ("script", "globs", "locs", "filename")
+
+SALT = -0x5A17_5A17_5A17_5A17
+"""What the file keeps in place of a generated ``__hash__``'s per-process number (an
+``int`` as wide, that no script of ours holds otherwise)."""
 
 _state: _Cache | None = None
 
@@ -78,7 +83,19 @@ class _Cache:
 
     def code(self, script: str, filename: str) -> CodeType:
         """The code of ``script`` compiled as ``filename``: from the file when it holds
-        that very script under that name, else compiled (and kept)."""
+        that very script under that name, else compiled (and kept).
+
+        A generated ``__hash__`` starts its tuple with the class's own number, attrs'
+        ``hash()`` of a string, which differs from process to process (string hashing
+        is salted): kept as it is, such a script would never be found again, and every
+        process would compile it and rewrite the file at exit. It is kept with
+        :data:`SALT` in that number's place, and the code read is given this process's
+        number back (:func:`_salted`)."""
+        salt = hash(f"<attrs generated hash {filename.rsplit(' ', 1)[-1]}")
+        line = f"        {salt},\n"
+        salted = line in script
+        if salted:
+            script = script.replace(line, f"        {SALT},\n", 1)
         entry = self.stored.get(filename)
         if entry is not None and entry[0] == script:
             code = entry[1]
@@ -88,7 +105,7 @@ class _Cache:
                 atexit.register(self.write)
             self.compiled = True
         self.used[filename] = (script, code)
-        return code
+        return _salted(code, salt) if salted else code
 
     def write(self) -> None:
         """Store what this process used, with the file's other entries of modules this
@@ -113,6 +130,21 @@ class _Cache:
                 raise
         except OSError:
             pass
+
+
+def _salted(code: CodeType, salt: int) -> CodeType:
+    """``code`` with :data:`SALT` replaced by ``salt`` in its constants and in those of
+    the functions it defines (the generated ``__hash__`` is one of them)."""
+    return code.replace(
+        co_consts=tuple(
+            salt
+            if type(c) is int and c == SALT
+            else _salted(c, salt)
+            if isinstance(c, CodeType)
+            else c
+            for c in code.co_consts
+        )
+    )
 
 
 def _module(filename: str) -> str:

@@ -9,11 +9,12 @@ output stream's chunks (:mod:`runtime.output`) are bus events too, under ``outpu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar, dataclass_transform
+from typing import Any, TypeVar, dataclass_transform
 
 import attrs
 
 from runtime.chunks import Usage, _eq, _hash, _repr
+from runtime.lifecycle import Event as Event  # its base, apart: see runtime/lifecycle.py
 from runtime.messages import Message, UserContent
 from runtime.output import ErrorInfo, _value
 
@@ -27,14 +28,6 @@ def _event(kind: str) -> Callable[[_C], _C]:
         return _value(cls)  # ids last, shared __repr__
 
     return wrap
-
-
-class Event:
-    """Base of all lifecycle events (for ``isinstance`` and subscriptions)."""
-
-    __slots__ = ()
-    kind: ClassVar[str]
-    __repr__ = _repr
 
 
 @_value

@@ -20,7 +20,7 @@ import trio
 from outcome import Error, Value
 from trio.lowlevel import Task
 
-from runtime.events import Lagged
+from runtime import lifecycle  # Lagged, on the first drop (runtime/lifecycle.py)
 
 OverflowPolicy = Literal["block", "drop-oldest"]
 T = TypeVar("T")
@@ -316,7 +316,7 @@ class Inbox(Generic[T]):
 
     def _lagged(self) -> T:
         n, self.dropped = self.dropped, 0
-        return Lagged(subscriber=self.name, dropped=n)  # type: ignore[return-value]
+        return lifecycle.Lagged(subscriber=self.name, dropped=n)  # type: ignore[return-value]
 
     def close(self) -> None:
         """No more messages will be accepted; the receiver ends after draining."""

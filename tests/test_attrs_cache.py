@@ -63,6 +63,40 @@ def test_a_second_process_builds_the_contract_from_the_file_without_compiling(tm
     assert second["equal"] is True
 
 
+SALTED = """
+import json
+import runtime.ratelimit
+from runtime import attrs_cache
+from runtime.ratelimit import RateLimit
+limit = RateLimit(requests_per_minute=3)
+number = hash("<attrs generated hash runtime.ratelimit.RateLimit>")
+print(json.dumps({
+    "compiled": attrs_cache._state.compiled,
+    "hash": hash(limit) == hash((number, 3, None, None, limit.max_pause)),
+}))
+"""
+
+
+def test_a_class_with_a_generated_hash_is_read_from_the_file_by_another_process(tmp_path):
+    """attrs' ``__hash__`` starts with a number that string hashing salts anew in each
+    process: kept verbatim, a second process never found it, compiled it again and
+    rewrote the file at exit. Now it reads it, and hashes as attrs' own would."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONPATH=str(REPO))
+
+    def child(seed: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", SALTED],
+            env={**env, "PYTHONHASHSEED": seed},
+            cwd=REPO, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return json.loads(out.stdout)
+
+    children = [child("1"), child("2")]
+    assert [c["compiled"] for c in children] == [True, False]
+    assert [c["hash"] for c in children] == [True, True]
+
+
 def test_no_file_is_written_where_python_writes_no_bytecode(tmp_path):
     child = _child(tmp_path, bytecode=False)
     assert child["compiled"] is True

@@ -81,3 +81,25 @@ def test_classifying_an_anthropic_failure_imports_nothing(imports: list[str]) ->
     assert isinstance(timeout, errors.ProviderTimeout)
     assert isinstance(dropped, errors.AxonError)
     assert imports == []
+
+
+def test_a_lagged_notice_after_the_first_imports_nothing(imports: list[str]) -> None:
+    """The inbox names its ``Lagged`` notice through ``runtime.lifecycle``, which imports
+    the events on first use only (the contract's import builds none of them) and keeps
+    the class as a module attribute: no later notice runs the import system."""
+    from runtime.events import Lagged
+    from runtime.inbox import Inbox
+
+    inbox: Inbox[object] = Inbox(1, "drop-oldest", name="observer")
+
+    def lag() -> object:
+        inbox.put_nowait("a")
+        inbox.put_nowait("b")  # drops "a"
+        notice = inbox.get_nowait()
+        assert inbox.get_nowait() == "b"
+        return notice
+
+    first = lag()
+    imports.clear()  # the first may import (in a process that has not yet)
+    assert lag() == first == Lagged(subscriber="observer", dropped=1)
+    assert imports == []

@@ -280,6 +280,36 @@ def test_an_applications_first_line_imports_no_actor():
     assert out.stdout.strip() == ""
 
 
+def test_the_whole_contract_builds_no_lifecycle_event_until_one_is_used():
+    """Every module the facade takes names from, imported: the lifecycle events (27
+    attrs classes, runtime/events.py) are not built; the contract's machinery names the
+    few it publishes through ``runtime.lifecycle``, which imports them on first use and
+    keeps them (issue 24, start-up)."""
+    code = (
+        "import sys, runtime\n"
+        "for m in runtime._MODULES: __import__(m)\n"
+        "before = 'runtime.events' in sys.modules\n"
+        "from runtime import lifecycle\n"
+        "lagged = lifecycle.Lagged\n"
+        "import runtime.events\n"
+        "print(before, lagged is runtime.events.Lagged, 'Lagged' in vars(lifecycle),"
+        " runtime.Event is runtime.events.Event)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "True", "True"]
+
+
+def test_the_lifecycle_module_lends_only_event_classes():
+    from runtime import lifecycle
+
+    assert issubclass(lifecycle.ActorCrashed, lifecycle.Event)
+    for name in ("attrs", "LIFECYCLE_EVENT_TYPES", "_InTurn", "Nothing"):
+        with pytest.raises(AttributeError, match=f"no attribute '{name}'"):
+            getattr(lifecycle, name)
+
+
 def test_every_facade_name_is_the_object_of_its_module():
     import importlib
 

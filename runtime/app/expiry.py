@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
+from runtime import lifecycle  # tool.approval-expired, at the first expiry (runtime/lifecycle.py)
 from runtime.approval import (
     APPROVAL,
     Decision,
@@ -46,7 +47,6 @@ from runtime.errors import (
     SessionBusy,
     UnknownApproval,
 )
-from runtime.events import ToolApprovalExpired
 from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, Message, ToolCallPart
 
@@ -135,7 +135,7 @@ async def expire_session(
             continue  # decided (or superseded) first: that decision stands
         complete = complete or recorded.complete
         await host.bus.publish(
-            ToolApprovalExpired(
+            lifecycle.ToolApprovalExpired(
                 session_id=session_id,
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,

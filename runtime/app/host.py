@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
+from runtime import lifecycle  # session.evicted, at the first eviction (runtime/lifecycle.py)
 from runtime.actor import REST, Actor, RestartPolicy, Supervisor
 from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
@@ -51,7 +52,6 @@ from runtime.errors import (
     reraise,
     sole_exception,
 )
-from runtime.events import SessionEvicted
 from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from actors.mcp import Servers
     from actors.persister import Persister
     from actors.turn.runner import TurnRunner
+    from runtime.events import SessionEvicted
     from runtime.hosting import ToolSource
 
 _DELETE_ROUNDS = 100
@@ -1093,7 +1094,7 @@ class Host:
         if release is not None:
             release()
         session.detach()
-        return SessionEvicted(
+        return lifecycle.SessionEvicted(
             session_id=session.id, reason=reason, idle_for=now - session.last_used
         )
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 import trio
 
+from runtime import lifecycle  # turn.queued, at the first queued turn (runtime/lifecycle.py)
 from runtime.actor_messages import (
     Batch,
     ConsumerItem,
@@ -74,7 +75,6 @@ from runtime.errors import (
     TurnWithdrawn,
     WaitExpired,
 )
-from runtime.events import TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
@@ -816,7 +816,7 @@ class TurnStream:
         ahead = session.join_queue(self) + int(session.busy)
         try:
             await session.host.bus.publish(
-                TurnQueued(
+                lifecycle.TurnQueued(
                     session_id=session.id, turn_id=self.turn_id, strategy=strategy, ahead=ahead
                 )
             )
