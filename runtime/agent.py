@@ -490,6 +490,7 @@ async def _sub_stream(
         resume=True,
         stored=stored,
         max_output_tokens=context.output_left,  # the caller's left bounds the sub-turn
+        output_account=context.output_account,  # shared with the batch's other calls
     )
     async with _confirming(turn, context) as out:
         async for chunk in out:
@@ -575,7 +576,9 @@ async def _go_on(
     try:
         # what the caller has left now, its usage so far counted there: beyond what the
         # sub-turn wrote before it waited (Budget.bounded)
-        resumed = session.resume(max_output_tokens=context.output_left)
+        resumed = session.resume(
+            max_output_tokens=context.output_left, output_account=context.output_account
+        )
         async with _confirming(resumed, context) as out:
             async for chunk in out:
                 await context.emit(chunk)
