@@ -282,7 +282,8 @@ class Agent:
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
         result. It runs under its own budget and, when the parent has an output-token
-        budget, what that has left as the call begins (:attr:`ToolContext.output_left`):
+        budget, what that has left as the call begins (:attr:`ToolContext.output_left`),
+        shared with the calls that run beside it (:attr:`ToolContext.output_account`):
         a sub-turn stopped by it ends ``budget`` (its text and a note are the result),
         and the parent, its output spent, ends ``budget`` too. A sub-turn that fails,
         or suspends to wait for a person's input (a call that needs approval, with no

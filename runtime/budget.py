@@ -85,10 +85,11 @@ class Budget:
     while the model still wants tools, end the turn with finish reason ``budget``
     (:meth:`output_spent`), the cut text saved, also when its server counts up to a
     quarter short of the cap (:func:`actors.turn.inference.cut_by_budget`); a call cut
-    further below it (the server's own limit), or by a smaller ``settings`` cap, ends it
-    ``length``. A call whose server reports no
-    output tokens counts the UTF-8 bytes it wrote, at most its cap
-    (:func:`actors.turn.inference.counted`)."""
+    further below it (the server's own limit), or by a smaller cap that its request
+    carried (``settings``, a provider option or default: ``Provider.sent_cap``), ends it
+    ``length``. A call whose server reports no output tokens counts the UTF-8 bytes
+    it wrote, at most its cap (:func:`actors.turn.inference.counted`). Agents used as
+    tools that run at once share what is left (:class:`OutputAccount`)."""
     max_total_tokens: int | None = None
     max_cost: float | None = None
     """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
