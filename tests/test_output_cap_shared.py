@@ -218,3 +218,39 @@ async def test_sub_agents_gone_on_after_their_approvals_share_what_the_caller_ha
     assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
     answers = sorted(m.output for m in results if m.tool_name == "helper")
     assert answers == ["x" * 20 + "x" * 10 + NOTE, "x" * 20 + "x" * 40]
+
+
+async def test_a_sub_agent_of_a_sub_agent_draws_on_the_top_callers_account_too():
+    """``outer`` (called beside ``helper``) calls ``inner``: inner's calls reserve in
+    outer's batch's account and in the caller's, so inner and helper together stay
+    within the caller's 90. Unchained, inner drew only on outer's left (89, which knew
+    nothing of helper): 10 + 1 + 60 + 1 + 60 of the caller's 100."""
+
+    def outer_model(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return written(1, calls=tool_call("inner", {"input": "go"}, tool_call_id="I1"))
+        return written(1)
+
+    def caller(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            calls = [
+                *tool_call("outer", {"input": "o"}, tool_call_id="O1"),
+                *tool_call("helper", {"input": "h"}, tool_call_id="H1"),
+            ]
+            return written(10, calls=calls)
+        return written(1)
+
+    inner = Agent(name="inner", provider=Greedy(wants=60))
+    outer = Agent(
+        name="outer", provider=ScriptedProvider(responder=outer_model), tools=[inner.as_tool()]
+    )
+    helper = Agent(name="helper", provider=Greedy(wants=60))
+    agent = Agent(
+        provider=ScriptedProvider(responder=caller),
+        tools=[outer.as_tool(), helper.as_tool()],
+        budget=Budget(max_output_tokens=100),
+    )
+    async with Host.open(log_tap=False) as host:
+        result = await (await host.open_session(agent, session_id="s")).run("Go.")
+    assert result.usage.output_tokens <= 100
+    assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
