@@ -1431,6 +1431,8 @@ class Session:
         reserves its cap in, and settles into when it is over; an agent used as a tool
         runs its sub-turn on its calling call's (:attr:`ToolContext.output_account`), so
         sub-agents called at once never write more, together, than the caller had left.
+        It bounds a turn that has an output budget (its agent's, or ``max_output_tokens``,
+        which the tool gives with it); a turn without one reserves nothing.
         """
         self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
