@@ -489,6 +489,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 decision=call.decision,
                 confirm=request.confirm,
                 output_left=request.output_left,
+                output_account=request.output_account,
             )
             try:
                 outcome = await run_tool_call(

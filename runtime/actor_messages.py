@@ -33,6 +33,7 @@ from runtime.redact import redact_text
 from runtime.store import SessionRecord
 
 if TYPE_CHECKING:
+    from runtime.budget import OutputAccount
     from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
 
 # -- provider requests ------------------------------------------------------------------
@@ -162,6 +163,9 @@ class ExecuteTools:
     all)."""
     output_left: int | None = None
     """The output tokens the calling turn has left (``ToolContext.output_left``)."""
+    output_account: OutputAccount | None = None
+    """The account the batch's sub-agents draw those tokens from, together
+    (``ToolContext.output_account``; ``None``: no output budget)."""
 
     def answer_crash(self, actor: str, exc: BaseException, *, only: set[str] | None = None) -> None:
         """Answer each call (of ``only``, when given: those still unanswered) with an
@@ -596,6 +600,10 @@ class RunTurn:
     """The output tokens this run of the turn may write at most, under the agent's own
     ``Budget.max_output_tokens`` (``None``: that alone): an agent tool's sub-turn is
     given what its calling turn has left (``ToolContext.output_left``)."""
+    output_account: OutputAccount | None = None
+    """The live account the run's model calls reserve their caps from and settle into,
+    shared with the other calls of its calling turn's batch (``ToolContext.
+    output_account``): an agent tool's sub-turn; ``None``: none."""
     instructions: str | None = None
     """Added after the agent's instructions for this turn's model calls only (AG-UI's
     ``context``); never saved."""

@@ -282,7 +282,8 @@ class Agent:
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
         result. It runs under its own budget and, when the parent has an output-token
-        budget, what that has left as the call begins (:attr:`ToolContext.output_left`):
+        budget, what that has left as the call begins (:attr:`ToolContext.output_left`),
+        shared with the calls that run beside it (:attr:`ToolContext.output_account`):
         a sub-turn stopped by it ends ``budget`` (its text and a note are the result),
         and the parent, its output spent, ends ``budget`` too. A sub-turn that fails,
         or suspends to wait for a person's input (a call that needs approval, with no
@@ -490,6 +491,7 @@ async def _sub_stream(
         resume=True,
         stored=stored,
         max_output_tokens=context.output_left,  # the caller's left bounds the sub-turn
+        output_account=context.output_account,  # shared with the batch's other calls
     )
     async with _confirming(turn, context) as out:
         async for chunk in out:
@@ -575,7 +577,9 @@ async def _go_on(
     try:
         # what the caller has left now, its usage so far counted there: beyond what the
         # sub-turn wrote before it waited (Budget.bounded)
-        resumed = session.resume(max_output_tokens=context.output_left)
+        resumed = session.resume(
+            max_output_tokens=context.output_left, output_account=context.output_account
+        )
         async with _confirming(resumed, context) as out:
             async for chunk in out:
                 await context.emit(chunk)

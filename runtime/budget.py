@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import trio
 
 from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import BudgetExceeded, ConfigurationError
@@ -84,10 +85,11 @@ class Budget:
     while the model still wants tools, end the turn with finish reason ``budget``
     (:meth:`output_spent`), the cut text saved, also when its server counts up to a
     quarter short of the cap (:func:`actors.turn.inference.cut_by_budget`); a call cut
-    further below it (the server's own limit), or by a smaller ``settings`` cap, ends it
-    ``length``. A call whose server reports no
-    output tokens counts the UTF-8 bytes it wrote, at most its cap
-    (:func:`actors.turn.inference.counted`)."""
+    further below it (the server's own limit), or by a smaller cap that its request
+    carried (``settings``, a provider option or default: ``Provider.sent_cap``), ends it
+    ``length``. A call whose server reports no output tokens counts the UTF-8 bytes
+    it wrote, at most its cap (:func:`actors.turn.inference.counted`). Agents used as
+    tools that run at once share what is left (:class:`OutputAccount`)."""
     max_total_tokens: int | None = None
     max_cost: float | None = None
     """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
@@ -174,3 +176,112 @@ class Budget:
     def admits_tool_call(self, used: int) -> bool:
         """Whether one more tool call may run after ``used`` calls this turn."""
         return self.max_tool_calls is None or used < self.max_tool_calls
+
+
+class OutputAccount:
+    """The output tokens that the calls of one batch of tools share: what their calling
+    turn had left as the batch began (:attr:`Budget.max_output_tokens` less what it
+    wrote), drawn from live by the sub-turns of the agents used as tools that run at
+    once (and by remote agents' calls, :class:`actors.a2a.A2AAgent`), so that together
+    they never write more than that.
+
+    Why: each of them was given all that was left (:attr:`ToolContext.output_left
+    <runtime.tools.ToolContext.output_left>`, a number fixed as the batch began), so N
+    sub-agents of one step could write N times it; the calling turn was billed for all
+    and ended ``budget`` after them.
+
+    A model call reserves the cap it is sent before it is made (:meth:`reserve`) and,
+    once it is over, gives back what it did not write (:meth:`settle`): a call that may
+    write all that is left holds all of it, and a sibling's call waits until some comes
+    back (or, nothing held anywhere, is told nothing is left: its sub-turn ends
+    ``budget`` as the budget says). Calls with a smaller cap of their own (the agent's
+    ``settings``, the provider's default) hold only that, and run side by side. An
+    account of a batch inside a sub-turn has the sub-turn's account as its
+    :attr:`parent`: a call reserves in every account up the chain, so an agent two
+    levels down draws on the top caller's tokens too.
+
+    Live and in-process only: never stored. A calling turn that waits for a sub-agent's
+    approval counts what that sub-turn wrote with the wait (``Awaiting.counted``), and
+    its continuation, in whatever process, opens a new account from what it has left
+    then."""
+
+    __slots__ = ("_changed", "held", "left", "parent")
+
+    def __init__(self, left: int, parent: OutputAccount | None = None) -> None:
+        self.left = left
+        """The tokens neither reserved by a call in flight nor written (below 0 when a
+        call wrote more than it reserved: a server that ignores its cap)."""
+        self.held = 0
+        """The tokens reserved by calls in flight."""
+        self.parent = parent
+        """The account of the batch whose sub-turn runs this one's (``None``: none)."""
+        self._changed: trio.Event | None = None
+
+    def available(self) -> int:
+        """What a call may reserve now: the least any account up the chain has left."""
+        left, up = self.left, self.parent
+        while up is not None:
+            left = min(left, up.left)
+            up = up.parent
+        return max(left, 0)
+
+    def _short(self) -> OutputAccount:
+        """The account up the chain that has the least left (this one on a tie)."""
+        short, up = self, self.parent
+        while up is not None:
+            if up.left < short.left:
+                short = up
+            up = up.parent
+        return short
+
+    async def reserve(self, want: int) -> int:
+        """Reserve up to ``want`` tokens (the cap a call will be sent) for one call, in
+        this account and every one above it; return what was available (``0``: nothing
+        is left, and nothing was reserved: the call may not be made). Waits, while
+        nothing is available, for a call holding a reservation to settle; returns ``0``
+        at once when none does. What was reserved, ``min(want, available)``, is given
+        back by :meth:`settle`."""
+        while True:
+            available = self.available()
+            if available > 0:
+                break
+            short = self._short()
+            if short.held <= 0:
+                return 0
+            if short._changed is None:
+                short._changed = trio.Event()
+            await short._changed.wait()
+        take = min(max(want, 0), available)
+        account: OutputAccount | None = self
+        while account is not None:
+            account.left -= take
+            account.held += take
+            account = account.parent
+        return available
+
+    def settle(self, held: int, spent: int) -> None:
+        """A call that reserved ``held`` tokens is over, having written ``spent``: what
+        it did not write comes back (what it wrote past ``held`` is taken too), in this
+        account and every one above it, and calls waiting for tokens look again."""
+        account: OutputAccount | None = self
+        while account is not None:
+            account.held -= held
+            account.left += held - spent
+            changed = account._changed
+            if changed is not None:
+                account._changed = None
+                changed.set()
+            account = account.parent
+
+    def __repr__(self) -> str:
+        return f"OutputAccount(left={self.left}, held={self.held})"
+
+
+def batch_account(left: int | None, parent: OutputAccount | None) -> OutputAccount | None:
+    """The account a turn's batch of tool calls shares (:class:`OutputAccount`): the
+    turn's output tokens ``left`` as it begins, under the turn's own account
+    (``parent``: a sub-turn's, which its caller's batch shares); ``parent`` itself when
+    the turn has no output budget (``left`` ``None``)."""
+    if left is None:
+        return parent
+    return OutputAccount(left, parent)

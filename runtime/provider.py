@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -119,18 +119,33 @@ class InferRequest:
     :class:`~runtime.chunks.TextChunk` per delta, as every provider may always send."""
 
 
-def cap_output(options: dict[str, Any], key: str, left: int | None, default: Any = None) -> None:
+def _an_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def cap_output(
+    options: dict[str, Any], key: str, left: int | None, default: Any = None
+) -> int | None:
     """Set ``options[key]``, a provider's output token cap (its API's field name), to the
     smaller of the cap the options already give (the agent's ``settings`` over the
     provider's own options; else ``default``, the provider's own, if any) and ``left``
     (:attr:`InferRequest.max_output_tokens`): an explicit cap below what the turn has left
     stays, the turn's budget wins when it is smaller. Nothing changes when ``left`` is
-    ``None``."""
-    if left is None:
-        return
+    ``None``. Returns the cap the request then carries in that field, if it is an int
+    (``None``: none, or a value the API will refuse): what :meth:`Provider.sent_cap`
+    tells the turn runner."""
     given = options.get(key, default)
-    small = isinstance(given, int) and not isinstance(given, bool) and given < left
+    if left is None:
+        return given if _an_int(given) else None
+    small = _an_int(given) and given < left
     options[key] = given if small else left
+    return options[key]  # type: ignore[no-any-return]
+
+
+CAP_SETTINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+"""The request fields that cap a call's output, one API's or another's (Chat
+Completions, Anthropic; Chat Completions; Responses, Gemini): what
+:meth:`Provider.sent_cap` looks for by default."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -372,6 +387,29 @@ class Provider(ServingActor[InferRequest]):
         """Make the model call for ``request`` and ``emit`` its chunks, ending with a
         :class:`~runtime.chunks.FinishChunk`. Raise to fail the call."""
         raise NotImplementedError
+
+    def sent_cap(self, settings: Mapping[str, Any], left: int | None) -> int | None:
+        """The output cap this provider's request for a call carries, given the agent's
+        ``settings`` and the turn's ``left`` (:attr:`InferRequest.max_output_tokens`):
+        what its request mapping puts in its API's max-tokens field (:func:`cap_output`),
+        ``left`` or a smaller cap of the settings, of the provider's options or of its
+        own default; ``None``: none. The turn runner asks it for each call it caps: a
+        call cut (``length``) by a cap below the budget's was not cut by the budget
+        (:func:`actors.turn.inference.cut_by_budget`), and a sub-agent's call reserves
+        in its caller's account what it may write (:class:`~runtime.budget.
+        OutputAccount`). Why: Anthropic's default of 4,096 was invisible to the runner,
+        so a call it cut within a quarter of a larger budget's cap read ``budget``.
+
+        This default: the smallest of ``left`` and the int caps the settings over the
+        provider's options give (:data:`CAP_SETTINGS`). A provider whose request
+        mapping caps its calls otherwise (another field, a default of its own) says so
+        here, from the same code as its request."""
+        options = {**self.request_options, **settings}
+        given = (options.get(k) for k in CAP_SETTINGS)
+        caps = [v for v in given if isinstance(v, int) and not isinstance(v, bool)]
+        if left is not None:
+            caps.append(left)
+        return min(caps) if caps else None
 
     @property
     def limit_key(self) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 
 import attrs
 
-from runtime.budget import check_timeout
+from runtime.budget import OutputAccount, check_timeout
 from runtime.chunks import Usage, _repr
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
@@ -98,6 +98,7 @@ class ToolContext(Generic[Deps]):
         "depth",
         "host",
         "may_wait",
+        "output_account",
         "output_left",
         "session_id",
         "step",
@@ -126,6 +127,7 @@ class ToolContext(Generic[Deps]):
         decision: Any = None,
         confirm: Callable[[], Awaitable[bool]] | None = None,
         output_left: int | None = None,
+        output_account: OutputAccount | None = None,
     ) -> None:
         self.host = host
         """The host running the call: its bus, and sub-sessions
@@ -179,8 +181,15 @@ class ToolContext(Generic[Deps]):
         ``None``: no such budget). An agent used as a tool runs its sub-turn under it,
         as under its own budget (``Session.stream(max_output_tokens=...)``): the
         sub-turn's output counts toward the calling turn's, so it may not write more
-        than the caller has. Calls of one step that run at once are each given all of
-        it: together they may write more, and the calling turn then ends ``budget``."""
+        than the caller has. Calls of one step that run at once share it through
+        :attr:`output_account`."""
+        self.output_account = output_account
+        """The account the calls of this call's batch draw their output tokens from
+        (:class:`~runtime.budget.OutputAccount`, holding :attr:`output_left` as the
+        batch began; ``None``: no output budget): an agent used as a tool runs its
+        sub-turn on it (``Session.stream(output_account=...)``), each of its model calls
+        reserving the cap it is sent, so the sub-turns of calls that run at once never
+        write more, together, than the calling turn had left."""
         self._emit = emit
 
     @property

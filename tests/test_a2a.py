@@ -1091,8 +1091,8 @@ class ForgetfulA2AAgent(A2AAgent):
     """A caller that resets the hop count: every message it sends says ``axonHops: 0``
     (another A2A SDK's agent sends none; a hostile one, whatever it likes)."""
 
-    async def run(self, text: str, *, emit: Any = None, depth: int = 0) -> str:
-        return await super().run(text, emit=emit, depth=-1)
+    async def _answer(self, text: str, nested: Any, depth: int) -> None:
+        await super()._answer(text, nested, -1)  # (what the tool calls, and run)
 
 
 async def test_a_loop_through_an_agent_that_resets_the_hop_count_stops_at_max_in_flight():

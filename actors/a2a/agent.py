@@ -87,12 +87,31 @@ class RemoteAgentError(RuntimeError):
         super().__init__(redact_text(message))
 
 
+OUTPUT_SPENT = "max_output_tokens"
+"""The budget a remote answer cut at its caller's output tokens left names."""
+
+
+class _OutputSpent(Exception):
+    """The remote answer passed the output tokens its call may write (:attr:`_Nested.cap`):
+    its text is cut there, and the remote task is canceled."""
+
+
 class _Nested:
     """The remote task as one turn of output chunks (``start``, a step, its text,
     ``finish``; or cut short by ``error`` / ``abort``), emitted under the tool call as a
-    local sub-agent's turn is; ``emit`` ``None`` keeps only the text."""
+    local sub-agent's turn is; ``emit`` ``None`` keeps only the text.
 
-    def __init__(self, emit: Any, max_chars: int = MAX_ANSWER_CHARS) -> None:
+    ``cap``: the output tokens the call may write (what its calling turn has left,
+    :attr:`ToolContext.output_left`, at most what the batch's account had; ``None``: no
+    output budget). A2A carries no usage, so the answer is counted as a server that
+    reports none is (:func:`actors.turn.inference.counted`): its UTF-8 bytes
+    (:attr:`bytes`, every byte received, a replaced answer's too), which no byte-level
+    token count exceeds; past ``cap`` the text is cut there and :class:`_OutputSpent`
+    raised (:attr:`cut`)."""
+
+    def __init__(
+        self, emit: Any, max_chars: int = MAX_ANSWER_CHARS, cap: int | None = None
+    ) -> None:
         self.emit = emit
         self.seq = 0
         self.started = False
@@ -100,6 +119,18 @@ class _Nested:
         self.text: list[str] = []
         self.max_chars = max_chars
         self.chars = 0
+        self.cap = cap
+        self.bytes = 0
+        """The answer's UTF-8 bytes counted so far, at most :attr:`cap`."""
+        self.cut = False
+        """Whether the answer passed :attr:`cap` (cut there, its task canceled)."""
+
+    def usage(self) -> Usage:
+        """What the answer counts toward the calling turn: its bytes as output tokens
+        when it has a cap; nothing without (no output budget: no count, as before)."""
+        if self.cap is None:
+            return Usage()
+        return Usage(output_tokens=self.bytes, total_tokens=self.bytes)
 
     async def _out(self, chunk_type: Any, **fields: Any) -> None:
         self.seq += 1
@@ -121,6 +152,19 @@ class _Nested:
                 f"the remote agent's answer passed {self.max_chars} characters "
                 "(A2AAgent's max_answer_chars); its task was canceled"
             )
+        cap = self.cap
+        if cap is not None:
+            raw = text.encode("utf-8", "surrogatepass")
+            if self.bytes + len(raw) > cap:  # cut at the cap, a character split dropped
+                text = raw[: cap - self.bytes].decode("utf-8", "ignore")
+                self.bytes, self.cut = cap, True
+                if text:
+                    await self._text(text)
+                raise _OutputSpent
+            self.bytes += len(raw)
+        await self._text(text)
+
+    async def _text(self, text: str) -> None:
         if self.part_id is None:
             self.part_id = new_id("part")
             await self._out(TextStart, step=0, part_id=self.part_id)
@@ -144,8 +188,16 @@ class _Nested:
 
     async def finish(self) -> None:
         await self._close_part()
-        await self._out(StepFinish, step=0, finish_reason="stop", usage=Usage())
-        await self._out(Finish, finish_reason="stop", usage=Usage())
+        usage = self.usage()
+        await self._out(StepFinish, step=0, finish_reason="stop", usage=usage)
+        await self._out(Finish, finish_reason="stop", usage=usage)
+
+    async def spent(self) -> None:
+        """The answer was cut at :attr:`cap`: as a sub-turn cut by its budget ends."""
+        await self._close_part()
+        usage = self.usage()
+        await self._out(StepFinish, step=0, finish_reason="length", usage=usage)
+        await self._out(Finish, finish_reason="budget", usage=usage, budget=OUTPUT_SPENT)
 
     async def fail(self, message: str) -> None:
         await self._close_part()
@@ -475,14 +527,30 @@ class A2AAgent:
         finally:
             await response.aclose()
 
-    async def run(self, text: str, *, emit: Any = None, depth: int = 0) -> str:
+    async def run(
+        self,
+        text: str,
+        *,
+        emit: Any = None,
+        depth: int = 0,
+        max_output_tokens: int | None = None,
+    ) -> str:
         """Send the remote agent ``text`` as a new task and return its answer, streaming
         it as output chunks through ``emit`` (``await emit(chunk)``) when given. Raises
         :class:`RemoteAgentError` when the task does not complete.
 
         ``depth`` is how many agents deep the caller runs (:attr:`ToolContext.depth`);
         the message says ``depth + 1`` (:data:`~actors.a2a.wire.HOPS`), which an Axon
-        endpoint runs the task's turn at."""
+        endpoint runs the task's turn at. ``max_output_tokens``: the answer is cut at
+        that many UTF-8 bytes (A2A reports no tokens; no token is less than a byte) and
+        its task canceled there."""
+        nested = _Nested(emit, self.max_answer_chars, max_output_tokens)
+        await self._answer(text, nested, depth)
+        return "".join(nested.text)
+
+    async def _answer(self, text: str, nested: _Nested, depth: int) -> None:
+        """:meth:`run`, the answer into ``nested`` (its text; its bytes and whether it
+        was cut at its cap, which the tool counts)."""
         import httpx
 
         binding, url = await self._endpoint()
@@ -494,7 +562,7 @@ class A2AAgent:
             metadata={wire.HOPS: depth + 1},
         )
         params = {"message": message}
-        task = _Tracker(_Nested(emit, self.max_answer_chars))
+        task = _Tracker(nested)
         async with self._client() as client:
             try:
                 if capabilities.get("streaming"):
@@ -516,6 +584,11 @@ class A2AAgent:
                 if task.id and task.state not in wire.TERMINAL:
                     await self._cancel_quietly(client, binding, url, task.id)
                 raise
+            except _OutputSpent:  # its caller's output tokens: no more of it is read
+                if task.id and not task.over:
+                    await self._cancel_quietly(client, binding, url, task.id)
+                await nested.spent()
+                return
             except Exception as exc:
                 why = (
                     str(exc)
@@ -528,7 +601,7 @@ class A2AAgent:
                 raise RemoteAgentError(why) from None
             if task.state == wire.COMPLETED:
                 await task.nested.finish()
-                return "".join(task.nested.text)
+                return
             detail = _status_text(task.status)
             if task.state in wire.INTERRUPTED:
                 await self._cancel_quietly(client, binding, url, task.id)
@@ -607,7 +680,7 @@ class A2AAgent:
                 )
             in_flight[0] += 1
             try:
-                return await remote.run(input, emit=context.emit, depth=context.depth)
+                return await _remote_call(remote, input, context)
             finally:
                 in_flight[0] -= 1
 
@@ -619,6 +692,40 @@ class A2AAgent:
         return tool(
             run_remote, name=tool_name, description=description, needs_approval=needs_approval
         )
+
+
+SPENT_NOTE = "[the remote agent stopped before it finished: max_output_tokens reached]"
+"""Ends the result of a remote call cut at its caller's output tokens left."""
+NOT_CALLED = "[the remote agent was not called: max_output_tokens reached]"
+"""The result of a remote call left no output tokens by the calls beside it."""
+
+
+async def _remote_call(remote: A2AAgent, input: str, context: ToolContext) -> str:
+    """One call of ``remote`` as a tool, under its calling turn's output budget: the
+    answer is counted (:class:`_Nested`: its UTF-8 bytes) toward the calling turn's
+    usage, at most what that turn has left (:attr:`ToolContext.output_left`), which
+    the call reserves in the batch's account (:attr:`ToolContext.output_account`,
+    shared with the calls beside it); an answer past it is cut there, its task
+    canceled, and the result says so, as a sub-agent's cut by its budget does (the
+    calling turn, nothing left, then ends ``budget``). Why: A2A carries no usage, so a
+    remote agent's answer was neither bounded nor counted. No output budget: neither,
+    as before."""
+    cap, held, account = context.output_left, 0, context.output_account
+    if cap is not None and account is not None:
+        held = cap = min(cap, await account.reserve(cap))
+    if cap == 0:  # the calls beside it spent what was left
+        return NOT_CALLED
+    nested = _Nested(context.emit, remote.max_answer_chars, cap)
+    try:
+        await remote._answer(input, nested, context.depth)
+    finally:
+        if held:
+            assert account is not None
+            account.settle(held, nested.bytes)
+        if cap is not None:
+            context.add_usage(nested.usage())
+    text = "".join(nested.text)
+    return f"{text}\n{SPENT_NOTE}" if nested.cut else text
 
 
 async def _one(result: Any) -> AsyncGenerator[dict[str, Any], None]:

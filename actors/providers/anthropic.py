@@ -26,6 +26,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
+    Mapping,
     Sequence,
 )
 from contextlib import aclosing
@@ -1509,6 +1510,16 @@ class AnthropicProvider(SDKProvider):
         super().prepare_client(client)
         skip_idle_spans(client)
 
+    def _cap(self, options: dict[str, Any], left: int | None) -> int | None:
+        """``max_tokens`` in ``options`` (the settings over the provider's options):
+        theirs, else :attr:`max_tokens` (the API requires one), lowered to ``left``."""
+        return cap_output(options, "max_tokens", left, self.max_tokens)
+
+    def sent_cap(self, settings: Mapping[str, Any], left: int | None) -> int | None:
+        """:meth:`request_params`' ``max_tokens``: :attr:`max_tokens` (4096 by default)
+        when neither the settings nor the options give one and ``left`` is more."""
+        return self._cap({**self.request_options, **settings}, left)
+
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
         system, messages = map_messages(
@@ -1525,7 +1536,7 @@ class AnthropicProvider(SDKProvider):
             params["tools"] = map_tools(request.tools)
         settings = {**self.request_options, **request.settings}
         # the turn's output budget left, when below the cap given (the API requires one)
-        cap_output(settings, "max_tokens", request.max_output_tokens, self.max_tokens)
+        self._cap(settings, request.max_output_tokens)
         budget = thinking_budget(
             self.thinking_budget,
             settings.get("max_tokens", self.max_tokens),

@@ -58,7 +58,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import trio
@@ -901,6 +901,15 @@ class GeminiProvider(SDKProvider):
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (self._key,)
 
+    def _cap(self, options: dict[str, Any], left: int | None) -> int | None:
+        """``max_output_tokens`` in ``options`` (the settings over the provider's
+        options), lowered to ``left``."""
+        return cap_output(options, "max_output_tokens", left)
+
+    def sent_cap(self, settings: Mapping[str, Any], left: int | None) -> int | None:
+        """:meth:`request_params`' ``max_output_tokens`` (the API's only cap field)."""
+        return self._cap({**self.request_options, **settings}, left)
+
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``generate_content_stream`` keyword arguments (``model``, ``contents``,
         ``config``) for ``request``."""
@@ -927,7 +936,7 @@ class GeminiProvider(SDKProvider):
         known = types.GenerateContentConfig.model_fields
         extra_body: dict[str, Any] = {}
         options = {**self.request_options, **request.settings}
-        cap_output(options, "max_output_tokens", request.max_output_tokens)  # the turn's left
+        self._cap(options, request.max_output_tokens)  # the turn's left
         for key, value in options.items():
             if key in _RESERVED:
                 continue

@@ -33,7 +33,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -1260,6 +1267,18 @@ class OpenAIProvider(OpenAISDKProvider):
             options.model or "gpt-4o-mini", base_url=options.base_url, api_key=options.api_key
         )
 
+    def _cap(self, options: dict[str, Any], left: int | None) -> int | None:
+        """Lower the cap fields ``options`` name (else :attr:`cap_field`) to ``left``;
+        the smallest cap they then carry (``None``: none)."""
+        caps = [cap_output(options, f, left) for f in _cap_fields(options, self.cap_field)]
+        sent = [c for c in caps if c is not None]
+        return min(sent) if sent else None
+
+    def sent_cap(self, settings: Mapping[str, Any], left: int | None) -> int | None:
+        """:meth:`request_params`' cap: in the field the options name, or
+        :attr:`cap_field`."""
+        return self._cap({**self.request_options, **settings}, left)
+
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``chat.completions.create`` keyword arguments for ``request``."""
         options = {**self.request_options, **request.settings}
@@ -1278,8 +1297,7 @@ class OpenAIProvider(OpenAISDKProvider):
             params["tools"] = map_tools(request.tools)
         if request.output is not None:
             params["response_format"] = map_output(request.output)
-        for field in _cap_fields(options, self.cap_field):
-            cap_output(options, field, request.max_output_tokens)
+        self._cap(options, request.max_output_tokens)
         stream_options = options.pop("stream_options", {})
         params.update(options)
         params["stream"] = True

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -974,10 +974,19 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
             "foreign_reasoning": self.foreign_reasoning,
         }
 
+    def _cap(self, options: dict[str, Any], left: int | None) -> int | None:
+        """``max_output_tokens`` in ``options`` (the settings over the provider's
+        options), lowered to ``left``."""
+        return cap_output(options, "max_output_tokens", left)
+
+    def sent_cap(self, settings: Mapping[str, Any], left: int | None) -> int | None:
+        """:meth:`request_params`' ``max_output_tokens`` (the API's only cap field)."""
+        return self._cap({**self.request_options, **settings}, left)
+
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
         options = {**self.request_options, **request.settings}
-        cap_output(options, "max_output_tokens", request.max_output_tokens)  # the turn's left
+        self._cap(options, request.max_output_tokens)  # the turn's left
         store = bool(options.pop("store", self.store))
         params: dict[str, Any] = {
             "model": self.model,

@@ -111,11 +111,13 @@ class Inferring:
             try:
                 await self._call_once(turn, result)
                 result.usage = counted(result, turn.parts.written, mark, self._log)
+                _settle(turn, result, result.usage.output_tokens)
                 price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
                 result.usage = counted(result, turn.parts.written, mark, self._log)
+                _settle(turn, result, result.usage.output_tokens)
                 if result.usage.total_tokens:  # a failed call billed what it read and wrote
                     price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                     spent = await priced(result.usage, price_key() if price_key else None)
@@ -152,6 +154,10 @@ class Inferring:
                     error=redact(exception_text(exc)),
                 )
                 await trio.sleep(delay)
+            finally:  # cancelled, or failed otherwise: what it wrote, at most its hold
+                if result.held:
+                    written = result.usage.output_tokens or turn.parts.written(mark)
+                    _settle(turn, result, min(written, result.held))
 
     async def _reset_step(self, turn: Turn, mark: int, exc: ProviderError) -> None:
         """Void what the failed call of the step streamed, before the next provider makes
@@ -251,9 +257,13 @@ class Inferring:
         provider = self._provider_at(turn.provider)
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
-        result.cap = turn.limits.output_left(turn.usage)
-        if result.cap == 0:  # the summary calls wrote what was left: no call may write 0
+        cap = result.cap = turn.limits.output_left(turn.usage)
+        if cap == 0:  # the summary calls wrote what was left: no call may write 0
             raise BudgetExceeded("max_output_tokens")
+        if cap is not None:  # what the provider's request will carry (its own cap?)
+            result.sent = sent_cap(provider, agent.settings, cap)
+            if turn.account is not None:  # shared with the caller's other calls
+                await _reserve(turn, result, provider, agent.settings)
         limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
         grant = await acquire(
             limiter,
@@ -378,18 +388,33 @@ class Inferring:
     ) -> tuple[Message, ...]:
         """The agent's history processors on the call's ``messages``; a summary they
         stored goes into the history right before the turn's user message (saved with
-        the turn), and its call's usage into the turn's."""
-        done = await compact(
-            self.agent.history_processors,
-            messages,
-            provider=provider,
-            session_id=self.state.session_id,
-            turn_id=turn.turn_id,
-            step=turn.step,
-            instructions=instructions,
-            tools=tools,
-            left=turn.limits.output_left(turn.usage),
-        )
+        the turn), and its call's usage into the turn's. Its summary calls may write
+        what the turn has left, reserved in its account (a sub-turn's) while they run."""
+        left, held = turn.limits.output_left(turn.usage), 0
+        account = turn.account
+        if left is not None and account is not None:
+            held = min(left, await account.reserve(left))
+            if not held:  # nothing left: a summary may not write 0 (nor may the step)
+                raise BudgetExceeded("max_output_tokens")
+            left = held
+        spent = held  # (cancelled or failed: all it held counts)
+        try:
+            done = await compact(
+                self.agent.history_processors,
+                messages,
+                provider=provider,
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                instructions=instructions,
+                tools=tools,
+                left=left,
+            )
+            spent = done.usage.output_tokens
+        finally:
+            if held:
+                assert account is not None
+                account.settle(held, spent)
         turn.usage = turn.usage + done.usage
         if done.over is not None:  # a summary cut by the turn's budget: not used
             raise BudgetExceeded(done.over)
@@ -435,21 +460,55 @@ def counted(step: Step, written: Callable[[int], int], mark: int, log: Any) -> U
     n = written(mark)
     if not n:
         return usage
-    guess = min(n, cap)
+    guess = min(n, cap if step.sent is None else step.sent)
     log.warning("usage.estimated", output_tokens=guess, bytes=n, cap=cap)
     return attrs.evolve(usage, output_tokens=guess, total_tokens=usage.total_tokens + guess)
 
-
-CAP_SETTINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-"""The agent ``settings`` keys that cap a call's output, one provider's or another's
-(Chat Completions, Anthropic; Chat Completions; Responses, Gemini)."""
 
 CUT_MARGIN = 4
 """A ``length`` call that reports at least ``cap - cap // CUT_MARGIN`` output tokens (3/4
 of the budget's cap it was sent) was cut by that cap (:func:`cut_by_budget`)."""
 
 
-def cut_by_budget(step: Step, settings: Mapping[str, Any]) -> bool:
+def sent_cap(provider: Any, settings: Mapping[str, Any], cap: int) -> int:
+    """The output cap ``provider``'s request carries for a call the turn's budget lets
+    write ``cap`` tokens (:meth:`Provider.sent_cap <runtime.provider.Provider.
+    sent_cap>`: ``cap``, or a smaller one of the settings, the provider's options or its
+    API's default); ``cap`` for a provider actor that does not say."""
+    ask = getattr(provider, "sent_cap", None)
+    sent = cap if ask is None else ask(settings, cap)
+    return cap if sent is None else sent
+
+
+async def _reserve(turn: Turn, step: Step, provider: Any, settings: Mapping[str, Any]) -> None:
+    """Reserve in the turn's account (:attr:`Turn.account`, shared with its calling
+    turn's other calls) the cap ``step``'s call will be sent, waiting while another call
+    holds what is left; lower the call's cap to what the account has. Nothing left
+    (and nothing held by any call): :class:`BudgetExceeded`, before the call, as when
+    the turn's own budget is spent."""
+    account, cap, want = turn.account, step.cap, step.sent
+    assert account is not None and cap is not None and want is not None
+    available = await account.reserve(want)
+    if not available:
+        raise BudgetExceeded("max_output_tokens")
+    step.held = min(want, available)
+    if available < cap:  # the account, not the turn's own budget, bounds it
+        step.cap = available
+        step.sent = sent_cap(provider, settings, available)
+
+
+def _settle(turn: Turn, step: Step, spent: int) -> None:
+    """Give back to the turn's account what ``step``'s call reserved and did not write
+    (``spent``: the tokens it counts), once."""
+    held = step.held
+    if held:
+        step.held = 0
+        account = turn.account
+        assert account is not None
+        account.settle(held, spent)
+
+
+def cut_by_budget(step: Step) -> bool:
     """Whether a call of ``step`` that finished ``length`` was cut by the cap the turn's
     output budget sent it (:attr:`Step.cap`), so the turn ends ``budget``, not
     ``length`` (a limit of the model's or server's own).
@@ -458,24 +517,26 @@ def cut_by_budget(step: Step, settings: Mapping[str, Any]) -> bool:
     our cap of N tokens wrote N of its own, and reports fewer only by counting them
     otherwise (a last or special token left out, a proxy counting with another
     tokenizer): a few, or some tens of percent, so a report within :data:`CUT_MARGIN`
-    of the cap is the budget's cut too. Not when the agent's ``settings`` sent a smaller
-    cap of their own (that one cut it: ``length``), nor far below the cap: then another
-    limit cut it (the context window's end on a server that does not refuse the
-    request for it, the model's own maximum, a provider's default such as Anthropic's
-    4096), and ``budget`` would say the turn's allowance ran out while most of it is
-    left. Rejected: every ``length`` of a call whose cap was the budget's remainder: a
-    llama.cpp or Ollama server that reaches its context's end after 500 tokens of a
-    10,000 budget would read ``budget``, wrongly, whatever the budget."""
+    of the cap is the budget's cut too. Not when the request carried a smaller cap
+    (:attr:`Step.sent`, from the provider's request mapping: the agent's ``settings``,
+    the provider's options, its API's default such as Anthropic's 4096): that one cut
+    it, ``length`` (before, only the settings' were seen, so a cut by Anthropic's
+    default within a quarter of a larger budget's cap read ``budget``); nor far below
+    the cap: then another limit cut it (the context window's end on a server that does
+    not refuse the request for it, the model's own maximum), and ``budget`` would say
+    the turn's allowance ran out while most of it is left. Rejected: every ``length``
+    of a call whose cap was the budget's remainder: a llama.cpp or Ollama server that
+    reaches its context's end after 500 tokens of a 10,000 budget would read
+    ``budget``, wrongly, whatever the budget."""
     cap = step.cap
     if step.finish != "length" or cap is None:
         return False
     written = step.usage.output_tokens
     if written >= cap:
         return True
-    for key in CAP_SETTINGS:
-        own = settings.get(key)
-        if isinstance(own, int) and not isinstance(own, bool) and own < cap:
-            return False  # (sent instead of the budget's: it cut the call)
+    sent = step.sent
+    if sent is not None and sent < cap:
+        return False  # (the request carried a smaller cap than the budget's: it cut it)
     return written >= cap - cap // CUT_MARGIN
 
 

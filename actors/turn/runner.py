@@ -612,6 +612,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             self._continue(turn, committed)
         # this run's output bound (a sub-turn's: its caller's left), beyond what it wrote
         turn.limits = agent.budget.bounded(run.max_output_tokens, turn.usage)
+        turn.account = run.output_account  # shared with its caller's other calls
         return turn, committed, superseded
 
     async def _announce_start(
@@ -700,7 +701,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
             over = budget.tokens_exceeded(turn.usage) or budget.output_spent(
-                turn.usage, more=bool(result.calls), cut=cut_by_budget(result, self.agent.settings)
+                turn.usage, more=bool(result.calls), cut=cut_by_budget(result)
             )
             if result.calls:
                 over = await self._take_results(turn, result, step, over)

@@ -36,6 +36,7 @@ from runtime.actor_messages import (
     ToolProgress,
 )
 from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, WAITING_META, denial_text
+from runtime.budget import batch_account
 from runtime.chunks import ReasoningChunk, TextChunk, ToolCallChunk, Usage
 from runtime.errors import BudgetExceeded
 from runtime.history import INTERRUPTED
@@ -563,6 +564,8 @@ class Suspending:
         awaited = parts[0].awaiting
         assert awaited is not None
         budget, sid = turn.limits, self.state.session_id
+        left = budget.output_left(turn.usage)
+        account = batch_account(left, turn.account)
         tools = {t.name: t for t in await self._tools(turn)}
         by_step: dict[int, list[ToolCallPart]] = {}
         for part in parts:
@@ -599,7 +602,8 @@ class Suspending:
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 max_parallel=budget.max_parallel_tool_calls,
-                output_left=budget.output_left(turn.usage),  # a sub-agent's bound
+                output_left=left,  # a sub-agent's bound
+                output_account=account,  # one for all of them, as one batch's
                 reply=self.tool_inbox,
                 cancel_scope=trio.CancelScope(),
                 host=self.host,

@@ -27,6 +27,7 @@ from runtime.actor_messages import (
     ToolProgress,
     ToolStreamed,
 )
+from runtime.budget import batch_account
 from runtime.chunks import ToolCallChunk
 from runtime.errors import ToolDefinitionError
 from runtime.tools import Tool, agent_depth, caller_of
@@ -142,6 +143,7 @@ class ToolCalling:
             if turn.confirm is not None:  # a worker's: is the turn still its own?
                 await turn.confirm()  # (cancels the turn when it is not)
             inbox = self.tool_inbox
+            left = budget.output_left(turn.usage)
             request = ExecuteTools(
                 session_id=sid,
                 turn_id=turn.turn_id,
@@ -158,7 +160,8 @@ class ToolCalling:
                 depth=agent_depth(turn.meta),
                 may_wait=True,
                 confirm=turn.confirm,
-                output_left=budget.output_left(turn.usage),  # a sub-agent's bound
+                output_left=left,  # a sub-agent's bound
+                output_account=batch_account(left, turn.account),  # shared by the batch
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}

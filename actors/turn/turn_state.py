@@ -15,7 +15,7 @@ import attrs
 from actors.turn.parts import PartsManager
 from actors.turn.structured import StructuredTurn
 from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
-from runtime.budget import Budget
+from runtime.budget import Budget, OutputAccount
 from runtime.chunks import ToolCallChunk, Usage
 from runtime.errors import AxonError, ContextTooLong, exception_message
 from runtime.ids import new_id
@@ -34,7 +34,17 @@ class Step:
     calls: list[ToolCallChunk] = attrs.field(factory=list)
     produced: bool = False
     cap: int | None = None
-    """The output tokens the call was sent as the turn's left (``None``: no budget)."""
+    """The output tokens the turn's budget let the call write: what the turn had left,
+    at most what its :attr:`Turn.account` had (``None``: no budget)."""
+    sent: int | None = None
+    """The output cap the provider's request carried (``Provider.sent_cap``, when
+    :attr:`cap` is set): :attr:`cap`, or a smaller one of the agent's ``settings``, the
+    provider's options or its API's default (Anthropic's ``max_tokens``, 4096), which
+    then is what cut a ``length`` call (:func:`actors.turn.inference.cut_by_budget`)."""
+    held: int = 0
+    """The tokens the call reserved in :attr:`Turn.account` (given back, less what it
+    wrote, when it is over: :meth:`OutputAccount.settle <runtime.budget.OutputAccount.
+    settle>`)."""
 
 
 _NO_LIMITS = Budget()
@@ -72,6 +82,11 @@ class Turn:
     """The budget the turn runs under: the agent's, its output tokens bounded for this
     run by :attr:`RunTurn.max_output_tokens <runtime.actor_messages.RunTurn.
     max_output_tokens>` (an agent tool's sub-turn: what its caller has left)."""
+    account: OutputAccount | None = None
+    """The live account this run's model calls reserve their caps in and settle into
+    (:attr:`RunTurn.output_account <runtime.actor_messages.RunTurn.output_account>`: an
+    agent tool's sub-turn shares its caller's batch's with the batch's other calls);
+    ``None``: none (a turn an application runs)."""
     step: int = 0
     step_open: bool = False
     ended: bool = False

@@ -86,6 +86,7 @@ from runtime.tools import CALLING_SESSION
 if TYPE_CHECKING:
     from runtime.actor import Actor
     from runtime.agent import Agent
+    from runtime.budget import OutputAccount
     from runtime.bus import Bus
     from runtime.store import Store
     from runtime.tools import Tool
@@ -306,6 +307,7 @@ class TurnStream:
         instructions: str | None = None,
         follow: bool = False,
         max_output_tokens: int | None = None,
+        output_account: OutputAccount | None = None,
     ) -> None:
         self.session = session
         self.follow = follow
@@ -335,6 +337,9 @@ class TurnStream:
         """Instructions added for this turn only (``RunTurn.instructions``)."""
         self.max_output_tokens = _check_bound(max_output_tokens)
         """The output tokens this run may write at most (``RunTurn.max_output_tokens``)."""
+        self.output_account = output_account
+        """The account its model calls share with its caller's other calls
+        (``RunTurn.output_account``)."""
         self.stored: SessionRecord | None = None
         """The session as just read from the store (``RunTurn.stored``): for a
         continuation, or a turn whose session was loaded for it."""
@@ -517,6 +522,7 @@ class TurnStream:
                     instructions=self.instructions,
                     stored=self.stored,
                     max_output_tokens=self.max_output_tokens,
+                    output_account=self.output_account,
                 )
             )
         except BaseException:
@@ -1010,6 +1016,7 @@ class ResumeStream(TurnStream):
         instructions: str | None = None,
         decided: Recorded | None = None,
         max_output_tokens: int | None = None,
+        output_account: OutputAccount | None = None,
     ) -> None:
         super().__init__(
             session,
@@ -1019,6 +1026,7 @@ class ResumeStream(TurnStream):
             tools=tools,
             instructions=instructions,
             max_output_tokens=max_output_tokens,
+            output_account=output_account,
         )
         self._decided = decided
 
@@ -1367,6 +1375,7 @@ class Session:
         follow: bool = False,
         stored: SessionRecord | None = None,
         max_output_tokens: int | None = None,
+        output_account: OutputAccount | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -1417,7 +1426,13 @@ class Session:
         calls, under the agent's own ``Budget.max_output_tokens`` (the smaller holds, and
         is each call's cap as the budget is): an agent used as a tool runs its sub-turn
         under what its calling turn has left (:attr:`ToolContext.output_left`). An int of
-        0 or more; ``None``: the agent's budget alone.
+        0 or more; ``None``: the agent's budget alone. ``output_account``: the live
+        account (:class:`~runtime.budget.OutputAccount`) each of the turn's model calls
+        reserves its cap in, and settles into when it is over; an agent used as a tool
+        runs its sub-turn on its calling call's (:attr:`ToolContext.output_account`), so
+        sub-agents called at once never write more, together, than the caller had left.
+        It bounds a turn that has an output budget (its agent's, or ``max_output_tokens``,
+        which the tool gives with it); a turn without one reserves nothing.
         """
         self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
@@ -1437,6 +1452,7 @@ class Session:
             instructions=instructions,
             follow=follow,
             max_output_tokens=max_output_tokens,
+            output_account=output_account,
         )
         if stored is not None:
             stream.stored = stored
@@ -1679,6 +1695,7 @@ class Session:
         instructions: str | None = None,
         decided: Recorded | None = None,
         max_output_tokens: int | None = None,
+        output_account: OutputAccount | None = None,
     ) -> TurnStream:
         """The continuation of the turn that waited, once every call it waits for is
         decided: ``async with session.resume() as out``. Approved calls run (once),
@@ -1695,13 +1712,14 @@ class Session:
         the session's latest decision (:meth:`take_decided` says why that is safe only
         then). Leave it out where the decision and the continuation are apart.
         ``max_output_tokens``: :meth:`stream`'s, what the continuation may write beyond
-        the turn's committed steps."""
+        the turn's committed steps; ``output_account``: :meth:`stream`'s."""
         return ResumeStream(
             self,
             tools=tools,
             instructions=instructions,
             decided=decided,
             max_output_tokens=max_output_tokens,
+            output_account=output_account,
         )
 
     async def respond(
