@@ -193,3 +193,73 @@ def test_a_client_with_its_joined_urls_is_freed_without_the_collector():
         assert gone() is None  # no reference cycle through the cache
     finally:
         gc.enable()
+
+
+# -- the client's default timeout, a Timeout already (client_timeout) ---------------------
+
+
+class _CountedChecks(type):
+    """A metaclass counting ``isinstance`` checks against its classes."""
+
+    checks = 0
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        _CountedChecks.checks += 1
+        return isinstance(instance, (int, float))
+
+
+class _CountedSupportsFloat(metaclass=_CountedChecks):
+    """Stands in for ``typing.SupportsFloat`` in httpx2's ``Timeout``: counts the
+    runtime protocol checks a call makes (each ~44k instructions with the real one)."""
+
+
+def _float_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The providers give their SDK client the number itself, as before client_timeout."""
+    import actors.providers.anthropic as anthropic_provider
+    import actors.providers.openai_common as openai_common
+
+    for module in (anthropic_provider, openai_common):
+        monkeypatch.setattr(module, "client_timeout", lambda timeout, _cls: timeout)
+
+
+@pytest.mark.parametrize("cls", list(BODIES))
+async def test_a_call_builds_its_timeout_without_a_protocol_check(
+    cls: type[SDKProvider], monkeypatch: pytest.MonkeyPatch
+):
+    import httpx2._config
+
+    monkeypatch.setattr(httpx2._config, "SupportsFloat", _CountedSupportsFloat)
+    async with loopback_server(*(Reply(body=BODIES[cls]) for _ in range(2))) as server:
+        provider = cls("m", base_url=f"{server.url}/v1", api_key="sk-test-dummy", timeout=5.0)
+        provider._get_client()  # (its Timeout made once: from the number)
+        monkeypatch.setattr(_CountedChecks, "checks", 0)
+        await _calls(provider, 2, cached=True)
+    assert len(server.requests) == 2
+    assert _CountedChecks.checks == 0
+
+
+@pytest.mark.parametrize("cls", list(BODIES))
+@pytest.mark.parametrize("seconds", [5.0, 7, None])
+async def test_a_client_s_timeout_as_a_timeout_sends_what_the_number_sent(
+    cls: type[SDKProvider], seconds: float | None, monkeypatch: pytest.MonkeyPatch
+):
+    async with loopback_server(*(Reply(body=BODIES[cls]) for _ in range(2))) as server:
+        given = cls("m", base_url=f"{server.url}/v1", api_key="sk-test-dummy", timeout=seconds)
+        client = given._get_client()
+        await _calls(given, 1, cached=True)
+        with monkeypatch.context() as patched:
+            _float_timeouts(patched)
+            plain = cls("m", base_url=f"{server.url}/v1", api_key="sk-test-dummy", timeout=seconds)
+            number = plain._get_client()
+            await _calls(plain, 1, cached=True)
+    assert number.timeout == seconds  # (the monkeypatch took: the number itself)
+    if seconds is None:
+        assert client.timeout is None
+    else:
+        assert (client.timeout.connect, client.timeout.read) == (seconds, seconds)
+    assert client._client.timeout == number._client.timeout
+    sent = [_wire(r) for r in server.requests]
+    assert sent[0] == sent[1]  # same method, target, headers (timeouts' too) and body
+    assert any(name == "x-stainless-read-timeout" for name, _ in sent[0][2]) is (
+        seconds is not None
+    )

@@ -58,7 +58,7 @@ from actors.providers.failures import (
 )
 from actors.providers.json_slot import StringSlot, learn, orjson_module
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sdk import SDKProvider
+from actors.providers.sdk import SDKProvider, client_timeout
 from actors.providers.sse import (
     SSEDecoder,
     body_bytes,
@@ -1494,9 +1494,9 @@ class AnthropicProvider(SDKProvider):
     def new_client(self) -> Any:
         """The ``AsyncAnthropic`` client, with SDK retries off: the turn runner retries,
         with the classification above, so retries never stack."""
-        from anthropic import AsyncAnthropic  # the SDK: loaded by the first call only
+        from anthropic import AsyncAnthropic, Timeout  # the SDK: loaded by the first call only
 
-        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": client_timeout(self.timeout, Timeout)}
         if self.base_url is not None:
             kw["base_url"] = self.base_url
         if self._api_key is not None:

@@ -49,7 +49,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Self
 
 from actors.providers.failures import QUOTE_MARGIN, classify_status, quoted
-from actors.providers.sdk import SDKProvider
+from actors.providers.sdk import SDKProvider, client_timeout
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.errors import AxonError
@@ -147,7 +147,9 @@ class _Platform(SDKProvider):
         """``client_class`` (the platform's SDK client) with the settings ``given`` that
         are not ``None``, SDK retries off; the SDK's ``ValueError`` (a region or
         credentials missing or clashing) is a configuration error."""
-        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        from anthropic import Timeout  # (the platform's client imported it already)
+
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": client_timeout(self.timeout, Timeout)}
         kw.update({key: value for key, value in given.items() if value is not None})
         try:
             client = client_class(**kw)

@@ -39,7 +39,7 @@ from actors.providers.failures import (
     missing_key,
     retry_after,
 )
-from actors.providers.sdk import SDKProvider
+from actors.providers.sdk import SDKProvider, client_timeout
 from runtime import errors
 from runtime.errors import AxonError, ProviderError
 from runtime.logging import get_logger
@@ -294,7 +294,7 @@ class OpenAISDKProvider(SDKProvider):
             return openai.AsyncOpenAI(
                 api_key=self._api_key,
                 base_url=self.base_url,
-                timeout=self.timeout,
+                timeout=client_timeout(self.timeout, openai.Timeout),
                 max_retries=0,  # retries belong to the runtime (it knows what was emitted)
             )
         except openai.OpenAIError as exc:  # no key given and none in the environment
