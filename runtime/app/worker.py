@@ -114,7 +114,7 @@ from runtime.log_repeats import RepeatedWarning
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import UserMessage
-from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, StepStart
+from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, Steered, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
 from runtime.tools import AGENT_DEPTH_META, Tool, agent_depth
@@ -1222,6 +1222,7 @@ class Worker:
         each), not one ``__anext__`` a chunk: the worker only forwards them, ~35 a turn
         (issue 24 goal 3). The same chunks in the same order."""
         restart = entry.claim.takeover
+        steered: list[Steered] = []  # a takeover's, held until its step's reset is known
         # One call a batch where the writer takes them so (the Redis relay's): nothing
         # in a batch awaits unless a takeover's restart is looked for, so the lease's
         # loss, noticed on the loop, is the same for the whole batch.
@@ -1252,14 +1253,23 @@ class Worker:
                 for chunk in chunks:
                     if entry.lost:
                         break
+                    if restart and type(chunk) is Steered:
+                        steered.append(chunk)  # (sent before its step: is it shown already?)
+                        continue
                     if restart and type(chunk) is StepStart:
                         restart = False
-                        if await self._reset_shown(entry, writer, chunk.step):
+                        reset = await self._reset_shown(entry, writer, chunk.step, steered)
+                        steered.clear()
+                        if reset:
                             continue  # readers have the step's start: the reset keeps it
+                    elif steered:  # (in their place, before what follows them)
+                        self._write_steered(entry, writer, steered, frozenset())
                     writer.append(chunk)
                     entry.last_out = chunk
                 if room is not None:
                     await room()
+            if steered and writer is not None and not entry.lost:
+                self._write_steered(entry, writer, steered, frozenset())  # (no step followed)
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
@@ -1268,17 +1278,26 @@ class Worker:
             entry.lost = True
             raise
 
-    async def _reset_shown(self, entry: _Running, writer: Any, step: int) -> bool:
+    async def _reset_shown(
+        self, entry: _Running, writer: Any, step: int, steered: list[Steered]
+    ) -> bool:
         """Before a taken-over turn re-runs ``step``: when the dead worker streamed any of
         it, the parts it left open are closed and a ``reset-step`` chunk
         (:class:`~runtime.output.ResetStep`, error kind :data:`TAKEOVER`) takes back what
         it streamed, as a provider fallback does; the re-run's parts follow, without a
         second ``start-step``. Whether the step was streamed is read from the relay.
         Nothing is written when the lease was lost during that read (the turn is another
-        worker's now: a ``reset-step`` from here would take back that worker's parts)."""
+        worker's now: a ``reset-step`` from here would take back that worker's parts).
+
+        ``steered``: the messages the re-run took before the step. One the earlier run
+        took too, and showed, is not shown again (the relay's ``steered_shown``): its
+        row stays queued until a save stores it, so a turn given back unsaved (or whose
+        worker died) before that save takes it again. Its readers were shown it twice,
+        the bundled page two bubbles of it."""
         closing = await writer.shown(step)
         if entry.lost:  # lost while it read: the stream is a newer worker's to write
             return True
+        self._write_steered(entry, writer, steered, getattr(writer, "steered_shown", frozenset()))
         if closing is None:
             return False
         for chunk in closing:
@@ -1289,6 +1308,17 @@ class Worker:
         writer.append(ResetStep(step=step, provider=name, error=error))
         log().info("worker.step_reset", turn_id=entry.claim.turn.turn_id, step=step)
         return True
+
+    @staticmethod
+    def _write_steered(
+        entry: _Running, writer: Any, steered: list[Steered], shown: frozenset[str]
+    ) -> None:
+        """A takeover's held ``steered`` chunks to the relay, but those ``shown``."""
+        for chunk in steered:
+            if chunk.message_id not in shown:
+                writer.append(chunk)
+                entry.last_out = chunk
+        steered.clear()
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with. Usually
