@@ -96,6 +96,7 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
 from runtime.app.nested import delete_scratch
+from runtime.app.unsaved import told_end, unsaved_error
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.clocks import AnchoredClock
 from runtime.errors import (
@@ -481,6 +482,9 @@ class Worker:
         seconds while its event loop runs and PostgreSQL answers (:meth:`_beat`), for an
         orchestrator's liveness probe; removed when the worker stops (``None``: none)."""
         self.health_interval = health_interval
+        self.max_attempts = max_attempts
+        """Claims a turn gets (the queue's bound): the last one's unsaved end fails it
+        (:meth:`_give_back`)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -1370,13 +1374,14 @@ class Worker:
         and re-runs the rest (its readers told to drop this run's unsaved step). The
         attempt stays used: a store that never confirms fails the turn at last."""
         turn = entry.claim.turn
+        last = turn.attempts >= self.max_attempts
         log().error(
             "worker.turn_unsaved",
             turn_id=turn.turn_id,
             session_id=turn.session_id,
             epoch=entry.claim.epoch,
+            attempts=turn.attempts,
         )
-        entry.lost = True  # what happens to the turn from here is not this worker's
         session = entry.stream.session
         with trio.CancelScope(shield=True):
             if session.current is None:
@@ -1384,11 +1389,39 @@ class Worker:
                 # those messages on as its own (after what the takeover stores of
                 # them). Dropped before the release, so the next claim loads the session.
                 await session.close()
+            if last:
+                return await self._fail_unsaved(entry)
+            entry.lost = True  # what happens to the turn from here is not this worker's
             try:
                 await self.queue.release(entry.claim, keep_attempt=True)
             except StoreError as exc:  # the lease runs out instead: taken over all the same
                 log().warning("worker.release_failed", turn_id=turn.turn_id, error=redact(str(exc)))
         return "lost"
+
+    async def _fail_unsaved(self, entry: _Running) -> str:
+        """The turn's last attempt ended unsaved too: it fails here, its error and its
+        stream's end the ``not_saved`` ones the embedded app tells
+        (:func:`~runtime.app.unsaved.unsaved_error`; no store text). Given back, the
+        next claim failed it as "abandoned by N workers (their leases expired while
+        running it): it may be killing its workers", and its stream had no end: its
+        client was told the relay lost it, to reload. What its saves committed stays."""
+        result = entry.stream.result
+        error = unsaved_error(result)
+        if entry.end is not None:
+            entry.end = told_end(entry.end, result)
+        try:
+            if not await self.queue.finish(
+                entry.claim, status="failed", finish_reason="error", error=error.message
+            ):
+                entry.lost = True
+                return "lost"
+        except (LeaseLost, StoreError) as exc:  # its lease runs out: the claim fails it
+            log().warning(
+                "worker.finish_failed", turn_id=entry.claim.turn.turn_id, error=redact(str(exc))
+            )
+            entry.lost = True
+            return "lost"
+        return "failed"
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),
