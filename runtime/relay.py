@@ -58,7 +58,10 @@ class RelayWriter(Protocol):
         ``*-finish`` chunks that close the text and reasoning parts it left open (empty
         when none), which the caller appends before its ``reset-step``
         (:class:`~runtime.output.ResetStep`). When the relay cannot tell, the writer
-        makes readers rebuild the turn from the store and returns ``None``."""
+        makes readers rebuild the turn from the store and returns ``None``. A writer
+        that can tell which messages the stream shows steered into ``step``
+        (:class:`~runtime.output.Steered`) says so in a ``steered_shown`` attribute
+        (their ids) once this returns: the takeover does not show them again."""
         ...
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:

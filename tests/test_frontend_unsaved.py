@@ -16,10 +16,12 @@ import pytest
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from runtime import Agent
+from runtime.app.unsaved import NOT_SAVED_MESSAGE
 from runtime.errors import StoreError
 from tests.support.redis import require_redis
 from tests.test_frontend import body, deployment
 from tests.test_relay_web import sse_events
+from tests.test_web_unsaved_queue import TOLD
 
 ANSWER = "hello there"
 SECRET = "/var/lib/postgresql/private-7f3a"
@@ -58,3 +60,38 @@ async def test_a_turn_given_back_unsaved_streams_one_answer_ending_once(
     assert "error" not in types and types.count("finish") == 1 and types[-1] == "finish"
     assert SECRET not in response.text and "StoreError" not in response.text
     assert record is not None and [m.role for m in record.messages] == ["user", "assistant"]
+
+
+async def test_a_turn_whose_every_attempt_is_refused_ends_not_saved_for_its_client(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every save of the turn's answer refused: its last attempt's worker fails it as not
+    saved, and its client's stream ends with the ``not_saved`` error the embedded app
+    gives. Before, that worker gave it back like the others, the next claim failed it
+    "abandoned by 3 workers (their leases expired while running it): it may be killing
+    its workers", and the client was told the relay stream was lost ("reload")."""
+    real = PostgresStore.save
+    refused: list[int] = []
+
+    async def save(
+        self: Any, session_id: str, start: int, messages: Any, meta: Any = None, **kw: Any
+    ) -> Any:
+        if any(getattr(m, "text", "") == ANSWER for m in messages):
+            refused.append(start)
+            raise StoreError(f"could not extend file {SECRET}: No space left on device")
+        return await real(self, session_id, start, messages, meta, **kw)
+
+    monkeypatch.setattr(PostgresStore, "save", save)
+    agent = Agent(name="a", provider=ScriptedProvider(responder=lambda request: [ANSWER]))
+    async with deployment(pg_url, redis_url, agent) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=30) as client:
+            response = await client.post("/api/chat", json=body("s1"))
+        (turn,) = await d.queue.turns("s1")
+    events = [e for _, e in sse_events(response.text) if e != "[DONE]"]
+    assert (turn.status, turn.finish_reason, turn.attempts) == ("failed", "error", 3)
+    assert turn.error == NOT_SAVED_MESSAGE
+    assert events[-1] == TOLD  # (as the embedded app's)
+    types = [e["type"] for e in events]
+    last_run = len(types) - types[::-1].index("reset-step") if "reset-step" in types else 0
+    assert "".join(e.get("delta", "") for e in events[last_run:]) == ANSWER  # (shown once)
+    assert SECRET not in response.text and "StoreError" not in response.text

@@ -10,6 +10,7 @@ guarded by ``trio.fail_after``.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import anyio
 import pytest
@@ -102,6 +103,44 @@ async def test_a_get_stream_ended_at_its_max_age_is_opened_again_in_its_session(
             with trio.fail_after(10):
                 await until(lambda: not sdk_tasks()["standalone_sse_writer"])
     assert statuses == [200, 200]
+
+
+class PublicOnly:
+    """The ``mcp`` package's session manager as :class:`MCPEndpoint` may use it: its
+    public methods; any private attribute read from outside the package fails."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"{name!r} is the mcp package's own")
+        return getattr(self._manager, name)
+
+
+async def test_a_get_stream_ages_out_without_reading_the_packages_private_attributes():
+    # The endpoint used to find the session's transport in the manager's private
+    # ``_server_instances`` and skipped the age quietly when it was not there: this
+    # stream then stayed open (the wait below timed out).
+    limits = MCPLimits(stream_max_age=1)
+    async with web_server(quick_agent(), protocols=MCP, mcp_limits=limits) as server:
+        (route,) = [r for r in server.app.router.routes if getattr(r, "path", None) == "/mcp"]
+        real = route.endpoint.manager
+        route.endpoint.manager = PublicOnly(real)
+        async with client(server) as raw:
+            session = await open_session(raw)
+            get = {**session, "accept": "text/event-stream"}
+            statuses = []
+            for _ in range(2):  # (the first one's place for the session's GET stream freed)
+                with trio.fail_after(10):
+                    async with raw.stream("GET", "/mcp", headers=get) as stream:
+                        statuses.append(stream.status_code)
+                        body = b"".join([chunk async for chunk in stream.aiter_bytes()])
+            assert list(real._server_instances) == [session["mcp-session-id"]]
+            ping = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
+            kept = await raw.post("/mcp", json=ping, headers=session)
+    assert statuses == [200, 200] and b"data:" not in body
+    assert kept.status_code == 200  # the session lives on after its stream's age
 
 
 def sdk_log(exc: BaseException, message: str) -> None:

@@ -2,7 +2,8 @@
 whose first turn's save the store refused is titled by its first stored message, not by
 the refused one (its client was told ``not_saved``; the store holds none of it). Before,
 the host kept that turn's title (``Session.unsaved_meta`` reapplied it on reopen; a
-queued turn carried it) and the next turn saved it with its own messages."""
+queued turn carried it) and the next turn saved it with its own messages. A turn
+queued behind the refused one is titled by its own message, the first stored."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ async def test_a_session_whose_first_turn_was_not_saved_is_titled_by_its_next_me
         assert record is not None and record.meta.get("title") == "stored words"
 
 
-async def test_a_turn_queued_behind_an_unsaved_first_turn_does_not_save_its_title():
+async def test_a_turn_queued_behind_an_unsaved_first_turn_is_titled_by_its_own_message():
     requests, respond = seen_by_model()
     store = RefusingStore(down=True)
     store.refusing = False
@@ -56,4 +57,8 @@ async def test_a_turn_queued_behind_an_unsaved_first_turn_does_not_save_its_titl
         out = await two_posts(server, store, first="unsaved words")
         assert ends(out["first"]) == TOLD
         assert ends(out["second"])["type"] == "finish"
-        assert await listed(server) == [("s1", None)]  # never the unstored message's
+        # never the unstored message's; and not untitled until a third turn (it was)
+        assert await listed(server) == [("s1", "second")]
+        record = await store.load("s1")
+        assert record is not None and record.meta.get("title") == "second"
+        assert [m.text for m in record.messages if m.role == "user"] == ["second"]

@@ -261,7 +261,13 @@ class _StepScan:
     """A stream's items read backwards for one step (:meth:`RedisRelayWriter.shown`):
     whether it holds any item of the step, and the parts the step left open. Items
     before a reset of the step (a ``reset-step`` or an older worker's restart marker)
-    were taken back already, and those of an earlier step end the scan."""
+    were taken back already, and those of an earlier step end the scan.
+
+    Also the messages shown steered into the step (``steered`` items, sent before its
+    ``step-start``), before a reset too: a reset takes back the step's output, not the
+    message that joined the turn before it (:class:`_Sieve` keeps those). A takeover
+    takes a message an earlier run took but could not save again (its row is marked
+    only by the save that stores it): its readers had it shown once already."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -271,6 +277,10 @@ class _StepScan:
         self.earlier: int | None = None
         """The step before ``step`` the stream holds items of, read on for its end."""
         self.earlier_ended = False
+        self.steered: set[str] = set()
+        """The ids of the messages shown steered into ``step``."""
+        self.reset = False
+        """A reset of ``step`` was read: only its ``steered`` items are looked for now."""
 
     @property
     def behind(self) -> bool:
@@ -283,6 +293,12 @@ class _StepScan:
         for item in items:
             step = item.get("step")
             if type(step) is not int:
+                continue
+            if self.reset:  # (behind a reset: the step's steered messages, to its start)
+                if step < self.step:
+                    return True
+                if step == self.step and item["type"] == "steered":
+                    self._steered(item)
                 continue
             if self.earlier is not None or step < self.step:
                 if self.earlier is None:
@@ -298,12 +314,19 @@ class _StepScan:
             self.found = True
             kind = item["type"]
             if kind in (RESTART, "reset-step"):
-                return True
-            if kind in _CLOSES:
+                self.reset = True
+            elif kind == "steered":
+                self._steered(item)
+            elif kind in _CLOSES:
                 self.closed.add(item.get("part_id"))
             elif kind in _OPENS and item.get("part_id") not in self.closed:
                 self.open.append(_OPENS[kind](step=step, part_id=item["part_id"]))
         return False
+
+    def _steered(self, item: dict[str, Any]) -> None:
+        message_id = item.get("message_id")
+        if isinstance(message_id, str):
+            self.steered.add(message_id)
 
     def result(self) -> list[Any] | None:
         return list(reversed(self.open)) if self.found else None
@@ -342,8 +365,9 @@ def _step_of(item: dict[str, Any]) -> Any:
 class _Sieve:
     """A backlog read in order, without every reset step's earlier chunks: before a
     restart marker, all of them; before a ``reset-step``, all but the step's
-    ``step-start``, which no new one follows. The marker or reset is kept only when the
-    reader had been sent some of what it removes (seq <= ``seen``). The resets' places
+    ``step-start``, which no new one follows, and the messages steered in before it
+    (``steered``). The marker or reset is kept only when the reader had been sent some
+    of what it removes (seq <= ``seen``). The resets' places
     come from a first pass (:class:`_Resets`); what each removes, and whether the reader
     saw any of it, is followed here as the items go by (for each step the first seq of
     the items a reset would still remove), so nothing of the backlog is held."""
@@ -363,6 +387,12 @@ class _Sieve:
         if step is None:
             return True
         kind = item["type"]
+        if kind == "steered":
+            # A message that joined the turn before the step: a reset takes back the
+            # step's output, not the message (:class:`_StepScan`). Dropped, a reader
+            # that replayed the stream was shown it nowhere: its takeover's run had
+            # sent it again, before the reset (live readers were shown it twice).
+            return True
         restarted = self.found.restarts.get(step, 0) > seq
         if kind in _RESETS:
             first = self.plain.pop(step, None)

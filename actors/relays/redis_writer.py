@@ -292,6 +292,10 @@ class RedisRelayWriter:
         """A takeover's tail read found no stream, and which step it re-runs first is not
         known yet: nothing is written until it is, or until a close
         (:meth:`_found_no_stream`)."""
+        self.steered_shown: frozenset[str] = frozenset()
+        """The messages the stream shows steered into the step :meth:`shown` was last
+        asked about (an earlier run's ``steered`` chunks, before a reset too): a takeover
+        does not show them a second time (:meth:`runtime.app.worker.Worker._relay`)."""
         self.lost = 0
         """The turn's chunks dropped: the queue overflowed while Redis did not answer,
         Redis refused them, or the turn ended before they were written (the writer's own
@@ -437,6 +441,7 @@ class RedisRelayWriter:
                 )
             else:
                 if not scan.behind:
+                    self.steered_shown = frozenset(scan.steered)
                     return scan.result()
                 # A step committed before this one is not whole in the stream (its
                 # worker died between its commit and its flush): readers rebuild the

@@ -55,7 +55,7 @@ from mcp.shared.exceptions import MCPError
 from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
 from runtime.app.commands import program_name
-from runtime.app.session import FINAL_WAIT
+from runtime.app.session import FINAL_WAIT, title_of
 from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import HostClosed, InvalidSessionId, SessionBusy
@@ -67,8 +67,6 @@ from runtime.store import validate_session_id
 TOOL_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 """What a tool name may not hold (OpenAI and Anthropic take ``[A-Za-z0-9_-]{1,64}``, and
 so does Axon's own MCP client)."""
-
-TITLE_CHARS = 80
 
 SERVER_NAME = "axon"
 
@@ -261,7 +259,7 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
     if session.busy and strategy == REJECT:
         return _busy(session)
     if "title" not in session.meta:
-        session.set_title(" ".join(prompt[: TITLE_CHARS * 64].split())[:TITLE_CHARS])
+        session.set_title(title_of(prompt))
     progress = Progress(report)
     try:
         async with session.stream(prompt, on_busy=strategy) as out:

@@ -78,7 +78,14 @@ from runtime.errors import (
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
-from runtime.messages import AssistantMessage, Message, ToolCallPart, UserContent, UserMessage
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    TextPart,
+    ToolCallPart,
+    UserContent,
+    UserMessage,
+)
 from runtime.output import ErrorInfo, OutputChunk, Start, Steered
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
@@ -173,9 +180,10 @@ def _untitle_unstored(session: Session, result: TurnResult) -> None:
     session: the title the host holds is that turn's first message's, which is not
     stored. Kept, it was reapplied on reopen (:attr:`Session.unsaved_meta`) and saved
     with the next turn, naming the conversation after a message it does not hold. The
-    next message of an idle session titles it again; a turn already queued behind the
-    refused one is saved untitled (its client's title was decided as it queued), the
-    turn after it titles it."""
+    next message of an idle session titles it again. A turn already queued behind the
+    refused one (its request saw a title, so set none) is titled here by its own
+    message, the first the store will hold: it was saved untitled, and only the turn
+    after it titled the session."""
     if (
         result.saved
         or result.error is None  # a save not confirmed in time: still in flight
@@ -186,9 +194,27 @@ def _untitle_unstored(session: Session, result: TurnResult) -> None:
         return
     runner = session.runner
     if runner is not None and runner.snapshot.saved_upto == 0:
-        session._meta = _frozen_meta(
-            {key: value for key, value in session.meta.items() if key != "title"}
+        meta = {key: value for key, value in session.meta.items() if key != "title"}
+        head = session.queue_head
+        if head is not None:
+            meta["title"] = title_of(head.input)
+        session._meta = _frozen_meta(meta)
+
+
+TITLE_CHARS = 80
+"""How long a title ``serve`` and ``mcp-server`` give a session may be."""
+
+
+def title_of(content: UserContent) -> str:
+    """A session title from its first input: the text, else the attachments' names."""
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
+            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
         )
+    # The start is enough: splitting a pasted document of megabytes would hold the loop.
+    return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
 
 
 def checked_meta(meta: Any) -> Mapping[str, Any]:

@@ -96,6 +96,7 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
 from runtime.app.nested import delete_scratch
+from runtime.app.unsaved import told_end, unsaved_error
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.clocks import AnchoredClock
 from runtime.errors import (
@@ -114,7 +115,7 @@ from runtime.log_repeats import RepeatedWarning
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import UserMessage
-from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, StepStart
+from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, Steered, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
 from runtime.tools import AGENT_DEPTH_META, Tool, agent_depth
@@ -481,6 +482,9 @@ class Worker:
         seconds while its event loop runs and PostgreSQL answers (:meth:`_beat`), for an
         orchestrator's liveness probe; removed when the worker stops (``None``: none)."""
         self.health_interval = health_interval
+        self.max_attempts = max_attempts
+        """Claims a turn gets (the queue's bound): the last one's unsaved end fails it
+        (:meth:`_give_back`)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -1222,6 +1226,7 @@ class Worker:
         each), not one ``__anext__`` a chunk: the worker only forwards them, ~35 a turn
         (issue 24 goal 3). The same chunks in the same order."""
         restart = entry.claim.takeover
+        steered: list[Steered] = []  # a takeover's, held until its step's reset is known
         # One call a batch where the writer takes them so (the Redis relay's): nothing
         # in a batch awaits unless a takeover's restart is looked for, so the lease's
         # loss, noticed on the loop, is the same for the whole batch.
@@ -1252,14 +1257,23 @@ class Worker:
                 for chunk in chunks:
                     if entry.lost:
                         break
+                    if restart and type(chunk) is Steered:
+                        steered.append(chunk)  # (sent before its step: is it shown already?)
+                        continue
                     if restart and type(chunk) is StepStart:
                         restart = False
-                        if await self._reset_shown(entry, writer, chunk.step):
+                        reset = await self._reset_shown(entry, writer, chunk.step, steered)
+                        steered.clear()
+                        if reset:
                             continue  # readers have the step's start: the reset keeps it
+                    elif steered:  # (in their place, before what follows them)
+                        self._write_steered(entry, writer, steered, frozenset())
                     writer.append(chunk)
                     entry.last_out = chunk
                 if room is not None:
                     await room()
+            if steered and writer is not None and not entry.lost:
+                self._write_steered(entry, writer, steered, frozenset())  # (no step followed)
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
@@ -1268,17 +1282,26 @@ class Worker:
             entry.lost = True
             raise
 
-    async def _reset_shown(self, entry: _Running, writer: Any, step: int) -> bool:
+    async def _reset_shown(
+        self, entry: _Running, writer: Any, step: int, steered: list[Steered]
+    ) -> bool:
         """Before a taken-over turn re-runs ``step``: when the dead worker streamed any of
         it, the parts it left open are closed and a ``reset-step`` chunk
         (:class:`~runtime.output.ResetStep`, error kind :data:`TAKEOVER`) takes back what
         it streamed, as a provider fallback does; the re-run's parts follow, without a
         second ``start-step``. Whether the step was streamed is read from the relay.
         Nothing is written when the lease was lost during that read (the turn is another
-        worker's now: a ``reset-step`` from here would take back that worker's parts)."""
+        worker's now: a ``reset-step`` from here would take back that worker's parts).
+
+        ``steered``: the messages the re-run took before the step. One the earlier run
+        took too, and showed, is not shown again (the relay's ``steered_shown``): its
+        row stays queued until a save stores it, so a turn given back unsaved (or whose
+        worker died) before that save takes it again. Its readers were shown it twice,
+        the bundled page two bubbles of it."""
         closing = await writer.shown(step)
         if entry.lost:  # lost while it read: the stream is a newer worker's to write
             return True
+        self._write_steered(entry, writer, steered, getattr(writer, "steered_shown", frozenset()))
         if closing is None:
             return False
         for chunk in closing:
@@ -1289,6 +1312,17 @@ class Worker:
         writer.append(ResetStep(step=step, provider=name, error=error))
         log().info("worker.step_reset", turn_id=entry.claim.turn.turn_id, step=step)
         return True
+
+    @staticmethod
+    def _write_steered(
+        entry: _Running, writer: Any, steered: list[Steered], shown: frozenset[str]
+    ) -> None:
+        """A takeover's held ``steered`` chunks to the relay, but those ``shown``."""
+        for chunk in steered:
+            if chunk.message_id not in shown:
+                writer.append(chunk)
+                entry.last_out = chunk
+        steered.clear()
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with. Usually
@@ -1340,13 +1374,14 @@ class Worker:
         and re-runs the rest (its readers told to drop this run's unsaved step). The
         attempt stays used: a store that never confirms fails the turn at last."""
         turn = entry.claim.turn
+        last = turn.attempts >= self.max_attempts
         log().error(
             "worker.turn_unsaved",
             turn_id=turn.turn_id,
             session_id=turn.session_id,
             epoch=entry.claim.epoch,
+            attempts=turn.attempts,
         )
-        entry.lost = True  # what happens to the turn from here is not this worker's
         session = entry.stream.session
         with trio.CancelScope(shield=True):
             if session.current is None:
@@ -1354,11 +1389,39 @@ class Worker:
                 # those messages on as its own (after what the takeover stores of
                 # them). Dropped before the release, so the next claim loads the session.
                 await session.close()
+            if last:
+                return await self._fail_unsaved(entry)
+            entry.lost = True  # what happens to the turn from here is not this worker's
             try:
                 await self.queue.release(entry.claim, keep_attempt=True)
             except StoreError as exc:  # the lease runs out instead: taken over all the same
                 log().warning("worker.release_failed", turn_id=turn.turn_id, error=redact(str(exc)))
         return "lost"
+
+    async def _fail_unsaved(self, entry: _Running) -> str:
+        """The turn's last attempt ended unsaved too: it fails here, its error and its
+        stream's end the ``not_saved`` ones the embedded app tells
+        (:func:`~runtime.app.unsaved.unsaved_error`; no store text). Given back, the
+        next claim failed it as "abandoned by N workers (their leases expired while
+        running it): it may be killing its workers", and its stream had no end: its
+        client was told the relay lost it, to reload. What its saves committed stays."""
+        result = entry.stream.result
+        error = unsaved_error(result)
+        if entry.end is not None:
+            entry.end = told_end(entry.end, result)
+        try:
+            if not await self.queue.finish(
+                entry.claim, status="failed", finish_reason="error", error=error.message
+            ):
+                entry.lost = True
+                return "lost"
+        except (LeaseLost, StoreError) as exc:  # its lease runs out: the claim fails it
+            log().warning(
+                "worker.finish_failed", turn_id=entry.claim.turn.turn_id, error=redact(str(exc))
+            )
+            entry.lost = True
+            return "lost"
+        return "failed"
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),

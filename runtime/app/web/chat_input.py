@@ -19,15 +19,14 @@ import trio
 from starlette.requests import ClientDisconnect, Request
 
 from runtime.agent import Agent
+from runtime.app.session import TITLE_CHARS, title_of
 from runtime.app.web import chat_body
 from runtime.app.web.answers import is_continuation
 from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, session_id_param, web_state
 from runtime.errors import InvalidMedia, MediaTooLarge
 from runtime.media import InputLimits, check_limits, user_content
-from runtime.messages import File, Image, TextPart, UserContent
-
-TITLE_CHARS = 80
+from runtime.messages import File, Image, UserContent
 
 
 def _file_part(part: dict[str, Any]) -> Image | File:
@@ -82,18 +81,6 @@ def _last_user_input(messages: Any) -> UserContent:
             return text
         return user_content(items)
     raise ApiError(400, "no user message in 'messages'")
-
-
-def title_of(content: UserContent) -> str:
-    """A session title from its first input: the text, else the attachments' names."""
-    if isinstance(content, str):
-        text = content
-    else:
-        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
-            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
-        )
-    # The start is enough: splitting a pasted document of megabytes would hold the loop.
-    return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
 
 
 async def off_loop(work: Callable[[Any], Any], data: Any, *, big: bool, state: Any) -> Any:

@@ -91,6 +91,20 @@ def token_refusal(description: str) -> Response:
     )
 
 
+def _aged_receive(receive: Receive, deadline: float) -> Receive:
+    """``receive``, but from ``deadline`` on (trio's clock) a client's disconnect: what a
+    GET stream's transport hears when the stream is past its age
+    (:meth:`MCPEndpoint._handled`). A wait for the client's next message is cut at the
+    deadline (a trio channel's receive, which a cancel leaves as it was)."""
+
+    async def aged() -> Message:
+        with trio.move_on_at(deadline):
+            return await receive()
+        return {"type": "http.disconnect"}
+
+    return aged
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -471,29 +485,29 @@ class MCPEndpoint:
 
     async def _handled(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The transport's answer; a session's GET stream ended after
-        :attr:`stream_max_age` (the package's ``close_standalone_sse_stream``: the
-        response ends whole and the client opens another, as SSE clients do; the ``mcp``
-        package's client after a second). The transport counts an open GET stream as a
-        request in flight, its session's idle countdown stopped: one held open, read or
-        not, kept the session and its tasks for as long as the connection lived (its 15 s
-        pings too small to fill the socket and meet ``--send-timeout``)."""
+        :attr:`stream_max_age`: the response ends whole and the client opens another,
+        as SSE clients do (the ``mcp`` package's client after a second). The transport
+        counts an open GET stream as a request in flight, its session's idle countdown
+        stopped: one held open, read or not, kept the session and its tasks for as long
+        as the connection lived (its 15 s pings too small to fill the socket and meet
+        ``--send-timeout``).
+
+        Ended here, in the layer that wraps the transport (:func:`_aged_receive`): at the
+        stream's age the transport's ``receive`` says the client left, so the transport
+        ends the stream as for any client that leaves (its writer and its place for the
+        session's one GET stream let go), and :meth:`__call__` ends the response it
+        started. It used to reach the session's transport through the session
+        manager's private ``_server_instances`` (to call its
+        ``close_standalone_sse_stream``): a renamed attribute in a later ``mcp`` turned
+        the bound off without a word."""
         max_age = self.stream_max_age
-        session_id = _header(scope, b"mcp-session-id")
-        transport = None
-        if scope["method"] == "GET" and max_age is not None and session_id is not None:
-            transport = self.manager._server_instances.get(session_id)
-        if transport is None or max_age is None:
-            await self.manager.handle_request(scope, receive, send)
-            return
-        async with trio.open_nursery() as nursery:
-
-            async def age_out(age: float) -> None:
-                await trio.sleep(age)
-                transport.close_standalone_sse_stream()
-
-            nursery.start_soon(age_out, max_age)
-            await self.manager.handle_request(scope, receive, send)
-            nursery.cancel_scope.cancel()
+        if (
+            scope["method"] == "GET"
+            and max_age is not None
+            and _header(scope, b"mcp-session-id") is not None
+        ):
+            receive = _aged_receive(receive, trio.current_time() + max_age)
+        await self.manager.handle_request(scope, receive, send)
 
     async def _body_read(self, scope: Scope, receive: Receive) -> tuple[Receive, bytes]:
         """A ``receive`` that hands the transport the request's body, read here first

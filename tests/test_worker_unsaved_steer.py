@@ -1,0 +1,139 @@
+"""A message steered (``serve --on-busy steer``) into a worker's turn whose saves are
+then refused, or whose worker dies, before a save stores it. Its queue row is marked
+only by the save that stores it, so the turn's next run (another worker's takeover, or
+a re-claim of the turn given back unsaved) takes it again; the stream showed it once
+already. Before, every run that took it showed it again (live readers had a
+``data-steered`` chunk, the bundled page a bubble, per run), while a replay of the
+stream dropped each one before its step's ``reset-step`` and showed it nowhere. Now a
+takeover does not show again a message the stream shows steered into the step it
+re-runs, and a replay keeps it: once everywhere.
+
+End to end with real PostgreSQL, Redis and HTTP (tests/test_frontend.py's deployment);
+the relay's part against the real Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
+from runtime import output as o
+from runtime.errors import StoreError
+from runtime.messages import UserMessage
+from tests import test_busy
+from tests.support.redis import require_redis, unique_prefix
+from tests.test_busy import Script, agent_with, holding, looking
+from tests.test_frontend import LIMIT, body, data, deployment
+from tests.test_relay import TAKEN_OVER, read_all, text_turn
+from tests.test_relay_web import sse_events
+from tests.test_worker_steer import queued
+
+STEERED = "also this"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+
+
+def steered_in(step: int) -> o.Steered:
+    return o.Steered(step=step, message_id="u2", text=STEERED, answer_id=f"m1-s{step}")
+
+
+async def test_a_takeover_is_told_the_messages_shown_steered_into_its_step(
+    redis_url: str,
+) -> None:
+    """``shown``'s ``steered_shown``: the messages the stream shows steered into the
+    step, read past the step's resets (a second takeover); a replay keeps the one
+    ``steered`` chunk before the reset (it used to drop it with the step's output)."""
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        for chunk in [*text_turn(["first"])[:-1], steered_in(1), o.StepStart(step=1)]:
+            dead.append(chunk)
+        dead.append(o.TextStart(step=1, part_id="q"))
+        dead.append(o.TextDelta(step=1, part_id="q", text="lost"))
+        await dead.aclose(final=False)
+        taker = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert taker.steered_shown == frozenset()  # (nothing asked yet)
+        assert await taker.shown(1) == [o.TextFinish(step=1, part_id="q")]
+        assert taker.steered_shown == {"u2"}
+        taker.append(o.TextFinish(step=1, part_id="q"))
+        taker.append(o.ResetStep(step=1, provider="x", error=TAKEN_OVER))
+        taker.append(o.TextStart(step=1, part_id="r"))
+        taker.append(o.TextDelta(step=1, part_id="r", text="again"))
+        await taker.aclose(final=False)
+        again = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert await again.shown(1) == [o.TextFinish(step=1, part_id="r")]
+        assert again.steered_shown == {"u2"}  # (before the reset)
+        again.append(o.TextFinish(step=1, part_id="r"))
+        again.append(text_turn([])[-1])  # (the finish)
+        await again.aclose()
+        replay = await read_all(relay, "t")
+    assert [c.message_id for c in replay if isinstance(c, o.Steered)] == ["u2"]
+    assert [c.text for c in replay if isinstance(c, o.TextDelta)] == ["first", "again"]
+
+
+async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 holds while ``also this`` is steered in; the step that takes it and the
+    turn's final save are refused (a full disk), so the worker gives the turn back and
+    its re-run takes the message again and stores it. Before: two ``data-steered``
+    chunks for it on the first client's stream."""
+    real = PostgresStore.save
+    refused: list[int] = []
+
+    async def save(
+        self: Any, session_id: str, start: int, messages: Any, meta: Any = None, **kw: Any
+    ) -> Any:
+        if len(refused) < 2 and any(getattr(m, "text", "") == STEERED for m in messages):
+            refused.append(start)
+            raise StoreError("could not extend file /var/lib/pg: No space left on device")
+        return await real(self, session_id, start, messages, meta, **kw)
+
+    monkeypatch.setattr(PostgresStore, "save", save)
+    script = Script(looking("call_L"), holding("call_H"), ["answer to both"], ["again"])
+    out: dict[str, Any] = {}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
+                nursery.start_soon(post, "steered", STEERED, "u2")
+                await queued(d.queue, "s1", 2)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert len(refused) == 2
+    first, steering = turns
+    assert (first.status, first.attempts) == ("done", 2), first.error
+    assert (steering.status, steering.finish_reason) == ("done", "steered")
+    assert out["steered"].status_code == 202 and out["steered"].json()["steered"] is True
+    chunks = data(sse_events(out["first"].text))
+    shown = [c["data"]["messageId"] for c in chunks if c["type"] == "data-steered"]
+    assert shown == ["u2"]
+    types = [c["type"] for c in chunks]
+    assert types.count("reset-step") == 1 and types[-1] == "finish"
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta").endswith("again")
+    # the message ran once in each run, and is stored once, where the model saw it
+    assert all(
+        [m.text for m in r.messages if isinstance(m, UserMessage)].count(STEERED) <= 1
+        for r in script.requests
+    )
+    assert record is not None
+    users = [m.text for m in record.messages if isinstance(m, UserMessage)]
+    assert users == ["first", STEERED]
+    assert record.messages[-1].text == "again"
