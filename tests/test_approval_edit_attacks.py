@@ -357,3 +357,17 @@ async def test_an_agui_edit_past_javascripts_safe_integers_round_trips_jsonb_exa
     assert record is not None and the_call(record.messages).input == {"n": big}
     results = [m.output for m in record.messages if isinstance(m, ToolMessage)]
     assert results == [f"recorded {big}"]
+
+
+# -- the command line's `e` -----------------------------------------------------------------
+
+
+def test_an_edit_typed_nested_past_the_parsers_depth_is_asked_again():
+    from tests.test_cli_approval import run_in_a_terminal
+
+    proc = run_in_a_terminal("e\n" + "[" * 1_500 + '\ne\n{"city": "Bergen"}')
+    assert proc.returncode == 0, proc.stderr
+    assert "RecursionError" not in proc.stderr
+    (again,) = [line for line in proc.stderr.splitlines() if line.endswith("asked again")]
+    assert "not JSON" in again and len(again) < 300
+    assert "It is sunny in Bergen." in proc.stdout
