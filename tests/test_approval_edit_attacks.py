@@ -371,3 +371,34 @@ def test_an_edit_typed_nested_past_the_parsers_depth_is_asked_again():
     (again,) = [line for line in proc.stderr.splitlines() if line.endswith("asked again")]
     assert "not JSON" in again and len(again) < 300
     assert "It is sunny in Bergen." in proc.stdout
+
+
+@pytest.mark.parametrize(("model", "edit"), [(True, 1), (False, 0), (1, True), ([True], [1])])
+async def test_an_edit_that_differs_only_in_bool_against_number_is_an_edit(tmp_path, model, edit):
+    # `True == 1` in Python: the edit was taken for the model's own input, a plain
+    # approval, and the tool ran with the model's value.
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(
+            agent(anything, {"key": "a", "data": model}), session_id="s"
+        )
+        waited = await session.run("go")
+        await session.respond(
+            waited.pending[0].approval_id, approved=True, edited_input={"key": "a", "data": edit}
+        )
+        record = await host.store.load("s")
+    assert ran == [("a", edit)] and type(ran[0][1]) is type(edit)
+    assert record is not None
+    part = the_call(record.messages)
+    assert part.awaiting is not None and part.awaiting.original_input == {"key": "a", "data": model}
+
+
+async def test_the_models_input_sent_back_with_a_float_as_an_integer_is_a_plain_approval(tmp_path):
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent(scale, {"x": 2.0}), session_id="s")
+        waited = await session.run("go")
+        await session.respond(waited.pending[0].approval_id, approved=True, edited_input={"x": 2})
+        record = await host.store.load("s")
+    assert record is not None and ran == [2.0]
+    part = the_call(record.messages)
+    assert part.input == {"x": 2.0} and part.awaiting is not None
+    assert part.awaiting.original_input is None
