@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -402,3 +403,48 @@ async def test_the_models_input_sent_back_with_a_float_as_an_integer_is_a_plain_
     part = the_call(record.messages)
     assert part.input == {"x": 2.0} and part.awaiting is not None
     assert part.awaiting.original_input is None
+
+
+async def test_an_edit_after_the_deadline_is_refused_and_the_edit_is_not_kept():
+    from runtime import WaitExpired
+
+    now = [1_700_000_000.0]
+    steps = [[*tool_call("remove", {"path": "/a"}, tool_call_id="c1")], ["answered"]]
+    timed = Agent(provider=ScriptedProvider(steps), tools=[remove], approval_timeout=60)
+    async with Host.open(log_tap=False) as host:
+        host.clock = lambda: now[0]  # past the deadline; the timer sleeps on
+        session = await host.open_session(timed, session_id="s")
+        first = await session.run("go")
+        now[0] += 61
+        with pytest.raises(WaitExpired):
+            await session.respond(
+                first.pending[0].approval_id, approved=True, edited_input={"path": "/b"}
+            )
+        record = await host.store.load("s")  # (denied "timed out" now, or soon: either way)
+    assert ran == [] and record is not None
+    part = the_call(record.messages)
+    assert part.input == {"path": "/a"} and part.awaiting is not None
+    assert part.awaiting.original_input is None and part.awaiting.approved is not True
+
+
+async def test_every_view_of_an_edited_call_shows_the_edit_and_its_result():
+    async with web_server(agent(remove, {"path": "/a"}), protocols=("ai-sdk", "ag-ui")) as srv:
+        first = await run(srv, run_input("t", user("go", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        payload = {"approved": True, "editedArgs": {"path": "/b"}}
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}]
+        await run(srv, run_input("t", user("go", "m1"), resume=resume, runId="r2"))
+        replay = await run(srv, run_input("t", resume=resume, runId="r3"))
+        async with httpx.AsyncClient(base_url=srv.url) as client:
+            got = await client.get("/api/sessions/t")
+            assert got.status_code == 200, (got.status_code, got.text[:300])
+            stored = got.json()
+    assert ran == [("/b", False)]
+    (snapshot,) = [e for e in replay if e["type"] == "MESSAGES_SNAPSHOT"]
+    (call,) = [c for m in snapshot["messages"] for c in m.get("toolCalls") or ()]
+    assert orjson.loads(call["function"]["arguments"]) == {"path": "/b"}
+    (result,) = [m for m in snapshot["messages"] if m["role"] == "tool"]
+    assert result["content"] == "removed /b"
+    (part,) = [p for m in stored["ui_messages"] for p in m["parts"] if p.get("toolCallId")]
+    assert part["input"] == {"path": "/b"} and part["output"] == "removed /b"
+    assert "/a" not in orjson.dumps(stored["ui_messages"]).decode()
