@@ -26,6 +26,7 @@ from runtime.errors import (
     StoreConflict,
     UnknownApproval,
     WaitExpired,
+    describe_exception,
 )
 from runtime.messages import (
     AssistantMessage,
@@ -39,7 +40,7 @@ from runtime.messages import (
 )
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
-from runtime.tools import ToolInputError, to_jsonable
+from runtime.tools import ToolInputError, own_input, to_jsonable
 
 if TYPE_CHECKING:
     from runtime.events import ToolApprovalDecided
@@ -313,7 +314,17 @@ def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) ->
     something), not for a call whose sub-agent asked (its input is the sub-agent's
     prompt, not the call the person was shown), and must pass the tool's own check of
     its arguments, as the model's input did before the call waited: an input the tool
-    would refuse would otherwise be approved and then fail as the tool's error."""
+    would refuse would otherwise be approved and then fail as the tool's error.
+
+    Checked in the form the store gives back, which is the one the tool runs with
+    (the executor validates the stored call): checked as given, ``{"x": NaN}`` passed a
+    ``float`` parameter, was stored as ``{"x": null}`` and, approved, ran into the
+    tool's "invalid arguments" error. A validator of the tool's own that raises
+    something else than :class:`~runtime.tools.ToolInputError` refuses the edit too
+    (the executor makes it the call's error; here it was a 500). What a refusal echoes
+    of the edit (a key, a value's text, from the tool's own error message) is cut to
+    :data:`ECHOED_CHARS`: a 100 KB key was a 100 KB error, five of them five times
+    that."""
     edited = decision.edited_input
     where = f"call {part.tool_call_id!r} ({part.tool_name})"
     if decision.approved is not True:
@@ -326,22 +337,71 @@ def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) ->
         raise InvalidDecision(
             f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
         )
-    edited = dict(edited)
     check = getattr(tools.get(part.tool_name), "validate", None)
     if check is None:  # the tool is gone (a redeploy): nothing to check the edit with
         raise InvalidDecision(
             f"{where}: the tool is not available here, so an edited input cannot be checked"
         )
     try:
-        check(edited)
-    except ToolInputError as exc:
-        raise InvalidDecision(f"{where}: {exc}") from None
-    try:
-        return orjson.loads(orjson.dumps(to_jsonable(edited)))
+        stored = orjson.loads(orjson.dumps(to_jsonable(dict(edited))))
     except (TypeError, orjson.JSONEncodeError) as exc:
+        cause = str(exc).removeprefix("tool returned a value that cannot be serialized: ")
         raise InvalidDecision(
-            f"{where}: the edited input cannot be stored as JSON: {exc}"
+            f"{where}: the edited input cannot be stored as JSON: {_echoed(cause)}"
         ) from None
+    unknown = _unknown_keys(stored, tools.get(part.tool_name), part.input)
+    if unknown:
+        raise InvalidDecision(
+            f"{where}: the edited input names {_echoed(', '.join(map(repr, unknown)))}, which "
+            f"{part.tool_name} does not take (its arguments: "
+            f"{_echoed(', '.join(_properties(tools.get(part.tool_name))) or 'none')}); the "
+            "tool would run without them"
+        )
+    try:
+        check(own_input(stored))  # (a validator of the tool's own may change what it gets)
+    except ToolInputError as exc:
+        raise InvalidDecision(f"{where}: {_echoed(str(exc))}") from None
+    except Exception as exc:  # a validator of the tool's own that raised past pydantic
+        raise InvalidDecision(
+            f"{where}: invalid arguments for {part.tool_name}: validation raised "
+            f"{_echoed(describe_exception(exc))}"
+        ) from None
+    return stored
+
+
+def _properties(tool: Any) -> list[str]:
+    """The argument names ``tool``'s input schema declares."""
+    schema = getattr(tool, "parameters", None)
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return [str(k) for k in properties] if isinstance(properties, dict) else []
+
+
+def _unknown_keys(edited: dict[str, Any], tool: Any, model_input: Any) -> list[str]:
+    """The keys of ``edited`` that ``tool``'s schema does not declare, unless it allows
+    more (``additionalProperties``) or the model's own input had them: a function tool
+    passes such a key over, so a person's misspelt ``"recursve": true`` or ``"dryrun":
+    false`` was approved, stored as the call's input and shown, and the tool ran
+    without it (with that argument's default)."""
+    schema = getattr(tool, "parameters", None)
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return []
+    if schema.get("additionalProperties", False) not in (False, None):
+        return []  # (true, or a schema for the rest: the tool takes other keys)
+    known = set(schema["properties"])
+    had = set(model_input) if isinstance(model_input, dict) else set()
+    return [k for k in edited if k not in known and k not in had]
+
+
+ECHOED_CHARS = 500
+"""At most this much of a refused edit's own text (the tool's error message, which may
+name its keys and values) is echoed in the refusal; the rest is cut, said so."""
+
+
+def _echoed(text: str) -> str:
+    """``text`` cut to :data:`ECHOED_CHARS`, with a visible marker when cut."""
+    if len(text) <= ECHOED_CHARS:
+        return text
+    return f"{text[:ECHOED_CHARS]}... ({len(text) - ECHOED_CHARS:,} characters cut)"
 
 
 def _decided_part(
@@ -357,11 +417,28 @@ def _decided_part(
     if decision.edited_input is None:
         return attrs.evolve(part, awaiting=waiting)
     edited = _edited(part, decision, tools)
-    if edited == part.input:  # the model's own input sent back: a plain approval
+    if _same_input(edited, part.input):  # the model's own input sent back: a plain approval
         return attrs.evolve(part, awaiting=waiting)
     return attrs.evolve(
         part, input=edited, awaiting=attrs.evolve(waiting, original_input=part.input)
     )
+
+
+def _same_input(edited: Any, model: Any) -> bool:
+    """Whether an edit is the model's input sent back: JSON equality, where ``==``
+    alone took ``true`` for ``1`` (and ``false`` for ``0``), so an edit of ``{"v": true}``
+    to ``{"v": 1}`` was a plain approval and the tool ran with ``true``. Numbers are
+    compared exactly otherwise (``1`` is ``1.0``: a client that parsed the call's input
+    as JavaScript sends the model's ``1.0`` back as ``1``)."""
+    if isinstance(edited, bool) or isinstance(model, bool):
+        return type(edited) is type(model) and edited == model
+    if isinstance(edited, dict) and isinstance(model, dict):
+        return edited.keys() == model.keys() and all(
+            _same_input(edited[k], model[k]) for k in edited
+        )
+    if isinstance(edited, list | tuple) and isinstance(model, list | tuple):
+        return len(edited) == len(model) and all(map(_same_input, edited, model))
+    return bool(edited == model)
 
 
 def _kept(text: str | None, max_chars: int | None) -> str | None:

@@ -473,7 +473,9 @@ async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
         if typed is None:
             return False
         try:
-            edited = json.loads(typed)
+            # orjson: a thousand "[" typed is a JSONDecodeError (a ValueError), where the
+            # json module raised RecursionError out of the prompt and the command failed.
+            edited = orjson.loads(typed)
             await _decided(session, call, {"approved": True, "edited_input": edited})
         except InvalidDecision as exc:  # (a ValueError too: caught first)
             say_on_stderr(terminal_line(f"{exc}: asked again") + "\n")

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.app.web.http import ApiError
-from runtime.app.web.signing import SessionSigner
+from runtime.app.web.signing import SECRET_ENV, SessionSigner
 from runtime.approval import (
     WAITING_META,
     Decision,
@@ -152,7 +152,12 @@ def _answers(
 
 def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -> None:
     """403 when ``signature`` is not the one the approval request of ``call`` was
-    streamed with, for the call as the store holds it now."""
+    streamed with, for the call as the store holds it now.
+
+    The refusal names the one cause a person cannot fix by reloading: front ends of a
+    deployment with different secrets (or one restarted with another) refuse each
+    other's signatures, and a reload served by the other front end signs anew, to be
+    refused again here. It names the option and variable, never the secret."""
     if not signer.verify(
         signature, call.approval_id, call.tool_call_id, call.tool_name, call.input
     ):
@@ -160,7 +165,9 @@ def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -
             403,
             f"the signature of the approval {call.approval_id!r} does not verify for call "
             f"{call.tool_call_id!r} ({call.tool_name}) of this session as it is stored: "
-            "nothing was recorded (reload the session for its current requests)",
+            "nothing was recorded (reload the session for its current requests; if this "
+            "keeps happening, the server that signed the request had another secret: "
+            f"every front end needs the same --approval-secret or ${SECRET_ENV})",
         )
 
 
