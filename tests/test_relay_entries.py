@@ -248,6 +248,52 @@ async def test_a_stream_trimmed_or_cut_inside_a_split_chunk_is_a_hole(redis_url:
         assert "lost chunks 1..3" in await gone()
 
 
+async def test_a_split_flush_refused_past_its_first_parts_tells_readers_why(
+    redis_url: str,
+) -> None:
+    """Redis takes a split chunk's first two parts, then refuses the flush's next
+    entries (out of memory). The gap goes after the seqs Redis took: readers that read
+    those parts are told why. Before, the gap went at the chunk's own seq, the id of its
+    first part: Redis refused it as a duplicate, the writer took it for written, and a
+    reader waited for the rest of the chunk (here: ``TooSlowError``), until its front end
+    gave up on the turn."""
+    from coredis.exceptions import ResponseError
+
+    async with opened(redis_url, entry_bytes=1000) as relay:
+        connection = relay.batcher.connection
+        assert connection is not None
+        send = connection.pipeline
+        once = [True]
+
+        async def full_after_two_parts(commands: list[list[Any]]) -> list[Any]:
+            cut = next(
+                (i for i, c in enumerate(commands) if c[0] == "XADD" and c[2] == "4-3"), None
+            )
+            if cut is None or not once:
+                return await send(commands)
+            once.clear()
+            refused = {i for i, c in enumerate(commands) if i >= cut and c[0] == "XADD"}
+            kept = iter(await send([c for i, c in enumerate(commands) if i not in refused]))
+            oom = ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+            return [oom if i in refused else next(kept) for i in range(len(commands))]
+
+        connection.pipeline = full_after_two_parts  # type: ignore[method-assign]
+        with capture_logs() as logs:
+            writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+            writer.extend(_turn("b" * 5000))
+            with trio.fail_after(30):
+                await writer.aclose()
+        ids = [e.identifier.decode() for e in await relay.client.xrange(relay.turn_key("t"))]
+        with pytest.raises(RelayTurnGone, match="out of memory"):
+            await read_all(relay, "t")
+        with pytest.raises(RelayTurnGone, match="out of memory"):
+            await read_all(relay, "t", after_seq=3)
+    assert not once  # (the refusal happened)
+    assert ids == ["1-1", "4-1", "4-2", "5-1"]  # the gap after the parts Redis took
+    assert writer.lost == 4  # the split delta and the three chunks after it
+    assert [e["event"] for e in logs].count("relay.flush_refused") == 1
+
+
 _TEXT = st.text(alphabet=st.sampled_from(list('ab é€😀"\\\n')), max_size=600)
 
 
