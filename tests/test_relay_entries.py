@@ -294,6 +294,41 @@ async def test_a_split_flush_refused_past_its_first_parts_tells_readers_why(
     assert [e["event"] for e in logs].count("relay.flush_refused") == 1
 
 
+async def test_a_split_flush_whose_connection_broke_midway_is_retried_whole(
+    redis_url: str,
+) -> None:
+    """The connection breaks after Redis applied the flush's first entries (a split
+    chunk's first two parts): the retry's entries Redis holds are refused as
+    duplicates, the rest are written, and readers get the chunk whole, once."""
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+
+    async with opened(redis_url, entry_bytes=1000, retry_base=0.01) as relay:
+        connection = relay.batcher.connection
+        assert connection is not None
+        send = connection.pipeline
+        once = [True]
+
+        async def broken_after_two_parts(commands: list[list[Any]]) -> list[Any]:
+            cut = next(
+                (i for i, c in enumerate(commands) if c[0] == "XADD" and c[2] == "4-3"), None
+            )
+            if cut is None or not once:
+                return await send(commands)
+            once.clear()
+            await send(commands[:cut])
+            raise RedisConnectionError("Connection lost while receiving response")
+
+        connection.pipeline = broken_after_two_parts  # type: ignore[method-assign]
+        chunks = _turn("b" * 5000)
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.extend(chunks)
+        with trio.fail_after(30):
+            await writer.aclose()
+        got = await read_all(relay, "t")
+    assert not once and writer.failures == 1 and writer.lost == 0
+    assert _plain(got) == chunks
+
+
 _TEXT = st.text(alphabet=st.sampled_from(list('ab é€😀"\\\n')), max_size=600)
 
 
