@@ -91,8 +91,9 @@ entry was a whole flush, whatever its size, so a reader's page that Redis does n
 in bytes (the ``XRANGE`` fallback, the live ``XREAD``) held its count of entries of any
 size, and one entry near Redis's ``proto-max-bulk-len`` (1 MB at its lowest) was
 refused. 256 KB: a quarter of that lowest limit, a page of the reader (1 MB) holds four,
-and a large chunk costs one ``XADD`` per 256 KB (80 for 20 MB, in one pipeline): below
-~64 KB the per-entry cost showed, above it nothing is gained (journal, ``relayentry``)."""
+and a large chunk costs one ``XADD`` per 256 KB (80 for 20 MB, in one pipeline). Measured
+writing a 5 MB chunk (journal, ``relayentry``): 16 KB entries 69 ms, 64 KB 16 ms, 256 KB
+and 1 MB 13 ms; reading it back is slowest with 16 KB entries too."""
 
 END = "relay.end"
 GAP = "relay.gap"
