@@ -18,6 +18,7 @@ import tracemalloc
 from typing import Any
 
 import attrs
+import httpx
 import orjson
 import pytest
 import trio
@@ -25,13 +26,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from actors.providers.scripted import ScriptedProvider
 from actors.relays.redis_entries import ENTRY_BYTES, _Cursor, _decode, _split
 from actors.relays.redis_writer import _RawEntry
+from runtime import Agent
 from runtime import output as o
 from runtime.errors import RelayTurnGone
-from tests.support.redis import require_redis
+from tests.support.redis import redis_small_bulk, require_redis
 from tests.support.services import RedisServer, ServiceUnavailable
+from tests.test_frontend import body, data, deployment, stored_text
 from tests.test_relay import USAGE, opened, read_all, redis_url
+from tests.test_relay_web import sse_events
 
 __all__ = ["redis_url"]  # (the fixture)
 
@@ -124,6 +129,25 @@ async def test_a_chunk_past_redis_proto_max_bulk_len_streams_whole() -> None:
     assert writer.lost == 0
     assert "relay.flush_refused" not in [e["event"] for e in logs]
     assert [c.text for c in got if type(c) is o.TextDelta] == [big]
+
+
+async def test_a_worker_deployment_streams_a_chunk_past_redis_limit_whole(
+    pg_url: str, redis_url: str
+) -> None:
+    # Before (test_relay_too_large.py, its first test): the 2 MB delta's entry was
+    # refused and the POST's stream ended with "reload the session".
+    big = "y" * 2_000_000
+    agent = Agent(name="a", provider=ScriptedProvider(responder=lambda _: ["a b ", big, " c"]))
+    with capture_logs() as logs, redis_small_bulk("1mb"):
+        async with deployment(pg_url, redis_url, agent) as d:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+                response = await client.post("/api/chat", json=body("big"))
+            stored = await d.assistant("big")
+    events = data(sse_events(response.text))
+    assert [e for e in events if e["type"] == "error"] == []
+    streamed = "".join(e["delta"] for e in events if e["type"] == "text-delta")
+    assert streamed == stored_text(stored) == "a b " + big + " c"
+    assert "relay.flush_refused" not in [e["event"] for e in logs]
 
 
 async def test_every_resume_around_split_chunks_is_the_replay_after_it(redis_url: str) -> None:
