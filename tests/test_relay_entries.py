@@ -353,6 +353,32 @@ async def test_a_split_flush_whose_connection_broke_midway_is_retried_whole(
     assert _plain(got) == chunks
 
 
+async def test_a_takeover_reads_back_a_step_holding_split_chunks(redis_url: str) -> None:
+    """``shown`` reads the stream backwards: a split chunk's parts come last part first,
+    joined once its first is read. The parts the step left open are found across them,
+    no gap written (a guard: a part taken for an entry of chunks would be junk)."""
+    async with opened(redis_url, entry_bytes=1000) as relay:
+        dead = relay.writer(session_id="s", turn_id="t", fresh=True)
+        dead.extend(
+            [
+                o.Start(message_id="m1"),
+                o.StepStart(step=1),
+                o.TextStart(step=1, part_id="p"),
+                o.TextDelta(step=1, part_id="p", text="b" * 3000),
+                o.TextFinish(step=1, part_id="p"),
+                o.TextStart(step=1, part_id="q"),
+                o.TextDelta(step=1, part_id="q", text="c" * 3000),
+            ]
+        )
+        await dead.aclose(final=False)
+        assert len(await _entry_sizes(relay)) > 6  # (split)
+        taker = relay.writer(session_id="s", turn_id="t", takeover=True)
+        with capture_logs() as logs:
+            assert await taker.shown(1) == [o.TextFinish(step=1, part_id="q")]
+        await taker.aclose()
+    assert logs == []
+
+
 _TEXT = st.text(alphabet=st.sampled_from(list('ab é€😀"\\\n')), max_size=600)
 
 
