@@ -1,7 +1,12 @@
 """A relay entry larger than Redis takes (its ``proto-max-bulk-len``), on the test run's
 own Redis: Redis answers a protocol error and closes the connection. That is a refusal
 named as such at once, not an outage retried until the writer gives up
-(benchmarks/journal/pipeline.md, "greedyleft")."""
+(benchmarks/journal/pipeline.md, "greedyleft").
+
+Entries are bounded now (``RedisRelay(entry_bytes=)``, 256 KB, below Redis's lowest
+limit: a large chunk is several entries, ``tests/test_relay_entries.py``), so only a
+relay whose bound is set past Redis's limit writes such an entry: these tests set it so
+(:func:`unbounded_entries`), to keep the refusal path answered as before."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider
 from actors.relays import resp
+from actors.relays.redis_streams import RedisRelay
 from runtime import Agent
 from runtime import output as o
 from runtime.errors import RelayTurnGone
@@ -28,6 +34,14 @@ from tests.test_relay import USAGE, opened, read_all
 from tests.test_relay_web import sse_events
 
 __all__ = ["redis_url"]  # (the fixture, imported for pytest)
+
+
+@pytest.fixture(autouse=True)
+def unbounded_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every relay of these tests writes entries of up to 64 MB (one per flush, as before
+    entries were bounded): past the 1 MB limit the tests give Redis."""
+    monkeypatch.setitem(RedisRelay.__init__.__kwdefaults__, "entry_bytes", 64 * 1024 * 1024)
+
 
 BIG = "x" * 2_000_000
 """One delta of 2 MB: past the 1 MB ``proto-max-bulk-len`` the test sets."""

@@ -20,6 +20,14 @@ Layout (every key under ``prefix``, ``axon:`` by default):
     has ``prev`` (that writer's id). The entry id is ``{first}-1``, so a retried flush
     that Redis had already applied is refused as a duplicate instead of being written
     twice, and resuming after a seq is a range query.
+    A flush whose JSON is larger than :data:`ENTRY_BYTES` is several entries: its items
+    grouped in order into entries of at most that many bytes each, and a chunk larger
+    than that alone cut into *parts*: entries ``{seq}-1`` .. ``{seq}-{n}`` with ``first``
+    (the chunk's seq), ``part`` (the next bytes of its JSON), ``of`` (``n``, the count:
+    the continuation marker) and ``w``. A reader joins them into the chunk before it
+    yields it (:class:`_Cursor`): a chunk's seq is its one ``Last-Event-ID``, a part has
+    none, so a resume never starts inside a chunk; a part whose parts before it are not
+    read (trimmed, lost) is a hole, as any other.
 ``{prefix}active:{session_id}``
     The id of the session's latest turn, so ``GET /api/chat/{id}/stream`` finds it.
 ``{prefix}cancel``
@@ -56,9 +64,10 @@ provider fallback), keeping the step's ``step-start``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import orjson
@@ -67,11 +76,24 @@ import structlog
 from runtime import output as o
 from runtime.errors import RelayTurnGone
 from runtime.relay import RESTART_STEP as RESTART
+from runtime.serde import utf8_dumps
 
 log = structlog.get_logger("axon.relay")
 
 PAGE = 256
 """Entries per ``XRANGE`` page when replaying a backlog."""
+ENTRY_BYTES = 256 * 1024
+"""The most bytes of chunks' JSON one stream entry holds (its ``items``, or its ``part``
+of a split chunk): a flush larger than this is written as several entries, and a chunk
+larger than this alone (a 20 MB tool output, a big delta) as several *parts*
+(:func:`_split`), which readers join back into the one chunk before yielding it. Why: an
+entry was a whole flush, whatever its size, so a reader's page that Redis does not bound
+in bytes (the ``XRANGE`` fallback, the live ``XREAD``) held its count of entries of any
+size, and one entry near Redis's ``proto-max-bulk-len`` (1 MB at its lowest) was
+refused. 256 KB: a quarter of that lowest limit, a page of the reader (1 MB) holds four,
+and a large chunk costs one ``XADD`` per 256 KB (80 for 20 MB, in one pipeline). Measured
+writing a 5 MB chunk (journal, ``relayentry``): 16 KB entries 69 ms, 64 KB 16 ms, 256 KB
+and 1 MB 13 ms; reading it back is slowest with 16 KB entries too."""
 
 END = "relay.end"
 GAP = "relay.gap"
@@ -96,37 +118,141 @@ class _Entry:
     items: list[dict[str, Any]]
     writer: bytes | None
     prev: bytes | None
+    part: ClassVar[None] = None
+    """(A :class:`_Part`'s: an entry of chunks is none.)"""
+    index: ClassVar[int] = 1
+    of: ClassVar[int] = 1
 
     @property
     def last(self) -> int:
         return self.first + len(self.items) - 1
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class _Part:
+    """One part of a split chunk (seq ``first``), decoded: the next bytes of its JSON
+    (``part``), which part it is (``index``, 1-based: its id's second number) of how
+    many (``of``), and who wrote it. Apart from :class:`_Entry`, whose fields every
+    reader's entry sets (a field more was ~10 % of a small entry's read)."""
+
+    first: int
+    writer: bytes | None
+    prev: bytes | None
+    part: bytes
+    index: int
+    of: int
+    items: ClassVar[tuple[dict[str, Any], ...]] = ()
+    """(An entry's chunks: a part holds none by itself.)"""
+
+    @property
+    def last(self) -> int:
+        return self.first
+
+
 class _Undecodable(ValueError):
     """A stream entry that is not one a writer wrote (junk in the relay's keys)."""
 
 
-def _decode(entry: Any) -> _Entry:
+def _decode(entry: Any) -> _Entry | _Part:
     """One stream entry; :class:`_Undecodable` when it is not what a writer writes: a
     ``first`` that is not its id's, ``items`` that are not a non-empty JSON array of
-    objects with a string ``type``, a marker without its fields."""
+    objects with a string ``type``, a marker without its fields, a part whose number is
+    not its id's or past its count."""
     try:
         fields = entry.field_values
         first = int(fields[b"first"])
-        items = orjson.loads(fields[b"items"])
         writer, prev = fields.get(b"w"), fields.get(b"prev")
-        if _identifier(entry.identifier) != f"{first}-1" or first < 1:
+        identifier = _identifier(entry.identifier)
+        if (part := fields.get(b"part")) is not None:
+            of = int(fields[b"of"])
+            seq, _, index = identifier.partition("-")
+            if seq != str(first) or first < 1 or not 1 <= int(index) <= of or of < 2:
+                raise _Undecodable(f"entry {identifier!r} is no part {index} of {of} of {first}")
+            return _Part(first=first, writer=writer, prev=prev, part=part, index=int(index), of=of)
+        items = orjson.loads(fields[b"items"])
+        if identifier != f"{first}-1" or first < 1:
             raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise _Undecodable(f"{type(exc).__name__}: {exc}") from None
     if not isinstance(items, list) or not items:
         raise _Undecodable("'items' is not a non-empty JSON array")
-    for item in items:
+    for item in items:  # (:func:`_check` inline: a call an item cost ~4 % of a read)
         if not isinstance(item, dict) or not isinstance(item.get("type"), str):
             raise _Undecodable(f"an item is not a chunk: {str(item)[:100]!r}")
         if item["type"] == RESTART and type(item.get("step")) is not int:
             raise _Undecodable(f"a restart marker without its step: {str(item)[:100]!r}")
     return _Entry(first=first, items=items, writer=writer, prev=prev)
+
+
+def _check(item: Any) -> None:
+    """:class:`_Undecodable` unless ``item`` is a chunk as a writer writes one."""
+    if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+        raise _Undecodable(f"an item is not a chunk: {str(item)[:100]!r}")
+    if item["type"] == RESTART and type(item.get("step")) is not int:
+        raise _Undecodable(f"a restart marker without its step: {str(item)[:100]!r}")
+
+
+def _joined(data: bytes | bytearray) -> dict[str, Any]:
+    """The chunk a split chunk's parts, joined, are (:class:`_Undecodable` if none).
+
+    Parsed with the standard library's ``json``, not ``orjson``: orjson's parse of a
+    document peaks at about 13 times its size (a 2 MB delta: 26 MB, measured with
+    ``tracemalloc``; the standard library 4 MB), and a split chunk is at least an entry
+    bound (the largest a reader parses otherwise). It is 1.4 to 4 times slower (a 2 MB
+    delta: 4 ms, 1 ms with orjson), for a rare chunk. Both read what orjson wrote."""
+    try:
+        item = json.loads(data)
+    except ValueError as exc:
+        raise _Undecodable(f"a split chunk's parts do not join: {exc}") from None
+    _check(item)
+    return item  # type: ignore[no-any-return]
+
+
+def _split(
+    batch: list[dict[str, Any]], first: int, bound: int, encoded: bytes | None = None
+) -> list[tuple[str, dict[str, bytes | str], int]]:
+    """``batch`` (from seq ``first``) as stream entries of at most ``bound`` bytes of
+    JSON each: ``(id, fields)`` pairs without the writer's fields (``w``, ``prev``).
+    Consecutive items go into one entry (``first``, ``items``) while they fit; an item
+    larger than ``bound`` alone is cut into parts (``first``, ``part``, ``of``), ids
+    ``{seq}-1`` .. ``{seq}-{n}``. With each, the last seq it holds. ``encoded``: the
+    batch's JSON, if the caller has it (a batch within the bound is one entry of it)."""
+    if encoded is None:
+        encoded = utf8_dumps(batch, default=str)
+    if len(encoded) <= bound:
+        return [(f"{first}-1", {"first": str(first), "items": encoded}, first + len(batch) - 1)]
+    out: list[tuple[str, dict[str, bytes | str], int]] = []
+    group: list[bytes] = []
+    size = 2  # the array's brackets
+    start = first
+
+    def close() -> None:
+        items = b"[" + b",".join(group) + b"]"
+        out.append((f"{start}-1", {"first": str(start), "items": items}, start + len(group) - 1))
+
+    for seq, item in enumerate(batch, start=first):
+        one = utf8_dumps(item, default=str)
+        if group and size + len(one) + 1 > bound:
+            close()
+            group, size = [], 2
+        if len(one) + 2 > bound:  # alone too large: parts, at least two, of equal size
+            count = max(2, -(-len(one) // bound))
+            step = -(-len(one) // count)
+            of = str(count)
+            view = memoryview(one)
+            for index, at in enumerate(range(0, len(one), step), start=1):
+                part = bytes(view[at : at + step])
+                fields: dict[str, bytes | str] = {"first": str(seq), "part": part, "of": of}
+                out.append((f"{seq}-{index}", fields, seq))
+            start = seq + 1
+            continue
+        if not group:
+            start = seq
+        group.append(one)
+        size += len(one) + 1
+    if group:
+        close()
+    return out
 
 
 def _identifier(identifier: bytes | str) -> str:
@@ -162,29 +288,102 @@ class _Cursor:
     biggest: int = 1
     """The most bytes (fields and values) of an entry read: how many entries a live
     read asks for at once (:data:`PAGE_BYTES` of them)."""
+    pending: bytearray | None = None
+    """The parts read so far of a split chunk whose last part is still to come (an
+    entry bound's worth each: a page may end between two, a live read may come between
+    the writer's ``XADD`` s of them)."""
+    next_part: tuple[int, int, int] | None = None
+    """The part awaited: the chunk's seq, the part's number, their count."""
+
+    @property
+    def reach(self) -> int:
+        """The last seq the stream was read into: a chunk whose parts are being read
+        counts (a client that saw it saw what the stream holds)."""
+        return self.next_part[0] if self.next_part is not None else self.position
+
+    def _part(self, entry: _Entry | _Part, raw: Any) -> dict[str, Any] | None:
+        """The next entry while a split chunk's parts are read: its next part (``None``;
+        the chunk itself once it is the last), else :class:`RelayTurnGone` (a gap's
+        why if the entry holds one: a writer that lost the rest of the chunk wrote one)."""
+        assert self.next_part is not None and self.pending is not None
+        seq, index, of = self.next_part
+        if (
+            entry.part is None
+            or (entry.first, entry.index, entry.of) != (seq, index, of)
+            or (entry.writer != self.writer)
+        ):
+            for item in entry.items:
+                if item["type"] == GAP:
+                    self.next_part = self.pending = None
+                    self.position = seq  # the gap's own message, as it would be
+                    self.accept(raw)
+                    raise AssertionError("a gap is always refused")  # pragma: no cover
+            raise RelayTurnGone(
+                f"the relay lost the end of the chunk at seq {seq} of turn {self.turn_id!r} "
+                f"(read {index - 1} of its {of} parts)"
+            )
+        self.biggest = max(self.biggest, sum(map(len, raw.field_values.values())))
+        self.pending += entry.part
+        if index < of:
+            self.next_part = (seq, index + 1, of)
+            return None
+        return self._whole(entry)
+
+    def _whole(self, entry: _Part) -> dict[str, Any]:
+        """The split chunk whose last part ``entry`` is, joined."""
+        data = self.pending if self.pending is not None else entry.part
+        self.pending = self.next_part = None
+        assert data is not None
+        try:
+            return _joined(data)
+        except _Undecodable as exc:
+            raise RelayTurnGone(
+                f"the relay's stream of turn {self.turn_id!r} holds junk ({exc})"
+            ) from None
 
     def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
         """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
-        ``start`` s left out; :class:`RelayTurnGone` unless it provably continues."""
+        ``start`` s left out; :class:`RelayTurnGone` unless it provably continues. A
+        split chunk's part gives none until its last, which gives the chunk."""
         turn = self.turn_id
         try:
             entry = _decode(raw)
         except _Undecodable as exc:
             raise RelayTurnGone(f"the relay's stream of turn {turn!r} holds junk ({exc})") from None
-        if entry.first > self.position + 1:
-            raise RelayTurnGone(
-                f"the relay lost chunks {self.position + 1}..{entry.first - 1} of turn {turn!r}"
-            )
-        if entry.first != self.position + 1 or (
-            self.position and entry.writer != self.writer and entry.prev != self.writer
-        ):
-            raise RelayTurnGone(
-                f"the relay's stream of turn {turn!r} was written over after seq "
-                f"{self.position} (Redis lost it and another writer started it again)"
-            )
-        self.biggest = max(self.biggest, sum(map(len, raw.field_values.values())))
+        if self.next_part is not None:
+            whole = self._part(entry, raw)
+            if whole is None:
+                return []
+            items: Any = (whole,)
+        else:
+            if entry.index > 1:
+                raise RelayTurnGone(
+                    f"the relay's stream of turn {turn!r} holds part {entry.index} of "
+                    f"{entry.of} of the chunk at seq {entry.first} without the parts before "
+                    "it (trimmed or lost)"
+                )
+            if entry.first > self.position + 1:
+                raise RelayTurnGone(
+                    f"the relay lost chunks {self.position + 1}..{entry.first - 1} of turn {turn!r}"
+                )
+            if entry.first != self.position + 1 or (
+                self.position and entry.writer != self.writer and entry.prev != self.writer
+            ):
+                raise RelayTurnGone(
+                    f"the relay's stream of turn {turn!r} was written over after seq "
+                    f"{self.position} (Redis lost it and another writer started it again)"
+                )
+            self.biggest = max(self.biggest, sum(map(len, raw.field_values.values())))
+            items = entry.items
+            if entry.part is not None:
+                if entry.index < entry.of:  # the chunk's last part is still to come
+                    self.pending = bytearray(entry.part)
+                    self.next_part = (entry.first, 2, entry.of)
+                    self.writer = entry.writer
+                    return []
+                items = (self._whole(entry),)
         pairs: list[tuple[int, dict[str, Any]]] = []
-        for seq, item in enumerate(entry.items, start=entry.first):
+        for seq, item in enumerate(items, start=entry.first):
             kind = item["type"]
             if kind == GAP or (kind == FROM_START and seq != 1):
                 why = item.get("why")  # the writer's refusal, if one made the gap
@@ -241,7 +440,8 @@ def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
         entry = _decode(last[0])
     except _Undecodable:
         return _entry_seq(last[0].identifier) + 1, None, True
-    return entry.last + 1, entry.writer or b"", False
+    # A split chunk whose last part is not in: its seq is taken, the chunk lost.
+    return entry.last + 1, entry.writer or b"", entry.index < entry.of
 
 
 def _paused(raw: Any) -> bool:

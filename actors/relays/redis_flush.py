@@ -21,6 +21,7 @@ from actors.relays.redis_failures import (
     BULK_UNSAID,
     EntryTooLarge,
     _bulk_limit,
+    _duplicate,
     _transient,
 )
 
@@ -204,10 +205,10 @@ class _Flusher:
             assert job.error is not None
             if limit == BULK_UNSAID:
                 if job.writer.lost_under == job.first:
-                    job.error = EntryTooLarge(job.size(), limit, job.error)
+                    job.error = EntryTooLarge(job.largest(), limit, job.error)
                 job.writer.lost_under = job.first
-            elif job.size() > limit:
-                job.error = EntryTooLarge(job.size(), limit, job.error)
+            elif job.largest() > limit:
+                job.error = EntryTooLarge(job.largest(), limit, job.error)
 
     async def _send_resp(self, jobs: list[_Job]) -> None:
         assert self.connection is not None
@@ -226,32 +227,58 @@ class _Flusher:
         replies = await self.connection.pipeline(commands)
         at = 0
         for job in jobs:
-            reply = replies[at]
-            at += len(job.commands)
-            if isinstance(reply, Exception):
-                job.error = reply
+            if job.ends is None:  # one entry (nearly every flush)
+                reply = replies[at]
+                if isinstance(reply, Exception):
+                    job.error = reply
+                else:
+                    job.result = reply
             else:
-                job.result = reply
+                _outcome(job, replies[at : at + job.adds])
+            at += len(job.commands)
 
     async def _send_coredis(self, jobs: list[_Job]) -> None:
-        wanted: list[Any] = []
+        wanted: list[list[Any]] = []
         async with self.client.pipeline(transaction=False, raise_on_error=False) as pipe:
             for job in jobs:
-                (_, key, identifier, fields), *rest = job.commands
-                wanted.append(pipe.xadd(key, fields, identifier=identifier))
-                for name, key, *args in rest:
+                adds = job.adds
+                wanted.append([])
+                for _, key, identifier, fields in job.commands[:adds]:
+                    wanted[-1].append(pipe.xadd(key, fields, identifier=identifier))
+                for name, key, *args in job.commands[adds:]:
                     if name == "SET":
                         pipe.set(key, args[0], ex=args[1])
                     else:
                         pipe.expire(key, args[0])
-        for job, result in zip(jobs, wanted, strict=True):
-            try:
-                job.result = await result
-            except Exception as exc:  # this writer's command was refused
-                job.error = exc
+        for job, results in zip(jobs, wanted, strict=True):
+            replies: list[Any] = []
+            for result in results:
+                try:
+                    replies.append(await result)
+                except Exception as exc:  # this writer's command was refused
+                    replies.append(exc)
+            _outcome(job, replies)
+
+
+def _outcome(job: _Job, replies: list[Any]) -> None:
+    """``job``'s outcome from its ``XADD`` s' ``replies``, in order: the first refusal
+    (but a duplicate: an entry a retry finds Redis took before), with how many entries
+    before it Redis took (:attr:`_Job.applied`); all duplicates: the first (the flush was
+    in already); else the last reply."""
+    duplicate = None
+    for index, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            if _duplicate(reply):
+                duplicate = duplicate or reply
+                continue
+            job.error, job.applied = reply, index
+            return
+        job.result = reply
+    if job.result is None:
+        job.error = duplicate
 
 
 def _suspect(job: _Job) -> bool:
     """Whether ``job``'s flush lost its connection carrying an entry Redis may have
     refused for its size (see :meth:`_Flusher._name_too_large`)."""
-    return not job.tail and isinstance(job.error, _transient()) and job.size() >= BULK_FLOOR
+    return not job.tail and isinstance(job.error, _transient()) and job.largest() >= BULK_FLOOR

@@ -40,6 +40,7 @@ from cattrs.errors import BaseValidationError
 from actors.relays.limits import RedisLimitBackend
 from actors.relays.redis_entries import (
     END,
+    ENTRY_BYTES,
     PAGE,
     NamedStop,
     _cancel_from,
@@ -234,6 +235,7 @@ class RedisRelay:
         end_wait: float = END_WAIT,
         cancel_ping: float = CANCEL_PING,
         page_bytes: int = PAGE_BYTES,
+        entry_bytes: int = ENTRY_BYTES,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -259,6 +261,9 @@ class RedisRelay:
         self.page_bytes = page_bytes
         """Bytes a reader's page of entries holds at most, past one entry
         (:data:`PAGE_BYTES`)."""
+        self.entry_bytes = entry_bytes
+        """Bytes of chunks' JSON a stream entry holds at most: a larger flush is several
+        entries, a larger chunk several parts (:data:`ENTRY_BYTES`)."""
         self.scripts_refused = False
         """Whether Redis refused a reader's page script (:meth:`_page`): ``XRANGE`` then."""
         self.cancel_ping = cancel_ping
@@ -626,7 +631,8 @@ class RedisRelay:
         if not last:
             return None
         try:
-            ended = _decode(last[0]).items[-1]["type"] == END
+            items = _decode(last[0]).items  # (none: a part of a split chunk)
+            ended = bool(items) and items[-1]["type"] == END
         except _Undecodable:
             return turn_id
         return None if ended else turn_id
@@ -671,7 +677,7 @@ class RedisRelay:
         place = _Place(seen=seen, pauses=after_pauses)
         found = _Resets()
         held, last_id = await self._scan(turn_id, key, cursor, place, found, unseen=unseen)
-        if not cursor.position:
+        if not cursor.reach:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
         if seen and cursor.from_start:
             # A takeover found no stream: what the client saw of the turn is not in it.
@@ -679,7 +685,7 @@ class RedisRelay:
                 f"the relay's stream of turn {turn_id!r} was started over by a takeover "
                 f"after seq {seen} the client saw"
             )
-        if seen > cursor.position:
+        if seen > cursor.reach:
             # The client saw more than the stream holds: not the stream it read.
             raise RelayTurnGone(
                 f"the relay's stream of turn {turn_id!r} ends at seq {cursor.position}, "
@@ -718,8 +724,8 @@ class RedisRelay:
                 f"the relay's stream of turn {turn_id!r} changed under its reader "
                 f"(read to seq {again.position} of {cursor.position})"
             )
-        if back is not None:
-            done = self._next(place, turn_id, *back, tail=True)
+        if back is not None:  # (the tail, unless a split chunk's parts follow it)
+            done = self._next(place, turn_id, *back, tail=cursor.next_part is None)
             if done is _END:
                 return
             if done is not None:
@@ -728,12 +734,13 @@ class RedisRelay:
             return
         while True:  # live: block on new entries after the last one
             pairs: list[tuple[int, Any]] = []
-            count = max(1, min(PAGE, self.page_bytes // cursor.biggest))
+            count = self._count(cursor.biggest)
             for entry in await self._next_entries(turn_id, key, last_id, on_quiet, count):
                 pairs.extend(cursor.accept(entry))
                 last_id = entry.identifier
+            last = len(pairs) - 1 if cursor.next_part is None else -1
             for index, (seq, item) in enumerate(pairs):
-                done = self._next(place, turn_id, seq, item, tail=index == len(pairs) - 1)
+                done = self._next(place, turn_id, seq, item, tail=index == last)
                 if done is _END:
                     return
                 if done is not None:
@@ -779,7 +786,7 @@ class RedisRelay:
                 if _scripts_refused(exc):
                     log.warning("relay.page_script_refused", error=_described(exc))
                     self.scripts_refused = True
-        wanted = max(1, min(count, FALLBACK_PAGE, 2 * after, self.page_bytes // biggest))
+        wanted = min(count, FALLBACK_PAGE, 2 * after or 1, self._count(biggest))
         page = await self._read_call(
             turn_id,
             "replay",
@@ -787,6 +794,15 @@ class RedisRelay:
             unseen=unseen,
         )
         return list(page), len(page) == wanted
+
+    def _count(self, biggest: int) -> int:
+        """How many entries a page Redis does not bound in bytes (a live ``XREAD``, the
+        ``XRANGE`` fallback) asks for: :attr:`page_bytes` of entries as big as the
+        ``biggest`` read so far, or as the entry bound (:attr:`entry_bytes`) if bigger,
+        an entry's most: so its reply holds at most a page (and one entry), whatever
+        comes. Sized by the biggest seen alone, a live reader that had read small
+        entries asked for 256, and got 256 of any size (20 MB chunks were one entry)."""
+        return max(1, min(PAGE, self.page_bytes // max(biggest, self.entry_bytes)))
 
     async def _scan(
         self,

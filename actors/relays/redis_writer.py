@@ -55,8 +55,11 @@ from actors.relays.redis_entries import (
     GAP,
     PAGE,
     _decode,
+    _entry_seq,
     _identifier,
+    _joined,
     _paused,
+    _split,
     _StepScan,
     _tail,
     _Undecodable,
@@ -180,7 +183,7 @@ def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
 
 
 def _entry_bytes(job: _Job) -> int:
-    """The size of the items of ``job``'s ``XADD`` (what made an entry too large)."""
+    """The bytes of ``job``'s entries' chunks (what its writer holds while it is out)."""
     return job.size()
 
 
@@ -453,10 +456,27 @@ class RedisRelayWriter:
     async def _scan(self, step: int) -> _StepScan:
         scan = _StepScan(step)
         end = "+"
+        parts: tuple[int, list[bytes]] | None = None
+        """The parts of a split chunk read so far, backwards: the chunk's seq, its parts."""
         while True:
             page = await self.relay.client.xrevrange(self.key, end, "-", count=PAGE)
-            for entry in page:
-                if scan.done(reversed(_decode(entry).items)):
+            for raw in page:
+                entry = _decode(raw)
+                if entry.part is None:
+                    items = entry.items
+                elif parts is None and entry.index < entry.of:
+                    # the stream ends inside a split chunk (its writer died writing it):
+                    # nothing of that chunk was shown
+                    continue
+                else:  # a split chunk read backwards: joined once its first part is read
+                    if parts is None or _entry_seq(raw.identifier) != parts[0]:
+                        parts = (entry.first, [])
+                    parts[1].append(entry.part)
+                    if entry.index > 1:
+                        continue
+                    items = [_joined(b"".join(reversed(parts[1])))]
+                    parts = None
+                if scan.done(reversed(items)):
                     return scan
             if len(page) < PAGE:
                 return scan
@@ -623,7 +643,7 @@ class RedisRelayWriter:
             self._sent = now
         first = self._next_seq
         try:
-            commands, touch = self._commands(batch, first, now)
+            commands, touch, ends = self._commands(batch, first, now)
         except Exception as exc:  # a chunk that does not encode (an int past 64 bits)
             # This writer's batch is lost, as one Redis refused; not the flusher, which
             # every other writer needs.
@@ -631,7 +651,7 @@ class RedisRelayWriter:
                               at=now, error=exc))  # fmt: skip
             return None
         job = _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now,
-                   retry=retry > 0)  # fmt: skip
+                   retry=retry > 0, ends=ends)  # fmt: skip
         self._out = _entry_bytes(job)
         return job
 
@@ -675,12 +695,18 @@ class RedisRelayWriter:
             self._failed("relay.flush_failed", error)
         else:  # Redis refused it (OOM, wrong type): not retried
             dropped = _chunks(job.batch)
+            if job.applied and not job.retry:
+                # Redis took the flush's first entries (it refused one of a split
+                # flush's): the gap goes after the seqs they took, not on their ids.
+                through, whole = job.written()
+                self._next_seq = through + 1
+                dropped = _chunks(job.batch[whole:])
             if job.retry:  # Redis may hold it (applied unanswered): the tail says
                 why = _refusal(error)
                 self._next_seq, self._unsure = None, (job.first + len(job.batch), dropped, why)
                 if _too_large(error):
                     self._failed("relay.flush_refused", error, unsure=dropped,
-                                 entry_bytes=_entry_bytes(job), why=why)  # fmt: skip
+                                 entry_bytes=job.largest(), why=why)  # fmt: skip
                 else:
                     self._failed("relay.flush_refused", error, unsure=dropped)
             else:
@@ -690,7 +716,7 @@ class RedisRelayWriter:
                 self._queue.insert(0, {"type": GAP, "why": _refusal(error)})
                 if _too_large(error):
                     self._failed("relay.flush_refused", error, dropped=dropped,
-                                 entry_bytes=_entry_bytes(job), why=_refusal(error))  # fmt: skip
+                                 entry_bytes=job.largest(), why=_refusal(error))  # fmt: skip
                 else:
                     self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
@@ -778,23 +804,33 @@ class RedisRelayWriter:
 
     def _commands(
         self, batch: list[dict[str, Any]], first: int, now: float
-    ) -> tuple[list[tuple[Any, ...]], bool]:
-        """The flush's ``XADD`` of ``batch`` from seq ``first``, with the TTLs' commands
-        when it sets them; and whether it does. The TTLs are set by the first flush and
-        the last, and refreshed at most every ``TTL_REFRESH`` seconds: a flush in
-        between is one ``XADD``, not three commands."""
+    ) -> tuple[list[tuple[Any, ...]], bool, list[int] | None]:
+        """The flush's ``XADD`` of ``batch`` from seq ``first`` (one; several when its
+        JSON is past the relay's ``entry_bytes``: :func:`_split`), with the TTLs'
+        commands when it sets them; whether it does; and, for several entries, the last
+        seq each holds. The TTLs are set by the first flush and the last, and refreshed
+        at most every ``TTL_REFRESH`` seconds: a flush in between is one ``XADD``, not
+        three commands."""
         relay = self.relay
         ended = batch[-1].get("type") == END and batch[-1].get("paused") is not True
         opening = self.flushes == 0  # a continuation's or a takeover's first entry too
-        fields: dict[str, str | bytes] = {
-            "first": str(first),
-            "items": utf8_dumps(batch, default=str),
-            "w": self.writer_id,
-        }
+        items = utf8_dumps(batch, default=str)
+        commands: list[tuple[Any, ...]]
+        ends: list[int] | None = None
+        if len(items) <= relay.entry_bytes:  # nearly every flush: one entry
+            fields: dict[str, str | bytes] = {"first": str(first), "items": items,
+                                              "w": self.writer_id}  # fmt: skip
+            commands = [("XADD", self.key, f"{first}-1", fields)]
+        else:
+            commands, ends = [], []
+            for identifier, fields, last in _split(batch, first, relay.entry_bytes, items):
+                fields["w"] = self.writer_id
+                commands.append(("XADD", self.key, identifier, fields))
+                ends.append(last)
+            fields = commands[0][3]
         if self._prev is not None:
             fields["prev"] = self._prev
         touch = ended or opening or now - self._touched > TTL_REFRESH
-        commands: list[tuple[Any, ...]] = [("XADD", self.key, f"{first}-1", fields)]
         if touch:
             commands.append(("EXPIRE", self.key, relay.end_ttl if ended else relay.live_ttl))
             active = relay.active_key(self.session_id)
@@ -802,7 +838,7 @@ class RedisRelayWriter:
                 commands.append(("SET", active, self.turn_id, relay.live_ttl))
             elif ended:
                 commands.append(("EXPIRE", active, relay.end_ttl))
-        return commands, touch
+        return commands, touch, ends
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -825,11 +861,48 @@ class _Job:
     """The job reads the stream's tail (``XREVRANGE``), not a flush (nothing carried)."""
     retry: bool = False
     """The batch is a failed flush's again: Redis may have applied it unanswered."""
+    ends: list[int] | None = None
+    """A flush of several entries (``None``: one, the usual): the last seq of each."""
+    applied: int = 0
+    """The flush's first entries Redis took (or held: a duplicate) before it refused one."""
+
+    @property
+    def adds(self) -> int:
+        """The flush's ``XADD`` s (its first commands)."""
+        return 1 if self.ends is None else len(self.ends)
+
+    def written(self) -> tuple[int, int]:
+        """After a refusal past the first entry: the last seq the entries Redis took
+        hold (a split chunk's part counts), and how many of the batch's items they
+        hold whole."""
+        assert self.ends is not None and self.applied
+        through = self.ends[self.applied - 1]
+        fields = self.commands[self.applied - 1][3]
+        whole = through - self.first + 1
+        if "part" in fields and not self.commands[self.applied - 1][2].endswith("-" + fields["of"]):
+            whole -= 1  # the chunk's last part is not in
+        return through, whole
 
     def size(self) -> int:
-        """The bytes of the entry's items (its ``XADD``'s largest argument: what Redis's
-        ``proto-max-bulk-len`` bounds); 0 for a tail read."""
-        return len(self.commands[0][3]["items"]) if self.commands and not self.tail else 0
+        """The bytes of the entries' chunks (items or parts); 0 for a tail read."""
+        if self.tail or not self.commands:
+            return 0
+        if self.ends is None:
+            return len(self.commands[0][3]["items"])
+        return sum(map(_chunk_bytes, self.commands[: self.adds]))
+
+    def largest(self) -> int:
+        """The bytes of the largest entry's chunks (an ``XADD``'s largest argument: what
+        Redis's ``proto-max-bulk-len`` bounds); 0 for a tail read."""
+        if self.tail or not self.commands:
+            return 0
+        return max(map(_chunk_bytes, self.commands[: self.adds]))
+
+
+def _chunk_bytes(command: tuple[Any, ...]) -> int:
+    """The bytes of the chunks an ``XADD`` of a flush carries (its ``items`` or ``part``)."""
+    fields = command[3]
+    return len(fields["items"] if "items" in fields else fields["part"])
 
 
 @attrs.frozen
