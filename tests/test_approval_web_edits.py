@@ -259,3 +259,27 @@ async def test_the_ui_messages_of_edited_calls_pass_the_ai_packages_validation(n
     assert shown["state"] == "approval-responded" and shown["input"] == {"path": "/z"}
     assert shown["toolMetadata"] == {"axonOriginalInput": {"path": "/x"}}
     assert ran == []
+
+
+async def test_a_body_answering_again_with_another_edit_is_refused():
+    """The echo of a call approved with edits is taken only with the recorded edit: one
+    with another edit is a second decision for a decided call (409), nothing recorded."""
+    ran.clear()
+    async with web_server(agent(TWO)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            d, e = [c for c in first if c != "[DONE]" and c["type"] == "tool-approval-request"]
+            mid = first[0]["messageId"]
+            part = approval_part(d["approvalId"], True)
+            part["approval"][EDITED_INPUT] = {"path": "/z"}
+            await client.post("/api/chat", json=answer("s", mid, part))
+            before = (await client.get("/api/sessions/s")).json()
+            other = {**part, "approval": {**part["approval"], EDITED_INPUT: {"path": "/q"}}}
+            both = answer("s", mid, other)
+            both["messages"][-1]["parts"].append(
+                {**approval_part(e["approvalId"], True), "toolCallId": "E", "input": {"path": "/y"}}
+            )
+            r = await client.post("/api/chat", json=both)
+            after = (await client.get("/api/sessions/s")).json()
+    assert r.status_code == 409, r.text
+    assert after == before and ran == []
