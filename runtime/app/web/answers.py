@@ -45,6 +45,10 @@ from runtime.errors import (
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.store import SessionRecord, Store
 
+EDITED_INPUT = "axonEditedInput"
+"""The key of a continuation's ``approval`` object that carries an edited input: an
+Axon extension (the AI SDK has none), named so that no field the SDK adds can take it."""
+
 STOPPED_WAIT = "stopped"
 """The reason a waiting turn's calls are denied with when the session is stopped."""
 
@@ -89,7 +93,14 @@ def _answers(
     streamed with, :mod:`runtime.app.web.signing`) must be text, and with ``signer`` it
     must verify against the stored call: 403 otherwise. Its other keys
     (``descriptor``, ``inputSchemaInput``, ``requestReason``, ``isAutomatic``: what
-    the SDK copies from the request) are passed over."""
+    the SDK copies from the request) are passed over.
+
+    ``approval.axonEditedInput`` (:data:`EDITED_INPUT`, an Axon extension: the AI SDK has
+    no edit field, the page at ``/`` sends it) approves the call with that input instead
+    of the model's (docs/approval.md, "Approving with edits"): an object, checked by the
+    decision like every edit (approved only, the tool's schema), so a bad one is refused
+    before anything is recorded. The part's ``input`` (and the signature) stay the call's
+    as streamed: the edit is the answer, not a different call."""
     parts = message.get("parts")
     if not isinstance(parts, list):
         raise ApiError(400, "the assistant message has no 'parts'")
@@ -116,12 +127,17 @@ def _answers(
             signature = approval.get("signature")
             if not isinstance(signature, str | None):
                 raise ApiError(400, "'approval.signature' must be a string")
+            edited = approval.get(EDITED_INPUT)
+            if edited is not None and not isinstance(edited, dict):
+                raise ApiError(
+                    400, f"'approval.{EDITED_INPUT}' must be an object (the call's new input)"
+                )
             if call is not None:
                 _check_part(p, call, f"the approval {key!r}")
                 if signature is not None and signer is not None:
                     _check_signature(signature, call, signer)
             _once(answered, call.tool_call_id if call is not None else key)
-            out.append((key, Decision(approved=approved, reason=reason)))
+            out.append((key, Decision(approved=approved, reason=reason, edited_input=edited)))
         elif (
             state in ("output-available", "output-error")
             and isinstance(call_id, str)  # (a list or an object: no call's, not a TypeError)
@@ -152,14 +168,18 @@ def _answers(
 
 def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -> None:
     """403 when ``signature`` is not the one the approval request of ``call`` was
-    streamed with, for the call as the store holds it now.
+    streamed with, for the call as the store holds it now (a call approved with edits
+    already, whose answer a client sends back: its request was signed over the model's
+    input, a reload's over the edited one, either is the call's).
 
     The refusal names the one cause a person cannot fix by reloading: front ends of a
     deployment with different secrets (or one restarted with another) refuse each
     other's signatures, and a reload served by the other front end signs anew, to be
     refused again here. It names the option and variable, never the secret."""
-    if not signer.verify(
-        signature, call.approval_id, call.tool_call_id, call.tool_name, call.input
+    inputs = [call.input] if call.original_input is None else [call.input, call.original_input]
+    if not any(
+        signer.verify(signature, call.approval_id, call.tool_call_id, call.tool_name, i)
+        for i in inputs
     ):
         raise ApiError(
             403,
@@ -197,12 +217,17 @@ def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
             f"{what} is for call {shown_id!r} of tool {name!r}, but its part is a {kind!r}",
         )
     sent = part.get("input")  # null: a client that keeps no input sent none
-    if sent is not None and not _same_json(sent, input):
+    # (a call approved with edits, answered again: the part may keep the model's input)
+    edited_from = call.original_input if call.sub_tool is None else None
+    if (
+        sent is not None
+        and not _same_json(sent, input)
+        and not (edited_from is not None and _same_json(sent, edited_from))
+    ):
         raise ApiError(
             400,
-            f"{what} carries an input for {name} other than the call's: the "
-            "server runs the call with the input the model gave, an edited input is not "
-            "taken (answer with the input as it was streamed)",
+            f"{what} carries an input for {name} other than the call's: answer with "
+            f"the input as it was streamed (an edit goes in 'approval.{EDITED_INPUT}')",
         )
 
 
@@ -224,11 +249,12 @@ def _same_json(sent: Any, stored: Any) -> bool:
     return bool(sent == stored)
 
 
-def _held(messages: Sequence[Message]) -> dict[str, Awaiting]:
-    """The decisions already recorded for the calls the last turn still waits for, by id."""
+def _held(messages: Sequence[Message]) -> dict[str, tuple[Awaiting, Any]]:
+    """The decisions already recorded for the calls the last turn still waits for, by
+    id, each with its call's input as stored (an edit, if it was approved with one)."""
     decided = {c.approval_id for c in waiting_calls(messages) if c.decided}
     return {
-        p.awaiting.id: p.awaiting
+        p.awaiting.id: (p.awaiting, p.input)
         for m in messages
         if isinstance(m, AssistantMessage)
         for p in m.content
@@ -236,15 +262,20 @@ def _held(messages: Sequence[Message]) -> dict[str, Awaiting]:
     }
 
 
-def _echoes(held: Awaiting | None, decision: Decision) -> bool:
+def _echoes(held: tuple[Awaiting, Any] | None, decision: Decision) -> bool:
     """Whether ``decision`` is the one already recorded: a client sending back the
     server's own message of a half-decided turn (a page that answers one call at a time
-    and got 202) repeats it, and that is not a second decision."""
-    return held is not None and (held.approved, held.output, held.error) == (
+    and got 202) repeats it, and that is not a second decision. One with an edited
+    input repeats it when the call holds that input (a different edit is a second,
+    refused decision, not an echo taken silently)."""
+    if held is None:
+        return False
+    awaiting, input = held
+    return (awaiting.approved, awaiting.output, awaiting.error) == (
         decision.approved,
         decision.output,
         decision.error,
-    )
+    ) and (decision.edited_input is None or _same_json(decision.edited_input, input))
 
 
 RecordAnswer = Callable[[str, Decision], Awaitable[Recorded]]
@@ -288,6 +319,7 @@ async def record_answers(
             reason=decision.reason,
             error=decision.error,
             expected_version=expected_version,
+            edited_input=decision.edited_input,
             **({"output": decision.output} if decision.has_output else {}),
         )
         return recorded

@@ -411,6 +411,10 @@ def _tool_part(
             if waiting.reason is not None:
                 approval["reason"] = waiting.reason
         part["approval"] = approval
+        if waiting.original_input is not None:  # approved with edits: ``input`` ran
+            # (``toolMetadata``: the UIMessage's own place for app data on a tool part,
+            # which the ``ai`` package's validateUIMessages takes)
+            part["toolMetadata"] = {"axonOriginalInput": waiting.original_input}
         if result is None:
             part["state"] = "approval-responded" if waiting.decided else "approval-requested"
             return part

@@ -1,0 +1,80 @@
+"""The page's Edit control on a waiting tool card, in a real browser (Chromium, driven by
+Playwright, as in tests/test_web_approval_page.py): Edit shows the call's input as JSON
+in a box, "Approve with edits" sends it as ``approval.axonEditedInput`` and the tool runs
+with it; the card shows the input that ran, live and after a reload. An edit the server
+refuses (its 400) is shown on the card, which keeps asking with the box as typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.test_web_approval_page import ask, deleted, drive
+from tests.test_web_approval_page import playwright_sync as playwright_sync  # the fixture
+
+
+async def test_edit_then_approve_runs_the_call_with_the_edited_input(playwright_sync):
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        sent: list[Any] = []
+        page.on(
+            "request",
+            lambda r: (
+                sent.append(r.post_data_json)
+                if r.method == "POST" and r.url.endswith("/api/chat")
+                else None
+            ),
+        )
+        card = ask(page, expect, "please delete /tmp/x")
+        card.get_by_role("button", name="Edit").click()
+        box = card.get_by_label("Edited input")
+        expect(box).to_have_value('{\n  "path": "/tmp/x"\n}')
+        box.fill('{"path": "/tmp/edited"}')
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(card.locator(".result pre")).to_have_text("deleted /tmp/edited")
+        expect(card.locator(".input pre")).to_contain_text('"path": "/tmp/edited"')
+        expect(card.locator(".input .label")).to_have_text("Input (edited)")
+        expect(page.locator(".msg.assistant .text")).to_have_text("Results: deleted /tmp/edited.")
+        seen["sent"] = sent
+        page.reload()  # what the server stored: the input that ran, marked edited
+        card = page.locator(".tool-card").first
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(card.locator(".input pre")).to_contain_text('"path": "/tmp/edited"')
+        expect(card.locator(".input .label")).to_have_text("Input (edited)")
+        seen["reloaded_edited"] = card.get_attribute("data-edited")
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert deleted == ["/tmp/edited"]
+    (part,) = [p for p in seen["sent"][-1]["messages"][-1]["parts"] if p.get("toolCallId") == "D0"]
+    assert part["input"] == {"path": "/tmp/x"}  # the call as streamed
+    assert part["approval"]["axonEditedInput"] == {"path": "/tmp/edited"}
+    assert seen["reloaded_edited"] == "1"
+
+
+async def test_a_refused_edit_is_shown_on_the_card_which_keeps_asking(playwright_sync):
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "please delete /tmp/x")
+        card.get_by_role("button", name="Edit").click()
+        box = card.get_by_label("Edited input")
+        box.fill("{not json")
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card.locator(".edit-error")).to_contain_text("not JSON")
+        box.fill('{"path": 5}')  # JSON, but the tool's schema refuses it: the server's 400
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card.locator(".edit-error")).to_contain_text("400")
+        expect(card).to_have_attribute("data-state", "approval-requested")
+        box = card.get_by_label("Edited input")
+        expect(box).to_have_value('{"path": 5}')
+        expect(card.locator(".input pre")).to_contain_text('"path": "/tmp/x"')
+        seen["deleted_after_refusal"] = list(deleted)
+        box.fill('{"path": "/tmp/fixed"}')
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(card.locator(".result pre")).to_have_text("deleted /tmp/fixed")
+        seen["errors_left"] = card.locator(".edit-error").count()
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert seen["deleted_after_refusal"] == []
+    assert seen["errors_left"] == 0
+    assert deleted == ["/tmp/fixed"]
