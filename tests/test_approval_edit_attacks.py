@@ -447,4 +447,7 @@ async def test_every_view_of_an_edited_call_shows_the_edit_and_its_result():
     assert result["content"] == "removed /b"
     (part,) = [p for m in stored["ui_messages"] for p in m["parts"] if p.get("toolCallId")]
     assert part["input"] == {"path": "/b"} and part["output"] == "removed /b"
+    # the model's input is kept for the record where the page reads it, nowhere else
+    assert part["toolMetadata"] == {"axonOriginalInput": {"path": "/a"}}
+    del part["toolMetadata"]
     assert "/a" not in orjson.dumps(stored["ui_messages"]).decode()
