@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -27,10 +26,10 @@ from runtime.messages import UserMessage
 from tests import test_busy
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_busy import Script, agent_with, holding, looking
-from tests.test_frontend import LIMIT, body, data, deployment
+from tests.test_frontend import data, deployment
 from tests.test_relay import TAKEN_OVER, read_all, text_turn
 from tests.test_relay_web import sse_events
-from tests.test_worker_steer import queued
+from tests.test_worker_steer import steering_in_step_1
 
 STEERED = "also this"
 
@@ -104,17 +103,8 @@ async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     script = Script(looking("call_L"), holding("call_H"), ["answer to both"], ["again"])
     out: dict[str, Any] = {}
     async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
-        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-
-                async def post(name: str, text: str, message_id: str) -> None:
-                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
-
-                nursery.start_soon(post, "first", "first", "u1")
-                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
-                nursery.start_soon(post, "steered", STEERED, "u2")
-                await queued(d.queue, "s1", 2)
-                test_busy.held["release"].set()
+        async with steering_in_step_1(d, out, STEERED):
+            pass
         turns = await d.queue.turns("s1")
         record = await d.store.load("s1")
     assert len(refused) == 2
