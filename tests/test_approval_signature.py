@@ -27,6 +27,7 @@ from runtime.app.web.signing import ApprovalSigner, for_session, input_digest
 from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.approval import PendingCall
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, ToolMessage, UserMessage
+from tests.support.approval_tools import waiting_delete
 from tests.support.redis import require_redis
 from tests.test_approval_nested_pass import parent
 from tests.test_approval_nested_pass import ran as nested_ran
@@ -162,18 +163,7 @@ def test_the_stored_form_signs_only_the_approvals_still_to_answer():
 
 
 def _waiting() -> list[PendingCall]:
-    return [
-        PendingCall(
-            approval_id="a",
-            tool_call_id="D",
-            tool_name="delete_file",
-            input={"path": "/x"},
-            kind="approval",
-            step=0,
-            message_id="m",
-            turn_id="t",
-        )
-    ]
+    return [waiting_delete("a")]
 
 
 def _message(**approval: Any) -> dict[str, Any]:
