@@ -16,32 +16,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio
 
 from actors.relays import RedisRelay
 from actors.stores.postgres import PostgresStore
 from runtime import output as o
 from runtime.errors import StoreError
 from runtime.messages import UserMessage
-from tests import test_busy
-from tests.support.redis import require_redis, unique_prefix
+from tests.support.redis import unique_prefix
 from tests.test_busy import Script, agent_with, holding, looking
 from tests.test_frontend import data, deployment
 from tests.test_relay import TAKEN_OVER, read_all, text_turn
 from tests.test_relay_web import sse_events
-from tests.test_worker_steer import steering_in_step_1
+from tests.test_worker_steer import _fresh_gate, redis_url, steering_in_step_1
+
+__all__ = ["_fresh_gate", "redis_url"]  # (the fixtures)
 
 STEERED = "also this"
-
-
-@pytest.fixture
-def redis_url() -> str:
-    return require_redis()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_gate() -> None:
-    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
 
 
 def steered_in(step: int) -> o.Steered:
