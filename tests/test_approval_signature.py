@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent
 from runtime import output as o
 from runtime.app.web.answers import _answers
 from runtime.app.web.http import ApiError
@@ -27,7 +27,12 @@ from runtime.app.web.signing import ApprovalSigner, for_session, input_digest
 from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.approval import PendingCall
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, ToolMessage, UserMessage
-from tests.support.approval_tools import waiting_delete
+from tests.support.approval_tools import (
+    clear_ran,  # noqa: F401 (fixture)
+    delete_file,
+    ran,
+    waiting_delete,
+)
 from tests.support.redis import require_redis
 from tests.test_approval_nested_pass import parent
 from tests.test_approval_nested_pass import ran as nested_ran
@@ -41,8 +46,6 @@ from tests.test_worker_approval import chat as worker_chat
 from tests.test_worker_approval import ran as worker_ran
 from tests.web.harness import web_server
 
-ran: list[str] = []
-
 SECRET = "s3cret-approvals"
 SIGNER = ApprovalSigner(secret=SECRET.encode())
 METADATA = {
@@ -53,13 +56,6 @@ METADATA = {
 }
 """What the ``ai`` package (6 and 7) may keep in an answered approval besides its id,
 answer and signature."""
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
 
 
 def agent() -> Agent:
