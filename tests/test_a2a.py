@@ -481,8 +481,9 @@ async def test_a_new_message_in_the_context_supersedes_a_waiting_task():
 # -- live tasks: subscribe and cancel -----------------------------------------------------
 
 
-def gated_agent(gate: trio.Event) -> Agent:
-    """Says "Working. ", then waits in a tool until ``gate`` is set, then "Done."."""
+def gated_agent(gate: trio.Event, first: str = "Working. ") -> Agent:
+    """Says ``first`` ("Working. "), then waits in a tool until ``gate`` is set, then
+    "Done."."""
 
     @tool
     async def wait_here() -> str:
@@ -492,7 +493,7 @@ def gated_agent(gate: trio.Event) -> Agent:
 
     def script(request: InferRequest) -> list[Any]:
         if current_step(request.messages) == 0:
-            return ["Working. ", *tool_call("wait_here", {})]
+            return [first, *tool_call("wait_here", {})]
         return ["Done."]
 
     return Agent(name="slow", provider=ScriptedProvider(responder=script), tools=[wait_here])

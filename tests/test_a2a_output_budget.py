@@ -19,9 +19,9 @@ import trio
 from actors.a2a import A2AAgent
 from actors.a2a.agent import NOT_CALLED, SPENT_NOTE
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, Budget, Host, ToolMessage, tool
+from runtime import Agent, Budget, Host, ToolMessage
 from runtime.actor_messages import InferRequest
-from tests.test_a2a import BOTH
+from tests.test_a2a import BOTH, gated_agent
 from tests.web.harness import web_server
 
 ANSWER = "Trio is structured."  # 19 bytes
@@ -44,19 +44,7 @@ def lead(remote: Any, budget: Budget, calls: tuple[str, ...] = ("P1",)) -> Agent
 
 def gated(gate: trio.Event) -> Agent:
     """Says "Working on it. " (16 bytes), then waits in a tool until ``gate`` is set."""
-
-    @tool
-    async def wait_here() -> str:
-        """Wait."""
-        await gate.wait()
-        return "ok"
-
-    def script(request: InferRequest) -> list[Any]:
-        if current_step(request.messages) == 0:
-            return ["Working on it. ", *tool_call("wait_here", {})]
-        return ["Done."]
-
-    return Agent(name="slow", provider=ScriptedProvider(responder=script), tools=[wait_here])
+    return gated_agent(gate, first="Working on it. ")
 
 
 async def ask(remote_agent: Agent, budget: Budget, calls: tuple[str, ...] = ("P1",)) -> Any:

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent
 from runtime import output as o
 from runtime.app.web.answers import _answers
 from runtime.app.web.http import ApiError
@@ -27,6 +27,12 @@ from runtime.app.web.signing import ApprovalSigner, for_session, input_digest
 from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.approval import PendingCall
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, ToolMessage, UserMessage
+from tests.support.approval_tools import (
+    clear_ran,  # noqa: F401 (fixture)
+    delete_file,
+    ran,
+    waiting_delete,
+)
 from tests.support.redis import require_redis
 from tests.test_approval_nested_pass import parent
 from tests.test_approval_nested_pass import ran as nested_ran
@@ -40,8 +46,6 @@ from tests.test_worker_approval import chat as worker_chat
 from tests.test_worker_approval import ran as worker_ran
 from tests.web.harness import web_server
 
-ran: list[str] = []
-
 SECRET = "s3cret-approvals"
 SIGNER = ApprovalSigner(secret=SECRET.encode())
 METADATA = {
@@ -52,13 +56,6 @@ METADATA = {
 }
 """What the ``ai`` package (6 and 7) may keep in an answered approval besides its id,
 answer and signature."""
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
 
 
 def agent() -> Agent:
@@ -162,18 +159,7 @@ def test_the_stored_form_signs_only_the_approvals_still_to_answer():
 
 
 def _waiting() -> list[PendingCall]:
-    return [
-        PendingCall(
-            approval_id="a",
-            tool_call_id="D",
-            tool_name="delete_file",
-            input={"path": "/x"},
-            kind="approval",
-            step=0,
-            message_id="m",
-            turn_id="t",
-        )
-    ]
+    return [waiting_delete("a")]
 
 
 def _message(**approval: Any) -> dict[str, Any]:

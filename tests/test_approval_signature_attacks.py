@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent
 from runtime.app.web.serve import add_serve_parser
 from runtime.app.web.signing import SECRET_ENV, ApprovalSigner, for_session
+from tests.support.approval_tools import clear_ran, delete_file, ran  # noqa: F401 (fixture)
 from tests.support.redis import require_redis
 from tests.test_approval_signature import _worker_round
 from tests.test_approval_web import answer, request_of
@@ -28,15 +29,6 @@ from tests.web.harness import web_server
 
 SECRET = "correct horse battery staple quince"
 """Distinctive, and no key pattern the log redaction would hide anyway."""
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
 
 
 def two_calls() -> Agent:
@@ -70,11 +62,6 @@ def requests_of(chunks: list[Any]) -> dict[str, dict[str, Any]]:
     return {
         c["toolCallId"]: c for c in chunks if c != "[DONE]" and c["type"] == "tool-approval-request"
     }
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> None:
-    ran.clear()
 
 
 async def test_a_signature_moved_to_the_other_call_of_the_session_is_refused(tmp_path):

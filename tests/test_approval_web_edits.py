@@ -17,7 +17,7 @@ import trio
 from actors.providers.scripted import tool_call
 from runtime.app.web.answers import EDITED_INPUT, _answers
 from runtime.app.web.http import ApiError
-from runtime.approval import PendingCall
+from tests.support.approval_tools import waiting_delete
 from tests.support.redis import require_redis
 from tests.test_approval_node import ai as ai  # the fixtures
 from tests.test_approval_node import node as node
@@ -35,22 +35,9 @@ SECRET = "edit-secret"
 TWO = [*DELETE, *tool_call("delete_file", {"path": "/y"}, tool_call_id="E")]
 
 
-def waiting_call() -> PendingCall:
-    return PendingCall(
-        approval_id="A",
-        tool_call_id="D",
-        tool_name="delete_file",
-        input={"path": "/x"},
-        kind="approval",
-        step=0,
-        message_id="m",
-        turn_id="t",
-    )
-
-
 def parsed(approval: dict[str, Any]) -> Any:
     part = {**approval_part("A", True), "approval": {"id": "A", **approval}}
-    return _answers({"parts": [part]}, [waiting_call()])
+    return _answers({"parts": [part]}, [waiting_delete("A")])
 
 
 def test_the_parser_reads_the_edit_into_the_decision():

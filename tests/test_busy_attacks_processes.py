@@ -10,11 +10,16 @@ import signal
 import httpx
 import trio
 
-from actors.stores.postgres import PostgresStore
 from runtime.messages import AssistantMessage, UserMessage
-from tests.test_relay_web import sse_events
 from tests.test_worker_approval_processes import FrontEnds, chat
-from tests.test_worker_steer_processes import LIMIT, deployment, steering
+from tests.test_worker_steer_processes import (
+    LIMIT,
+    deployment,
+    rest_of,
+    steering,
+    turn_outcome,
+    until_tool_call,
+)
 from tests.test_workers import Workers, sql
 
 __all__ = ["deployment"]  # (the fixture, used by name)
@@ -39,7 +44,6 @@ async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_
     workers, fronts = deployment
     front = await fronts.start()
     workers.start("w1", AXON_TEST_TOOL_HOLD="600")  # its tools never return there
-    raw = ""
     steered: list[httpx.Response] = []
     async with httpx.AsyncClient(timeout=LIMIT) as client:
         with trio.fail_after(LIMIT):
@@ -49,10 +53,7 @@ async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_
                 ) as response:
                     assert response.status_code == 200
                     chunks = response.aiter_text()
-                    async for text in chunks:  # until step 0's tool call: its tool holds
-                        raw += text
-                        if '"toolCallId":"call_1"' in raw.replace(" ", ""):
-                            break
+                    raw = await until_tool_call(chunks, "call_1")  # step 0's tool holds
 
                     async def steer() -> None:
                         sent = steering("s1", "also this")
@@ -62,20 +63,8 @@ async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_
                     await steering_row_queued(pg_url)
                     workers.signal("w1", signal.SIGKILL)
                     workers.start("w2")
-                    async for text in chunks:
-                        raw += text
-    events = [d for _, d in sse_events(raw) if d != "[DONE]"]
-    turn_id = events[0]["messageId"].removeprefix("msg_")
-    rows = sql(
-        pg_url,
-        "SELECT status, finish_reason, steer_of FROM axon_turns WHERE session_id = %s ORDER BY seq",
-        "s1",
-    )
-    store = await PostgresStore.open(pg_url)
-    try:
-        record = await store.load("s1")
-    finally:
-        await store.aclose()
+                    raw += await rest_of(chunks)
+    _, turn_id, rows, record = await turn_outcome(pg_url, raw)
     assert steered[0].status_code == 202, steered[0].text
     assert steered[0].json() == {
         "steered": True,

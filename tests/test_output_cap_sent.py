@@ -12,13 +12,13 @@ judges by that. Real SDKs against the loopback server.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from actors.providers import AnthropicProvider, OpenAIProvider, ScriptedProvider
 from runtime import Agent, Budget, Host
+from tests.support.faults import a_body, a_end, a_start, a_text
 from tests.support.loopback import Reply, loopback_server
 from tests.test_output_cap_unreported import chat
 
@@ -28,51 +28,7 @@ KEY = "sk-test-not-a-real-key-4243"
 def anthropic_cut(output_tokens: int, stop: str = "max_tokens") -> bytes:
     """An Anthropic stream of one text block that stops with ``stop`` after writing
     ``output_tokens`` (its ``message_delta`` usage)."""
-    events = [
-        (
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": "claude-sonnet-4-5",
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 21, "output_tokens": 1},
-                },
-            },
-        ),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": "Once upon a time"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": output_tokens},
-            },
-        ),
-        ("message_stop", {"type": "message_stop"}),
-    ]
-    return "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events).encode()
+    return a_body(a_start(21), a_text(0, "Once upon a time"), a_end(stop, output_tokens))
 
 
 async def anthropic_turn(

@@ -7,6 +7,8 @@ A turn that ends before a boundary leaves it to run as a turn of its own."""
 from __future__ import annotations
 
 import contextvars
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -43,24 +45,34 @@ async def queued(queue: Any, session_id: str, count: int) -> list[Any]:
         await trio.sleep(0.02)
 
 
+@asynccontextmanager
+async def steering_in_step_1(d: Any, out: dict[str, Any], text: str) -> AsyncIterator[None]:
+    """Post ``first`` (``u1``) to session ``s1`` on front end 0 and, once step 1's tool
+    holds, ``text`` (``u2``), their responses into ``out`` by name (``first``,
+    ``steered``); the body runs once the steering row is queued, step 1's tool released
+    after it; both POSTs answered on leaving."""
+    async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+        async with trio.open_nursery() as nursery:
+
+            async def post(name: str, text: str, message_id: str) -> None:
+                out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+            nursery.start_soon(post, "first", "first", "u1")
+            await test_busy.held["open"].wait()  # step 1 is open: its tool runs
+            nursery.start_soon(post, "steered", text, "u2")
+            await queued(d.queue, "s1", 2)
+            yield
+            test_busy.held["release"].set()
+
+
 async def steer_during_step_1(pg_url: str, redis_url: str) -> dict[str, Any]:
     """Run ``first`` (look, hold, answer) on a worker; post ``also this`` while step 1's
     tool holds; what came back and what was stored."""
     script = Script(looking("call_L"), holding("call_H"), ["answer to both"])
     out: dict[str, Any] = {"script": script}
     async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
-        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-
-                async def post(name: str, text: str, message_id: str) -> None:
-                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
-
-                nursery.start_soon(post, "first", "first", "u1")
-                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
-                nursery.start_soon(post, "steered", "also this", "u2")
-                await queued(d.queue, "s1", 2)
-                assert len(script.requests) == 2  # no model call until the boundary
-                test_busy.held["release"].set()
+        async with steering_in_step_1(d, out, "also this"):
+            assert len(script.requests) == 2  # no model call until the boundary
         out["turns"] = await d.queue.turns("s1")
         out["record"] = await d.store.load("s1")
     return out

@@ -10,7 +10,7 @@ live (``data-steered``), the POST gets 202, the store holds it where the model s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -19,6 +19,7 @@ import trio
 
 from actors.stores.postgres import PostgresStore
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.store import SessionRecord
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_approval_node import ai6_entry
 from tests.test_relay_web import sse_events
@@ -49,32 +50,32 @@ def steering(session_id: str, text: str) -> dict[str, Any]:
     return sent
 
 
-async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call(
-    pg_url: str, deployment: tuple[Workers, FrontEnds]
-) -> None:
-    workers, fronts = deployment
-    front = await fronts.start()
-    workers.start("w1", AXON_TEST_TOOL_HOLD="1.5")
+async def until_tool_call(chunks: AsyncIterator[str], call_id: str) -> str:
+    """The stream's text read until tool call ``call_id`` starts (its tool holds there);
+    the rest stays unread in ``chunks``."""
     raw = ""
-    async with httpx.AsyncClient(timeout=LIMIT) as client:
-        with trio.fail_after(LIMIT):
-            async with client.stream(
-                "POST", f"{front}/api/chat", json=chat("s1", "tools please")
-            ) as response:
-                assert response.status_code == 200
-                chunks = response.aiter_text()
-                async for text in chunks:  # until step 1's tool call: its tool holds
-                    raw += text
-                    if '"toolCallId":"call_2"' in raw.replace(" ", ""):
-                        break
-                steered = await client.post(f"{front}/api/chat", json=steering("s1", "also this"))
-                async for text in chunks:
-                    raw += text
+    async for text in chunks:
+        raw += text
+        if f'"toolCallId":"{call_id}"' in raw.replace(" ", ""):
+            break
+    return raw
+
+
+async def rest_of(chunks: AsyncIterator[str]) -> str:
+    """The stream's text still unread in ``chunks``, to its end."""
+    return "".join([text async for text in chunks])
+
+
+async def turn_outcome(
+    pg_url: str, raw: str, columns: str = "status, finish_reason, steer_of"
+) -> tuple[list[Any], str, list[tuple[Any, ...]], SessionRecord | None]:
+    """What a steered turn of session ``s1`` left: the stream's events, the turn's id,
+    the ``columns`` of its ``axon_turns`` rows in order, and the stored session."""
     events = [d for _, d in sse_events(raw) if d != "[DONE]"]
     turn_id = events[0]["messageId"].removeprefix("msg_")
     rows = sql(
         pg_url,
-        "SELECT status, finish_reason, steer_of FROM axon_turns WHERE session_id = %s ORDER BY seq",
+        f"SELECT {columns} FROM axon_turns WHERE session_id = %s ORDER BY seq",
         "s1",
     )
     store = await PostgresStore.open(pg_url)
@@ -82,6 +83,26 @@ async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call
         record = await store.load("s1")
     finally:
         await store.aclose()
+    return events, turn_id, rows, record
+
+
+async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call(
+    pg_url: str, deployment: tuple[Workers, FrontEnds]
+) -> None:
+    workers, fronts = deployment
+    front = await fronts.start()
+    workers.start("w1", AXON_TEST_TOOL_HOLD="1.5")
+    async with httpx.AsyncClient(timeout=LIMIT) as client:
+        with trio.fail_after(LIMIT):
+            async with client.stream(
+                "POST", f"{front}/api/chat", json=chat("s1", "tools please")
+            ) as response:
+                assert response.status_code == 200
+                chunks = response.aiter_text()
+                raw = await until_tool_call(chunks, "call_2")  # step 1's tool holds
+                steered = await client.post(f"{front}/api/chat", json=steering("s1", "also this"))
+                raw += await rest_of(chunks)
+    events, turn_id, rows, record = await turn_outcome(pg_url, raw)
     assert steered.status_code == 202, steered.text
     assert steered.json() == {
         "steered": True,

@@ -16,12 +16,17 @@ from typing import Any
 import httpx
 import trio
 
-from actors.stores.postgres import PostgresStore
 from runtime.messages import UserMessage
-from tests.test_relay_web import sse_events
 from tests.test_worker_approval_processes import FrontEnds, chat
-from tests.test_worker_steer_processes import LIMIT, deployment, steering
-from tests.test_workers import Workers, _backends_finishing_a_turn, sql, wait_for
+from tests.test_worker_steer_processes import (
+    LIMIT,
+    deployment,
+    rest_of,
+    steering,
+    turn_outcome,
+    until_tool_call,
+)
+from tests.test_workers import Workers, _backends_finishing_a_turn, wait_for
 
 __all__ = ["deployment"]  # (the fixture)
 
@@ -37,7 +42,6 @@ async def test_a_message_steered_into_a_turn_whose_worker_dies_in_its_save_runs_
         AXON_TEST_FINISH_HOLD="30",
         PGOPTIONS="-c client_connection_check_interval=50",
     )
-    raw = ""
     out: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=LIMIT) as client:
         with trio.fail_after(LIMIT):
@@ -46,10 +50,7 @@ async def test_a_message_steered_into_a_turn_whose_worker_dies_in_its_save_runs_
             ) as response:
                 assert response.status_code == 200
                 chunks = response.aiter_text()
-                async for text in chunks:  # until step 1's tool call: its tool holds
-                    raw += text
-                    if '"toolCallId":"call_2"' in raw.replace(" ", ""):
-                        break
+                raw = await until_tool_call(chunks, "call_2")  # step 1's tool holds
                 async with trio.open_nursery() as nursery:
 
                     async def steer() -> None:
@@ -64,21 +65,9 @@ async def test_a_message_steered_into_a_turn_whose_worker_dies_in_its_save_runs_
                     await wait_for(in_last_save, what="worker a inside its last save")
                     workers.signal("a", signal.SIGKILL)  # the message taken, not stored
                     workers.start("b")
-                    async for text in chunks:
-                        raw += text
-    events = [d for _, d in sse_events(raw) if d != "[DONE]"]
-    turn_id = events[0]["messageId"].removeprefix("msg_")
-    rows = sql(
-        pg_url,
-        "SELECT status, finish_reason, steer_of, attempts, owner FROM axon_turns "
-        "WHERE session_id = %s ORDER BY seq",
-        "s1",
-    )
-    store = await PostgresStore.open(pg_url)
-    try:
-        record = await store.load("s1")
-    finally:
-        await store.aclose()
+                    raw += await rest_of(chunks)
+    columns = "status, finish_reason, steer_of, attempts, owner"
+    events, turn_id, rows, record = await turn_outcome(pg_url, raw, columns)
     assert rows == [
         ("done", "stop", None, 2, "b"),
         ("done", "steered", turn_id, 0, None),

@@ -15,34 +15,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
-import trio
 
 from actors.relays import RedisRelay
 from actors.stores.postgres import PostgresStore
 from runtime import output as o
 from runtime.errors import StoreError
 from runtime.messages import UserMessage
-from tests import test_busy
-from tests.support.redis import require_redis, unique_prefix
+from tests.support.redis import unique_prefix
 from tests.test_busy import Script, agent_with, holding, looking
-from tests.test_frontend import LIMIT, body, data, deployment
+from tests.test_frontend import data, deployment
 from tests.test_relay import TAKEN_OVER, read_all, text_turn
 from tests.test_relay_web import sse_events
-from tests.test_worker_steer import queued
+from tests.test_worker_steer import _fresh_gate, redis_url, steering_in_step_1
+
+__all__ = ["_fresh_gate", "redis_url"]  # (the fixtures)
 
 STEERED = "also this"
-
-
-@pytest.fixture
-def redis_url() -> str:
-    return require_redis()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_gate() -> None:
-    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
 
 
 def steered_in(step: int) -> o.Steered:
@@ -104,17 +93,8 @@ async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     script = Script(looking("call_L"), holding("call_H"), ["answer to both"], ["again"])
     out: dict[str, Any] = {}
     async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
-        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-
-                async def post(name: str, text: str, message_id: str) -> None:
-                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
-
-                nursery.start_soon(post, "first", "first", "u1")
-                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
-                nursery.start_soon(post, "steered", STEERED, "u2")
-                await queued(d.queue, "s1", 2)
-                test_busy.held["release"].set()
+        async with steering_in_step_1(d, out, STEERED):
+            pass
         turns = await d.queue.turns("s1")
         record = await d.store.load("s1")
     assert len(refused) == 2
