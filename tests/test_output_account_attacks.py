@@ -80,3 +80,57 @@ async def test_a_remote_call_does_not_hold_the_account_while_its_remote_turn_wai
     assert outputs == {"R": "Working on it. Done.", "H": "helped"}
     assert result.finish_reason == "stop"
     assert result.usage.output_tokens == 1 + len("Working on it. Done.") + 1 + 1
+
+
+# -- compaction: a sub-turn's history processors held all that was left ----------------
+
+
+async def test_a_history_processor_that_waits_holds_nothing_of_the_account(autojump_clock):
+    """Two sub-agents called at once; the first's history processor (an application's,
+    async) waits for what the second's model call does. Compaction reserved all the
+    caller had left for all of its processors, a summary call or not, so the second's
+    call waited for it: a deadlock, ended only by the tool timeout. A summary call now
+    reserves its cap as it is made, and a processor that makes none holds nothing."""
+    gate, inside = trio.Event(), trio.Event()
+
+    async def waits(messages: Any, context: Any) -> Any:
+        inside.set()
+        await gate.wait()  # (a retrieval, a lock: anything an application awaits)
+        return messages
+
+    async def after_first(messages: Any, context: Any) -> Any:
+        await inside.wait()  # (the second's call comes once the first is compacting)
+        return messages
+
+    def second_model(request: InferRequest) -> list[Any]:
+        gate.set()
+        return ["second"]
+
+    first = Agent(name="first", provider=ScriptedProvider(["first"]), history_processors=[waits])
+    second = Agent(
+        name="second",
+        provider=ScriptedProvider(responder=second_model),
+        history_processors=[after_first],
+    )
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [
+                *tool_call("first", {"input": "a"}, tool_call_id="A"),
+                *tool_call("second", {"input": "b"}, tool_call_id="B"),
+            ]
+        return ["ok"]
+
+    lead = Agent(
+        name="lead",
+        provider=ScriptedProvider(responder=script),
+        tools=[first.as_tool(), second.as_tool()],
+        budget=Budget(max_output_tokens=100, tool_timeout=5),
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(lead, session_id="c")
+        with trio.fail_after(30):
+            result = await session.run("go")
+        tools = [m for m in session.messages if isinstance(m, ToolMessage)]
+    assert {m.tool_call_id: m.output or m.error for m in tools} == {"A": "first", "B": "second"}
+    assert result.finish_reason == "stop"
