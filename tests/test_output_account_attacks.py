@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+import pytest
 import trio
 
 from actors.a2a import A2AAgent
-from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, Budget, Host, ToolMessage, tool
+from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
+from runtime import Agent, Budget, Host, ToolMessage, Usage, tool
 from runtime.actor_messages import InferRequest
+from runtime.chunks import FinishChunk, UsageChunk
+from runtime.errors import ConfigurationError
 from tests.test_a2a import BOTH
 from tests.web.harness import web_server
 
@@ -134,3 +138,170 @@ async def test_a_history_processor_that_waits_holds_nothing_of_the_account(autoj
         tools = [m for m in session.messages if isinstance(m, ToolMessage)]
     assert {m.tool_call_id: m.output or m.error for m in tools} == {"A": "first", "B": "second"}
     assert result.finish_reason == "stop"
+
+
+# -- the caller stopped while its sub-turns wait on the account --------------------------
+
+
+class Holding(ScriptedProvider):
+    """A greedy sub-agent's model: the first call made holds its reservation (it writes
+    nothing for a long while); the calls beside it wait for the account."""
+
+    def __init__(self) -> None:
+        super().__init__(responder=self.respond)
+        self.calls = 0
+
+    def respond(self, request: InferRequest) -> list[Any]:
+        self.calls += 1
+        return [Sleep(10_000), "x" * 10]
+
+
+async def test_a_caller_stopped_while_its_sub_turns_wait_on_the_account_ends_at_once(
+    autojump_clock,
+):
+    """Three sub-agents; the first call holds all that was left, the other two wait in
+    the account. Stopping the caller ends all three at once (no call waits on), the
+    caller's turn saved interrupted with an ``interrupted`` result for each call, and
+    the waiting sub-agents never made a call."""
+    helper_model = Holding()
+    helper = Agent(name="helper", provider=helper_model)
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            calls = ("H1", "H2", "H3")
+            return [c for i in calls for c in tool_call("helper", {"input": i}, tool_call_id=i)]
+        return ["ok"]
+
+    lead = Agent(
+        name="lead",
+        provider=ScriptedProvider(responder=script),
+        tools=[helper.as_tool()],
+        budget=Budget(max_output_tokens=100, tool_timeout=None),
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(lead, session_id="stop")
+        start = trio.current_time()
+        async with session.stream("go") as out:
+            await trio.sleep(5)  # the sub-turns are under way, two waiting
+            out.cancel("stop")
+            with trio.fail_after(1):
+                async for _ in out:
+                    pass
+        assert trio.current_time() - start < 10  # (virtual: nothing waited for the sleep)
+        result = out.result
+        stored = await host.store.load("stop")
+    assert helper_model.calls == 1
+    assert result.finish_reason == "aborted"
+    turn = stored.messages[1]
+    assert turn.interrupted
+    results = [m for m in stored.messages if isinstance(m, ToolMessage)]
+    assert len(results) == 3
+
+
+# -- a reservation given back on every exit path -----------------------------------------
+
+
+def _greedy(wants: int, caps: list[Any]) -> Any:
+    """A model that writes ``wants`` tokens, at most the cap it is sent."""
+
+    def respond(request: InferRequest) -> list[Any]:
+        cap = request.max_output_tokens
+        caps.append(cap)
+        n = wants if cap is None else min(wants, cap)
+        usage = Usage(input_tokens=1, output_tokens=n, total_tokens=1 + n)
+        return ["x" * n, UsageChunk(usage=usage), FinishChunk(reason="stop")]
+
+    return respond
+
+
+async def _lead_with(holder: Any, greedy_caps: list[Any], budget: Budget) -> tuple[Any, dict]:
+    """The lead calls ``slow`` (``holder``'s agent, whose tool times out after 5 s) and
+    two greedy helpers (40 each) in one step; the helpers' calls come once the slow
+    one's model call has its reservation."""
+    started = trio.Event()
+
+    async def after_slow(messages: Any, context: Any) -> Any:
+        await started.wait()
+        return messages
+
+    original = holder.stream
+
+    async def stream(request: InferRequest, emit: Any) -> None:
+        started.set()
+        await original(request, emit)
+
+    holder.stream = stream
+    slow = attrs.evolve(Agent(name="slow", provider=holder).as_tool(), timeout=5)
+    fast = Agent(
+        name="fast",
+        provider=ScriptedProvider(responder=_greedy(40, greedy_caps)),
+        history_processors=[after_slow],
+    )
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [
+                *tool_call("slow", {"input": "s"}, tool_call_id="S"),
+                *tool_call("fast", {"input": "a"}, tool_call_id="F1"),
+                *tool_call("fast", {"input": "b"}, tool_call_id="F2"),
+            ]
+        return ["ok"]
+
+    lead = Agent(
+        name="lead",
+        provider=ScriptedProvider(responder=script),
+        tools=[slow, fast.as_tool()],
+        budget=budget,
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(lead, session_id="exit")
+        with trio.fail_after(100):
+            result = await session.run("go")
+        tools = [m for m in session.messages if isinstance(m, ToolMessage)]
+    return result, {m.tool_call_id: m.output or m.error for m in tools}
+
+
+async def test_a_sub_agent_timed_out_while_it_holds_its_reservation_gives_it_back(
+    autojump_clock,
+):
+    """The slow sub-agent's call holds all that was left and its tool times out: the
+    helpers waiting on the account then run, sent what it had not written."""
+    caps: list[Any] = []
+    result, outputs = await _lead_with(Holding(), caps, Budget(max_output_tokens=200))
+    assert outputs == {"S": "tool slow timed out after 5s", "F1": "x" * 40, "F2": "x" * 40}
+    assert caps == [199, 159]  # all of it back: the slow call wrote nothing
+    assert result.usage.output_tokens == 1 + 40 + 40 + 1
+    assert result.finish_reason == "stop"
+
+
+class Raising(ScriptedProvider):
+    """Writes a little, then fails with an error that is not a provider's."""
+
+    def __init__(self) -> None:
+        super().__init__(responder=lambda request: ["y" * 7, Sleep(1), RuntimeError("boom")])
+
+
+async def test_a_sub_agent_whose_provider_raises_mid_stream_gives_its_reservation_back(
+    autojump_clock,
+):
+    caps: list[Any] = []
+    result, outputs = await _lead_with(Raising(), caps, Budget(max_output_tokens=200))
+    assert outputs["F1"] == outputs["F2"] == "x" * 40
+    assert caps == [192, 152]  # back but the 7 it wrote, which the caller counts
+    assert result.usage.output_tokens == 1 + 7 + 40 + 40 + 1
+    assert result.finish_reason == "stop"
+
+
+# -- careless budgets ---------------------------------------------------------------------
+
+
+async def test_a_token_budget_that_is_not_a_count_is_refused_as_it_is_made():
+    """``"100"`` (text from a config file) failed every turn with a ``TypeError`` once
+    its first call was capped; ``-5`` silently meant 0 (every turn ended ``budget``
+    before a call); ``2.5`` and ``True`` went out as an API's integer cap."""
+    for field in ("max_input_tokens", "max_output_tokens", "max_total_tokens"):
+        for value in ("100", -5, 2.5, True):
+            with pytest.raises(ConfigurationError, match=field):
+                Budget(**{field: value})
+        assert getattr(Budget(**{field: 0}), field) == 0
+        assert getattr(Budget(**{field: 10**12}), field) == 10**12
