@@ -15,12 +15,14 @@ import pytest
 import trio
 
 from actors.a2a import A2AAgent
+from actors.a2a.agent import SPENT_NOTE
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from runtime import Agent, Budget, Host, ToolMessage, Usage, tool
 from runtime.actor_messages import InferRequest
 from runtime.chunks import FinishChunk, UsageChunk
 from runtime.errors import ConfigurationError
 from tests.test_a2a import BOTH
+from tests.test_a2a_output_budget import ask
 from tests.web.harness import web_server
 
 # -- A2A: a remote call held the account for its whole remote turn ---------------------
@@ -305,3 +307,38 @@ async def test_a_token_budget_that_is_not_a_count_is_refused_as_it_is_made():
                 Budget(**{field: value})
         assert getattr(Budget(**{field: 0}), field) == 0
         assert getattr(Budget(**{field: 10**12}), field) == 10**12
+
+
+# -- A2A: the cut at a character boundary, the remote task canceled -----------------------
+
+
+async def test_a_remote_answer_is_cut_between_characters_and_its_task_canceled():
+    """5 bytes left, an answer of two-byte characters (and a four-byte one): the cut
+    drops the character it would split (no broken character, nothing replaced), counts
+    the 5 bytes, and the remote task (waiting in a tool) is canceled, its turn saved
+    interrupted with the text it had streamed."""
+    gate = trio.Event()  # never set: only the cancel ends the remote turn
+
+    @tool
+    async def wait_here() -> str:
+        """Wait."""
+        await gate.wait()
+        return "ok"
+
+    def remote_script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return ["é", "é😀é", *tool_call("wait_here", {})]
+        return ["Done."]
+
+    remote = Agent(
+        name="slow", provider=ScriptedProvider(responder=remote_script), tools=[wait_here]
+    )
+    result, results, _, nested, stored = await ask(remote, Budget(max_output_tokens=6))
+    (tool_result,) = results
+    assert tool_result.output == "éé\n" + SPENT_NOTE
+    texts = "".join(c.text for c in nested if c.type == "text-delta")
+    assert texts == "éé" and "\ufffd" not in texts
+    assert result.usage.output_tokens == 1 + 5
+    assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
+    (remote_session,) = stored
+    assert remote_session.messages[1].interrupted
