@@ -17,10 +17,10 @@ import trio
 from actors.a2a import A2AAgent
 from actors.a2a.agent import SPENT_NOTE
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
-from runtime import Agent, Budget, Host, ToolMessage, Usage, tool
+from runtime import Agent, Budget, FallbackProvider, Host, RetryPolicy, ToolMessage, Usage, tool
 from runtime.actor_messages import InferRequest
 from runtime.chunks import FinishChunk, UsageChunk
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, RateLimited
 from tests.test_a2a import BOTH
 from tests.test_a2a_output_budget import ask
 from tests.web.harness import web_server
@@ -342,3 +342,70 @@ async def test_a_remote_answer_is_cut_between_characters_and_its_task_canceled()
     assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
     (remote_session,) = stored
     assert remote_session.messages[1].interrupted
+
+
+# -- a fallback provider's own cap ---------------------------------------------------------
+
+
+class OwnCap(ScriptedProvider):
+    """A backup whose requests carry a cap of 25 of their own (as a provider option
+    would): it holds only that, and writes once the sibling's call has started."""
+
+    def __init__(self, started: trio.Event, sibling: trio.Event) -> None:
+        super().__init__(responder=lambda request: ["z" * 10], name="backup")
+        self.started, self.sibling = started, sibling
+
+    def sent_cap(self, settings: Any, left: int | None) -> int | None:
+        return 25 if left is None else min(25, left)
+
+    async def stream(self, request: InferRequest, emit: Any) -> None:
+        self.started.set()
+        await self.sibling.wait()  # (a backup that reserved 99 would wait for ever)
+        await super().stream(request, emit)
+
+
+async def test_a_fallback_call_reserves_the_cap_its_own_provider_sends(autojump_clock):
+    """The primary fails before writing; the backup's requests carry 25: its call holds
+    25, not the 99 the primary's was sent, so a sibling sub-agent runs beside it (sent
+    the 74 left)."""
+    backup_started, sibling_started = trio.Event(), trio.Event()
+    primary = ScriptedProvider([[RateLimited("busy", provider="scripted")]], name="primary")
+    chain = FallbackProvider([primary, OwnCap(backup_started, sibling_started)])
+    slow = Agent(name="slow", provider=chain, retry=RetryPolicy(max_attempts=1))
+    caps: list[Any] = []
+
+    async def after_backup(messages: Any, context: Any) -> Any:
+        await backup_started.wait()
+        return messages
+
+    def sibling_model(request: InferRequest) -> list[Any]:
+        sibling_started.set()
+        return _greedy(40, caps)(request)
+
+    fast = Agent(
+        name="fast",
+        provider=ScriptedProvider(responder=sibling_model),
+        history_processors=[after_backup],
+    )
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [
+                *tool_call("slow", {"input": "s"}, tool_call_id="S"),
+                *tool_call("fast", {"input": "f"}, tool_call_id="F"),
+            ]
+        return ["ok"]
+
+    lead = Agent(
+        name="lead",
+        provider=ScriptedProvider(responder=script),
+        tools=[slow.as_tool(), fast.as_tool()],
+        budget=Budget(max_output_tokens=100, tool_timeout=5),
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(lead, session_id="fb")
+        result = await session.run("go")
+        tools = [m for m in session.messages if isinstance(m, ToolMessage)]
+    assert {m.tool_call_id: m.output or m.error for m in tools} == {"S": "z" * 10, "F": "x" * 40}
+    assert caps == [74]
+    assert result.finish_reason == "stop"
