@@ -240,20 +240,30 @@ class OutputAccount:
         """Reserve up to ``want`` tokens (the cap a call will be sent) for one call, in
         this account and every one above it; return what was available (``0``: nothing
         is left, and nothing was reserved: the call may not be made). Waits, while
-        nothing is available, for a call holding a reservation to settle; returns ``0``
-        at once when none does. What was reserved, ``min(want, available)``, is given
-        back by :meth:`settle`."""
+        less than ``want`` is available, for a call holding a reservation to settle;
+        takes less (or returns ``0``) only when none does: then that is what is left.
+        What was reserved, ``min(want, available)``, is given back by :meth:`settle`.
+
+        Why it waits for all of ``want``: a call that took the crumb its siblings' holds
+        left it (10 of 90, two calls holding 40 each) was sent that as its cap and cut
+        there, its sub-turn ended ``budget`` while most of those holds came back
+        unwritten. Holds end on their own (each is one model call's), so the wait
+        does."""
+        want = max(want, 0)
+        need = max(want, 1)  # (``want`` 0: whether anything is left, once holds settle)
         while True:
             available = self.available()
-            if available > 0:
+            if available >= need:
                 break
             short = self._short()
             if short.held <= 0:
+                if available > 0:
+                    break  # all that is left, nothing held that could come back
                 return 0
             if short._changed is None:
                 short._changed = trio.Event()
             await short._changed.wait()
-        take = min(max(want, 0), available)
+        take = min(want, available)
         account: OutputAccount | None = self
         while account is not None:
             account.left -= take

@@ -13,16 +13,19 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from actors.a2a import A2AAgent
 from actors.a2a.agent import SPENT_NOTE
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from runtime import Agent, Budget, FallbackProvider, Host, RetryPolicy, ToolMessage, Usage, tool
 from runtime.actor_messages import InferRequest
+from runtime.budget import OutputAccount
 from runtime.chunks import FinishChunk, UsageChunk
 from runtime.errors import ConfigurationError, RateLimited
 from tests.test_a2a import BOTH
 from tests.test_a2a_output_budget import ask
+from tests.test_output_cap_shared import Greedy, run
 from tests.web.harness import web_server
 
 # -- A2A: a remote call held the account for its whole remote turn ---------------------
@@ -366,8 +369,8 @@ class OwnCap(ScriptedProvider):
 
 async def test_a_fallback_call_reserves_the_cap_its_own_provider_sends(autojump_clock):
     """The primary fails before writing; the backup's requests carry 25: its call holds
-    25, not the 99 the primary's was sent, so a sibling sub-agent runs beside it (sent
-    the 74 left)."""
+    25, not the 99 the primary's was sent, so a sibling sub-agent capped at 40 runs
+    beside it (its budget's cap the 74 left)."""
     backup_started, sibling_started = trio.Event(), trio.Event()
     primary = ScriptedProvider([[RateLimited("busy", provider="scripted")]], name="primary")
     chain = FallbackProvider([primary, OwnCap(backup_started, sibling_started)])
@@ -386,6 +389,7 @@ async def test_a_fallback_call_reserves_the_cap_its_own_provider_sends(autojump_
         name="fast",
         provider=ScriptedProvider(responder=sibling_model),
         history_processors=[after_backup],
+        settings={"max_tokens": 40},  # (fits beside the backup's 25: no wait)
     )
 
     def script(request: InferRequest) -> list[Any]:
@@ -409,3 +413,45 @@ async def test_a_fallback_call_reserves_the_cap_its_own_provider_sends(autojump_
     assert {m.tool_call_id: m.output or m.error for m in tools} == {"S": "z" * 10, "F": "x" * 40}
     assert caps == [74]
     assert result.finish_reason == "stop"
+
+
+# -- a crumb of what was left: a call cut while its siblings' holds come back ------------
+
+
+async def test_a_call_waits_for_held_tokens_rather_than_being_cut_at_a_crumb():
+    """90 left, three sub-agents capped at 40 by their settings, each writing 20 (60 in
+    all). The third reserved the 10 the first two's holds left it, was sent 10 and cut
+    there: its sub-turn ended ``budget`` ("max_output_tokens reached") while 50 of
+    those holds were about to come back. A call now waits while the account has less
+    than its cap and other calls hold some; it takes less only when nothing is held
+    (then that is what is left)."""
+    helper = Greedy(wants=20)
+    result, results = await run(helper, settings={"max_tokens": 40})
+    assert sorted(m.output for m in results) == ["x" * 20] * 3
+    assert min(helper.caps) >= 40  # (the budget's cap; each request carried 40)
+    assert result.usage.output_tokens == 10 + 60 + 1
+    assert (result.finish_reason, result.budget) == ("stop", None)
+
+
+async def test_a_reservation_waits_for_all_it_wants_while_calls_hold_some():
+    account = OutputAccount(90)
+    assert await account.reserve(40) == 90
+    assert await account.reserve(40) == 50
+    got: list[int] = []
+
+    async def third() -> None:
+        got.append(await account.reserve(40))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # 10 available, 80 held: it waits for them
+        account.settle(40, 20)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # 30 available, 40 still held
+        account.settle(40, 20)
+    assert got == [50]
+    account.settle(40, 45)  # (nothing held now: 5 left, and a call takes that)
+    assert await account.reserve(40) == 5
+    account.settle(5, 5)
+    assert await account.reserve(0) == 0  # spent, nothing held
