@@ -44,7 +44,9 @@ def _a_timeout(_: object, attribute: Any, value: object) -> None:
 
 def _a_count(_: object, attribute: Any, value: object) -> None:
     """``None`` or an int of 0 or more: ``max_tool_result_chars=-1`` cut every result to
-    all but its last character and said "-1 ... omitted"."""
+    all but its last character and said "-1 ... omitted"; ``max_output_tokens="500"``
+    (text from a config file) failed every turn with a ``TypeError`` as its first call
+    was capped, ``-5`` silently meant 0, ``2.5`` was sent as an API's integer cap."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ConfigurationError(
             f"Budget.{attribute.name} must be None or an int of 0 or more (got {value!r})"
@@ -77,8 +79,8 @@ class Budget:
     step, the turn ends with finish reason ``budget``."""
     max_tool_calls: int | None = attrs.field(default=None, validator=_a_count)
     """Tool calls per turn, over all steps; calls past it are not run."""
-    max_input_tokens: int | None = None
-    max_output_tokens: int | None = None
+    max_input_tokens: int | None = attrs.field(default=None, validator=_a_count)
+    max_output_tokens: int | None = attrs.field(default=None, validator=_a_count)
     """Output tokens per turn, over all its calls (sub-agents included). Each call asks
     the provider for at most what is left (:meth:`output_left`, sent as the API's own
     cap), so no call writes past it; a call cut at that cap, or calls that spent it all
@@ -90,7 +92,7 @@ class Budget:
     ``length``. A call whose server reports no output tokens counts the UTF-8 bytes
     it wrote, at most its cap (:func:`actors.turn.inference.counted`). Agents used as
     tools that run at once share what is left (:class:`OutputAccount`)."""
-    max_total_tokens: int | None = None
+    max_total_tokens: int | None = attrs.field(default=None, validator=_a_count)
     max_cost: float | None = None
     """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
     (sub-agents included), each call priced from the ``genai-prices`` table
@@ -238,20 +240,30 @@ class OutputAccount:
         """Reserve up to ``want`` tokens (the cap a call will be sent) for one call, in
         this account and every one above it; return what was available (``0``: nothing
         is left, and nothing was reserved: the call may not be made). Waits, while
-        nothing is available, for a call holding a reservation to settle; returns ``0``
-        at once when none does. What was reserved, ``min(want, available)``, is given
-        back by :meth:`settle`."""
+        less than ``want`` is available, for a call holding a reservation to settle;
+        takes less (or returns ``0``) only when none does: then that is what is left.
+        What was reserved, ``min(want, available)``, is given back by :meth:`settle`.
+
+        Why it waits for all of ``want``: a call that took the crumb its siblings' holds
+        left it (10 of 90, two calls holding 40 each) was sent that as its cap and cut
+        there, its sub-turn ended ``budget`` while most of those holds came back
+        unwritten. Holds end on their own (each is one model call's), so the wait
+        does."""
+        want = max(want, 0)
+        need = max(want, 1)  # (``want`` 0: whether anything is left, once holds settle)
         while True:
             available = self.available()
-            if available > 0:
+            if available >= need:
                 break
             short = self._short()
             if short.held <= 0:
+                if available > 0:
+                    break  # all that is left, nothing held that could come back
                 return 0
             if short._changed is None:
                 short._changed = trio.Event()
             await short._changed.wait()
-        take = min(max(want, 0), available)
+        take = min(want, available)
         account: OutputAccount | None = self
         while account is not None:
             account.left -= take

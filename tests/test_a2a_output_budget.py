@@ -21,6 +21,8 @@ from actors.a2a.agent import NOT_CALLED, SPENT_NOTE
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Budget, Host, ToolMessage
 from runtime.actor_messages import InferRequest
+from runtime.budget import OutputAccount
+from runtime.tools import ToolContext
 from tests.test_a2a import BOTH, gated_agent
 from tests.web.harness import web_server
 
@@ -101,14 +103,34 @@ async def test_remote_calls_at_once_share_what_the_caller_has_left():
     assert (result.finish_reason, result.budget) == ("budget", "max_output_tokens")
 
 
-async def test_a_remote_call_left_nothing_by_the_call_beside_it_is_not_made():
+async def test_remote_calls_at_once_draw_as_their_bytes_arrive():
+    """Two answers of 50 under 30 left: each is cut where the account ran out (it draws
+    its bytes as they arrive, holding nothing while its remote turn runs:
+    tests/test_output_account_attacks.py), together 30 bytes."""
     researcher = Agent(name="researcher", provider=ScriptedProvider(["x" * 50]))
-    result, results, _, _, stored = await ask(
-        researcher, Budget(max_output_tokens=31), ("P1", "P2")
-    )
-    assert sorted(m.output for m in results) == sorted([NOT_CALLED, "x" * 30 + "\n" + SPENT_NOTE])
-    assert len(stored) == 1  # one task only reached the remote agent
+    result, results, _, _, _ = await ask(researcher, Budget(max_output_tokens=31), ("P1", "P2"))
+    texts = [m.output.removesuffix(SPENT_NOTE).rstrip("\n") for m in results]
+    assert all(m.output.endswith(SPENT_NOTE) for m in results)
+    assert sum(len(t) for t in texts) == 30
     assert result.usage.output_tokens == 31
+
+
+async def test_a_remote_call_whose_batch_has_nothing_left_is_not_made():
+    """Nothing left in the batch's account (the calls beside it spent it): not called
+    (the agent's address is never reached)."""
+    remote = A2AAgent("http://127.0.0.1:9/").as_tool(name="researcher")
+    context = ToolContext(
+        host=None,
+        session_id="s",
+        turn_id="t",
+        step=0,
+        tool_call_id="c",
+        tool_name="researcher",
+        emit=None,
+        output_left=40,
+        output_account=OutputAccount(0),
+    )
+    assert await remote.call({"input": "q"}, context) == NOT_CALLED
 
 
 async def test_without_an_output_budget_a_remote_answer_is_neither_cut_nor_counted():

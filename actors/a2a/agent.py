@@ -32,6 +32,7 @@ import trio
 from actors.a2a import wire
 from actors.providers.failures import EventTooLarge
 from actors.providers.sse import SSEDecoder
+from runtime.budget import OutputAccount
 from runtime.chunks import Usage
 from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
@@ -107,10 +108,20 @@ class _Nested:
     reports none is (:func:`actors.turn.inference.counted`): its UTF-8 bytes
     (:attr:`bytes`, every byte received, a replaced answer's too), which no byte-level
     token count exceeds; past ``cap`` the text is cut there and :class:`_OutputSpent`
-    raised (:attr:`cut`)."""
+    raised (:attr:`cut`). ``account``: the batch's :class:`~runtime.budget.OutputAccount`,
+    which each piece of text draws its bytes from as it arrives (:meth:`_draw`): the text
+    is cut where the account has no more. Why drawn, not reserved for the whole call: a
+    remote turn runs many steps and may wait (in a tool, for another agent); a
+    reservation held all that time stalled the model calls of the sub-agents beside it,
+    and deadlocked them when the remote turn waited for one of them. A2A sends the
+    remote agent no cap, so nothing needs reserving before the call."""
 
     def __init__(
-        self, emit: Any, max_chars: int = MAX_ANSWER_CHARS, cap: int | None = None
+        self,
+        emit: Any,
+        max_chars: int = MAX_ANSWER_CHARS,
+        cap: int | None = None,
+        account: OutputAccount | None = None,
     ) -> None:
         self.emit = emit
         self.seq = 0
@@ -124,6 +135,7 @@ class _Nested:
         """The answer's UTF-8 bytes counted so far, at most :attr:`cap`."""
         self.cut = False
         """Whether the answer passed :attr:`cap` (cut there, its task canceled)."""
+        self.account = account
 
     def usage(self) -> Usage:
         """What the answer counts toward the calling turn: its bytes as output tokens
@@ -155,14 +167,28 @@ class _Nested:
         cap = self.cap
         if cap is not None:
             raw = text.encode("utf-8", "surrogatepass")
-            if self.bytes + len(raw) > cap:  # cut at the cap, a character split dropped
-                text = raw[: cap - self.bytes].decode("utf-8", "ignore")
-                self.bytes, self.cut = cap, True
+            room = await self._draw(min(len(raw), cap - self.bytes))
+            if room < len(raw):  # cut where it may write no more, a character split dropped
+                text = raw[:room].decode("utf-8", "ignore")
+                self.bytes, self.cut = self.bytes + room, True
                 if text:
                     await self._text(text)
                 raise _OutputSpent
             self.bytes += len(raw)
         await self._text(text)
+
+    async def _draw(self, want: int) -> int:
+        """Take up to ``want`` bytes' tokens from :attr:`account` (all of them without
+        one): what the account has, once no call beside this one holds what it needs
+        (:meth:`OutputAccount.reserve <runtime.budget.OutputAccount.reserve>` waits
+        for a model call's reservation to settle, a call that ends on its own)."""
+        account = self.account
+        if account is None or want <= 0:
+            return max(want, 0)
+        take = min(want, await account.reserve(want))
+        if take:
+            account.settle(take, take)  # written at once: held by nothing
+        return take
 
     async def _text(self, text: str) -> None:
         if self.part_id is None:
@@ -703,29 +729,30 @@ NOT_CALLED = "[the remote agent was not called: max_output_tokens reached]"
 async def _remote_call(remote: A2AAgent, input: str, context: ToolContext) -> str:
     """One call of ``remote`` as a tool, under its calling turn's output budget: the
     answer is counted (:class:`_Nested`: its UTF-8 bytes) toward the calling turn's
-    usage, at most what that turn has left (:attr:`ToolContext.output_left`), which
-    the call reserves in the batch's account (:attr:`ToolContext.output_account`,
-    shared with the calls beside it); an answer past it is cut there, its task
+    usage, at most what that turn has left (:attr:`ToolContext.output_left`), drawn
+    from the batch's account as it arrives (:attr:`ToolContext.output_account`, shared
+    with the calls beside it; nothing is held while the remote turn runs or waits: a
+    call that held all that was left deadlocked a sub-agent beside it that the remote
+    turn waited for); an answer past it is cut there, its task
     canceled, and the result says so, as a sub-agent's cut by its budget does (the
     calling turn, nothing left, then ends ``budget``). Why: A2A carries no usage, so a
     remote agent's answer was neither bounded nor counted. No output budget: neither,
     as before."""
-    cap, held, account = context.output_left, 0, context.output_account
-    if cap is not None and account is not None:
-        held = cap = min(cap, await account.reserve(cap))
-    if cap == 0:  # the calls beside it spent what was left
+    cap, account = context.output_left, context.output_account
+    if cap is not None and account is not None and not await account.reserve(0):
+        return NOT_CALLED  # the calls beside it spent what was left (nothing reserved)
+    if cap == 0:
         return NOT_CALLED
-    nested = _Nested(context.emit, remote.max_answer_chars, cap)
+    nested = _Nested(context.emit, remote.max_answer_chars, cap, account)
     try:
         await remote._answer(input, nested, context.depth)
     finally:
-        if held:
-            assert account is not None
-            account.settle(held, nested.bytes)
         if cap is not None:
             context.add_usage(nested.usage())
     text = "".join(nested.text)
-    return f"{text}\n{SPENT_NOTE}" if nested.cut else text
+    if not nested.cut:
+        return text
+    return f"{text}\n{SPENT_NOTE}" if text else SPENT_NOTE
 
 
 async def _one(result: Any) -> AsyncGenerator[dict[str, Any], None]:

@@ -28,6 +28,7 @@ import trio
 from actors.turn.throttle import acquire, limiter_of, release
 from runtime.actor import Actor
 from runtime.actor_messages import Batch, InferRequest, StreamFailed
+from runtime.budget import OutputAccount
 from runtime.chunks import FinishChunk, TextChunk, Usage, UsageChunk
 from runtime.compaction import (
     CompactionContext,
@@ -75,12 +76,17 @@ async def compact(
     instructions: str | None,
     tools: tuple[Any, ...],
     left: int | None = None,
+    account: OutputAccount | None = None,
 ) -> Compacted:
     """``messages`` (repaired) through ``processors``; repaired again after them, so a
     processor of the application's that cuts between a call and its result still sends
     a valid history (the call gets an ``interrupted`` result, an orphan result goes).
     ``left``: the turn's output tokens left (``None``: no output budget), which the
-    summary calls share."""
+    summary calls share. ``account``: the turn's :class:`~runtime.budget.OutputAccount`
+    (a sub-turn's, shared with the calls beside it), in which each summary call reserves
+    its cap while it runs, as a model call does; nothing is held otherwise (reserving
+    all that was left for all the processors held it while an application's processor
+    waited, a deadlock when it waited for a sub-agent beside it)."""
     spent: list[Usage] = []
 
     async def count(sent: Sequence[Message]) -> int:
@@ -102,18 +108,28 @@ async def compact(
 
     async def summarize(how: str, text: str, settings: Mapping[str, Any]) -> str:
         cap = None if left is None else max(left - sum(u.output_tokens for u in spent), 0)
+        held = 0
+        if cap is not None and account is not None:
+            held = cap = min(cap, await account.reserve(cap))
         if cap == 0:  # no call may write nothing
             raise BudgetExceeded("max_output_tokens")
-        answer, usage, finish = await ask(
-            provider,
-            session_id=session_id,
-            turn_id=turn_id,
-            step=step,
-            instructions=how,
-            text=text,
-            settings=dict(settings),
-            cap=cap,
-        )
+        wrote = held  # (cancelled or failed: all it held counts)
+        try:
+            answer, usage, finish = await ask(
+                provider,
+                session_id=session_id,
+                turn_id=turn_id,
+                step=step,
+                instructions=how,
+                text=text,
+                settings=dict(settings),
+                cap=cap,
+            )
+            wrote = usage.output_tokens
+        finally:
+            if held:
+                assert account is not None
+                account.settle(held, wrote)
         spent.append(usage)
         if finish == "length" and cap is not None and usage.output_tokens >= cap:
             raise BudgetExceeded("max_output_tokens")  # cut by the budget: half a summary

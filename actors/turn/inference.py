@@ -389,32 +389,20 @@ class Inferring:
         """The agent's history processors on the call's ``messages``; a summary they
         stored goes into the history right before the turn's user message (saved with
         the turn), and its call's usage into the turn's. Its summary calls may write
-        what the turn has left, reserved in its account (a sub-turn's) while they run."""
-        left, held = turn.limits.output_left(turn.usage), 0
-        account = turn.account
-        if left is not None and account is not None:
-            held = min(left, await account.reserve(left))
-            if not held:  # nothing left: a summary may not write 0 (nor may the step)
-                raise BudgetExceeded("max_output_tokens")
-            left = held
-        spent = held  # (cancelled or failed: all it held counts)
-        try:
-            done = await compact(
-                self.agent.history_processors,
-                messages,
-                provider=provider,
-                session_id=self.state.session_id,
-                turn_id=turn.turn_id,
-                step=turn.step,
-                instructions=instructions,
-                tools=tools,
-                left=left,
-            )
-            spent = done.usage.output_tokens
-        finally:
-            if held:
-                assert account is not None
-                account.settle(held, spent)
+        what the turn has left, each reserving its cap in the turn's account (a
+        sub-turn's) while it runs (:func:`~actors.turn.compaction.compact`)."""
+        done = await compact(
+            self.agent.history_processors,
+            messages,
+            provider=provider,
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            instructions=instructions,
+            tools=tools,
+            left=turn.limits.output_left(turn.usage),
+            account=turn.account,
+        )
         turn.usage = turn.usage + done.usage
         if done.over is not None:  # a summary cut by the turn's budget: not used
             raise BudgetExceeded(done.over)
