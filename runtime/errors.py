@@ -185,6 +185,31 @@ class ContextTooLong(BadRequest):
     """The conversation exceeds the model's context window."""
 
 
+class OutputCapTooLarge(BadRequest):
+    """The request's output token cap (``max_tokens``, ``max_completion_tokens``,
+    ``max_output_tokens``) is above what the model may write in one call.
+
+    ``limit``: the model's maximum, when the error names it (OpenAI's "supports at most
+    16384 completion tokens", Anthropic's "> 64000, which is the maximum allowed"), else
+    ``None``. Why its own class: a turn's output budget sends what the turn has left as a
+    call's cap, and a large budget is refused; the turn runner retries that call once
+    with the cap lowered (:mod:`actors.turn.output_caps`), and nothing else."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        limit: int | None = None,
+        retry_after: float | None = None,
+        status_code: int | None = None,
+        provider: str | None = None,
+    ) -> None:
+        super().__init__(
+            message, retry_after=retry_after, status_code=status_code, provider=provider
+        )
+        self.limit = limit
+
+
 class UnsupportedMedia(BadRequest):
     """A media type (an image or file format) that this provider cannot take.
 

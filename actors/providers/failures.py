@@ -45,6 +45,26 @@ context window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too
 Gemini's "The input token count (N) exceeds the maximum number of tokens allowed",
 Bedrock's "Input is too long for requested model", and what compatible servers say)."""
 
+CAP_TOO_LARGE = re.compile(
+    r"\b(max_tokens|max_completion_tokens|max_output_tokens|maxOutputTokens)\b"
+    r"[^.]{0,80}?(too large|above maximum|maximum allowed|valid range|<=|supported range)",
+    re.IGNORECASE,
+)
+"""A 400's message saying the request's output cap is above the model's maximum:
+OpenAI's "max_tokens is too large: 1000000. This model supports at most 16384
+completion tokens, whereas you provided 1000000." (also for ``max_completion_tokens``),
+Anthropic's "max_tokens: 1000000 > 64000, which is the maximum allowed number of output
+tokens for claude-...", and what compatible servers say ("integer above maximum value,
+expected a value <= 12288", "the valid range of max_tokens is [1, 8192]")."""
+
+CAP_LIMIT = (
+    re.compile(r"supports at most (\d+) completion tokens", re.IGNORECASE),
+    re.compile(r"> (\d+), which is the maximum allowed", re.IGNORECASE),
+    re.compile(r"expected a value <= (\d+)", re.IGNORECASE),
+    re.compile(r"valid range of \w+ is \[1, (\d+)\]", re.IGNORECASE),
+)
+"""Where a :data:`CAP_TOO_LARGE` message names the model's maximum."""
+
 MAX_EVENT_BYTES = 64 << 20
 """The longest SSE line or event (and Gemini chunk) a provider reads from its bytes: far
 above any real event (a whole Responses ``response.completed``, an image in a Gemini
@@ -141,8 +161,10 @@ def classify_status(
        :class:`AuthenticationFailed`;
     5. 408 -> :class:`ProviderTimeout`;
     6. code or message saying the context is too long -> :class:`ContextTooLong`;
-    7. other 4xx, or type ``invalid_request_error`` -> :class:`BadRequest`;
-    8. anything else -> :class:`ProviderError`.
+    7. a 4xx whose message says the output cap is above the model's maximum
+       (:data:`CAP_TOO_LARGE`) -> :class:`OutputCapTooLarge`, with the maximum if named;
+    8. other 4xx, or type ``invalid_request_error`` -> :class:`BadRequest`;
+    9. anything else -> :class:`ProviderError`.
 
     ``retry_after`` is kept on every class (the retry policy reads it only where the
     error is retryable).
@@ -166,9 +188,22 @@ def classify_status(
         return errors.ProviderTimeout(message, **kw)
     if CONTEXT_TOO_LONG.search(words) or CONTEXT_TOO_LONG.search(message):
         return errors.ContextTooLong(message, **kw)
+    four = status is not None and 400 <= status < 500
+    if (four or error_type == "invalid_request_error") and CAP_TOO_LARGE.search(message):
+        return errors.OutputCapTooLarge(message, limit=cap_limit(message), **kw)
     if (status is not None and 400 <= status < 500) or error_type == "invalid_request_error":
         return errors.BadRequest(message, **kw)
     return errors.ProviderError(message, **kw)
+
+
+def cap_limit(message: str) -> int | None:
+    """The model's output maximum a :data:`CAP_TOO_LARGE` message names (:data:`CAP_LIMIT`),
+    else ``None``."""
+    for pattern in CAP_LIMIT:
+        found = pattern.search(message)
+        if found:
+            return int(found.group(1))
+    return None
 
 
 def tokens(value: Any) -> int | None:
