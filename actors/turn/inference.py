@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from actors.turn.compaction import compact
+from actors.turn.output_caps import asked, learn
 from actors.turn.parts import CallIds, storable
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
@@ -44,7 +45,13 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import BudgetExceeded, ProviderError, RateLimited, exception_text
+from runtime.errors import (
+    BudgetExceeded,
+    OutputCapTooLarge,
+    ProviderError,
+    RateLimited,
+    exception_text,
+)
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -104,6 +111,7 @@ class Inferring:
         ``reset-step`` (:meth:`_reset_step`) if the failed call had streamed output."""
         policy = self.agent.retry
         attempt = 0
+        lowered = False  # a budget cap the model refused was lowered once (output_caps)
         mark = len(turn.parts.content)  # the step's parts start here
         while True:
             attempt += 1
@@ -122,6 +130,20 @@ class Inferring:
                     price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                     spent = await priced(result.usage, price_key() if price_key else None)
                     turn.usage = turn.usage + spent
+                if isinstance(exc, OutputCapTooLarge) and not (result.produced or lowered):
+                    provider = self._provider_at(turn.provider)
+                    if learn(provider, self.agent.settings, exc, result.sent):
+                        lowered = True
+                        attempt -= 1  # not one of the policy's retries
+                        self._log.warning(
+                            "provider.output_cap_lowered",
+                            session_id=self.state.session_id,
+                            turn_id=turn.turn_id,
+                            step=turn.step,
+                            refused=result.sent,
+                            limit=exc.limit,
+                        )
+                        continue
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is not None:
                     delay = _within_deadline(
@@ -285,8 +307,9 @@ class Inferring:
             cancel_scope=scope,
             settings=agent.settings,
             output=agent.output_schema,
-            # what the turn may still write: the provider's own cap on the call's output
-            max_output_tokens=result.cap,
+            # what the turn may still write (at most the model's maximum, once learnt:
+            # actors/turn/output_caps.py): the provider's own cap on the call's output
+            max_output_tokens=asked(provider, result.cap),
             text_runs=True,  # the engine and this runner take a read's deltas as one item
         )
         await self._ask(provider, request)
@@ -458,14 +481,17 @@ CUT_MARGIN = 4
 of the budget's cap it was sent) was cut by that cap (:func:`cut_by_budget`)."""
 
 
-def sent_cap(provider: Any, settings: Mapping[str, Any], cap: int) -> int:
+def sent_cap(provider: Any, settings: Mapping[str, Any], cap: int) -> int | None:
     """The output cap ``provider``'s request carries for a call the turn's budget lets
     write ``cap`` tokens (:meth:`Provider.sent_cap <runtime.provider.Provider.
-    sent_cap>`: ``cap``, or a smaller one of the settings, the provider's options or its
-    API's default); ``cap`` for a provider actor that does not say."""
-    ask = getattr(provider, "sent_cap", None)
-    sent = cap if ask is None else ask(settings, cap)
-    return cap if sent is None else sent
+    sent_cap>`: ``cap``, at most the model's maximum once learnt (:func:`~actors.turn.
+    output_caps.asked`), or a smaller one of the settings, the provider's options or its
+    API's default); that for a provider actor that does not say; ``None`` when the
+    model refused a budget cap and named no maximum (none is sent)."""
+    ask = asked(provider, cap)
+    say = getattr(provider, "sent_cap", None)
+    sent = ask if say is None else say(settings, ask)
+    return ask if sent is None else sent
 
 
 async def _reserve(turn: Turn, step: Step, provider: Any, settings: Mapping[str, Any]) -> None:
@@ -474,8 +500,9 @@ async def _reserve(turn: Turn, step: Step, provider: Any, settings: Mapping[str,
     holds what is left; lower the call's cap to what the account has. Nothing left
     (and nothing held by any call): :class:`BudgetExceeded`, before the call, as when
     the turn's own budget is spent."""
-    account, cap, want = turn.account, step.cap, step.sent
-    assert account is not None and cap is not None and want is not None
+    account, cap = turn.account, step.cap
+    assert account is not None and cap is not None
+    want = cap if step.sent is None else step.sent  # (none sent: what is left)
     available = await account.reserve(want)
     if not available:
         raise BudgetExceeded("max_output_tokens")
