@@ -205,3 +205,33 @@ def test_other_refusals_are_not_read_as_a_cap_too_large(message: str) -> None:
     from runtime import OutputCapTooLarge
 
     assert not isinstance(classify_status(message, provider="p", status=400), OutputCapTooLarge)
+
+
+async def test_the_responses_apis_refused_max_output_tokens_is_lowered_too():
+    """The same path on the Responses API (``max_output_tokens``, its only cap field),
+    with the "integer above maximum value" wording of OpenAI's parameter checks."""
+    from actors.providers import OpenAIResponsesProvider
+    from tests.test_provider_openai_responses import body, completed, created, message
+
+    error = {
+        "message": f"Invalid 'max_output_tokens': integer above maximum value. Expected a "
+        f"value <= 128000, but got {BIG} instead.",
+        "type": "invalid_request_error",
+        "param": "max_output_tokens",
+        "code": "integer_above_max_value",
+    }
+    refused = Reply(
+        status=400, body=json.dumps({"error": error}).encode(), content_type="application/json"
+    )
+    ok = Reply(body=body(created(), *message(0, "msg_1", "Hello."), completed()))
+    async with loopback_server(refused, ok) as server:
+        async with Host.open(log_tap=False) as host:
+            provider = OpenAIResponsesProvider(
+                "gpt-5-mini", base_url=server.url + "/v1", api_key=KEY
+            )
+            agent = Agent(provider=provider, budget=Budget(max_output_tokens=BIG))
+            result = await (await host.open_session(agent)).run("Hi")
+        bodies = [r.json() for r in server.requests]
+    assert result.error is None, result.error
+    assert result.text == "Hello."
+    assert [b["max_output_tokens"] for b in bodies] == [BIG, 128000]
