@@ -235,3 +235,35 @@ async def test_the_responses_apis_refused_max_output_tokens_is_lowered_too():
     assert result.error is None, result.error
     assert result.text == "Hello."
     assert [b["max_output_tokens"] for b in bodies] == [BIG, 128000]
+
+
+@pytest.mark.parametrize("named", [True, False])
+async def test_a_shared_accounts_reservation_is_what_the_retry_sends(
+    named: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """A sub-turn's call reserves its cap in the account it shares (``output_account``):
+    the retry reserves the lowered cap (or, none sent, what is left), and all it held
+    comes back but the 3 tokens written."""
+    from runtime.budget import OutputAccount
+
+    message = TOO_LARGE if named else "max_tokens is too large for this model."
+    account = OutputAccount(BIG)
+    wants: list[int] = []
+    reserve = OutputAccount.reserve
+
+    async def recorded(self: OutputAccount, want: int) -> int:
+        wants.append(want)
+        return await reserve(self, want)
+
+    monkeypatch.setattr(OutputAccount, "reserve", recorded)
+    async with loopback_server(openai_400(message), answer("Hi.")) as server:
+        async with Host.open(log_tap=False) as host:
+            provider = OpenAIProvider("gpt-4o", base_url=server.url + "/v1", api_key=KEY)
+            session = await host.open_session(Agent(provider=provider))
+            async with session.stream("Hi", max_output_tokens=BIG, output_account=account) as out:
+                [c async for c in out]
+        bodies = [r.json() for r in server.requests]
+    assert out.result.error is None, out.result.error
+    assert [b.get("max_tokens") for b in bodies] == [BIG, 16384 if named else None]
+    assert wants == [BIG, 16384 if named else BIG]
+    assert (account.left, account.held) == (BIG - 3, 0)
