@@ -305,12 +305,12 @@ async def test_a_supervisor_whose_crash_handling_fails_says_so_in_one_line(
 ):
     """A bug in the supervisor's own crash path (here its event, refused by the bus):
     the actor is given up on, in a line that names both failures."""
-    import runtime.actor
+    import runtime.lifecycle
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the supervisor's own bug")
 
-    monkeypatch.setattr(runtime.actor, "ActorCrashed", refuse)
+    monkeypatch.setattr(runtime.lifecycle, "ActorCrashed", refuse)
     out = io.StringIO()
     configure_logging("info", stream=out)
     with trio.fail_after(HANG_GUARD):

@@ -257,6 +257,7 @@ async def test_a_front_ends_approve_post_reads_the_last_turn_not_the_session(
             tools=(), budget=SimpleNamespace(max_tool_result_chars=None)
         ),
         host=SimpleNamespace(bus=SimpleNamespace(publish=publish)),
+        signer=None,  # no --approval-secret: nothing signed or checked
     )
     request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
     part = {
@@ -308,6 +309,7 @@ async def test_a_front_ends_approve_post_of_an_earlier_turns_call_is_refused_as_
             tools=(), budget=SimpleNamespace(max_tool_result_chars=None)
         ),
         host=SimpleNamespace(bus=SimpleNamespace(publish=None)),
+        signer=None,  # no --approval-secret: nothing signed or checked
     )
     request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
     part = {
