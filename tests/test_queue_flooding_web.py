@@ -129,7 +129,7 @@ class _Relay:
 async def _queries_in_a_minute(viewers: int) -> int:
     queue = _Queue()
     front = FrontEnd(store=None, queue=queue, relay=_Relay())
-    state = SimpleNamespace(keepalive=15.0, send_timeout=None, background=None)
+    state = SimpleNamespace(keepalive=15.0, send_timeout=None, background=None, signer=None)
     request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
     turn = SimpleNamespace(session_id="s1", turn_id="t1")
 
