@@ -48,6 +48,24 @@ def _gated_remote(gate: trio.Event) -> Agent:
     return Agent(name="slow", provider=ScriptedProvider(responder=script), tools=[wait_here])
 
 
+def _lead(tools: list[Any], calls: list[tuple[str, str, str]], budget: Budget) -> Agent:
+    """The caller: its first step calls each ``(tool, input, call id)`` of ``calls`` at
+    once, its second answers "ok"."""
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [
+                chunk
+                for name, given, call_id in calls
+                for chunk in tool_call(name, {"input": given}, tool_call_id=call_id)
+            ]
+        return ["ok"]
+
+    return Agent(
+        name="lead", provider=ScriptedProvider(responder=script), tools=tools, budget=budget
+    )
+
+
 async def test_a_remote_call_does_not_hold_the_account_while_its_remote_turn_waits():
     """A remote agent and a local sub-agent called in one step, the remote one waiting
     (in a tool) for what the local one does. The remote call reserved all the caller
@@ -66,19 +84,10 @@ async def test_a_remote_call_does_not_hold_the_account_while_its_remote_turn_wai
     async with web_server(_gated_remote(gate), protocols=BOTH) as server:
         remote = A2AAgent(server.url).as_tool(name="researcher")
 
-        def script(request: InferRequest) -> list[Any]:
-            if current_step(request.messages) == 0:
-                return [
-                    *tool_call("researcher", {"input": "q"}, tool_call_id="R"),
-                    *tool_call("helper", {"input": "h"}, tool_call_id="H"),
-                ]
-            return ["ok"]
-
-        lead = Agent(
-            name="lead",
-            provider=ScriptedProvider(responder=script),
-            tools=[remote, helper.as_tool()],
-            budget=Budget(max_output_tokens=200, tool_timeout=5),
+        lead = _lead(
+            [remote, helper.as_tool()],
+            [("researcher", "q", "R"), ("helper", "h", "H")],
+            Budget(max_output_tokens=200, tool_timeout=5),
         )
         async with Host.open(log_tap=False) as host:
             session = await host.open_session(lead, session_id="p")
@@ -122,19 +131,10 @@ async def test_a_history_processor_that_waits_holds_nothing_of_the_account(autoj
         history_processors=[after_first],
     )
 
-    def script(request: InferRequest) -> list[Any]:
-        if current_step(request.messages) == 0:
-            return [
-                *tool_call("first", {"input": "a"}, tool_call_id="A"),
-                *tool_call("second", {"input": "b"}, tool_call_id="B"),
-            ]
-        return ["ok"]
-
-    lead = Agent(
-        name="lead",
-        provider=ScriptedProvider(responder=script),
-        tools=[first.as_tool(), second.as_tool()],
-        budget=Budget(max_output_tokens=100, tool_timeout=5),
+    lead = _lead(
+        [first.as_tool(), second.as_tool()],
+        [("first", "a", "A"), ("second", "b", "B")],
+        Budget(max_output_tokens=100, tool_timeout=5),
     )
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(lead, session_id="c")
@@ -171,17 +171,10 @@ async def test_a_caller_stopped_while_its_sub_turns_wait_on_the_account_ends_at_
     helper_model = Holding()
     helper = Agent(name="helper", provider=helper_model)
 
-    def script(request: InferRequest) -> list[Any]:
-        if current_step(request.messages) == 0:
-            calls = ("H1", "H2", "H3")
-            return [c for i in calls for c in tool_call("helper", {"input": i}, tool_call_id=i)]
-        return ["ok"]
-
-    lead = Agent(
-        name="lead",
-        provider=ScriptedProvider(responder=script),
-        tools=[helper.as_tool()],
-        budget=Budget(max_output_tokens=100, tool_timeout=None),
+    lead = _lead(
+        [helper.as_tool()],
+        [("helper", "H1", "H1"), ("helper", "H2", "H2"), ("helper", "H3", "H3")],
+        Budget(max_output_tokens=100, tool_timeout=None),
     )
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(lead, session_id="stop")
@@ -243,20 +236,10 @@ async def _lead_with(holder: Any, greedy_caps: list[Any], budget: Budget) -> tup
         history_processors=[after_slow],
     )
 
-    def script(request: InferRequest) -> list[Any]:
-        if current_step(request.messages) == 0:
-            return [
-                *tool_call("slow", {"input": "s"}, tool_call_id="S"),
-                *tool_call("fast", {"input": "a"}, tool_call_id="F1"),
-                *tool_call("fast", {"input": "b"}, tool_call_id="F2"),
-            ]
-        return ["ok"]
-
-    lead = Agent(
-        name="lead",
-        provider=ScriptedProvider(responder=script),
-        tools=[slow, fast.as_tool()],
-        budget=budget,
+    lead = _lead(
+        [slow, fast.as_tool()],
+        [("slow", "s", "S"), ("fast", "a", "F1"), ("fast", "b", "F2")],
+        budget,
     )
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(lead, session_id="exit")
@@ -392,19 +375,10 @@ async def test_a_fallback_call_reserves_the_cap_its_own_provider_sends(autojump_
         settings={"max_tokens": 40},  # (fits beside the backup's 25: no wait)
     )
 
-    def script(request: InferRequest) -> list[Any]:
-        if current_step(request.messages) == 0:
-            return [
-                *tool_call("slow", {"input": "s"}, tool_call_id="S"),
-                *tool_call("fast", {"input": "f"}, tool_call_id="F"),
-            ]
-        return ["ok"]
-
-    lead = Agent(
-        name="lead",
-        provider=ScriptedProvider(responder=script),
-        tools=[slow.as_tool(), fast.as_tool()],
-        budget=Budget(max_output_tokens=100, tool_timeout=5),
+    lead = _lead(
+        [slow.as_tool(), fast.as_tool()],
+        [("slow", "s", "S"), ("fast", "f", "F")],
+        Budget(max_output_tokens=100, tool_timeout=5),
     )
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(lead, session_id="fb")
