@@ -173,6 +173,7 @@ def approval_decided(
         tool_call_id=call.tool_call_id,
         approved=approved,
         reason=_kept(reason, max_chars),
+        edited=call.original_input is not None,
         turn_id=call.turn_id,
         causation_id=call.approval_id,
     )

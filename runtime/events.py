@@ -293,6 +293,11 @@ class ToolApprovalDecided(_InSession):
     tool_call_id: str
     approved: bool
     reason: str | None = None
+    edited: bool = False
+    """Approved with an edited input: the call's stored input is the person's, the
+    model's kept in :attr:`~runtime.messages.Awaiting.original_input` (docs/approval.md,
+    "Approving with edits"). The input itself is not on the bus: it may be large, and
+    the stored call holds it."""
 
 
 @_event("tool.approval-expired")

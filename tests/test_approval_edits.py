@@ -15,6 +15,7 @@ from actors.providers import ScriptedProvider
 from actors.providers.scripted import tool_call
 from runtime import Agent, Host, Tool
 from runtime.errors import InvalidDecision
+from runtime.events import ToolApprovalDecided
 from tests.support.approval_replay import (
     anthropic,
     anthropic_steps,
@@ -71,6 +72,17 @@ async def test_an_approval_without_an_edit_stores_no_original(tmp_path):
     assert record is not None and ran == ["a"]
     part = the_call(record.messages)
     assert part.input == {"key": "a"} and part.awaiting.original_input is None
+
+
+@pytest.mark.parametrize(("edit", "edited"), [({"key": "b"}, True), (None, False)])
+async def test_the_decision_on_the_bus_says_whether_the_call_was_edited(edit, edited):
+    async with Host.open(log_tap=False) as host:
+        events = host.bus.subscribe([ToolApprovalDecided], name="t")
+        session = await host.open_session(scripted(), session_id="s")
+        waited = await session.run("go")
+        await session.respond(waited.pending[0].approval_id, approved=True, edited_input=edit)
+        decided = events.inbox.get_nowait()
+    assert (decided.approved, decided.edited) == (True, edited)
 
 
 @pytest.mark.parametrize(
