@@ -418,14 +418,14 @@ def _decided_part(
     if decision.edited_input is None:
         return attrs.evolve(part, awaiting=waiting)
     edited = _edited(part, decision, tools)
-    if _same_input(edited, part.input):  # the model's own input sent back: a plain approval
+    if same_input(edited, part.input):  # the model's own input sent back: a plain approval
         return attrs.evolve(part, awaiting=waiting)
     return attrs.evolve(
         part, input=edited, awaiting=attrs.evolve(waiting, original_input=part.input)
     )
 
 
-def _same_input(edited: Any, model: Any) -> bool:
+def same_input(edited: Any, model: Any) -> bool:
     """Whether an edit is the model's input sent back: JSON equality, where ``==``
     alone took ``true`` for ``1`` (and ``false`` for ``0``), so an edit of ``{"v": true}``
     to ``{"v": 1}`` was a plain approval and the tool ran with ``true``. Numbers are
@@ -435,10 +435,10 @@ def _same_input(edited: Any, model: Any) -> bool:
         return type(edited) is type(model) and edited == model
     if isinstance(edited, dict) and isinstance(model, dict):
         return edited.keys() == model.keys() and all(
-            _same_input(edited[k], model[k]) for k in edited
+            same_input(edited[k], model[k]) for k in edited
         )
     if isinstance(edited, list | tuple) and isinstance(model, list | tuple):
-        return len(edited) == len(model) and all(map(_same_input, edited, model))
+        return len(edited) == len(model) and all(map(same_input, edited, model))
     return bool(edited == model)
 
 

@@ -81,7 +81,14 @@ from runtime.app.web.guard import is_json
 from runtime.app.web.http import CLOSING_RETRY_AFTER, ApiError, closing_message
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.app.web.resend import unrelayed_turn_id as _unrelayed
-from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
+from runtime.approval import (
+    APPROVAL,
+    Decision,
+    PendingCall,
+    decide,
+    same_input,
+    waiting_calls,
+)
 from runtime.busy import REJECT
 from runtime.errors import (
     AlreadyDecided,
@@ -215,7 +222,7 @@ def _same_edit(call: PendingCall, decision: Decision) -> bool:
     replayed resume repeats it; a different edit of a decided call is another answer."""
     if decision.edited_input is None:
         return call.original_input is None
-    return bool(decision.edited_input == call.input)
+    return same_input(decision.edited_input, call.input)
 
 
 def _answers(
