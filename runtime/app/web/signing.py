@@ -53,6 +53,11 @@ SIGNING_CLIENTS = "ai 6.0.221 or later, ai 7.0.16 or later"
 """The ``ai`` packages that send a request's ``signature`` back with their answer."""
 
 
+SIGNATURE_MAX = 256
+"""The longest ``signature`` looked at: every signature made is 43 characters (base64url
+of 32 bytes); a longer one, up to the body's limit, is refused unread."""
+
+
 def canonical(value: Any) -> Any:
     """``value`` as the digest sees it: numbers as the doubles a JavaScript client and a
     JSON store hold them in (``1`` and ``1.0`` are one number; PostgreSQL's ``jsonb``
@@ -127,7 +132,11 @@ class ApprovalSigner:
         tool_name: str,
         input: Any,
     ) -> bool:
-        """Whether ``signature`` is the one :meth:`sign` gives these (constant time)."""
+        """Whether ``signature`` is the one :meth:`sign` gives these (constant time:
+        :func:`hmac.compare_digest`). One longer than :data:`SIGNATURE_MAX` is none,
+        refused before any digest or copy of it is made."""
+        if len(signature) > SIGNATURE_MAX:
+            return False
         expected = self.sign(session_id, approval_id, tool_call_id, tool_name, input)
         return hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace"))
 
