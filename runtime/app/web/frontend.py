@@ -341,7 +341,8 @@ class QueuedTurnResponse(RelayStreamResponse):
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         held: list[Any] = []  # (an approval request signed from the store: _release)
         async for read in self._read():
-            ready = (read,) if not held and not encoder.unsigned(read) else ()
+            unsigned = type(read) is o.ToolApprovalRequest and encoder.unsigned(read)
+            ready = (read,) if not (held or unsigned) else ()
             for chunk in ready or await self._release(read, encoder, held):
                 if (
                     type(chunk) is o.Steered

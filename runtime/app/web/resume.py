@@ -299,7 +299,7 @@ class RelayStreamResponse:
         reconnecting client got the request unsigned."""
         held: list[Any] = []
         async for chunk in self._read():
-            if held or encoder.unsigned(chunk):
+            if held or (type(chunk) is o.ToolApprovalRequest and encoder.unsigned(chunk)):
                 await self._write_events(write, encoder, await self._release(chunk, encoder, held))
                 continue
             data = encoder.events(chunk)
