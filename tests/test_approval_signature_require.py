@@ -166,6 +166,34 @@ async def test_agui_and_session_respond_decide_as_before_with_the_requirement():
     assert ran == ["/a", "/b"]
 
 
+async def test_an_a2a_decision_goes_through_with_the_requirement():
+    """A2A's ``decisions`` carry no signature either: decided as before."""
+    from a2a.types.a2a_pb2 import TaskState
+    from google.protobuf.json_format import MessageToDict
+
+    from tests.support.approval_agents import agent as weather_agent
+    from tests.test_a2a import BOTH, answer_of, collect, last_state, sdk
+    from tests.test_a2a import user as a2a_user
+
+    async with web_server(weather_agent, protocols=BOTH, **REQUIRED) as server:
+
+        async def run(client: Any) -> Any:
+            asked = await collect(client, a2a_user("weather?", message_id="q"))
+            task = asked[0].task
+            pending = MessageToDict(asked[-1].status_update.status.message.parts[1].data)
+            decision = {"decisions": [{"id": pending["pending"][0]["id"], "approved": True}]}
+            return await collect(
+                client,
+                a2a_user(
+                    message_id="d", task_id=task.id, context_id=task.context_id, data=decision
+                ),
+            )
+
+        answered = await sdk(server, run)
+    assert last_state(answered) == TaskState.TASK_STATE_COMPLETED
+    assert answer_of(answered) == "It is sunny in Oslo."
+
+
 @pytest.fixture
 def redis_url() -> str:
     return require_redis()
