@@ -107,6 +107,21 @@ async def resumed_after_the_call(client: httpx.AsyncClient, stream_url: str) -> 
     return got
 
 
+def count_reads(store: Any) -> dict[str, int]:
+    """How often ``store`` (a front end's) is asked for session ``s``, by method."""
+    reads: dict[str, int] = {}
+    for name in ("load", "load_last_turn"):
+        real = getattr(store, name)
+
+        async def counted(session_id: str, *args: Any, _real: Any = real, _name: str = name) -> Any:
+            if session_id == "s":
+                reads[_name] = reads.get(_name, 0) + 1
+            return await _real(session_id, *args)
+
+        setattr(store, name, counted)
+    return reads
+
+
 def the_request(events: list[Any]) -> dict[str, Any]:
     (request,) = [
         d for _, d in events if isinstance(d, dict) and d["type"] == "tool-approval-request"
@@ -172,10 +187,13 @@ async def test_a_worker_front_ends_resume_after_the_call_gets_the_request_signed
         d.app_options = {"approval_secret": SECRET}
         await d.start_front_end()
         (url,) = d.urls
+        reads = count_reads(d.hosts[0].store)
         async with httpx.AsyncClient(timeout=30) as client:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: client.post(f"{url}/api/chat", json=chat_body("s")))
                 resumed = await resumed_after_the_call(client, f"{url}/api/chat/s/stream")
+    # the front end read the last turn's rows once for it, never the whole session
+    assert reads == {"load_last_turn": 1}
     request = the_request(resumed)
     assert request["signature"] == SIGNER.sign(
         "s", request["approvalId"], "D", "delete_file", {"path": "/x", "n": 1}

@@ -46,6 +46,7 @@ from runtime.liveness import RUNNING_META
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
 from runtime.output import ErrorInfo
 from runtime.relay import StepRestarted
+from runtime.store import load_last_turn
 
 HELD_MAX = 256
 """The most chunks a resumed stream holds back after an approval request it cannot sign
@@ -340,10 +341,10 @@ class RelayStreamResponse:
         if not wanted:
             return
         try:
-            record = await self.store.load(self.session_id)
+            last = await load_last_turn(self.store, self.session_id)  # (not the history)
         except StoreError:
             return
-        for call in pending_calls(record.messages) if record is not None else ():
+        for call in pending_calls(last[1].messages) if last is not None else ():
             if (call.approval_id, call.tool_call_id) in wanted:
                 encoder.learn_input(call.tool_call_id, call.input)
 
