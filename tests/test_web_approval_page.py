@@ -265,3 +265,29 @@ async def test_the_page_echoes_the_signed_approval_it_got(playwright_sync, reloa
     assert approval["signature"] == signer.sign(
         answer["id"], approval["id"], "D0", "delete_file", {"path": "/tmp/x"}
     )
+
+
+async def test_the_page_answers_two_calls_one_at_a_time_where_signatures_are_required(
+    playwright_sync,
+):
+    """``--require-approval-signature``: every body the page sends (the first answer,
+    202; the second, repeating the first) carries each answer's signature, after a
+    reload too, so the page is a client that signs (docs/approval.md)."""
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        ask(page, expect, "please delete /a and /b")
+        first, _ = page.locator(".tool-card").all()
+        first.get_by_role("button", name="Approve").click()
+        expect(page.locator(".notice.info")).to_contain_text("other calls still wait")
+        page.reload()
+        second = page.locator(".tool-card").nth(1)
+        expect(second).to_have_attribute("data-state", "approval-requested")
+        second.get_by_role("button", name="Approve").click()
+        expect(second).to_have_attribute("data-state", "output-available")
+        expect(page.locator(".msg.assistant .text")).to_contain_text("Results: deleted /a;")
+
+    seen = await drive(
+        playwright_sync, act, approval_secret="page-secret", require_approval_signature=True
+    )
+    assert seen["page_errors"] == []
+    assert sorted(deleted) == ["/a", "/b"]

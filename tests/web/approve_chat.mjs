@@ -12,7 +12,8 @@
 // and error (if any).
 // With "ai": a file URL of another copy of the package (ai@6), that one is used. With
 // "tamperSignature": the continuation's approval signature has its last two characters
-// replaced by these (a forged answer, tests/test_approval_node.py).
+// replaced by these (a forged answer, tests/test_approval_node.py). With "dropSignature":
+// the continuation's approval carries no signature (what an `ai` before 6.0.221 sends).
 
 const config = JSON.parse(process.argv[2]);
 const {
@@ -31,6 +32,12 @@ const transport = new DefaultChatTransport({
   api: `${config.url}/api/chat`,
   fetch: async (url, init) => {
     let body = JSON.parse(init.body);
+    if (config.dropSignature && body.messages.at(-1).role === "assistant") {
+      for (const p of body.messages.at(-1).parts) {
+        if (p.approval) delete p.approval.signature;
+      }
+      init = { ...init, body: JSON.stringify(body) };
+    }
     if (config.tamperSignature && body.messages.at(-1).role === "assistant") {
       // a client that alters the signature it got (its last two characters)
       for (const p of body.messages.at(-1).parts) {

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.app.web.http import ApiError
-from runtime.app.web.signing import SECRET_ENV, SessionSigner
+from runtime.app.web.signing import REQUIRE_ENV, SECRET_ENV, SIGNING_CLIENTS, SessionSigner
 from runtime.approval import (
     WAITING_META,
     Decision,
@@ -91,7 +91,9 @@ def _answers(
 
     An approval's ``signature`` (the ``ai`` package sends back the one its request was
     streamed with, :mod:`runtime.app.web.signing`) must be text, and with ``signer`` it
-    must verify against the stored call: 403 otherwise. Its other keys
+    must verify against the stored call: 403 otherwise; with a ``signer`` that
+    requires one (``--require-approval-signature``), an answer without one is a 403
+    too. Its other keys
     (``descriptor``, ``inputSchemaInput``, ``requestReason``, ``isAutomatic``: what
     the SDK copies from the request) are passed over.
 
@@ -134,8 +136,11 @@ def _answers(
                 )
             if call is not None:
                 _check_part(p, call, f"the approval {key!r}")
-                if signature is not None and signer is not None:
-                    _check_signature(signature, call, signer)
+                if signer is not None:
+                    if signature is not None:
+                        _check_signature(signature, call, signer)
+                    elif signer.required:
+                        _unsigned(call)
             _once(answered, call.tool_call_id if call is not None else key)
             out.append((key, Decision(approved=approved, reason=reason, edited_input=edited)))
         elif (
@@ -189,6 +194,20 @@ def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -
             "keeps happening, the server that signed the request had another secret: "
             f"every front end needs the same --approval-secret or ${SECRET_ENV})",
         )
+
+
+def _unsigned(call: PendingCall) -> None:
+    """403 for an answer to ``call`` that carries no signature, the server requiring one
+    (``--require-approval-signature``): nothing is recorded. The refusal says which
+    clients send one, and that a reload gives the page a signed request again."""
+    raise ApiError(
+        403,
+        f"the approval {call.approval_id!r} of call {call.tool_call_id!r} "
+        f"({call.tool_name}) carries no signature and this server requires one "
+        f"(--require-approval-signature or ${REQUIRE_ENV}): nothing was recorded; answer "
+        f"with a client that sends back the request's signature ({SIGNING_CLIENTS}), "
+        "from a page that got the request from this server (reload the session for it)",
+    )
 
 
 def _once(answered: set[str], call_id: str) -> None:

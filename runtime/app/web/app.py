@@ -1085,6 +1085,7 @@ def create_app(
     max_body_in_flight: int = DEFAULT_MAX_BODY_IN_FLIGHT,
     mcp_limits: MCPLimits | None = None,
     approval_secret: str | bytes | None = None,
+    require_approval_signature: bool = False,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -1125,6 +1126,10 @@ def create_app(
     ``approval_secret`` signs the AI SDK's approval requests (``signature``) and checks
     the signatures its continuations send back (:mod:`runtime.app.web.signing`; the same
     on every front end of a worker deployment). ``None``: nothing signed or checked.
+    ``require_approval_signature`` refuses (403) an AI SDK approval answer that carries
+    no signature; it needs ``approval_secret`` (a ``ValueError`` without one). AG-UI,
+    A2A and ``session.respond`` carry no signature and are not affected
+    (docs/approval.md, "Signed approvals").
     """
     cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
@@ -1143,7 +1148,7 @@ def create_app(
     if mcp_limits is not None:
         state.mcp_limits = mcp_limits
     state.cancel_hook = cancel_hook
-    state.signer = ApprovalSigner.of(approval_secret)
+    state.signer = ApprovalSigner.of(approval_secret, required=require_approval_signature)
     # Every protocol tells a turn whose save the store refused as ``not_saved``
     # (runtime/app/unsaved.py): none of it is carried on into a later turn's save.
     host.forgets_unsaved = True

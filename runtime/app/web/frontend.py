@@ -339,19 +339,24 @@ class QueuedTurnResponse(RelayStreamResponse):
         )
 
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
-        async for chunk in self._read():
-            if (
-                type(chunk) is o.Steered
-                and not chunk.answered  # (an earlier turn answered it: this goes on)
-                and await self._hands_over(chunk)
-            ):
-                self.sent = self.handed = True
-                await write(encoder.events(chunk) + handed_over(chunk))
-                return
-            data = encoder.events(chunk)
-            if data:
-                self.sent = True
-                await write(data)
+        held: list[Any] = []  # (an approval request signed from the store: _release)
+        async for read in self._read():
+            unsigned = type(read) is o.ToolApprovalRequest and encoder.unsigned(read)
+            ready = (read,) if not (held or unsigned) else ()
+            for chunk in ready or await self._release(read, encoder, held):
+                if (
+                    type(chunk) is o.Steered
+                    and not chunk.answered  # (an earlier turn answered it: this goes on)
+                    and await self._hands_over(chunk)
+                ):
+                    self.sent = self.handed = True
+                    await write(encoder.events(chunk) + handed_over(chunk))
+                    return
+                data = encoder.events(chunk)
+                if data:
+                    self.sent = True
+                    await write(data)
+        await self._write_events(write, encoder, await self._release(None, encoder, held))
 
     async def _hands_over(self, chunk: o.Steered) -> bool:
         """Whether the client that sent the message ``chunk`` says was steered in reads

@@ -38,13 +38,22 @@ from runtime.app.web.http import ApiError, json_response, session_id_param, web_
 from runtime.app.web.signing import ApprovalSigner, SessionSigner, for_session
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
+from runtime.approval import pending_calls
 from runtime.busy import HELD_STOP_ID_MAX
 from runtime.chunks import Usage
-from runtime.errors import RelayTurnGone, RelayUnavailable
+from runtime.errors import RelayTurnGone, RelayUnavailable, StoreError
 from runtime.liveness import RUNNING_META
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
 from runtime.output import ErrorInfo
 from runtime.relay import StepRestarted
+from runtime.store import load_last_turn
+
+HELD_MAX = 256
+"""The most chunks a resumed stream holds back after an approval request it cannot sign
+yet (:meth:`RelayStreamResponse._relay_events`): a suspending turn ends a few chunks
+after its requests (the step's finish, the other requests, the turn's)."""
+
+_TURN_ENDS = (o.Finish, o.Error, o.Abort)
 
 STOPPED = "stopped by user"
 """The abort reason of a turn stopped through ``POST /api/chat/{id}/stop``."""
@@ -278,12 +287,66 @@ class RelayStreamResponse:
 
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         """Write the turn's events from the relay until it ends (:attr:`sent` tells
-        whether any went out, also when this raised)."""
+        whether any went out, also when this raised).
+
+        With a signer, an approval request whose call went out before this stream's
+        first seq (a resume with ``Last-Event-ID``) has no input here to sign, and the
+        store does not hold the call yet when the request reaches the relay (the step
+        is saved after it). So from such a request on the chunks are held, in their
+        order, until the turn's end (its ``finish``, ``error`` or ``abort``: the
+        suspended step saved by then), at most :data:`HELD_MAX` of them; then the
+        store's waiting calls give the inputs (:meth:`_learn_inputs`) and the held
+        chunks go out, each with its own id, the requests signed. Before, the
+        reconnecting client got the request unsigned."""
+        held: list[Any] = []
         async for chunk in self._read():
+            if held or (type(chunk) is o.ToolApprovalRequest and encoder.unsigned(chunk)):
+                await self._write_events(write, encoder, await self._release(chunk, encoder, held))
+                continue
             data = encoder.events(chunk)
             if data:
                 self.sent = True
                 await write(data)
+        await self._write_events(write, encoder, await self._release(None, encoder, held))
+
+    async def _release(self, chunk: Any, encoder: RelayEncoder, held: list[Any]) -> list[Any]:
+        """The chunks to write now that ``chunk`` was read (``None``: the read ended),
+        with ``held`` the ones held back so far (:meth:`_relay_events`)."""
+        if chunk is not None:
+            if not (held or encoder.unsigned(chunk)):
+                return [chunk]
+            held.append(chunk)
+            if type(chunk) not in _TURN_ENDS and len(held) < HELD_MAX:
+                return []
+        if not held:
+            return []
+        await self._learn_inputs(encoder, held)
+        out = held[:]
+        held.clear()
+        return out
+
+    async def _write_events(self, write: Any, encoder: RelayEncoder, chunks: list[Any]) -> None:
+        data = b"".join([encoder.events(c) for c in chunks])
+        if data:
+            self.sent = True
+            await write(data)
+
+    async def _learn_inputs(self, encoder: RelayEncoder, chunks: list[Any]) -> None:
+        """Give ``encoder`` the stored input of each call an approval request among
+        ``chunks`` names and it cannot sign: the waiting call of that approval id as the
+        store holds it (what a continuation's signature is checked against). One the
+        store does not hold undecided (a save that failed, decided meanwhile), or a
+        store that does not answer, leaves its request unsigned, as before."""
+        wanted = {(c.approval_id, c.tool_call_id) for c in chunks if encoder.unsigned(c)}
+        if not wanted:
+            return
+        try:
+            last = await load_last_turn(self.store, self.session_id)  # (not the history)
+        except StoreError:
+            return
+        for call in pending_calls(last[1].messages) if last is not None else ():
+            if (call.approval_id, call.tool_call_id) in wanted:
+                encoder.learn_input(call.tool_call_id, call.input)
 
     def _read(self) -> AsyncIterator[Any]:
         """The relay's read of the turn (after :attr:`after_seq`, :attr:`after_pauses`)."""

@@ -66,7 +66,7 @@ from runtime.app.web.protocols import (
     parse_protocols,
     unbuilt_refusal,
 )
-from runtime.app.web.signing import SECRET_ENV
+from runtime.app.web.signing import REQUIRE_ENV, SECRET_ENV, SIGNING_CLIENTS
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import QuietStream, configure_logging, get_logger, unblocked
@@ -244,7 +244,23 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECRET",
         help="sign the AI SDK's tool approval requests (HMAC) and refuse a continuation "
         "whose signature does not verify; the same on every front end of a worker "
-        f"deployment (or set ${SECRET_ENV}; default: nothing signed; docs/approval.md)",
+        f"deployment (or set ${SECRET_ENV}, or --approval-secret-file, which ps does not "
+        "show; default: nothing signed; docs/approval.md)",
+    )
+    add(
+        "--approval-secret-file",
+        default=None,
+        metavar="PATH",
+        help="read the --approval-secret from the file PATH, once at start (its trailing "
+        "newline left out): unlike the option it does not show in ps",
+    )
+    add(
+        "--require-approval-signature",
+        action="store_true",
+        help="with an approval secret, refuse (403) an AI SDK approval answer that carries "
+        f"no signature ({SIGNING_CLIENTS} send it back; older ones cannot answer); AG-UI, "
+        f"A2A and session.respond carry none and are not affected (or set ${REQUIRE_ENV}=1; "
+        "default: an unsigned answer is checked against the store alone)",
     )
     add(
         "--cors-origin",
@@ -606,15 +622,28 @@ async def serve_command(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
+    try:
+        approvals = approval_settings(args)  # (read once, before anything starts)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    warning = unsigned_decisions_warning(approvals[1], protocols)
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
     configure_logging(args.log_level)
     from runtime.app.web.connections import raise_open_file_limit  # imports Hypercorn
 
     raise_open_file_limit()  # room for connections: not the 1,024 of most systems' default
     with command_collector():
-        return await _run_serve_command(args, token, protocols)
+        return await _run_serve_command(args, token, protocols, approvals)
 
 
-async def _run_serve_command(args: argparse.Namespace, token: str | None, protocols: Any) -> int:
+async def _run_serve_command(
+    args: argparse.Namespace,
+    token: str | None,
+    protocols: Any,
+    approvals: tuple[str | bytes | None, bool] = (None, False),
+) -> int:
     from runtime.app.web.app import create_app  # Starlette: only when serving
 
     agent = make_agent(args)
@@ -660,17 +689,107 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
             mcp_limits=mcp_limits(args),
-            approval_secret=approval_secret(args),
+            approval_secret=approvals[0],
+            require_approval_signature=approvals[1],
             **_embedded_cap(args),
         )
         served = _served(args, front_end=queue is not None, plugins=plugins)
         return await _serve_until_signal(app, host, args, served, protocols=protocols)
 
 
-def approval_secret(args: argparse.Namespace) -> str | None:
-    """The secret that signs approval requests: ``--approval-secret``, else
-    ``$AXON_APPROVAL_SECRET``, else none (nothing signed; docs/approval.md)."""
-    return getattr(args, "approval_secret", None) or os.environ.get(SECRET_ENV) or None
+UNSIGNED_DECISIONS = ("ag-ui", "a2a")
+"""The protocols that decide approvals with no signature to require (docs/approval.md)."""
+
+
+def unsigned_decisions_warning(required: bool, protocols: Any) -> str | None:
+    """What ``serve`` says at start when it requires signed approvals and serves a
+    protocol whose decisions carry no signature (``None``: nothing to say)."""
+    unsigned = [p for p in UNSIGNED_DECISIONS if p in protocols]
+    if not (required and unsigned):
+        return None
+    return (
+        "--require-approval-signature covers the AI SDK's POST /api/chat; approvals "
+        f"decided through {' and '.join(unsigned)} carry no signature and are taken as "
+        "before (leave them out of --protocols to take only signed decisions)"
+    )
+
+
+SECRET_FILE_MAX = 64 * 1024
+"""The most bytes ``--approval-secret-file`` reads: a larger file is not a secret (a
+wrong path: a log, a device), and reading it whole would hold the start-up."""
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def approval_secret(args: argparse.Namespace) -> str | bytes | None:
+    """The secret that signs approval requests: ``--approval-secret``, else the contents
+    of ``--approval-secret-file``, else ``$AXON_APPROVAL_SECRET``, else none (nothing
+    signed; docs/approval.md). A :class:`ConfigurationError` for both options at once
+    or a file that gives no secret (:func:`read_secret_file`); its text never holds
+    the secret."""
+    given = getattr(args, "approval_secret", None)
+    path = getattr(args, "approval_secret_file", None)
+    if path is not None:
+        if given:
+            raise ConfigurationError(
+                "give the approval secret once: --approval-secret or --approval-secret-file"
+            )
+        return read_secret_file(path)
+    return given or os.environ.get(SECRET_ENV) or None
+
+
+def read_secret_file(path: str) -> bytes:
+    """The secret the file at ``path`` holds (its trailing newlines left out: an
+    ``echo`` wrote it, or an editor); a :class:`ConfigurationError` naming the path, not
+    its contents, when it cannot be read, is empty, or is larger than
+    :data:`SECRET_FILE_MAX`."""
+    where = f"--approval-secret-file {path!r}"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SECRET_FILE_MAX + 1)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ConfigurationError(f"{where} cannot be read: {why}") from None
+    if len(data) > SECRET_FILE_MAX:
+        raise ConfigurationError(
+            f"{where} is larger than {SECRET_FILE_MAX} bytes: not a secret (a wrong path?)"
+        )
+    secret = data.rstrip(b"\r\n")
+    if not secret:
+        raise ConfigurationError(f"{where} is empty: it must hold the secret")
+    return secret
+
+
+def require_approval_signature(args: argparse.Namespace) -> bool:
+    """Whether an AI SDK approval answer must carry a signature:
+    ``--require-approval-signature``, else ``$AXON_REQUIRE_APPROVAL_SIGNATURE`` (``1``,
+    ``true``, ``yes``, ``on``; ``0``, ``false``, ``no``, ``off`` or unset: no); another
+    value is a :class:`ConfigurationError` rather than a guess."""
+    if getattr(args, "require_approval_signature", False):
+        return True
+    raw = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"${REQUIRE_ENV} must be 1 or 0 (true/false, yes/no, on/off), not {raw[:40]!r}"
+    )
+
+
+def approval_settings(args: argparse.Namespace) -> tuple[str | bytes | None, bool]:
+    """The approval secret and whether a signature is required, checked together: a
+    requirement without a secret is a :class:`ConfigurationError` (nothing would be
+    signed, so every AI SDK approval would be refused)."""
+    secret = approval_secret(args)
+    required = require_approval_signature(args)
+    if required and not secret:
+        raise ConfigurationError(
+            f"--require-approval-signature (${REQUIRE_ENV}) needs an approval secret to "
+            f"sign with: --approval-secret-file, --approval-secret or ${SECRET_ENV}"
+        )
+    return secret, required
 
 
 def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:

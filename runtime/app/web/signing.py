@@ -46,6 +46,17 @@ DOMAIN = "axon-tool-approval-v1"
 SECRET_ENV = "AXON_APPROVAL_SECRET"
 """The environment variable ``serve`` reads the secret from (``--approval-secret``)."""
 
+REQUIRE_ENV = "AXON_REQUIRE_APPROVAL_SIGNATURE"
+"""The environment variable that turns ``serve --require-approval-signature`` on."""
+
+SIGNING_CLIENTS = "ai 6.0.221 or later, ai 7.0.16 or later"
+"""The ``ai`` packages that send a request's ``signature`` back with their answer."""
+
+
+SIGNATURE_MAX = 256
+"""The longest ``signature`` looked at: every signature made is 43 characters (base64url
+of 32 bytes); a longer one, up to the body's limit, is refused unread."""
+
 
 def canonical(value: Any) -> Any:
     """``value`` as the digest sees it: numbers as the doubles a JavaScript client and a
@@ -82,13 +93,25 @@ class ApprovalSigner:
     """Signs approval requests and checks signatures sent back, with one secret."""
 
     secret: bytes = attrs.field(repr=False)
+    required: bool = False
+    """Whether an answer to an approval must carry a signature (``serve
+    --require-approval-signature``): one without is refused (403) instead of being
+    checked against the store alone."""
 
     @classmethod
-    def of(cls, secret: str | bytes | None) -> ApprovalSigner | None:
-        """The signer of ``secret`` (text as UTF-8); ``None`` for none or an empty one."""
+    def of(cls, secret: str | bytes | None, *, required: bool = False) -> ApprovalSigner | None:
+        """The signer of ``secret`` (text as UTF-8); ``None`` for none or an empty one.
+        ``required`` without a secret is a ``ValueError``: nothing would be signed, so
+        every answer would be refused."""
         if not secret:
+            if required:
+                raise ValueError(
+                    "requiring signed approvals needs a secret to sign them with "
+                    f"(--approval-secret, --approval-secret-file or ${SECRET_ENV})"
+                )
             return None
-        return cls(secret=secret.encode() if isinstance(secret, str) else secret)
+        secret = secret.encode() if isinstance(secret, str) else secret
+        return cls(secret=secret, required=required)
 
     def sign(
         self, session_id: str, approval_id: str, tool_call_id: str, tool_name: str, input: Any
@@ -109,7 +132,11 @@ class ApprovalSigner:
         tool_name: str,
         input: Any,
     ) -> bool:
-        """Whether ``signature`` is the one :meth:`sign` gives these (constant time)."""
+        """Whether ``signature`` is the one :meth:`sign` gives these (constant time:
+        :func:`hmac.compare_digest`). One longer than :data:`SIGNATURE_MAX` is none,
+        refused before any digest or copy of it is made."""
+        if len(signature) > SIGNATURE_MAX:
+            return False
         expected = self.sign(session_id, approval_id, tool_call_id, tool_name, input)
         return hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace"))
 
@@ -121,6 +148,11 @@ class SessionSigner:
 
     signer: ApprovalSigner
     session_id: str
+
+    @property
+    def required(self) -> bool:
+        """Whether an answer without a signature is refused (:attr:`ApprovalSigner.required`)."""
+        return self.signer.required
 
     def sign(self, approval_id: str, tool_call_id: str, tool_name: str, input: Any) -> str:
         return self.signer.sign(self.session_id, approval_id, tool_call_id, tool_name, input)
@@ -139,7 +171,9 @@ def for_session(signer: ApprovalSigner | None, session_id: str) -> SessionSigner
 
 
 __all__ = [
+    "REQUIRE_ENV",
     "SECRET_ENV",
+    "SIGNING_CLIENTS",
     "ApprovalSigner",
     "SessionSigner",
     "canonical",

@@ -27,7 +27,7 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   which the final result replaces; its other nested chunks are not forwarded;
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
-  whose input the stream showed);
+  whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
@@ -267,10 +267,27 @@ class UIStreamEncoder:
         self._announced.add(chunk.tool_call_id)
         return [self._input_available(chunk.tool_call_id, chunk.tool_name, None)]
 
+    def unsigned(self, chunk: Any) -> bool:
+        """Whether ``chunk`` is an approval request this encoder would send unsigned
+        though it has a signer: its call's input never went through it (a stream
+        resumed after the call, :mod:`runtime.app.web.resume`, which then learns the
+        stored input with :meth:`learn_input`)."""
+        return (
+            type(chunk) is o.ToolApprovalRequest
+            and self._signer is not None
+            and chunk.tool_call_id not in self._inputs
+        )
+
+    def learn_input(self, tool_call_id: str, input: Any) -> None:
+        """Sign the approval request of call ``tool_call_id`` over ``input`` (the call as
+        the store holds it), as if the stream had shown it."""
+        if self._signer is not None:
+            self._inputs[tool_call_id] = input
+
     def _tool_approval_request(self, chunk: o.ToolApprovalRequest) -> list[dict[str, Any]]:
         """The request; signed (a signer) over the input this stream showed the call
-        with: a stream read from after the call (a resume) has none to sign, and the
-        session's ``ui_messages`` carry the signature."""
+        with (or :meth:`learn_input` gave it: a stream read from after the call, a
+        resume); the session's ``ui_messages`` carry the same signature."""
         ui = {
             "type": "tool-approval-request",
             "approvalId": chunk.approval_id,
