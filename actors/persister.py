@@ -47,7 +47,14 @@ from runtime.logging import get_logger
 from runtime.messages import AssistantMessage, Message, ToolMessage
 from runtime.redact import redact
 from runtime.serde import forget_encoded, keep_encoded
-from runtime.store import Store, checks_absent_mark, deletion_mark, rebase, save_keeping
+from runtime.store import (
+    Store,
+    checks_absent_mark,
+    deletion_mark,
+    rebase,
+    save_keeping,
+    takes_fence,
+)
 
 REBASE_ATTEMPTS = 5
 """Reload-and-append attempts for one save before it fails with StoreConflict (another
@@ -79,6 +86,9 @@ class Persister(Actor):
         """Whether the store finishes a turn in its save (:meth:`_ends`): asked once, not
         a save each (a store without the attribute built and dropped an AttributeError
         every save, issue 24 goal 1)."""
+        self._takes_fences = takes_fence(store)
+        """Whether the store's save takes the fence a request carries
+        (:attr:`SaveRequest.fence`, :func:`~runtime.store.takes_fence`): asked once too."""
         self._marks_in_save = checks_absent_mark(store)
         """Whether the store checks a first save's deletion mark in the save itself
         (:func:`~runtime.store.checks_absent_mark`); otherwise it is read just before."""
@@ -385,13 +395,17 @@ class Persister(Actor):
             return {}
         return {"absent_mark": mark}
 
-    def _ends(self, req: SaveRequest) -> dict[str, str]:
+    def _ends(self, req: SaveRequest) -> dict[str, Any]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
-        the save's commit); nothing for any other store, whose ``save`` does not know it."""
-        if req.ends is None or not self._ends_turns:
-            return {}
-        return {"ends": req.ends}
+        the save's commit), and its ``fence`` (:attr:`SaveRequest.fence`) for a store
+        that takes that; nothing for any other store, whose ``save`` knows neither."""
+        options: dict[str, Any] = {}
+        if req.ends is not None and self._ends_turns:
+            options["ends"] = req.ends
+        if req.fence is not None and self._takes_fences:
+            options["fence"] = req.fence
+        return options
 
     async def _write(self, req: SaveRequest) -> tuple[int, tuple[Message, ...] | None]:
         """Save ``req`` on top of the version it was based on, or rebase it; returns the

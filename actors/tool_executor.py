@@ -142,6 +142,46 @@ def _ends_the_process(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
+class StepPlaces:
+    """The places of one step's calls (``Budget.max_parallel_tool_calls``): a call holds
+    one while its tool runs. Counts the calls that had to wait for one: the first is
+    logged (``tool.calls-wait-for-a-place``, once a step, naming the bound), and a call
+    of the step that times out says in its error that calls waited behind the bound. A
+    step whose tools wait on each other (a barrier) stalls there until their timeouts,
+    unless the tool says so (:attr:`~runtime.tools.Tool.waits_on_siblings`): visible
+    where it shows, not a step that merely took a minute."""
+
+    __slots__ = ("_limiter", "_on_first_wait", "bound", "waited")
+
+    def __init__(self, bound: int, on_first_wait: Callable[[], None] | None = None) -> None:
+        self.bound = bound
+        self.waited = 0
+        """How many of the step's calls waited for a place."""
+        self._limiter = trio.CapacityLimiter(bound)
+        self._on_first_wait = on_first_wait
+
+    async def take(self) -> None:
+        limiter = self._limiter
+        if not limiter.available_tokens or limiter.statistics().tasks_waiting:
+            self.waited += 1
+            if self.waited == 1 and self._on_first_wait is not None:
+                self._on_first_wait()
+        await limiter.acquire()
+
+    def give_back(self) -> None:
+        self._limiter.release()
+
+    def timed_out_hint(self) -> str:
+        """What a timed-out call's error adds when calls of its step waited for a place."""
+        if not self.waited:
+            return ""
+        return (
+            f" ({self.waited} calls of its step waited for a place meanwhile: "
+            f"Budget.max_parallel_tool_calls={self.bound}; the calls of a tool that wait "
+            "on each other run at once with @tool(waits_on_siblings=True))"
+        )
+
+
 async def run_tool_call(
     call: ToolCallSpec,
     tools: dict[str, Tool],
@@ -150,7 +190,7 @@ async def run_tool_call(
     context: ToolContext | None = None,
     approve: Any = None,
     watch: LoopWatch | None = None,
-    limit: trio.CapacityLimiter | None = None,
+    limit: StepPlaces | None = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
     cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
@@ -161,7 +201,8 @@ async def run_tool_call(
     return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
     too deep). ``watch`` times the steps of an async tool's call (:class:`LoopWatch`).
     ``limit`` (the step's ``max_parallel``) is held while the tool runs: not while its
-    call waits for an approval, and its timeout starts once it holds it."""
+    call waits for an approval, and its timeout starts once it holds it; a tool whose
+    calls wait on each other (:attr:`~runtime.tools.Tool.waits_on_siblings`) takes none."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -203,8 +244,10 @@ async def run_tool_call(
         if not approved:
             return done(error=f"the tool call was denied: {reason or 'no reason given'}")
     timeout = tool.timeout if tool.timeout is not None else default_timeout
+    if limit is not None and tool.waits_on_siblings:
+        limit = None
     if limit is not None:
-        await limit.acquire()
+        await limit.take()
     try:
         with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
             running: Any = tool.call(kwargs, context)
@@ -213,7 +256,8 @@ async def run_tool_call(
                 running = _Timed(running, watch, tool.name, sid)
             result = await running
         if scope.cancelled_caught:
-            return done(error=f"tool {tool.name} timed out after {timeout:g}s")
+            hint = "" if limit is None else limit.timed_out_hint()
+            return done(error=f"tool {tool.name} timed out after {timeout:g}s{hint}")
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
@@ -229,7 +273,7 @@ async def run_tool_call(
         return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     finally:
         if limit is not None:
-            limit.release()
+            limit.give_back()
     try:
         value = to_jsonable(result)
         try:
@@ -455,7 +499,21 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
         bound = request.max_parallel
         # (a step of no more calls than the bound needs no limiter)
-        limit = trio.CapacityLimiter(bound) if bound and len(request.calls) > bound else None
+        limit = None
+        if bound and len(request.calls) > bound:
+
+            def first_wait() -> None:
+                get_logger("axon.tools").info(
+                    "tool.calls-wait-for-a-place",
+                    session_id=request.session_id,
+                    turn_id=request.turn_id,
+                    step=request.step,
+                    calls=len(request.calls),
+                    bound=bound,
+                    setting="Budget.max_parallel_tool_calls",
+                )
+
+            limit = StepPlaces(bound, first_wait)
 
         async def one(call: ToolCallSpec) -> None:
             running = [True]

@@ -301,6 +301,11 @@ class SaveRequest:
     (:meth:`~actors.persister.Persister._unchanged`). A continuation's first save sends
     its turn from the user message on, which the store holds as it is, with the waiting
     assistant message the decision stored: without this it rewrote both (issue 21)."""
+    fence: object | None = None
+    """The store's fence the turn began under (:attr:`RunTurn.fence`), given to a store
+    that takes it (:func:`runtime.store.takes_fence`) with the save: a save that reaches
+    the store after the turn's claim is over is judged by that claim, whatever the store
+    still remembers of it."""
 
 
 # -- stream controller markers -------------------------------------------------------------
@@ -613,6 +618,9 @@ class RunTurn:
     starts from it instead of reading the session again. Without ``resume``, a record
     at the version the runner holds says nobody wrote since: no version query (a
     worker's turn of a session it loaded after claiming the turn)."""
+    fence: object | None = None
+    """The store's fence of the session as the turn begins (:func:`runtime.store.fence_of`;
+    ``None``: none), put on each of its saves (:attr:`SaveRequest.fence`)."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

@@ -114,7 +114,10 @@ class Budget:
     """Calls of one step that run at once; the others wait for a place (their timeout
     starts once they run; a call waiting for its approval holds none). ``None``: all at
     once. A model that asks for thousands of calls in one step started them all together
-    (5,000 async calls at once: as many sockets, benchmarks/journal/pipeline.md)."""
+    (5,000 async calls at once: as many sockets, benchmarks/journal/pipeline.md). Calls
+    that wait on each other stall behind it until their timeouts: a tool made with
+    ``@tool(waits_on_siblings=True)`` takes no place (:attr:`Tool.waits_on_siblings
+    <runtime.tools.Tool.waits_on_siblings>`)."""
 
     def check_step(self, step: int) -> None:
         """Raise :class:`BudgetExceeded` (``max_steps``) if step ``step`` (from 0) may

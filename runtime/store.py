@@ -394,6 +394,22 @@ def fence_under(store: Any, session_id: str, caller_id: str) -> None:
         fence(session_id, caller_id)
 
 
+def fence_of(store: Any, session_id: str) -> object | None:
+    """The fence ``store`` would run a save of ``session_id`` under now, if it fences saves
+    (a worker's PostgreSQL store: :meth:`~actors.stores.postgres.PostgresStore.fence_of`);
+    ``None`` otherwise. Taken as a turn begins (``RunTurn.fence``) and carried by each of
+    its saves (``SaveRequest.fence``) to the store's ``save`` (its ``fence``): a save that
+    reaches the store late is judged by the claim its turn ran under, not by what the
+    store still remembers of that claim."""
+    fence = getattr(store, "fence_of", None)
+    return None if fence is None else fence(session_id)
+
+
+def takes_fence(store: Any) -> bool:
+    """Whether ``store``'s ``save`` takes the ``fence`` :func:`fence_of` gave."""
+    return callable(getattr(store, "fence_of", None))
+
+
 def release_under(store: Any, session_id: str) -> Callable[[], None] | None:
     """What has ``store`` drop the fence :func:`fence_under` gave ``session_id``, to be
     called once its host closed the sub-session and every save of it sent before is

@@ -507,6 +507,14 @@ class Tool:
     """The tool has no implementation here: the caller (a browser, any client) runs it
     and answers with its output (see :meth:`client`)."""
 
+    waits_on_siblings: bool = False
+    """Its calls may wait for other calls of their step (a barrier, a rendezvous, a
+    consumer waiting for a producer): they run at once whatever the step's
+    ``Budget.max_parallel_tool_calls``, taking none of its places. Without it, calls
+    past the bound wait for a place that the calls holding them, waiting for those,
+    never give back: the step stalls until their timeouts (each timeout's error then
+    names the bound)."""
+
     @classmethod
     def client(
         cls,
@@ -715,6 +723,7 @@ def _build(
     description: str | None,
     timeout: float | None,
     needs_approval: bool | ApprovalRule,
+    waits_on_siblings: bool = False,
 ) -> Tool:
     try:
         import docstring_parser
@@ -760,6 +769,7 @@ def _build(
         needs_approval=needs_approval,
         adapter=adapter,
         context_param=context_param,
+        waits_on_siblings=waits_on_siblings,
     )
 
 
@@ -772,6 +782,7 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | ApprovalRule = False,
+    waits_on_siblings: bool = False,
 ) -> Tool: ...
 
 
@@ -784,6 +795,7 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | ApprovalRule = False,
+    waits_on_siblings: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -795,9 +807,16 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool | ApprovalRule = False,
+    waits_on_siblings: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make ``fn`` a :class:`Tool`. Works bare (``@tool``), called (``@tool(name=...)``)
-    or directly (``tool(fn, name=..., description=...)``)."""
+    or directly (``tool(fn, name=..., description=...)``). ``waits_on_siblings``: its
+    calls wait for other calls of their step, and so run at once past
+    ``Budget.max_parallel_tool_calls`` (:attr:`Tool.waits_on_siblings`)."""
+    if not isinstance(waits_on_siblings, bool):
+        raise ToolDefinitionError(
+            f"waits_on_siblings must be True or False, not {waits_on_siblings!r}"
+        )
     if fn is None:
-        return lambda f: _build(f, name, description, timeout, needs_approval)
-    return _build(fn, name, description, timeout, needs_approval)
+        return lambda f: _build(f, name, description, timeout, needs_approval, waits_on_siblings)
+    return _build(fn, name, description, timeout, needs_approval, waits_on_siblings)

@@ -11,11 +11,11 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from actors.tool_executor import run_tool_call
+from actors.tool_executor import StepPlaces, run_tool_call
 from runtime import Agent, Budget, Host, ToolMessage, tool
 from runtime.actor_messages import ToolCallSpec
 from runtime.budget import MAX_PARALLEL_TOOL_CALLS
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, ToolDefinitionError
 
 
 class Gauge:
@@ -102,7 +102,7 @@ async def test_a_call_waiting_for_its_approval_holds_no_place(autojump_clock: An
         return True, None
 
     tools = {"risky": risky, "free": free}
-    limit = trio.CapacityLimiter(1)
+    limit = StepPlaces(1)
 
     def spec(name: str) -> ToolCallSpec:
         return ToolCallSpec(tool_call_id=name, tool_name=name, input={})
@@ -117,3 +117,62 @@ async def test_a_call_waiting_for_its_approval_holds_no_place(autojump_clock: An
         assert (freed.output, ran) == ("f", ["free"])
         decided.set()
     assert ran == ["free", "risky"]
+
+
+def _barrier_agent(calls: int, budget: Budget, *, waits_on_siblings: bool) -> Agent:
+    """A step of ``calls`` calls that each wait until all of them have arrived."""
+    arrived: list[int] = []
+    everyone = trio.Event()
+
+    async def meet(i: int) -> str:
+        """Waits for the step's other calls."""
+        arrived.append(i)
+        if len(arrived) == calls:
+            everyone.set()
+        await everyone.wait()
+        return f"met {i}"
+
+    made = tool(meet, waits_on_siblings=True) if waits_on_siblings else tool(meet)
+    step = [c for i in range(calls) for c in tool_call("meet", {"i": i}, tool_call_id=f"c{i}")]
+    return Agent(provider=ScriptedProvider([step, ["done"]]), tools=[made], budget=budget)
+
+
+async def test_calls_of_a_tool_that_waits_on_its_siblings_run_at_once_past_the_bound(
+    autojump_clock: Any,
+) -> None:
+    # Five calls that meet at a barrier, three places: the three running waited for the
+    # two that waited for a place until their timeouts (a deadlock the clock ended).
+    budget = Budget(tool_timeout=60, max_parallel_tool_calls=3)
+    start = trio.current_time()
+    result, messages = await _run(_barrier_agent(5, budget, waits_on_siblings=True))
+    assert [m.error for m in messages] == [None] * 5
+    assert [m.output for m in messages] == [f"met {i}" for i in range(5)]
+    assert result.text == "done" and trio.current_time() - start < 60
+
+
+async def test_a_stall_behind_the_bound_is_named_where_it_shows(autojump_clock: Any) -> None:
+    from structlog.testing import capture_logs
+
+    budget = Budget(tool_timeout=60, max_parallel_tool_calls=3)
+    with capture_logs() as logs:
+        result, messages = await _run(_barrier_agent(5, budget, waits_on_siblings=False))
+    queued = [e for e in logs if e["event"] == "tool.calls-wait-for-a-place"]
+    assert [(e["bound"], e["calls"]) for e in queued] == [(3, 5)]  # once for the step
+    errors = [m.error or "" for m in messages]
+    # The three that held the places timed out while two waited: their errors say why.
+    named = [e for e in errors if "max_parallel_tool_calls=3" in e]
+    assert len(named) == 3 and all("timed out" in e for e in named), errors
+    assert all("waits_on_siblings" in e for e in named)
+    assert result.text == "done"  # (the two that waited then met: the step went on)
+
+
+def test_waits_on_siblings_is_true_or_false() -> None:
+    async def meet() -> str:
+        """Meets."""
+        return "m"
+
+    assert tool(meet, waits_on_siblings=True).waits_on_siblings is True
+    assert tool(meet).waits_on_siblings is False
+    for wrong in (1, "yes", None):
+        with pytest.raises(ToolDefinitionError, match="waits_on_siblings"):
+            tool(meet, waits_on_siblings=wrong)  # type: ignore[call-overload]

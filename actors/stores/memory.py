@@ -26,7 +26,7 @@ from actors.stores.validation import (
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
-from runtime.tools import caller_of
+from runtime.tools import PARENT_SESSION_META, caller_of
 
 
 @attrs.define(slots=True)
@@ -69,6 +69,11 @@ class MemoryStore:
         """How many saves the store has taken: the next save's place in recency order."""
         """The highest version a deleted session had: a re-created session starts above
         it, so a writer still holding the old session's version can never match."""
+        self._by_caller: dict[str, dict[str, None]] = {}
+        """The stored sessions whose meta names a caller (:func:`~runtime.tools.caller_of`),
+        by that caller (an ordered set each), kept by :meth:`save` and :meth:`delete`: a
+        delete finds a session's sub-sessions here, where it read every stored
+        session's meta once per session of the deleted tree."""
         self._closed = False
 
     def _check_open(self) -> None:
@@ -178,7 +183,12 @@ class MemoryStore:
                 stored[start + i] = new[i]
         del stored[start + tail :]
         stored.extend(new[tail:] if tail else new)
-        session.meta.update(meta_copy)
+        if PARENT_SESSION_META in meta_copy:  # (the caller it names may change)
+            was = caller_of(session.meta)
+            session.meta.update(meta_copy)
+            self._index_caller(session_id, was, caller_of(session.meta))
+        else:
+            session.meta.update(meta_copy)
         session.version += 1
         if session.incarnation == 0:  # its first save: a new incarnation
             session.incarnation = session.version
@@ -186,6 +196,19 @@ class MemoryStore:
         session.seq = self._seq
         self._sessions[session_id] = session
         return session.version
+
+    def _index_caller(self, session_id: str, was: str | None, now: str | None) -> None:
+        """Move ``session_id`` in :attr:`_by_caller` from caller ``was`` to ``now``."""
+        if was == now:
+            return
+        if was is not None:
+            subs = self._by_caller.get(was)
+            if subs is not None:
+                subs.pop(session_id, None)
+                if not subs:
+                    del self._by_caller[was]
+        if now is not None:
+            self._by_caller.setdefault(now, {})[session_id] = None
 
     async def list_sessions(
         self, *, limit: int | None = None, after: str | None = None
@@ -214,19 +237,21 @@ class MemoryStore:
 
     async def delete(self, session_id: str) -> None:
         """Forget the session and the sub-sessions it owns, at any depth (its agent
-        tools' calls', :mod:`actors.stores.owned`: here those whose meta names it, all
-        sessions read); deleting an unknown session is not an error."""
+        tools' calls', :mod:`actors.stores.owned`: here those whose meta names it, found
+        in :attr:`_by_caller`); deleting an unknown session is not an error."""
         await trio.lowlevel.checkpoint()
         self._check_open()
         validate_session_id(session_id)
         for sid in owned_sessions(session_id, self._subs_of):
             session = self._sessions.pop(sid, None)
             if session is not None:
+                self._index_caller(sid, caller_of(session.meta), None)
                 self._deleted_version = max(self._deleted_version, session.version)
                 self._mark_deletion(sid)
 
     def _subs_of(self, caller: str) -> list[tuple[str, Any]]:
-        return [(sid, s.meta) for sid, s in self._sessions.items() if caller_of(s.meta) == caller]
+        sessions = self._sessions
+        return [(sid, sessions[sid].meta) for sid in self._by_caller.get(caller, ())]
 
     def _mark_deletion(self, session_id: str) -> None:
         """Set ``session_id``'s mark one above the highest, and drop the marks
@@ -247,4 +272,5 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         self._closed = True
         self._sessions.clear()
+        self._by_caller.clear()
         self._deletions.clear()

@@ -575,6 +575,7 @@ class PostgresStore(FenceKeeping):
         ends: str | None = None,
         kept: Collection[int] = (),
         absent_mark: int | None = None,
+        fence: Fence | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -601,14 +602,17 @@ class PostgresStore(FenceKeeping):
         its insert, in its transaction, and raises
         :class:`~runtime.errors.SessionDeleted`, the insert undone, when the mark is above
         (:func:`~runtime.store.checks_absent_mark`): another process's create and delete
-        committed before the insert show there, none can fall between."""
+        committed before the insert show there, none can fall between.
+        ``fence`` (not part of the protocol either): the fence the save's turn began under
+        (:meth:`fence_of`, carried by ``SaveRequest.fence``), which the save runs under
+        instead of the one the store holds for the session now (:meth:`_save_fence`)."""
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         new, rows = await encoded_off_loop(
             session_id, start, messages, meta, expected_version, kept_at
         )
         start += tail  # (rows below it, if any, go over their places)
         patch = encode_meta(session_id, meta)
-        fence = None if unfenced else self._save_fence(session_id)
+        fence = None if unfenced else self._save_fence(session_id, fence)
         wrote: list[bool] = []
         steers: list[int] = []  # the turn row's count, as the fence check read it
         action = f"save of session {session_id!r}"

@@ -24,7 +24,24 @@ from runtime.turn_queue import SteerWatch
 ENDED_REMEMBERED = 65536
 """Sessions whose fence ended that a store remembers, to refuse a late save of their turn
 (least recently ended first out: a session's entry is a few hundred bytes, and one that
-drops out was given up long before, its late save long answered)."""
+drops out was given up long before, its late save long answered). A turn's own saves
+do not depend on it: they carry the fence their turn began under
+(:meth:`FenceKeeping.fence_of`); it serves the saves that carry none (a store's caller
+saving a session outside a turn) and the sub-sessions opened past their calling turn's
+block (:meth:`FenceKeeping.fence_under`)."""
+
+
+class FenceBlock:
+    """Whether a claimed session's fenced block (:meth:`FenceKeeping.fenced`) ended:
+    shared by its :class:`Fence` and the fences of the sub-sessions under it, and carried
+    with them by every save of a turn that began under one (``RunTurn.fence``,
+    ``SaveRequest.fence``). A late save tells from it, not from a map of ended blocks,
+    that its block is over."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self, ended: bool = False) -> None:
+        self.ended = ended
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -87,6 +104,11 @@ class Fence:
     row is written (no ``saved`` mark, end or suspension); no callback but
     :attr:`on_lost` and :attr:`on_deleted` (the calling turn's, while its fenced block
     lasts)."""
+    block: FenceBlock = attrs.field(factory=FenceBlock, eq=False, repr=False)
+    """The fenced block this fence is of: its own (a claimed session's), or its calling
+    session's (:attr:`under`). Marked ended as the block ends; a save carrying this
+    fence (:meth:`FenceKeeping.carried_fence`) is then refused (a claimed session's) or
+    checked without the callbacks (a sub-session's)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -246,11 +268,15 @@ class FenceKeeping:
         self._ended.pop(session_id, None)
         self._after.pop(session_id, None)
         self._fences[session_id] = fence
+        fence.block.ended = False  # (a fence given to a block again: open once more)
         if fence.saved:
             self._marked.add(fence.turn_id)
         try:
             yield
         finally:
+            # Every save carrying this fence (its turn's, and its sub-turns') is late now:
+            # told so by the fence it carries, however many blocks end after this one.
+            fence.block.ended = True
             self._marked.discard(fence.turn_id)
             for sub in self._under.pop(session_id, ()):
                 held = self._fences.get(sub)
@@ -288,7 +314,7 @@ class FenceKeeping:
             caller = self._after.get(caller_id)
         if caller is None and caller_id in self._ended:
             turn_id, owner, epoch = self._ended[caller_id]
-            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch)
+            caller = Fence(turn_id=turn_id, owner=owner, epoch=epoch, block=FenceBlock(True))
         if caller is None:
             return
         root = caller.under if caller.under is not None else caller_id
@@ -299,6 +325,7 @@ class FenceKeeping:
             on_lost=caller.on_lost,
             on_deleted=caller.on_deleted,
             under=root,
+            block=caller.block,
         )
         self._ended.pop(session_id, None)
         self._after.pop(session_id, None)
@@ -354,21 +381,71 @@ class FenceKeeping:
         here keeps only the steps it committed, as if its worker had been killed."""
         self._fences_closed = True
 
-    def _save_fence(self, session_id: str) -> Fence | None:
+    def fence_of(self, session_id: str) -> Fence | None:
+        """The fence the saves of a turn of ``session_id`` beginning now are to run under,
+        wherever they reach the store (``None``: none known here): its host puts it on
+        the turn (``RunTurn.fence``), the turn on each of its saves, and the persister
+        gives it to :meth:`~actors.stores.postgres.PostgresStore.save` (its ``fence``).
+        Carried so, a save that reaches the store late is checked against its turn's
+        claim (a sub-session's) or refused (a claimed session's, its block over), where
+        the store's maps of ended blocks (:attr:`_ended`, :attr:`_after`), bounded at
+        :data:`ENDED_REMEMBERED`, forgot the oldest: such a save was written unfenced.
+        One of a session whose block ended already is an ended fence: refused as late.
+
+        Without its callbacks (they hold the worker's turn, its stream and history: a
+        save that outlived ``SAVE_TIMEOUT`` stays with its runner until the session's
+        next turn); a save made while its block lasts runs under the block's own fence,
+        found by the block they share (:meth:`_save_fence`)."""
+        fence = self._fences.get(session_id)
+        if fence is None:
+            fence = self._after.get(session_id)  # (without callbacks already)
+        else:
+            fence = attrs.evolve(
+                fence,
+                on_lost=None,
+                on_deleted=None,
+                in_save=None,
+                on_commit=None,
+                watch=None,
+                one_call=None,
+                claim_next=None,
+            )
+        if fence is None and session_id in self._ended:
+            turn_id, owner, epoch = self._ended[session_id]
+            fence = Fence(turn_id=turn_id, owner=owner, epoch=epoch, block=FenceBlock(True))
+        return fence
+
+    def _save_fence(self, session_id: str, carried: Fence | None = None) -> Fence | None:
         """The fence a save of ``session_id`` runs under (``None``: none, the session is
         no fenced turn's), or :class:`LeaseLost` for a save that must not reach the store:
         one that outlived its fenced block (its worker may have given the turn up, and
         another worker saved the session since), or any fenced one once the worker is
-        stopping at once (:meth:`close_fences`)."""
-        fence = self._fences.get(session_id)
-        if fence is None:
-            fence = self._after.get(session_id)  # (a sub-session's, checked on)
-        if fence is None and session_id in self._ended:
-            turn_id, owner, epoch = self._ended[session_id]
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: it reached the store after worker "
-                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
-            )
+        stopping at once (:meth:`close_fences`). ``carried``: the fence the save's turn
+        began under (:meth:`fence_of`), which decides alone; without one the store's own
+        (a save not of a turn, or of a store's caller that carries none)."""
+        if carried is not None:
+            fence: Fence | None = self._fences.get(session_id)
+            if fence is None or fence.block is not carried.block:
+                if carried.block.ended and carried.under is None:
+                    raise LeaseLost(
+                        f"save of session {session_id!r} refused: it reached the store after "
+                        f"worker {carried.owner} (epoch {carried.epoch}) gave turn "
+                        f"{carried.turn_id} up"
+                    )
+                # A sub-turn's past its calling turn's block (the claim checked on, no
+                # callback called), or of a fence the session's no longer is.
+                fence = carried
+            # else: its block lasts, and the session's fence now is of it (callbacks and all)
+        else:
+            fence = self._fences.get(session_id)
+            if fence is None:
+                fence = self._after.get(session_id)  # (a sub-session's, checked on)
+            if fence is None and session_id in self._ended:
+                turn_id, owner, epoch = self._ended[session_id]
+                raise LeaseLost(
+                    f"save of session {session_id!r} refused: it reached the store after "
+                    f"worker {owner} (epoch {epoch}) gave turn {turn_id} up"
+                )
         if fence is not None and self._fences_closed:
             raise LeaseLost(
                 f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "

@@ -601,6 +601,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             instructions=run.instructions,
             approved_before=approved,
             ended_before=ended_nested,
+            fence=run.fence,
         )
         if committed is None:
             state.messages.append(

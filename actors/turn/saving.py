@@ -109,6 +109,7 @@ class Saving:
             ends=ends,
             absent_mark=self._absent_mark,
             held=held,
+            fence=turn.fence,
         )
         self._pending, self._answered = req, None
         try:

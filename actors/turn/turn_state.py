@@ -143,6 +143,9 @@ class Turn:
     refused: bool = False
     """The store refused the turn's final save (an error, not a save that outlived
     ``SAVE_TIMEOUT``): nothing of it after its last confirmed save is stored."""
+    fence: object | None = None
+    """The store's fence the turn began under (:attr:`RunTurn.fence`), on each of its
+    saves (:attr:`SaveRequest.fence`)."""
 
 
 CONTEXT_TOO_LONG_HINT = (

@@ -87,7 +87,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import ErrorInfo, OutputChunk, Start, Steered
-from runtime.store import SessionRecord
+from runtime.store import SessionRecord, fence_of
 from runtime.tools import CALLING_SESSION
 
 if TYPE_CHECKING:
@@ -549,6 +549,7 @@ class TurnStream:
                     stored=self.stored,
                     max_output_tokens=self.max_output_tokens,
                     output_account=self.output_account,
+                    fence=fence_of(session.host.store, session.id),
                 )
             )
         except BaseException:
