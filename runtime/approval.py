@@ -895,7 +895,7 @@ def supersede(
         ):
             w = p.awaiting
             if not w.decided:
-                w = attrs.evolve(w, decided=True, reason=reason)
+                w = attrs.evolve(w, decided=True, reason=reason, schema=None)
                 w = attrs.evolve(w, approved=False) if w.kind == APPROVAL else w
                 if w.kind == CLIENT:
                     w = attrs.evolve(w, error=reason)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from actors.providers import ScriptedProvider
+from actors.providers.scripted import tool_call
 from runtime import Agent, Host
 from runtime.errors import InvalidDecision
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
@@ -158,3 +159,19 @@ async def test_a_stored_schema_that_no_longer_compiles_refuses_the_edit(tmp_path
             )
         await session.respond(waited.pending[0].approval_id, approved=True)
     assert tool_messages(session)["add"].output in (3, "3")
+
+
+async def test_a_superseded_mcp_call_keeps_no_schema(tmp_path):
+    """A new message instead of a decision denies the call ``superseded``: the schema
+    it stored to check an edit with goes with the wait, as a decision drops it."""
+    asks = [*tool_call("add", {"a": 1, "b": 2}, tool_call_id="c_add")]
+    provider = ScriptedProvider(turns=[[asks], [["ok"]]])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(mcp_agent(provider), session_id="s")
+        await session.run("go")
+        await session.run("something else")
+        record = await host.store.load("s")
+    assert record is not None
+    call = the_call(record.messages)
+    assert call.awaiting is not None and call.awaiting.reason == "superseded"
+    assert call.awaiting.schema is None
