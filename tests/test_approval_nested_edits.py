@@ -421,3 +421,28 @@ async def test_an_edit_the_redeployed_sub_agents_tool_refuses_denies_the_call_no
     (asked,) = calls(sub.messages)  # type: ignore[union-attr]
     assert asked.awaiting is not None and asked.awaiting.approved is False
     assert asked.input == {"to": "x"}  # not replaced: nothing ran with the edit
+
+
+def test_an_a2a_task_waiting_for_a_passed_up_approval_names_the_asking_call():
+    """The task's ``pending`` names the call an ``editedInput`` edits (the sub call),
+    not the agent tool's prompt."""
+    from runtime.app.web.a2a_tasks import pending_message
+    from runtime.approval import PendingCall
+
+    call = PendingCall(
+        approval_id="a",
+        tool_call_id="H",
+        tool_name="helper",
+        input={"input": "pay x"},
+        kind="approval",
+        step=0,
+        message_id="m",
+        turn_id="t",
+        asked_tool="wire_money",
+        asked_input={"to": "x"},
+    )
+    message = pending_message("task", "ctx", [call])
+    assert "approve wire_money" in message["parts"][0]["text"]
+    assert message["parts"][1]["data"]["pending"] == [
+        {"id": "a", "kind": "approval", "tool": "wire_money", "input": {"to": "x"}}
+    ]
