@@ -262,6 +262,11 @@ class MCPTool(Tool):
     chars: int = 0
     """Characters of its definition in a request (:func:`definition_chars`)."""
 
+    def stored_schema(self) -> dict[str, Any] | None:
+        """The server's listed schema: a decision (in a worker deployment's front end,
+        with no session of this server) checks an edit of a waiting call against it."""
+        return self.parameters
+
     def validate(self, arguments: Any) -> dict[str, Any]:
         if not isinstance(arguments, dict):
             raise ToolInputError(

@@ -216,6 +216,7 @@ async def run_tool_call(
             waits_for=context.waits_for if context is not None and error is None else None,
             waits_until=context.waits_until if context is not None else None,
             waits_client=context.waits_client if context is not None else None,
+            waits_asked=context.waits_asked if context is not None else None,
         )
 
     tool = tools.get(call.tool_name)

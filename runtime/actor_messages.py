@@ -212,6 +212,10 @@ class ToolOutcome:
     waits_client: tuple[str, Any] | None = None
     """With :attr:`waits_for`: the sub-agent's client tool call it waits for (its tool
     name and input; :attr:`ToolContext.waits_client`); ``None``: an approval."""
+    waits_asked: tuple[str, Any, Any, tuple[str, ...]] | None = None
+    """With :attr:`waits_for`, an approval: the sub-agent's call that asks (its tool's
+    name, input, stored schema and the agent tools between;
+    :attr:`ToolContext.waits_asked`)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

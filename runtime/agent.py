@@ -18,6 +18,7 @@ from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import (
     AlreadyDecided,
     ConfigurationError,
+    InvalidDecision,
     NothingToResume,
     ToolDefinitionError,
 )
@@ -363,6 +364,23 @@ class AgentTool(Tool):
         if found is not None:
             found.validate_output(output)
 
+    def asked_tool(self, name: str, via: Sequence[str] = ()) -> Any:
+        """The sub-agent's tool ``name`` whose call asked for a passed-up approval
+        (:attr:`~runtime.messages.Awaiting.asked_tool`), to check a person's edit of it
+        against, as the sub-session itself checks it when the edit is passed down.
+        ``via``: the agent tools between (:attr:`~runtime.messages.Awaiting.asked_via`),
+        followed by name, so a tool of the same name elsewhere in the tree is never the
+        one checked. ``None``: none there (the sub-agent redeployed without it)."""
+        agent = self.sub_agent
+        for step in via:
+            agent = getattr(_named(agent, step), "sub_agent", None)
+        return _named(agent, name)
+
+
+def _named(agent: Any, name: str) -> Any:
+    """``agent``'s own tool ``name`` (``None``: no agent, or no such tool)."""
+    return None if agent is None else next((t for t in agent.tools if t.name == name), None)
+
 
 def _client_tool(agent: Any, name: str, seen: set[int]) -> Any:
     """The client-side tool ``name`` of ``agent`` or of the agents it calls as tools."""
@@ -450,6 +468,30 @@ def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
                     return p.tool_name, p.input
             break
     raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+
+
+def _sub_asked(
+    messages: Sequence[Any], wait_id: str
+) -> tuple[str, Any, Any, tuple[str, ...]] | None:
+    """The call a sub-turn's approval ``wait_id`` asks for: its tool's name, input,
+    stored schema and the agent tools between (two agents deep, the one its own nested
+    wait names, through that wait's agent tool); ``None`` when that wait cannot say
+    (one stored before it did)."""
+    for m in reversed(messages):
+        if isinstance(m, AssistantMessage):
+            for p in m.content:
+                if not isinstance(p, ToolCallPart) or p.awaiting is None:
+                    continue
+                w = p.awaiting
+                if w.id == wait_id:
+                    if w.nested:
+                        if w.asked_tool is None:
+                            return None
+                        via = (p.tool_name, *w.asked_via)
+                        return w.asked_tool, w.asked_input, w.schema, via
+                    return p.tool_name, p.input, w.schema, ()
+            break
+    return None
 
 
 def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
@@ -543,6 +585,36 @@ async def _confirming(turn: Any, context: ToolContext) -> AsyncIterator[Any]:
             turn.session.host.accept_saves(turn.session.id, turn.turn_id)
 
 
+EDIT_REFUSED = "the approved edit was refused by the sub-agent's tool"
+"""The start of the reason a sub-agent's call is denied with when the edit its caller's
+person approved it with no longer fits its tool where the call runs (the sub-agent
+redeployed between the decision and its continuation): never run with the model's own
+input instead, which nobody approved."""
+
+
+async def _decide_sub_approval(session: Any, decision: Any) -> None:
+    """Record the calling session's decision (the decided nested ``Awaiting``) for the
+    sub-session's approval it waited for, with the person's edit of the sub call if there
+    was one (:attr:`~runtime.messages.Awaiting.edited_input`). An edit the sub-session
+    refuses (checked on the caller against the same tool; a redeploy in between can
+    change it) denies the call instead, saying why: the sub-agent answers that, and the
+    sub-session does not wait for ever for a decision its caller already made."""
+    try:
+        await session.decide(
+            decision.id,
+            approved=bool(decision.approved),
+            reason=decision.reason,
+            edited_input=decision.edited_input,  # the person's edit of the sub call
+            by_caller=True,
+        )
+    except InvalidDecision as exc:
+        if decision.edited_input is None:
+            raise
+        await session.decide(
+            decision.id, approved=False, reason=f"{EDIT_REFUSED}: {exc}", by_caller=True
+        )
+
+
 async def _go_on(
     session: Any,
     decision: Any,
@@ -566,12 +638,7 @@ async def _go_on(
             )
             await session.decide(decision.id[len(prefix) :], by_caller=True, **answer)
         else:
-            await session.decide(
-                decision.id,
-                approved=bool(decision.approved),
-                reason=decision.reason,
-                by_caller=True,
-            )
+            await _decide_sub_approval(session, decision)
     except AlreadyDecided:
         pass  # recorded by the run a crash cut short
     try:
@@ -688,6 +755,11 @@ async def _run_sub_turn(
             if passes and result.pending[0].kind == "client"
             else None
         )
+        asked = (
+            _sub_asked(session.messages, result.pending[0].approval_id)
+            if passes and client is None
+            else None
+        )
         if result.finish_reason == "awaiting-input" and not passes:
             # Nobody may run it on once the calling model is told it did not finish:
             # its calls are denied and the turn ended, in its sub-session's store.
@@ -702,6 +774,7 @@ async def _run_sub_turn(
         context.waits_for = wait_id
         context.waits_until = until
         context.waits_client = client
+        context.waits_asked = asked
         return ""
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason

@@ -123,6 +123,32 @@ class Awaiting:
     model reads and its result agree; this keeps the model's own for audit. ``None``
     (and every record stored before the field existed): not edited (a call's input is
     always an object, never ``None``)."""
+    schema: Any = None
+    """The input schema the model was given for the call, when no code holds it: an MCP
+    server's tool (listed by the host's MCP actor at run time, :meth:`~runtime.tools.Tool.
+    stored_schema`), or a nested approval's (:attr:`asked_tool`) when its call is one. An
+    edit (``respond(id, approved=True, edited_input=...)``) is checked against it, in
+    any process, with or without that server's session open. Stored with the wait only:
+    the decision drops it (``None`` once decided, and for every other call)."""
+    asked_tool: str | None = None
+    """A nested wait (:attr:`nested`) of kind ``"approval"``: the name of the sub-agent's
+    tool whose call asks (two agents deep, the one the sub-session's own nested wait
+    names), and :attr:`asked_input` that call's input as its model gave it: what an edit
+    of this approval replaces (:attr:`edited_input`). ``None`` (and every record stored
+    before the field existed): the approval cannot be edited."""
+    asked_input: Any = None
+    """With :attr:`asked_tool`: that call's input, as the sub-agent's model gave it."""
+    asked_via: tuple[str, ...] = ()
+    """With :attr:`asked_tool`, two and more agents deep: the agent tools between this
+    call's sub-agent and the one whose tool asks (``("helper",)``: this call's sub-agent
+    called ``helper``, whose :attr:`asked_tool` asks), so an edit is checked against that
+    very tool, not one of the same name elsewhere. ``()``: this call's sub-agent's own."""
+    edited_input: Any = None
+    """A nested approval (:attr:`asked_tool`) approved with edits: the edit, which the
+    sub-session's call takes as its input (and its model's in its own
+    :attr:`original_input`) when this call runs again. The part's own ``input`` (the
+    sub-agent's prompt) and :attr:`original_input` stay unset here: the edit is not of
+    this call. ``None``: not edited."""
     counted: Usage | None = None
     """A nested wait (:attr:`nested`): the usage of the call's sub-turn up to its wait,
     which the calling turn counted as its own when it suspended. Decided, the call runs

@@ -59,6 +59,11 @@ converter.register_unstructure_hook_factory(
         sub_input=override(omit_if_default=True),
         counted=override(omit_if_default=True),
         original_input=override(omit_if_default=True),
+        schema=override(omit_if_default=True),
+        asked_tool=override(omit_if_default=True),
+        asked_input=override(omit_if_default=True),
+        asked_via=override(omit_if_default=True),
+        edited_input=override(omit_if_default=True),
     ),
 )
 

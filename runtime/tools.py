@@ -106,6 +106,7 @@ class ToolContext(Generic[Deps]):
         "tool_name",
         "turn_id",
         "usage",
+        "waits_asked",
         "waits_client",
         "waits_for",
         "waits_until",
@@ -175,6 +176,12 @@ class ToolContext(Generic[Deps]):
         """With :attr:`waits_for`: the sub-turn waits for a client tool's output, not an
         approval: that call's tool name and input (the calling stream shows the call;
         :attr:`waits_for` is then ``<this call's id>.<the sub call's id>``)."""
+        self.waits_asked: tuple[str, Any, Any, tuple[str, ...]] | None = None
+        """With :attr:`waits_for`, an approval: the sub-agent's call that asks for it
+        (its tool's name, its input, its stored schema when no code holds one, and the
+        agent tools between, two and more agents deep), which
+        a person's edit of the approval replaces
+        (:attr:`~runtime.messages.Awaiting.asked_tool`)."""
         self.output_left = output_left
         """The output tokens the calling turn has left as its calls began
         (``Budget.max_output_tokens`` less what it wrote, sub-agents' included;
@@ -609,6 +616,13 @@ class Tool:
     def spec(self) -> dict[str, Any]:
         """Provider-neutral description: ``name``, ``description``, ``parameters``."""
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def stored_schema(self) -> dict[str, Any] | None:
+        """The input schema a call of this tool that waits for approval stores with its
+        wait (:attr:`~runtime.messages.Awaiting.schema`), to check an edit against in
+        any process: one no code holds (an MCP server's, listed at run time). ``None``
+        (every tool built in code): the decision finds the tool's check by its name."""
+        return None
 
 
 def check_against_schema(name: str, validator: Any, value: Any, what: str) -> None:

@@ -222,7 +222,9 @@ async def test_an_edited_approval_whose_continuation_never_came_runs_the_edit_be
     assert result.output == "value-b"
 
 
-async def test_a_sub_agents_approval_passed_up_takes_no_edit(tmp_path):
+async def test_an_edit_of_a_passed_up_approval_is_checked_against_the_sub_agents_tool(tmp_path):
+    """The edit is of the sub-agent's call (``wire_money(to)``), not of the agent tool's
+    prompt: the agent tool's own argument is a key the asking tool does not take."""
     from tests.test_approval_nested_pass import parent
     from tests.test_approval_nested_pass import ran as wired
 
@@ -232,7 +234,7 @@ async def test_a_sub_agents_approval_passed_up_takes_no_edit(tmp_path):
         waited = await session.run("go")
         key = waited.pending[0].approval_id
         version = (await host.store.load("s")).version  # type: ignore[union-attr]
-        with pytest.raises(InvalidDecision, match="sub-agent's approval"):
+        with pytest.raises(InvalidDecision, match="names 'input', which wire_money does not"):
             await session.respond(key, approved=True, edited_input={"input": "pay y"})
         assert (await host.store.load("s")).version == version  # type: ignore[union-attr]
         await session.respond(key, approved=True)

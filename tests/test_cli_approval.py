@@ -45,13 +45,24 @@ def run(agent: str, *args: str) -> subprocess.CompletedProcess:
     return axon("run", "--agent", f"{AGENTS}:{agent}", *args)
 
 
-def run_in_a_terminal(answer: str, *options: str) -> subprocess.CompletedProcess:
+def run_in_a_terminal(
+    answer: str, *options: str, agent: str = "agent"
+) -> subprocess.CompletedProcess:
     """``run`` (with ``options``) with its stdin on a pseudo-terminal, where ``answer``
     is typed."""
     leader, follower = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime", "run", "--agent", f"{AGENTS}:agent", *options, "hi"],
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "run",
+                "--agent",
+                f"{AGENTS}:{agent}",
+                *options,
+                "hi",
+            ],
             stdin=follower,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -240,6 +251,29 @@ def test_show_says_a_call_was_approved_with_edits_and_what_the_model_asked(tmp_p
         'tool-call get_weather({"city":"Bergen"}) id=call_get_weather, approved with edits '
         '(the model\'s input {"city":"Oslo"}) [step 1]'
     ) in shown
+
+
+def test_e_for_a_sub_agents_approval_edits_the_sub_agents_call_and_show_says_so(tmp_path):
+    """The prompt names the sub call that asks (``as_tool(pass_approvals=True)``), ``e``
+    takes that tool's input (the agent tool's own ``input`` is refused and asked again),
+    the sub-agent's tool runs the edit, and ``show`` says what ran."""
+    db = str(tmp_path / "s.db")
+    done = run_in_a_terminal(
+        'e\n{"input": "Bergen?"}\ne\n{"city": "Bergen"}',
+        "--store",
+        db,
+        "--session",
+        "s1",
+        agent="delegates",
+    )
+    assert done.returncode == 0, done.stderr
+    asked = 'approve weather_agent({"input": "Oslo?"}) asking get_weather({"city": "Oslo"})?'
+    assert asked in done.stdout
+    assert done.stdout.count("input for get_weather (a JSON object): ") == 2
+    assert "names 'input', which get_weather does not take" in done.stderr
+    assert "It is It is sunny in Bergen.." in done.stdout
+    shown = " ".join(axon("show", "s1", "--store", db).stdout.split())
+    assert 'approved with edits (get_weather runs with {"city":"Bergen"})' in shown
 
 
 def test_no_prompt_and_no_waiting_turn_is_an_error(tmp_path):

@@ -111,15 +111,20 @@ def awaiting(
     turn_id: str,
     expires_at: float | None = None,
     caller: str | None = None,
+    tool: Tool | None = None,
 ) -> Awaiting:
     """The stored wait of a held call (an approval gets an id of its own). ``caller``:
-    the session that called this one's agent as a tool, which decides the wait."""
+    the session that called this one's agent as a tool, which decides the wait.
+    ``tool``: the call's tool as the model was given it: an approval of one whose schema
+    no code holds (an MCP server's) stores that schema, which an edit is checked
+    against wherever the decision is made (:meth:`~runtime.tools.Tool.stored_schema`)."""
     return Awaiting(
         kind=kind,
         id=new_id("approval") if kind == APPROVAL else tool_call_id,
         turn_id=turn_id,
         expires_at=expires_at,
         caller=caller,
+        schema=tool.stored_schema() if tool is not None and kind == APPROVAL else None,
     )
 
 
@@ -130,6 +135,7 @@ def nested_wait(
     caller: str | None = None,
     client: tuple[str, Any] | None = None,
     counted: Usage | None = None,
+    asked: tuple[str, Any, Any, tuple[str, ...]] | None = None,
 ) -> Awaiting:
     """The stored wait of a call whose sub-agent (an agent used as a tool) suspended for
     the approval ``approval_id``: the calling turn waits for that same id
@@ -140,7 +146,11 @@ def nested_wait(
     for a client tool's output, not an approval (that call's tool name and input): a
     ``"client"`` wait the caller answers with the output (``approval_id`` is then
     ``<call id>.<sub call id>``). ``counted``: the sub-turn's usage so far, which the
-    calling turn adds as it suspends (:func:`since_wait` takes it off again)."""
+    calling turn adds as it suspends (:func:`since_wait` takes it off again).
+    ``asked``: an approval's sub call (its tool's name, input, stored schema and the
+    agent tools between, :attr:`~runtime.messages.Awaiting.asked_via`), which
+    an edit of the approval replaces (:attr:`~runtime.messages.Awaiting.asked_tool`)."""
+    asked = asked if client is None else None
     return Awaiting(
         kind=APPROVAL if client is None else CLIENT,
         id=approval_id,
@@ -151,6 +161,10 @@ def nested_wait(
         sub_tool=None if client is None else client[0],
         sub_input=None if client is None else client[1],
         counted=counted,
+        asked_tool=None if asked is None else asked[0],
+        asked_input=None if asked is None else asked[1],
+        schema=None if asked is None else asked[2],
+        asked_via=() if asked is None else tuple(asked[3]),
     )
 
 

@@ -106,6 +106,7 @@ class ToolCalling:
                         turn.turn_id,
                         expiry_time(self.host, self.agent),
                         caller_of(turn.meta),
+                        tools.get(call.tool_name),
                     )
                     continue
                 runnable.append(
@@ -184,6 +185,7 @@ class ToolCalling:
                             caller_of(turn.meta),
                             item.waits_client,
                             item.usage,  # counted as the turn suspends (_take_results)
+                            item.waits_asked,
                         )
                         continue
                     await self._tool_done(turn.turn_id, step, item, ctrl)

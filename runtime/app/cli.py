@@ -469,7 +469,8 @@ async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
             reason = None if approved else "denied at the prompt"
             await _decided(session, call, {"approved": approved, "reason": reason})
             return True
-        typed = await ask(f"input for {terminal_line(call.tool_name)} (a JSON object): ", out)
+        edits = call.asked_tool or call.tool_name  # (a sub-agent's approval: its call's)
+        typed = await ask(f"input for {terminal_line(edits)} (a JSON object): ", out)
         if typed is None:
             return False
         try:
@@ -487,8 +488,14 @@ async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
 
 def describe_call(call: PendingCall) -> str:
     """``NAME({"arg": ...})``: a waiting call as a person reads it (its control characters
-    and bidirectional overrides escaped: what is approved is what is shown)."""
-    return terminal_line(f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})")
+    and bidirectional overrides escaped: what is approved is what is shown). A
+    sub-agent's approval passed up names the sub call that asks, after the agent tool's:
+    ``helper({...}) asking wire_money({...})``."""
+    shown = f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
+    if call.asked_tool is not None:
+        asked = json.dumps(call.asked_input, ensure_ascii=False)
+        shown = f"{shown} asking {call.asked_tool}({asked})"
+    return terminal_line(shown)
 
 
 def waiting_line(calls: list[PendingCall], session_id: str, args: argparse.Namespace) -> str:
@@ -757,6 +764,9 @@ def _decision(awaiting: Awaiting | None) -> str:
     if awaiting.approved and awaiting.original_input is not None:  # the input shown is the edit
         asked = orjson.dumps(awaiting.original_input).decode()
         return f", approved with edits (the model's input {asked})"
+    if awaiting.approved and awaiting.edited_input is not None:  # a sub-agent's call, edited
+        edit = orjson.dumps(awaiting.edited_input).decode()
+        return f", approved with edits ({awaiting.asked_tool} runs with {edit})"
     if awaiting.approved:
         return ", approved"
     return f", denied: {awaiting.reason}" if awaiting.reason else ", denied"

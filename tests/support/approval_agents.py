@@ -58,3 +58,22 @@ def _client(request: InferRequest) -> list:
 
 client = Agent(name="client", provider=ScriptedProvider(responder=_client), tools=[locate])
 """Calls ``locate``, a client-side tool the command line has no client for."""
+
+
+def _delegates(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("weather_agent", {"input": "Oslo?"}, tool_call_id="H")
+    return _answer(request)
+
+
+delegates = Agent(
+    name="delegates",
+    provider=ScriptedProvider(responder=_delegates),
+    tools=[
+        Agent(
+            name="weather_agent", provider=ScriptedProvider(responder=_once), tools=[get_weather]
+        ).as_tool(pass_approvals=True)
+    ],
+)
+"""Calls ``weather_agent``, an agent used as a tool whose ``get_weather`` call waits: its
+approval passes up (``pass_approvals=True``), and an edit at the prompt is of that call."""

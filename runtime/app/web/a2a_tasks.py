@@ -160,8 +160,15 @@ def pending_message(
     calls as data (what the answer's ``decisions`` name)."""
     # a sub-agent's client tool passed up (``PendingCall.sub_tool``): its call, not the
     # agent tool's, is the one to run
+    # and a sub-agent's approval passed up (``PendingCall.asked_tool``): its asking call,
+    # the one an ``editedInput`` edits
     shown = [
-        (c, c.sub_tool or c.tool_name, c.sub_input if c.sub_tool else c.input) for c in pending
+        (
+            c,
+            c.sub_tool or c.asked_tool or c.tool_name,
+            c.sub_input if c.sub_tool else c.asked_input if c.asked_tool else c.input,
+        )
+        for c in pending
     ]
     lines = [
         f"{'approve' if c.kind == APPROVAL else 'run the client-side tool'} "

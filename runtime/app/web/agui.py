@@ -220,6 +220,11 @@ def _echoes(held: Awaiting | None, decision: Decision) -> bool:
 def _same_edit(call: PendingCall, decision: Decision) -> bool:
     """Whether ``decision``'s edit (or none) is the one ``call`` was approved with: a
     replayed resume repeats it; a different edit of a decided call is another answer."""
+    if call.asked_tool is not None:  # a sub-agent's approval: its sub call was edited
+        if decision.edited_input is None:
+            return call.edited_input is None
+        ran = call.asked_input if call.edited_input is None else call.edited_input
+        return same_input(decision.edited_input, ran)
     if decision.edited_input is None:
         return call.original_input is None
     return same_input(decision.edited_input, call.input)

@@ -279,14 +279,24 @@ def _iso(seconds: float) -> str:
 
 
 def interrupt(call: PendingCall, expires_at: float | None = None) -> dict[str, Any]:
-    """The ``Interrupt`` an approval the turn waits for is reported as."""
+    """The ``Interrupt`` an approval the turn waits for is reported as. A sub-agent's
+    approval passed up (``PendingCall.asked_tool``) names the sub call that asks, the one
+    ``editedArgs`` edits, in its message and ``metadata`` (``askedTool``, ``askedArgs``)."""
+    message = f"Approve {call.tool_name}({_json_text(call.input)})?"
+    if call.asked_tool is not None:
+        message = (
+            f"Approve {call.asked_tool}({_json_text(call.asked_input)}), which the "
+            f"sub-agent {call.tool_name} asks for?"
+        )
     found: dict[str, Any] = {
         "id": call.approval_id,
         "reason": "tool_call",
-        "message": f"Approve {call.tool_name}({_json_text(call.input)})?",
+        "message": message,
         "toolCallId": call.tool_call_id,
         "responseSchema": APPROVAL_SCHEMA,
     }
+    if call.asked_tool is not None:
+        found["metadata"] = {"askedTool": call.asked_tool, "askedArgs": call.asked_input}
     if expires_at is not None:
         found["expiresAt"] = _iso(expires_at)
     return found

@@ -273,12 +273,21 @@ def _held(messages: Sequence[Message]) -> dict[str, tuple[Awaiting, Any]]:
     id, each with its call's input as stored (an edit, if it was approved with one)."""
     decided = {c.approval_id for c in waiting_calls(messages) if c.decided}
     return {
-        p.awaiting.id: (p.awaiting, p.input)
+        p.awaiting.id: (p.awaiting, _ran_with(p))
         for m in messages
         if isinstance(m, AssistantMessage)
         for p in m.content
         if isinstance(p, ToolCallPart) and p.awaiting is not None and p.awaiting.id in decided
     }
+
+
+def _ran_with(part: ToolCallPart) -> Any:
+    """The input a decided call's approval runs: its own, or, for a sub-agent's approval
+    passed up (``Awaiting.asked_tool``), the sub call's (the edit, if there was one)."""
+    waiting = part.awaiting
+    if waiting is None or waiting.asked_tool is None:
+        return part.input
+    return waiting.asked_input if waiting.edited_input is None else waiting.edited_input
 
 
 def _echoes(held: tuple[Awaiting, Any] | None, decision: Decision) -> bool:

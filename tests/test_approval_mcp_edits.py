@@ -1,0 +1,177 @@
+"""Approving an MCP server's tool call with edits (docs/approval.md, "Approving with
+edits"): the call's wait stores the schema the server listed, the one the model was given
+(``Awaiting.schema``), and the edit is checked against it wherever the decision is made,
+whether or not that process has the server's session open. A real MCP server
+(tests/support/mcp_server.py over stdio), as tests/test_approval.py's MCP approval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.providers import ScriptedProvider
+from actors.providers.scripted import tool_call
+from runtime import Agent, Host
+from runtime.errors import InvalidDecision
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
+from tests.test_mcp import calling, stdio_server, tool_messages
+
+
+def mcp_agent(provider: ScriptedProvider | None = None) -> Agent:
+    return Agent(
+        provider=provider or calling(("add", {"a": 1, "b": 2})),
+        tools=[stdio_server(needs_approval=["add"])],
+    )
+
+
+def the_call(messages: Any) -> ToolCallPart:
+    (call,) = [
+        p
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+    ]
+    return call
+
+
+async def test_an_mcp_tools_call_approved_with_edits_runs_the_edit_and_replays_it(tmp_path):
+    provider = calling(("add", {"a": 1, "b": 2}))
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(mcp_agent(provider), session_id="s")
+        waited = await session.run("go")
+        asked = await host.store.load("s")
+        result = await session.respond(
+            waited.pending[0].approval_id, approved=True, edited_input={"a": 40, "b": 2}
+        )
+        record = await host.store.load("s")
+    assert asked is not None and record is not None
+    listed = the_call(asked.messages).awaiting.schema  # type: ignore[union-attr]
+    assert listed["type"] == "object" and set(listed["properties"]) == {"a", "b"}
+    assert result is not None and result.finish_reason == "stop"
+    assert tool_messages(session)["add"].output in (42, "42")  # ran with the edit
+    call = the_call(record.messages)
+    assert call.input == {"a": 40, "b": 2}
+    assert call.awaiting is not None and call.awaiting.original_input == {"a": 1, "b": 2}
+    assert call.awaiting.schema is None  # the decision dropped it: of no use any more
+    assert [m.output for m in record.messages if isinstance(m, ToolMessage)] in ([42], ["42"])
+    replayed = the_call(provider.requests[-1].messages)  # what the model read next
+    assert replayed.input == {"a": 40, "b": 2}
+
+
+async def test_the_edit_is_checked_against_the_stored_schema_without_the_servers_session(
+    tmp_path,
+):
+    """Decided by a host whose agent has no MCP server (what a worker deployment's front
+    end is): the edit is checked against the schema stored with the wait; the host that
+    has the server then runs it."""
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+    key = waited.pending[0].approval_id
+    bare = Agent(provider=ScriptedProvider([["done"]]))
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(bare, session_id="s")
+        with pytest.raises(InvalidDecision, match=r"invalid arguments for add: a: 'x' is not"):
+            await deciding.decide(key, approved=True, edited_input={"a": "x", "b": 2})
+        recorded = await deciding.decide(key, approved=True, edited_input={"a": 5, "b": 5})
+    assert recorded.complete and recorded.call.input == {"a": 5, "b": 5}
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        async with session.resume() as out:
+            async for _ in out:
+                pass
+    assert tool_messages(session)["add"].output in (10, "10")
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"approved": True, "edited_input": {"a": "one", "b": 2}}, "a: 'one' is not of type"),
+        ({"approved": True, "edited_input": {"a": 1}}, "'b' is a required property"),
+        ({"approved": True, "edited_input": {"text": "hi"}}, "names 'text', which add does not"),
+        ({"approved": True, "edited_input": {"a": 1, "b": 2, "c": 3}}, "names 'c'"),
+        ({"approved": False, "edited_input": {"a": 3, "b": 2}}, "approved=True only"),
+    ],
+)
+async def test_an_mcp_edit_that_does_not_fit_is_refused_and_nothing_is_recorded(
+    tmp_path, answer, says
+):
+    """Another tool's field (``echo``'s ``text``), a missing or mistyped argument, an
+    unknown key, an edit with a denial: refused, the call still waits."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        waited = await session.run("go")
+        before = await host.store.load("s")
+        with pytest.raises(InvalidDecision, match=says):
+            await session.respond(waited.pending[0].approval_id, **answer)
+        after = await host.store.load("s")
+        assert before is not None and after is not None
+        assert (after.version, after.messages) == (before.version, before.messages)
+        await session.respond(waited.pending[0].approval_id, approved=True)
+    assert tool_messages(session)["add"].output in (3, "3")
+
+
+async def test_what_a_refused_mcp_edit_echoes_is_bounded(tmp_path):
+    """jsonschema's message quotes the value: a 100 KB string is cut in the refusal."""
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        waited = await session.run("go")
+        with pytest.raises(InvalidDecision) as refused:
+            await session.respond(
+                waited.pending[0].approval_id,
+                approved=True,
+                edited_input={"a": "x" * 100_000, "b": 2},
+            )
+    assert len(str(refused.value)) < 1_000 and "characters cut" in str(refused.value)
+
+
+async def test_a_stored_schema_that_no_longer_compiles_refuses_the_edit(tmp_path):
+    """A stored wait whose schema is not a schema (hand-edited, or a store written by
+    something else): nothing to check with, refused, not a 500; a plain approval runs."""
+    import attrs
+
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        waited = await session.run("go")
+        record = await host.store.load("s")
+        assert record is not None
+        index, message = next(
+            (i, m) for i, m in enumerate(record.messages) if isinstance(m, AssistantMessage)
+        )
+        call = the_call(record.messages)
+        assert call.awaiting is not None
+        bad = attrs.evolve(call, awaiting=attrs.evolve(call.awaiting, schema={"type": 5}))
+        content = tuple(bad if p is call else p for p in message.content)
+        await host.store.save(
+            "s",
+            index,
+            [attrs.evolve(message, content=content)],
+            expected_version=record.version,
+        )
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        with pytest.raises(InvalidDecision, match="cannot be checked"):
+            await session.respond(
+                waited.pending[0].approval_id, approved=True, edited_input={"a": 2, "b": 2}
+            )
+        await session.respond(waited.pending[0].approval_id, approved=True)
+    assert tool_messages(session)["add"].output in (3, "3")
+
+
+async def test_a_superseded_mcp_call_keeps_no_schema(tmp_path):
+    """A new message instead of a decision denies the call ``superseded``: the schema
+    it stored to check an edit with goes with the wait, as a decision drops it."""
+    asks = [*tool_call("add", {"a": 1, "b": 2}, tool_call_id="c_add")]
+    provider = ScriptedProvider(turns=[[asks], [["ok"]]])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(mcp_agent(provider), session_id="s")
+        await session.run("go")
+        await session.run("something else")
+        record = await host.store.load("s")
+    assert record is not None
+    call = the_call(record.messages)
+    assert call.awaiting is not None and call.awaiting.reason == "superseded"
+    assert call.awaiting.schema is None
