@@ -168,14 +168,15 @@ class Store(Protocol):
     turn (:func:`save_keeping`). ``kept`` is a claim about exactly ``expected_version``
     (the save refuses it without one) and never beyond the session's end.
 
-    **Grown rows** (the SQLite store takes them; a store that does not still works): a
+    **Grown rows** (the built-in SQLite and PostgreSQL stores take them; a store that does
+    not still works): a
     store whose ``save`` takes the keyword ``grown`` (a collection of positions in
     ``messages``, none of them kept) is told that the assistant message at each of those
     positions is the one the session holds at that place at ``expected_version`` with
     more parts after its own (the same parts first, its other fields maybe changed): a
     running turn's answer, which each step's save sends again one step's parts on. The
-    store may then write the message's new parts alone (the SQLite store: its head over
-    its row and a segment of the new parts; its readers fold them back), where writing it
+    store may then write the message's new parts alone (the built-in ones: its head over
+    its row and a segment of the new parts; their readers fold them back), where writing it
     whole made a turn of n steps write n(n+1)/2 steps' parts. What the session holds after
     the save is what the same save without ``grown`` leaves; the runtime passes it only
     while the turn goes on (its last save writes the message whole) (:func:`save_keeping`).

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import SQLiteStore
@@ -328,3 +329,231 @@ async def test_a_grown_answer_whose_new_part_orjson_refuses_is_stored_as_a_whole
 
 def _grown(store: SQLiteStore) -> dict[str, Any]:
     return {} if isinstance(store, _WholeStore) else {"grown": (0,)}
+
+
+# -- PostgreSQL ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_saves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes of the message bodies and segments each PostgreSQL save writes (its
+    one call's rows, or its transaction's rows and segments), a save an entry."""
+    from actors.stores import postgres
+
+    saves: list[int] = []
+    call, in_transaction, segments = (
+        postgres.PostgresStore._save_call,
+        postgres.PostgresStore._save_in,
+        postgres._write_segments,
+    )
+
+    async def counted_call(self: Any, action: str, sid: str, start: int, rows: Any, *a: Any):
+        saves.append(sum(len(row[3]) for row in rows))
+        return await call(self, action, sid, start, rows, *a)
+
+    def counted_in(self: Any, conn: Any, sid: str, start: int, rows: Any, *a: Any) -> int:
+        saves.append(sum(len(row[3]) for row in rows))
+        return in_transaction(self, conn, sid, start, rows, *a)
+
+    def counted_segments(conn: Any, sid: str, fresh: Any, written: Any) -> None:
+        saves[-1] += sum(len(s[2]) for s in written)
+        segments(conn, sid, fresh, written)
+
+    monkeypatch.setattr(postgres.PostgresStore, "_save_call", counted_call)
+    monkeypatch.setattr(postgres.PostgresStore, "_save_in", counted_in)
+    monkeypatch.setattr(postgres, "_write_segments", counted_segments)
+    return saves
+
+
+async def test_a_step_saves_bytes_do_not_grow_with_the_turns_steps_on_postgres(
+    pg_url: str, pg_saves: list[int]
+) -> None:
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(_agent(STEPS, [lookup]), session_id="s")
+            assert (await session.run("go")).text == "done"
+            messages = session.messages
+        assert len(pg_saves) == STEPS + 1
+        # (written whole from GROWN_FROM_BYTES on too: step 200's ~19 KB, step 20's ~2.5 KB)
+        assert pg_saves[STEPS - 1] < 2 * pg_saves[19]
+        loaded = await store.load("s")
+        assert loaded is not None and loaded.messages == tuple(messages)
+        left = await store.run(
+            "count",
+            lambda conn: conn.execute("SELECT count(*) FROM axon_message_segments").fetchone()[0],
+            transaction=False,
+        )
+        assert left == 0  # the last save wrote the answer whole, its segments dropped
+    finally:
+        await store.aclose()
+
+
+def _pg_whole_store() -> Any:
+    from actors.stores.postgres import PostgresStore
+
+    class WholePostgresStore(PostgresStore):
+        """A save without ``grown``: every answer written whole, as before."""
+
+        grows_rows = False
+
+        async def save(self, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+            kwargs.pop("grown", None)
+            return await super().save(*args, **kwargs)
+
+    return WholePostgresStore
+
+
+def _pg_reader(url: str, seen: list[Any], segments: list[int]) -> Any:
+    """A tool that reads the session through a store of its own (another worker's, a
+    front end's): its load, its last turn and its last two turns, at each step."""
+    from actors.stores.postgres import PostgresStore
+
+    @tool
+    async def look(i: int) -> str:
+        """Looks at the stored session."""
+        other = await PostgresStore.open(url)
+        try:
+            record = await other.load("s")
+            last = await other.load_last_turn("s")
+            lasts = await other.load_last_turns("s", 2)
+            segments.append(
+                await other.run(
+                    "segments",
+                    lambda conn: conn.execute(
+                        "SELECT count(*) FROM axon_message_segments"
+                    ).fetchone()[0],
+                    transaction=False,
+                )
+            )
+        finally:
+            await other.aclose()
+        seen.append(
+            None
+            if record is None
+            else (
+                _without_ids(record.messages),
+                None if last is None else (last[0], _without_ids(last[1].messages)),
+                None if lasts is None else (lasts[0], _without_ids(lasts[1].messages)),
+            )
+        )
+        return f"r{i}"
+
+    return look
+
+
+async def test_every_step_reads_on_postgres_what_a_whole_row_store_gives(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.stores import postgres
+
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)  # heads from the second save
+    runs = []
+    for kind in (postgres.PostgresStore, _pg_whole_store()):
+        seen: list[Any] = []
+        segments: list[int] = []
+        store = await kind.open(pg_url)
+        try:
+            async with Host.open(store=store, log_tap=False) as host:
+                session = await host.open_session(
+                    Agent(
+                        provider=ScriptedProvider(
+                            [
+                                *[
+                                    tool_call("look", {"i": i}, tool_call_id=f"c{i}")
+                                    for i in range(12)
+                                ],
+                                ["done"],
+                            ]
+                        ),
+                        tools=[_pg_reader(pg_url, seen, segments)],
+                        budget=Budget(max_steps=13),
+                    ),
+                    session_id="s",
+                )
+                await session.run("go")
+                final = _without_ids(session.messages)
+            await store.delete("s")
+        finally:
+            await store.aclose()
+        runs.append((seen, final))
+        if kind is postgres.PostgresStore:  # (read as heads and their segments)
+            assert segments[-1] == 10
+    assert runs[0] == runs[1]
+    assert [len(s[0][1].content) for s in runs[0][0][1:]] == list(range(1, 12))
+
+
+async def test_a_worker_claims_a_session_a_killed_turn_left_in_segments(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows a turn killed at step 8 leaves (taken then, restored after the turn):
+    its answer a head and segments. Its reads fold them (load, last turn), and a worker
+    that claims the session's next turn, whose claim reads it unfolded (a head there
+    fails its decode), reads it itself and appends its turn after it."""
+    from actors.stores import postgres
+    from actors.stores.turns import TurnQueue
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent as worker_agent
+
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    store = await postgres.PostgresStore.open(pg_url)
+    taken: list[Any] = []
+
+    def rows(conn: Any) -> Any:
+        return (
+            conn.execute("SELECT * FROM axon_sessions WHERE session_id = 's'").fetchall(),
+            conn.execute("SELECT * FROM axon_messages WHERE session_id = 's'").fetchall(),
+            conn.execute("SELECT * FROM axon_message_segments WHERE session_id = 's'").fetchall(),
+        )
+
+    @tool
+    async def snap(i: int) -> str:
+        """Takes the session's rows at step 8."""
+        if i == 8:  # (once step 7's save is written: a step's save is not waited for)
+            with trio.fail_after(30):
+                while True:
+                    record = await store.load("s")
+                    if record is not None and len(record.messages[1].content) == 8:
+                        break
+                    await trio.sleep(0.01)
+            taken.append(await store.run("snapshot", rows, transaction=False))
+        return f"r{i}"
+
+    def restore(conn: Any) -> None:
+        for table, found in zip(
+            ("axon_sessions", "axon_messages", "axon_message_segments"), taken[0], strict=True
+        ):
+            for row in found:
+                marks = ", ".join(["%s"] * len(row))
+                conn.execute(f"INSERT INTO {table} VALUES ({marks})", row)
+
+    submitter = TurnQueue(store)
+    try:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(_agent(12, [snap]), session_id="s")
+            await session.run("go")
+            whole = session.messages
+        await store.delete("s")
+        await store.run("restore", restore)
+        assert len(taken[0][2]) >= 2  # the answer in segments
+        record = await store.load("s")
+        assert record is not None and record.messages[2:] == tuple(whole[2:10])
+        answer = record.messages[1]
+        assert isinstance(answer, AssistantMessage) and answer.content == whole[1].content[:8]
+        last = await store.load_last_turn("s")
+        assert last is not None and last[1].messages[0] == answer
+        turn = await submitter.submit("s", "hello")
+        worker = Worker(store=store, agent=worker_agent, owner="w", poll=0.05)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+        assert done is not None and done.status == "done"
+        after = await store.load("s")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert after is not None and after.messages[:10] == record.messages
+    assert [m.role for m in after.messages[10:]] == ["user", "assistant"]

@@ -85,11 +85,18 @@ class TestEveryStore(
 
 
 class TestGrownRows(StoreGrownRows):
-    """The grown rows' checks, over the stores that take them (SQLite)."""
+    """The grown rows' checks, over the stores that take them (SQLite, PostgreSQL: its
+    heads from any size here, :data:`~actors.stores.postgres.GROWN_FROM_BYTES`)."""
 
-    @pytest.fixture
-    async def store(self, tmp_path: Path):
-        s = await SQLiteStore.open(tmp_path / "sessions.db")
+    @pytest.fixture(params=["sqlite", "postgres"])
+    async def store(self, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch):
+        if request.param == "sqlite":
+            s: Any = await SQLiteStore.open(tmp_path / "sessions.db")
+        else:
+            from actors.stores import postgres
+
+            monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+            s = await postgres.PostgresStore.open(request.getfixturevalue("pg_url"))
         try:
             yield s
         finally:
