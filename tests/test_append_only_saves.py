@@ -557,3 +557,37 @@ async def test_a_worker_claims_a_session_a_killed_turn_left_in_segments(
         await store.aclose()
     assert after is not None and after.messages[:10] == record.messages
     assert [m.role for m in after.messages[10:]] == ["user", "assistant"]
+
+
+async def test_a_whole_save_after_a_killed_turns_head_keeps_that_heads_segments(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose last save never came (its answer a head) and a next turn saved
+    whole after it: the drop of the segments no head holds, after that save, leaves the
+    head's (a drop of all of them left the answer unreadable)."""
+    from actors.stores import postgres
+
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    calls = [
+        ToolCallPart(tool_call_id=f"c{i}", tool_name="t", input={"i": i}, step=i) for i in range(3)
+    ]
+    first = AssistantMessage(content=(calls[0],), id="a")
+    grown = AssistantMessage(content=tuple(calls), id="a")
+    store = await postgres.PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, [UserMessage(content="go", id="u"), first])
+        version = await store.save("s", 1, [grown], expected_version=version, grown=(0,))
+        later = [UserMessage(content="more", id="u2"), AssistantMessage(content=(), id="b")]
+        await store.save("s", 2, later, expected_version=version)
+        loaded = await store.load("s")
+        segments = await store.run(
+            "count",
+            lambda conn: conn.execute("SELECT count(*) FROM axon_message_segments").fetchone()[0],
+            transaction=False,
+        )
+    finally:
+        await store.aclose()
+    assert (
+        loaded is not None and loaded.messages[1] == grown and loaded.messages[2:] == tuple(later)
+    )
+    assert segments == 1
