@@ -54,6 +54,7 @@ from runtime.store import (
     rebase,
     save_keeping,
     takes_fence,
+    takes_grown,
 )
 
 REBASE_ATTEMPTS = 5
@@ -89,6 +90,9 @@ class Persister(Actor):
         self._takes_fences = takes_fence(store)
         """Whether the store's save takes the fence a request carries
         (:attr:`SaveRequest.fence`, :func:`~runtime.store.takes_fence`): asked once too."""
+        self._grows = takes_grown(store)
+        """Whether the store's save takes ``grown`` (:class:`~runtime.store.Store`'s grown
+        rows): a running turn's answer written as its new parts, not whole (:meth:`_grown`)."""
         self._marks_in_save = checks_absent_mark(store)
         """Whether the store checks a first save's deletion mark in the save itself
         (:func:`~runtime.store.checks_absent_mark`); otherwise it is read just before."""
@@ -257,6 +261,37 @@ class Persister(Actor):
         if req.held and expected == req.expected_version:
             return _same_places(req.messages, req.held[req.start :])
         return ()
+
+    def _grown(self, req: SaveRequest, expected: int, kept: tuple[int, ...]) -> list[int]:
+        """The positions of ``req``'s assistant messages that extend the ones the turn's
+        previous save wrote in place at the same places, the store still at the version
+        it left (:class:`~runtime.store.Store`'s grown rows): the running turn's answer,
+        whose parts so far are the same objects. None at the turn's last save (its
+        answer is written whole) or for a store that does not take them."""
+        if not self._grows or req.step is None or req.ends is not None:
+            return []
+        written = self._written.get(req.session_id)
+        if written is None:
+            return []
+        turn_id, version, start, stored = written
+        if turn_id != req.turn_id or version != expected or start != req.start:
+            return []
+        ours = req.messages
+        grown = []
+        # (the positions not kept, in C: a step's save keeps all but one or two)
+        for p in sorted(set(range(min(len(ours), len(stored)))).difference(kept)):
+            new, old = ours[p], stored[p]
+            if (
+                type(new) is AssistantMessage
+                and type(old) is AssistantMessage
+                and new.id == old.id
+                and type(new.content) is tuple
+                and old.content
+                and len(old.content) <= len(new.content)
+                and all(map(operator.is_, old.content, new.content))
+            ):
+                grown.append(p)
+        return grown
 
     def forget(self, session_id: str) -> None:
         """Drop what is remembered of ``session_id``: its host evicted it. An evicted
@@ -428,6 +463,7 @@ class Persister(Actor):
                 # store that checks the mark in the save itself does it there (no create
                 # and delete can fall between the check and the write); read apart here.
                 self._gone(req)
+            kept = self._unchanged(req, expected)
             try:
                 version = _checked(
                     self.store,
@@ -437,8 +473,9 @@ class Persister(Actor):
                         req.start,
                         req.messages,
                         dict(req.meta),
-                        kept=self._unchanged(req, expected),
+                        kept=kept,
                         expected_version=expected,
+                        grown=self._grown(req, expected, kept),
                         **ends,
                         **self._absent(first),
                     ),

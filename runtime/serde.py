@@ -402,6 +402,24 @@ def _assistant_json(message: messages.AssistantMessage) -> bytes:
     return body
 
 
+def part_json(part: Any) -> bytes:
+    """One part's JSON as :func:`message_json` writes it inside its message's content
+    (encoded inside a list inside an object, as deep as it sits there)."""
+    return orjson.dumps({"c": [converter.unstructure(part)]}, default=str)[6:-2]
+
+
+def part_end(message: Any, index: int, body: bytes) -> int | None:
+    """Where part ``index`` of ``message``'s content ends in ``body``, the JSON
+    :func:`message_json` last gave for it, if it kept that (the same parts, the same
+    bytes) and knows it; else ``None``."""
+    with _encoded_lock:
+        known = _encoded.get(message.id)
+    if known is None or known.parts is not message.content or known.body is not body:
+        return None
+    end = known.ends[index] if 0 <= index < len(known.ends) else -1
+    return end if end >= 0 else None
+
+
 def _remember(key: str, encoded: _Encoded) -> None:
     size = len(encoded.body)
     with _encoded_lock:

@@ -167,6 +167,19 @@ class Store(Protocol):
     and changes every step: without it, a step's save rewrote every tool result of the
     turn (:func:`save_keeping`). ``kept`` is a claim about exactly ``expected_version``
     (the save refuses it without one) and never beyond the session's end.
+
+    **Grown rows** (the built-in SQLite and PostgreSQL stores take them; a store that does
+    not still works): a
+    store whose ``save`` takes the keyword ``grown`` (a collection of positions in
+    ``messages``, none of them kept) is told that the assistant message at each of those
+    positions is the one the session holds at that place at ``expected_version`` with
+    more parts after its own (the same parts first, its other fields maybe changed): a
+    running turn's answer, which each step's save sends again one step's parts on. The
+    store may then write the message's new parts alone (the built-in ones: its head over
+    its row and a segment of the new parts; their readers fold them back), where writing it
+    whole made a turn of n steps write n(n+1)/2 steps' parts. What the session holds after
+    the save is what the same save without ``grown`` leaves; the runtime passes it only
+    while the turn goes on (its last save writes the message whole) (:func:`save_keeping`).
     """
 
     async def load(self, session_id: str) -> SessionRecord | None:
@@ -487,6 +500,32 @@ def _takes_kept(store: Any) -> bool:
 _KEPT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+def takes_grown(store: Any) -> bool:
+    """Whether ``store.save`` takes ``grown`` (:class:`Store`'s grown rows): named in its
+    signature, or a save taking any keyword (a wrapper's) of a store that says it grows
+    rows (``grows_rows``). By the save's function, remembered, as :func:`_takes_kept`."""
+    save = store.save
+    fn = getattr(save, "__func__", save)
+    try:
+        known = _GROWN.get(fn)
+    except TypeError:
+        known = None
+    if known is not None:
+        return known
+    try:
+        params = inspect.signature(save).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    known = "grown" in params or (var_kw and getattr(store, "grows_rows", False) is True)
+    with contextlib.suppress(TypeError):
+        _GROWN[fn] = known
+    return known
+
+
+_GROWN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 async def save_keeping(
     store: Store,
     session_id: str,
@@ -496,6 +535,7 @@ async def save_keeping(
     *,
     kept: Collection[int],
     expected_version: int,
+    grown: Collection[int] = (),
     **options: Any,
 ) -> int:
     """:meth:`Store.save` of ``messages`` from ``start`` on top of ``expected_version``,
@@ -508,14 +548,18 @@ async def save_keeping(
     step's new results alone, where a save from the assistant message rewrote every tool
     result of the turn at every step (30 steps of 100 KB results: ~45 MB for a turn of
     3 MB). Any other store saves from the first message not kept, as before. Either way
-    the kept messages at the start are not sent. ``options``: the store's own keywords
-    (``ends``)."""
+    the kept messages at the start are not sent. ``grown``: the positions of messages
+    that extend the ones stored there (:class:`Store`'s grown rows), passed on to a store
+    that takes them (:func:`takes_grown`; any other store writes them whole).
+    ``options``: the store's own keywords (``ends``)."""
     positions = kept if isinstance(kept, frozenset | set | range) else frozenset(kept)
     same = 0  # (a set: a first save of a long history keeps all of it at its next step)
     while same < len(messages) and same in positions:
         same += 1
     rest = list(map(same.__rsub__, filter(same.__lt__, positions)))  # (i - same, in C:
     # a step's save keeps every result of its turn so far, one Python step each before)
+    if grown and takes_grown(store):
+        options = {**options, "grown": [i - same for i in grown if i >= same]}
     if rest and _takes_kept(store):
         return await store.save(  # type: ignore[call-arg]
             session_id,

@@ -361,14 +361,14 @@ async def test_a_file_upgraded_by_a_newer_runtime_while_open_is_not_written_into
         await store.save("s", 0, turn(0))
         await store.save("gone", 0, turn(0))
         newer = sqlite3.connect(path)
-        newer.execute("UPDATE axon_meta SET value = '6' WHERE key = 'schema_version'")
+        newer.execute("UPDATE axon_meta SET value = '7' WHERE key = 'schema_version'")
         newer.commit()
         newer.close()
         before = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()
-        with pytest.raises(StoreError, match="is at schema version 6 now, not the 5") as info:
+        with pytest.raises(StoreError, match="is at schema version 7 now, not the 6") as info:
             await store.save("s", 2, turn(1), expected_version=1)
         assert "nothing was written" in str(info.value) and str(path) in str(info.value)
-        with pytest.raises(StoreError, match="is at schema version 6 now"):
+        with pytest.raises(StoreError, match="is at schema version 7 now"):
             await store.delete("gone")
         after = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()
         assert after == before

@@ -34,10 +34,10 @@ from runtime import Agent, Host, tool
 from runtime.app.demo import demo_agent
 from runtime.errors import StoreCorrupt, StoreError
 from runtime.history import repair
-from runtime.messages import UserMessage
+from runtime.messages import AssistantMessage, UserMessage
 from tests.support import wire_rules
 from tests.support.pg import drop_schema, own_database, pg_connect
-from tests.test_stores import make_schema_3, schema_4_file
+from tests.test_stores import make_schema_3, make_schema_5, schema_4_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,8 +302,25 @@ def _schema_3_file(path: Path) -> None:
     make_schema_3(path)
 
 
+def _schema_5_file(path: Path) -> None:
+    """A store file at ``path`` as schema 5 left one (before the segments): session ``s``
+    (a user message and an answer, version 1)."""
+
+    async def write() -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            await store.save("s", 0, [UserMessage(content="a", id="u1"), AssistantMessage(id="x")])
+        finally:
+            await store.aclose()
+
+    trio.run(write)
+    make_schema_5(path)
+
+
 @pytest.mark.parametrize(
-    "start", [None, FIXTURE_V1, FIXTURE_V2, "v3", "v4"], ids=["fresh", "v1", "v2", "v3", "v4"]
+    "start",
+    [None, FIXTURE_V1, FIXTURE_V2, "v3", "v4", "v5"],
+    ids=["fresh", "v1", "v2", "v3", "v4", "v5"],
 )
 def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_once(
     tmp_path: Path, start: Path | str | None
@@ -313,6 +330,8 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
         _schema_3_file(path)
     elif start == "v4":
         schema_4_file(path)
+    elif start == "v5":
+        _schema_5_file(path)
     elif start is not None:
         shutil.copy(start, path)
     results = _open_at_once(str(path))
@@ -321,7 +340,7 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
     try:
         assert dict(conn.execute("SELECT key, value FROM axon_meta")) == {
             "magic": "axon-session-store",
-            "schema_version": "5",
+            "schema_version": "6",
         }
         objects = sorted(conn.execute("SELECT type, name FROM sqlite_master"))
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
@@ -338,6 +357,7 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
         "user_messages_by_id",
         "axon_meta",
         "deletions",
+        "message_segments",
         "messages",
         "sessions",
     ]
@@ -351,6 +371,7 @@ def test_processes_opening_one_sqlite_file_at_once_all_open_it_made_or_upgraded_
             FIXTURE_V2: {1, 2, 4},
             "v3": {1, 2},
             "v4": {1},
+            "v5": {1},
         }[start]
     )
     assert marks == []  # none counted before the marks
@@ -371,7 +392,7 @@ trio.run(sqlite.SQLiteStore.open, sys.argv[1])
 
 
 @pytest.mark.parametrize(
-    "start", [FIXTURE_V1, FIXTURE_V2, "v3", "v4"], ids=["v1", "v2", "v3", "v4"]
+    "start", [FIXTURE_V1, FIXTURE_V2, "v3", "v4", "v5"], ids=["v1", "v2", "v3", "v4", "v5"]
 )
 async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_open(
     tmp_path: Path, start: Path | str
@@ -381,6 +402,8 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
         await trio.to_thread.run_sync(_schema_3_file, path)
     elif start == "v4":
         await trio.to_thread.run_sync(schema_4_file, path)
+    elif start == "v5":
+        await trio.to_thread.run_sync(_schema_5_file, path)
     else:
         shutil.copy(start, path)
     before = sqlite3.connect(path)
@@ -399,7 +422,7 @@ async def test_a_sqlite_upgrade_killed_before_its_commit_is_done_by_the_next_ope
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "6"
         after = sorted(conn.execute("SELECT session_id, idx, body FROM messages"))
     finally:
         conn.close()

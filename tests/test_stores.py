@@ -44,6 +44,7 @@ from runtime.testing.stores import (
     BAD_IDS,
     StoreConformance,
     StoreDeletionMarks,
+    StoreGrownRows,
     StoreIncarnations,
     StoreKeptRows,
     StorePaging,
@@ -81,6 +82,25 @@ class TestEveryStore(
     StoreSubSessions,
 ):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
+
+
+class TestGrownRows(StoreGrownRows):
+    """The grown rows' checks, over the stores that take them (SQLite, PostgreSQL: its
+    heads from any size here, :data:`~actors.stores.postgres.GROWN_FROM_BYTES`)."""
+
+    @pytest.fixture(params=["sqlite", "postgres"])
+    async def store(self, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch):
+        if request.param == "sqlite":
+            s: Any = await SQLiteStore.open(tmp_path / "sessions.db")
+        else:
+            from actors.stores import postgres
+
+            monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+            s = await postgres.PostgresStore.open(request.getfixturevalue("pg_url"))
+        try:
+            yield s
+        finally:
+            await s.aclose()
 
 
 def test_store_conflict_is_a_public_store_error():
@@ -446,7 +466,7 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
     conn = sqlite3.connect(path)
     try:
         meta = dict(conn.execute("SELECT key, value FROM axon_meta"))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "5"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "6"
     finally:
         conn.close()
     again = await SQLiteStore.open(path)  # an upgraded file opens as a current one
@@ -485,14 +505,27 @@ async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "6"
     finally:
         conn.close()
+
+
+def make_schema_5(path: Path) -> None:
+    """Make the current store file at ``path`` one of before the segments of a running
+    turn's answer (schema 5: no ``message_segments`` table), as a store of that version
+    left it (none of its messages in segments)."""
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM message_segments").fetchone() == (0,)
+    conn.execute("DROP TABLE message_segments")
+    conn.execute("UPDATE axon_meta SET value = '5' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
 
 
 def make_schema_4(path: Path) -> None:
     """Make the current store file at ``path`` one of before the index of its user
     messages' ids (schema 4: no ``message_id`` column), as a store of that version left it."""
+    make_schema_5(path)
     conn = sqlite3.connect(path)
     conn.execute("DROP INDEX user_messages_by_id")
     conn.execute("ALTER TABLE messages DROP COLUMN message_id")
@@ -535,7 +568,7 @@ async def test_schema_3_file_is_upgraded_in_place_and_gains_the_deletion_marks(t
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "6"
         assert list(conn.execute("SELECT session_id, count FROM deletions")) == [("s", 1)]
     finally:
         conn.close()
@@ -581,7 +614,7 @@ async def test_schema_4_file_is_upgraded_in_place_and_its_user_message_ids_index
         await store.aclose()
     conn = sqlite3.connect(path)
     try:
-        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "5"
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "6"
         ids = list(conn.execute("SELECT session_id, idx, message_id FROM messages ORDER BY 1, 2"))
     finally:
         conn.close()

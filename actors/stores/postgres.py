@@ -16,6 +16,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_deletions(session_id TEXT PRIMARY KEY,          -- the deletion marks: grows
                    deletions BIGINT)                     -- with each delete of the id
+    axon_message_segments(session_id, idx, first,        -- a running turn's answer's
+                   body BYTEA)                           -- parts: "Grown messages"
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_held_stops(session_id, message_id, reason,      -- stops before their message's
                     held_at)                             -- POST: stores/turn_submit.py
@@ -28,6 +30,22 @@ One message is one row keyed by its index, as in the SQLite store: :meth:`save` 
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
 turn 500 costs what turn 1 does. Bodies are ``bytea``, not ``jsonb``: a message may hold
 ``\\u0000``, which ``jsonb`` refuses, and nothing queries inside a body.
+
+**Grown messages.** A running turn's answer holds every step's parts and each step's
+save sends it again (:class:`~runtime.store.Store`'s grown rows): written whole, a turn
+of n steps wrote n(n+1)/2 steps' parts. One of at least :data:`GROWN_FROM_BYTES` is
+written as its head (its fields, ``content`` as ``{"parts": N}``) over its row and a
+segment of its new parts in ``axon_message_segments``, in the save's transaction (the
+one-call save function writes no segment: such a save takes a transaction's round trips);
+the first from part 0, the next ones on top of what this store's last save of the
+session left (at the version it left). Every read of bodies folds them in its statement
+(:data:`~actors.stores.postgres_rows.FOLDED_BODY`: one snapshot). The turn's last save
+writes the answer whole, and the segments no head holds are dropped after it, as after
+any save of a session this store wrote segments of. A claim's rows are not folded: a
+head there fails its decode, and the turn reads its session itself. A process of before
+this table reads a head as a damaged row (its ``content`` is no list of parts), never
+as an answer without its parts; its saves write whole rows (the segments they leave
+behind are read by nothing, and dropped as above or with the session).
 
 **Versions.** Every save takes its new version from one database-wide sequence, so a
 session never has a version it had before, even after being deleted and re-created (the
@@ -150,6 +168,8 @@ from actors.stores.postgres_url import (
 from actors.stores.postgres_url import parse_pooler as parse_pooler
 from actors.stores.postgres_url import parse_url as parse_url
 from actors.stores.validation import (
+    HEAD_PREFIX,
+    check_grown,
     check_limit,
     check_version,
     decode_message,
@@ -159,6 +179,7 @@ from actors.stores.validation import (
     encoded_off_loop,
     kept_tail,
     parse_cursor,
+    split_grown,
 )
 from runtime.errors import (
     SESSION_DELETED,
@@ -173,7 +194,7 @@ from runtime.errors import (
 from runtime.history import run_long_off_loop
 from runtime.logging import get_logger
 from runtime.messages import Message, UserMessage
-from runtime.redact import register_url_secrets
+from runtime.redact import redact, register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 
 DEFAULT_POOL_SIZE = 8
@@ -264,6 +285,15 @@ class PostgresStore(FenceKeeping):
         the sub-session is fenced again or its host released it (:meth:`release_under`:
         the host closed it and its saves are written; bounded all the same:
         :data:`ENDED_REMEMBERED`)."""
+        self._heads: OrderedDict[str, tuple[int, dict[int, int]]] = OrderedDict()
+        """Each session's heads this store's last grown save wrote ("Grown messages"):
+        the version it left and, by index, the parts the head's segments hold. A save
+        of the session at that version appends a segment; any other grown save starts
+        its message's segments again (from part 0). Bounded: :data:`ENDED_REMEMBERED`."""
+        self._segmented: set[str] = set()
+        """Sessions this store wrote (or read) segments of: its next save without one
+        deletes those of the session's rows that are no heads (its turn's last save
+        wrote the answer whole)."""
         self._log = get_logger("axon.store.postgres")
 
     @property
@@ -546,6 +576,9 @@ class PostgresStore(FenceKeeping):
             return None
         row = joined[0]
         rows = [r[2:5] for r in joined if r[2] is not None]
+        if any(bytes(r[2][: len(HEAD_PREFIX)]) == HEAD_PREFIX for r in rows):
+            self._segmented.add(session_id)  # (a claim's rows, not folded: decoded, the
+            # head fails, and the turn reads its session itself, folded)
         messages = []
         for expected, (idx, role, body) in enumerate(rows, first):
             if idx != expected:
@@ -576,6 +609,7 @@ class PostgresStore(FenceKeeping):
         kept: Collection[int] = (),
         absent_mark: int | None = None,
         fence: Fence | None = None,
+        grown: Collection[int] = (),
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -605,11 +639,23 @@ class PostgresStore(FenceKeeping):
         committed before the insert show there, none can fall between.
         ``fence`` (not part of the protocol either): the fence the save's turn began under
         (:meth:`fence_of`, carried by ``SaveRequest.fence``), which the save runs under
-        instead of the one the store holds for the session now (:meth:`_save_fence`)."""
+        instead of the one the store holds for the session now (:meth:`_save_fence`).
+        ``grown``: the assistant messages at those positions extend the ones stored at
+        their places (:class:`~runtime.store.Store`'s grown rows): one of at least
+        :data:`GROWN_FROM_BYTES` is written as its head and a segment of its new parts,
+        in a transaction (the module's "Grown messages")."""
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
+        grew = check_grown(session_id, messages, grown, kept_at, expected_version)
         new, rows = await encoded_off_loop(
             session_id, start, messages, meta, expected_version, kept_at
         )
+        segments: list[tuple[int, int, bytes]] = []
+        heads: dict[int, int] = {}
+        fresh: list[int] = []
+        if grew:
+            rows = self._grow(
+                session_id, start, new, rows, grew, expected_version, segments, heads, fresh
+            )
         start += tail  # (rows below it, if any, go over their places)
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._save_fence(session_id, fence)
@@ -632,6 +678,8 @@ class PostgresStore(FenceKeeping):
                 steers,
                 absent_mark,
             )
+            if heads:
+                _write_segments(conn, session_id, fresh, segments)
             if fence is not None and fence.in_save is not None:
                 wrote.append(fence.in_save(conn, new, meta, ends))
             return version
@@ -644,6 +692,7 @@ class PostgresStore(FenceKeeping):
             # an index is past an INTEGER's: the transaction's statements refuse it).
             if (
                 guard is None
+                and not heads  # (a head's segments: in the transaction)
                 and (patch is None or (self._utf8 and _NUL not in patch))
                 and start + len(new) <= _INDEX_END
             ):
@@ -676,7 +725,68 @@ class PostgresStore(FenceKeeping):
             raise
         if fence is not None:
             self._fenced_save_committed(fence, wrote, steers)
+        self._heads.pop(session_id, None)
+        if heads:
+            self._heads[session_id] = (version, heads)
+            while len(self._heads) > ENDED_REMEMBERED:
+                self._heads.popitem(last=False)
+            self._segmented.add(session_id)
+        elif session_id in self._segmented:
+            await self._drop_segments(session_id)
         return version
+
+    def _grow(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[Message],
+        rows: list[tuple[str, int, str, bytes]],
+        grew: frozenset[int],
+        expected_version: int | None,
+        segments: list[tuple[int, int, bytes]],
+        heads: dict[int, int],
+        fresh: list[int],
+    ) -> list[tuple[str, int, str, bytes]]:
+        """``rows`` with each grown message of at least :data:`GROWN_FROM_BYTES` as its
+        head, its new parts' segment in ``segments``: from the parts its head holds when
+        this store's last save left the session at ``expected_version`` (:attr:`_heads`),
+        else from part ``0`` (its index in ``fresh``: its segments go first). ``heads``:
+        the parts each head written holds."""
+        known = self._heads.get(session_id)
+        held = known[1] if known is not None and known[0] == expected_version else {}
+        out = list(rows)
+        for i, row in enumerate(rows):
+            idx = row[1]
+            if idx - start not in grew or len(row[3]) < GROWN_FROM_BYTES:
+                continue
+            message = messages[idx - start]
+            parts = held.get(idx, 0)
+            split = split_grown(message, row[3], parts)
+            if split is None:
+                continue
+            head, segment = split
+            if not parts:
+                fresh.append(idx)
+            if segment:
+                segments.append((idx, parts, segment))
+            heads[idx] = len(message.content)  # type: ignore[union-attr]
+            out[i] = (row[0], idx, row[2], head)
+        return out
+
+    async def _drop_segments(self, session_id: str) -> None:
+        """Delete the session's segments whose rows are no heads (its turn's last save
+        wrote its answer whole, a save cut its rows): garbage, which no reader folds;
+        one statement after the save. A failure is logged: they stay, read by nothing,
+        until the session is deleted."""
+        self._segmented.discard(session_id)
+        try:
+            await self.run(
+                f"segments of session {session_id!r}",
+                lambda conn: conn.execute(_DROP_SEGMENTS_SQL, (session_id,)),
+                transaction=False,
+            )
+        except StoreError as exc:
+            self._log.warning("store.segments-left", session_id=session_id, error=redact(str(exc)))
 
     async def _save_call(
         self,
@@ -1190,6 +1300,7 @@ class PostgresStore(FenceKeeping):
             for sid in sorted(owned):
                 conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (sid,))
             conn.execute("DELETE FROM axon_messages WHERE session_id = ANY(%s)", (owned,))
+            conn.execute("DELETE FROM axon_message_segments WHERE session_id = ANY(%s)", (owned,))
 
         await self.run(f"delete of session {session_id!r}", delete)
 
@@ -1200,6 +1311,47 @@ class PostgresStore(FenceKeeping):
         self._closed = True
         self._lane.close()
         await trio.to_thread.run_sync(self._pool.close)
+
+
+GROWN_FROM_BYTES = 8 * 1024
+"""A grown message (:class:`~runtime.store.Store`'s grown rows) encoded to fewer bytes is
+written whole, in the save's one call (:data:`SAVE_FUNCTION`); from this size on, as
+its head and a segment, in a transaction (a few round trips more: the save function
+writes no segment). A long turn's step save so writes at most this many bytes of its
+answer and the step's new parts: its bytes no longer grow with its steps."""
+
+_DROP_SEGMENTS_SQL = f"""DELETE FROM axon_message_segments AS g WHERE g.session_id = %s
+    AND NOT EXISTS (SELECT 1 FROM axon_messages AS m
+        WHERE m.session_id = g.session_id AND m.idx = g.idx
+          AND substring(m.body FROM 1 FOR {len(HEAD_PREFIX)}) = '\\x{HEAD_PREFIX.hex()}'::bytea)"""
+"""The session's segments no head holds (a save's own transaction sees its own writes;
+a concurrent grown save's uncommitted segments are not seen, its committed head is)."""
+
+
+def _write_segments(
+    conn: Any, session_id: str, fresh: list[int], segments: list[tuple[int, int, bytes]]
+) -> None:
+    """In a grown save's transaction: the segments of the rows that became heads go
+    (``fresh``: none, or left by a save of another version or process), then the new
+    segments are written (over any left at their keys)."""
+    if fresh:
+        conn.execute(
+            "DELETE FROM axon_message_segments WHERE session_id = %s AND idx = ANY(%s)",
+            (session_id, fresh),
+        )
+    if segments:
+        conn.execute(
+            """INSERT INTO axon_message_segments (session_id, idx, first, body)
+            SELECT %s, u.idx, u.first, u.body
+            FROM unnest(%s::int[], %s::int[], %b::bytea[]) AS u(idx, first, body)
+            ON CONFLICT (session_id, idx, first) DO UPDATE SET body = excluded.body""",
+            (
+                session_id,
+                [s[0] for s in segments],
+                [s[1] for s in segments],
+                [s[2] for s in segments],
+            ),
+        )
 
 
 def _created_meanwhile(

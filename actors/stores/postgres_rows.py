@@ -15,6 +15,7 @@ import orjson
 from actors.stores.owned import UNREADABLE_CALLER
 from actors.stores.postgres_calls import SESSION_COLUMNS
 from actors.stores.postgres_tables import MESSAGE_ID_FUNCTION
+from actors.stores.validation import HEAD_PREFIX
 from runtime.errors import StoreError
 from runtime.history import run_long_off_loop
 
@@ -169,13 +170,29 @@ def _replace_messages(
     return int(got[0])
 
 
+_HEAD_HEX = HEAD_PREFIX.hex()
+FOLDED_BODY: Final = f"""CASE WHEN substring(m.body FROM 1 FOR {len(HEAD_PREFIX)})
+        <> '\\x{_HEAD_HEX}'::bytea THEN m.body
+    ELSE coalesce((SELECT '\\x7b22636f6e74656e74223a5b'::bytea
+            || string_agg(g.body, '\\x2c'::bytea ORDER BY g.first) || '\\x5d2c'::bytea
+            || substring(m.body FROM position('\\x7d2c'::bytea IN m.body) + 2)
+        FROM axon_message_segments AS g WHERE g.session_id = m.session_id AND g.idx = m.idx),
+        m.body) END"""
+"""A message's body as the readers decode it (``m`` its row): a whole row's as it is; a
+head's (:data:`~actors.stores.validation.HEAD_PREFIX`, a running turn's answer) folded
+with its segments, in the same statement (one snapshot), as
+:func:`~actors.stores.validation.fold_grown` folds them: ``{"content":[`` and the
+segments joined by commas, ``],`` and the head's fields. A head without segments is
+read as it is (its decode then fails: never a message without its parts)."""
+
+
 def load_rows(conn: Any, session_id: str) -> list[Any]:
     """A session's row and its messages, from one snapshot in one statement (a session
     without messages is one row of NULLs): :meth:`PostgresStore.record` decodes them.
     The turn queue runs it in a claim's transaction too."""
     return list(
         conn.execute(
-            """SELECT s.meta, s.version, m.idx, m.role, m.body, s.incarnation
+            f"""SELECT s.meta, s.version, m.idx, m.role, {FOLDED_BODY}, s.incarnation
             FROM axon_sessions AS s
             LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
             WHERE s.session_id = %s ORDER BY m.idx""",
@@ -210,24 +227,24 @@ own ``role = 'user'``, the same literal, lets the planner use it). One lookup an
 ``= ANY(ids)`` nor an ``OR``: for those the planner scanned all the session's user rows
 on the index, filtering them, where it believed the session short (a table not analyzed
 yet: 151 pages for 1,000 messages) (:meth:`PostgresStore.has_user_messages`)."""
-_LAST_TURN_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
+_LAST_TURN_SQL: Final = f"""SELECT s.meta, s.version, m.idx, m.role, {FOLDED_BODY}
 FROM axon_sessions AS s
 LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
     (SELECT a.idx FROM axon_messages AS a
      WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC LIMIT 1), 0)
-WHERE s.session_id = $1 ORDER BY m.idx"""
+WHERE s.session_id = $1 ORDER BY m.idx""".encode()
 """A session's row and its messages from its last assistant message on (all of them when
 it has none), in one statement (one snapshot): :meth:`PostgresStore.load_last_turn`, in
 :func:`load_rows`'s columns; the assistant message found backwards on the messages'
 primary key, a row or a few."""
 _LAST_TURN_NAME: Final = b"axon_last_turn_read"
-_LAST_TURNS_SQL: Final = b"""SELECT s.meta, s.version, m.idx, m.role, m.body
+_LAST_TURNS_SQL: Final = f"""SELECT s.meta, s.version, m.idx, m.role, {FOLDED_BODY}
 FROM axon_sessions AS s
 LEFT JOIN axon_messages AS m ON m.session_id = s.session_id AND m.idx >= coalesce(
     (SELECT a.idx FROM axon_messages AS a
      WHERE a.session_id = $1 AND a.role = 'assistant' ORDER BY a.idx DESC
      LIMIT 1 OFFSET $2::bigint), 0)
-WHERE s.session_id = $1 ORDER BY m.idx"""
+WHERE s.session_id = $1 ORDER BY m.idx""".encode()
 """:data:`_LAST_TURN_SQL` from the session's ``$2 + 1``-th last assistant message on:
 :meth:`PostgresStore.load_last_turns`."""
 _LAST_TURNS_NAME: Final = b"axon_last_turns_read"

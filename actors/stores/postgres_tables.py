@@ -43,6 +43,15 @@ _SCHEMA = (
         body BYTEA NOT NULL,
         PRIMARY KEY (session_id, idx)
     )""",
+    # A running turn's answer as its head (axon_messages.body) and segments of its parts
+    # (actors.stores.postgres, "Grown messages"): one row a step's save of a long turn.
+    """CREATE TABLE IF NOT EXISTS axon_message_segments (
+        session_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        first INTEGER NOT NULL,
+        body BYTEA NOT NULL,
+        PRIMARY KEY (session_id, idx, first)
+    )""",
     # Each deleted id's deletion mark (runtime.store.Store, "Deletion marks"): grows with
     # each deletion of it, one row an id, written by :data:`_DELETION_TRIGGER`'s trigger
     # (the last DELETION_MARKS_KEPT deletions'). A store of before gains it empty on open.

@@ -1,6 +1,6 @@
 """A :class:`~runtime.store.Store` in one embedded SQLite file.
 
-Layout (schema version 5)::
+Layout (schema version 6)::
 
     axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
                                                          -- deleted_version (see delete)
@@ -17,6 +17,9 @@ Layout (schema version 5)::
     sessions_by_caller ON sessions(<the caller its meta names>)   -- sub-sessions
     deletions(session_id TEXT PRIMARY KEY,               -- the deletion marks: grows
               count INTEGER)                             -- with each delete of the id
+    message_segments(session_id TEXT, idx INTEGER,       -- a running turn's answer's
+             first INTEGER, body BLOB,                   -- parts from ``first`` on
+             PRIMARY KEY(session_id, idx, first))        -- (see "Grown messages")
 
 and ``PRAGMA application_id`` = :data:`APPLICATION_ID`, so ``file(1)`` and other tools
 can tell an Axon store from any other SQLite file.
@@ -35,7 +38,22 @@ nothing), a session created after records its own. Schema version 3 (no ``deleti
 table) gains the empty table: no id was deleted as far as it knows, which is what a
 turn that read no mark assumes too. Schema version 4 (no ``message_id`` column) gains
 the column, filled for its user messages from their bodies, and its index
-(:meth:`SQLiteStore.has_user_messages`). Newer schemas are refused.
+(:meth:`SQLiteStore.has_user_messages`). Schema version 5 (no ``message_segments``)
+gains the empty table. Newer schemas are refused.
+
+Grown messages (:class:`~runtime.store.Store`'s grown rows): a running turn's answer
+holds every step's parts, and each step's save sends it again; written whole, a turn of
+n steps wrote n(n+1)/2 steps' parts (46.9 MB at 1,000 steps; benchmarks/journal,
+``longturn2``). A save told that the message at a position grew
+(``grown``) writes its *head* over its row, its fields with ``content`` as
+``{"parts": N}`` (:data:`~actors.stores.validation.HEAD_PREFIX`), and one segment with
+the parts new since the row's last write; the first such save moves every part into
+segment ``0``. Writing a message whole (a turn's last save, a decision, a rebase)
+deletes its segments, as does a delete of its row. A load folds a head and its segments
+back into the message's JSON, read in one transaction (one snapshot). A process of
+schema 5 that has the file open when it is upgraded writes nothing more
+(``_schema_moved``), and reads a head as a damaged row (``StoreCorrupt``: its
+``content`` is no list), never as a message without content.
 
 The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
 established that the file is empty or an Axon store, and raises
@@ -61,14 +79,20 @@ import trio
 import runtime.store as store_contract
 from actors.stores.owned import owned_sessions
 from actors.stores.validation import (
+    HEAD_PEEK,
+    HEAD_PREFIX,
+    check_grown,
     check_limit,
     check_version,
+    decode_folded,
     decode_message,
     decode_meta,
     deleted_since,
     encoded_off_loop,
+    head_parts,
     kept_tail,
     parse_cursor,
+    split_grown,
     storable_meta,
 )
 from runtime.errors import StoreCorrupt, StoreError
@@ -81,7 +105,7 @@ APPLICATION_ID = 0x41584F4E
 MAGIC = "axon-session-store"
 """The ``magic`` row of ``axon_meta``."""
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The schema this code writes. Older files are upgraded in place; newer ones are refused."""
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -112,6 +136,17 @@ _DELETIONS_TABLE = """CREATE TABLE IF NOT EXISTS deletions (
     count INTEGER NOT NULL
 ) WITHOUT ROWID"""
 """Each deleted id's deletion mark (:meth:`SQLiteStore.deletions`): one row an id."""
+
+_SEGMENTS_TABLE = """CREATE TABLE IF NOT EXISTS message_segments (
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    first INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (session_id, idx, first)
+)"""
+"""The parts of messages stored as a head and segments (the module's "Grown messages"):
+one row a save of a running turn's step, keyed by the message's index and the index of
+its first part."""
 
 _TOP_MARK_SQL = """SELECT coalesce(
     (SELECT CAST(value AS INTEGER) FROM axon_meta WHERE key = 'deletion_mark'),
@@ -202,6 +237,7 @@ _SCHEMA = (
     _DELETIONS_TABLE,
     _MESSAGE_ID_INDEX,
     _CALLER_INDEX,
+    _SEGMENTS_TABLE,
 )
 _COLUMNS_V1 = {
     "axon_meta": {"key", "value"},
@@ -211,7 +247,8 @@ _COLUMNS_V1 = {
 _COLUMNS_V2 = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
 _COLUMNS_V3 = {**_COLUMNS_V2, "sessions": _COLUMNS_V2["sessions"] | {"incarnation"}}
 _COLUMNS_V4 = {**_COLUMNS_V3, "deletions": {"session_id", "count"}}
-_COLUMNS = {**_COLUMNS_V4, "messages": _COLUMNS_V4["messages"] | {"message_id"}}
+_COLUMNS_V5 = {**_COLUMNS_V4, "messages": _COLUMNS_V4["messages"] | {"message_id"}}
+_COLUMNS = {**_COLUMNS_V5, "message_segments": {"session_id", "idx", "first", "body"}}
 
 
 def _fill_message_ids(conn: sqlite3.Connection) -> None:
@@ -250,6 +287,9 @@ _MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] =
         _fill_message_ids,
         _MESSAGE_ID_INDEX,
     ),
+    # 5 -> 6: a running turn's answer as a head and segments ("Grown messages"): the
+    # table, empty (every message stored before is whole).
+    5: (_SEGMENTS_TABLE,),
 }
 
 
@@ -444,6 +484,8 @@ def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
         raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
     expected = (
         _COLUMNS
+        if version >= 6
+        else _COLUMNS_V5
         if version >= 5
         else _COLUMNS_V4
         if version >= 4
@@ -563,6 +605,8 @@ def _missing(path: str, session_id: str, expected: int, idx: int) -> StoreCorrup
     )
 
 
+_HEAD_LEN = len(HEAD_PREFIX)
+
 _SCHEMA_TEXT = str(SCHEMA_VERSION)
 """:data:`SCHEMA_VERSION` as ``axon_meta`` holds it."""
 
@@ -605,6 +649,7 @@ def _upsert_session(
 
 
 _HEAD_SQL = """SELECT (SELECT coalesce(sum(length(body)), 0) FROM messages
+    WHERE session_id = ?1) + (SELECT coalesce(sum(length(body)), 0) FROM message_segments
     WHERE session_id = ?1) FROM sessions WHERE session_id = ?1"""
 """A stored session's messages' total size in bytes (no row: never saved)."""
 _READ_SQL = """SELECT CASE WHEN m.idx IS NULL OR m.idx = 0 THEN s.meta END, s.version,
@@ -637,7 +682,8 @@ _BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
         (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
         (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1),
         (SELECT value FROM axon_meta WHERE key = 'schema_version'),
-        (SELECT count FROM deletions WHERE session_id = ?1)
+        (SELECT count FROM deletions WHERE session_id = ?1),
+        (SELECT max(idx) FROM message_segments WHERE session_id = ?1)
     FROM (SELECT 1) LEFT JOIN sessions AS s ON s.session_id = ?1"""
 """What a save checks and builds on, in one statement inside its transaction: the
 session's meta and version (``NULL`` for a session not stored), the highest version a
@@ -645,8 +691,17 @@ deleted session had (``NULL``: none ever deleted), the message count (``max(idx)
 one index probe; ``count(*)`` would scan the whole session) and the file's schema
 version (another process's newer axon-runtime may have upgraded it since this one
 opened it), and the session's deletion mark (``NULL``: none kept; one primary-key probe:
-a save that creates the session with ``absent_mark`` checks it under the write lock).
-Three statements before (issue 24 goal 1)."""
+a save that creates the session with ``absent_mark`` checks it under the write lock),
+and the highest index of a message stored in segments (``NULL``: none, so a save that
+writes messages whole has no segments to delete). Three statements before (issue 24
+goal 1)."""
+
+_SEGMENTS_SQL = """SELECT idx, first, body FROM message_segments WHERE session_id = ?
+    ORDER BY idx, first"""
+"""A session's segments, in order (read along their primary key: no sort)."""
+_PEEK_SQL = f"""SELECT substr(body, 1, {HEAD_PEEK}) FROM messages
+    WHERE session_id = ? AND idx = ?"""
+"""The first bytes of a message's row: enough to tell a head's part count."""
 
 
 _VERSION_MARK_SQL = """SELECT (SELECT version FROM sessions WHERE session_id = ?1),
@@ -672,14 +727,23 @@ _IDS_ON_LOOP = 64
 class _Written:
     """A save's rows (:func:`~actors.stores.validation.encode_rows`'s) and the messages
     they encode: :meth:`rows` adds each user message's id (``message_id``), made where
-    the save's statements run (a long save's in its worker thread)."""
+    the save's statements run (a long save's in its worker thread). ``grown``: the
+    indexes of the messages that grew on their rows (the module's "Grown messages")."""
 
-    __slots__ = ("_encoded", "_messages", "_start")
+    __slots__ = ("_encoded", "_messages", "_start", "grown")
 
     def __init__(
-        self, encoded: list[tuple[str, int, str, bytes]], messages: Sequence[Message], start: int
+        self,
+        encoded: list[tuple[str, int, str, bytes]],
+        messages: Sequence[Message],
+        start: int,
+        grown: frozenset[int] = frozenset(),
     ) -> None:
         self._encoded, self._messages, self._start = encoded, messages, start
+        self.grown = grown
+
+    def message(self, idx: int) -> Message:
+        return self._messages[idx - self._start]
 
     def rows(self) -> list[tuple[str, int, str, bytes, str | None]]:
         messages, start = self._messages, self._start
@@ -687,6 +751,51 @@ class _Written:
             (session_id, idx, role, body, messages[idx - start].id if role == "user" else None)
             for session_id, idx, role, body in self._encoded
         ]
+
+
+def _grow(
+    conn: sqlite3.Connection,
+    session_id: str,
+    rows: list[tuple[str, int, str, bytes, str | None]],
+    written: _Written,
+    count: int,
+    segments: list[tuple[str, int, int, bytes]],
+    fresh: list[int],
+    heads: set[int],
+) -> list[tuple[str, int, str, bytes, str | None]]:
+    """``rows`` with each grown message's body replaced by its head (the module's "Grown
+    messages"), its new parts' segment added to ``segments``: from the part count its
+    stored head names, or from ``0`` when its row is whole (then listed in ``fresh``:
+    segments left at its index are deleted first). A message that cannot be split so, or
+    whose stored head counts more parts than it has, keeps its whole body (its segments
+    are deleted as any whole row's)."""
+    grown = written.grown
+    out = list(rows)
+    for i, row in enumerate(rows):
+        idx = row[1]
+        if idx not in grown or idx >= count:
+            continue
+        peek = conn.execute(_PEEK_SQL, (session_id, idx)).fetchone()
+        held = None if peek is None else head_parts(bytes(peek[0]))
+        split = split_grown(written.message(idx), row[3], held or 0)
+        if split is None:
+            continue
+        head, segment = split
+        if held is None:
+            fresh.append(idx)
+        heads.add(idx)
+        out[i] = (row[0], idx, row[2], head, row[4])
+        if segment:
+            segments.append((session_id, idx, held or 0, segment))
+    return out
+
+
+def _by_message(segments: list[tuple[int, int, bytes]]) -> dict[int, list[tuple[int, bytes]]]:
+    """The session's segments by message index (:data:`_SEGMENTS_SQL`'s rows)."""
+    by_idx: dict[int, list[tuple[int, bytes]]] = {}
+    for idx, first, body in segments:
+        by_idx.setdefault(idx, []).append((first, body))
+    return by_idx
 
 
 def _sub_candidates(conn: sqlite3.Connection, caller: str) -> list[tuple[str, Any]]:
@@ -702,6 +811,7 @@ def _delete_one(conn: sqlite3.Connection, session_id: str) -> None:
         "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
     ).fetchone()
     conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM message_segments WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
     if row is None:
         return
@@ -856,6 +966,18 @@ class SQLiteStore:
             if head[0] > limit:
                 return _LARGE
         rows = conn.execute(_READ_SQL, (session_id,)).fetchall()
+        segments: dict[int, list[tuple[int, bytes]]] = {}
+        if any(row[5] is not None and row[5][:_HEAD_LEN] == HEAD_PREFIX for row in rows):
+            # a running turn's answer stored in segments: the rows again and the
+            # segments, in one read transaction (one snapshot: the turn's last save may
+            # write it whole and delete them between two statements)
+            conn.execute("BEGIN")
+            try:
+                rows = conn.execute(_READ_SQL, (session_id,)).fetchall()
+                found = conn.execute(_SEGMENTS_SQL, (session_id,)).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            segments = _by_message(found)
         if not rows:
             return None  # (never saved, or deleted since the size was read)
         raw_meta, version, incarnation, first = rows[0][:4]
@@ -868,7 +990,12 @@ class SQLiteStore:
         for expected, (_, _, _, idx, role, body) in enumerate(rows):
             if idx != expected:
                 raise _missing(self._path, session_id, expected, idx)
-            messages.append(decode_message(self._path, session_id, idx, role, body))
+            if body is not None and body[:_HEAD_LEN] == HEAD_PREFIX:
+                messages.append(
+                    decode_folded(self._path, session_id, idx, role, body, segments.get(idx, []))
+                )
+            else:
+                messages.append(decode_message(self._path, session_id, idx, role, body))
         return SessionRecord(
             session_id=session_id,
             messages=tuple(messages),
@@ -889,6 +1016,7 @@ class SQLiteStore:
         expected_version: int | None = None,
         kept: Collection[int] = (),
         absent_mark: int | None = None,
+        grown: Collection[int] = (),
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction;
         returns the session's new version.
@@ -917,14 +1045,19 @@ class SQLiteStore:
         :class:`~runtime.errors.SessionDeleted`, writing nothing, when it is above
         (:func:`~runtime.store.checks_absent_mark`): another process's create and delete
         cannot fall between the check and the write.
+
+        The assistant messages at positions ``grown`` extend the ones stored at their
+        places (:class:`~runtime.store.Store`'s grown rows): each is written as its head
+        and a segment of its new parts (the module's "Grown messages").
         """
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
+        grew = check_grown(session_id, messages, grown, kept_at, expected_version)
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
         new, rows = await encoded_off_loop(
             session_id, start, messages, meta, expected_version, kept_at
         )
         meta = storable_meta(session_id, meta)  # fail before the transaction, not inside it
-        written = _Written(rows, new, start)
+        written = _Written(rows, new, start, frozenset(start + i for i in grew))
         start += tail  # (the rows below it, if any, go over their places: _write)
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
@@ -991,7 +1124,7 @@ class SQLiteStore:
         ``start``, upsert the session row with the merged meta and the next version,
         replace the messages from ``start`` on (rows below it, a save's kept rows'
         neighbours, go over theirs); the new version."""
-        raw_meta, current, deleted, count, schema, mark = conn.execute(
+        raw_meta, current, deleted, count, schema, mark, segmented = conn.execute(
             _BEFORE_SAVE_SQL, (session_id,)
         ).fetchone()
         if schema != _SCHEMA_TEXT:
@@ -1015,11 +1148,31 @@ class SQLiteStore:
             merged.update(meta)
         _upsert_session(conn, session_id, merged, version, now)
         rows = written.rows()
+        segments: list[tuple[str, int, int, bytes]] = []
+        fresh: list[int] = []  # rows becoming heads: their segments (none, or stale) go
+        heads: set[int] = set()  # the rows written as heads
+        if written.grown:
+            rows = _grow(conn, session_id, rows, written, count, segments, fresh, heads)
         # The tail from ``start`` replaces the session's: rows past its end go, the rows
         # it has a place for are written over theirs (as those before the kept ones
         # are), the rest inserted. A decision rewrites the waiting message, the last
         # row: one statement, where deleting it and inserting it again were two.
         end = start + sum(1 for row in rows if row[1] >= start)
+        if segmented is not None:  # a message written whole, or deleted: its segments go
+            gone = [
+                (session_id, row[1])
+                for row in rows
+                if row[1] <= segmented and (row[1] not in heads or row[1] in fresh)
+            ]
+            if gone:
+                conn.executemany(
+                    "DELETE FROM message_segments WHERE session_id = ? AND idx = ?", gone
+                )
+            if end <= segmented:
+                conn.execute(
+                    "DELETE FROM message_segments WHERE session_id = ? AND idx >= ?",
+                    (session_id, end),
+                )
         if end < count:
             conn.execute(
                 "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, end)
@@ -1038,6 +1191,12 @@ class SQLiteStore:
             VALUES (?, ?, ?, ?, ?)""",
             rows[over:],
         )
+        if segments:
+            conn.executemany(
+                "INSERT OR REPLACE INTO message_segments (session_id, idx, first, body) "
+                "VALUES (?, ?, ?, ?)",
+                segments,
+            )
         return version
 
     # -- version -------------------------------------------------------------------------

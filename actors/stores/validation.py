@@ -125,6 +125,38 @@ def kept_tail(
     return max(positions) + 1, positions
 
 
+def check_grown(
+    session_id: str,
+    messages: Sequence[Message],
+    grown: Any,
+    kept: frozenset[int],
+    expected_version: int | None,
+) -> frozenset[int]:
+    """A save's ``grown`` (:class:`~runtime.store.Store`'s grown rows) checked: the
+    positions, each one of ``messages`` and not kept. Refused without
+    ``expected_version`` (the claim is about a version), as ``kept`` is."""
+    if not grown:
+        return frozenset()
+    if isinstance(grown, str | bytes) or not isinstance(grown, Collection):
+        raise StoreError(
+            f"save of session {session_id!r}: grown must be a collection of positions, "
+            f"got {type(grown).__name__}"
+        )
+    if expected_version is None:
+        raise StoreError(
+            f"save of session {session_id!r}: grown messages are those of a version: "
+            "give expected_version"
+        )
+    positions = frozenset(grown)
+    for i in positions:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(messages) or i in kept:
+            raise StoreError(
+                f"save of session {session_id!r}: grown position {i!r} is not one of its "
+                f"{len(messages)} messages not kept"
+            )
+    return positions
+
+
 async def encoded_off_loop(
     session_id: str,
     start: int,
@@ -352,3 +384,121 @@ def check_limit(limit: Any) -> int | None:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise InvalidCursor(f"invalid limit {limit!r}: a page holds at least one session")
     return None if limit is None else min(limit, _MAX_SEQ)
+
+
+# -- grown messages: a running turn's answer stored as a head and segments ---------------
+
+HEAD_PREFIX = b'{"content":{"parts":'
+"""How the row of a message stored in segments begins (:func:`split_grown`): its fields
+without its content, ``content`` being ``{"parts": N}``, the number of parts its segments
+hold together. A whole assistant message's JSON begins ``{"content":[``. An older
+process that reads such a row fails to read it (``content`` is no list of parts: the
+load raises :class:`~runtime.errors.StoreCorrupt`): it never takes it for a message
+without content."""
+_WHOLE_PREFIX = b'{"content":['
+HEAD_PEEK = 40
+"""Bytes of a row enough to read a head's part count (:func:`head_parts`)."""
+
+
+def head_parts(body: bytes) -> int | None:
+    """The number of parts a head row's segments hold (:data:`HEAD_PREFIX`), or ``None``
+    for a row that is no head (a whole message); from the row's first bytes."""
+    if not body.startswith(HEAD_PREFIX):
+        return None
+    close = body.find(b"}", len(HEAD_PREFIX))
+    digits = body[len(HEAD_PREFIX) : close] if close > 0 else b""
+    return int(digits) if digits.isdigit() else None
+
+
+def split_grown(message: Message, body: bytes, held: int) -> tuple[bytes, bytes] | None:
+    """A grown message's head row and the segment of its parts from ``held`` on (the
+    parts' JSON, comma-separated, as they stand in ``body``; ``b""``: none new), ``body``
+    being its whole JSON (:func:`encode_rows`'), or ``None`` when it cannot be split so
+    (not an assistant message with parts, a body written otherwise: the message is then
+    written whole). The segment is cut out of ``body`` where the encoder says part
+    ``held`` began, or else after the new parts encoded one by one, and checked to be
+    those bytes: folded (:func:`fold_grown`), head and segments give ``body`` back."""
+    content = getattr(message, "content", None)
+    if (
+        type(message).__name__ != "AssistantMessage"
+        or type(content) is not tuple
+        or not content
+        or not 0 <= held <= len(content)
+        or not body.startswith(_WHOLE_PREFIX)
+    ):
+        return None
+    end = body.rfind(b'],"id":' + orjson.dumps(message.id))
+    if end < len(_WHOLE_PREFIX) or body[end + 2 : end + 7] != b'"id":':
+        return None
+    if held == 0:
+        segment = body[len(_WHOLE_PREFIX) : end]
+    elif held == len(content):
+        segment = b""
+    else:
+        at = serde.part_end(message, held - 1, body)
+        if at is None:
+            try:
+                tail = b",".join(map(serde.part_json, content[held:]))
+            except (TypeError, ValueError, RecursionError):  # (a body written otherwise:
+                return None  # a lone surrogate replaced, too deep for orjson)
+            at = end - len(tail) - 1
+            if at <= len(_WHOLE_PREFIX) or body[at + 1 : end] != tail:
+                return None
+        if body[at : at + 1] != b",":
+            return None
+        segment = body[at + 1 : end]
+    head = HEAD_PREFIX + b"%d}," % len(content) + body[end + 2 :]
+    return head, segment
+
+
+def fold_grown(
+    store: str, session_id: str, idx: int, head: bytes, segments: Sequence[tuple[int, bytes]]
+) -> bytes:
+    """The whole JSON of the message stored as ``head`` and its ``segments`` (``(first
+    part, JSON)`` in order): what :func:`split_grown` was given. Segments that do not
+    follow one another from part 0 raise :class:`~runtime.errors.StoreCorrupt`; the
+    count of parts the head names is checked by the caller once decoded
+    (:func:`check_folded`)."""
+    parts = head_parts(head)
+    close = head.find(b"},", len(HEAD_PREFIX))
+    if parts is None or close < 0 or not segments or segments[0][0] != 0:
+        raise StoreCorrupt(
+            f"session store {store}: session {session_id!r} message {idx} is stored in "
+            f"segments that cannot be read (head {bytes(head[:HEAD_PEEK])!r}, segments from "
+            f"{[first for first, _ in segments]})"
+        )
+    bodies = [bytes(body) for _, body in segments]
+    return b"".join((_WHOLE_PREFIX, b",".join(filter(None, bodies)), b"],", head[close + 2 :]))
+
+
+def check_folded(store: str, session_id: str, idx: int, head: bytes, message: Message) -> Message:
+    """``message``, decoded from a fold, if it holds the parts its head counts; else
+    :class:`~runtime.errors.StoreCorrupt` (a segment missing)."""
+    parts = head_parts(head)
+    if parts != len(getattr(message, "content", ())):
+        raise StoreCorrupt(
+            f"session store {store}: session {session_id!r} message {idx} is stored in "
+            f"segments holding {len(getattr(message, 'content', ()))} parts, not the "
+            f"{parts} its head counts"
+        )
+    return message
+
+
+def decode_folded(
+    store: str,
+    session_id: str,
+    idx: int,
+    role: str,
+    body: bytes,
+    segments: Sequence[tuple[int, bytes]],
+) -> Message:
+    """Message ``idx`` whose row ``body`` may be a head (:data:`HEAD_PREFIX`): folded with
+    its ``segments`` then decoded (:func:`decode_message`); a whole row decoded as it is
+    (segments left beside it are not read)."""
+    if not bytes(body[: len(HEAD_PREFIX)]) == HEAD_PREFIX:
+        return decode_message(store, session_id, idx, role, body)
+    head = bytes(body)
+    whole = fold_grown(store, session_id, idx, head, segments)
+    return check_folded(
+        store, session_id, idx, head, decode_message(store, session_id, idx, role, whole)
+    )

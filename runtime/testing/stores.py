@@ -36,6 +36,11 @@ messages of a save the store holds as they are, not written again) adds
 :class:`StoreKeptRows`, apart for the same reason: the runtime saves a store without them
 from the first message not kept.
 
+A store whose ``save`` takes ``grown`` (:class:`~runtime.store.Store`'s grown rows: a
+running turn's answer written as its new parts) adds :class:`StoreGrownRows`; the
+runtime's :func:`~runtime.store.save_keeping` with ``grown`` over any store (a store
+without them writes the message whole) is in :class:`StoreConformance`.
+
 A store that records incarnations (:attr:`~runtime.store.SessionRecord.incarnation`: the
 version of a session's first save, which tells the runtime a session deleted and created
 again under the same id from another writer's saves) adds :class:`StoreIncarnations`, a
@@ -579,6 +584,41 @@ class StoreConformance:
         assert await store.load("s") == record("s", [*turn(0), *third], {"k": 1})
         assert (await store.load("s")).version == version
 
+    async def test_save_keeping_a_grown_answer_leaves_what_a_whole_save_leaves(self, store):
+        """:func:`~runtime.store.save_keeping` with the turn's answer ``grown`` (a store
+        that takes it writes its new parts alone, any other the message whole): every
+        load in between, a save from before the answer, the answer grown again and its
+        turn's last save (whole), and a delete leave what the same saves without it
+        leave."""
+        version = await store.save("s", 0, [*turn(0), *_tool_step(0)])
+        for n in range(1, 6):
+            step = _tool_step(n)
+            version = await save_keeping(
+                store,
+                "s",
+                2,
+                step,
+                None,
+                kept=range(1, n + 1),
+                expected_version=version,
+                grown=(0,),
+            )
+            loaded = await store.load("s")
+            assert loaded == record("s", [*turn(0), *step]) and loaded.version == version
+        version = await store.save("s", 2, turn(7), expected_version=version)
+        assert await store.load("s") == record("s", [*turn(0), *turn(7)])
+        version = await store.save("s", 4, _tool_step(0), expected_version=version)
+        version = await save_keeping(
+            store, "s", 4, _tool_step(1), None, kept=(1,), expected_version=version, grown=(0,)
+        )
+        step = _tool_step(1)
+        done = TextPart(text="done", step=2)
+        final = [attrs.evolve(step[0], content=(*step[0].content, done)), *step[1:]]
+        await save_keeping(store, "s", 4, final, None, kept=(1, 2), expected_version=version)
+        assert await store.load("s") == record("s", [*turn(0), *turn(7), *final])
+        await store.delete("s")
+        assert await store.load("s") is None
+
 
 def _tool_step(n: int) -> list[Message]:
     """A turn's assistant message and tool results after its step ``n`` (from 0): the
@@ -653,6 +693,66 @@ class StoreKeptRows:
         with pytest.raises(StoreConflict):
             await store.save("s", 0, turn(2), expected_version=version, kept=(1,))
         assert await store.load("s") == record("s", [*turn(0), *turn(1)])
+
+
+class StoreGrownRows:
+    """The grown rows' checks, for a store whose ``save`` takes ``grown``
+    (:class:`~runtime.store.Store`'s grown rows; the SQLite store does). Apart from
+    :class:`StoreConformance` so a store written before them still passes that kit::
+
+        class TestMyStore(StoreConformance, StoreGrownRows): ...
+    """
+
+    async def test_a_grown_answer_loads_as_the_whole_one_at_every_step(self, store):
+        version = await store.save("s", 0, [*turn(0), *_tool_step(0)])
+        answer = _tool_step(0)[0]
+        for n in range(1, 8):
+            step = _tool_step(n)
+            answer = attrs.evolve(answer, content=(*answer.content, step[0].content[-1]))
+            version = await store.save(
+                "s", 2, [answer, *step[1:]], expected_version=version, grown=(0,)
+            )
+            assert await store.load("s") == record("s", [*turn(0), answer, *step[1:]])
+
+    async def test_a_grown_answer_without_new_parts_keeps_its_parts(self, store):
+        """A step that added no part (its fields changed alone) stores the same parts."""
+        version = await store.save("s", 0, _tool_step(2))
+        answer = _tool_step(2)[0]
+        for interrupted in (False, True, True):
+            answer = attrs.evolve(answer, interrupted=interrupted)
+            version = await store.save(
+                "s", 0, [answer], expected_version=version, grown=(0,), kept=()
+            )
+            assert await store.load("s") == record("s", [answer])
+
+    async def test_a_grown_save_then_a_whole_one_then_grown_again(self, store):
+        """Written whole between two grown saves (a decision, a rebase), the answer's
+        earlier segments are not folded into it again."""
+        version = await store.save("s", 0, [*turn(0), *_tool_step(3)])
+        big = _tool_step(4)
+        version = await store.save("s", 2, big[:1], expected_version=version, grown=(0,))
+        small = _tool_step(1)
+        version = await store.save("s", 2, small[:1], expected_version=version)
+        version = await store.save("s", 2, big[:1], expected_version=version, grown=(0,))
+        assert await store.load("s") == record("s", [*turn(0), big[0]])
+
+    async def test_grown_without_a_version_or_on_a_kept_position_is_refused(self, store):
+        version = await store.save("s", 0, [*turn(0), *_tool_step(0)])
+        step = _tool_step(1)
+        with pytest.raises(StoreError):
+            await store.save("s", 2, step, grown=(0,))
+        with pytest.raises(StoreError):
+            await store.save("s", 2, step, expected_version=version, kept=(0,), grown=(0,))
+        with pytest.raises(StoreError):
+            await store.save("s", 2, step, expected_version=version, grown=(9,))
+        assert await store.load("s") == record("s", [*turn(0), *_tool_step(0)])
+
+    async def test_a_grown_save_on_a_stale_version_conflicts_and_changes_nothing(self, store):
+        version = await store.save("s", 0, [*turn(0), *_tool_step(0)])
+        version = await store.save("s", 2, _tool_step(1)[:1], expected_version=version, grown=(0,))
+        with pytest.raises(StoreConflict):
+            await store.save("s", 2, _tool_step(2)[:1], expected_version=version - 1, grown=(0,))
+        assert await store.load("s") == record("s", [*turn(0), _tool_step(1)[0]])
 
 
 class StorePaging:
