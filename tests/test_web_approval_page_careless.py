@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -183,3 +184,35 @@ async def test_a_reload_while_the_approved_call_runs_shows_it_interrupted_as_sto
     assert seen["page_errors"] == []
     assert seen["state"] == "output-error" and seen["buttons"] == 0
     assert deleted == []  # (cancelled in the tool)
+
+
+async def test_approving_a_call_of_a_session_deleted_elsewhere_shows_it_gone(playwright_sync):
+    """Another client deletes the session while its card asks; Approve gets 404 (no call
+    waits). Before, the card asked again (each click another 404) for a session that is
+    no more; now the page reopens it: gone, a new chat. Nothing ran."""
+    agent = Agent(name="files", provider=ScriptedProvider(responder=respond), tools=[delete_file])
+    async with web_server(agent) as server:
+
+        def act(tabs: list, expect: Any, seen: dict[str, Any]) -> None:
+            (page,) = tabs
+            card = ask(page, expect, "please delete /tmp/x")
+            session_id = page.locator("#session-id").inner_text()
+            trio.from_thread.run(delete_session, server, session_id)
+            card.get_by_role("button", name="Approve").click()
+            expect(page.locator(".welcome")).to_be_visible()
+            seen["cards"] = page.locator(".tool-card").count()
+            seen["title"] = page.locator("#title").inner_text()
+
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(pages, playwright_sync, server, act, 1)
+    assert seen["page_errors"] == []
+    assert seen["cards"] == 0 and seen["title"] == "New chat"
+    assert deleted == [] and seen["posts"] == [0, 0]
+
+
+async def delete_session(server: WebServer, session_id: str) -> None:
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        response = await client.request(
+            "DELETE", f"/api/sessions/{session_id}", headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 204
