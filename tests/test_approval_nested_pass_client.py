@@ -367,8 +367,10 @@ async def test_the_ai_sdk_stream_shows_the_sub_call_and_its_continuation_answers
     shown = [c for c in first[:-1] if c["type"] == "tool-input-available"]
     assert [(c["toolCallId"], c["toolName"], c["input"]) for c in shown] == [
         ("H", "helper", {"input": "where am I"}),
+        ("H", "helper", {"input": "where am I"}),  # again: run by the server (useChat's)
         (ASKED, "locate", {"precise": True}),
     ]
+    assert [c.get("providerExecuted") for c in shown] == [None, True, None]
     assert first[-2]["type"] == "finish" and first[-2]["finishReason"] == "tool-calls"
     assert second[0] == {"type": "start", "messageId": message_id}
     done = [c for c in second[:-1] if c["type"] == "tool-output-available"]

@@ -23,7 +23,9 @@ export function chatClass(AbstractChat) {
 
   return class Chat extends AbstractChat {
     constructor(init) {
-      super({ ...init, state: new State() });
+      const state = new State();
+      if (init.messages) state.messages = init.messages; // (a reloaded page's, as useChat's)
+      super({ ...init, state });
     }
   };
 }

@@ -20,6 +20,8 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-input-start`` -> ``tool-input-start`` (``toolCallId``, ``toolName``);
 * ``tool-input-delta`` -> ``tool-input-delta`` (``toolCallId``, ``inputTextDelta``);
 * ``tool-call`` -> ``tool-input-available`` (``toolCallId``, ``toolName``, ``input``);
+  a sub-agent's client tool call passed up (id ``<call>.<sub call>``) has its calling
+  call shown again first, with ``providerExecuted: true`` (``_server_runs``);
 * ``tool-result`` -> ``tool-output-available`` (``toolCallId``, ``output``);
 * ``tool-error`` -> ``tool-output-error`` (``toolCallId``, ``errorText``);
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
@@ -140,6 +142,9 @@ class UIStreamEncoder:
         self._inputs: dict[str, Any] = {}
         """With a signer, each call's input as the stream showed it, by call id."""
         self._streamed: dict[str, str] = {}
+        self._calls: dict[str, o.ToolCall] = {}
+        """Each call the stream showed, by id (the chunk, no copy), for
+        :meth:`_server_runs`."""
         self._message_id: str | None = None
         self._reasoning_count: dict[int, int] = {}
         """Per step, the reasoning parts it has streamed (since its start or reset)."""
@@ -234,10 +239,40 @@ class UIStreamEncoder:
         ]
 
     def _tool_call(self, chunk: o.ToolCall) -> list[dict[str, Any]]:
-        self._announced.add(chunk.tool_call_id)
+        call = chunk.tool_call_id
+        self._announced.add(call)
         if self._signer is not None:
-            self._inputs[chunk.tool_call_id] = chunk.input
-        return [self._input_available(chunk.tool_call_id, chunk.tool_name, chunk.input)]
+            self._inputs[call] = chunk.input
+        if "." in call:
+            shown = self._input_available(call, chunk.tool_name, chunk.input)
+            return [*self._server_runs(call.partition(".")[0]), shown]
+        self._calls[call] = chunk
+        return [self._input_available(call, chunk.tool_name, chunk.input)]
+
+    def _server_runs(self, call: str) -> list[dict[str, Any]]:
+        """The calling call ``call`` of a sub-agent's client tool call passed up
+        (``<call>.<sub call>``), shown again as run by the server (``providerExecuted``,
+        its input or preliminary output as shown; the ``ai`` package keeps the mark on
+        the part): ``useChat``'s ``lastAssistantMessageIsCompleteWithToolCalls``, which
+        leaves such parts out, then waits for the sub call's output alone (the calling
+        call, in the step with no output, kept it from sending the continuation).
+        Nothing for a call this stream did not show (a continuation's: the client has
+        it marked already)."""
+        if call in self._streamed:
+            return [
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": call,
+                    "output": self._streamed[call],
+                    "preliminary": True,
+                    "providerExecuted": True,
+                }
+            ]
+        shown = self._calls.get(call)
+        if shown is None:
+            return []
+        ui = self._input_available(call, shown.tool_name, shown.input)
+        return [{**ui, "providerExecuted": True}]
 
     def _tool_result(self, chunk: o.ToolResult) -> list[dict[str, Any]]:
         return [
@@ -485,8 +520,10 @@ def _assistant(
                 k += 1
                 parts.append({"type": "reasoning", "id": ui_id, "text": p.text, "state": "done"})
             elif isinstance(p, ToolCallPart):
-                parts.append(_tool_part(p, results.get(p.tool_call_id), signer))
+                part = _tool_part(p, results.get(p.tool_call_id), signer)
+                parts.append(part)
                 if p.awaiting is not None and p.awaiting.sub_tool is not None:
+                    part["providerExecuted"] = True  # (as the stream marked it)
                     parts.append(_sub_tool_part(p.awaiting))
             # provider-data parts are opaque to a UI
     metadata: dict[str, Any] = {"interrupted": message.interrupted}
