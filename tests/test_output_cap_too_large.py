@@ -251,9 +251,9 @@ async def test_a_shared_accounts_reservation_is_what_the_retry_sends(
     wants: list[int] = []
     reserve = OutputAccount.reserve
 
-    async def recorded(self: OutputAccount, want: int) -> int:
+    async def recorded(self: OutputAccount, want: int, waits: Any = None) -> int:
         wants.append(want)
-        return await reserve(self, want)
+        return await reserve(self, want, waits)
 
     monkeypatch.setattr(OutputAccount, "reserve", recorded)
     async with loopback_server(openai_400(message), answer("Hi.")) as server:
