@@ -37,6 +37,7 @@ TOO_LARGE = (
 def _fresh_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with nothing learnt (the memory is the process's)."""
     monkeypatch.setattr(output_caps, "KNOWN", {})
+    monkeypatch.setattr(output_caps, "LEARNT", {})
 
 
 def openai_400(message: str, param: str | None = "max_tokens") -> Reply:

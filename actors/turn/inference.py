@@ -19,7 +19,7 @@ import attrs
 import trio
 
 from actors.turn.compaction import compact
-from actors.turn.output_caps import asked, learn
+from actors.turn.output_caps import asked, expire, learn
 from actors.turn.parts import CallIds, storable
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
@@ -134,7 +134,7 @@ class Inferring:
                     turn.usage = turn.usage + spent
                 if isinstance(exc, OutputCapTooLarge) and not (result.produced or lowered):
                     provider = self._provider_at(turn.provider)
-                    if learn(provider, self.agent.settings, exc, result.sent):
+                    if learn(provider, self.agent.settings, exc, result.sent, self.host.clock):
                         lowered = True
                         attempt -= 1  # not one of the policy's retries
                         self._log.warning(
@@ -282,6 +282,7 @@ class Inferring:
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
         cap = result.cap = turn.limits.output_left(turn.usage)
+        expire(provider, self.host.clock)  # a model's maximum learnt long ago (output_caps)
         if cap == 0:  # the summary calls wrote what was left: no call may write 0
             raise BudgetExceeded("max_output_tokens")
         if cap is not None:  # what the provider's request will carry (its own cap?)
