@@ -343,3 +343,102 @@ async def test_add_usage_refuses_a_count_that_is_not_one_and_takes_nothing():
         with pytest.raises(ValueError, match="output_tokens"):
             context.add_usage(Usage(output_tokens=bad))  # type: ignore[arg-type]
     assert (account.left, context.usage) == (100, None)
+
+
+async def test_a_summary_call_waiting_on_the_account_says_so_in_the_stream(autojump_clock):
+    """A turn on an account of which another call holds 60 of 100: its history's
+    summary call (which may write all 100) waits, and the stream says so before
+    anything else of the step; it goes on once the hold comes back."""
+    from runtime import Summarize
+    from tests.test_output_cap_compaction import older_turns
+
+    account = OutputAccount(100)
+    assert await account.reserve(60) == 100
+    caps: list[Any] = []
+
+    def respond(request: InferRequest) -> list[Any]:
+        caps.append(request.max_output_tokens)
+        return written(5)
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=respond),
+        history_processors=[Summarize(max_tokens=50, keep_turns=1)],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s", history=older_turns())
+        waits: list[BudgetWait] = []
+        with trio.fail_after(60):  # (without the notice nobody settles: it would wait)
+            async with session.stream(
+                "And now?", max_output_tokens=100, output_account=account
+            ) as out:
+                async for chunk in out:
+                    if isinstance(chunk, BudgetWait):
+                        waits.append(chunk)
+                        account.settle(60, 10)  # the other call wrote 10
+    assert [(w.want, w.available, w.held, w.ahead) for w in waits] == [(100, 40, 60, 0)]
+    assert caps == [90, 85]  # the summary all that was left, the step what it left
+    assert out.result.finish_reason == "stop"
+
+
+class _Waiting(ScriptedProvider):
+    """A model whose call starts once ``first`` is set (then says ``text``), setting
+    ``started`` as it is made and writing only once ``go`` is set (when given)."""
+
+    def __init__(
+        self, text: str, first: trio.Event | None, started: trio.Event, go: trio.Event | None
+    ) -> None:
+        super().__init__(responder=lambda request: [text])
+        self.first, self.started, self.go = first, started, go
+
+    async def stream(self, request: InferRequest, emit: Any) -> None:
+        if self.first is not None:
+            await self.first.wait()
+        self.started.set()
+        if self.go is not None:
+            await self.go.wait()
+        await super().stream(request, emit)
+
+
+async def test_a_remote_answer_waiting_on_the_account_says_so_in_its_nested_stream():
+    """A local sub-agent's call holds all the caller had left when the remote agent's
+    answer arrives: the answer's bytes wait for it, and the remote call's nested stream
+    says so (a ``budget-wait``), as a sub-turn's does; then both finish."""
+    from actors.a2a import A2AAgent
+    from tests.test_a2a import BOTH
+    from tests.web.harness import web_server
+
+    holding, remote_started, noticed = trio.Event(), trio.Event(), trio.Event()
+    helper = Agent(name="helper", provider=_Waiting("helped", None, holding, noticed))
+    remote_agent = Agent(name="far", provider=_Waiting("Far.", holding, remote_started, None))
+
+    def caller(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            calls = [
+                *tool_call("helper", {"input": "h"}, tool_call_id="H"),
+                *tool_call("researcher", {"input": "r"}, tool_call_id="R"),
+            ]
+            return written(10, calls=calls)
+        return written(1)
+
+    async with web_server(remote_agent, protocols=BOTH) as server:
+        remote = A2AAgent(server.url).as_tool(name="researcher")
+        lead = Agent(
+            provider=ScriptedProvider(responder=caller),
+            tools=[helper.as_tool(), remote],
+            budget=Budget(max_output_tokens=100, tool_timeout=20),
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead, session_id="far")
+            waits: list[tuple[str, BudgetWait]] = []
+            with trio.fail_after(30):  # (without the notice the helper never writes)
+                async with session.stream("go") as out:
+                    async for chunk in out:
+                        if isinstance(chunk, ToolStream) and isinstance(chunk.chunk, BudgetWait):
+                            waits.append((chunk.tool_call_id, chunk.chunk))
+                            noticed.set()
+            results = {
+                m.tool_call_id: m.output for m in session.messages if isinstance(m, ToolMessage)
+            }
+    assert [(call, w.want, w.available, w.held) for call, w in waits] == [("R", 4, 0, 90)]
+    assert results == {"H": "helped", "R": "Far."}
+    assert out.result.usage.output_tokens == 10 + 1 + 4 + 1  # (the scripted helper: 1)
