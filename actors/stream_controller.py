@@ -29,6 +29,7 @@ from runtime.actor_messages import (
     ApprovalAsked,
     Batch,
     Batcher,
+    BudgetWaitNotice,
     ConsumerItem,
     ObjectUpdate,
     PartBegin,
@@ -334,6 +335,18 @@ class StreamController(Actor):
     def _throttled(self, item: ThrottleNotice, out: list[Any]) -> None:
         out.append(self._chunk(o.Throttled, step=item.step, wait=item.wait, reason=item.reason))
 
+    def _budget_wait(self, item: BudgetWaitNotice, out: list[Any]) -> None:
+        out.append(
+            self._chunk(
+                o.BudgetWait,
+                step=item.step,
+                want=item.want,
+                available=item.available,
+                held=item.held,
+                ahead=item.ahead,
+            )
+        )
+
     def _steered(self, item: SteeredNotice, out: list[Any]) -> None:
         self._close_part(out)
         out.append(
@@ -406,6 +419,7 @@ class StreamController(Actor):
         ToolDenied: _waiting,
         ToolStreamed: _tool_streamed,
         ThrottleNotice: _throttled,
+        BudgetWaitNotice: _budget_wait,
         SteeredNotice: _steered,
         StepBegin: _step_begin,
         StepEnd: _step_end,

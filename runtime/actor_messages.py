@@ -52,6 +52,20 @@ class ThrottleNotice:
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class BudgetWaitNotice:
+    """Turn runner -> stream controller: the step's model call waits for output tokens
+    the calls beside it hold (becomes a ``budget-wait`` output chunk)."""
+
+    __repr__ = _repr
+
+    step: int
+    want: int
+    available: int
+    held: int
+    ahead: int
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StepReset:
     """Turn runner -> stream controller: the step's model call failed after it streamed
     output and the step starts over on ``provider`` (becomes a ``reset-step`` chunk)."""
@@ -841,6 +855,7 @@ __all__ = [
     "Batch",
     "Batcher",
     "BeginRequest",
+    "BudgetWaitNotice",
     "ConsumerItem",
     "ExecuteTools",
     "InferRequest",

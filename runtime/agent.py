@@ -766,7 +766,7 @@ async def _run_sub_turn(
             await session.end_wait(NESTED_WAIT)
     finally:
         await session.close()
-    context.add_usage(result.usage)
+    context.add_usage(result.usage, drawn=True)  # its calls drew on the account as they ran
     if passes:  # the calling turn waits for its approval (issue 21)
         wait_id = result.pending[0].approval_id
         if client is not None:  # answered on the caller under an id of its own

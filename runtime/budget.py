@@ -10,6 +10,8 @@ its own: the turn then ends the same way, with that name.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -187,8 +189,10 @@ class OutputAccount:
     """The output tokens that the calls of one batch of tools share: what their calling
     turn had left as the batch began (:attr:`Budget.max_output_tokens` less what it
     wrote), drawn from live by the sub-turns of the agents used as tools that run at
-    once (and by remote agents' calls, :class:`actors.a2a.A2AAgent`), so that together
-    they never write more than that.
+    once (and by remote agents' calls, :class:`actors.a2a.A2AAgent`, and tools that
+    count usage of their own, :meth:`ToolContext.add_usage
+    <runtime.tools.ToolContext.add_usage>`), so that together they never write more
+    than that.
 
     Why: each of them was given all that was left (:attr:`ToolContext.output_left
     <runtime.tools.ToolContext.output_left>`, a number fixed as the batch began), so N
@@ -205,12 +209,21 @@ class OutputAccount:
     :attr:`parent`: a call reserves in every account up the chain, so an agent two
     levels down draws on the top caller's tokens too.
 
+    Reservations are served first come, first served, across the whole tree of
+    accounts (the chain's top one keeps the queue): once one waits, every later one
+    waits behind it, even one that would fit. Why: a call that wants more than is free
+    (one with no cap of its own wants all that is left) was starved by capped siblings
+    whose next calls kept taking what came back, until their turns ended. It cannot
+    deadlock: the first waiter waits only for holds to settle, and a hold is one model
+    or summary call, which ends on its own without reserving (nothing holds while it
+    waits for anything but its provider).
+
     Live and in-process only: never stored. A calling turn that waits for a sub-agent's
     approval counts what that sub-turn wrote with the wait (``Awaiting.counted``), and
     its continuation, in whatever process, opens a new account from what it has left
     then."""
 
-    __slots__ = ("_changed", "held", "left", "parent")
+    __slots__ = ("_changed", "_queue", "held", "left", "parent")
 
     def __init__(self, left: int, parent: OutputAccount | None = None) -> None:
         self.left = left
@@ -221,6 +234,9 @@ class OutputAccount:
         self.parent = parent
         """The account of the batch whose sub-turn runs this one's (``None``: none)."""
         self._changed: trio.Event | None = None
+        """(The top account's:) set when a hold settles or a waiter leaves the queue."""
+        self._queue: deque[object] = deque()
+        """(The top account's:) the reservations waiting, first come first."""
 
     def available(self) -> int:
         """What a call may reserve now: the least any account up the chain has left."""
@@ -229,6 +245,16 @@ class OutputAccount:
             left = min(left, up.left)
             up = up.parent
         return max(left, 0)
+
+    def waiting(self) -> int:
+        """How many reservations wait in this account's tree (its top one's queue)."""
+        return len(self._top()._queue)
+
+    def _top(self) -> OutputAccount:
+        top = self
+        while top.parent is not None:
+            top = top.parent
+        return top
 
     def _short(self) -> OutputAccount:
         """The account up the chain that has the least left (this one on a tie)."""
@@ -239,13 +265,29 @@ class OutputAccount:
             up = up.parent
         return short
 
-    async def reserve(self, want: int) -> int:
+    def _ready(self, need: int) -> int | None:
+        """What the call may take now (``0``: nothing is left, nothing held that could
+        come back), or ``None`` while it must wait for a hold to settle."""
+        available = self.available()
+        if available >= need:
+            return available
+        if self._short().held > 0:
+            return None
+        return available  # all that is left (``0``: none), nothing held that could come back
+
+    async def reserve(
+        self, want: int, waits: Callable[[int, int, int], Awaitable[None]] | None = None
+    ) -> int:
         """Reserve up to ``want`` tokens (the cap a call will be sent) for one call, in
         this account and every one above it; return what was available (``0``: nothing
         is left, and nothing was reserved: the call may not be made). Waits, while
         less than ``want`` is available, for a call holding a reservation to settle;
         takes less (or returns ``0``) only when none does: then that is what is left.
         What was reserved, ``min(want, available)``, is given back by :meth:`settle`.
+        While another reservation waits, this one waits behind it (first come, first
+        served: see the class). ``waits``, when the call must wait: awaited once,
+        before it queues, with what is available, what calls hold and how many
+        reservations wait ahead of it (a notice for the stream).
 
         Why it waits for all of ``want``: a call that took the crumb its siblings' holds
         left it (10 of 90, two calls holding 40 each) was sent that as its cap and cut
@@ -254,18 +296,30 @@ class OutputAccount:
         does."""
         want = max(want, 0)
         need = max(want, 1)  # (``want`` 0: whether anything is left, once holds settle)
-        while True:
-            available = self.available()
-            if available >= need:
-                break
-            short = self._short()
-            if short.held <= 0:
-                if available > 0:
-                    break  # all that is left, nothing held that could come back
-                return 0
-            if short._changed is None:
-                short._changed = trio.Event()
-            await short._changed.wait()
+        top = self._top()
+        queue = top._queue
+        available = None if queue else self._ready(need)
+        if available is None:
+            if waits is not None:  # (said before it queues: a stream slow to take the
+                # notice would otherwise hold up the reservations behind this one)
+                await waits(self.available(), top.held, len(queue))
+            ticket = object()
+            queue.append(ticket)
+            try:
+                while True:
+                    if queue[0] is ticket:
+                        available = self._ready(need)
+                        if available is not None:
+                            break
+                    if top._changed is None:
+                        top._changed = trio.Event()
+                    await top._changed.wait()
+            finally:
+                queue.remove(ticket)
+                if queue:  # the next one looks (this one served, cancelled or refused)
+                    top._wake()
+        if not available:
+            return 0
         take = min(want, available)
         account: OutputAccount | None = self
         while account is not None:
@@ -277,16 +331,23 @@ class OutputAccount:
     def settle(self, held: int, spent: int) -> None:
         """A call that reserved ``held`` tokens is over, having written ``spent``: what
         it did not write comes back (what it wrote past ``held`` is taken too), in this
-        account and every one above it, and calls waiting for tokens look again."""
+        account and every one above it, and calls waiting for tokens look again.
+        ``settle(0, n)``: ``n`` tokens written with no reservation (a tool's usage,
+        :meth:`ToolContext.add_usage <runtime.tools.ToolContext.add_usage>`)."""
         account: OutputAccount | None = self
+        top = self
         while account is not None:
             account.held -= held
             account.left += held - spent
-            changed = account._changed
-            if changed is not None:
-                account._changed = None
-                changed.set()
+            top = account
             account = account.parent
+        top._wake()
+
+    def _wake(self) -> None:
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     def __repr__(self) -> str:
         return f"OutputAccount(left={self.left}, held={self.held})"

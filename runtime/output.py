@@ -255,6 +255,24 @@ class Throttled(_Base):
     reason: str
 
 
+@_out("budget-wait")
+class BudgetWait(_Base):
+    """The step's model call (or its history's summary call) waits for output tokens
+    the calls beside it hold: a sub-agent called at once with others draws on what its
+    calling turn has left (:class:`runtime.budget.OutputAccount`), and this call may be
+    sent ``want`` tokens as its cap while ``available`` are free, ``held`` reserved by
+    calls in flight and ``ahead`` reservations wait before it (first come, first
+    served). It goes on once enough comes back, or, nothing held, with what is left.
+    Why: such a sub-turn said nothing while it waited, and a UI showed a stream that
+    had stopped for no reason. A notice for the UI; nothing of it is stored."""
+
+    step: int
+    want: int
+    available: int
+    held: int
+    ahead: int
+
+
 @_out("steered")
 class Steered(_Base):
     """A user message joined the running turn (the ``steer`` busy strategy,
@@ -338,6 +356,7 @@ OutputChunk = (
     | ToolOutputDenied
     | ToolStream
     | Throttled
+    | BudgetWait
     | Steered
     | ResetStep
     | StepFinish

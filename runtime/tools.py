@@ -215,13 +215,34 @@ class ToolContext(Generic[Deps]):
         """Stream ``chunk`` (an output chunk) nested under this tool call."""
         await self._emit(chunk)
 
-    def add_usage(self, usage: Any) -> None:
-        """Count ``usage`` (a :class:`~runtime.chunks.Usage`) toward the calling turn's.
-        Anything else raises ``TypeError`` here, in the tool, as its error: taken, it
-        failed the calling turn with an AttributeError once the call ended."""
+    def add_usage(self, usage: Any, *, drawn: bool = False) -> None:
+        """Count ``usage`` (a :class:`~runtime.chunks.Usage`) toward the calling turn's,
+        and take its output tokens from :attr:`output_account` at once (when the calling
+        turn has an output budget), so the calls running beside this one see them
+        spent: a sub-agent's next model call is sent less, or none when nothing is left
+        (the calling turn then ends ``budget`` after the batch, as it would have).
+        Why: a tool that calls a model of its own and reports its usage counted only
+        once the batch was over, after its siblings had been given those tokens too,
+        so one step could write past the budget. The tokens are taken after the fact:
+        a tool that must keep its own call within what is left reserves its cap first
+        (``await context.output_account.reserve(cap)``, then ``settle(held, written)``,
+        as the turn runner does for a model call) and passes ``drawn=True`` here, as
+        an agent used as a tool does (its sub-turn's calls drew as they ran): then the
+        usage is only counted, not taken a second time.
+
+        Anything but a ``Usage`` raises ``TypeError`` here, in the tool, as its
+        error: taken, it failed the calling turn with an AttributeError once the call
+        ended; an ``output_tokens`` that is no count (negative, text) ``ValueError``,
+        before anything is counted (a negative one would give the account tokens)."""
         if not isinstance(usage, Usage):
             raise TypeError(f"add_usage takes a Usage, not {type(usage).__name__}")
+        spent = usage.output_tokens
+        if type(spent) is not int or spent < 0:  # (a negative count would give tokens back)
+            raise ValueError(f"add_usage: output_tokens is a count, 0 or more; got {spent!r}")
         self.usage = usage if self.usage is None else self.usage + usage
+        account = self.output_account
+        if account is not None and spent and not drawn:
+            account.settle(0, spent)  # written with no reservation
 
 
 class InvalidJSONSchema(ValueError):

@@ -37,6 +37,7 @@ TOO_LARGE = (
 def _fresh_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with nothing learnt (the memory is the process's)."""
     monkeypatch.setattr(output_caps, "KNOWN", {})
+    monkeypatch.setattr(output_caps, "LEARNT", {})
 
 
 def openai_400(message: str, param: str | None = "max_tokens") -> Reply:
@@ -251,9 +252,9 @@ async def test_a_shared_accounts_reservation_is_what_the_retry_sends(
     wants: list[int] = []
     reserve = OutputAccount.reserve
 
-    async def recorded(self: OutputAccount, want: int) -> int:
+    async def recorded(self: OutputAccount, want: int, waits: Any = None) -> int:
         wants.append(want)
-        return await reserve(self, want)
+        return await reserve(self, want, waits)
 
     monkeypatch.setattr(OutputAccount, "reserve", recorded)
     async with loopback_server(openai_400(message), answer("Hi.")) as server:

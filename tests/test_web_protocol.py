@@ -43,6 +43,7 @@ SCHEMA_FIELDS = {
     "text-end": {"id"},
     "data-object": {"id", "data"},
     "data-throttled": {"data", "transient"},
+    "data-budget-wait": {"data", "transient"},
     "data-steered": {"id", "data", "transient"},
     "reset-step": set(),
     "data-reset-step": {"data", "transient"},
@@ -131,6 +132,16 @@ CASES = [
                 "toolCallId": "c1",
                 "output": "partial",
                 "preliminary": True,
+            }
+        ],
+    ),
+    (
+        o.BudgetWait(step=1, want=90, available=50, held=40, ahead=0),
+        [
+            {
+                "type": "data-budget-wait",
+                "data": {"step": 1, "want": 90, "available": 50, "held": 40, "ahead": 0},
+                "transient": True,
             }
         ],
     ),
@@ -228,6 +239,31 @@ def test_a_streaming_tool_sends_its_text_so_far_as_preliminary_output():
         o.ToolResult(step=0, tool_call_id="c", tool_name="helper", output="Hello")
     )
     assert "preliminary" not in final
+
+
+def test_a_sub_agents_budget_wait_is_shown_under_its_call_at_any_depth():
+    """A sub-agent waiting for output tokens its siblings hold said nothing: its nested
+    chunks other than text were dropped, so the call's preliminary output just stopped.
+    Its ``budget-wait`` now comes as ``data-budget-wait`` naming the top call."""
+    encoder = UIStreamEncoder()
+    wait = o.BudgetWait(step=0, want=90, available=10, held=80, ahead=1)
+    inner = o.ToolStream(step=0, tool_call_id="deep", tool_name="inner", chunk=wait)
+    for chunk in (wait, inner):
+        (ui,) = encoder.encode(
+            o.ToolStream(step=0, tool_call_id="c", tool_name="helper", chunk=chunk)
+        )
+        assert ui == {
+            "type": "data-budget-wait",
+            "data": {
+                "step": 0,
+                "want": 90,
+                "available": 10,
+                "held": 80,
+                "ahead": 1,
+                "toolCallId": "c",
+            },
+            "transient": True,
+        }
 
 
 def test_finish_reasons_outside_the_protocol_go_as_other_with_the_real_one_in_metadata():

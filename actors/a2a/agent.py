@@ -38,6 +38,7 @@ from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
 from runtime.output import (
     Abort,
+    BudgetWait,
     Error,
     ErrorInfo,
     Finish,
@@ -181,11 +182,19 @@ class _Nested:
         """Take up to ``want`` bytes' tokens from :attr:`account` (all of them without
         one): what the account has, once no call beside this one holds what it needs
         (:meth:`OutputAccount.reserve <runtime.budget.OutputAccount.reserve>` waits
-        for a model call's reservation to settle, a call that ends on its own)."""
+        for a model call's reservation to settle, a call that ends on its own), the wait
+        said in the nested stream (a ``budget-wait`` chunk, as a sub-turn's)."""
         account = self.account
         if account is None or want <= 0:
             return max(want, 0)
-        take = min(want, await account.reserve(want))
+
+        async def notice(available: int, held: int, ahead: int) -> None:
+            if self.started:
+                await self._out(
+                    BudgetWait, step=0, want=want, available=available, held=held, ahead=ahead
+                )
+
+        take = min(want, await account.reserve(want, notice))
         if take:
             account.settle(take, take)  # written at once: held by nothing
         return take
@@ -748,7 +757,7 @@ async def _remote_call(remote: A2AAgent, input: str, context: ToolContext) -> st
         await remote._answer(input, nested, context.depth)
     finally:
         if cap is not None:
-            context.add_usage(nested.usage())
+            context.add_usage(nested.usage(), drawn=True)  # (drawn as its bytes came)
     text = "".join(nested.text)
     if not nested.cut:
         return text

@@ -19,7 +19,7 @@ ends ``budget``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -77,6 +77,7 @@ async def compact(
     tools: tuple[Any, ...],
     left: int | None = None,
     account: OutputAccount | None = None,
+    notice: Callable[[int], Callable[[int, int, int], Awaitable[None]]] | None = None,
 ) -> Compacted:
     """``messages`` (repaired) through ``processors``; repaired again after them, so a
     processor of the application's that cuts between a call and its result still sends
@@ -86,7 +87,9 @@ async def compact(
     (a sub-turn's, shared with the calls beside it), in which each summary call reserves
     its cap while it runs, as a model call does; nothing is held otherwise (reserving
     all that was left for all the processors held it while an application's processor
-    waited, a deadlock when it waited for a sub-agent beside it)."""
+    waited, a deadlock when it waited for a sub-agent beside it). ``notice``: given a
+    summary call's cap, what its reservation calls when it must wait (the turn's
+    ``budget-wait`` chunk: :func:`actors.turn.inference.waits_notice`)."""
     spent: list[Usage] = []
 
     async def count(sent: Sequence[Message]) -> int:
@@ -110,7 +113,8 @@ async def compact(
         cap = None if left is None else max(left - sum(u.output_tokens for u in spent), 0)
         held = 0
         if cap is not None and account is not None:
-            held = cap = min(cap, await account.reserve(cap))
+            waits = None if notice is None else notice(cap)
+            held = cap = min(cap, await account.reserve(cap, waits))
         if cap == 0:  # no call may write nothing
             raise BudgetExceeded("max_output_tokens")
         wrote = held  # (cancelled or failed: all it held counts)

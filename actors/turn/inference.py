@@ -11,14 +11,15 @@ has one (after a ``reset-step`` if the failed call had streamed output). Mixed i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import trio
 
 from actors.turn.compaction import compact
-from actors.turn.output_caps import asked, learn
+from actors.turn.output_caps import asked, expire, learn
 from actors.turn.parts import CallIds, storable
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
@@ -28,6 +29,7 @@ from runtime.actor import Actor
 from runtime.actor_messages import (
     Batch,
     BeginRequest,
+    BudgetWaitNotice,
     InferRequest,
     StepReset,
     StreamFailed,
@@ -132,7 +134,7 @@ class Inferring:
                     turn.usage = turn.usage + spent
                 if isinstance(exc, OutputCapTooLarge) and not (result.produced or lowered):
                     provider = self._provider_at(turn.provider)
-                    if learn(provider, self.agent.settings, exc, result.sent):
+                    if learn(provider, self.agent.settings, exc, result.sent, self.host.clock):
                         lowered = True
                         attempt -= 1  # not one of the policy's retries
                         self._log.warning(
@@ -280,6 +282,7 @@ class Inferring:
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, provider, messages, instructions, tools)
         cap = result.cap = turn.limits.output_left(turn.usage)
+        expire(provider, self.host.clock)  # a model's maximum learnt long ago (output_caps)
         if cap == 0:  # the summary calls wrote what was left: no call may write 0
             raise BudgetExceeded("max_output_tokens")
         if cap is not None:  # what the provider's request will carry (its own cap?)
@@ -425,6 +428,7 @@ class Inferring:
             tools=tools,
             left=turn.limits.output_left(turn.usage),
             account=turn.account,
+            notice=partial(waits_notice, turn),
         )
         turn.usage = turn.usage + done.usage
         if done.over is not None:  # a summary cut by the turn's budget: not used
@@ -497,19 +501,34 @@ def sent_cap(provider: Any, settings: Mapping[str, Any], cap: int) -> int | None
 async def _reserve(turn: Turn, step: Step, provider: Any, settings: Mapping[str, Any]) -> None:
     """Reserve in the turn's account (:attr:`Turn.account`, shared with its calling
     turn's other calls) the cap ``step``'s call will be sent, waiting while another call
-    holds what is left; lower the call's cap to what the account has. Nothing left
-    (and nothing held by any call): :class:`BudgetExceeded`, before the call, as when
-    the turn's own budget is spent."""
+    holds what is left (or another reservation waits before it), the wait said in the
+    stream (a ``budget-wait`` chunk: :func:`waits_notice`); lower the call's cap to what
+    the account has. Nothing left (and nothing held by any call):
+    :class:`BudgetExceeded`, before the call, as when the turn's own budget is spent."""
     account, cap = turn.account, step.cap
     assert account is not None and cap is not None
     want = cap if step.sent is None else step.sent  # (none sent: what is left)
-    available = await account.reserve(want)
+    available = await account.reserve(want, waits_notice(turn, want))
     if not available:
         raise BudgetExceeded("max_output_tokens")
     step.held = min(want, available)
     if available < cap:  # the account, not the turn's own budget, bounds it
         step.cap = available
         step.sent = sent_cap(provider, settings, available)
+
+
+def waits_notice(turn: Turn, want: int) -> Callable[[int, int, int], Awaitable[None]]:
+    """What a reservation of ``want`` tokens for ``turn``'s current step calls when it
+    must wait (:meth:`OutputAccount.reserve <runtime.budget.OutputAccount.reserve>`):
+    a ``budget-wait`` chunk in the turn's stream (on the bus too), so a UI or a log
+    shows why the sub-turn has stopped streaming."""
+
+    async def notice(available: int, held: int, ahead: int) -> None:
+        await turn.ctrl.send(
+            BudgetWaitNotice(step=turn.step, want=want, available=available, held=held, ahead=ahead)
+        )
+
+    return notice
 
 
 def _settle(turn: Turn, step: Step, spent: int) -> None:

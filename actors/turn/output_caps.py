@@ -16,11 +16,23 @@ What it learnt is kept per provider and model for the process (:data:`KNOWN`), s
 calls send it directly. A provider with a cap of its own (Anthropic's ``max_tokens``
 default, an agent's ``settings``) is never retried: the budget only ever lowers that
 cap, so such a refusal is the configuration's, as it is without a budget.
+
+What it learnt is forgotten :data:`FORGET_AFTER` seconds later on the host's clock
+(:func:`expire`, checked as a call begins), and the oldest entry goes once
+:data:`MOST` are kept. Why: a model's maximum is a fact of the server, and servers
+change (a provider raising a model's output limit, an alias such as ``gpt-4o`` moved
+to a newer model, a local server restarted with another model under the same name);
+kept for the process, the old maximum capped every call below what the model may now
+write until a restart, and a process that met many models (a gateway naming them per
+request) kept them all. Forgetting costs one refused request per model per period
+(the call is then lowered again, as the first time). A success cannot stand for
+forgetting instead: no call is ever sent more than the maximum learnt, so none could
+show it rose.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from runtime.errors import OutputCapTooLarge
@@ -28,10 +40,19 @@ from runtime.errors import OutputCapTooLarge
 NO_CAP: Final = 0
 """In :data:`KNOWN`: the model refused a budget cap and named no maximum; send none."""
 
+FORGET_AFTER: Final = 3600.0
+"""Seconds (the host's clock) an entry of :data:`KNOWN` is kept."""
+
+MOST: Final = 256
+"""The entries :data:`KNOWN` keeps at most (the oldest goes first)."""
+
 KNOWN: dict[tuple[Any, ...], int] = {}
 """The output maximum learnt per (provider class, provider name, model, endpoint) in this
-process (:data:`NO_CAP`: send the budget's cap not at all). Few entries: one per model
-that refused a cap."""
+process (:data:`NO_CAP`: send the budget's cap not at all), oldest first. Few entries:
+one per model that refused a cap."""
+
+LEARNT: dict[tuple[Any, ...], float] = {}
+"""When each entry of :data:`KNOWN` was learnt (the host's clock, seconds)."""
 
 
 def _key(provider: Any) -> tuple[Any, ...]:
@@ -41,6 +62,20 @@ def _key(provider: Any) -> tuple[Any, ...]:
         getattr(provider, "model", None),
         getattr(provider, "endpoint", None),
     )
+
+
+def expire(provider: Any, clock: Callable[[], float]) -> None:
+    """Forget what was learnt for ``provider``'s model once :data:`FORGET_AFTER`
+    seconds of ``clock`` (the host's) have passed since: its next call is sent the
+    budget's cap again. Called once as a call begins (so :func:`asked` answers the same
+    for all of that call), and only reads the clock when something was learnt."""
+    if not KNOWN:
+        return
+    key = _key(provider)
+    at = LEARNT.get(key)
+    if at is not None and clock() - at >= FORGET_AFTER:
+        KNOWN.pop(key, None)
+        del LEARNT[key]
 
 
 def asked(provider: Any, cap: int | None) -> int | None:
@@ -56,12 +91,17 @@ def asked(provider: Any, cap: int | None) -> int | None:
 
 
 def learn(
-    provider: Any, settings: Mapping[str, Any], exc: OutputCapTooLarge, sent: int | None
+    provider: Any,
+    settings: Mapping[str, Any],
+    exc: OutputCapTooLarge,
+    sent: int | None,
+    clock: Callable[[], float],
 ) -> bool:
     """Whether the call that failed with ``exc`` after sending the budget's cap
     ``sent`` may be made again with a lower one, which :func:`asked` then gives: only
     when the request's cap was the budget's alone (the provider's request mapping sends
-    none without a budget) and the maximum the error names, if any, is below it."""
+    none without a budget) and the maximum the error names, if any, is below it. Kept
+    from ``clock``'s now (the host's) for :data:`FORGET_AFTER` seconds."""
     if sent is None:
         return False  # no budget cap was sent: the refusal is not the budget's
     own = getattr(provider, "sent_cap", None)
@@ -70,5 +110,12 @@ def learn(
     limit = exc.limit
     if limit is not None and not 0 < limit < sent:
         return False  # (it names a maximum the refused cap was not above)
-    KNOWN[_key(provider)] = NO_CAP if limit is None else limit
+    key = _key(provider)
+    KNOWN.pop(key, None)  # (learnt again: the newest)
+    KNOWN[key] = NO_CAP if limit is None else limit
+    LEARNT[key] = clock()
+    while len(KNOWN) > MOST:
+        oldest = next(iter(KNOWN))
+        del KNOWN[oldest]
+        LEARNT.pop(oldest, None)
     return True

@@ -26,7 +26,8 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-error`` -> ``tool-output-error`` (``toolCallId``, ``errorText``);
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
   streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
-  which the final result replaces; its other nested chunks are not forwarded;
+  which the final result replaces; its other nested chunks are not forwarded (but
+  ``budget-wait``, below);
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
   whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`);
@@ -34,6 +35,11 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
+* ``budget-wait`` (a model call waits for output tokens the calls beside it hold) ->
+  ``data-budget-wait`` with ``transient: true`` (``data``: ``step``, ``want``,
+  ``available``, ``held``, ``ahead``); a sub-agent's, nested in a ``tool-stream``, comes
+  so too, with ``data.toolCallId`` the call it runs under (at any depth), so a UI shows
+  why that call's preliminary output has stopped;
 * ``steered`` (a user message joined the running turn, ``on_busy="steer"``) ->
   ``data-steered`` with ``transient: true`` (``id`` and ``data.messageId``: the stored
   user message's id; ``data.text``, ``data.step``, ``data.answerId``: the id of the
@@ -169,6 +175,21 @@ class UIStreamEncoder:
         # transient: the UI shows it while it waits, never stores it
         data = {"wait": chunk.wait, "reason": chunk.reason}
         return [{"type": "data-throttled", "data": data, "transient": True}]
+
+    def _budget_wait(
+        self, chunk: o.BudgetWait, tool_call_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        # transient, as throttled: why a sub-agent's stream has stopped for now
+        data: dict[str, Any] = {
+            "step": chunk.step,
+            "want": chunk.want,
+            "available": chunk.available,
+            "held": chunk.held,
+            "ahead": chunk.ahead,
+        }
+        if tool_call_id is not None:  # a sub-agent's, nested under this call
+            data["toolCallId"] = tool_call_id
+        return [{"type": "data-budget-wait", "data": data, "transient": True}]
 
     def _steered(self, chunk: o.Steered) -> list[dict[str, Any]]:
         """A user message that joined the running turn: a transient data part (the AI
@@ -343,6 +364,10 @@ class UIStreamEncoder:
         AI SDK's preliminary tool output; the final result replaces it."""
         inner = chunk.chunk
         if type(inner) is not o.TextDelta:
+            while type(inner) is o.ToolStream:  # (a sub-agent's sub-agent's)
+                inner = inner.chunk
+            if type(inner) is o.BudgetWait:  # why its stream stopped: shown, not dropped
+                return self._budget_wait(inner, chunk.tool_call_id)
             return []
         text = self._streamed.get(chunk.tool_call_id, "") + inner.text
         self._streamed[chunk.tool_call_id] = text
@@ -411,6 +436,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.TextFinish: _part_edge("text-end"),
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
+    o.BudgetWait: UIStreamEncoder._budget_wait,
     o.Steered: UIStreamEncoder._steered,
     o.ResetStep: UIStreamEncoder._reset,
     o.ReasoningStart: UIStreamEncoder._reasoning_start,
