@@ -243,7 +243,11 @@ async def test_an_uncapped_sub_agent_waits_only_for_the_calls_in_flight_when_it_
     both capped sub-agents had ended, and was sent the 40 they left."""
     result, log, caps, _, results = await _three_at_once()
     assert caps == [85]
-    assert log[:3] == ["C1", "G", "C2"]  # (before: G last of eleven calls)
+    assert log[:2] == ["C1", "G"]  # (before: G last of eleven calls)
+    # C2 (queued at 0.5 s) and C1's second call (queued at 1 s) are both served when G
+    # gives back at 2 s; which of the two reaches its model first is trio's scheduling
+    # order (randomised), not the account's.
+    assert sorted(log[2:4]) == ["C1", "C2"]
     assert results["G"] == "x" * 30
     assert results["C1"] == results["C2"] == "x" * 25  # (five calls of 5)
     assert result.usage.output_tokens == 10 + 30 + 25 + 25 + 1
