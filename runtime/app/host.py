@@ -341,6 +341,10 @@ class Host:
         before anything is stored (:class:`~runtime.media.InputLimits`)."""
         self.sessions: dict[str, Session] = {}
         """The sessions in memory, least recently used first."""
+        self.turns_by_id: dict[str, TurnStream] = {}
+        """The turns running now (each a session's ``current``), by turn id: whether a
+        caller's id names one is a look-up, not a pass over every session in memory (a
+        worker's thousand, each of its turns: issue 24 goal 3)."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event | None] = {}
