@@ -1109,15 +1109,17 @@ class Host:
         if limit is None or len(self.sessions) <= limit or self.shutting_down:
             return []
         now = trio.current_time()
-        evicted = []
-        excess = len(self.sessions) - limit
-        for session in list(self.sessions.values()):
-            if excess <= 0:
-                break
+        # The least recently used first, as far as the excess: not a copy of them all (a
+        # host at capacity, a worker's thousand, copied every session for each new one).
+        going = []
+        excess = len(self.sessions) - limit  # (at least 1 here)
+        for session in self.sessions.values():
             if session is not keep and self._evictable(session):
-                evicted.append(self._evict(session, "capacity", now))
+                going.append(session)
                 excess -= 1
-        return evicted
+                if excess <= 0:
+                    break
+        return [self._evict(session, "capacity", now) for session in going]
 
     async def _expire_idle_sessions(self) -> None:
         """Evict sessions idle for ``idle_ttl``; sleeps until the next one is due."""
