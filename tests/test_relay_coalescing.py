@@ -674,3 +674,26 @@ async def test_a_pipeline_whose_flushes_all_went_through_looks_for_no_failure(
         # is a loop: no generator frame (and a resume an item) each time.
         assert ("redis_writer.py", "_quiet") in calls
         assert [c for c in calls if c[0] == "redis_writer.py" and c[1] == "<genexpr>"] == []
+
+
+async def test_a_writer_s_id_is_16_random_hex_digits_made_in_no_python_call() -> None:
+    # Issue 24 goal 3: a writer a turn; its id was a uuid4's first 16 hex digits, the
+    # object's __init__ and properties Python calls of the turn.
+    async with fake_relay() as (relay, _):
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_filename.rsplit("/", 1)[-1])
+
+        sys.setprofile(count)
+        try:
+            writers = [relay.writer(session_id="s", turn_id=f"t{i}") for i in range(50)]
+        finally:
+            sys.setprofile(None)
+        ids = [w.writer_id for w in writers]
+        for writer in writers:
+            await writer.aclose(final=False)
+    assert "uuid.py" not in calls
+    assert len(set(ids)) == 50
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
