@@ -390,3 +390,26 @@ async def test_reading_a_waiting_turns_calls_leaves_no_tuple_in_cpythons_free_li
     for _ in range(500):
         pending_calls(messages)
     assert sys.getallocatedblocks() - before < 50  # 1,000 more as tuple(genexpr)
+
+
+async def test_a_session_opened_at_capacity_looks_at_the_least_recently_used_alone():
+    # A worker keeps up to a thousand sessions and opens one for most turns: eviction
+    # went through a copy of every session in memory each time, to evict the first.
+    class Counted(dict):
+        looked = 0
+
+        def values(self):  # type: ignore[override]
+            for session in super().values():
+                Counted.looked += 1
+                yield session
+
+    agent = scripted_agent()
+    async with Host.open(max_sessions=50) as host:
+        for i in range(50):
+            await host.open_session(agent, session_id=f"s{i}")
+        host.sessions = Counted(host.sessions)
+        await host.open_session(agent, session_id="new")
+        looked = Counted.looked
+        assert "s0" not in host.sessions and "s1" in host.sessions and "new" in host.sessions
+        assert len(host.sessions) == 50
+    assert looked == 1

@@ -638,3 +638,62 @@ async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_a
         "start",
         "relay.end",
     ]
+
+
+async def test_a_pipeline_whose_flushes_all_went_through_looks_for_no_failure(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: after every pipeline the flusher asked of each flush whether its
+    # connection was lost under a large entry (two Python calls and an import each),
+    # ~7 a worker's turn; a flush with no error is looked at no further.
+    async with fake_relay() as (relay, pipes):
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(3)]
+        for writer in writers:
+            writer.append(o.Start(message_id="m"))
+            await writer.flushed()
+        for i, writer in enumerate(writers):
+            writer.append(delta(i))  # each waits for the tick: one pipeline for the three
+        pipelines = relay.batcher.pipelines
+        calls: list[tuple[str, str]] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":  # (a generator's resume is one too)
+                code = frame.f_code
+                calls.append((code.co_filename.rsplit("/", 1)[-1], code.co_name))
+
+        sys.setprofile(count)
+        try:
+            for writer in writers:
+                await writer.flushed()
+        finally:
+            sys.setprofile(None)
+        assert relay.batcher.pipelines == pipelines + 1
+        assert [types for _, _, types in pipes.entries()[-3:]] == [["text-delta"]] * 3
+        assert [name for _, name in calls if name in ("_suspect", "_transient")] == []
+        # Whether each queue is only quiet chunks, asked as it waits and as it is taken,
+        # is a loop: no generator frame (and a resume an item) each time.
+        assert ("redis_writer.py", "_quiet") in calls
+        assert [c for c in calls if c[0] == "redis_writer.py" and c[1] == "<genexpr>"] == []
+
+
+async def test_a_writer_s_id_is_16_random_hex_digits_made_in_no_python_call() -> None:
+    # Issue 24 goal 3: a writer a turn; its id was a uuid4's first 16 hex digits, the
+    # object's __init__ and properties Python calls of the turn.
+    async with fake_relay() as (relay, _):
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_filename.rsplit("/", 1)[-1])
+
+        sys.setprofile(count)
+        try:
+            writers = [relay.writer(session_id="s", turn_id=f"t{i}") for i in range(50)]
+        finally:
+            sys.setprofile(None)
+        ids = [w.writer_id for w in writers]
+        for writer in writers:
+            await writer.aclose(final=False)
+    assert "uuid.py" not in calls
+    assert len(set(ids)) == 50
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)

@@ -11,6 +11,7 @@ so a stop naming it took the queued message out and left the running turn on."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import httpx
@@ -179,3 +180,73 @@ async def test_a_stop_naming_the_running_turns_id_stops_it_not_the_message_queue
     assert stopped == ("t1", False)  # the running turn, not the queued message
     assert type(chunks["a"][-1]).__name__ == "Abort"
     assert type(chunks["b"][-1]).__name__ == "Finish"
+
+
+# -- what checking a caller's turn id costs ----------------------------------------------
+
+
+async def _lines_checking_a_named_turn(idle: int) -> tuple[int, str]:
+    """Lines run by a named turn's start (``TurnStream.__aenter__`` and its running-turn
+    check) on a host holding ``idle`` other sessions, and the id the turn ran under."""
+    from runtime.app.session import TurnStream
+
+    codes = {TurnStream.__aenter__.__code__, TurnStream._names_a_running_turn.__code__}
+    lines = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if frame.f_code not in codes:
+            return None
+        if event == "line":
+            lines += 1
+        return trace
+
+    async with Host.open(log_tap=False) as host:
+        agent = agent_with(Script(["idle"], ["named"]))
+        for i in range(idle):
+            await host.open_session(agent, session_id=f"idle{i}")
+        session = await host.open_session(agent, session_id="s")
+        stream = session.stream("a", turn_id="t1")
+        sys.settrace(trace)
+        try:
+            entered = await stream.__aenter__()
+        finally:
+            sys.settrace(None)
+        await entered.collect()
+        await entered.__aexit__(None, None, None)
+    return lines, stream.turn_id
+
+
+async def test_a_named_turn_s_start_costs_the_same_however_many_sessions_its_host_holds():
+    # A worker passes every claimed turn's id (the queue's) and keeps up to a thousand
+    # sessions: the check that the id names no running turn went through all of them,
+    # ~3 lines each, every turn (~25 us a turn at 600; issue 24 goal 3).
+    few, few_id = await _lines_checking_a_named_turn(2)
+    many, many_id = await _lines_checking_a_named_turn(300)
+    assert few_id == many_id == "t1"
+    assert many == few
+
+
+async def test_a_turn_id_another_session_runs_is_taken_until_that_turn_ends():
+    script = Script(holding(), ["second"], ["third"], ["fourth"])
+    ids: dict[str, str] = {}
+    async with Host.open(log_tap=False) as host:
+        agent = agent_with(script, "enqueue")
+        a = await host.open_session(agent, session_id="a")
+        b = await host.open_session(agent, session_id="b")
+
+        async def run(session: Any, text: str) -> None:
+            async with session.stream(text, turn_id="t1") as stream:
+                await stream.collect()
+            ids[text] = stream.turn_id
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, a, "held")
+            await held["open"].wait()
+            assert set(host.turns_by_id) == {"t1"}
+            await run(b, "beside")  # another session's turn runs as t1: its own id
+            held["release"].set()
+        assert host.turns_by_id == {}  # (none kept once over)
+        await run(b, "after")  # t1 runs no more: the caller's id is taken
+    assert ids["held"] == ids["after"] == "t1"
+    assert ids["beside"] not in ("t1", "")

@@ -652,3 +652,37 @@ async def test_a_workers_turn_closes_its_relay_writer_in_one_cancel_scope(pg_url
     assert done is not None and done.status == "done"
     assert counts == [(0, 1)]
     assert len(ends) == 1 and ends[0][-1] == "relay.end"
+
+
+def test_whether_a_last_save_may_claim_resumes_no_generator_over_the_turns_running() -> None:
+    # Issue 24 goal 3: asked twice a worker's turn (its last save, the next turn's start)
+    # over the turns running; ``any`` of a generator resumed it once a turn running.
+    import sys
+    from types import SimpleNamespace
+
+    def running(takeover: bool) -> Any:
+        return SimpleNamespace(claim=SimpleNamespace(takeover=takeover))
+
+    entries = [running(False) for _ in range(8)]
+    worker = SimpleNamespace(_stopping=trio.Event(), running=dict(enumerate(entries)))
+    calls: list[str] = []
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        wanted = [Worker._wants_next(worker, entries[0]), Worker._wants_next(worker, None)]  # type: ignore[arg-type]
+    finally:
+        sys.setprofile(None)
+    assert wanted == [True, True]
+    assert calls == ["_wants_next", "is_set"] * 2  # (before: a generator resumed 8 times each)
+    beside = running(True)  # a takeover runs: no claim beside it, but its own last save's
+    worker.running[8] = beside
+    assert Worker._wants_next(worker, entries[0]) is False  # type: ignore[arg-type]
+    assert Worker._wants_next(worker, None) is False  # type: ignore[arg-type]
+    assert Worker._wants_next(worker, beside) is True  # type: ignore[arg-type]
+    del worker.running[8]
+    worker._stopping.set()
+    assert Worker._wants_next(worker, None) is False  # type: ignore[arg-type]

@@ -341,6 +341,10 @@ class Host:
         before anything is stored (:class:`~runtime.media.InputLimits`)."""
         self.sessions: dict[str, Session] = {}
         """The sessions in memory, least recently used first."""
+        self.turns_by_id: dict[str, TurnStream] = {}
+        """The turns running now (each a session's ``current``), by turn id: whether a
+        caller's id names one is a look-up, not a pass over every session in memory (a
+        worker's thousand, each of its turns: issue 24 goal 3)."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event | None] = {}
@@ -1105,15 +1109,17 @@ class Host:
         if limit is None or len(self.sessions) <= limit or self.shutting_down:
             return []
         now = trio.current_time()
-        evicted = []
-        excess = len(self.sessions) - limit
-        for session in list(self.sessions.values()):
-            if excess <= 0:
-                break
+        # The least recently used first, as far as the excess: not a copy of them all (a
+        # host at capacity, a worker's thousand, copied every session for each new one).
+        going = []
+        excess = len(self.sessions) - limit  # (at least 1 here)
+        for session in self.sessions.values():
             if session is not keep and self._evictable(session):
-                evicted.append(self._evict(session, "capacity", now))
+                going.append(session)
                 excess -= 1
-        return evicted
+                if excess <= 0:
+                    break
+        return [self._evict(session, "capacity", now) for session in going]
 
     async def _expire_idle_sessions(self) -> None:
         """Evict sessions idle for ``idle_ttl``; sleeps until the next one is due."""

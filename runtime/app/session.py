@@ -115,6 +115,8 @@ class SessionOwner(Protocol):
     """The limits a user message's parts and media are checked against."""
     sessions: dict[str, Session]
     """The sessions in memory, by id (an evicted session is not among them)."""
+    turns_by_id: dict[str, TurnStream]
+    """The turns running now (each a session's ``current``), by turn id."""
     shutting_down: bool
     """Set once the host is closing: a turn waiting for its session refuses to start."""
     clock: Callable[[], float]
@@ -444,11 +446,8 @@ class TurnStream:
         only for a caller's own id: a generator of the running turns made for every turn
         and never read was closed with a ``GeneratorExit`` (an exception built and
         dropped, issue 24 goal 1)."""
-        for other in session.host.sessions.values():
-            current = other.current
-            if current is not None and current.turn_id == self.turn_id:
-                return True
-        return False
+        running = session.host.turns_by_id.get(self.turn_id)
+        return running is not None and running.session.current is running
 
     async def __aenter__(self) -> TurnStream:
         session = self.session
@@ -529,6 +528,7 @@ class TurnStream:
         runner = session.runner
         assert runner is not None
         session.current = self
+        session.host.turns_by_id[self.turn_id] = self
         session.changed()
         try:
             await runner.send(
@@ -554,9 +554,16 @@ class TurnStream:
             )
         except BaseException:
             session.current = None
+            self._not_running()
             session.changed()
             raise
         return self
+
+    def _not_running(self) -> None:
+        """This turn no longer runs: out of its host's ``turns_by_id``."""
+        running = self.session.host.turns_by_id
+        if running.get(self.turn_id) is self:
+            del running[self.turn_id]
 
     def poke(self) -> None:
         """Wake this stream if it waits in its session's queue (:meth:`Session.changed`
@@ -915,6 +922,7 @@ class TurnStream:
             if self.continues is not None or session.continued is not None:
                 session.continued = self.message_id if self.continues is not None else None
             session.current = None
+            self._not_running()
             session.changed()
             if not session.queued:  # idle: its actors rest until its next turn
                 session.host.rest(session)
@@ -1383,6 +1391,8 @@ class Session:
             self._saved_anything = self.runner.snapshot.saved_upto > 0
         self.runner = None
         self.actors = []
+        if self.current is not None:
+            self.current._not_running()
         self.current = None
         self._decided = None
 

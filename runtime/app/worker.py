@@ -905,10 +905,14 @@ class Worker:
         """Whether ``entry``'s last save may claim the next turn for its slot (``None``:
         whether a turn so claimed may start now): not while the worker is stopping, nor
         while another turn it runs is a takeover (the claim loop's rule: it claims
-        nothing beside one)."""
-        return not self._stopping.is_set() and not any(
-            other.claim.takeover for other in self.running.values() if other is not entry
-        )
+        nothing beside one). A loop, not ``any`` of a generator: asked twice a turn over
+        the turns running (a resume each, issue 24 goal 3)."""
+        if self._stopping.is_set():
+            return False
+        for other in self.running.values():
+            if other.claim.takeover and other is not entry:
+                return False
+        return True
 
     async def _run_one(self, entry: _Running) -> NextClaimed | None:
         """Run one claimed turn to its end (its lease and entry let go); the turn its last
