@@ -313,3 +313,35 @@ async def test_a_descriptor_the_client_altered_decides_nothing():
     assert part_of(before, "H")["approval"]["descriptor"] == ASKED  # the store's, not the echo
     assert r.status_code == 200, r.text
     assert ran == ["y"]
+
+
+async def test_two_agents_deep_the_request_names_the_innermost_call_and_the_edit_runs_there():
+    """``top`` -> ``middle`` -> ``helper``: the top call's request names ``helper``'s
+    ``wire_money`` call (the one the person approves), and the edit runs there."""
+    from tests.test_approval_nested_pass import _grand_parent
+
+    async with web_server(_grand_parent()) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            asked = request_of(first)
+            part = {
+                "type": "tool-middle",
+                "toolCallId": asked["toolCallId"],
+                "state": "approval-responded",
+                "input": part_of(
+                    (await client.get("/api/sessions/s")).json()["ui_messages"],
+                    asked["toolCallId"],
+                )["input"],
+                "approval": {
+                    "id": asked["approvalId"],
+                    "approved": True,
+                    "descriptor": asked["approvalDescriptor"],
+                    EDITED_INPUT: {"to": "deep"},
+                },
+            }
+            r = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+            done = (await client.get("/api/sessions/s")).json()["ui_messages"]
+    assert asked["approvalDescriptor"] == ASKED
+    assert r.status_code == 200, r.text
+    assert ran == ["deep"]
+    assert part_of(done, asked["toolCallId"])["toolMetadata"] == {ASKED_EDIT: {"to": "deep"}}
