@@ -453,21 +453,29 @@ def _passes(result: Any, may: bool) -> bool:
     return may and bool(pending) and all(p.kind in ("approval", "client") for p in pending)
 
 
-def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
-    """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
-    tool's name and input (two agents deep, the one its own nested wait names)."""
+def _waiting_call(messages: Sequence[Any], wait_id: str) -> ToolCallPart | None:
+    """The call of the sub-turn's last assistant message whose wait is ``wait_id``
+    (a suspended sub-turn's waits are all in its last one); ``None``: none."""
     for m in reversed(messages):
         if isinstance(m, AssistantMessage):
             for p in m.content:
-                if not isinstance(p, ToolCallPart) or p.awaiting is None:
-                    continue
-                w = p.awaiting
-                if w.id == wait_id:
-                    if w.sub_tool is not None:
-                        return w.sub_tool, w.sub_input
-                    return p.tool_name, p.input
-            break
-    raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+                if isinstance(p, ToolCallPart) and p.awaiting is not None:
+                    if p.awaiting.id == wait_id:
+                        return p
+            return None
+    return None
+
+
+def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
+    """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
+    tool's name and input (two agents deep, the one its own nested wait names)."""
+    p = _waiting_call(messages, wait_id)
+    if p is None or p.awaiting is None:
+        raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+    w = p.awaiting
+    if w.sub_tool is not None:
+        return w.sub_tool, w.sub_input
+    return p.tool_name, p.input
 
 
 def _sub_asked(
@@ -477,21 +485,15 @@ def _sub_asked(
     stored schema and the agent tools between (two agents deep, the one its own nested
     wait names, through that wait's agent tool); ``None`` when that wait cannot say
     (one stored before it did)."""
-    for m in reversed(messages):
-        if isinstance(m, AssistantMessage):
-            for p in m.content:
-                if not isinstance(p, ToolCallPart) or p.awaiting is None:
-                    continue
-                w = p.awaiting
-                if w.id == wait_id:
-                    if w.nested:
-                        if w.asked_tool is None:
-                            return None
-                        via = (p.tool_name, *w.asked_via)
-                        return w.asked_tool, w.asked_input, w.schema, via
-                    return p.tool_name, p.input, w.schema, ()
-            break
-    return None
+    p = _waiting_call(messages, wait_id)
+    if p is None or p.awaiting is None:
+        return None
+    w = p.awaiting
+    if w.nested:
+        if w.asked_tool is None:
+            return None
+        return w.asked_tool, w.asked_input, w.schema, (p.tool_name, *w.asked_via)
+    return p.tool_name, p.input, w.schema, ()
 
 
 def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
@@ -504,14 +506,8 @@ def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
 def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:
     """When the sub-turn's wait for ``approval_id`` expires (the sub-agent's
     ``approval_timeout``), the calling turn's wait's deadline too; ``None``: never."""
-    for m in reversed(messages):
-        if isinstance(m, AssistantMessage):
-            for p in m.content:
-                w = p.awaiting if isinstance(p, ToolCallPart) else None
-                if w is not None and w.id == approval_id:
-                    return w.expires_at
-            return None
-    return None
+    p = _waiting_call(messages, approval_id)
+    return None if p is None or p.awaiting is None else p.awaiting.expires_at
 
 
 async def _sub_stream(
