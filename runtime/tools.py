@@ -644,7 +644,7 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         raise ToolInputError(f"invalid {what} for {name}: they cannot be checked: {exc}") from None
     except SchemaTooCostly:
         raise ToolInputError(
-            f"invalid {what} for {name}: the client's schema took over {steps} steps to check them"
+            f"invalid {what} for {name}: the schema took over {steps} steps to check them"
         ) from None
     finally:
         _STEPS_LEFT.reset(token)
