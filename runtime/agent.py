@@ -23,7 +23,7 @@ from runtime.errors import (
     ToolDefinitionError,
 )
 from runtime.media import MediaLimits
-from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
+from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, shared_schema
 from runtime.retry import RetryPolicy
 from runtime.tools import (
     AGENT_DEPTH_META,
@@ -489,7 +489,7 @@ def _sub_asked(
                             return None
                         via = (p.tool_name, *w.asked_via)
                         return w.asked_tool, w.asked_input, w.schema, via
-                    return p.tool_name, p.input, w.schema, ()
+                    return p.tool_name, p.input, shared_schema(m.content, p), ()
             break
     return None
 

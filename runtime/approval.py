@@ -38,6 +38,8 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
     reads_back_as_media,
+    shared_schema,
+    shares_schema,
 )
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
@@ -610,11 +612,12 @@ def _decide(
         if now is not None:
             _check_deadline(message, call, key, now)
     content = tuple(
-        _decided_part(p, decision, tools, max_chars)
+        _decided_part(_with_schema(message.content, p), decision, tools, max_chars)
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
         else p
         for p in message.content
     )
+    content = _schema_passed_on(message.content, content, call.tool_call_id)
     out = list(messages)
     out[index] = attrs.evolve(message, content=content)
     if decision.edited_input is not None:
@@ -634,6 +637,38 @@ def _decide(
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after
+
+
+def _with_schema(content: Sequence[Any], part: ToolCallPart) -> ToolCallPart:
+    """``part`` with the schema it shares (:func:`shared_schema`) on its wait."""
+    waiting = part.awaiting
+    if waiting is None or waiting.schema is not None:
+        return part
+    schema = shared_schema(content, part)
+    if schema is None:
+        return part
+    return attrs.evolve(part, awaiting=attrs.evolve(waiting, schema=schema))
+
+
+def _schema_passed_on(
+    before: Sequence[Any], after: tuple[Any, ...], decided: str
+) -> tuple[Any, ...]:
+    """``after`` (a message's parts, call ``decided`` just decided, its schema dropped),
+    with the schema it carried for the other waiting calls of its tool (``before``)
+    put on the first of them that is still undecided."""
+    part = next(p for p in before if isinstance(p, ToolCallPart) and p.tool_call_id == decided)
+    waiting = part.awaiting
+    if waiting is None or waiting.schema is None or waiting.nested:
+        return after
+    name, schema = part.tool_name, waiting.schema
+    if any(shares_schema(p, name) and p.awaiting.schema is not None for p in after):
+        return after
+    heir = next((i for i, p in enumerate(after) if shares_schema(p, name)), None)
+    if heir is None:
+        return after
+    out = list(after)
+    out[heir] = attrs.evolve(out[heir], awaiting=attrs.evolve(out[heir].awaiting, schema=schema))
+    return tuple(out)
 
 
 def _check_owner(message: AssistantMessage, call: PendingCall, key: str) -> None:

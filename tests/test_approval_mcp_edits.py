@@ -288,3 +288,50 @@ async def test_a_stored_schema_with_pattern_properties_refuses_an_edit_saying_wh
             )
         await session.respond(waited.pending[0].approval_id, approved=True)
     assert tool_messages(session)["add"].output in (3, "3")
+
+
+def _schemas(messages: Any) -> dict[str, Any]:
+    """Each waiting call's stored schema, by call id."""
+    return {
+        p.tool_call_id: p.awaiting.schema
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None
+    }
+
+
+async def test_a_steps_calls_of_one_tool_store_its_schema_once_and_each_edit_is_checked(
+    tmp_path,
+):
+    """Three waiting calls of ``add`` in one step store the schema once, on the first
+    (each call's copy made 100 calls of a 31 KB schema 3.1 MB, and deciding them one by
+    one wrote 155 MB). Decided on a host without the server (a front end's case), the
+    first decided passes it on to the next still waiting: every call's edit is checked
+    against it, whichever order they are decided in, and none is left at the end."""
+    provider = ScriptedProvider(
+        [
+            [c for i in range(3) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")],
+            ["done"],
+        ]
+    )
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(provider), session_id="s")).run("go")
+        record = await host.store.load("s")
+    assert record is not None
+    stored = _schemas(record.messages)
+    assert [k for k, v in stored.items() if v is not None] == ["c0"]
+    keys = {p.tool_call_id: p.approval_id for p in waited.pending}
+    bare = Agent(provider=ScriptedProvider([["done"]]))
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(bare, session_id="s")
+        for call in ("c1", "c0", "c2"):  # a call without the schema first, then its carrier
+            with pytest.raises(InvalidDecision, match=r"invalid arguments for add: a: 'x'"):
+                await deciding.decide(keys[call], approved=True, edited_input={"a": "x", "b": 2})
+            recorded = await deciding.decide(
+                keys[call], approved=True, edited_input={"a": 7, "b": 1}
+            )
+            assert recorded.call.input == {"a": 7, "b": 1}
+            now = _schemas((await host.store.load("s")).messages)  # type: ignore[union-attr]
+            assert sum(v is not None for v in now.values()) == (0 if call == "c2" else 1), now
