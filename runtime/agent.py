@@ -23,7 +23,14 @@ from runtime.errors import (
     ToolDefinitionError,
 )
 from runtime.media import MediaLimits
-from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    shared_schema,
+)
 from runtime.retry import RetryPolicy
 from runtime.tools import (
     AGENT_DEPTH_META,
@@ -453,15 +460,17 @@ def _passes(result: Any, may: bool) -> bool:
     return may and bool(pending) and all(p.kind in ("approval", "client") for p in pending)
 
 
-def _waiting_call(messages: Sequence[Any], wait_id: str) -> ToolCallPart | None:
-    """The call of the sub-turn's last assistant message whose wait is ``wait_id``
-    (a suspended sub-turn's waits are all in its last one); ``None``: none."""
+def _waiting_call(
+    messages: Sequence[Any], wait_id: str
+) -> tuple[AssistantMessage, ToolCallPart, Awaiting] | None:
+    """The sub-turn's last assistant message, its call whose wait is ``wait_id`` and
+    that wait (a suspended sub-turn's waits are all in its last one); ``None``: none."""
     for m in reversed(messages):
         if isinstance(m, AssistantMessage):
             for p in m.content:
                 if isinstance(p, ToolCallPart) and p.awaiting is not None:
                     if p.awaiting.id == wait_id:
-                        return p
+                        return m, p, p.awaiting
             return None
     return None
 
@@ -469,10 +478,10 @@ def _waiting_call(messages: Sequence[Any], wait_id: str) -> ToolCallPart | None:
 def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
     """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
     tool's name and input (two agents deep, the one its own nested wait names)."""
-    p = _waiting_call(messages, wait_id)
-    if p is None or p.awaiting is None:
+    found = _waiting_call(messages, wait_id)
+    if found is None:
         raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
-    w = p.awaiting
+    _, p, w = found
     if w.sub_tool is not None:
         return w.sub_tool, w.sub_input
     return p.tool_name, p.input
@@ -485,15 +494,15 @@ def _sub_asked(
     stored schema and the agent tools between (two agents deep, the one its own nested
     wait names, through that wait's agent tool); ``None`` when that wait cannot say
     (one stored before it did)."""
-    p = _waiting_call(messages, wait_id)
-    if p is None or p.awaiting is None:
+    found = _waiting_call(messages, wait_id)
+    if found is None:
         return None
-    w = p.awaiting
+    m, p, w = found
     if w.nested:
         if w.asked_tool is None:
             return None
         return w.asked_tool, w.asked_input, w.schema, (p.tool_name, *w.asked_via)
-    return p.tool_name, p.input, w.schema, ()
+    return p.tool_name, p.input, shared_schema(m.content, p), ()
 
 
 def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
@@ -506,8 +515,8 @@ def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
 def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:
     """When the sub-turn's wait for ``approval_id`` expires (the sub-agent's
     ``approval_timeout``), the calling turn's wait's deadline too; ``None``: never."""
-    p = _waiting_call(messages, approval_id)
-    return None if p is None or p.awaiting is None else p.awaiting.expires_at
+    found = _waiting_call(messages, approval_id)
+    return None if found is None else found[2].expires_at
 
 
 async def _sub_stream(
