@@ -194,3 +194,81 @@ async def test_a_continuations_claim_folds_the_head_its_session_holds(
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_the_step_that_waits_saves_a_grown_answer_and_claims_next_in_one_call(
+    pg_url: str, statements: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save of the step that makes a long turn wait for a person writes its answer's
+    head and new parts, suspends the turn and claims the next turn for the slot it frees,
+    in one call (``axon_save_next_v7`` takes the segments)."""
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _counted._Next()
+    try:
+        turn = await queue.submit("s", "one")
+        other = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.turn_id == turn.turn_id
+        user, waits = _counted._waiting_step(turn.turn_id, claim.turn.message_id)
+        assert isinstance(waits, AssistantMessage)
+        answer = AssistantMessage(id=waits.id, content=(*_calls(2), *waits.content))
+        with queue.fenced(claim, on_suspended=lambda: None, claim_next=nxt.hook()):
+            first = AssistantMessage(id=waits.id, content=_calls(2)[:1])
+            version = await store.save("s", 0, [user, first], expected_version=0)
+            statements.clear()
+            await store.save(
+                "s", 1, [answer], {WAITING_META: 1}, expected_version=version, grown=(0,)
+            )
+        assert statements == {"SELECT": 1}, statements
+        assert [key[0] for key in nxt.held] == [other.turn_id]  # claimed in the call
+        row = await _counted._suspended_row(store, turn.turn_id)
+        assert row[0] == "awaiting-input", row
+        loaded = await store.load("s")
+        assert loaded is not None and loaded.messages == (user, answer)
+        assert await _segments(store, "s") == 1  # the answer's head and its parts
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_takeover_of_a_long_turn_reads_its_answer_folded_in_the_claim(
+    pg_url: str, statements: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker dies mid-answer (its answer a head and segments, its lease run out):
+    the takeover's claim reads the session folded after its commit (``load_rows``), so
+    the claim's record is the session and the new worker loads nothing more."""
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.turn_id == turn.turn_id
+        user = UserMessage(content="one", id="u")
+        with queue.fenced(claim):
+            version = await store.save(
+                "s", 0, [user, AssistantMessage(content=_calls(1), id="a")], expected_version=0
+            )
+            for n in (2, 3):
+                version = await store.save(
+                    "s",
+                    1,
+                    [AssistantMessage(content=_calls(n), id="a")],
+                    expected_version=version,
+                    grown=(0,),
+                )
+        await _counted._expire(store, turn.turn_id)
+        loaded = await store.load("s")
+        statements.clear()
+        taken = await queue.claim("w2", load=lambda session_id: True)
+        # the function's call (a lease expired: it says so), again in the thread, the
+        # look and the takeover in a transaction, then the session's one folded read
+        assert statements == {"SELECT": 4, "TRANSACTION": 1, "UPDATE": 1}, statements
+        assert taken is not None and taken.takeover
+        assert loaded is not None and taken.stored == loaded  # folded: no load after
+        assert loaded.messages[1] == AssistantMessage(content=_calls(3), id="a")
+    finally:
+        await queue.aclose()
+        await store.aclose()

@@ -861,10 +861,8 @@ class PostgresStore(FenceKeeping):
         result_format = 0
         asked = None
         ending = ends is not None or suspend is not None
-        claim_next = None if fence is None or not ending else fence.claim_next
-        if claim_next is not None and not (segments or fresh):  # (the next claim's
-            # function takes no segment: a suspension's grown save claims after it)
-            asked = claim_next()
+        if ending and fence is not None and fence.claim_next is not None:
+            asked = fence.claim_next()
         if asked is not None:  # the next claim rides on this last save (or suspension)
             name, sql, formats = _SAVE_NEXT_NAME, _SAVE_NEXT_SQL, _SAVE_NEXT_FORMATS
             result_format = 1
@@ -878,7 +876,7 @@ class PostgresStore(FenceKeeping):
                 None
                 if suspend is None or suspend.expires_at is None
                 else repr(suspend.expires_at).encode(),
-                b"t" if drop else b"f",
+                *params[16:],  # the segments and the drop
             )
 
         sent = 0
@@ -1407,12 +1405,13 @@ _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
 _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0)
 _SAVE_NEXT_SQL: Final = (
     f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16, $17::int[], $18::int[], "
+    "$19::int[], $20::bytea[], $21)"
 ).encode()
 """The call of a last save with the next claim riding on it (:data:`SAVE_NEXT_FUNCTION`;
 its answer in the binary format, as the claim's)."""
 _SAVE_NEXT_NAME: Final = b"axon_save_next_call"
-_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_NEXT_FORMATS: Final = _SAVE_FORMATS
 SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
 """The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (

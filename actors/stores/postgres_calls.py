@@ -644,28 +644,34 @@ _V6_NEXT_SAVE = "p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, fals
 
 
 def _save_next_v7(v6: str) -> str:
-    """:data:`SAVE_NEXT_V6_FUNCTION`'s text with its name, ``p_drop``, and the calls of
-    :data:`SAVE_FUNCTION` (no absent mark: a last save's session is stored; no
-    segment: a last save writes its answer whole) and :data:`CLAIM_FUNCTION`."""
+    """:data:`SAVE_NEXT_V6_FUNCTION`'s text with its name, the segments' parameters and
+    ``p_drop``, and the calls of :data:`SAVE_FUNCTION` (no absent mark: a last save's
+    session is stored) and :data:`CLAIM_FUNCTION`."""
     text = v6.replace(SAVE_NEXT_V6_FUNCTION_NAME + "(", SAVE_NEXT_FUNCTION_NAME + "(", 1)
     claim = f"FROM {CLAIM_V4_FUNCTION_NAME}("
     save = f"v_save := {SAVE_V5_FUNCTION_NAME}("
     for part in (_V6_NEXT_PARAMS, _V6_NEXT_SAVE, claim, save):
         assert text.count(part) == 1, part
-    drop = ",\n    p_drop BOOLEAN DEFAULT false)"
-    text = text.replace(_V6_NEXT_PARAMS, _V6_NEXT_PARAMS[:-1] + drop)
+    segments = (
+        ",\n    p_fresh INTEGER[] DEFAULT NULL, p_seg_idx INTEGER[] DEFAULT NULL,"
+        "\n    p_seg_first INTEGER[] DEFAULT NULL, p_seg_bodies BYTEA[] DEFAULT NULL,"
+        "\n    p_drop BOOLEAN DEFAULT false)"
+    )
+    text = text.replace(_V6_NEXT_PARAMS, _V6_NEXT_PARAMS[:-1] + segments)
     text = text.replace(
         _V6_NEXT_SAVE,
-        _V6_NEXT_SAVE[:-2] + ",\n        NULL, NULL, NULL, NULL, NULL, p_drop);",
+        _V6_NEXT_SAVE[:-2]
+        + ",\n        NULL, p_fresh, p_seg_idx, p_seg_first, p_seg_bodies, p_drop);",
     )
     text = text.replace(claim, f"FROM {CLAIM_FUNCTION_NAME}(")
     return text.replace(save, f"v_save := {SAVE_FUNCTION_NAME}(")
 
 
 SAVE_NEXT_FUNCTION: Final = _save_next_v7(SAVE_NEXT_V6_FUNCTION)
-""":data:`SAVE_NEXT_V6_FUNCTION` calling this version's save (with ``p_drop``: the
-segments the turn's answer left go in the save's commit) and claim (a continuation's
-session folded) functions."""
+""":data:`SAVE_NEXT_V6_FUNCTION` calling this version's save (with its segments: the
+step that waits for a person may save a long answer's head and new parts; and
+``p_drop``: the segments the turn's answer left go in a last save's commit) and claim
+(a continuation's session folded) functions."""
 
 STATUS_COLUMNS: Final = (
     "turn_id",
