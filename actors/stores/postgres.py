@@ -48,10 +48,11 @@ wrote segments of. A process of before this table reads a head as a damaged row 
 ``content`` is no list of parts), never as an answer without its parts; its saves
 write whole rows (the segments they leave behind are read by nothing, and dropped as
 above or with the session). In a fleet of both versions (a rolling deploy) a process
-of before calls its own functions (``axon_save_v6``, ``axon_claim_v4``,
-``axon_save_next_v6``: kept), so it writes and reads as it did; a turn it takes over
-from a new worker mid-answer meets the head and fails its load as damage (the next
-attempt, on a new worker, reads it folded).
+of the version before this one's functions (which wrote segments in its transaction)
+calls its own (``axon_save_v6``, ``axon_claim_v4``, ``axon_save_next_v6``: kept): it
+writes heads and segments in its transaction and reads them folded as before (its
+continuation's claim reads a session holding a head again); the heads either writes
+are the same rows, so each appends to or reads the other's.
 
 **Versions.** Every save takes its new version from one database-wide sequence, so a
 session never has a version it had before, even after being deleted and re-created (the
