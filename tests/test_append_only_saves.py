@@ -347,9 +347,12 @@ def pg_saves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         postgres._write_segments,
     )
 
-    async def counted_call(self: Any, action: str, sid: str, start: int, rows: Any, *a: Any):
-        saves.append(sum(len(row[3]) for row in rows))
-        return await call(self, action, sid, start, rows, *a)
+    async def counted_call(
+        self: Any, action: str, sid: str, start: int, rows: Any, *a: Any, **kw: Any
+    ) -> Any:
+        written = kw.get("segments") or ()
+        saves.append(sum(len(row[3]) for row in rows) + sum(len(s[2]) for s in written))
+        return await call(self, action, sid, start, rows, *a, **kw)
 
     def counted_in(self: Any, conn: Any, sid: str, start: int, rows: Any, *a: Any) -> int:
         saves.append(sum(len(row[3]) for row in rows))
