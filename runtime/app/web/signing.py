@@ -1,24 +1,25 @@
 """Signed tool approvals for the AI SDK's ``POST /api/chat`` (docs/approval.md).
 
-The ``ai`` package (6.0.221 and later, 7) copies a ``tool-approval-request`` chunk's
+The ``ai`` package (6.0.221 and 7.0.16 on) copies a ``tool-approval-request`` chunk's
 ``signature`` into the tool part's ``approval`` object and sends it back with the
 person's answer; the AI SDK's own server (``experimental_toolApprovalSecret``) signs
 the request with an HMAC and verifies it on the replay, because it keeps nothing
 between requests and must not run a call a client made up.
 
 Axon keeps the waiting call in the store, and every answer is checked against it
-(:mod:`runtime.app.web.answers`), so a signature is not what makes an approval
-genuine here. What it adds, with a secret configured (``serve --approval-secret`` or
-``$AXON_APPROVAL_SECRET``, the same on every front end of a worker deployment): a
-signature names the session, the approval, the call, its tool and a digest of the
-input exactly as the store held them when the request was streamed, under a key no
-client has. An answer that carries one is recorded only if it verifies against the
-stored call now: an answer made for another session's or another deployment's call,
-or for an input the store no longer holds (an answer whose part sends no input is
-otherwise checked on its ids alone), is refused (403) and nothing is recorded.
-An answer without one (an older client, a client that keeps no approval metadata) is
-checked against the store as before. With no secret nothing is signed and a signature
-a client sends is not checked (there is no key to check it with).
+(:mod:`runtime.app.web.answers`), so a signature is not what makes an approval genuine
+here. What it adds, with a secret configured (``serve --approval-secret-file``,
+``--approval-secret`` or ``$AXON_APPROVAL_SECRET``, the same on every front end of a
+worker deployment): a signature names the session, the approval, the call, its tool and
+a digest of the input exactly as the store held them when the request was streamed,
+under a key no client has. An answer that carries one is recorded only if it verifies
+against the stored call now: an answer made for another session's or another
+deployment's call, or for an input the store no longer holds (an answer whose part sends
+no input is otherwise checked on its ids alone), is refused (403) and nothing is
+recorded. An answer without one (an older client, a client that keeps no approval
+metadata) is checked against the store as before, unless the server requires signatures
+(``--require-approval-signature``: refused, 403). With no secret nothing is signed and a
+signature a client sends is not checked (there is no key to check it with).
 
 The signature is derived, never stored: the stream, a resumed stream and the session's
 ``ui_messages`` (a reloaded page) all give the same one, so a rotated secret only
