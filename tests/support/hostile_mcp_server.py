@@ -24,6 +24,11 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``big-answer``
     A call of ``echo`` is answered with a text of ``MCP_TEST_BYTES`` characters (one
     whole line).
+``costly-schemas``
+    Lists ``expo`` (16 definitions, each ``anyOf`` two references to the one before:
+    exponential to check), ``pat`` (a ``pattern`` Python's ``re`` backtracks on for
+    minutes) and ``keyed`` (a ``patternProperties`` with such a pattern and one with a
+    look-around).
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -66,6 +71,20 @@ if "huge-schema" in MODES:
 if "huge-description" in MODES:
     description = "y" * int(os.environ["MCP_TEST_BYTES"])
     TOOLS.append({"name": "huge", "description": description, "inputSchema": {"type": "object"}})
+if "costly-schemas" in MODES:
+    defs: dict = {"d0": {"type": "string"}}
+    for n in range(1, 16):
+        defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}, {"$ref": f"#/$defs/d{n - 1}"}]}
+    expo = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d15"}}}
+    pat = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)*$"}}}
+    keyed = {
+        "type": "object",
+        "patternProperties": {"^x_(a|aa)*$": {"type": "integer"}, "^(?=y)y+$": {"type": "string"}},
+    }
+    TOOLS.extend(
+        {"name": name, "inputSchema": schema}
+        for name, schema in (("expo", expo), ("pat", pat), ("keyed", keyed))
+    )
 
 
 def send(message: dict) -> None:
