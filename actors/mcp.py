@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
+import orjson
 import trio
 
 from runtime.actor import Actor
@@ -1077,10 +1078,45 @@ def _parse_line(line: str) -> Any:
         message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
-        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message: {why}")
+        error = f"a line of {len(line)} characters is no JSON-RPC message: {why}"
     except ValueError:
-        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message")
-    return SessionMessage(message)
+        error = f"a line of {len(line)} characters is no JSON-RPC message"
+    else:
+        return SessionMessage(message)
+    answered = _answered_id(line)
+    if answered is None:
+        return MCPServerError(error)
+    # The answer to a request of ours: the request fails with it now. Logged and dropped,
+    # it left the request waiting for its timeout: a listing, 30 s for nothing.
+    failed = mcp_types.JSONRPCError(
+        jsonrpc="2.0",
+        id=answered,
+        error=mcp_types.ErrorData(
+            code=UNREADABLE_ANSWER, message=f"its answer could not be read: {error}"
+        ),
+    )
+    return SessionMessage(failed)
+
+
+UNREADABLE_ANSWER = -32603
+"""The JSON-RPC code (internal error) a request whose answer :func:`_parse_line` could
+not read fails with."""
+
+
+def _answered_id(line: str) -> int | str | None:
+    """The id of the answer ``line`` is (an object with an ``id`` and no ``method``), when
+    it is one that ``orjson`` reads (nested up to 1,024 deep, past the ``mcp`` package's
+    200), else ``None``."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or "method" in value:
+        return None
+    answered = value.get("id")
+    if isinstance(answered, bool) or not isinstance(answered, int | str):
+        return None
+    return answered
 
 
 class _WatchedTransport:

@@ -5,17 +5,22 @@ benchmarks/journal/workers.md ("mcpedge") has the measurements."""
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from types import SimpleNamespace
 
 import jsonschema._keywords
 import jsonschema._utils
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mcp.shared.message import SessionMessage
 from structlog.testing import capture_logs
 
-from actors.mcp import MCPServer, build_tool
-from runtime import Agent
+from actors.mcp import MCPServer, _parse_line, build_tool
+from runtime import Agent, Host
 from runtime import tools as tools_module
+from runtime.errors import MCPServerUnavailable
 from runtime.tools import (
     LISTING_UNITS,
     PATTERN_UNITS,
@@ -154,6 +159,53 @@ def test_additional_properties_beside_pattern_properties_are_refused_in_linear_t
         f"({'x_' + CATASTROPHIC!r} unexpected); name: 'ABC' does not match '^[a-z]+$'"
     )
     assert ran == []
+
+
+async def test_a_listing_answer_the_package_cannot_read_fails_at_once_naming_the_server():
+    # An answer to tools/list nested past the mcp package's parser (300 deep) was logged
+    # as a transport error and dropped: the listing waited its whole connect_timeout
+    # (30 s) for an answer that had come. It now fails with what was wrong.
+    agent = Agent(provider=calling(), tools=[hostile("bad-listing")])
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(MCPServerUnavailable) as failed:
+            await host.open_session(agent)
+    error = str(failed.value)
+    assert error.startswith(
+        "MCP server 'hostile' could not start: MCPError: its answer could not be read: a line of "
+    )
+    assert "is no JSON-RPC message: Invalid JSON: recursion limit exceeded" in error
+    assert "did not list its tools within" not in error
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=10,
+)
+
+
+@given(
+    ident=st.integers(-(2**53), 2**53) | st.text(max_size=8),
+    fields=st.dictionaries(st.sampled_from(["jsonrpc", "result", "error", "x"]), JSON),
+    depth=st.sampled_from([0, 300]),
+)
+def test_every_answer_with_an_id_reaches_its_request(ident, fields, depth):
+    # An answer with an id and no method, readable or not, is a message for the request
+    # with that id (its result, or an error saying why it could not be read): never
+    # dropped, which left the request waiting for its timeout.
+    answer = {**fields, "id": ident}
+    if depth:
+        answer["result"] = json.loads("[" * depth + "]" * depth)
+    parsed = _parse_line(json.dumps(answer))
+    assert isinstance(parsed, SessionMessage)
+    assert parsed.message.id == ident
+    if depth:
+        assert "recursion limit exceeded" in parsed.message.error.message
+
+
+def test_a_line_without_an_id_is_still_only_a_transport_error():
+    for line in ('{"jsonrpc": "2.0", "result": {}}', "not json", '{"id": true}', "[1]"):
+        assert isinstance(_parse_line(line), Exception)
 
 
 def test_a_listing_compiles_its_patterns_within_a_budget(monkeypatch):

@@ -29,6 +29,9 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
     exponential to check), ``pat`` (a ``pattern`` Python's ``re`` backtracks on for
     minutes) and ``keyed`` (a ``patternProperties`` with such a pattern and one with a
     look-around).
+``bad-listing``
+    Answers ``tools/list`` with a line that has the request's id but is no JSON-RPC
+    message the ``mcp`` package reads (its result nested 300 deep).
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -87,6 +90,10 @@ if "costly-schemas" in MODES:
     )
 
 
+class Sent(Exception):
+    """The answer was written already (no JSON-RPC message of it to send)."""
+
+
 def send(message: dict) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -101,6 +108,14 @@ def answer(request: dict) -> dict:
             "serverInfo": {"name": "hostile", "version": "1"},
         }
     if method == "tools/list":
+        if "bad-listing" in MODES:
+            nested = "[" * 300 + "]" * 300
+            sys.stdout.write(
+                f'{{"jsonrpc": "2.0", "id": {json.dumps(request["id"])}, '
+                f'"result": {{"tools": [], "x": {nested}}}}}\n'
+            )
+            sys.stdout.flush()
+            raise Sent
         return {"tools": TOOLS}
     if method == "tools/call":
         if "generic-error" in MODES:
@@ -134,6 +149,8 @@ for line in sys.stdin:
         continue  # a notification, or an answer to a request of ours
     try:
         send({"jsonrpc": "2.0", "id": request["id"], "result": answer(request)})
+    except Sent:
+        pass
     except LookupError as exc:
         error = {"code": -32000, "message": str(exc)}
         send({"jsonrpc": "2.0", "id": request["id"], "error": error})
