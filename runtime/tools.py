@@ -408,10 +408,12 @@ def _compile_units(pattern: str) -> int:
     """What compiling ``pattern`` for the linear engine costs, estimated from Python's
     own parse of it (which ``check_schema`` ran already): more than :data:`PATTERN_UNITS`
     when it cannot be parsed."""
-    from re import _constants as sre  # type: ignore[attr-defined]
-    from re import _parser  # type: ignore[attr-defined]
-
     cap = PATTERN_UNITS + 1
+    try:  # private modules of re (3.11+): a Python without them runs no pattern here
+        from re import _constants as sre  # type: ignore[attr-defined]
+        from re import _parser  # type: ignore[attr-defined]
+    except ImportError:
+        return cap
 
     def units(parsed: Any) -> int:
         total = 0
