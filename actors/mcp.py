@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
+import orjson
 import trio
 
 from runtime.actor import Actor
@@ -53,11 +54,15 @@ from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
 from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
+    LISTING_UNITS,
     TOOL_NAME,
     InvalidJSONSchema,
+    SchemaTooCostly,
     Tool,
     ToolInputError,
-    json_schema_validator,
+    schema_errors,
+    schema_steps,
+    server_schema_validator,
 )
 
 MAX_LIST_PAGES = 100
@@ -275,7 +280,19 @@ class MCPTool(Tool):
         from referencing.exceptions import Unresolvable
 
         try:
-            errors = sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))
+            errors = schema_errors(self.validator, arguments)
+        except SchemaTooCostly:
+            steps = schema_steps(self.validator, arguments)
+            error = (
+                f"the arguments for {self.name} cannot be checked: MCP server "
+                f"{self.server!r}'s input schema of tool {self.remote_name!r} took over "
+                f"{steps} steps to check them (a schema too costly to check here; the "
+                "call was not made)"
+            )
+            get_logger("axon.mcp").warning(
+                "mcp.schema-too-costly", server=self.server, tool=redact(self.remote_name)
+            )
+            raise ToolInputError(error) from None
         except Unresolvable as exc:
             raise ToolInputError(
                 f"the schema of {self.name} has an unresolvable $ref: {exc}"
@@ -305,9 +322,13 @@ def definition_chars(tool: Tool) -> int:
     return len(tool.name) + len(tool.description) + _schema_chars(tool.parameters)
 
 
-def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
+def build_tool(
+    config: MCPServer, listed: Any, call: Any, budget: list[int] | None = None
+) -> MCPTool:
     """An :class:`MCPTool` for a tool the server listed, or :class:`ToolDefinitionError`
-    naming the server and tool when its name or input schema cannot be offered."""
+    naming the server and tool when its name or input schema cannot be offered.
+    ``budget``: what compiling its patterns may still cost in this listing
+    (:data:`~runtime.tools.LISTING_UNITS`)."""
     remote = listed.name
     where = f"MCP server {config.name!r}: tool {remote!r}"
     name = f"{config.prefix}_{remote}" if config.prefix else remote
@@ -327,7 +348,7 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
             f"{config.max_tool_chars} of max_tool_chars"
         )
     try:
-        validator = json_schema_validator(schema)
+        validator = server_schema_validator(schema, budget)
     except InvalidJSONSchema as exc:
         raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
     description = (listed.description or listed.title or "")[: config.max_tool_chars]
@@ -407,6 +428,8 @@ class MCPServerActor(Actor):
         """Whether the last listing had more than :attr:`MCPServer.max_tools`."""
         self._cut: set[str] = set()
         """Tools of the last listing whose description was cut (logged when new)."""
+        self._unchecked: dict[str, tuple[str, ...]] = {}
+        """Tools of the last listing with patterns not run here (logged when new)."""
         self._client: Any = None
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
@@ -693,6 +716,8 @@ class MCPServerActor(Actor):
         tools: list[MCPTool] = []
         refused: dict[str, str] = {}
         cut: set[str] = set()
+        unchecked: dict[str, tuple[str, ...]] = {}
+        budget = [LISTING_UNITS]
         for remote, entry in listed.items():
             description = entry.description or entry.title or ""
             if len(description) > config.max_tool_chars:
@@ -706,7 +731,20 @@ class MCPServerActor(Actor):
                     kept=config.max_tool_chars,
                 )
             try:
-                tools.append(build_tool(config, entry, self.call_tool))
+                tools.append(build_tool(config, entry, self.call_tool, budget))
+                skipped = tools[-1].validator.axon_unchecked
+                if skipped:
+                    unchecked[remote] = skipped
+                    if self._unchecked.get(remote) != skipped:  # logged once, when new
+                        self._log.warning(
+                            "mcp.schema-not-checked-here",
+                            server=config.name,
+                            tool=redact(remote),
+                            unchecked=[redact(s) for s in skipped],
+                            error=f"MCP server {config.name!r}: tool {remote!r}: not run "
+                            "on the model's input here (the server checks its own input): "
+                            + "; ".join(skipped),
+                        )
             except ToolDefinitionError as exc:
                 refused[remote] = str(exc)
                 if self.refused.get(remote) != str(exc):
@@ -714,6 +752,7 @@ class MCPServerActor(Actor):
                         "mcp.tool-refused", server=self.config.name, error=redact(str(exc))
                     )
         self._listed, self.tools, self.refused, self._cut = listed, tuple(tools), refused, cut
+        self._unchecked = unchecked
 
     async def _on_message(self, types: Any, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -1039,10 +1078,45 @@ def _parse_line(line: str) -> Any:
         message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
-        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message: {why}")
+        error = f"a line of {len(line)} characters is no JSON-RPC message: {why}"
     except ValueError:
-        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message")
-    return SessionMessage(message)
+        error = f"a line of {len(line)} characters is no JSON-RPC message"
+    else:
+        return SessionMessage(message)
+    answered = _answered_id(line)
+    if answered is None:
+        return MCPServerError(error)
+    # The answer to a request of ours: the request fails with it now. Logged and dropped,
+    # it left the request waiting for its timeout: a listing, 30 s for nothing.
+    failed = mcp_types.JSONRPCError(
+        jsonrpc="2.0",
+        id=answered,
+        error=mcp_types.ErrorData(
+            code=UNREADABLE_ANSWER, message=f"its answer could not be read: {error}"
+        ),
+    )
+    return SessionMessage(failed)
+
+
+UNREADABLE_ANSWER = -32603
+"""The JSON-RPC code (internal error) a request whose answer :func:`_parse_line` could
+not read fails with."""
+
+
+def _answered_id(line: str) -> int | str | None:
+    """The id of the answer ``line`` is (an object with an ``id`` and no ``method``), when
+    it is one that ``orjson`` reads (nested up to 1,024 deep, past the ``mcp`` package's
+    200), else ``None``."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or "method" in value:
+        return None
+    answered = value.get("id")
+    if isinstance(answered, bool) or not isinstance(answered, int | str):
+        return None
+    return answered
 
 
 class _WatchedTransport:

@@ -13,15 +13,18 @@ connection or a file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import attrs
+import orjson
 
 from runtime.budget import OutputAccount, check_timeout
 from runtime.chunks import Usage, _repr
@@ -372,6 +375,260 @@ def _unique_items_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     return counted
 
 
+SERVER_STEPS_PER_BYTE = 1
+"""Keywords the check of a model's input against an MCP server's listed schema may
+evaluate (:func:`server_schema_validator`): :data:`UNTRUSTED_STEPS`, and one more per byte
+of the input as JSON. A hostile schema of 1.3 KB held the loop 2.3 s in 100,000 steps; so
+a small input gets the untrusted bound (0.2 s), and a big one room in proportion to what
+the model wrote: 1,000 rows of 10 string cells (101 KB) take 12,000 steps. Past them the
+call fails, the server's schema too costly to check its input."""
+
+
+PATTERN_UNITS = 5_000
+"""The most one ``pattern`` of a server's schema may cost to compile for the linear
+engine, in units of :func:`_compile_units` (a literal 1, a class such as ``\\w`` 64, each
+times its repetition's count). Compiling holds the loop up to ~5 us a unit:
+``^\\w{3,50}$`` is 3,252 units (14 ms), ``\\w{100}`` 6,500 (28 ms), ``(\\w{50}){50}``
+55 ms to fail at the engine's size limit. A costlier pattern is not run here."""
+
+LISTING_UNITS = 200_000
+"""The units all the patterns of one listing of a server may newly cost to compile
+(~1 s at most; a pattern compiled before costs none): past them, its further patterns
+are not run here. Without it a 1 MiB listing of distinct ``\\w{40}`` took minutes."""
+
+COMPILED_PATTERNS = 1_024
+"""Compiled patterns kept for the process (a listing again after a restart or a
+``tools/list_changed`` compiles none of them again)."""
+
+_COMPILED: OrderedDict[str, Callable[[str], bool] | None] = OrderedDict()
+_NOT_COMPILED = object()
+
+
+def _compile_units(pattern: str) -> int:
+    """What compiling ``pattern`` for the linear engine costs, estimated from Python's
+    own parse of it (which ``check_schema`` ran already): more than :data:`PATTERN_UNITS`
+    when it cannot be parsed."""
+    cap = PATTERN_UNITS + 1
+    try:  # private modules of re (3.11+): a Python without them runs no pattern here
+        from re import _constants as sre  # type: ignore[attr-defined]
+        from re import _parser  # type: ignore[attr-defined]
+    except ImportError:
+        return cap
+
+    def units(parsed: Any) -> int:
+        total = 0
+        for op, arg in parsed:
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                low, high, sub = arg
+                total += max(low + 1 if high is sre.MAXREPEAT else high, 1) * units(sub)
+            elif op is sre.SUBPATTERN:
+                total += units(arg[-1])
+            elif op is sre.ATOMIC_GROUP:
+                total += units(arg)
+            elif op is sre.BRANCH:
+                total += sum(units(branch) for branch in arg[1])
+            elif op is sre.IN:
+                total += 1 + sum(64 if kind is sre.CATEGORY else 1 for kind, _ in arg)
+            else:
+                total += 8 if op is sre.ANY else 1
+            if total >= cap:
+                return cap
+        return total
+
+    try:
+        return units(_parser.parse(pattern))
+    except (Exception, RecursionError):
+        return cap
+
+
+def _linear_search(pattern: str) -> Callable[[str], bool] | None:
+    """A search for ``pattern`` in linear time (pydantic-core's Rust ``regex`` engine: no
+    backtracking, so no input makes it take long), or ``None`` when that engine does not
+    take the pattern (a look-around, a backreference, too big to compile)."""
+    from pydantic_core import SchemaError, SchemaValidator, ValidationError, core_schema
+
+    try:
+        validator = SchemaValidator(
+            core_schema.str_schema(pattern=pattern, regex_engine="rust-regex")
+        )
+    except SchemaError:
+        return None
+
+    def search(text: str) -> bool:
+        try:
+            validator.validate_python(text)
+        except ValidationError:
+            return False
+        return True
+
+    return search
+
+
+def _linear_patterns(
+    patterns: Iterable[str], budget: list[int]
+) -> tuple[dict[str, Callable[[str], bool] | None], dict[str, str]]:
+    """Each of ``patterns`` with its linear search, or ``None`` and why it is not run
+    here; what compiling newly costs is taken from ``budget`` (:data:`LISTING_UNITS`)."""
+    searches: dict[str, Callable[[str], bool] | None] = {}
+    why: dict[str, str] = {}
+    for pattern in patterns:
+        if pattern in searches:
+            continue
+        known = _COMPILED.get(pattern, _NOT_COMPILED)
+        if known is not _NOT_COMPILED:
+            with contextlib.suppress(KeyError):  # (another thread's Trio run evicted it)
+                _COMPILED.move_to_end(pattern)
+            searches[pattern] = known  # type: ignore[assignment]
+        else:
+            units = _compile_units(pattern)
+            if units > PATTERN_UNITS:
+                searches[pattern] = None
+                why[pattern] = f"too costly to compile (over {PATTERN_UNITS} units)"
+                continue
+            if units > budget[0]:
+                searches[pattern] = None
+                why[pattern] = f"past the listing's {LISTING_UNITS} units of compiling"
+                continue
+            budget[0] -= units
+            searches[pattern] = _COMPILED[pattern] = _linear_search(pattern)
+            while len(_COMPILED) > COMPILED_PATTERNS:
+                with contextlib.suppress(KeyError):
+                    _COMPILED.popitem(last=False)
+        if searches[pattern] is None:
+            why[pattern] = "not taken by a linear engine (a look-around, a backreference)"
+    return searches, why
+
+
+def _matches(validator: Any, pattern: str, text: str) -> bool | None:
+    """Whether ``pattern`` of ``validator`` 's schema finds a match in ``text``; ``None``:
+    not run here (:func:`server_schema_validator`)."""
+    search = validator.axon_patterns.get(pattern)
+    return None if search is None else bool(search(text))
+
+
+def _pattern_linear(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
+    """The ``pattern`` keyword of a server's schema, run in linear time, or not run when
+    the linear engine does not take it (:func:`server_schema_validator`)."""
+    from jsonschema.exceptions import ValidationError
+
+    if isinstance(pattern, str) and validator.is_type(instance, "string"):
+        if _matches(validator, pattern, instance) is False:
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties_linear(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
+    """``patternProperties``, its patterns run in linear time; a property only a pattern
+    not run here could match is left unchecked."""
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _matches(validator, pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties_linear(validator: Any, extra: Any, instance: Any, schema: Any) -> Any:
+    """``additionalProperties`` with the ``patternProperties`` beside it run in linear
+    time; a property a pattern not run here could match is not counted as additional."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extras = sorted(
+        key
+        for key in instance
+        if key not in properties
+        and not any(_matches(validator, p, key) is not False for p in patterns)
+    )
+    if validator.is_type(extra, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], extra, path=key)
+    elif not extra and extras:
+        yield ValidationError(
+            f"additional properties are not allowed ({', '.join(map(repr, extras))} unexpected)"
+        )
+
+
+def _unevaluated_not_run(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+    """``unevaluatedProperties`` in a server's schema that has ``patternProperties``:
+    not run (jsonschema matches those patterns with ``re`` to find the evaluated keys)."""
+    return iter(())
+
+
+def _patterns(resource: Any) -> Iterator[tuple[str, str]]:
+    """Every ``(keyword, pattern)`` of ``resource`` where a schema can be."""
+    contents = resource.contents
+    if isinstance(contents, dict):
+        if isinstance(contents.get("pattern"), str):
+            yield "pattern", contents["pattern"]
+        if isinstance(contents.get("patternProperties"), dict):
+            for pattern in contents["patternProperties"]:
+                yield "patternProperties", pattern
+        if "unevaluatedProperties" in contents:
+            yield "unevaluatedProperties", ""
+    for sub in resource.subresources():
+        yield from _patterns(sub)
+
+
+def server_schema_validator(schema: dict[str, Any], budget: list[int] | None = None) -> Any:
+    """A validator of a model's input against the input schema an MCP server listed,
+    checked on the event loop of the process making the call (every session's).
+
+    The server is the operator's choice but may be hostile or buggy; Python's ``re`` has
+    no time limit (``"^(a|aa)*$"`` against 45 ``a`` and a ``!``: minutes) and ``$ref``
+    makes a check exponential in the schema's size (16 ``anyOf`` definitions of two
+    references to the one before, 1.3 KB: 9.5 s). So its ``pattern`` and
+    ``patternProperties`` are run by pydantic-core's Rust engine, in time linear in the
+    string (no backtracking; its ``$`` does not match before a final newline, as in
+    JSON Schema's ECMA-262 and unlike ``re``), compiled here, once (``budget``: the
+    listing's :data:`LISTING_UNITS`, a fresh one when not given); and a check stops past
+    :data:`SERVER_STEPS_PER_BYTE` (:func:`schema_errors`; the call fails, the tool stays
+    offered). A pattern that engine does not take (a look-around, a backreference) or
+    too costly to compile is not run here, nor ``unevaluatedProperties`` beside a
+    ``patternProperties``: the server checks its own input. ``axon_unchecked`` on the
+    validator says which and why, for the caller to report once.
+    Raises :class:`InvalidJSONSchema` as :func:`json_schema_validator` does."""
+    from jsonschema.validators import extend
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012, specification_with
+
+    base = type(json_schema_validator(schema))
+    resource = specification_with(
+        base.META_SCHEMA.get("$schema", ""), default=DRAFT202012
+    ).create_resource(schema)
+    try:
+        found = list(_patterns(resource))
+    except RecursionError:
+        raise InvalidJSONSchema("the schema is nested too deeply") from None
+    kinds = {keyword for keyword, _ in found}
+    searches, why = _linear_patterns(
+        (p for k, p in found if k != "unevaluatedProperties"),
+        [LISTING_UNITS] if budget is None else budget,
+    )
+    unchecked = {f"{k} {p!r}: {why[p]}" for k, p in found if p in why}
+    keywords = {name: _counted(fn) for name, fn in base.VALIDATORS.items()}
+    keywords["pattern"] = _counted(_pattern_linear)
+    keywords["patternProperties"] = _counted(_pattern_properties_linear)
+    keywords["additionalProperties"] = _counted(_additional_properties_linear)
+    if "enum" in base.VALIDATORS:
+        keywords["enum"] = _counted(_enum_counted(base.VALIDATORS["enum"]))
+    if "uniqueItems" in base.VALIDATORS:
+        keywords["uniqueItems"] = _counted(_unique_items_counted(base.VALIDATORS["uniqueItems"]))
+    if "patternProperties" in kinds and "unevaluatedProperties" in kinds:
+        unchecked.add("unevaluatedProperties: beside patternProperties")
+    if "patternProperties" in kinds and "unevaluatedProperties" in base.VALIDATORS:
+        keywords["unevaluatedProperties"] = _counted(_unevaluated_not_run)
+    cls = extend(base, keywords)  # type: ignore[no-untyped-call]
+    cls.axon_steps = UNTRUSTED_STEPS
+    cls.axon_steps_per_byte = SERVER_STEPS_PER_BYTE
+    cls.axon_patterns = searches
+    cls.axon_unchecked = tuple(sorted(unchecked))
+    registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+    return cls(schema, registry=registry)
+
+
 def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> Any:
     """A ``jsonschema`` validator for ``schema`` (its ``$schema`` dialect, else 2020-12)
     that resolves only references within ``schema``.
@@ -647,15 +904,38 @@ class Tool:
         return None
 
 
+def schema_steps(validator: Any, value: Any) -> int | None:
+    """The steps ``validator`` may take checking ``value`` (``None``: not counted)."""
+    steps: int | None = getattr(validator, "axon_steps", None)
+    per_byte = getattr(validator, "axon_steps_per_byte", 0)
+    if steps is not None and per_byte:
+        try:
+            steps += per_byte * len(orjson.dumps(value))
+        except TypeError:  # not JSON (a caller's Python value): the base bound
+            pass
+    return steps
+
+
+def schema_errors(validator: Any, value: Any) -> list[Any]:
+    """``validator`` 's errors for ``value``, by path; :class:`SchemaTooCostly` past the
+    steps of a validator that counts them (:func:`schema_steps`: an untrusted or a
+    server's schema)."""
+    steps = schema_steps(validator, value)
+    token = _STEPS_LEFT.set([steps] if steps is not None else None)
+    try:
+        return sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+    finally:
+        _STEPS_LEFT.reset(token)
+
+
 def check_against_schema(name: str, validator: Any, value: Any, what: str) -> None:
     """Raise :class:`ToolInputError` naming the first problems when ``value`` does not
     match ``validator``'s schema (``what`` says what was checked: "arguments", "output")."""
     from referencing.exceptions import Unresolvable
 
-    steps = getattr(validator, "axon_steps", None)  # an untrusted schema's budget
-    token = _STEPS_LEFT.set([steps] if steps is not None else None)
+    steps = schema_steps(validator, value)
     try:
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+        errors = schema_errors(validator, value)
     except Unresolvable as exc:
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
     except RecursionError:  # a recursive schema, a value nested deeper than Python goes
@@ -668,8 +948,6 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         raise ToolInputError(
             f"invalid {what} for {name}: the schema took over {steps} steps to check them"
         ) from None
-    finally:
-        _STEPS_LEFT.reset(token)
     if errors:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]

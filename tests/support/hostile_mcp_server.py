@@ -24,6 +24,14 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``big-answer``
     A call of ``echo`` is answered with a text of ``MCP_TEST_BYTES`` characters (one
     whole line).
+``costly-schemas``
+    Lists ``expo`` (16 definitions, each ``anyOf`` two references to the one before:
+    exponential to check), ``pat`` (a ``pattern`` Python's ``re`` backtracks on for
+    minutes) and ``keyed`` (a ``patternProperties`` with such a pattern and one with a
+    look-around).
+``bad-listing``
+    Answers ``tools/list`` with a line that has the request's id but is no JSON-RPC
+    message the ``mcp`` package reads (its result nested 300 deep).
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -66,6 +74,24 @@ if "huge-schema" in MODES:
 if "huge-description" in MODES:
     description = "y" * int(os.environ["MCP_TEST_BYTES"])
     TOOLS.append({"name": "huge", "description": description, "inputSchema": {"type": "object"}})
+if "costly-schemas" in MODES:
+    defs: dict = {"d0": {"type": "string"}}
+    for n in range(1, 16):
+        defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}, {"$ref": f"#/$defs/d{n - 1}"}]}
+    expo = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d15"}}}
+    pat = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)*$"}}}
+    keyed = {
+        "type": "object",
+        "patternProperties": {"^x_(a|aa)*$": {"type": "integer"}, "^(?=y)y+$": {"type": "string"}},
+    }
+    TOOLS.extend(
+        {"name": name, "inputSchema": schema}
+        for name, schema in (("expo", expo), ("pat", pat), ("keyed", keyed))
+    )
+
+
+class Sent(Exception):
+    """The answer was written already (no JSON-RPC message of it to send)."""
 
 
 def send(message: dict) -> None:
@@ -82,6 +108,14 @@ def answer(request: dict) -> dict:
             "serverInfo": {"name": "hostile", "version": "1"},
         }
     if method == "tools/list":
+        if "bad-listing" in MODES:
+            nested = "[" * 300 + "]" * 300
+            sys.stdout.write(
+                f'{{"jsonrpc": "2.0", "id": {json.dumps(request["id"])}, '
+                f'"result": {{"tools": [], "x": {nested}}}}}\n'
+            )
+            sys.stdout.flush()
+            raise Sent
         return {"tools": TOOLS}
     if method == "tools/call":
         if "generic-error" in MODES:
@@ -115,6 +149,8 @@ for line in sys.stdin:
         continue  # a notification, or an answer to a request of ours
     try:
         send({"jsonrpc": "2.0", "id": request["id"], "result": answer(request)})
+    except Sent:
+        pass
     except LookupError as exc:
         error = {"code": -32000, "message": str(exc)}
         send({"jsonrpc": "2.0", "id": request["id"], "error": error})
