@@ -272,7 +272,7 @@ class Persister(Actor):
             return _same_places(req.messages, req.held[req.start :])
         return ()
 
-    def _grown(self, req: SaveRequest, expected: int, kept: tuple[int, ...]) -> list[int]:
+    def _grown(self, req: SaveRequest, expected: int) -> list[int]:
         """The positions of ``req``'s assistant messages that extend the ones the turn's
         previous save wrote in place at the same places, the store still at the version
         it left (:class:`~runtime.store.Store`'s grown rows): the running turn's answer,
@@ -288,8 +288,11 @@ class Persister(Actor):
             return []
         ours = req.messages
         grown = []
-        # (the positions not kept, in C: a step's save keeps all but one or two)
-        for p in sorted(set(range(min(len(ours), len(stored)))).difference(kept)):
+        # The positions not kept (the save's ``kept`` is _same_places(ours, stored): the
+        # same written entry), found in C: a step's save keeps all but one or two. Taken
+        # as the set of all positions less the kept ones, 1.7 ms a save at 10,000
+        # messages (3 hash sets of them), 4.7 times _same_places itself.
+        for p in compress(range(len(ours)), map(operator.is_not, ours, stored)):
             new, old = ours[p], stored[p]
             if (
                 type(new) is AssistantMessage
@@ -496,7 +499,7 @@ class Persister(Actor):
                 # and delete can fall between the check and the write); read apart here.
                 self._gone(req)
             kept = self._unchanged(req, expected)
-            grown = self._grown(req, expected, kept)
+            grown = self._grown(req, expected)
             if grown:
                 self._note_grown(req, grown)
             elif _last(req):
