@@ -468,6 +468,8 @@ def _waiting_chunk(ctrl: StreamController, item: ApprovalAsked | ToolDenied) -> 
             tool_call_id=item.tool_call_id,
             tool_name=item.tool_name,
             approval_id=item.approval_id,
+            asked_tool=item.asked_tool,
+            asked_input=item.asked_input,
         )
     oc = item.outcome
     return ctrl._chunk(

@@ -422,6 +422,9 @@ class ApprovalAsked:
     tool_call_id: str
     tool_name: str
     approval_id: str
+    asked_tool: str | None = None
+    """A sub-agent's approval passed up: the call that asks (``Awaiting.asked_tool``)."""
+    asked_input: Any = None
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

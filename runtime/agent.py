@@ -23,7 +23,14 @@ from runtime.errors import (
     ToolDefinitionError,
 )
 from runtime.media import MediaLimits
-from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    shared_schema,
+)
 from runtime.retry import RetryPolicy
 from runtime.tools import (
     AGENT_DEPTH_META,
@@ -453,21 +460,31 @@ def _passes(result: Any, may: bool) -> bool:
     return may and bool(pending) and all(p.kind in ("approval", "client") for p in pending)
 
 
-def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
-    """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
-    tool's name and input (two agents deep, the one its own nested wait names)."""
+def _waiting_call(
+    messages: Sequence[Any], wait_id: str
+) -> tuple[AssistantMessage, ToolCallPart, Awaiting] | None:
+    """The sub-turn's last assistant message, its call whose wait is ``wait_id`` and
+    that wait (a suspended sub-turn's waits are all in its last one); ``None``: none."""
     for m in reversed(messages):
         if isinstance(m, AssistantMessage):
             for p in m.content:
-                if not isinstance(p, ToolCallPart) or p.awaiting is None:
-                    continue
-                w = p.awaiting
-                if w.id == wait_id:
-                    if w.sub_tool is not None:
-                        return w.sub_tool, w.sub_input
-                    return p.tool_name, p.input
-            break
-    raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+                if isinstance(p, ToolCallPart) and p.awaiting is not None:
+                    if p.awaiting.id == wait_id:
+                        return m, p, p.awaiting
+            return None
+    return None
+
+
+def _sub_client(messages: Sequence[Any], wait_id: str) -> tuple[str, Any]:
+    """The client tool call a sub-turn's ``"client"`` wait ``wait_id`` stands for: its
+    tool's name and input (two agents deep, the one its own nested wait names)."""
+    found = _waiting_call(messages, wait_id)
+    if found is None:
+        raise RuntimeError(f"no call of the sub-turn waits for {wait_id!r}")
+    _, p, w = found
+    if w.sub_tool is not None:
+        return w.sub_tool, w.sub_input
+    return p.tool_name, p.input
 
 
 def _sub_asked(
@@ -477,21 +494,15 @@ def _sub_asked(
     stored schema and the agent tools between (two agents deep, the one its own nested
     wait names, through that wait's agent tool); ``None`` when that wait cannot say
     (one stored before it did)."""
-    for m in reversed(messages):
-        if isinstance(m, AssistantMessage):
-            for p in m.content:
-                if not isinstance(p, ToolCallPart) or p.awaiting is None:
-                    continue
-                w = p.awaiting
-                if w.id == wait_id:
-                    if w.nested:
-                        if w.asked_tool is None:
-                            return None
-                        via = (p.tool_name, *w.asked_via)
-                        return w.asked_tool, w.asked_input, w.schema, via
-                    return p.tool_name, p.input, w.schema, ()
-            break
-    return None
+    found = _waiting_call(messages, wait_id)
+    if found is None:
+        return None
+    m, p, w = found
+    if w.nested:
+        if w.asked_tool is None:
+            return None
+        return w.asked_tool, w.asked_input, w.schema, (p.tool_name, *w.asked_via)
+    return p.tool_name, p.input, shared_schema(m.content, p), ()
 
 
 def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
@@ -504,14 +515,8 @@ def sub_wait_id(tool_call_id: str, wait_id: str) -> str:
 def _deadline(messages: Sequence[Any], approval_id: str) -> float | None:
     """When the sub-turn's wait for ``approval_id`` expires (the sub-agent's
     ``approval_timeout``), the calling turn's wait's deadline too; ``None``: never."""
-    for m in reversed(messages):
-        if isinstance(m, AssistantMessage):
-            for p in m.content:
-                w = p.awaiting if isinstance(p, ToolCallPart) else None
-                if w is not None and w.id == approval_id:
-                    return w.expires_at
-            return None
-    return None
+    found = _waiting_call(messages, approval_id)
+    return None if found is None else found[2].expires_at
 
 
 async def _sub_stream(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -128,8 +128,10 @@ class Awaiting:
     server's tool (listed by the host's MCP actor at run time, :meth:`~runtime.tools.Tool.
     stored_schema`), or a nested approval's (:attr:`asked_tool`) when its call is one. An
     edit (``respond(id, approved=True, edited_input=...)``) is checked against it, in
-    any process, with or without that server's session open. Stored with the wait only:
-    the decision drops it (``None`` once decided, and for every other call)."""
+    any process, with or without that server's session open. Stored once a step and
+    tool, on one waiting call of it (the others share it: :func:`shared_schema`); the
+    decision drops it, passing it on to the tool's next call still waiting (``None``
+    once decided, and for every other call)."""
     asked_tool: str | None = None
     """A nested wait (:attr:`nested`) of kind ``"approval"``: the name of the sub-agent's
     tool whose call asks (two agents deep, the one the sub-session's own nested wait
@@ -549,3 +551,37 @@ class ToolMessage:
 
 
 Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
+
+
+def shares_schema(part: Any, name: str) -> bool:
+    """Whether ``part`` is an undecided approval of tool ``name`` whose wait may carry
+    the step's one stored schema of it (:func:`shared_schema`)."""
+    return (
+        isinstance(part, ToolCallPart)
+        and part.tool_name == name
+        and part.awaiting is not None
+        and part.awaiting.kind == "approval"
+        and not part.awaiting.nested
+        and not part.awaiting.decided
+    )
+
+
+def shared_schema(content: Sequence[Any], part: ToolCallPart) -> Any:
+    """The schema an edit of ``part`` (a waiting call of ``content``, an assistant
+    message's) is checked against: its wait's own (:attr:`~runtime.messages.Awaiting.
+    schema`), else the one an undecided call of the same tool in the same message
+    carries. A step stores an MCP tool's schema once, on its first waiting call of it
+    (``actors/turn/tool_calls.py``), not on each: 100 calls of a
+    tool with a 31 KB schema stored 3.1 MB, and denying them one by one wrote 155 MB
+    (each decision saves the message), against 25 KB and 2.5 MB."""
+    waiting = part.awaiting
+    if waiting is None or waiting.schema is not None or waiting.nested:
+        return None if waiting is None else waiting.schema
+    return next(
+        (
+            p.awaiting.schema
+            for p in content
+            if shares_schema(p, part.tool_name) and p.awaiting.schema is not None
+        ),
+        None,
+    )

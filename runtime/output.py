@@ -214,6 +214,14 @@ class ToolApprovalRequest(_Base):
     tool_call_id: str
     tool_name: str
     approval_id: str
+    asked_tool: str | None = None
+    """The call is an agent used as a tool whose sub-agent's approval is passed up
+    (``as_tool(pass_approvals=True)``): the tool of the sub-agent's call that asks (two
+    agents deep, the innermost one's), and :attr:`asked_input` that call's input, which an
+    edit of this approval replaces (:attr:`~runtime.messages.Awaiting.asked_tool`).
+    ``None``: the call asks for itself (and left out of the chunk's JSON)."""
+    asked_input: Any = None
+    """With :attr:`asked_tool`: that call's input, as the sub-agent's model gave it."""
     seq: int = 0
     session_id: str = ""
     turn_id: str = ""

@@ -529,9 +529,12 @@ class Provider(ServingActor[InferRequest]):
             return
         failure: Exception | None = None
         watch: _IdleWatch | None = None
-        with trio.CancelScope() as scope:
+        # The deadline given to the scope as it is made, not set on it once entered: a
+        # deadline set on an entered scope is taken out of and put back in Trio's deadline
+        # heap (~11k instructions a call, issue 24 goal 1).
+        deadline = math.inf if call is None else trio.current_time() + call
+        with trio.CancelScope(deadline=deadline) as scope:
             if call is not None:
-                scope.deadline = trio.current_time() + call
                 out.inbox = _CallClock(request.reply, scope)  # a slow reader stops it
             period = 0.0  # seconds between two looks at the call
             if idle is not None:

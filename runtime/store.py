@@ -478,10 +478,27 @@ def _takes_kept(store: Any) -> bool:
     """Whether ``store.save`` takes ``kept`` (:class:`Store`'s kept rows): named in its
     signature, or a save taking any keyword (a wrapper's) of a store that says it keeps
     rows (``keeps_rows``). By the save's function, remembered: a turn saves every step."""
+    return _save_takes(store, "kept", "keeps_rows", _KEPT)
+
+
+def takes_grown(store: Any) -> bool:
+    """Whether ``store.save`` takes ``grown`` (:class:`Store`'s grown rows): named in its
+    signature, or a save taking any keyword (a wrapper's) of a store that says it grows
+    rows (``grows_rows``). By the save's function, remembered, as :func:`_takes_kept`."""
+    return _save_takes(store, "grown", "grows_rows", _GROWN)
+
+
+def _save_takes(
+    store: Any, keyword: str, flag: str, known_by_save: weakref.WeakKeyDictionary[Any, bool]
+) -> bool:
+    """Whether ``store.save`` takes ``keyword``: named in its signature, or a save taking
+    any keyword (a wrapper's) of a store whose attribute ``flag`` is ``True``. Remembered
+    in ``known_by_save`` by the save's function: asked at every step's save, and
+    :func:`inspect.signature` is not cheap."""
     save = store.save
     fn = getattr(save, "__func__", save)
     try:
-        known = _KEPT.get(fn)
+        known = known_by_save.get(fn)
     except TypeError:  # (not weakly referable: asked each time)
         known = None
     if known is not None:
@@ -491,38 +508,13 @@ def _takes_kept(store: Any) -> bool:
     except (TypeError, ValueError):
         params = {}  # type: ignore[assignment]
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    known = "kept" in params or (var_kw and getattr(store, "keeps_rows", False) is True)
+    known = keyword in params or (var_kw and getattr(store, flag, False) is True)
     with contextlib.suppress(TypeError):
-        _KEPT[fn] = known
+        known_by_save[fn] = known
     return known
 
 
 _KEPT: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
-def takes_grown(store: Any) -> bool:
-    """Whether ``store.save`` takes ``grown`` (:class:`Store`'s grown rows): named in its
-    signature, or a save taking any keyword (a wrapper's) of a store that says it grows
-    rows (``grows_rows``). By the save's function, remembered, as :func:`_takes_kept`."""
-    save = store.save
-    fn = getattr(save, "__func__", save)
-    try:
-        known = _GROWN.get(fn)
-    except TypeError:
-        known = None
-    if known is not None:
-        return known
-    try:
-        params = inspect.signature(save).parameters
-    except (TypeError, ValueError):
-        params = {}  # type: ignore[assignment]
-    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    known = "grown" in params or (var_kw and getattr(store, "grows_rows", False) is True)
-    with contextlib.suppress(TypeError):
-        _GROWN[fn] = known
-    return known
-
-
 _GROWN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 

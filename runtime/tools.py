@@ -538,7 +538,8 @@ class Tool:
     waits_on_siblings: bool = False
     """Its calls may wait for other calls of their step (a barrier, a rendezvous, a
     consumer waiting for a producer): they run at once whatever the step's
-    ``Budget.max_parallel_tool_calls``, taking none of its places. Without it, calls
+    ``Budget.max_parallel_tool_calls``, taking none of its places (an async tool's
+    only: a sync one's calls share the run's :data:`TOOL_THREADS` threads). Without it, calls
     past the bound wait for a place that the calls holding them, waiting for those,
     never give back: the step stalls until their timeouts (each timeout's error then
     names the bound)."""
@@ -665,7 +666,7 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         raise ToolInputError(f"invalid {what} for {name}: they cannot be checked: {exc}") from None
     except SchemaTooCostly:
         raise ToolInputError(
-            f"invalid {what} for {name}: the client's schema took over {steps} steps to check them"
+            f"invalid {what} for {name}: the schema took over {steps} steps to check them"
         ) from None
     finally:
         _STEPS_LEFT.reset(token)
@@ -760,6 +761,15 @@ def _build(
     needs_approval: bool | ApprovalRule,
     waits_on_siblings: bool = False,
 ) -> Tool:
+    if waits_on_siblings and not inspect.iscoroutinefunction(fn):
+        # A sync tool's calls run in threads that every sync tool of the run shares
+        # (TOOL_THREADS): 45 calls meeting at a barrier all timed out, none said why.
+        raise ToolDefinitionError(
+            f"tool {getattr(fn, '__name__', fn)!r}: waits_on_siblings=True needs an async "
+            f"function: a sync tool's calls run in at most {TOOL_THREADS} threads at once, "
+            "shared by every sync tool of the host, so calls waiting on each other past "
+            "them would stall until their timeouts"
+        )
     try:
         import docstring_parser
 

@@ -670,6 +670,8 @@ def every_chunk() -> Iterator[o.OutputChunk]:
     ids = {"session_id": "s", "turn_id": "t"}
     yield o.Start(message_id="msg_1", **ids)
     yield o.StepStart(step=0)
+    yield o.Throttled(step=0, wait=2.5, reason="requests")
+    yield o.BudgetWait(step=0, want=90, available=50, held=40, ahead=1)
     yield o.ReasoningStart(step=0, part_id="p1")
     yield o.ReasoningDelta(step=0, part_id="p1", text="hmm")
     yield o.ReasoningFinish(step=0, part_id="p1")
@@ -747,6 +749,8 @@ def test_every_output_chunk_maps_to_valid_events():
         ("msg_1", "enc"),
     ]
     assert [e["name"] for e in events if e["type"] == "CUSTOM"] == [
+        "axon.throttled",
+        "axon.budget-wait",
         "axon.object",
         "axon.tool-stream",
     ]
@@ -755,6 +759,43 @@ def test_every_output_chunk_maps_to_valid_events():
     assert events[-1]["result"] == {"a": 1}
     # Anthropic counts cache reads beside its input: AG-UI's inputTokens includes them
     assert events[-1]["usage"][0]["inputTokens"] == 10
+
+
+def test_a_top_level_wait_is_a_custom_event_and_a_nested_one_stays_in_its_tool_stream():
+    """A top-level ``throttled`` / ``budget-wait`` was dropped: a run whose model call
+    waited for a rate limit (or an application's output account) just went quiet. Each
+    is now a ``CUSTOM`` event with the chunk's fields; a sub-agent's still comes inside
+    its ``axon.tool-stream`` (once, not twice)."""
+    encoder = RunEncoder("th", "run")
+    wait = o.BudgetWait(step=1, want=90, available=10, held=80, ahead=2)
+    events = [
+        e
+        for chunk in (
+            o.Start(message_id="m", session_id="s", turn_id="t"),
+            o.Throttled(step=1, wait=0.25, reason="concurrency"),
+            wait,
+            o.ToolStream(step=1, tool_call_id="c", tool_name="helper", chunk=wait),
+        )
+        for e in encoder.encode(chunk)
+    ]
+    for event in events:
+        valid(event)
+    assert events[1:3] == [
+        {
+            "type": "CUSTOM",
+            "name": "axon.throttled",
+            "value": {"step": 1, "wait": 0.25, "reason": "concurrency"},
+        },
+        {
+            "type": "CUSTOM",
+            "name": "axon.budget-wait",
+            "value": {"step": 1, "want": 90, "available": 10, "held": 80, "ahead": 2},
+        },
+    ]
+    (nested,) = events[3:]
+    assert nested["name"] == "axon.tool-stream" and nested["value"]["toolCallId"] == "c"
+    assert nested["value"]["chunk"]["type"] == "budget-wait"
+    assert nested["value"]["chunk"]["want"] == 90
 
 
 def test_an_error_ends_the_run_and_nothing_follows_it():

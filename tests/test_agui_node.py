@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio.lowlevel
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, ProviderError, ReasoningChunk, RetryPolicy, tool
+from runtime.ratelimit import RateLimit
 from tests.web.harness import NPM_TIMEOUT, run_node_script, web_server
 
 AGUI = Path(__file__).resolve().parent / "agui"
@@ -200,4 +202,52 @@ async def test_the_official_client_ends_without_the_text_of_a_step_that_started_
     assert [(m["role"], m.get("content")) for m in result["messages"]] == [
         ("user", "Go"),
         ("assistant", "The whole answer."),
+    ]
+
+
+class InstantClock:
+    """A rate limiter's clock whose waits pass at once (their seconds added to ``now``)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        await trio.lowlevel.checkpoint()
+
+
+@tool
+async def look(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
+
+
+async def test_the_official_client_takes_a_rate_limit_wait_as_a_custom_event(node):
+    """The step's model call waits for the rate limit: the run says so with ``CUSTOM``
+    ``axon.throttled`` (it was dropped: the run went quiet), which the client hands on
+    untouched, schema-valid, with no warning."""
+    limit = RateLimit(requests_per_minute=1, clock=InstantClock())
+    steps = [[*tool_call("look", {"q": "x"}, tool_call_id="L")], ["Found it."]]
+    agent = Agent(provider=ScriptedProvider(steps, rate_limit=limit), tools=[look])
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+        out = await run_client(
+            node,
+            {"url": server.url + "/ag-ui", "threadId": "t", "runs": [{"userText": "go"}]},
+        )
+    (result,) = out["results"]
+    assert out["warnings"] == [] and result["schemaErrors"] == []
+    assert result["error"] is None and result["outcome"]["type"] == "success"
+    custom = [e for e in result["events"] if e["type"] == "CUSTOM"]
+    assert [(e["name"], e["value"]) for e in custom] == [
+        ("axon.throttled", {"step": 1, "wait": 60.0, "reason": "requests"})
+    ]
+    # said inside step 1, before its text
+    names = [e.get("stepName") or e.get("name") or e["type"] for e in result["events"]]
+    assert names.index("axon.throttled") > names.index("step-1")
+    assert names.index("axon.throttled") < result["types"].index("TEXT_MESSAGE_CONTENT", 3)
+    assert [m.get("content") for m in result["messages"] if m["role"] == "assistant"] == [
+        "Found it."
     ]

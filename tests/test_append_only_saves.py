@@ -347,9 +347,12 @@ def pg_saves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         postgres._write_segments,
     )
 
-    async def counted_call(self: Any, action: str, sid: str, start: int, rows: Any, *a: Any):
-        saves.append(sum(len(row[3]) for row in rows))
-        return await call(self, action, sid, start, rows, *a)
+    async def counted_call(
+        self: Any, action: str, sid: str, start: int, rows: Any, *a: Any, **kw: Any
+    ) -> Any:
+        written = kw.get("segments") or ()
+        saves.append(sum(len(row[3]) for row in rows) + sum(len(s[2]) for s in written))
+        return await call(self, action, sid, start, rows, *a, **kw)
 
     def counted_in(self: Any, conn: Any, sid: str, start: int, rows: Any, *a: Any) -> int:
         saves.append(sum(len(row[3]) for row in rows))
@@ -411,14 +414,31 @@ def _pg_reader(url: str, seen: list[Any], segments: list[int]) -> Any:
     front end's): its load, its last turn and its last two turns, at each step."""
     from actors.stores.postgres import PostgresStore
 
+    async def read_once(other: Any) -> Any:
+        record = await other.load("s")
+        last = await other.load_last_turn("s")
+        lasts = await other.load_last_turns("s", 2)
+        return (
+            None
+            if record is None
+            else (
+                _without_ids(record.messages),
+                None if last is None else (last[0], _without_ids(last[1].messages)),
+                None if lasts is None else (lasts[0], _without_ids(lasts[1].messages)),
+            )
+        )
+
     @tool
     async def look(i: int) -> str:
-        """Looks at the stored session."""
+        """Looks at the stored session: read until two reads agree, as the step's own
+        save of its call may still be on its way while the tool runs (the three reads
+        of one look then straddled it, about one run in ten under load)."""
         other = await PostgresStore.open(url)
         try:
-            record = await other.load("s")
-            last = await other.load_last_turn("s")
-            lasts = await other.load_last_turns("s", 2)
+            before, now = None, await read_once(other)
+            while now != before:
+                await trio.sleep(0.01)
+                before, now = now, await read_once(other)
             segments.append(
                 await other.run(
                     "segments",
@@ -430,15 +450,7 @@ def _pg_reader(url: str, seen: list[Any], segments: list[int]) -> Any:
             )
         finally:
             await other.aclose()
-        seen.append(
-            None
-            if record is None
-            else (
-                _without_ids(record.messages),
-                None if last is None else (last[0], _without_ids(last[1].messages)),
-                None if lasts is None else (lasts[0], _without_ids(lasts[1].messages)),
-            )
-        )
+        seen.append(now)
         return f"r{i}"
 
     return look

@@ -175,3 +175,163 @@ async def test_a_superseded_mcp_call_keeps_no_schema(tmp_path):
     call = the_call(record.messages)
     assert call.awaiting is not None and call.awaiting.reason == "superseded"
     assert call.awaiting.schema is None
+
+
+async def _store_schema(host: Host, schema: dict[str, Any]) -> None:
+    """Replace the waiting call's stored schema with ``schema``: what a server that
+    listed it would have left (its listing's check takes each: see the test)."""
+    import attrs
+
+    record = await host.store.load("s")
+    assert record is not None
+    index, message = next(
+        (i, m) for i, m in enumerate(record.messages) if isinstance(m, AssistantMessage)
+    )
+    call = the_call(record.messages)
+    assert call.awaiting is not None
+    crafted = attrs.evolve(call, awaiting=attrs.evolve(call.awaiting, schema=schema))
+    content = tuple(crafted if p is call else p for p in message.content)
+    await host.store.save(
+        "s", index, [attrs.evolve(message, content=content)], expected_version=record.version
+    )
+
+
+def _exponential_refs(depth: int) -> dict[str, Any]:
+    """Definitions each ``anyOf`` two references to the one before: a value matching
+    none is checked 2**depth times (1.3 KB; 16 deep held a decision's loop 9.5 s)."""
+    defs: dict[str, Any] = {"d0": {"type": "number"}}
+    for i in range(1, depth + 1):
+        defs[f"d{i}"] = {"anyOf": [{"$ref": f"#/$defs/d{i - 1}"}] * 2}
+    return {
+        "type": "object",
+        "$defs": defs,
+        "properties": {"a": {"$ref": f"#/$defs/d{depth}"}, "b": {"type": "integer"}},
+    }
+
+
+async def test_a_crafted_stored_schema_is_checked_within_a_bound_of_steps(tmp_path):
+    """A server's schema whose ``$ref`` s make a check exponential (it lists fine: the
+    listing's check builds it) is checked at decision time, on the event loop of a front
+    end that serves every session, with a bound of keywords: refused past it, counted,
+    the call still waits and a plain approval runs. Before, trusted, every keyword ran
+    (2**14 branches here; 18 deep is 34 s)."""
+    from runtime import tools
+    from runtime.tools import json_schema_validator
+
+    schema = _exponential_refs(14)
+    json_schema_validator(schema)  # what listing the tool checks: it is taken
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+        await _store_schema(host, schema)
+    key = waited.pending[0].approval_id
+    spent: list[int] = []
+    spend = tools._spend
+
+    def counting(steps: int) -> None:
+        spent.append(steps)
+        spend(steps)
+
+    bare = Agent(provider=ScriptedProvider([["done"]]))
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(bare, session_id="s")
+        before = await host.store.load("s")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tools, "_spend", counting)
+            with pytest.raises(InvalidDecision, match="the schema took over 10000 steps"):
+                await deciding.decide(key, approved=True, edited_input={"a": "x", "b": 2})
+        after = await host.store.load("s")
+        assert before is not None and after is not None
+        assert after.version == before.version
+        assert sum(spent) <= tools.UNTRUSTED_STEPS + 1
+        recorded = await deciding.decide(key, approved=True)
+    assert recorded.complete
+
+
+async def test_a_stored_pattern_is_not_run_where_the_decision_is_made(tmp_path):
+    """Python's ``re`` has no time limit: a server's ``^(a|aa)*$`` against an edit of 45
+    ``a`` and a ``!`` holds the deciding loop for minutes. So the stored schema's
+    patterns are not run at decision time (30 here, refused by the pattern before); the
+    call's own check runs them where the call runs, and the model is told."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "^(a|aa)*$"}, "b": {}},
+    }
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+        await _store_schema(host, schema)
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        recorded = await session.decide(
+            waited.pending[0].approval_id,
+            approved=True,
+            edited_input={"a": "a" * 30 + "!", "b": 2},
+        )
+    assert recorded.complete and recorded.call.input == {"a": "a" * 30 + "!", "b": 2}
+
+
+async def test_a_stored_schema_with_pattern_properties_refuses_an_edit_saying_why(tmp_path):
+    """``patternProperties`` decides which schema a key gets, so it cannot be skipped
+    like ``pattern``: an edit of such a tool is refused as unchecked, naming the
+    keyword (not "the tool is not available"); a plain approval runs."""
+    schema = {"type": "object", "patternProperties": {"^(a|aa)*$": {"type": "integer"}}}
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+        await _store_schema(host, schema)
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        with pytest.raises(InvalidDecision, match="'patternProperties' is not taken here"):
+            await session.decide(
+                waited.pending[0].approval_id, approved=True, edited_input={"a": 5, "b": 2}
+            )
+        await session.respond(waited.pending[0].approval_id, approved=True)
+    assert tool_messages(session)["add"].output in (3, "3")
+
+
+def _schemas(messages: Any) -> dict[str, Any]:
+    """Each waiting call's stored schema, by call id."""
+    return {
+        p.tool_call_id: p.awaiting.schema
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None
+    }
+
+
+async def test_a_steps_calls_of_one_tool_store_its_schema_once_and_each_edit_is_checked(
+    tmp_path,
+):
+    """Three waiting calls of ``add`` in one step store the schema once, on the first
+    (each call's copy made 100 calls of a 31 KB schema 3.1 MB, and deciding them one by
+    one wrote 155 MB). Decided on a host without the server (a front end's case), the
+    first decided passes it on to the next still waiting: every call's edit is checked
+    against it, whichever order they are decided in, and none is left at the end."""
+    provider = ScriptedProvider(
+        [
+            [c for i in range(3) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")],
+            ["done"],
+        ]
+    )
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(provider), session_id="s")).run("go")
+        record = await host.store.load("s")
+    assert record is not None
+    stored = _schemas(record.messages)
+    assert [k for k, v in stored.items() if v is not None] == ["c0"]
+    keys = {p.tool_call_id: p.approval_id for p in waited.pending}
+    bare = Agent(provider=ScriptedProvider([["done"]]))
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(bare, session_id="s")
+        for call in ("c1", "c0", "c2"):  # a call without the schema first, then its carrier
+            with pytest.raises(InvalidDecision, match=r"invalid arguments for add: a: 'x'"):
+                await deciding.decide(keys[call], approved=True, edited_input={"a": "x", "b": 2})
+            recorded = await deciding.decide(
+                keys[call], approved=True, edited_input={"a": 7, "b": 1}
+            )
+            assert recorded.call.input == {"a": 7, "b": 1}
+            now = _schemas((await host.store.load("s")).messages)  # type: ignore[union-attr]
+            assert sum(v is not None for v in now.values()) == (0 if call == "c2" else 1), now

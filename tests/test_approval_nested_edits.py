@@ -446,3 +446,64 @@ def test_an_a2a_task_waiting_for_a_passed_up_approval_names_the_asking_call():
     assert message["parts"][1]["data"]["pending"] == [
         {"id": "a", "kind": "approval", "tool": "wire_money", "input": {"to": "x"}}
     ]
+
+
+@pytest.mark.parametrize("via", [("ghost",), ("wire_money",), ("helper", "helper", "x")])
+async def test_an_asked_via_naming_no_agent_tool_of_the_caller_refuses_the_edit(tmp_path, via):
+    """Attacked (attacktoday): a stored wait whose ``asked_via`` names a tool the calling
+    agent lacks, a plain tool (no sub-agent), or a path deeper than the tree (a store
+    written by something else, or an agent redeployed): the walk ends on nothing and the
+    edit is refused as unchecked, nothing recorded; a plain approval still runs."""
+    import attrs
+
+    from runtime import tool
+    from tests.test_approval_nested_pass import _helper_model, _middle_model, _top_model
+    from tests.test_approval_nested_pass import wire_money as helpers_wire_money
+
+    @tool
+    async def wire_money(amount: int) -> str:  # (middle's own, never called)
+        """Wire an amount."""
+        return "no"
+
+    def top() -> Agent:
+        middle = Agent(
+            name="middle",
+            provider=ScriptedProvider(responder=_middle_model),
+            tools=[
+                wire_money,
+                Agent(
+                    name="helper",
+                    provider=ScriptedProvider(responder=_helper_model),
+                    tools=[helpers_wire_money],
+                ).as_tool(pass_approvals=True),
+            ],
+        )
+        return Agent(
+            provider=ScriptedProvider(responder=_top_model),
+            tools=[middle.as_tool(pass_approvals=True)],
+        )
+
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        key = (await (await host.open_session(top(), session_id="s")).run("go")).pending[0]
+        record = await host.store.load("s")
+        assert record is not None
+        index, message = next(
+            (i, m) for i, m in enumerate(record.messages) if isinstance(m, AssistantMessage)
+        )
+        (call,) = calls([message])
+        assert call.awaiting is not None
+        crafted = attrs.evolve(call, awaiting=attrs.evolve(call.awaiting, asked_via=via))
+        content = tuple(crafted if p is call else p for p in message.content)
+        await host.store.save(
+            "s", index, [attrs.evolve(message, content=content)], expected_version=record.version
+        )
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(top(), session_id="s")
+        before = await host.store.load("s")
+        with pytest.raises(InvalidDecision, match="not available here"):
+            await session.respond(key.approval_id, approved=True, edited_input={"to": "deep"})
+        after = await host.store.load("s")
+        assert before is not None and after is not None and after.version == before.version
+        await session.respond(key.approval_id, approved=True)
+    assert ran == ["x"]  # once, with the model's own input

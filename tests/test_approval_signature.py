@@ -360,6 +360,7 @@ async def test_a_sub_agents_approval_on_the_calling_call_is_signed_and_verifies(
 def test_serve_takes_the_secret_from_its_option_else_the_environment(monkeypatch):
     parser = add_serve_parser(argparse.ArgumentParser().add_subparsers())
     monkeypatch.delenv("AXON_APPROVAL_SECRET", raising=False)
+    monkeypatch.delenv("AXON_APPROVAL_SECRET_FILE", raising=False)
     assert approval_secret(parser.parse_args([])) is None
     monkeypatch.setenv("AXON_APPROVAL_SECRET", "from-env")
     assert approval_secret(parser.parse_args([])) == "from-env"

@@ -1,7 +1,7 @@
 """Requiring signed approvals (``serve --require-approval-signature``,
 ``$AXON_REQUIRE_APPROVAL_SIGNATURE``, ``create_app(require_approval_signature=True)``)
-and the secret read from a file (``--approval-secret-file``): docs/approval.md, "Signed
-approvals".
+and the secret read from a file (``--approval-secret-file``, ``$AXON_APPROVAL_SECRET_FILE``):
+docs/approval.md, "Signed approvals".
 
 With the requirement an AI SDK approval answer without a ``signature`` is a 403 saying
 which ``ai`` versions send one, and nothing is recorded; one with a good signature goes
@@ -33,7 +33,13 @@ from runtime.app.web.serve import (
     read_secret_file,
     unsigned_decisions_warning,
 )
-from runtime.app.web.signing import REQUIRE_ENV, SECRET_ENV, ApprovalSigner, for_session
+from runtime.app.web.signing import (
+    REQUIRE_ENV,
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    ApprovalSigner,
+    for_session,
+)
 from runtime.errors import ConfigurationError
 from tests.support.approval_tools import (
     clear_ran,  # noqa: F401 (fixture)
@@ -44,7 +50,8 @@ from tests.support.approval_tools import (
 from tests.support.redis import require_redis
 from tests.test_agui import run, run_input, user
 from tests.test_approval_node import chat_through_an_approval
-from tests.test_approval_web import answer, approval_part, request_of
+from tests.test_approval_web import answer, approval_part, post, request_of
+from tests.test_approval_web import serve as serve_process
 from tests.test_frontend import LIMIT, deployment
 from tests.test_relay_web import sse_events
 from tests.test_web_http import body, events
@@ -85,6 +92,54 @@ def test_a_required_signature_missing_is_a_403_naming_the_clients_that_sign():
     # not required (the default): the unsigned answer is checked against the store alone
     lenient = for_session(ApprovalSigner(secret=SECRET.encode()), "s")
     assert _answers(_message(), [waiting_delete("a1")], lenient)
+
+
+@pytest.mark.parametrize(
+    ("part", "status"),
+    [
+        # the approval named by its call's id (``decide`` takes either key)
+        (approval_part("D", True), 403),
+        # a denial sneaked past as well: an unsigned answer either way
+        (approval_part("a1", False, reason="no"), 403),
+        # the call's output given by the client, as for a client tool: no approval at all
+        (
+            {
+                "type": "tool-delete_file",
+                "toolCallId": "D",
+                "state": "output-available",
+                "input": {"path": "/x"},
+                "output": "deleted",
+            },
+            400,
+        ),
+        (
+            {
+                "type": "tool-delete_file",
+                "toolCallId": "D",
+                "state": "output-error",
+                "input": {"path": "/x"},
+                "errorText": "gone",
+            },
+            400,
+        ),
+        # a signature for the call made over another input (a client-edited one)
+        (
+            approval_part(
+                "a1", True, signature=SIGNER.sign("s", "a1", "D", "delete_file", {"path": "/"})
+            ),
+            403,
+        ),
+    ],
+)
+def test_no_other_shape_of_answer_decides_an_approval_unsigned(part, status):
+    """Attacked (attacktoday): with signatures required, the waiting approval cannot be
+    answered unsigned by its call id instead of its approval id, nor by a denial, nor by
+    an ``output-available``/``output-error`` part (a client tool's answer, which needs
+    no signature) for the server's call: each refused before anything is recorded."""
+    signer = for_session(SIGNER, "s")
+    with pytest.raises(ApiError) as refused:
+        _answers({"parts": [part]}, [waiting_delete("a1")], signer)
+    assert refused.value.status == status
 
 
 async def test_requiring_a_signature_without_a_secret_is_refused_at_creation():
@@ -263,6 +318,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_the_secret_file_is_read_with_its_trailing_newline_left_out(tmp_path, monkeypatch):
     monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     path = tmp_path / "secret"
     path.write_bytes(SECRET.encode() + b"\r\n\n")
@@ -322,6 +378,7 @@ def test_an_unreadable_secret_file_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_the_requirement_from_option_or_variable_and_what_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(SECRET_FILE_ENV, raising=False)
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     assert approval_settings(_args("--approval-secret", "s")) == ("s", False)
     assert approval_settings(_args("--approval-secret", "s", "--require-approval-signature")) == (
@@ -343,8 +400,82 @@ def test_the_requirement_from_option_or_variable_and_what_is_refused(tmp_path, m
         approval_settings(_args("--approval-secret", "s", "--approval-secret-file", str(path)))
 
 
+def test_the_secret_file_variable_is_read_as_the_option_reads_its_file(tmp_path, monkeypatch):
+    """``$AXON_APPROVAL_SECRET_FILE`` names a file read as ``--approval-secret-file``'s
+    is; an empty value is none given, as ``$AXON_APPROVAL_SECRET``'s is."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET.encode() + b"\n")
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    assert approval_settings(_args()) == (SECRET.encode(), False)
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    assert approval_settings(_args()) == (SECRET.encode(), True)
+    monkeypatch.setenv(SECRET_FILE_ENV, "")
+    assert approval_secret(_args()) is None
+    with pytest.raises(ConfigurationError, match="needs an approval secret"):
+        approval_settings(_args())
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "directory", "huge"])
+def test_a_secret_file_variable_that_gives_no_secret_names_the_variable_not_the_contents(
+    tmp_path, monkeypatch, case
+):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    path = tmp_path / "secret"
+    if case == "empty":
+        path.write_bytes(b"\r\n")
+    elif case == "directory":
+        path.mkdir()
+    elif case == "huge":
+        path.write_text((SECRET + "\n") * (SECRET_FILE_MAX // len(SECRET) + 1))
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    with pytest.raises(ConfigurationError) as refused:
+        approval_settings(_args())
+    message = str(refused.value)
+    assert message.startswith(f"${SECRET_FILE_ENV} {str(path)!r} ")
+    assert "--approval-secret-file" not in message and SECRET not in message
+
+
+def test_the_command_line_overrides_the_environment_and_two_in_one_place_are_refused(
+    tmp_path, monkeypatch
+):
+    """The precedence (docs/approval.md): an option, either one, overrides both variables,
+    and a variable it overrides is not read (a broken path there stops nothing); two
+    options, or two variables, at once are an error naming both, never a guess."""
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    path = tmp_path / "secret"
+    path.write_text(SECRET)
+    other = tmp_path / "other"
+    other.write_text("from-the-variable's-file")
+    monkeypatch.setenv(SECRET_ENV, "from-env")
+    monkeypatch.setenv(SECRET_FILE_ENV, str(other))
+    # both variables: refused, naming both, without either's secret
+    with pytest.raises(ConfigurationError) as refused:
+        approval_settings(_args())
+    message = str(refused.value)
+    assert SECRET_ENV in message and SECRET_FILE_ENV in message and "once" in message
+    assert "from-env" not in message and "from-the-variable" not in message
+    # an option overrides both (so the refusal above has a way out without unsetting)
+    assert approval_secret(_args("--approval-secret", "given")) == "given"
+    assert approval_secret(_args("--approval-secret-file", str(path))) == SECRET.encode()
+    # the overridden variable's file is not read: a path that cannot be read stops nothing
+    monkeypatch.delenv(SECRET_ENV)
+    monkeypatch.setenv(SECRET_FILE_ENV, str(tmp_path / "missing"))
+    assert approval_secret(_args("--approval-secret", "given")) == "given"
+    assert approval_secret(_args("--approval-secret-file", str(path))) == SECRET.encode()
+    # the file variable over nothing else; the plain one over nothing else
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    assert approval_secret(_args()) == SECRET.encode()
+    monkeypatch.delenv(SECRET_FILE_ENV)
+    monkeypatch.setenv(SECRET_ENV, "from-env")
+    assert approval_secret(_args()) == "from-env"
+
+
 def _serve(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in (SECRET_ENV, REQUIRE_ENV)}
+    unset = (SECRET_ENV, SECRET_FILE_ENV, REQUIRE_ENV)
+    clean = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-m", "runtime", "serve", "--port", "0", *argv],
         capture_output=True,
@@ -362,12 +493,40 @@ def test_serve_stops_before_binding_on_a_bad_secret_file_and_never_shows_the_sec
     assert empty.returncode == 2 and "error: --approval-secret-file" in empty.stderr
     assert "is empty" in empty.stderr and "http://" not in empty.stdout
     assert required.returncode == 2 and "needs an approval secret" in required.stderr
+    assert SECRET_FILE_ENV in required.stderr  # (among the sources it names)
+    from_env = _serve(env={SECRET_FILE_ENV: str(path)})
+    assert from_env.returncode == 2 and f"error: ${SECRET_FILE_ENV} " in from_env.stderr
+    both = _serve(env={SECRET_FILE_ENV: str(path), SECRET_ENV: SECRET})
+    assert both.returncode == 2 and f"${SECRET_ENV} or ${SECRET_FILE_ENV}" in both.stderr
+    assert SECRET not in both.stdout + both.stderr and "http://" not in both.stdout
     helped = _serve("--help", env={SECRET_ENV: SECRET})
     assert (
         "--approval-secret-file" in helped.stdout
         and "--require-approval-signature" in helped.stdout
     )
     assert SECRET not in helped.stdout + helped.stderr
+
+
+async def test_a_serve_process_signs_with_the_secret_its_file_variable_names(tmp_path, monkeypatch):
+    """A real ``serve`` given nothing but ``$AXON_APPROVAL_SECRET_FILE`` signs its
+    approval requests with that file's secret and takes the signed answer."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    secret_path, mark = tmp_path / "secret", tmp_path / "mark"
+    secret_path.write_bytes(SECRET.encode() + b"\n")
+    monkeypatch.setenv(SECRET_FILE_ENV, str(secret_path))
+    async with serve_process(tmp_path / "s.db", mark) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            first = await post(client, body("s"))
+            asked = request_of(first)
+            signed = SIGNER.sign("s", asked["approvalId"], "M", "write_mark", {"path": str(mark)})
+            assert asked["signature"] == signed
+            part = {
+                **approval_part(asked["approvalId"], True, signature=signed),
+                **{"type": "tool-write_mark", "toolCallId": "M", "input": {"path": str(mark)}},
+            }
+            second = await post(client, answer("s", first[0]["messageId"], part))
+    assert second[1]["type"] == "tool-output-available" and mark.read_text() == "x"
 
 
 def test_the_requirements_decision_for_agui_and_a2a_is_said_at_start():

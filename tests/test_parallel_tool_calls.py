@@ -176,3 +176,27 @@ def test_waits_on_siblings_is_true_or_false() -> None:
     for wrong in (1, "yes", None):
         with pytest.raises(ToolDefinitionError, match="waits_on_siblings"):
             tool(meet, waits_on_siblings=wrong)  # type: ignore[call-overload]
+
+
+def test_waits_on_siblings_is_refused_for_a_sync_tool() -> None:
+    """A sync tool's calls run in the threads every sync tool of the run shares
+    (``TOOL_THREADS``, 40): 45 calls of one marked ``waits_on_siblings`` meeting at a
+    ``threading.Barrier`` all timed out, their errors naming nothing. Refused where it
+    is made, saying so; an async one is taken, and a sync one without the flag."""
+    from runtime.tools import TOOL_THREADS
+
+    def meet(i: int) -> str:
+        """Waits for the step's other calls."""
+        return f"met {i}"
+
+    with pytest.raises(ToolDefinitionError, match=rf"needs an async function.*{TOOL_THREADS}"):
+        tool(meet, waits_on_siblings=True)
+    with pytest.raises(ToolDefinitionError, match="needs an async function"):
+        tool(waits_on_siblings=True)(meet)
+    assert tool(meet).waits_on_siblings is False
+
+    async def ameet(i: int) -> str:
+        """Waits for the step's other calls."""
+        return f"met {i}"
+
+    assert tool(ameet, waits_on_siblings=True).waits_on_siblings is True

@@ -152,3 +152,91 @@ async def test_a_bedrock_stream_failing_in_the_middle_leaves_no_byte_iterator_op
         del call
     assert failed
     assert abandoned == []
+
+
+def _axon_s_shielded_scopes(monkeypatch: Any) -> list[bool]:
+    """Shielded cancel scopes Axon's code enters from now on (the HTTP libraries shield
+    their own too), one ``True`` each."""
+    import sys
+
+    import trio
+
+    shielded: list[bool] = []
+    enter = trio.CancelScope.__enter__
+
+    def counted(scope: trio.CancelScope) -> trio.CancelScope:
+        if scope.shield and "actors" in Path(sys._getframe(1).f_code.co_filename).parts:
+            shielded.append(True)
+        return enter(scope)
+
+    monkeypatch.setattr(trio.CancelScope, "__enter__", counted)
+    return shielded
+
+
+async def test_an_anthropic_answer_read_to_its_end_closes_without_a_shielded_bound(monkeypatch):
+    """The close after a whole answer: the drain after ``message_stop`` read the body to
+    its end and the HTTP response closed itself, so ``close`` waits for nothing and
+    enters no shielded bound (a cancel scope, ~58k instructions a turn; issue 24 goal 1).
+    Counted: shielded scopes the provider enters for a whole answer, none; no byte
+    iterator left open. A call cancelled mid-stream leaves none open either."""
+    shielded = _axon_s_shielded_scopes(monkeypatch)
+    body = recording("anthropic", "text.sse")
+    with abandoned_generators() as abandoned:
+        call = await call_with(MAKERS["anthropic"], Reply(body=body), request=make_request())
+        whole = call.error is None and bool(call.text)
+        del call
+    assert whole and abandoned == []
+    assert shielded == []
+    stalled = Reply(body=body, stall=30, stall_after=len(body) * 2 // 3)
+    with abandoned_generators() as abandoned:
+        request, chunks = await cancel_after_first_chunk(MAKERS["anthropic"], stalled)
+    assert request.cancel_scope.cancelled_caught and chunks and abandoned == []
+
+
+async def test_an_anthropic_stream_whose_response_is_open_closes_it_shielded(monkeypatch):
+    """A stream that ends with its HTTP response still open (here its events fail before
+    the body is read) is closed within the shielded bound, as before the cut above: the
+    close runs to its end though the call is cancelled meanwhile."""
+    import trio
+
+    from runtime.errors import AxonError
+
+    closes: list[str] = []
+
+    class Response:
+        is_closed = False
+        headers: dict[str, str] = {}
+
+    class Events:
+        response = Response()
+
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise RuntimeError("the events failed")
+
+        async def close(self) -> None:
+            closes.append("started")
+            await trio.lowlevel.checkpoint()  # the cancel already called does not cut it
+            closes.append("done")
+
+    class Messages:
+        async def create(self, **params: Any) -> Events:
+            return Events()
+
+    class Client:
+        messages = Messages()
+
+    async def emit(chunk: Any) -> None:
+        pass
+
+    provider = AnthropicProvider("claude-sonnet-4-5", api_key=KEY)
+    provider._client = Client()
+    shielded = _axon_s_shielded_scopes(monkeypatch)
+    with trio.CancelScope() as outer:
+        outer.cancel()  # delivered at the first checkpoint outside the close's shield
+        with pytest.raises(AxonError):
+            await provider.stream(make_request(), emit)
+    assert closes == ["started", "done"]
+    assert shielded == [True]

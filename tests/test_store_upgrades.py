@@ -633,6 +633,66 @@ async def test_a_postgres_store_of_before_the_save_v6_gains_it_and_keeps_v5(pg_u
     assert {SAVE_FUNCTION_NAME, SAVE_V5_FUNCTION_NAME} <= names and _complete(parts)
 
 
+async def test_a_postgres_store_of_before_segment_calls_gains_them_and_keeps_the_old_ones(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A schema the version before made has axon_save_v6, axon_claim_v4 and
+    # axon_save_next_v6, not the versions that take a grown save's segments and fold a
+    # continuation's heads: opened by this version it gains them and keeps the old ones,
+    # which a process of before calls (its whole save of a session this version left a
+    # head in: written, read back folded where no head is left).
+    from actors.stores import postgres
+    from actors.stores.postgres_calls import (
+        CLAIM_FUNCTION_NAME,
+        CLAIM_V4_FUNCTION_NAME,
+        SAVE_FUNCTION_NAME,
+        SAVE_NEXT_FUNCTION_NAME,
+        SAVE_NEXT_V6_FUNCTION_NAME,
+        SAVE_V6_FUNCTION_NAME,
+    )
+    from runtime.messages import ToolCallPart
+
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    schema = parse_url(pg_url)[1]
+    for name in (CLAIM_FUNCTION_NAME, SAVE_FUNCTION_NAME, SAVE_NEXT_FUNCTION_NAME):
+        _sql(schema, f"DROP FUNCTION {name}")  # as the version before left it
+    calls = tuple(
+        ToolCallPart(tool_call_id=f"c{i}", tool_name="t", input={"i": i}, step=i) for i in range(3)
+    )
+    user = UserMessage(content="go", id="u")
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, [user, AssistantMessage(content=calls[:1], id="a")])
+        grown = AssistantMessage(content=calls, id="a")
+        version = await store.save("s", 1, [grown], expected_version=version, grown=(0,))
+        segments = _sql(schema, "SELECT count(*) FROM axon_message_segments")
+        assert (await store.load("s")) is not None
+        old = _sql(
+            schema,
+            f"SELECT o_status FROM {SAVE_V6_FUNCTION_NAME}('s', 1, %s, NULL, ARRAY[1], "
+            "ARRAY['assistant'], ARRAY[%s]::bytea[], NULL, NULL, NULL, false, NULL, "
+            "'axon_turns', false, NULL, NULL)",
+            (version, b'{"role": "assistant", "content": [], "id": "b"}'),
+        )
+        after = await store.load("s")
+        parts = _schema_parts(pg_url)
+    finally:
+        await store.aclose()
+    assert segments == [(1,)] and old == [("ok",)]
+    assert after is not None and after.messages[1] == AssistantMessage(content=(), id="b")
+    names = {name for name, _ in parts["functions"]}
+    assert {
+        CLAIM_FUNCTION_NAME,
+        CLAIM_V4_FUNCTION_NAME,
+        SAVE_FUNCTION_NAME,
+        SAVE_V6_FUNCTION_NAME,
+        SAVE_NEXT_FUNCTION_NAME,
+        SAVE_NEXT_V6_FUNCTION_NAME,
+    } <= names and _complete(parts)
+
+
 async def test_a_postgres_store_of_before_message_ids_indexes_the_messages_it_holds(
     pg_url: str,
 ) -> None:

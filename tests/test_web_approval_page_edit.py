@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from tests.test_web_approval_page import ask, deleted, drive
 from tests.test_web_approval_page import playwright_sync as playwright_sync  # the fixture
 
@@ -78,3 +80,79 @@ async def test_a_refused_edit_is_shown_on_the_card_which_keeps_asking(playwright
     assert seen["deleted_after_refusal"] == []
     assert seen["errors_left"] == 0
     assert deleted == ["/tmp/fixed"]
+
+
+async def test_a_passed_up_approval_is_edited_as_the_sub_agents_call_live_and_after_reloads(
+    playwright_sync,
+):
+    """An agent tool's call whose sub-agent passed its approval up
+    (``as_tool(pass_approvals=True)``): the card shows the sub call that asks
+    (``wire_money``, from the request's ``approvalDescriptor``), reloaded the same (the
+    UI message's ``approval.descriptor``); Edit opens on that call's input, a refused
+    edit shows its 400 on the card, and "Approve with edits" runs the edit once in the
+    sub-agent; reloaded, the card shows what ran, marked edited."""
+    from tests.test_approval_nested_pass import parent, ran
+    from tests.test_web_approval_page import run_page
+    from tests.web.harness import web_server
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        sent: list[Any] = []
+        page.on(
+            "request",
+            lambda r: (
+                sent.append(r.post_data_json)
+                if r.method == "POST" and r.url.endswith("/api/chat")
+                else None
+            ),
+        )
+        card = ask(page, expect, "pay x")
+        expect(card.locator(".t-name")).to_have_text("helper")
+        expect(card).to_have_attribute("data-asked-tool", "wire_money")
+        expect(card.locator(".asked .label")).to_have_text("Asks to run wire_money")
+        expect(card.locator(".asked pre")).to_have_text('{\n  "to": "x"\n}')
+        page.reload()  # waiting: the stored UI message names the same call
+        card = page.locator(".tool-card").first
+        expect(card).to_have_attribute("data-state", "approval-requested")
+        expect(card.locator(".asked .label")).to_have_text("Asks to run wire_money")
+        expect(card.locator(".asked pre")).to_have_text('{\n  "to": "x"\n}')
+        expect(card.locator(".input pre")).to_contain_text('"input": "pay x"')
+        card.get_by_role("button", name="Edit").click()
+        expect(card.locator(".edit-box .label")).to_have_text("Edit the input of wire_money (JSON)")
+        box = card.get_by_label("Edited input")
+        expect(box).to_have_value('{\n  "to": "x"\n}')
+        box.fill('{"to": 5}')  # JSON, but wire_money's schema refuses it: the server's 400
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card.locator(".edit-error")).to_contain_text("400")
+        expect(card).to_have_attribute("data-state", "approval-requested")
+        expect(card.locator(".asked pre")).to_have_text('{\n  "to": "x"\n}')
+        seen["ran_after_refusal"] = list(ran)
+        card.get_by_label("Edited input").fill('{"to": "y"}')
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(card.locator(".result pre")).to_have_text("paid")
+        expect(card.locator(".asked .label")).to_have_text("Runs wire_money with (edited)")
+        expect(card.locator(".asked pre")).to_contain_text('"to": "y"')
+        expect(card.locator(".input pre")).to_contain_text('"input": "pay x"')
+        expect(page.locator(".msg.assistant .text")).to_have_text("parent saw: paid")
+        seen["sent"] = sent
+        page.reload()  # what the server stored: the edit, on the asking call
+        card = page.locator(".tool-card").first
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(card.locator(".asked .label")).to_have_text("Runs wire_money with (edited)")
+        expect(card.locator(".asked pre")).to_contain_text('"to": "y"')
+        expect(card.locator(".input pre")).to_contain_text('"input": "pay x"')
+        seen["reloaded_edited"] = card.get_attribute("data-edited")
+        seen["buttons"] = card.locator("button").count()
+
+    ran.clear()
+    async with web_server(parent()) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
+    assert seen["page_errors"] == []
+    assert seen["ran_after_refusal"] == []
+    assert ran == ["y"]  # once, the edit, in the sub-agent
+    (part,) = [p for p in seen["sent"][-1]["messages"][-1]["parts"] if p.get("toolCallId") == "H"]
+    assert part["input"] == {"input": "pay x"}  # the agent tool's call as streamed
+    assert part["approval"]["axonEditedInput"] == {"to": "y"}
+    assert part["approval"]["descriptor"]["axonAskedTool"] == "wire_money"
+    assert seen["reloaded_edited"] == "1" and seen["buttons"] == 0

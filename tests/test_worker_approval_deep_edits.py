@@ -227,3 +227,39 @@ async def test_an_agui_interrupt_names_the_asking_call_and_edited_args_edit_it(
     assert (refused.status_code, refused.json()["code"]) == (400, "InvalidDecision")
     assert wired == ["z"] and calls(sub)[0].input == {"to": "z"}
     assert [e["type"] for e in replay] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+
+
+async def test_a_front_ends_stream_and_ui_messages_name_the_asking_call_for_the_page(
+    pg_url: str, redis_url: str
+) -> None:
+    """The request a worker streams through Redis to a front end names the sub call that
+    asks (``approvalDescriptor``, what the page's Edit box opens on), and so does another
+    front end's ``ui_messages``, waiting and once approved with edits (``toolMetadata``)."""
+    from runtime.app.web.ui_stream import ASKED_EDIT, ASKED_INPUT, ASKED_TOOL
+
+    said = {ASKED_TOOL: "wire_money", ASKED_INPUT: {"to": "x"}}
+    async with deployment(pg_url, redis_url, nested_agent(), fronts=2) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            response = await client.post(f"{d.urls[0]}/api/chat", json=chat("s1", "go"))
+            events = payloads(sse_events(response.text))
+            await waiting_turn(d)
+            request = next(c for c in events if c["type"] == "tool-approval-request")
+            waiting = (await client.get(f"{d.urls[1]}/api/sessions/s1")).json()["ui_messages"]
+            part = _on_h(request["approvalId"], True)
+            part["approval"] |= {"descriptor": said, EDITED_INPUT: {"to": "y"}}
+            answered = await client.post(
+                f"{d.urls[1]}/api/chat", json=_answer("s1", events[0]["messageId"], part)
+            )
+            await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+            done = (await client.get(f"{d.urls[0]}/api/sessions/s1")).json()["ui_messages"]
+
+    def h(ui: Any) -> dict[str, Any]:
+        (found,) = [p for m in ui for p in m["parts"] if p.get("toolCallId") == "H"]
+        return found
+
+    assert request["toolCallId"] == "H" and request["approvalDescriptor"] == said
+    assert h(waiting)["approval"]["descriptor"] == said
+    assert answered.status_code == 200, answered.text
+    assert wired == ["y"]
+    assert h(done)["approval"]["descriptor"] == said
+    assert h(done)["toolMetadata"] == {ASKED_EDIT: {"to": "y"}}

@@ -15,6 +15,9 @@ when the card has no JSON-RPC). A stream that breaks off before the task is over
 picked up again with ``SubscribeToTask``; a parent turn that is cancelled cancels the
 remote task. A remote task that fails, is canceled, or stops to ask for input (which a
 tool call cannot give it: the task is canceled) is a tool error the parent model sees.
+A remote Axon task whose model call waits (a ``WORKING`` status update with a
+``throttled`` or ``budgetWait`` data part) is passed on in the nested stream as the
+``throttled`` / ``budget-wait`` chunk it was, as a local sub-agent's wait is.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from runtime.output import (
     TextDelta,
     TextFinish,
     TextStart,
+    Throttled,
 )
 from runtime.redact import (
     is_secret_key,
@@ -302,6 +306,44 @@ class _Tracker:
             self.status = change.get("status")
         if isinstance(self.status, dict):
             self.state = wire.enum_name(self.status.get("state"), "state")
+            if isinstance(change, dict) and self.state == wire.WORKING and nested.started:
+                await _pass_notice(nested, self.status.get("message"))
+
+
+_NOTICE_REASON_MAX = 64
+"""The longest rate limit ``reason`` passed on from a remote notice (Axon's are words)."""
+
+
+async def _pass_notice(nested: _Nested, message: Any) -> None:
+    """A remote task's status message that says its model call waits (Axon's A2A
+    endpoint: ``runtime.app.web.a2a_tasks.notice_message``), passed on in the nested
+    stream as the chunk it was. Anything else in a status message (another agent's
+    progress, a malformed notice) is no notice: nothing is passed on, nothing fails."""
+    parts = message.get("parts") if isinstance(message, dict) else None
+    if not isinstance(parts, list):
+        return
+    for data in wire.data_parts(p for p in parts if isinstance(p, dict)):
+        if not isinstance(data, dict):
+            continue
+        throttled, waits = data.get("throttled"), data.get("budgetWait")
+        if isinstance(throttled, dict):
+            wait, reason = _number(throttled.get("wait")), throttled.get("reason")
+            if wait is not None and isinstance(reason, str) and len(reason) <= _NOTICE_REASON_MAX:
+                await nested._out(Throttled, step=0, wait=wait, reason=reason)
+                return
+        elif isinstance(waits, dict):
+            counts = {k: _number(waits.get(k)) for k in ("want", "available", "held", "ahead")}
+            if all(v is not None and v == int(v) for v in counts.values()):
+                await nested._out(BudgetWait, step=0, **{k: int(v or 0) for k, v in counts.items()})
+                return
+
+
+def _number(value: Any) -> float | None:
+    """A notice's count or seconds: a number from 0 to 2**53 (a protobuf ``Struct``
+    carries every number as a double), else ``None``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 2**53:
+        return value  # (NaN compares false: refused)
+    return None
 
 
 def _json_kind(value: Any) -> str:

@@ -1239,6 +1239,15 @@ async def _drain_after_stop(events: AsyncIterator[Any]) -> None:
             pass
 
 
+def _response_closed(events: Any) -> bool:
+    """Whether the HTTP response of the SDK stream ``events`` is closed already
+    (``httpx2.Response.is_closed``: read to its end, or closed): then the stream's
+    ``close`` returns without waiting (the response's ``aclose`` does nothing), and a
+    shielded bound around it is not needed. ``False`` for anything else (another
+    SDK version, a test double): it is closed within the bound, as before."""
+    return getattr(getattr(events, "response", None), "is_closed", None) is True
+
+
 def _not_an_object(data: bytes) -> errors.MalformedStream:
     """The error of an event whose data is JSON but no object (no event the API sends):
     :func:`json_event_batches` raises it after the events of the same read before it."""
@@ -1589,8 +1598,15 @@ class AnthropicProvider(SDKProvider):
                 # release the connection even when cancelled or failed mid-stream
                 # (shielded from the start: not set on the entered scope, which made trio
                 # work its cancel status out again)
-                with trio.move_on_after(2, shield=True):
+                if _response_closed(events):
+                    # The body was read to its end (the drain after ``message_stop``)
+                    # and the HTTP response closed itself: the close waits for nothing,
+                    # so it enters no bound (a cancel scope, ~58k instructions a turn;
+                    # issue 24 goal 1).
                     await events.close()
+                else:
+                    with trio.move_on_after(2, shield=True):
+                        await events.close()
         except Exception as exc:
             raise classify_error(exc) from exc
 

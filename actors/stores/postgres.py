@@ -21,10 +21,11 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_held_stops(session_id, message_id, reason,      -- stops before their message's
                     held_at)                             -- POST: stores/turn_submit.py
-    axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v6(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_claim_v5(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
+    axon_save_v7(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v6(session, start, ..., token)        -- a last save and the next claim
+    axon_save_next_v7(session, start, ..., token)        -- a last save and the next claim
+    (and the versions before them, which processes of before call: postgres_calls.py)
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -35,17 +36,23 @@ turn 500 costs what turn 1 does. Bodies are ``bytea``, not ``jsonb``: a message 
 save sends it again (:class:`~runtime.store.Store`'s grown rows): written whole, a turn
 of n steps wrote n(n+1)/2 steps' parts. One of at least :data:`GROWN_FROM_BYTES` is
 written as its head (its fields, ``content`` as ``{"parts": N}``) over its row and a
-segment of its new parts in ``axon_message_segments``, in the save's transaction (the
-one-call save function writes no segment: such a save takes a transaction's round trips);
+segment of its new parts in ``axon_message_segments``, in the save's one call (the
+save function takes the segments: ``axon_save_v7``) or its transaction (a guard's);
 the first from part 0, the next ones on top of what this store's last save of the
 session left (at the version it left). Every read of bodies folds them in its statement
-(:data:`~actors.stores.postgres_rows.FOLDED_BODY`: one snapshot). The turn's last save
-writes the answer whole, and the segments no head holds are dropped after it, as after
-any save of a session this store wrote segments of. A claim's rows are not folded: a
-head there fails its decode, and the turn reads its session itself. A process of before
-this table reads a head as a damaged row (its ``content`` is no list of parts), never
-as an answer without its parts; its saves write whole rows (the segments they leave
-behind are read by nothing, and dropped as above or with the session).
+(:data:`~actors.stores.postgres_calls.FOLDED_BODY`: one snapshot), and so does the
+claim's function's read of a continuation's session. The turn's last save writes the
+answer whole, and the segments no head holds are dropped in its commit (in a statement
+after it when the save was a transaction), as at any save of a session this store
+wrote segments of. A process of before this table reads a head as a damaged row (its
+``content`` is no list of parts), never as an answer without its parts; its saves
+write whole rows (the segments they leave behind are read by nothing, and dropped as
+above or with the session). In a fleet of both versions (a rolling deploy) a process
+of the version before this one's functions (which wrote segments in its transaction)
+calls its own (``axon_save_v6``, ``axon_claim_v4``, ``axon_save_next_v6``: kept): it
+writes heads and segments in its transaction and reads them folded as before (its
+continuation's claim reads a session holding a head again); the heads either writes
+are the same rows, so each appends to or reads the other's.
 
 **Versions.** Every save takes its new version from one database-wide sequence, so a
 session never has a version it had before, even after being deleted and re-created (the
@@ -107,6 +114,7 @@ from actors.stores.postgres_calls import (
     SAVE_NEXT_FUNCTION_NAME,
     SAVE_NEXT_KINDS,
     STATUS_KINDS,
+    drop_segments_sql,
 )
 from actors.stores.postgres_fences import (
     _MARK_TURN,
@@ -155,6 +163,7 @@ from actors.stores.postgres_rows import (
     kept_cursor,
     load_rows,
     read_row,
+    segment_arrays,
 )
 from actors.stores.postgres_schema import (
     _first_connect,
@@ -577,8 +586,8 @@ class PostgresStore(FenceKeeping):
         row = joined[0]
         rows = [r[2:5] for r in joined if r[2] is not None]
         if any(bytes(r[2][: len(HEAD_PREFIX)]) == HEAD_PREFIX for r in rows):
-            self._segmented.add(session_id)  # (a claim's rows, not folded: decoded, the
-            # head fails, and the turn reads its session itself, folded)
+            self._segmented.add(session_id)  # (a head read as it is: one without its
+            # segments, whose decode fails below; every read folds the others)
         messages = []
         for expected, (idx, role, body) in enumerate(rows, first):
             if idx != expected:
@@ -643,7 +652,7 @@ class PostgresStore(FenceKeeping):
         ``grown``: the assistant messages at those positions extend the ones stored at
         their places (:class:`~runtime.store.Store`'s grown rows): one of at least
         :data:`GROWN_FROM_BYTES` is written as its head and a segment of its new parts,
-        in a transaction (the module's "Grown messages")."""
+        in the save function's call (the module's "Grown messages")."""
         tail, kept_at = kept_tail(session_id, messages, kept, expected_version)
         grew = check_grown(session_id, messages, grown, kept_at, expected_version)
         new, rows = await encoded_off_loop(
@@ -657,6 +666,11 @@ class PostgresStore(FenceKeeping):
                 session_id, start, new, rows, grew, expected_version, segments, heads, fresh
             )
         start += tail  # (rows below it, if any, go over their places)
+        # A save with no head of a session whose rows had some drops their segments
+        # (its turn's answer written whole): in the call's commit, or after the
+        # transaction (:meth:`_drop_segments`).
+        drop = not heads and session_id in self._segmented
+        dropped = False
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._save_fence(session_id, fence)
         wrote: list[bool] = []
@@ -692,7 +706,6 @@ class PostgresStore(FenceKeeping):
             # an index is past an INTEGER's: the transaction's statements refuse it).
             if (
                 guard is None
-                and not heads  # (a head's segments: in the transaction)
                 and (patch is None or (self._utf8 and _NUL not in patch))
                 and start + len(new) <= _INDEX_END
             ):
@@ -712,8 +725,12 @@ class PostgresStore(FenceKeeping):
                         steers,
                         ending if isinstance(ending, Suspend) else None,
                         absent_mark,
+                        fresh=fresh,
+                        segments=segments,
+                        drop=drop,
                     )
                     wrote.append(ending is not False)
+                    dropped = drop and version is not None
             if version is None:
                 version = await self.run(action, save)
         except LeaseLost as exc:
@@ -731,6 +748,8 @@ class PostgresStore(FenceKeeping):
             while len(self._heads) > ENDED_REMEMBERED:
                 self._heads.popitem(last=False)
             self._segmented.add(session_id)
+        elif dropped:
+            self._segmented.discard(session_id)
         elif session_id in self._segmented:
             await self._drop_segments(session_id)
         return version
@@ -801,12 +820,17 @@ class PostgresStore(FenceKeeping):
         steers: list[int],
         suspend: Suspend | None = None,
         absent_mark: int | None = None,
+        fresh: list[int] | None = None,
+        segments: list[tuple[int, int, bytes]] | None = None,
+        drop: bool = False,
     ) -> int | None:
         """The save as one call of :data:`SAVE_FUNCTION`, sent from the event loop on a
         connection of the :class:`LoopLane` (in autocommit: the call is its own
         transaction); the new version, or ``None`` when the stored meta must be merged
         here (the caller saves in a transaction instead). Its refusals (nothing written)
-        raise as the transaction's do. With ``suspend`` the call suspends the turn's row too."""
+        raise as the transaction's do. With ``suspend`` the call suspends the turn's row too.
+        ``fresh`` and ``segments``: a grown save's (:meth:`_grow`), written in the call;
+        ``drop``: the session's segments no head holds go in its commit."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
         arrays = await _arrays_off_loop(rows)
@@ -828,6 +852,8 @@ class PostgresStore(FenceKeeping):
             if suspend is None or suspend.expires_at is None
             else repr(suspend.expires_at).encode(),
             None if absent_mark is None else b"%d" % absent_mark,
+            *segment_arrays(fresh or [], segments or []),
+            b"t" if drop else b"f",
         )
         name, sql = (
             (_SAVE_NAME, _SAVE_SQL) if ends is None else (_SAVE_NAME_ENDING, _SAVE_SQL_ENDING)
@@ -851,6 +877,7 @@ class PostgresStore(FenceKeeping):
                 None
                 if suspend is None or suspend.expires_at is None
                 else repr(suspend.expires_at).encode(),
+                *params[16:],  # the segments and the drop
             )
 
         sent = 0
@@ -1315,15 +1342,12 @@ class PostgresStore(FenceKeeping):
 
 GROWN_FROM_BYTES = 8 * 1024
 """A grown message (:class:`~runtime.store.Store`'s grown rows) encoded to fewer bytes is
-written whole, in the save's one call (:data:`SAVE_FUNCTION`); from this size on, as
-its head and a segment, in a transaction (a few round trips more: the save function
-writes no segment). A long turn's step save so writes at most this many bytes of its
-answer and the step's new parts: its bytes no longer grow with its steps."""
+written whole; from this size on, as its head and a segment, both in the save's one call
+(:data:`SAVE_FUNCTION`). A long turn's step save so writes at most this many bytes of
+its answer and the step's new parts: its bytes no longer grow with its steps. (Below
+it a head, a segment and the fold cost more than the bytes they save.)"""
 
-_DROP_SEGMENTS_SQL = f"""DELETE FROM axon_message_segments AS g WHERE g.session_id = %s
-    AND NOT EXISTS (SELECT 1 FROM axon_messages AS m
-        WHERE m.session_id = g.session_id AND m.idx = g.idx
-          AND substring(m.body FROM 1 FOR {len(HEAD_PREFIX)}) = '\\x{HEAD_PREFIX.hex()}'::bytea)"""
+_DROP_SEGMENTS_SQL = drop_segments_sql("%s")
 """The session's segments no head holds (a save's own transaction sees its own writes;
 a concurrent grown save's uncommitted segments are not seen, its committed head is)."""
 
@@ -1368,7 +1392,8 @@ def _created_meanwhile(
 
 _SAVE_SQL: Final = (
     f"SELECT * FROM {SAVE_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16, $17::int[], $18::int[], "
+    "$19::int[], $20::bytea[], $21)"
 ).encode()
 """The save function's call, as :class:`LoopLane` prepares it (parameters: ``$4`` and the
 arrays in PostgreSQL's binary format, the rest as text: :data:`_SAVE_FORMATS`)."""
@@ -1378,15 +1403,16 @@ _SAVE_SQL_ENDING = _SAVE_SQL
 own (a crash test holds a worker inside it, before its commit, by replacing it:
 ``tests/support/worker_agent.py``)."""
 _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
-_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0)
 _SAVE_NEXT_SQL: Final = (
     f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16, $17::int[], $18::int[], "
+    "$19::int[], $20::bytea[], $21)"
 ).encode()
 """The call of a last save with the next claim riding on it (:data:`SAVE_NEXT_FUNCTION`;
 its answer in the binary format, as the claim's)."""
 _SAVE_NEXT_NAME: Final = b"axon_save_next_call"
-_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_NEXT_FORMATS: Final = _SAVE_FORMATS
 SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
 """The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (

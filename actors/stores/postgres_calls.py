@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from actors.stores.validation import HEAD_PREFIX
+
 CLAIMED_COLUMNS: Final = (
     ("turn_id", "TEXT"),
     ("session_id", "TEXT"),
@@ -42,13 +44,18 @@ SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason 
     expires_at = NULL, finished_at = clock_timestamp()"""
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
-CLAIM_FUNCTION_NAME: Final = "axon_claim_v4"
+CLAIM_V4_FUNCTION_NAME: Final = "axon_claim_v4"
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v5"
 """The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
 version of it gets a new name (a worker of the version before keeps calling its own:
 ``axon_claim_v1`` left a decided turn's continuation to the takeover transaction;
 ``axon_claim_v2``'s look for an expired lease read every running turn of the fleet, see
 :data:`CLAIM_FUNCTION`; ``axon_claim_v3`` left no mark of the call that claimed: a retry
-after a lost answer could not find its turn, see :data:`RESUMED_TOKEN`)."""
+after a lost answer could not find its turn, see :data:`RESUMED_TOKEN`; ``axon_claim_v4``
+(:data:`CLAIM_V4_FUNCTION`, still created: a process of the version before calls it, and
+so does ``axon_save_next_v6``) returned a continuation's session with a running turn's
+answer's head unfolded, so its decode failed and the turn read its session again, see
+:data:`FOLDED_BODY`)."""
 
 RESUMED_TOKEN: Final = ":resumed"
 """What a continuation's claim appends to its call's token in ``axon_turns.claim_token``
@@ -74,7 +81,7 @@ _RESUMED_COLUMNS = ", ".join(f"resumed.{name}" for name, _ in CLAIMED_COLUMNS)
 _NO_TURN = ", ".join(f"NULL::{kind}" for _, kind in CLAIMED_COLUMNS)
 _NO_SESSION = ", ".join(f"NULL::{kind}" for _, kind in SESSION_COLUMNS)
 
-CLAIM_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION_NAME}(
+CLAIM_V4_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_V4_FUNCTION_NAME}(
     p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT, p_token TEXT DEFAULT NULL)
     RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, o_resumed BOOLEAN, {_CLAIM_COLUMNS_OUT})
     LANGUAGE plpgsql SET enable_sort = off SET search_path FROM CURRENT AS $$
@@ -174,6 +181,40 @@ the store's thread; the function's plans are cached per connection as a prepared
 statement's are (a simple query of several statements is planned at every call: measured
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
+
+_HEAD_HEX = HEAD_PREFIX.hex()
+FOLDED_BODY: Final = f"""CASE WHEN substring(m.body FROM 1 FOR {len(HEAD_PREFIX)})
+        <> '\\x{_HEAD_HEX}'::bytea THEN m.body
+    ELSE coalesce((SELECT '\\x7b22636f6e74656e74223a5b'::bytea
+            || string_agg(g.body, '\\x2c'::bytea ORDER BY g.first) || '\\x5d2c'::bytea
+            || substring(m.body FROM position('\\x7d2c'::bytea IN m.body) + 2)
+        FROM axon_message_segments AS g WHERE g.session_id = m.session_id AND g.idx = m.idx),
+        m.body) END"""
+"""A message's body as the readers decode it (``m`` its row): a whole row's as it is; a
+head's (:data:`~actors.stores.validation.HEAD_PREFIX`, a running turn's answer) folded
+with its segments, in the same statement (one snapshot), as
+:func:`~actors.stores.validation.fold_grown` folds them: ``{"content":[`` and the
+segments joined by commas, ``],`` and the head's fields. A head without segments is
+read as it is (its decode then fails: never a message without its parts). The readers'
+statements (:func:`~actors.stores.postgres_rows.load_rows`, the last turn's) and the
+claim's function's read of a continuation's session (:data:`CLAIM_FUNCTION`) use it."""
+
+_V4_SESSION_READ = "s.meta, s.version, m.idx, m.role, m.body\n"
+
+
+def _claim_v5(v4: str) -> str:
+    """:data:`CLAIM_V4_FUNCTION`'s text with its name and its session's read folded."""
+    text = v4.replace(CLAIM_V4_FUNCTION_NAME + "(", CLAIM_FUNCTION_NAME + "(", 1)
+    assert text.count(_V4_SESSION_READ) == 1, "the continuation's read of its session"
+    return text.replace(_V4_SESSION_READ, f"s.meta, s.version, m.idx, m.role, {FOLDED_BODY}\n", 1)
+
+
+CLAIM_FUNCTION: Final = _claim_v5(CLAIM_V4_FUNCTION)
+""":data:`CLAIM_V4_FUNCTION` whose continuation's session is read with each running
+turn's answer folded (:data:`FOLDED_BODY`), as :func:`~actors.stores.postgres_rows.load_rows`
+reads it: a session that holds a head (a turn killed mid-answer left it, and a later
+turn waited for a person) is the claim's, where v4's rows failed their decode there
+and the continuation read its session again (one more statement, a thread's hop)."""
 
 SAVE_V5_FUNCTION_NAME: Final = "axon_save_v5"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
@@ -346,13 +387,14 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v6"
-"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`), the one
-the store calls. ``axon_save_v5`` (:data:`SAVE_V5_FUNCTION`, still created: a process of
-the version before calls it, and so do :data:`SAVE_NEXT_FUNCTION` and
-:data:`DECIDE_FUNCTION`) had no ``p_absent_mark``: a first save's deletion mark was read
-in a call of its own just before it, and a create and delete by another process between
-the two was missed (branch ``delsave``)."""
+SAVE_V6_FUNCTION_NAME: Final = "axon_save_v6"
+"""The server-side function of a save without a guard of the version before
+(:data:`SAVE_V6_FUNCTION`; :data:`SAVE_FUNCTION_NAME` now). ``axon_save_v5``
+(:data:`SAVE_V5_FUNCTION`, still created: a process of the version before calls it, and
+so do :data:`SAVE_NEXT_V6_FUNCTION` and :data:`DECIDE_FUNCTION`) had no
+``p_absent_mark``: a first save's deletion mark was read in a call of its own just
+before it, and a create and delete by another process between the two was missed
+(branch ``delsave``)."""
 
 _V5_CREATE = """        INSERT INTO axon_sessions (session_id, meta, update_seq, version)
         VALUES (p_session, coalesce(p_meta, '\\x7b7d'::bytea), nextval('axon_update_seq'),
@@ -391,20 +433,87 @@ _V6_CREATE = (
 
 def _save_v6(v5: str) -> str:
     """:data:`SAVE_V5_FUNCTION`'s text with its name, ``p_absent_mark`` and the check."""
-    text = v5.replace(SAVE_V5_FUNCTION_NAME + "(", SAVE_FUNCTION_NAME + "(", 1)
+    text = v5.replace(SAVE_V5_FUNCTION_NAME + "(", SAVE_V6_FUNCTION_NAME + "(", 1)
     head = "p_suspend BOOLEAN, p_expires DOUBLE PRECISION,\n"
     assert text.count(head) == 1 and text.count(_V5_CREATE) == 1
     text = text.replace(head, head[:-1] + " p_absent_mark BIGINT DEFAULT NULL,\n", 1)
     return text.replace(_V5_CREATE, _V6_CREATE, 1)
 
 
-SAVE_FUNCTION: Final = _save_v6(SAVE_V5_FUNCTION)
+SAVE_V6_FUNCTION: Final = _save_v6(SAVE_V5_FUNCTION)
 """:data:`SAVE_V5_FUNCTION` with ``p_absent_mark``: a save that creates the session
 checks its deletion mark under the insert (``o_status`` ``deleted``, its mark in
 ``o_version``, nothing written, when it is above; :func:`runtime.store.checks_absent_mark`)."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v6"
+def drop_segments_sql(session: str) -> str:
+    """The ``DELETE`` of session ``session``'s (a parameter's or variable's name) segments
+    whose rows are no heads: a whole save's garbage ("Grown messages" in
+    :mod:`actors.stores.postgres`), which no reader folds."""
+    return f"""DELETE FROM axon_message_segments AS g WHERE g.session_id = {session}
+    AND NOT EXISTS (SELECT 1 FROM axon_messages AS m
+        WHERE m.session_id = g.session_id AND m.idx = g.idx
+          AND substring(m.body FROM 1 FOR {len(HEAD_PREFIX)}) = '\\x{_HEAD_HEX}'::bytea)"""
+
+
+SAVE_FUNCTION_NAME: Final = "axon_save_v7"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`), the one
+the store calls. ``axon_save_v6`` (:data:`SAVE_V6_FUNCTION`, still created: a process of
+the version before calls it) wrote no segment: a running turn's grown save (its answer's
+head and new parts, "Grown messages" in :mod:`actors.stores.postgres`) was a
+transaction of five round trips, and the drop of the segments after the turn's last
+save a statement of its own (branch ``appendpg``)."""
+
+_V6_PARAMS = "p_absent_mark BIGINT DEFAULT NULL,\n"
+_V6_INSERT = "    FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);\n"
+_V7_SEGMENTS = f"""    -- A grown save's segments ("Grown messages", actors.stores.postgres): those
+    -- of the rows that became heads anew go (p_fresh: left by a save of another version
+    -- or process), then the new parts' segments are written (over any at their keys).
+    -- A save with no head, of a session whose rows had some (p_drop: the turn's last
+    -- save wrote its answer whole), drops the segments no head holds: garbage. Under
+    -- the session's lock, in the save's commit; each evaluated without a query when
+    -- its parameter is NULL (every save of a short answer).
+    IF p_fresh IS NOT NULL THEN
+        DELETE FROM axon_message_segments
+        WHERE session_id = p_session AND idx = ANY(p_fresh);
+    END IF;
+    IF p_seg_idx IS NOT NULL THEN
+        INSERT INTO axon_message_segments (session_id, idx, first, body)
+        SELECT p_session, g.idx, g.first, g.body
+        FROM unnest(p_seg_idx, p_seg_first, p_seg_bodies) AS g(idx, first, body)
+        ON CONFLICT (session_id, idx, first) DO UPDATE SET body = excluded.body;
+    END IF;
+    IF p_drop THEN
+        {drop_segments_sql("p_session").replace(chr(10), chr(10) + "        ")};
+    END IF;
+"""
+
+
+def _save_v7(v6: str) -> str:
+    """:data:`SAVE_V6_FUNCTION`'s text with its name, the segments' parameters and their
+    writes after the messages' insert."""
+    text = v6.replace(SAVE_V6_FUNCTION_NAME + "(", SAVE_FUNCTION_NAME + "(", 1)
+    assert text.count(_V6_PARAMS) == 1 and text.count(_V6_INSERT) == 1
+    text = text.replace(
+        _V6_PARAMS,
+        _V6_PARAMS[:-1] + " p_fresh INTEGER[] DEFAULT NULL, p_seg_idx INTEGER[] DEFAULT NULL,\n"
+        "    p_seg_first INTEGER[] DEFAULT NULL, p_seg_bodies BYTEA[] DEFAULT NULL,\n"
+        "    p_drop BOOLEAN DEFAULT false,\n",
+        1,
+    )
+    return text.replace(_V6_INSERT, _V6_INSERT + _V7_SEGMENTS, 1)
+
+
+SAVE_FUNCTION: Final = _save_v7(SAVE_V6_FUNCTION)
+""":data:`SAVE_V6_FUNCTION` with a grown save's segments: ``p_fresh`` (the heads whose
+old segments go), ``p_seg_idx``/``p_seg_first``/``p_seg_bodies`` (the new segments: the
+row's index, the first part each holds, its parts' JSON), ``p_drop`` (a save without
+heads drops the segments no head holds), all written in the call's commit, after the
+messages, only when it says ``ok``: a running turn's step save of a long answer is one
+call as any other save, and so is its last save with the drop."""
+
+
+SAVE_NEXT_V6_FUNCTION_NAME: Final = "axon_save_next_v6"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
 (``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``
@@ -436,7 +545,7 @@ _SAVE_NEXT_CLAIM_OUT = ", ".join(
 )
 _NO_CLAIM = ", ".join(["NULL::boolean"] * 3 + [_NO_TURN, _NO_SESSION])
 
-SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_NAME}(
+SAVE_NEXT_V6_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_V6_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
     p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
     p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_ends TEXT, p_channel TEXT,
@@ -486,7 +595,7 @@ BEGIN
     -- the claim function's result is whole before a row of it is read).
     BEGIN
         RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
-            c.* FROM {CLAIM_FUNCTION_NAME}(p_owner, p_lease, p_channel, p_token) AS c;
+            c.* FROM {CLAIM_V4_FUNCTION_NAME}(p_owner, p_lease, p_channel, p_token) AS c;
         v_claimed := FOUND;
     EXCEPTION WHEN unique_violation THEN
         v_claimed := false;
@@ -522,6 +631,47 @@ the first's answer came back.
 A database created by a version before it gains it on open; it calls the save's and the
 claim's functions, which workers of the version before call themselves: a mixed fleet
 claims and saves by the same statements."""
+
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v7"
+"""The function of a last save that claims the next turn too, the one the store calls
+(:data:`SAVE_NEXT_FUNCTION`); ``axon_save_next_v6`` (:data:`SAVE_NEXT_V6_FUNCTION`,
+still created for the processes of the version before) called ``axon_save_v5`` and
+``axon_claim_v4``: the segments a turn's answer left were dropped by a statement of
+their own after it, and a continuation's session came with its heads unfolded."""
+
+_V6_NEXT_PARAMS = "p_suspend BOOLEAN DEFAULT false, p_expires DOUBLE PRECISION DEFAULT NULL)"
+_V6_NEXT_SAVE = "p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL);"
+
+
+def _save_next_v7(v6: str) -> str:
+    """:data:`SAVE_NEXT_V6_FUNCTION`'s text with its name, the segments' parameters and
+    ``p_drop``, and the calls of :data:`SAVE_FUNCTION` (no absent mark: a last save's
+    session is stored) and :data:`CLAIM_FUNCTION`."""
+    text = v6.replace(SAVE_NEXT_V6_FUNCTION_NAME + "(", SAVE_NEXT_FUNCTION_NAME + "(", 1)
+    claim = f"FROM {CLAIM_V4_FUNCTION_NAME}("
+    save = f"v_save := {SAVE_V5_FUNCTION_NAME}("
+    for part in (_V6_NEXT_PARAMS, _V6_NEXT_SAVE, claim, save):
+        assert text.count(part) == 1, part
+    segments = (
+        ",\n    p_fresh INTEGER[] DEFAULT NULL, p_seg_idx INTEGER[] DEFAULT NULL,"
+        "\n    p_seg_first INTEGER[] DEFAULT NULL, p_seg_bodies BYTEA[] DEFAULT NULL,"
+        "\n    p_drop BOOLEAN DEFAULT false)"
+    )
+    text = text.replace(_V6_NEXT_PARAMS, _V6_NEXT_PARAMS[:-1] + segments)
+    text = text.replace(
+        _V6_NEXT_SAVE,
+        _V6_NEXT_SAVE[:-2]
+        + ",\n        NULL, p_fresh, p_seg_idx, p_seg_first, p_seg_bodies, p_drop);",
+    )
+    text = text.replace(claim, f"FROM {CLAIM_FUNCTION_NAME}(")
+    return text.replace(save, f"v_save := {SAVE_FUNCTION_NAME}(")
+
+
+SAVE_NEXT_FUNCTION: Final = _save_next_v7(SAVE_NEXT_V6_FUNCTION)
+""":data:`SAVE_NEXT_V6_FUNCTION` calling this version's save (with its segments: the
+step that waits for a person may save a long answer's head and new parts; and
+``p_drop``: the segments the turn's answer left go in a last save's commit) and claim
+(a continuation's session folded) functions."""
 
 STATUS_COLUMNS: Final = (
     "turn_id",

@@ -13,9 +13,8 @@ from typing import Any, Final
 import orjson
 
 from actors.stores.owned import UNREADABLE_CALLER
-from actors.stores.postgres_calls import SESSION_COLUMNS
+from actors.stores.postgres_calls import FOLDED_BODY, SESSION_COLUMNS
 from actors.stores.postgres_tables import MESSAGE_ID_FUNCTION
-from actors.stores.validation import HEAD_PREFIX
 from runtime.errors import StoreError
 from runtime.history import run_long_off_loop
 
@@ -71,6 +70,23 @@ def _arrays(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, byte
         _binary_array(_TEXT, [role.encode() for role in roles]),
         _binary_array(_BYTEA, bodies),
     )
+
+
+def segment_arrays(
+    fresh: list[int], segments: list[tuple[int, int, bytes]]
+) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
+    """A grown save's segments as the save function's parameters (``p_fresh``,
+    ``p_seg_idx``, ``p_seg_first``, ``p_seg_bodies``), arrays in the binary format;
+    ``None`` for none (the function then runs no statement for them)."""
+    if not segments:
+        seg: tuple[bytes | None, bytes | None, bytes | None] = (None, None, None)
+    else:
+        seg = (
+            _binary_array(_INT4, [_int4(s[0]) for s in segments]),
+            _binary_array(_INT4, [_int4(s[1]) for s in segments]),
+            _binary_array(_BYTEA, [s[2] for s in segments]),
+        )
+    return (_binary_array(_INT4, [_int4(i) for i in fresh]) if fresh else None, *seg)
 
 
 async def _arrays_off_loop(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
@@ -168,22 +184,6 @@ def _replace_messages(
         ).fetchone()
         _beyond_end(session_id, start, count)
     return int(got[0])
-
-
-_HEAD_HEX = HEAD_PREFIX.hex()
-FOLDED_BODY: Final = f"""CASE WHEN substring(m.body FROM 1 FOR {len(HEAD_PREFIX)})
-        <> '\\x{_HEAD_HEX}'::bytea THEN m.body
-    ELSE coalesce((SELECT '\\x7b22636f6e74656e74223a5b'::bytea
-            || string_agg(g.body, '\\x2c'::bytea ORDER BY g.first) || '\\x5d2c'::bytea
-            || substring(m.body FROM position('\\x7d2c'::bytea IN m.body) + 2)
-        FROM axon_message_segments AS g WHERE g.session_id = m.session_id AND g.idx = m.idx),
-        m.body) END"""
-"""A message's body as the readers decode it (``m`` its row): a whole row's as it is; a
-head's (:data:`~actors.stores.validation.HEAD_PREFIX`, a running turn's answer) folded
-with its segments, in the same statement (one snapshot), as
-:func:`~actors.stores.validation.fold_grown` folds them: ``{"content":[`` and the
-segments joined by commas, ``],`` and the head's fields. A head without segments is
-read as it is (its decode then fails: never a message without its parts)."""
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:

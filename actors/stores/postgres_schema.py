@@ -21,14 +21,20 @@ import runtime.store as store_contract
 from actors.stores.postgres_calls import (
     CLAIM_FUNCTION,
     CLAIM_FUNCTION_NAME,
+    CLAIM_V4_FUNCTION,
+    CLAIM_V4_FUNCTION_NAME,
     DECIDE_FUNCTION,
     DECIDE_FUNCTION_NAME,
     SAVE_FUNCTION,
     SAVE_FUNCTION_NAME,
     SAVE_NEXT_FUNCTION,
     SAVE_NEXT_FUNCTION_NAME,
+    SAVE_NEXT_V6_FUNCTION,
+    SAVE_NEXT_V6_FUNCTION_NAME,
     SAVE_V5_FUNCTION,
     SAVE_V5_FUNCTION_NAME,
+    SAVE_V6_FUNCTION,
+    SAVE_V6_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
@@ -204,6 +210,11 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_V5_FUNCTION_NAME, SAVE_V5_FUNCTION)  # (called by the next two)
     _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
+    # The versions before this one's, which its processes call while a fleet is mixed
+    # (a rolling deploy): kept, and created for a database this version made first.
+    _ensure_function(conn, CLAIM_V4_FUNCTION_NAME, CLAIM_V4_FUNCTION)
+    _ensure_function(conn, SAVE_V6_FUNCTION_NAME, SAVE_V6_FUNCTION)
+    _ensure_function(conn, SAVE_NEXT_V6_FUNCTION_NAME, SAVE_NEXT_V6_FUNCTION)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
         ON CONFLICT (key) DO NOTHING""",

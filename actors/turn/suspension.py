@@ -373,6 +373,8 @@ class Suspending:
                     tool_call_id=part.tool_call_id,
                     tool_name=part.tool_name,
                     approval_id=w.id,
+                    asked_tool=w.asked_tool,  # (a sub-agent's approval passed up: its call)
+                    asked_input=w.asked_input,
                 )
             )
         for call in held_sub_calls(turn.parts.content, turn.held):
@@ -438,7 +440,12 @@ class Suspending:
                 elif w is not None and not w.decided and w.kind == APPROVAL:
                     items.append(
                         ApprovalAsked(
-                            step=step, tool_call_id=call, tool_name=name, approval_id=w.id
+                            step=step,
+                            tool_call_id=call,
+                            tool_name=name,
+                            approval_id=w.id,
+                            asked_tool=w.asked_tool,
+                            asked_input=w.asked_input,
                         )
                     )
                 elif w is not None and not w.decided and w.sub_tool is not None:

@@ -69,12 +69,18 @@ if _FINISH_HOLD:
     )
     # The save function's call: its result row (the function ran, the row is written
     # ``done``) held in the same statement, before its commit.
-    postgres._SAVE_SQL_ENDING = postgres._SAVE_SQL.replace(
-        b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
-    ).replace(b"$16)", b"$16) AS f")
-    postgres._SAVE_NEXT_SQL = postgres._SAVE_NEXT_SQL.replace(  # type: ignore[misc]
-        b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
-    ).replace(b"$16)", b"$16) AS f")
+    postgres._SAVE_SQL_ENDING = (
+        postgres._SAVE_SQL.replace(
+            b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
+        )
+        + b" AS f"
+    )
+    postgres._SAVE_NEXT_SQL = (
+        postgres._SAVE_NEXT_SQL.replace(  # type: ignore[misc]
+            b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
+        )
+        + b" AS f"
+    )
 LEDGER_SQL = (
     """CREATE TABLE IF NOT EXISTS axon_test_ledger (
         key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",

@@ -14,6 +14,8 @@
 // "tamperSignature": the continuation's approval signature has its last two characters
 // replaced by these (a forged answer, tests/test_approval_node.py). With "dropSignature":
 // the continuation's approval carries no signature (what an `ai` before 6.0.221 sends).
+// With "editedInput": the continuation's approved approval also carries it as
+// `axonEditedInput` (Axon's extension, which the page adds and `ai` never sends).
 
 const config = JSON.parse(process.argv[2]);
 const {
@@ -35,6 +37,12 @@ const transport = new DefaultChatTransport({
     if (config.dropSignature && body.messages.at(-1).role === "assistant") {
       for (const p of body.messages.at(-1).parts) {
         if (p.approval) delete p.approval.signature;
+      }
+      init = { ...init, body: JSON.stringify(body) };
+    }
+    if (config.editedInput !== undefined && body.messages.at(-1).role === "assistant") {
+      for (const p of body.messages.at(-1).parts) {
+        if (p.approval && p.approval.approved === true) p.approval.axonEditedInput = config.editedInput;
       }
       init = { ...init, body: JSON.stringify(body) };
     }

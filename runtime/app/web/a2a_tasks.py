@@ -192,6 +192,47 @@ def pending_message(
     )
 
 
+NOTICES = frozenset({"throttled", "budget-wait"})
+"""The output chunks a task's status says while they hold (:meth:`LiveTask.take`)."""
+
+_QUIET = NOTICES | {"tool-stream"}
+"""Chunks that do not end a notice: another notice, or a tool's nested stream (a tool
+running beside the waiting model call says nothing of it)."""
+
+_WHY = {
+    "requests": "requests per minute",
+    "tokens": "tokens per minute",
+    "concurrency": "calls in flight",
+    "provider": "the provider asked to pause",
+}
+
+
+def notice_message(task_id: str, context_id: str, chunk: Any) -> dict[str, Any]:
+    """The status message of a task whose model call waits: a ``throttled`` chunk (a
+    rate limit) or a ``budget-wait`` one (output tokens the calls beside it hold), as a
+    line a person reads and the chunk's fields as data (``throttled`` / ``budgetWait``),
+    as :func:`pending_message` says what an input-required task waits for."""
+    if chunk.type == "throttled":
+        why = _WHY.get(chunk.reason, chunk.reason)
+        text = f"the model call waits about {chunk.wait:.3g} s for its rate limit ({why})"
+        data = {"throttled": {"step": chunk.step, "wait": chunk.wait, "reason": chunk.reason}}
+    else:
+        text = (
+            f"the model call waits for output tokens: it wants {chunk.want}, "
+            f"{chunk.available} are free, {chunk.held} held by calls in flight, "
+            f"{chunk.ahead} waiting before it"
+        )
+        fields = ("step", "want", "available", "held", "ahead")
+        data = {"budgetWait": {name: getattr(chunk, name) for name in fields}}
+    return wire.message(
+        wire.ROLE_AGENT,
+        [wire.text_part(text), {"data": data}],
+        message_id=new_id("msg"),
+        context_id=context_id,
+        task_id=task_id,
+    )
+
+
 def _agent_note(task_id: str, context_id: str, text: str) -> dict[str, Any]:
     return wire.message(
         wire.ROLE_AGENT,
@@ -317,6 +358,9 @@ class LiveTask:
         """The running turn's stream (to cancel it)."""
         self._step_mark = 0
         """Where the current step's text starts in :attr:`text` (a reset cuts it there)."""
+        self.notice: tuple[Any, ...] | None = None
+        """What the status says the model call waits for (a ``throttled`` or
+        ``budget-wait`` chunk's kind, step and reason), until the turn goes on."""
         self._changed = trio.Event()
 
     @property
@@ -361,6 +405,7 @@ class LiveTask:
 
     def set_state(self, state: str, note: dict[str, Any] | None = None) -> None:
         self.state, self.status_message, self.timestamp = state, note, wire.now()
+        self.notice = None
         self._emit(wire.status_update(self.id, self.context_id, wire.status(state, note)))
         self._compact()
 
@@ -373,8 +418,19 @@ class LiveTask:
         """One output chunk of the task's turn: its text goes into the answer artifact;
         a ``reset-step`` (the step starts over on a fallback provider) takes the step's
         text out again: the artifact is sent whole, without it, and without ``append``,
-        which replaces the artifact the client holds (A2A has no other way to retract)."""
+        which replaces the artifact the client holds (A2A has no other way to retract).
+
+        A ``throttled`` or ``budget-wait`` chunk (the model call waits) is a ``WORKING``
+        status update whose message says so (:func:`notice_message`; the same wait said
+        again is not sent again); the turn's next chunk of its own (not a tool's nested
+        stream) ends it with a ``WORKING`` update with no message, so neither the task
+        nor a client that keeps its last status says it waits once it goes on. A
+        sub-agent's, nested in its ``tool-stream``, is not said: A2A shows none of a
+        task's tool calls, and one call's wait beside others at work is no status of
+        the task."""
         kind = chunk.type
+        if self.notice is not None and kind not in _QUIET:
+            self.set_state(wire.WORKING)  # it goes on: the wait is over
         if kind == "text-delta" and chunk.text:
             self.add_text(chunk.text)
         elif kind == "step-start":
@@ -385,6 +441,15 @@ class LiveTask:
             self.text = [whole] if whole else []
             self._step_mark = len(self.text)
             self._emit(wire.artifact_update(self.id, self.context_id, whole, append=False))
+        elif kind in NOTICES:
+            self._notice(chunk)
+
+    def _notice(self, chunk: Any) -> None:
+        said = (chunk.type, chunk.step, getattr(chunk, "reason", None))
+        if said == self.notice or self.state != wire.WORKING:
+            return  # (a limiter's next try of the same wait; never outside a run)
+        self.set_state(wire.WORKING, notice_message(self.id, self.context_id, chunk))
+        self.notice = said
 
     def close_answer(self) -> None:
         if self.text:

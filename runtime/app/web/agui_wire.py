@@ -30,6 +30,12 @@ session):
   interrupt outcome;
 * ``tool-stream`` and ``object-delta`` -> ``CUSTOM`` (``axon.tool-stream``,
   ``axon.object``);
+* ``throttled`` (the step's model call waits for a rate limit) and ``budget-wait`` (it
+  waits for output tokens the calls beside it hold) -> ``CUSTOM`` ``axon.throttled``
+  (``value``: ``step``, ``wait``, ``reason``) and ``axon.budget-wait`` (``step``,
+  ``want``, ``available``, ``held``, ``ahead``): notices, as the AI SDK stream's
+  transient ``data-throttled`` / ``data-budget-wait``; AG-UI has no event of its own for
+  a wait (a sub-agent's come nested in its ``axon.tool-stream``, as its other chunks);
 * ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
   fallback provider) -> what the failed call left open is closed, then ``CUSTOM``
   ``axon.reset-step`` (``value``: ``messageId``, ``step``, ``provider``, ``errorText``);
@@ -555,6 +561,21 @@ class RunEncoder:
             }
         ]
 
+    def _throttled(self, chunk: o.Throttled) -> list[dict[str, Any]]:
+        # a notice, nothing to close or keep: why the run is quiet for now
+        value = {"step": chunk.step, "wait": chunk.wait, "reason": chunk.reason}
+        return [{"type": "CUSTOM", "name": "axon.throttled", "value": value}]
+
+    def _budget_wait(self, chunk: o.BudgetWait) -> list[dict[str, Any]]:
+        value = {
+            "step": chunk.step,
+            "want": chunk.want,
+            "available": chunk.available,
+            "held": chunk.held,
+            "ahead": chunk.ahead,
+        }
+        return [{"type": "CUSTOM", "name": "axon.budget-wait", "value": value}]
+
     def _reset_step(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
         """Close what the failed call left open and say the step starts over; the
         run's closing snapshot replaces what the client built of it."""
@@ -771,6 +792,8 @@ _ENCODERS: dict[type, _Encode] = {
     o.ToolApprovalRequest: _nothing,
     o.ToolStream: RunEncoder._tool_stream,
     o.ObjectDelta: RunEncoder._object_delta,
+    o.Throttled: RunEncoder._throttled,
+    o.BudgetWait: RunEncoder._budget_wait,
     o.ResetStep: RunEncoder._reset_step,
     o.Finish: RunEncoder._finish,
     o.Abort: RunEncoder._abort,

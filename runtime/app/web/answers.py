@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.app.web.http import ApiError
-from runtime.app.web.signing import REQUIRE_ENV, SECRET_ENV, SIGNING_CLIENTS, SessionSigner
+from runtime.app.web.signing import REQUIRE_ENV, SECRET_SOURCES, SIGNING_CLIENTS, SessionSigner
 from runtime.approval import (
     WAITING_META,
     Decision,
@@ -192,7 +192,7 @@ def _check_signature(signature: str, call: PendingCall, signer: SessionSigner) -
             f"{call.tool_call_id!r} ({call.tool_name}) of this session as it is stored: "
             "nothing was recorded (reload the session for its current requests; if this "
             "keeps happening, the server that signed the request had another secret: "
-            f"every front end needs the same --approval-secret or ${SECRET_ENV})",
+            f"every front end needs the same approval secret: {SECRET_SOURCES})",
         )
 
 

@@ -184,7 +184,12 @@ def _call_outcome(part: ToolCallPart, step: int, results: dict[str, ToolMessage]
             return []
         return [
             o.ToolApprovalRequest(
-                step=step, tool_call_id=call, tool_name=name, approval_id=waiting.id
+                step=step,
+                tool_call_id=call,
+                tool_name=name,
+                approval_id=waiting.id,
+                asked_tool=waiting.asked_tool,
+                asked_input=waiting.asked_input,
             )
         ]
     if waiting is not None and result is not None and waiting.approved is False:

@@ -66,7 +66,13 @@ from runtime.app.web.protocols import (
     parse_protocols,
     unbuilt_refusal,
 )
-from runtime.app.web.signing import REQUIRE_ENV, SECRET_ENV, SIGNING_CLIENTS
+from runtime.app.web.signing import (
+    REQUIRE_ENV,
+    SECRET_ENV,
+    SECRET_FILE_ENV,
+    SECRET_SOURCES,
+    SIGNING_CLIENTS,
+)
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import QuietStream, configure_logging, get_logger, unblocked
@@ -244,15 +250,17 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECRET",
         help="sign the AI SDK's tool approval requests (HMAC) and refuse a continuation "
         "whose signature does not verify; the same on every front end of a worker "
-        f"deployment (or set ${SECRET_ENV}, or --approval-secret-file, which ps does not "
-        "show; default: nothing signed; docs/approval.md)",
+        f"deployment (or set ${SECRET_ENV}; or --approval-secret-file or ${SECRET_FILE_ENV}, "
+        "which ps does not show; an option overrides both variables; default: nothing "
+        "signed; docs/approval.md)",
     )
     add(
         "--approval-secret-file",
         default=None,
         metavar="PATH",
         help="read the --approval-secret from the file PATH, once at start (its trailing "
-        "newline left out): unlike the option it does not show in ps",
+        f"newline left out): unlike the option it does not show in ps (or set "
+        f"${SECRET_FILE_ENV}=PATH)",
     )
     add(
         "--require-approval-signature",
@@ -723,12 +731,15 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 def approval_secret(args: argparse.Namespace) -> str | bytes | None:
-    """The secret that signs approval requests: ``--approval-secret``, else the contents
-    of ``--approval-secret-file``, else ``$AXON_APPROVAL_SECRET``, else none (nothing
-    signed; docs/approval.md). A :class:`ConfigurationError` for both options at once
-    or a file that gives no secret (:func:`read_secret_file`); its text never holds
-    the secret."""
-    given = getattr(args, "approval_secret", None)
+    """The secret that signs approval requests (docs/approval.md), from the command
+    line, else the environment: ``--approval-secret`` or the contents of
+    ``--approval-secret-file``, else ``$AXON_APPROVAL_SECRET`` or the contents of the
+    file ``$AXON_APPROVAL_SECRET_FILE`` names, else none (nothing signed). An empty value
+    is none given. A :class:`ConfigurationError` for two sources in one place (both
+    options, or both variables: which one was meant is a guess) or a file that gives
+    no secret (:func:`read_secret_file`); its text never holds the secret. A source the
+    command line overrides is not read."""
+    given = getattr(args, "approval_secret", None) or None
     path = getattr(args, "approval_secret_file", None)
     if path is not None:
         if given:
@@ -736,15 +747,27 @@ def approval_secret(args: argparse.Namespace) -> str | bytes | None:
                 "give the approval secret once: --approval-secret or --approval-secret-file"
             )
         return read_secret_file(path)
-    return given or os.environ.get(SECRET_ENV) or None
+    if given:
+        return given
+    env_secret = os.environ.get(SECRET_ENV) or None
+    env_path = os.environ.get(SECRET_FILE_ENV) or None
+    if env_path is not None:
+        if env_secret:
+            raise ConfigurationError(
+                f"give the approval secret once: ${SECRET_ENV} or ${SECRET_FILE_ENV} "
+                "(both are set; unset one, or give --approval-secret-file, which overrides "
+                "both)"
+            )
+        return read_secret_file(env_path, where=f"${SECRET_FILE_ENV}")
+    return env_secret
 
 
-def read_secret_file(path: str) -> bytes:
+def read_secret_file(path: str, *, where: str = "--approval-secret-file") -> bytes:
     """The secret the file at ``path`` holds (its trailing newlines left out: an
-    ``echo`` wrote it, or an editor); a :class:`ConfigurationError` naming the path, not
-    its contents, when it cannot be read, is empty, or is larger than
-    :data:`SECRET_FILE_MAX`."""
-    where = f"--approval-secret-file {path!r}"
+    ``echo`` wrote it, or an editor); a :class:`ConfigurationError` naming ``where`` it
+    was given and the path, not its contents, when it cannot be read, is empty, or is
+    larger than :data:`SECRET_FILE_MAX`."""
+    where = f"{where} {path!r}"
     try:
         with open(path, "rb") as f:
             data = f.read(SECRET_FILE_MAX + 1)
@@ -787,7 +810,7 @@ def approval_settings(args: argparse.Namespace) -> tuple[str | bytes | None, boo
     if required and not secret:
         raise ConfigurationError(
             f"--require-approval-signature (${REQUIRE_ENV}) needs an approval secret to "
-            f"sign with: --approval-secret-file, --approval-secret or ${SECRET_ENV}"
+            f"sign with: {SECRET_SOURCES}"
         )
     return secret, required
 

@@ -8,8 +8,9 @@ between requests and must not run a call a client made up.
 
 Axon keeps the waiting call in the store, and every answer is checked against it
 (:mod:`runtime.app.web.answers`), so a signature is not what makes an approval
-genuine here. What it adds, with a secret configured (``serve --approval-secret`` or
-``$AXON_APPROVAL_SECRET``, the same on every front end of a worker deployment): a
+genuine here. What it adds, with a secret configured (``serve --approval-secret-file``,
+``$AXON_APPROVAL_SECRET_FILE``, ``--approval-secret`` or ``$AXON_APPROVAL_SECRET``, the
+same on every front end of a worker deployment): a
 signature names the session, the approval, the call, its tool and a digest of the
 input exactly as the store held them when the request was streamed, under a key no
 client has. An answer that carries one is recorded only if it verifies against the
@@ -45,6 +46,13 @@ DOMAIN = "axon-tool-approval-v1"
 
 SECRET_ENV = "AXON_APPROVAL_SECRET"
 """The environment variable ``serve`` reads the secret from (``--approval-secret``)."""
+
+SECRET_FILE_ENV = "AXON_APPROVAL_SECRET_FILE"
+"""The environment variable naming the file ``serve`` reads the secret from
+(``--approval-secret-file``)."""
+
+SECRET_SOURCES = f"--approval-secret-file, --approval-secret, ${SECRET_FILE_ENV} or ${SECRET_ENV}"
+"""Where ``serve`` takes the secret from, as messages name them."""
 
 REQUIRE_ENV = "AXON_REQUIRE_APPROVAL_SIGNATURE"
 """The environment variable that turns ``serve --require-approval-signature`` on."""
@@ -107,7 +115,7 @@ class ApprovalSigner:
             if required:
                 raise ValueError(
                     "requiring signed approvals needs a secret to sign them with "
-                    f"(--approval-secret, --approval-secret-file or ${SECRET_ENV})"
+                    f"({SECRET_SOURCES})"
                 )
             return None
         secret = secret.encode() if isinstance(secret, str) else secret
@@ -173,6 +181,8 @@ def for_session(signer: ApprovalSigner | None, session_id: str) -> SessionSigner
 __all__ = [
     "REQUIRE_ENV",
     "SECRET_ENV",
+    "SECRET_FILE_ENV",
+    "SECRET_SOURCES",
     "SIGNING_CLIENTS",
     "ApprovalSigner",
     "SessionSigner",

@@ -30,7 +30,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   ``budget-wait``, below);
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
-  whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`);
+  whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`;
+  for a sub-agent's approval passed up, ``approvalDescriptor``: :func:`asked_descriptor`,
+  the sub call that asks, which the ``ai`` package keeps as ``approval.descriptor``);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
@@ -100,6 +102,32 @@ DONE = b"data: [DONE]\n\n"
 
 FINISH_REASONS = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 """The ``finishReason`` values the protocol knows; others (``budget``, ...) go as ``other``."""
+
+
+ASKED_TOOL = "axonAskedTool"
+"""The key of a passed-up approval's ``approvalDescriptor`` naming the sub-agent's tool
+whose call asks (:func:`asked_descriptor`)."""
+
+ASKED_INPUT = "axonAskedInput"
+"""The key of a passed-up approval's ``approvalDescriptor`` holding that call's input, as
+the sub-agent's model gave it: what an edit (``approval.axonEditedInput``) replaces."""
+
+ASKED_EDIT = "axonAskedEditedInput"
+"""The key of a UI message tool part's ``toolMetadata`` holding the edit a passed-up
+approval was approved with (what the sub-agent's call ran with, or runs with)."""
+
+
+def asked_descriptor(tool: str, input: Any) -> dict[str, Any]:
+    """The ``approvalDescriptor`` of a sub-agent's approval passed up to the calling call
+    (``as_tool(pass_approvals=True)``): the sub-agent's call that asks, ``{"axonAskedTool":
+    name, "axonAskedInput": input}``. The request's own ids, input and signature are the
+    agent tool's call (the one the stream showed, which the answer names); this says what
+    the person approves, and what an edit is of. The ``ai`` package (6.0.274 on, and 7)
+    keeps it whole as the tool part's ``approval.descriptor`` (``validateUIMessages``
+    too) and sends it back with the answer, where it decides nothing: the server checks
+    an edit against the sub call it stored. :func:`ui_messages` gives the stored part
+    the same, so a reloaded page has the part the stream built."""
+    return {ASKED_TOOL: tool, ASKED_INPUT: input}
 
 
 def _json(value: Any) -> bytes:
@@ -344,12 +372,14 @@ class UIStreamEncoder:
         """The request; signed (a signer) over the input this stream showed the call
         with (or :meth:`learn_input` gave it: a stream read from after the call, a
         resume); the session's ``ui_messages`` carry the same signature."""
-        ui = {
+        ui: dict[str, Any] = {
             "type": "tool-approval-request",
             "approvalId": chunk.approval_id,
             "toolCallId": chunk.tool_call_id,
         }
         call = chunk.tool_call_id
+        if chunk.asked_tool is not None:  # a sub-agent's approval: the call that asks
+            ui["approvalDescriptor"] = asked_descriptor(chunk.asked_tool, chunk.asked_input)
         if self._signer is not None and call in self._inputs:
             ui["signature"] = self._signer.sign(
                 chunk.approval_id, call, chunk.tool_name, self._inputs[call]
@@ -484,6 +514,8 @@ def _tool_part(
             approval["signature"] = signer.sign(
                 waiting.id, call.tool_call_id, call.tool_name, call.input
             )
+        if waiting.asked_tool is not None:  # passed up: the sub call, as the stream said
+            approval["descriptor"] = asked_descriptor(waiting.asked_tool, waiting.asked_input)
         if waiting.decided:
             approval["approved"] = bool(waiting.approved)
             if waiting.reason is not None:
@@ -493,6 +525,9 @@ def _tool_part(
             # (``toolMetadata``: the UIMessage's own place for app data on a tool part,
             # which the ``ai`` package's validateUIMessages takes)
             part["toolMetadata"] = {"axonOriginalInput": waiting.original_input}
+        elif waiting.edited_input is not None:  # a passed-up approval approved with edits:
+            # the sub call's input is the edit (``input`` here is the agent tool's prompt)
+            part["toolMetadata"] = {ASKED_EDIT: waiting.edited_input}
         if result is None:
             part["state"] = "approval-responded" if waiting.decided else "approval-requested"
             return part
