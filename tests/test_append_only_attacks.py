@@ -139,13 +139,10 @@ async def test_an_answer_a_steer_closed_is_written_whole_by_its_turns_last_save(
     assert record is not None and record.messages == tuple(mine)
     answers = [m for m in record.messages if isinstance(m, AssistantMessage)]
     assert [len(a.content) for a in answers] == [3, 2]  # (closed at the steer; the next)
-    heads, segments = await stored()
-    assert heads == []
-    # PostgreSQL leaves the closed answer's 2 segments, held by no head: its store
-    # dropped the session's unheld segments at the step after the steer (that head
-    # still held them) and forgot the session has any (``_segmented``), so the last
-    # save's whole write drops none (journal: attackappend, left for appendpg)
-    assert segments == (0 if isinstance(store, SQLiteStore) else 2)
+    # (PostgreSQL left the closed answer's 2 segments, held by no head: its store
+    # dropped the unheld ones at the step after the steer, that head still holding its
+    # own, and forgot the session had any, so the last save's whole write dropped none)
+    assert await stored() == ([], 0)
 
 
 async def test_a_turn_waiting_for_a_decision_stores_its_answer_whole_and_goes_on(
