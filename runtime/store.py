@@ -414,13 +414,24 @@ def fence_of(store: Any, session_id: str) -> object | None:
     its saves (``SaveRequest.fence``) to the store's ``save`` (its ``fence``): a save that
     reaches the store late is judged by the claim its turn ran under, not by what the
     store still remembers of that claim."""
-    fence = getattr(store, "fence_of", None)
-    return None if fence is None else fence(session_id)
+    return store.fence_of(session_id) if takes_fence(store) else None
 
 
 def takes_fence(store: Any) -> bool:
-    """Whether ``store``'s ``save`` takes the ``fence`` :func:`fence_of` gave."""
-    return callable(getattr(store, "fence_of", None))
+    """Whether ``store``'s ``save`` takes the ``fence`` :func:`fence_of` gave. Remembered
+    by store: asked as every turn begins, and a ``getattr`` that misses (every store but
+    a worker's) builds and drops an AttributeError."""
+    try:
+        known = _FENCES.get(store)
+    except TypeError:  # (not weakly referable, or unhashable: asked each time)
+        return callable(getattr(store, "fence_of", None))
+    if known is None:
+        known = callable(getattr(store, "fence_of", None))
+        _FENCES[store] = known
+    return known
+
+
+_FENCES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def release_under(store: Any, session_id: str) -> Callable[[], None] | None:

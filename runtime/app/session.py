@@ -1527,9 +1527,11 @@ class Session:
         ``edited_input``: approve (``approved=True`` only) with this input instead of the
         model's; checked against the tool's input schema like the model's
         (:class:`~runtime.errors.InvalidDecision` if it fails, nothing recorded), stored
-        as the call's input, the model's kept beside it (docs/approval.md, "Approving
-        with edits"). ``tools``: the turn's own tools (``stream(text, tools=...)``), to
-        check an edit of a call of one of them.
+        as the call's input, the model's kept beside it; for an agent tool's call whose
+        sub-agent passed its approval up, the edit is of the sub call that asks (checked
+        against that tool, kept as ``Awaiting.edited_input`` until the call runs again)
+        (docs/approval.md, "Approving with edits"). ``tools``: the turn's own tools
+        (``stream(text, tools=...)``), to check an edit of a call of one of them.
 
         ``expected_version``: record it on top of that version of the session, the one
         :meth:`held_record` gave, or not at all: when the session in memory is no longer

@@ -1111,7 +1111,8 @@ def create_app(
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
     the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
-    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
+    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`), ``a2a`` ``/a2a/`` and its
+    agent card, ``mcp`` ``/mcp`` (docs/protocols.md).
 
     ``on_busy`` is the busy strategy of every session the app opens, instead of its
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a

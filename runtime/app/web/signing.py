@@ -1,6 +1,6 @@
 """Signed tool approvals for the AI SDK's ``POST /api/chat`` (docs/approval.md).
 
-The ``ai`` package (6.0.221 and later, 7) copies a ``tool-approval-request`` chunk's
+The ``ai`` package (6.0.221 and 7.0.16 on) copies a ``tool-approval-request`` chunk's
 ``signature`` into the tool part's ``approval`` object and sends it back with the
 person's answer; the AI SDK's own server (``experimental_toolApprovalSecret``) signs
 the request with an HMAC and verifies it on the replay, because it keeps nothing
@@ -18,7 +18,8 @@ stored call now: an answer made for another session's or another deployment's ca
 or for an input the store no longer holds (an answer whose part sends no input is
 otherwise checked on its ids alone), is refused (403) and nothing is recorded.
 An answer without one (an older client, a client that keeps no approval metadata) is
-checked against the store as before. With no secret nothing is signed and a signature
+checked against the store as before, unless the server requires signatures
+(``--require-approval-signature``: refused, 403). With no secret nothing is signed and a signature
 a client sends is not checked (there is no key to check it with).
 
 The signature is derived, never stored: the stream, a resumed stream and the session's
