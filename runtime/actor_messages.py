@@ -324,6 +324,12 @@ class SaveRequest:
     that takes it (:func:`runtime.store.takes_fence`) with the save: a save that reaches
     the store after the turn's claim is over is judged by that claim, whatever the store
     still remembers of it."""
+    may_end: bool = False
+    """Set on a step's save after which the turn may not go on (it hit its budget, waits
+    for a decision, or its step may be its last): the save writes the turn's answer whole,
+    not as grown rows (:meth:`~actors.persister.Persister._grown`), since no later save
+    of the turn may come (the final save is skipped when this one holds the turn: a turn
+    suspended for a decision left its waiting answer a head)."""
 
 
 # -- stream controller markers -------------------------------------------------------------

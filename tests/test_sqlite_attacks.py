@@ -668,3 +668,32 @@ def test_recording_into_the_store_s_own_file_is_refused_before_anything_runs(
     err = capsys.readouterr().err
     assert err.startswith("error: the event recording ") and "is the session store's" in err
     assert path.read_bytes() == before
+
+
+def test_an_older_store_file_that_is_read_only_says_it_needs_upgrading(tmp_path):
+    """A schema 5 file (every file of before the running answer's segments) that the
+    user may not write: the open upgrades it, a write, and failed with SQLite's "attempt
+    to write a readonly database" alone, where this file opened as schema 5 before the
+    upgrade. It says what the write was and what to do, and leaves the file as it was."""
+    from tests.test_stores import make_schema_5
+
+    path = tmp_path / "sessions.db"
+    _create(path)
+    make_schema_5(path)
+    before = path.read_bytes()
+    path.chmod(0o444)
+    try:
+        proc = subprocess.run(
+            [*_unprivileged(), sys.executable, "-m", "runtime", "sessions", "--store", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        path.chmod(0o644)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "is of schema 5, which this version upgrades to schema 6 as it opens it" in proc.stderr
+    assert "the file is read-only" in proc.stderr
+    assert path.read_bytes() == before

@@ -671,6 +671,15 @@ class PostgresStore(FenceKeeping):
         # transaction (:meth:`_drop_segments`).
         drop = not heads and session_id in self._segmented
         dropped = False
+        # The heads this store's last save left that this one keeps (an answer a steer
+        # closed, kept by its turn's later saves): they hold their segments still, so
+        # the session stays segmented; forgotten at a drop, the save that writes such an
+        # answer whole dropped none of its segments (garbage until the session's delete).
+        known = self._heads.get(session_id)
+        kept_heads: dict[int, int] = {}
+        if known is not None and known[0] == expected_version:
+            written_at = {row[1] for row in rows}
+            kept_heads = {i: n for i, n in known[1].items() if i not in written_at}
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._save_fence(session_id, fence)
         wrote: list[bool] = []
@@ -743,8 +752,8 @@ class PostgresStore(FenceKeeping):
         if fence is not None:
             self._fenced_save_committed(fence, wrote, steers)
         self._heads.pop(session_id, None)
-        if heads:
-            self._heads[session_id] = (version, heads)
+        if heads or kept_heads:
+            self._heads[session_id] = (version, {**kept_heads, **heads})
             while len(self._heads) > ENDED_REMEMBERED:
                 self._heads.popitem(last=False)
             self._segmented.add(session_id)

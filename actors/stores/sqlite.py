@@ -543,6 +543,29 @@ def _create_schema(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
 
+def _read_only(err: sqlite3.Error) -> bool:
+    return (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_READONLY
+
+
+def _upgrade_refused(path: str, found: int, err: sqlite3.Error) -> StoreError:
+    """The open's error for a file of an older schema (or without the callers' index)
+    that it may not write: the upgrade it needs writes to it. Said, not SQLite's "attempt
+    to write a readonly database" alone (a schema 5 file, every file of before the
+    running answer's segments, that a user may only read, opened before the upgrade)."""
+    if found < SCHEMA_VERSION:
+        what = (
+            f"is of schema {found}, which this version upgrades to schema {SCHEMA_VERSION} "
+            "as it opens it"
+        )
+    else:
+        what = "has no index of its sub-sessions' callers, which this version builds as it opens it"
+    return StoreError(
+        f"session store {path} {what} (a write), but the file is read-only ({err}): open "
+        "it once where it may be written (a copy of it, say), or read it with the "
+        "axon-runtime that wrote it; it was left as it was"
+    )
+
+
 def _connect(path: str) -> sqlite3.Connection:
     """Open (creating if missing) and verify the store file; the blocking half of ``open``."""
     if path != ":memory:":
@@ -569,8 +592,8 @@ def _connect(path: str) -> sqlite3.Connection:
         if found is None or found < SCHEMA_VERSION or not indexed:
             # Take the write lock, then look again: another process may have created or
             # upgraded the schema between our read and now.
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 found = _inspect(conn, path)
                 if found is None:
                     _create_schema(conn)
@@ -579,6 +602,11 @@ def _connect(path: str) -> sqlite3.Connection:
                 if not _has_caller_index(conn):  # a file of before: built once
                     conn.execute(_CALLER_INDEX)
                 conn.execute("COMMIT")
+            except sqlite3.Error as err:
+                _rollback(conn)
+                if found is None or not _read_only(err):
+                    raise
+                raise _upgrade_refused(path, found, err) from err
             except BaseException:
                 _rollback(conn)
                 raise

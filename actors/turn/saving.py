@@ -110,6 +110,7 @@ class Saving:
             absent_mark=self._absent_mark,
             held=held,
             fence=turn.fence,
+            may_end=not running or ends is not None or bool(turn.held),
         )
         self._pending, self._answered = req, None
         try:
