@@ -70,6 +70,7 @@ converter.register_unstructure_hook_factory(
         asked_input=override(omit_if_default=True),
         asked_via=override(omit_if_default=True),
         edited_input=override(omit_if_default=True),
+        sub_answered=override(omit_if_default=True),
     ),
 )
 

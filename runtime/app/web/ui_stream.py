@@ -583,9 +583,13 @@ def _assistant(
             elif isinstance(p, ToolCallPart):
                 part = _tool_part(p, results.get(p.tool_call_id), signer)
                 parts.append(part)
-                if p.awaiting is not None and p.awaiting.sub_tool is not None:
+                w = p.awaiting
+                if w is not None and (w.sub_tool is not None or w.sub_answered):
                     part["providerExecuted"] = True  # (as the stream marked it)
-                    parts.append(_sub_tool_part(p.awaiting))
+                    # each sub call the stream showed, in turn: those answered before
+                    parts.extend(_sub_tool_part(a) for a in w.sub_answered)
+                    if w.sub_tool is not None:
+                        parts.append(_sub_tool_part(w))
             # provider-data parts are opaque to a UI
     metadata: dict[str, Any] = {"interrupted": message.interrupted}
     if message.error is not None:  # failed: not interrupted, and the UI can say why
