@@ -27,7 +27,7 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
   streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
   which the final result replaces; its other nested chunks are not forwarded (but
-  ``budget-wait``, below);
+  ``throttled`` and ``budget-wait``, below);
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
   whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`;
@@ -37,6 +37,8 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
+  a sub-agent's, nested in a ``tool-stream``, comes so too, with ``data.toolCallId`` the
+  call it runs under (at any depth), as ``budget-wait``'s;
 * ``budget-wait`` (a model call waits for output tokens the calls beside it hold) ->
   ``data-budget-wait`` with ``transient: true`` (``data``: ``step``, ``want``,
   ``available``, ``held``, ``ahead``); a sub-agent's, nested in a ``tool-stream``, comes
@@ -199,9 +201,13 @@ class UIStreamEncoder:
     def _object_delta(self, chunk: o.ObjectDelta) -> list[dict[str, Any]]:
         return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
 
-    def _throttled(self, chunk: o.Throttled) -> list[dict[str, Any]]:
+    def _throttled(
+        self, chunk: o.Throttled, tool_call_id: str | None = None
+    ) -> list[dict[str, Any]]:
         # transient: the UI shows it while it waits, never stores it
-        data = {"wait": chunk.wait, "reason": chunk.reason}
+        data: dict[str, Any] = {"wait": chunk.wait, "reason": chunk.reason}
+        if tool_call_id is not None:  # a sub-agent's, nested under this call
+            data["toolCallId"] = tool_call_id
         return [{"type": "data-throttled", "data": data, "transient": True}]
 
     def _budget_wait(
@@ -396,8 +402,11 @@ class UIStreamEncoder:
         if type(inner) is not o.TextDelta:
             while type(inner) is o.ToolStream:  # (a sub-agent's sub-agent's)
                 inner = inner.chunk
-            if type(inner) is o.BudgetWait:  # why its stream stopped: shown, not dropped
+            # why its stream stopped: shown, not dropped
+            if type(inner) is o.BudgetWait:
                 return self._budget_wait(inner, chunk.tool_call_id)
+            if type(inner) is o.Throttled:
+                return self._throttled(inner, chunk.tool_call_id)
             return []
         text = self._streamed.get(chunk.tool_call_id, "") + inner.text
         self._streamed[chunk.tool_call_id] = text
