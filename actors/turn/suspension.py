@@ -232,10 +232,10 @@ def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
 def _carried(before: Awaiting | None, now: Awaiting) -> Awaiting:
     """``now``, the next wait of a call whose wait was ``before``, with ``before``'s
     answered sub call (and those it carried) in :attr:`~Awaiting.sub_answered`."""
-    if before is None or before.id == now.id:
+    if before is None:
         return now
     answered = before.sub_answered
-    if before.sub_tool is not None and before.decided:
+    if before.sub_tool is not None and before.decided and before.id != now.id:
         answered = (*answered, attrs.evolve(before, sub_answered=(), counted=None))
     return attrs.evolve(now, sub_answered=answered) if answered else now
 
