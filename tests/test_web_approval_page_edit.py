@@ -196,3 +196,32 @@ async def test_a_plainly_decided_passed_up_approval_no_longer_reads_as_asking(
     assert seen["live_text"].startswith("parent saw: " + ("paid" if approved else "not paid"))
     assert (seen["live"], seen["reloaded"]) == (said, said)  # ("Asks to run ..." both)
     assert seen["edited"] is None and seen["buttons"] == 0
+
+
+async def test_a_card_two_agents_deep_names_the_agents_it_is_asked_through(playwright_sync):
+    """``top`` calls ``middle``, whose ``helper`` asks: the card said "Asks to run
+    wire_money" with no word of ``helper`` between (``asked_via``); it names it now,
+    asking, decided, and reloaded."""
+    from tests.test_approval_nested_pass import _grand_parent, ran
+    from tests.test_web_approval_page import run_page
+    from tests.web.harness import web_server
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "have x paid")
+        seen["asking"] = card.locator(".asked .label").text_content()
+        card.get_by_role("button", name="Approve").click()
+        expect(page.locator(".msg.assistant .text").last).to_contain_text("top saw")
+        seen["live"] = card.locator(".asked .label").text_content()
+        page.reload()
+        card = page.locator(".tool-card").first
+        expect(card).to_have_attribute("data-state", "output-available")
+        seen["reloaded"] = card.locator(".asked .label").text_content()
+
+    ran.clear()
+    async with web_server(_grand_parent()) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
+    assert seen["page_errors"] == []
+    assert ran == ["x"]
+    assert seen["asking"] == "Asks to run wire_money via helper"  # (no "via helper" before)
+    assert seen["live"] == seen["reloaded"] == "Approved to run wire_money via helper"

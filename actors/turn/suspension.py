@@ -388,6 +388,7 @@ class Suspending:
                     approval_id=w.id,
                     asked_tool=w.asked_tool,  # (a sub-agent's approval passed up: its call)
                     asked_input=w.asked_input,
+                    asked_via=w.asked_via,
                 )
             )
         for call in held_sub_calls(turn.parts.content, turn.held):
@@ -459,6 +460,7 @@ class Suspending:
                             approval_id=w.id,
                             asked_tool=w.asked_tool,
                             asked_input=w.asked_input,
+                            asked_via=w.asked_via,
                         )
                     )
                 elif w is not None and not w.decided and w.sub_tool is not None:

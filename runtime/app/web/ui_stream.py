@@ -32,7 +32,8 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
   whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`;
   for a sub-agent's approval passed up, ``approvalDescriptor``: :func:`asked_descriptor`,
-  the sub call that asks, which the ``ai`` package keeps as ``approval.descriptor``);
+  the sub call that asks and the agent tools between, which the ``ai`` package keeps as
+  ``approval.descriptor``);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
@@ -114,12 +115,17 @@ ASKED_INPUT = "axonAskedInput"
 """The key of a passed-up approval's ``approvalDescriptor`` holding that call's input, as
 the sub-agent's model gave it: what an edit (``approval.axonEditedInput``) replaces."""
 
+ASKED_VIA = "axonAskedVia"
+"""The key of a passed-up approval's ``approvalDescriptor`` naming the agent tools between
+the calling call's sub-agent and the one whose call asks (``Awaiting.asked_via``), two
+and more agents deep; left out otherwise."""
+
 ASKED_EDIT = "axonAskedEditedInput"
 """The key of a UI message tool part's ``toolMetadata`` holding the edit a passed-up
 approval was approved with (what the sub-agent's call ran with, or runs with)."""
 
 
-def asked_descriptor(tool: str, input: Any) -> dict[str, Any]:
+def asked_descriptor(tool: str, input: Any, via: Sequence[str] = ()) -> dict[str, Any]:
     """The ``approvalDescriptor`` of a sub-agent's approval passed up to the calling call
     (``as_tool(pass_approvals=True)``): the sub-agent's call that asks, ``{"axonAskedTool":
     name, "axonAskedInput": input}``. The request's own ids, input and signature are the
@@ -128,7 +134,10 @@ def asked_descriptor(tool: str, input: Any) -> dict[str, Any]:
     keeps it whole as the tool part's ``approval.descriptor`` (``validateUIMessages``
     too) and sends it back with the answer, where it decides nothing: the server checks
     an edit against the sub call it stored. :func:`ui_messages` gives the stored part
-    the same, so a reloaded page has the part the stream built."""
+    the same, so a reloaded page has the part the stream built. ``via``: the agent tools
+    between, two and more agents deep (``"axonAskedVia"``, a list; left out when none)."""
+    if via:
+        return {ASKED_TOOL: tool, ASKED_INPUT: input, ASKED_VIA: list(via)}
     return {ASKED_TOOL: tool, ASKED_INPUT: input}
 
 
@@ -385,7 +394,9 @@ class UIStreamEncoder:
         }
         call = chunk.tool_call_id
         if chunk.asked_tool is not None:  # a sub-agent's approval: the call that asks
-            ui["approvalDescriptor"] = asked_descriptor(chunk.asked_tool, chunk.asked_input)
+            ui["approvalDescriptor"] = asked_descriptor(
+                chunk.asked_tool, chunk.asked_input, chunk.asked_via
+            )
         if self._signer is not None and call in self._inputs:
             ui["signature"] = self._signer.sign(
                 chunk.approval_id, call, chunk.tool_name, self._inputs[call]
@@ -524,7 +535,9 @@ def _tool_part(
                 waiting.id, call.tool_call_id, call.tool_name, call.input
             )
         if waiting.asked_tool is not None:  # passed up: the sub call, as the stream said
-            approval["descriptor"] = asked_descriptor(waiting.asked_tool, waiting.asked_input)
+            approval["descriptor"] = asked_descriptor(
+                waiting.asked_tool, waiting.asked_input, waiting.asked_via
+            )
         if waiting.decided:
             approval["approved"] = bool(waiting.approved)
             if waiting.reason is not None:
