@@ -470,6 +470,7 @@ def _waiting_chunk(ctrl: StreamController, item: ApprovalAsked | ToolDenied) -> 
             approval_id=item.approval_id,
             asked_tool=item.asked_tool,
             asked_input=item.asked_input,
+            asked_via=item.asked_via,
         )
     oc = item.outcome
     return ctrl._chunk(

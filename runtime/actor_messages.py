@@ -425,6 +425,7 @@ class ApprovalAsked:
     asked_tool: str | None = None
     """A sub-agent's approval passed up: the call that asks (``Awaiting.asked_tool``)."""
     asked_input: Any = None
+    asked_via: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

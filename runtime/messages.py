@@ -158,6 +158,13 @@ class Awaiting:
     turn adds only what is beyond this. Stored with the wait, so a continuation run in
     another process, or retried after a crash (its sub-turn finished by then), subtracts
     exactly what its suspended turn counted. ``None``: nothing counted (no usage)."""
+    sub_answered: tuple[Awaiting, ...] = ()
+    """A nested wait whose sub-agent asked for client tool calls in turn: each earlier
+    one (a decided ``"client"`` wait, as it was, :attr:`sub_tool` and the caller's
+    answer), in order, carried from wait to wait as the call is held again
+    (``mark_held``). The stream showed each; :func:`~runtime.app.web.ui_stream.
+    ui_messages` shows each too, so a reloaded page has the parts the live one built.
+    ``()`` (and every record stored before the field existed): none before this one."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -222,6 +222,9 @@ class ToolApprovalRequest(_Base):
     ``None``: the call asks for itself (and left out of the chunk's JSON)."""
     asked_input: Any = None
     """With :attr:`asked_tool`: that call's input, as the sub-agent's model gave it."""
+    asked_via: tuple[str, ...] = ()
+    """With :attr:`asked_tool`, two and more agents deep: the agent tools between
+    (:attr:`~runtime.messages.Awaiting.asked_via`). ``()``: left out of the JSON."""
     seq: int = 0
     session_id: str = ""
     turn_id: str = ""

@@ -48,6 +48,7 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     output.ToolApprovalRequest: {
         "asked_tool": override(omit_if_default=True),
         "asked_input": override(omit_if_default=True),
+        "asked_via": override(omit_if_default=True),
     },
 }
 _Dict = dict[str, Any]
@@ -70,6 +71,7 @@ converter.register_unstructure_hook_factory(
         asked_input=override(omit_if_default=True),
         asked_via=override(omit_if_default=True),
         edited_input=override(omit_if_default=True),
+        sub_answered=override(omit_if_default=True),
     ),
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -22,6 +23,7 @@ from runtime.app.web.ui_stream import ui_messages
 from runtime.approval import WAITING_META, pending_calls, waiting_calls
 from runtime.messages import AssistantMessage, ToolMessage, UserMessage
 from runtime.output import ToolCall
+from runtime.serde import converter
 from tests.support.faults import check_history
 from tests.support.grammar import check_grammar
 from tests.test_a2a import BOTH, collect, sdk
@@ -592,3 +594,35 @@ async def test_an_a2a_task_names_the_sub_call_and_its_output_completes_the_task(
     assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED
     text = "".join(p.text for p in answered.task.artifacts[0].parts)
     assert text == "parent saw: you are in Oslo"
+
+
+def test_a_call_held_again_carries_each_sub_call_answered_before():
+    """The stored wait of a calling call was replaced by its next one, so the stored
+    form showed only the last of the sub calls the stream had shown. Each answered one
+    is carried along now (``Awaiting.sub_answered``): over three waits, and kept when
+    the next wait is the same one held again, or an approval."""
+    from actors.turn.suspension import mark_held, nested_wait
+    from runtime.messages import ToolCallPart
+
+    parts: list[Any] = [ToolCallPart(tool_call_id="H", tool_name="helper", input={}, step=0)]
+
+    def answer_it() -> None:  # (as the caller's respond() stores it)
+        w = parts[0].awaiting
+        parts[0] = attrs.evolve(parts[0], awaiting=attrs.evolve(w, decided=True, output=w.id))
+
+    for n in range(3):
+        mark_held(parts, {"H": nested_wait(f"H.L{n}", "t", client=("locate", {"n": n}))})
+        if n < 2:
+            answer_it()
+    carried = parts[0].awaiting.sub_answered
+    assert [(a.id, a.sub_input, a.output, a.sub_answered) for a in carried] == [
+        ("H.L0", {"n": 0}, "H.L0", ()),
+        ("H.L1", {"n": 1}, "H.L1", ()),
+    ]
+    mark_held(parts, {"H": nested_wait("H.L2", "t", client=("locate", {"n": 2}))})
+    assert parts[0].awaiting.sub_answered == carried  # the same wait again: nothing lost
+    answer_it()
+    mark_held(parts, {"H": nested_wait("ap_1", "t")})  # then an approval
+    assert [a.id for a in parts[0].awaiting.sub_answered] == ["H.L0", "H.L1", "H.L2"]
+    stored = converter.structure(converter.unstructure(parts[0]), ToolCallPart)
+    assert stored == parts[0]  # (stored and read back whole)

@@ -20,7 +20,13 @@ from runtime import Host
 from runtime import output as o
 from runtime.app.web.answers import EDITED_INPUT
 from runtime.app.web.resume import stored_turn_chunks
-from runtime.app.web.ui_stream import ASKED_EDIT, ASKED_INPUT, ASKED_TOOL, UIStreamEncoder
+from runtime.app.web.ui_stream import (
+    ASKED_EDIT,
+    ASKED_INPUT,
+    ASKED_TOOL,
+    ASKED_VIA,
+    UIStreamEncoder,
+)
 from runtime.output import ToolApprovalRequest
 from runtime.serde import from_json, to_json
 from tests.test_approval_nested_pass import SUB, parent, ran
@@ -341,7 +347,50 @@ async def test_two_agents_deep_the_request_names_the_innermost_call_and_the_edit
             }
             r = await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
             done = (await client.get("/api/sessions/s")).json()["ui_messages"]
-    assert asked["approvalDescriptor"] == ASKED
+    assert asked["approvalDescriptor"] == {**ASKED, ASKED_VIA: ["helper"]}  # (through helper)
     assert r.status_code == 200, r.text
     assert ran == ["deep"]
     assert part_of(done, asked["toolCallId"])["toolMetadata"] == {ASKED_EDIT: {"to": "deep"}}
+
+
+async def test_an_approval_two_agents_deep_names_the_agents_between_live_and_stored(node, ai):
+    """``top`` calls ``middle``, whose ``helper`` asks: the descriptor named the asking
+    call only, not the agent tools it is asked through (``Awaiting.asked_via``). It has
+    ``axonAskedVia`` now, in the stream's request and the stored part alike, which the
+    ``ai`` package (7 and 6) keeps, sends back and validates."""
+    from tests.test_approval_nested_pass import _grand_parent
+
+    via = {**ASKED, ASKED_VIA: ["helper"]}
+    async with web_server(_grand_parent()) as server:
+        chat = await run_node_script(
+            node,
+            WEB / "approve_chat.mjs",
+            {"url": server.url, "chatId": "s", "approved": True, **ai},
+        )
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            done = (await client.get("/api/sessions/s")).json()
+    assert chat["error"] is None and chat["status"] == "ready", chat
+    _, second = chat["bodies"]
+    assert part_of(second["messages"], "T")["approval"]["descriptor"] == via  # kept, sent
+    kept = part_of([chat["messages"][-1]], "T")
+    assert kept["state"] == "output-available" and ran == ["x"]
+    stored = part_of(done["ui_messages"], "T")
+    assert stored["approval"]["descriptor"] == via == kept["approval"]["descriptor"]
+    checked = part_of(await validated(node, ai, done["ui_messages"]), "T")
+    assert checked["approval"]["descriptor"] == via
+
+
+def test_a_sub_agents_own_approval_has_no_via_in_its_descriptor():
+    """One agent deep, nothing between: the descriptor is as it was (no ``axonAskedVia``),
+    in the stream and the stored form."""
+    request = ToolApprovalRequest(
+        step=0,
+        tool_call_id="H",
+        tool_name="helper",
+        approval_id="a",
+        asked_tool="wire_money",
+        asked_input={"to": "x"},
+    )
+    (ui,) = UIStreamEncoder().encode(request)
+    assert ui["approvalDescriptor"] == ASKED
+    assert "asked_via" not in to_json(request).decode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from tests.test_web_approval_page import ask, deleted, drive
@@ -156,3 +157,71 @@ async def test_a_passed_up_approval_is_edited_as_the_sub_agents_call_live_and_af
     assert part["approval"]["axonEditedInput"] == {"to": "y"}
     assert part["approval"]["descriptor"]["axonAskedTool"] == "wire_money"
     assert seen["reloaded_edited"] == "1" and seen["buttons"] == 0
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
+async def test_a_plainly_decided_passed_up_approval_no_longer_reads_as_asking(
+    playwright_sync, approved
+):
+    """A passed-up approval approved (or denied) as asked, no edit: its card kept saying
+    "Asks to run wire_money" after the decision, live and reloaded, as if still asking.
+    It says the decision now, as an edited one says what ran."""
+    from tests.test_approval_nested_pass import parent, ran
+    from tests.test_web_approval_page import run_page
+    from tests.web.harness import web_server
+
+    said = "Approved to run wire_money" if approved else "Denied running wire_money"
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "pay x")
+        expect(card.locator(".asked .label")).to_have_text("Asks to run wire_money")
+        card.get_by_role("button", name="Approve" if approved else "Deny").click()
+        expect(page.locator(".msg.assistant .text").last).to_contain_text("parent saw")
+        expect(page.locator("body")).to_have_attribute("data-busy", "")
+        seen["live"] = card.locator(".asked .label").text_content()
+        seen["live_text"] = page.locator(".msg.assistant .text").last.text_content()
+        page.reload()
+        card = page.locator(".tool-card").first
+        expect(card.locator(".asked pre")).to_have_text('{\n  "to": "x"\n}')
+        seen["reloaded"] = card.locator(".asked .label").text_content()
+        seen["edited"] = card.get_attribute("data-edited")
+        seen["buttons"] = card.locator("button").count()
+
+    ran.clear()
+    async with web_server(parent()) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
+    assert seen["page_errors"] == []
+    assert ran == (["x"] if approved else [])
+    assert seen["live_text"].startswith("parent saw: " + ("paid" if approved else "not paid"))
+    assert (seen["live"], seen["reloaded"]) == (said, said)  # ("Asks to run ..." both)
+    assert seen["edited"] is None and seen["buttons"] == 0
+
+
+async def test_a_card_two_agents_deep_names_the_agents_it_is_asked_through(playwright_sync):
+    """``top`` calls ``middle``, whose ``helper`` asks: the card said "Asks to run
+    wire_money" with no word of ``helper`` between (``asked_via``); it names it now,
+    asking, decided, and reloaded."""
+    from tests.test_approval_nested_pass import _grand_parent, ran
+    from tests.test_web_approval_page import run_page
+    from tests.web.harness import web_server
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "have x paid")
+        seen["asking"] = card.locator(".asked .label").text_content()
+        card.get_by_role("button", name="Approve").click()
+        expect(page.locator(".msg.assistant .text").last).to_contain_text("top saw")
+        seen["live"] = card.locator(".asked .label").text_content()
+        page.reload()
+        card = page.locator(".tool-card").first
+        expect(card).to_have_attribute("data-state", "output-available")
+        seen["reloaded"] = card.locator(".asked .label").text_content()
+
+    ran.clear()
+    async with web_server(_grand_parent()) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
+    assert seen["page_errors"] == []
+    assert ran == ["x"]
+    assert seen["asking"] == "Asks to run wire_money via helper"  # (no "via helper" before)
+    assert seen["live"] == seen["reloaded"] == "Approved to run wire_money via helper"

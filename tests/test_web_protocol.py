@@ -266,6 +266,24 @@ def test_a_sub_agents_budget_wait_is_shown_under_its_call_at_any_depth():
         }
 
 
+def test_a_sub_agents_throttled_is_shown_under_its_call_at_any_depth():
+    """A sub-agent waiting for a rate limit said nothing (its ``throttled`` was dropped,
+    only ``budget-wait`` was lifted): it now comes as ``data-throttled`` naming the top
+    call, as its ``budget-wait`` does."""
+    encoder = UIStreamEncoder()
+    wait = o.Throttled(step=0, wait=2.5, reason="tokens")
+    inner = o.ToolStream(step=0, tool_call_id="deep", tool_name="inner", chunk=wait)
+    for chunk in (wait, inner):
+        (ui,) = encoder.encode(
+            o.ToolStream(step=0, tool_call_id="c", tool_name="helper", chunk=chunk)
+        )
+        assert ui == {
+            "type": "data-throttled",
+            "data": {"wait": 2.5, "reason": "tokens", "toolCallId": "c"},
+            "transient": True,
+        }
+
+
 def test_finish_reasons_outside_the_protocol_go_as_other_with_the_real_one_in_metadata():
     for reason, sent in [
         ("stop", "stop"),

@@ -243,3 +243,53 @@ async def test_the_ai_package_reads_a_steered_message_as_transient_data(node):
     parts = out["message"]["parts"]
     assert [p["type"] for p in parts] == ["step-start", "text", "step-start", "text"]
     assert parts[3]["text"] == "answer to both"
+
+
+async def test_the_ai_package_reads_a_sub_agents_throttled_and_budget_wait_as_transient_data(
+    node,
+):
+    """A sub-agent's ``throttled`` nested in its call's ``tool-stream`` was dropped (only
+    its ``budget-wait`` was shown): both now come as transient data naming the top call,
+    which pass the chunk schema and leave the call's part (its preliminary output) as
+    it was."""
+    from runtime import output as o
+    from runtime.app.web.ui_stream import DONE, UIStreamEncoder, sse
+    from runtime.chunks import Usage
+
+    u = Usage()
+
+    def nested(chunk: Any) -> o.ToolStream:
+        deep = o.ToolStream(step=0, tool_call_id="deep", tool_name="inner", chunk=chunk)
+        return o.ToolStream(step=0, tool_call_id="call_h", tool_name="helper", chunk=deep)
+
+    chunks = [
+        o.Start(message_id="msg_1"),
+        o.StepStart(step=0),
+        o.ToolCall(step=0, tool_call_id="call_h", tool_name="helper", input={"input": "x"}),
+        o.ToolStream(
+            step=0,
+            tool_call_id="call_h",
+            tool_name="helper",
+            chunk=o.TextDelta(step=0, part_id="s", text="so far"),
+        ),
+        nested(o.Throttled(step=0, wait=2.5, reason="requests")),
+        nested(o.BudgetWait(step=0, want=90, available=10, held=80, ahead=1)),
+        o.ToolResult(step=0, tool_call_id="call_h", tool_name="helper", output="so far, done"),
+        o.StepFinish(step=0, finish_reason="tool-calls", usage=u),
+        o.Finish(finish_reason="stop", usage=u),
+    ]
+    encoder = UIStreamEncoder()
+    sent = [ui for chunk in chunks for ui in encoder.encode(chunk)]
+    body = b"".join(sse(ui) for ui in sent) + DONE
+    out = await run_read_stream(node, {"sse": body.decode(), "read": True})
+    assert [p.get("error") for p in out["parsed"]] == [None] * len(sent)
+    data = [p["value"] for p in out["parsed"] if p["value"]["type"].startswith("data-")]
+    assert [(d["type"], d["data"]["toolCallId"], d["transient"]) for d in data] == [
+        ("data-throttled", "call_h", True),  # (dropped before: budget-wait alone)
+        ("data-budget-wait", "call_h", True),
+    ]
+    assert data[0]["data"] == {"wait": 2.5, "reason": "requests", "toolCallId": "call_h"}
+    assert out["error"] is None
+    (part,) = [p for p in out["message"]["parts"] if p["type"].startswith("tool-")]
+    assert (part["state"], part["output"]) == ("output-available", "so far, done")
+    assert not [p for p in out["message"]["parts"] if p["type"].startswith("data-")]

@@ -167,3 +167,46 @@ async def test_two_racing_outputs_posted_to_a_worker_deployment_one_is_taken(
     (located,) = [m for m in sub.messages if isinstance(m, ToolMessage)]
     (h,) = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert h.output == f"you are in {located.output['city']}"
+
+
+async def test_a_workers_stored_form_shows_each_sub_call_answered_in_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    """The sub-agent asks for two client calls in turn, each answered over HTTP and run
+    on by a worker: a reload (``?view=ui``) shows both sub calls with their outputs, as
+    the streams showed them (before: the last one only, the calling call's one wait)."""
+    from tests.test_approval_nested_pass_client import _locates_twice_model
+
+    helper = Agent(
+        name="helper", provider=ScriptedProvider(responder=_locates_twice_model), tools=[locate]
+    )
+    agent = Agent(
+        name="calls",
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+    streams: list[list[dict[str, Any]]] = []
+    async with deployment(pg_url, redis_url, agent) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            message_id, first = await _suspend(d, client)
+            streams.append(first)
+            for n, city in enumerate(["Paris", "Rome"]):
+                part = {**_sub_part({"city": city}), "toolCallId": f"H.L{n}"}
+                part["input"] = {"precise": n == 1}
+                response = await client.post(
+                    f"{d.urls[0]}/api/chat", json=_answer("s1", message_id, part)
+                )
+                assert response.status_code == 200, response.text
+                streams.append(payloads(sse_events(response.text)))
+            page = (await client.get(f"{d.urls[0]}/api/sessions/s1", params={"view": "ui"})).json()
+    shown = [
+        [c["toolCallId"] for c in events if c["type"] == "tool-input-available"]
+        for events in streams
+    ]
+    assert shown == [["H", "H", "H.L0"], ["H.L1"], []]  # (each stream shows its own)
+    parts = [p for p in page["ui_messages"][-1]["parts"] if p["type"].startswith("tool-")]
+    assert [(p["toolCallId"], p["state"], p.get("output")) for p in parts] == [
+        ("H", "output-available", "Paris then Rome"),
+        ("H.L0", "output-available", {"city": "Paris"}),
+        ("H.L1", "output-available", {"city": "Rome"}),
+    ]

@@ -221,10 +221,23 @@ def expiry_time(host: TurnHost, agent: Agent) -> float | None:
 
 
 def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
-    """Put each held call's :class:`Awaiting` on its part (in place)."""
+    """Put each held call's :class:`Awaiting` on its part (in place). A call held again
+    (its sub-agent asks once more) keeps the sub calls the caller answered before
+    (``Awaiting.sub_answered``): the stream showed each, so the stored form does too."""
     for i, p in enumerate(parts):
         if isinstance(p, ToolCallPart) and p.tool_call_id in held:
-            parts[i] = attrs.evolve(p, awaiting=held[p.tool_call_id])
+            parts[i] = attrs.evolve(p, awaiting=_carried(p.awaiting, held[p.tool_call_id]))
+
+
+def _carried(before: Awaiting | None, now: Awaiting) -> Awaiting:
+    """``now``, the next wait of a call whose wait was ``before``, with ``before``'s
+    answered sub call (and those it carried) in :attr:`~Awaiting.sub_answered`."""
+    if before is None:
+        return now
+    answered = before.sub_answered
+    if before.sub_tool is not None and before.decided and before.id != now.id:
+        answered = (*answered, attrs.evolve(before, sub_answered=(), counted=None))
+    return attrs.evolve(now, sub_answered=answered) if answered else now
 
 
 def held_approvals(
@@ -375,6 +388,7 @@ class Suspending:
                     approval_id=w.id,
                     asked_tool=w.asked_tool,  # (a sub-agent's approval passed up: its call)
                     asked_input=w.asked_input,
+                    asked_via=w.asked_via,
                 )
             )
         for call in held_sub_calls(turn.parts.content, turn.held):
@@ -446,6 +460,7 @@ class Suspending:
                             approval_id=w.id,
                             asked_tool=w.asked_tool,
                             asked_input=w.asked_input,
+                            asked_via=w.asked_via,
                         )
                     )
                 elif w is not None and not w.decided and w.sub_tool is not None:

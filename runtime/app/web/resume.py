@@ -190,6 +190,7 @@ def _call_outcome(part: ToolCallPart, step: int, results: dict[str, ToolMessage]
                 approval_id=waiting.id,
                 asked_tool=waiting.asked_tool,
                 asked_input=waiting.asked_input,
+                asked_via=waiting.asked_via,
             )
         ]
     if waiting is not None and result is not None and waiting.approved is False:

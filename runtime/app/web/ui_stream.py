@@ -27,16 +27,19 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
   streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
   which the final result replaces; its other nested chunks are not forwarded (but
-  ``budget-wait``, below);
+  ``throttled`` and ``budget-wait``, below);
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``;
   ``signature`` with a secret configured, :mod:`runtime.app.web.signing`, for a call
   whose input the stream showed or the stored call gave, :meth:`UIStreamEncoder.learn_input`;
   for a sub-agent's approval passed up, ``approvalDescriptor``: :func:`asked_descriptor`,
-  the sub call that asks, which the ``ai`` package keeps as ``approval.descriptor``);
+  the sub call that asks and the agent tools between, which the ``ai`` package keeps as
+  ``approval.descriptor``);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
+  a sub-agent's, nested in a ``tool-stream``, comes so too, with ``data.toolCallId`` the
+  call it runs under (at any depth), as ``budget-wait``'s;
 * ``budget-wait`` (a model call waits for output tokens the calls beside it hold) ->
   ``data-budget-wait`` with ``transient: true`` (``data``: ``step``, ``want``,
   ``available``, ``held``, ``ahead``); a sub-agent's, nested in a ``tool-stream``, comes
@@ -112,12 +115,17 @@ ASKED_INPUT = "axonAskedInput"
 """The key of a passed-up approval's ``approvalDescriptor`` holding that call's input, as
 the sub-agent's model gave it: what an edit (``approval.axonEditedInput``) replaces."""
 
+ASKED_VIA = "axonAskedVia"
+"""The key of a passed-up approval's ``approvalDescriptor`` naming the agent tools between
+the calling call's sub-agent and the one whose call asks (``Awaiting.asked_via``), two
+and more agents deep; left out otherwise."""
+
 ASKED_EDIT = "axonAskedEditedInput"
 """The key of a UI message tool part's ``toolMetadata`` holding the edit a passed-up
 approval was approved with (what the sub-agent's call ran with, or runs with)."""
 
 
-def asked_descriptor(tool: str, input: Any) -> dict[str, Any]:
+def asked_descriptor(tool: str, input: Any, via: Sequence[str] = ()) -> dict[str, Any]:
     """The ``approvalDescriptor`` of a sub-agent's approval passed up to the calling call
     (``as_tool(pass_approvals=True)``): the sub-agent's call that asks, ``{"axonAskedTool":
     name, "axonAskedInput": input}``. The request's own ids, input and signature are the
@@ -126,7 +134,10 @@ def asked_descriptor(tool: str, input: Any) -> dict[str, Any]:
     keeps it whole as the tool part's ``approval.descriptor`` (``validateUIMessages``
     too) and sends it back with the answer, where it decides nothing: the server checks
     an edit against the sub call it stored. :func:`ui_messages` gives the stored part
-    the same, so a reloaded page has the part the stream built."""
+    the same, so a reloaded page has the part the stream built. ``via``: the agent tools
+    between, two and more agents deep (``"axonAskedVia"``, a list; left out when none)."""
+    if via:
+        return {ASKED_TOOL: tool, ASKED_INPUT: input, ASKED_VIA: list(via)}
     return {ASKED_TOOL: tool, ASKED_INPUT: input}
 
 
@@ -199,9 +210,13 @@ class UIStreamEncoder:
     def _object_delta(self, chunk: o.ObjectDelta) -> list[dict[str, Any]]:
         return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
 
-    def _throttled(self, chunk: o.Throttled) -> list[dict[str, Any]]:
+    def _throttled(
+        self, chunk: o.Throttled, tool_call_id: str | None = None
+    ) -> list[dict[str, Any]]:
         # transient: the UI shows it while it waits, never stores it
-        data = {"wait": chunk.wait, "reason": chunk.reason}
+        data: dict[str, Any] = {"wait": chunk.wait, "reason": chunk.reason}
+        if tool_call_id is not None:  # a sub-agent's, nested under this call
+            data["toolCallId"] = tool_call_id
         return [{"type": "data-throttled", "data": data, "transient": True}]
 
     def _budget_wait(
@@ -379,7 +394,9 @@ class UIStreamEncoder:
         }
         call = chunk.tool_call_id
         if chunk.asked_tool is not None:  # a sub-agent's approval: the call that asks
-            ui["approvalDescriptor"] = asked_descriptor(chunk.asked_tool, chunk.asked_input)
+            ui["approvalDescriptor"] = asked_descriptor(
+                chunk.asked_tool, chunk.asked_input, chunk.asked_via
+            )
         if self._signer is not None and call in self._inputs:
             ui["signature"] = self._signer.sign(
                 chunk.approval_id, call, chunk.tool_name, self._inputs[call]
@@ -396,8 +413,11 @@ class UIStreamEncoder:
         if type(inner) is not o.TextDelta:
             while type(inner) is o.ToolStream:  # (a sub-agent's sub-agent's)
                 inner = inner.chunk
-            if type(inner) is o.BudgetWait:  # why its stream stopped: shown, not dropped
+            # why its stream stopped: shown, not dropped
+            if type(inner) is o.BudgetWait:
                 return self._budget_wait(inner, chunk.tool_call_id)
+            if type(inner) is o.Throttled:
+                return self._throttled(inner, chunk.tool_call_id)
             return []
         text = self._streamed.get(chunk.tool_call_id, "") + inner.text
         self._streamed[chunk.tool_call_id] = text
@@ -515,7 +535,9 @@ def _tool_part(
                 waiting.id, call.tool_call_id, call.tool_name, call.input
             )
         if waiting.asked_tool is not None:  # passed up: the sub call, as the stream said
-            approval["descriptor"] = asked_descriptor(waiting.asked_tool, waiting.asked_input)
+            approval["descriptor"] = asked_descriptor(
+                waiting.asked_tool, waiting.asked_input, waiting.asked_via
+            )
         if waiting.decided:
             approval["approved"] = bool(waiting.approved)
             if waiting.reason is not None:
@@ -583,9 +605,13 @@ def _assistant(
             elif isinstance(p, ToolCallPart):
                 part = _tool_part(p, results.get(p.tool_call_id), signer)
                 parts.append(part)
-                if p.awaiting is not None and p.awaiting.sub_tool is not None:
+                w = p.awaiting
+                if w is not None and (w.sub_tool is not None or w.sub_answered):
                     part["providerExecuted"] = True  # (as the stream marked it)
-                    parts.append(_sub_tool_part(p.awaiting))
+                    # each sub call the stream showed, in turn: those answered before
+                    parts.extend(_sub_tool_part(a) for a in w.sub_answered)
+                    if w.sub_tool is not None:
+                        parts.append(_sub_tool_part(w))
             # provider-data parts are opaque to a UI
     metadata: dict[str, Any] = {"interrupted": message.interrupted}
     if message.error is not None:  # failed: not interrupted, and the UI can say why
