@@ -85,6 +85,8 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
         return st.one_of([_strategy_for(a) for a in typing.get_args(tp)])
     if tp is type(None):
         return st.none()
+    if origin is tuple and typing.get_args(tp)[:1] == (str,):  # (names: asked_via)
+        return st.lists(st.text(max_size=4), max_size=3).map(tuple)
     if origin is tuple:
         return st.lists(st.sampled_from(_sample_parts()), max_size=4).map(tuple)
     if origin is dict:
