@@ -15,17 +15,23 @@ from tests.test_web_approval_page import ask, deleted, drive
 from tests.test_web_approval_page import playwright_sync as playwright_sync  # the fixture
 
 
+def chat_posts(page: Any) -> list[Any]:
+    """The JSON bodies of the page's ``POST /api/chat`` requests, as they are sent."""
+    sent: list[Any] = []
+    page.on(
+        "request",
+        lambda r: (
+            sent.append(r.post_data_json)
+            if r.method == "POST" and r.url.endswith("/api/chat")
+            else None
+        ),
+    )
+    return sent
+
+
 async def test_edit_then_approve_runs_the_call_with_the_edited_input(playwright_sync):
     def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
-        sent: list[Any] = []
-        page.on(
-            "request",
-            lambda r: (
-                sent.append(r.post_data_json)
-                if r.method == "POST" and r.url.endswith("/api/chat")
-                else None
-            ),
-        )
+        sent = chat_posts(page)
         card = ask(page, expect, "please delete /tmp/x")
         card.get_by_role("button", name="Edit").click()
         box = card.get_by_label("Edited input")
@@ -97,15 +103,7 @@ async def test_a_passed_up_approval_is_edited_as_the_sub_agents_call_live_and_af
     from tests.web.harness import web_server
 
     def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
-        sent: list[Any] = []
-        page.on(
-            "request",
-            lambda r: (
-                sent.append(r.post_data_json)
-                if r.method == "POST" and r.url.endswith("/api/chat")
-                else None
-            ),
-        )
+        sent = chat_posts(page)
         card = ask(page, expect, "pay x")
         expect(card.locator(".t-name")).to_have_text("helper")
         expect(card).to_have_attribute("data-asked-tool", "wire_money")
