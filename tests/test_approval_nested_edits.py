@@ -337,20 +337,18 @@ def test_an_agui_replay_of_an_edited_passed_up_approval_compares_the_sub_calls_e
     assert _same_edit(plain, Decision(approved=True, edited_input={"to": "x"}))
 
 
-async def test_a_tool_of_the_same_name_elsewhere_in_the_tree_is_not_the_one_checked(tmp_path):
-    """``middle`` has a ``wire_money`` of its own (``amount``), and calls ``helper``, whose
-    ``wire_money`` (``to``) asks: the edit is checked along the stored path
-    (``Awaiting.asked_via``), against helper's. Found by name alone, ``{"amount": 5}``
-    passed on the calling session and was refused only where the call runs."""
+def _tree_with_a_same_named_tool() -> Agent:
+    """top -> middle -> helper, each passing approvals up; ``middle`` has a
+    ``wire_money`` of its own (``amount``, never called) beside helper's (``to``), which
+    asks."""
     from runtime import tool
     from tests.test_approval_nested_pass import _helper_model, _middle_model, _top_model
+    from tests.test_approval_nested_pass import wire_money as helpers_wire_money
 
     @tool
     async def wire_money(amount: int) -> str:  # (middle's own, never called)
         """Wire an amount."""
         return "no"
-
-    from tests.test_approval_nested_pass import wire_money as helpers_wire_money
 
     middle = Agent(
         name="middle",
@@ -364,10 +362,18 @@ async def test_a_tool_of_the_same_name_elsewhere_in_the_tree_is_not_the_one_chec
             ).as_tool(pass_approvals=True),
         ],
     )
-    top = Agent(
+    return Agent(
         provider=ScriptedProvider(responder=_top_model),
         tools=[middle.as_tool(pass_approvals=True)],
     )
+
+
+async def test_a_tool_of_the_same_name_elsewhere_in_the_tree_is_not_the_one_checked(tmp_path):
+    """``middle`` has a ``wire_money`` of its own (``amount``), and calls ``helper``, whose
+    ``wire_money`` (``to``) asks: the edit is checked along the stored path
+    (``Awaiting.asked_via``), against helper's. Found by name alone, ``{"amount": 5}``
+    passed on the calling session and was refused only where the call runs."""
+    top = _tree_with_a_same_named_tool()
     async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
         session = await host.open_session(top, session_id="s")
         key = (await session.run("go")).pending[0].approval_id
@@ -456,33 +462,7 @@ async def test_an_asked_via_naming_no_agent_tool_of_the_caller_refuses_the_edit(
     edit is refused as unchecked, nothing recorded; a plain approval still runs."""
     import attrs
 
-    from runtime import tool
-    from tests.test_approval_nested_pass import _helper_model, _middle_model, _top_model
-    from tests.test_approval_nested_pass import wire_money as helpers_wire_money
-
-    @tool
-    async def wire_money(amount: int) -> str:  # (middle's own, never called)
-        """Wire an amount."""
-        return "no"
-
-    def top() -> Agent:
-        middle = Agent(
-            name="middle",
-            provider=ScriptedProvider(responder=_middle_model),
-            tools=[
-                wire_money,
-                Agent(
-                    name="helper",
-                    provider=ScriptedProvider(responder=_helper_model),
-                    tools=[helpers_wire_money],
-                ).as_tool(pass_approvals=True),
-            ],
-        )
-        return Agent(
-            provider=ScriptedProvider(responder=_top_model),
-            tools=[middle.as_tool(pass_approvals=True)],
-        )
-
+    top = _tree_with_a_same_named_tool
     db = tmp_path / "s.db"
     async with Host.open(store=db, log_tap=False) as host:
         key = (await (await host.open_session(top(), session_id="s")).run("go")).pending[0]
