@@ -170,6 +170,21 @@ async def test_every_step_reads_the_messages_a_whole_row_store_gives(
     assert runs[0] == runs[1]
 
 
+def _snapshot_at(step: int, path: Path, copy: Path) -> Any:
+    """A tool ``snap(i)`` that copies the SQLite file ``path`` to ``copy`` at step
+    ``step`` (SQLite's backup: one snapshot, what a process killed then leaves)."""
+
+    @tool
+    def snap(i: int) -> str:
+        """Copies the store at one step."""
+        if i == step:
+            with sqlite3.connect(path) as source, sqlite3.connect(copy) as target:
+                source.backup(target)
+        return f"r{i}"
+
+    return snap
+
+
 async def test_a_process_killed_mid_turn_leaves_the_answer_so_far_and_a_next_turn_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -178,14 +193,7 @@ async def test_a_process_killed_mid_turn_leaves_the_answer_so_far_and_a_next_tur
     steps saved so far, and its next turn is stored after them."""
     path, crashed = tmp_path / "s.db", tmp_path / "crashed.db"
 
-    @tool
-    def snap(i: int) -> str:
-        """Copies the store at step 8."""
-        if i == 8:
-            with sqlite3.connect(path) as source, sqlite3.connect(crashed) as target:
-                source.backup(target)
-        return f"r{i}"
-
+    snap = _snapshot_at(8, path, crashed)
     async with Host.open(store=path, log_tap=False) as host:
         session = await host.open_session(_agent(12, [snap]), session_id="s")
         await session.run("go")
@@ -222,14 +230,7 @@ async def test_an_older_reader_refuses_a_head_rather_than_read_an_empty_answer(
     (:func:`decode_message`) and fails loudly, never a message without content."""
     path, copy = tmp_path / "s.db", tmp_path / "mid.db"
 
-    @tool
-    def snap(i: int) -> str:
-        """Copies the store at step 3."""
-        if i == 3:
-            with sqlite3.connect(path) as source, sqlite3.connect(copy) as target:
-                source.backup(target)
-        return f"r{i}"
-
+    snap = _snapshot_at(3, path, copy)
     async with Host.open(store=path, log_tap=False) as host:
         session = await host.open_session(_agent(5, [snap]), session_id="s")
         await session.run("go")
