@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from actors.relays import RedisRelay
 from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime import output as o
 from runtime.errors import StoreError
 from runtime.messages import UserMessage
@@ -71,6 +73,24 @@ async def test_a_takeover_is_told_the_messages_shown_steered_into_its_step(
     assert [c.text for c in replay if isinstance(c, o.TextDelta)] == ["first", "again"]
 
 
+def refusing_saves_of(text: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first two saves of messages holding ``text`` refused (a full disk); where each
+    started."""
+    real = PostgresStore.save
+    refused: list[int] = []
+
+    async def save(
+        self: Any, session_id: str, start: int, messages: Any, meta: Any = None, **kw: Any
+    ) -> Any:
+        if len(refused) < 2 and any(getattr(m, "text", "") == text for m in messages):
+            refused.append(start)
+            raise StoreError("could not extend file /var/lib/pg: No space left on device")
+        return await real(self, session_id, start, messages, meta, **kw)
+
+    monkeypatch.setattr(PostgresStore, "save", save)
+    return refused
+
+
 async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -78,18 +98,7 @@ async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     turn's final save are refused (a full disk), so the worker gives the turn back and
     its re-run takes the message again and stores it. Before: two ``data-steered``
     chunks for it on the first client's stream."""
-    real = PostgresStore.save
-    refused: list[int] = []
-
-    async def save(
-        self: Any, session_id: str, start: int, messages: Any, meta: Any = None, **kw: Any
-    ) -> Any:
-        if len(refused) < 2 and any(getattr(m, "text", "") == STEERED for m in messages):
-            refused.append(start)
-            raise StoreError("could not extend file /var/lib/pg: No space left on device")
-        return await real(self, session_id, start, messages, meta, **kw)
-
-    monkeypatch.setattr(PostgresStore, "save", save)
+    refused = refusing_saves_of(STEERED, monkeypatch)
     script = Script(looking("call_L"), holding("call_H"), ["answer to both"], ["again"])
     out: dict[str, Any] = {}
     async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
@@ -106,7 +115,7 @@ async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     shown = [c["data"]["messageId"] for c in chunks if c["type"] == "data-steered"]
     assert shown == ["u2"]
     types = [c["type"] for c in chunks]
-    assert types.count("reset-step") == 1 and types[-1] == "finish"
+    assert types.count("reset-step") == 1 and types[-1] == "finish", types
     assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta").endswith("again")
     # the message ran once in each run, and is stored once, where the model saw it
     assert all(
@@ -117,3 +126,39 @@ async def test_a_message_steered_into_a_turn_given_back_unsaved_is_shown_once(
     users = [m.text for m in record.messages if isinstance(m, UserMessage)]
     assert users == ["first", STEERED]
     assert record.messages[-1].text == "again"
+
+
+async def test_a_turn_given_back_unsaved_streams_its_step_before_another_worker_reruns_it(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The give-back flushes what the unsaved run streamed before it releases the turn.
+    Here the relay holds each flush a second (its tick) and the giving worker is slow
+    after the release, so a second worker re-runs the step at once. Before, that
+    worker read the step as never streamed and sent no ``reset-step``: the client was
+    shown the unsaved run's answer and then the re-run's, one after the other."""
+    refusing_saves_of(STEERED, monkeypatch)
+    monkeypatch.setattr(RedisRelay, "next_tick", lambda self, now: now + 1.0)
+    release = TurnQueue.release
+
+    async def slow_release(self: Any, claim: Any, **kw: Any) -> bool:
+        released = await release(self, claim, **kw)
+        await trio.sleep(0.8)  # the other worker takes the turn meanwhile
+        return released
+
+    monkeypatch.setattr(TurnQueue, "release", slow_release)
+    script = Script(looking("call_L"), holding("call_H"), ["answer to both"], ["again"])
+    out: dict[str, Any] = {}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        await d.start_worker()
+        async with steering_in_step_1(d, out, STEERED):
+            pass
+        first, _ = await d.queue.turns("s1")
+    assert (first.status, first.attempts) == ("done", 2), first.error
+    chunks = data(sse_events(out["first"].text))
+    types = [c["type"] for c in chunks]
+    assert types.count("reset-step") == 1 and types[-1] == "finish", types
+    at = types.index("reset-step")  # the unsaved answer before it, the re-run's after
+    assert "".join(c["delta"] for c in chunks[:at] if c["type"] == "text-delta") == (
+        "answer to both"
+    )
+    assert "".join(c["delta"] for c in chunks[at:] if c["type"] == "text-delta") == "again"

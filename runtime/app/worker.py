@@ -200,6 +200,9 @@ class _Running:
     steered: list[str] = attrs.Factory(list)
     """The ids of the steering messages the turn took (:meth:`Worker._take_steering`):
     a cancel naming one stops the turn, whose rest is that message's answer."""
+    writer_closed: bool = False
+    """Its relay writer was closed (flushed) before the turn was given back
+    (:meth:`Worker._give_back`): not to be closed again."""
 
     def claimed_next(self, claimed: NextClaimed) -> None:
         self.next = claimed
@@ -1100,9 +1103,9 @@ class Worker:
                         await self._relay(entry, out, writer)
                 finally:
                     leases.release(claim.turn.turn_id, claim.epoch)
-            status = await self._finish(entry)
+            status = await self._finish(entry, writer)
         finally:
-            if writer is not None:
+            if writer is not None and not entry.writer_closed:
                 if entry.end is not None and (entry.deleted or not entry.lost):
                     # The turn's own end, once its result says its save holds it. A turn
                     # given back unsaved (or whose lease went) ends no stream: the
@@ -1328,7 +1331,7 @@ class Worker:
                 entry.last_out = chunk
         steered.clear()
 
-    async def _finish(self, entry: _Running) -> str:
+    async def _finish(self, entry: _Running, writer: Any = None) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with. Usually
         its last step's save did it already, in its commit (:meth:`TurnQueue.fenced
         <runtime.turn_queue.TurnQueue.fenced>`'s ``on_finished``)."""
@@ -1342,7 +1345,7 @@ class Worker:
             return "lost"
         result = entry.stream.result
         if result is not None and not result.saved:
-            return await self._give_back(entry)
+            return await self._give_back(entry, writer)
         if result is None:
             status, reason, error = "failed", "error", "the turn ended without a result"
         elif result.finish_reason == "error":
@@ -1367,7 +1370,7 @@ class Worker:
                 return "lost"
         return status
 
-    async def _give_back(self, entry: _Running) -> str:
+    async def _give_back(self, entry: _Running, writer: Any = None) -> str:
         """The turn ended but its final save was not confirmed (it failed, or outlived
         the turn runner's ``SAVE_TIMEOUT``): it must not be marked done, the session
         missing what the turn said, nor its save land later, after the session's next
@@ -1376,7 +1379,14 @@ class Worker:
         <actors.stores.postgres.PostgresStore.fenced>`). The turn is released, as a
         stopping worker's is: another worker takes it over from its last committed step
         and re-runs the rest (its readers told to drop this run's unsaved step). The
-        attempt stays used: a store that never confirms fails the turn at last."""
+        attempt stays used: a store that never confirms fails the turn at last.
+
+        ``writer`` (the turn's relay writer) is flushed before the release: the re-run,
+        on this worker or another, reads from the relay what this run streamed of the
+        step it re-runs (:meth:`_reset_shown`). Released first, the re-run could read
+        before this run's last chunks were out, find the step unstreamed and send no
+        ``reset-step``: its readers were shown the step twice, the unsaved run's
+        answer and the re-run's, one after the other."""
         turn = entry.claim.turn
         last = turn.attempts >= self.max_attempts
         log().error(
@@ -1396,6 +1406,9 @@ class Worker:
             if last:
                 return await self._fail_unsaved(entry)
             entry.lost = True  # what happens to the turn from here is not this worker's
+            if writer is not None:
+                entry.writer_closed = True
+                await _close_writer(writer, final=False, paused=False)
             try:
                 await self.queue.release(entry.claim, keep_attempt=True)
             except StoreError as exc:  # the lease runs out instead: taken over all the same
