@@ -166,6 +166,37 @@ async def test_a_decision_replayed_after_the_turn_finished_is_409_and_runs_nothi
     assert web_ran == ["/x"]
 
 
+async def test_a_continuation_its_client_never_reads_runs_the_tool_once_and_saves_the_answer():
+    """The client posts its approval and never reads a byte of the continuation (a
+    frozen tab, a script that fires and forgets), holding the connection open while the
+    answer (3 MB) fills the socket: the turn still runs the tool once and ends saved
+    whole, not interrupted."""
+    from actors.providers.scripted import ScriptedProvider
+    from runtime import Agent
+    from tests.test_approval_web import delete_file
+
+    steps = [DELETE, ["y" * 3_000_000]]
+    big = Agent(provider=ScriptedProvider(steps, chunk_size=1000), tools=[delete_file])
+    async with web_server(big, send_timeout=2.0) as server:
+        finished = server.host.bus.subscribe([TurnFinished], name="finished")
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            first = await post(client, body("s"))
+            asked, mid = request_of(first), first[0]["messageId"]
+            await finished.inbox.get()  # (the turn that asked)
+            sent = answer("s", mid, approval_part(asked["approvalId"], True))
+            async with client.stream("POST", "/api/chat", json=sent) as response:
+                status = response.status_code  # (headers only: the body is never read)
+                with trio.fail_after(30):
+                    await finished.inbox.get()
+            shown = (await client.get("/api/sessions/s")).json()
+    assert status == 200
+    assert web_ran == ["/x"]
+    assert shown["waiting"] == 0
+    answer_part = shown["ui_messages"][-1]
+    assert answer_part["metadata"]["interrupted"] is False
+    assert [len(p["text"]) for p in answer_part["parts"] if p["type"] == "text"] == [3_000_000]
+
+
 @pytest.mark.parametrize(
     "reason", ["\\ud800 half", "a \\udfff b", "\\ud83d", "tail \\ud83d\\ud83d"]
 )
