@@ -147,6 +147,33 @@ async def test_an_approval_of_a_deleted_session_is_404_and_brings_nothing_back()
     assert web_ran == []
 
 
+async def test_a_guessed_approval_id_of_another_session_is_told_apart_from_no_id_at_all():
+    """Approval ids are sequential within a process (``approval_<prefix>_<n>``): an
+    attacker who sees its own can guess a neighbour's. Posted on the attacker's own
+    session, the victim's real id and an id that exists nowhere get the same 404 (the
+    id aside: no oracle of which ids exist), nothing is recorded, and the victim's call
+    still waits and runs only on its own answer."""
+    async with web_server(agent(DELETE)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            victim = await post(client, body("victim"))
+            mine = await post(client, body("attacker"))
+            theirs = request_of(victim)["approvalId"]
+            prefix, _, n = request_of(mine)["approvalId"].rpartition("_")
+            nowhere = f"{prefix}_{int(n) + 1000}"
+            mid = mine[0]["messageId"]
+            replies = [
+                await client.post(
+                    "/api/chat", json=answer("attacker", mid, approval_part(key, True))
+                )
+                for key in (theirs, nowhere)
+            ]
+            waiting = (await client.get("/api/sessions/victim")).json()["waiting"]
+    assert [r.status_code for r in replies] == [404, 404]
+    texts = [r.json()["error"] for r in replies]
+    assert texts[0].replace(theirs, "ID") == texts[1].replace(nowhere, "ID")
+    assert waiting == 1 and web_ran == []
+
+
 async def test_a_decision_replayed_after_the_turn_finished_is_409_and_runs_nothing_again():
     async with web_server(agent(DELETE)) as server:
         async with httpx.AsyncClient(base_url=server.url) as client:

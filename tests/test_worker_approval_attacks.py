@@ -120,6 +120,30 @@ async def test_an_approval_of_a_deleted_session_is_404_and_brings_nothing_back(
     assert ran == []
 
 
+async def test_a_guessed_approval_id_of_another_session_is_no_oracle_on_a_front_end(
+    pg_url: str, redis_url: str
+) -> None:
+    """The victim's real approval id and one that exists nowhere, each posted on the
+    attacker's own session through the other front end: the same 404 (the id aside),
+    nothing recorded, the victim's turn still waiting."""
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        theirs = asked(await first_part(d, d.urls[0], "victim"))["approvalId"]
+        mine = await first_part(d, d.urls[0], "attacker")
+        prefix, _, n = asked(mine)["approvalId"].rpartition("_")
+        nowhere = f"{prefix}_{int(n) + 1000}"
+        mid = payloads(mine)[0]["messageId"]
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            replies = [
+                await client.post(f"{d.urls[1]}/api/chat", json=answer("attacker", mid, key, True))
+                for key in (theirs, nowhere)
+            ]
+        victim = (await d.queue.turns("victim"))[-1]
+    assert [r.status_code for r in replies] == [404, 404], [r.text for r in replies]
+    texts = [r.json()["error"] for r in replies]
+    assert texts[0].replace(theirs, "ID") == texts[1].replace(nowhere, "ID")
+    assert victim.waiting and ran == []
+
+
 async def test_a_continuation_its_client_never_reads_still_runs_once_and_finishes(
     pg_url: str, redis_url: str
 ) -> None:
