@@ -231,3 +231,60 @@ def _reply(message_id: str, part: dict[str, Any]) -> dict[str, Any]:
 
 def asked_of(chunks: list[Any]) -> dict[str, Any]:
     return next(c for c in chunks if c["type"] == "tool-approval-request")
+
+
+async def test_a_front_ends_resume_whose_relay_loses_the_turn_while_it_holds_the_request_ends_clean(
+    pg_url: str, redis_url: str
+) -> None:
+    """A worker front end's stream resumed after the call's input holds the approval
+    request back to sign it; the relay loses the turn there. The client gets one
+    ``error`` telling it to reload and ``[DONE]`` (no hang, no unsigned request, nothing
+    twice); the reload's request is signed and its answer runs the tool once."""
+    from tests import test_approval_signature_resume as gated
+    from tests.test_approval_signature_resume import SECRET, gated_agent, seq_of_call
+    from tests.test_approval_wait_attacks import LosesAfterRequest
+    from tests.test_relay_web import chat_body, sse_events
+
+    gated.gate = trio.Event()
+    gated.ran.clear()
+    async with deployment(pg_url, redis_url, gated_agent(), fronts=0) as d:
+        d.app_options = {"approval_secret": SECRET, "require_approval_signature": True}
+        url = await d.start_front_end()
+        front = d.fronts[0]
+        front.relay = LosesAfterRequest(front.relay)
+        stream_url = f"{url}/api/chat/s/stream"
+        resumed: list[Any] = []
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: client.post(f"{url}/api/chat", json=chat_body("s")))
+                after = await seq_of_call(client, stream_url, "D")
+
+                async def resume() -> None:
+                    with trio.fail_after(20):  # (a hang fails here)
+                        r = await client.get(stream_url, headers={"last-event-id": after})
+                    resumed.extend(sse_events(r.text))
+
+                nursery.start_soon(resume)
+                await trio.sleep(0.3)  # (the resume reading; the result does not rest on it)
+                gated.gate.set()
+            ui = (await client.get(f"{url}/api/sessions/s")).json()["ui_messages"]
+            part = next(p for m in ui for p in m["parts"] if p.get("toolCallId") == "D")
+            reply = {
+                **part,
+                "state": "approval-responded",
+                "approval": {**part["approval"], "approved": True},
+            }
+            sent = chat_body("s")
+            sent["messages"].append(
+                {"id": ui[-1]["id"], "role": "assistant", "parts": [{"type": "step-start"}, reply]}
+            )
+            sent["messageId"] = ui[-1]["id"]
+            done = await client.post(f"{url}/api/chat", json=sent)
+            await d.queue.wait_finished((await d.queue.turns("s"))[-1].turn_id, LIMIT)
+    kinds = [e if e == "[DONE]" else e["type"] for _, e in resumed]
+    assert "tool-approval-request" not in kinds
+    assert kinds[-2:] == ["error", "[DONE]"], kinds
+    assert "reload the session" in resumed[-2][1]["errorText"]
+    assert "signature" in part["approval"]
+    assert done.status_code == 200, done.text
+    assert gated.ran == ["/x"]
