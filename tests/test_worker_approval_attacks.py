@@ -12,6 +12,7 @@ import trio
 
 from runtime.messages import ToolMessage
 from tests.test_frontend import LIMIT, deployment
+from tests.test_relay_web import sse_events
 from tests.test_worker_approval import (
     _clear_ran as _clear_ran,  # (the fixture)
 )
@@ -180,7 +181,6 @@ async def test_a_sub_agents_second_approval_in_a_continuation_is_signed_on_a_fro
     from tests.test_approval_nested_pass import ran as sub_ran
     from tests.test_approval_nested_pass_many import _calling, _pays_twice_model
     from tests.test_approval_web_nested_edits import helper_part
-    from tests.test_relay_web import sse_events
 
     secret = "front-secret"
     sub_ran.clear()
@@ -243,7 +243,7 @@ async def test_a_front_ends_resume_whose_relay_loses_the_turn_while_it_holds_the
     from tests import test_approval_signature_resume as gated
     from tests.test_approval_signature_resume import SECRET, gated_agent, seq_of_call
     from tests.test_approval_wait_attacks import LosesAfterRequest
-    from tests.test_relay_web import chat_body, sse_events
+    from tests.test_relay_web import chat_body
 
     gated.gate = trio.Event()
     gated.ran.clear()
@@ -288,3 +288,46 @@ async def test_a_front_ends_resume_whose_relay_loses_the_turn_while_it_holds_the
     assert "signature" in part["approval"]
     assert done.status_code == 200, done.text
     assert gated.ran == ["/x"]
+
+
+async def test_an_approval_posted_while_no_worker_runs_streams_once_a_worker_comes_back(
+    pg_url: str, redis_url: str
+) -> None:
+    """Every worker is down (a deploy, a crash) when the person approves: the front end
+    records the decision and its POST waits on the queue instead of failing; the worker
+    started afterwards resumes the turn once, and that same POST streams the
+    continuation in the same message, the tool run once."""
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        first = await first_part(d, d.urls[0])
+        message_id = payloads(first)[0]["messageId"]
+        approval_id = asked(first)["approvalId"]
+        await d.stop_workers()
+        got: list[httpx.Response] = []
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def approve() -> None:
+                    sent = answer("s1", message_id, approval_id, True)
+                    got.append(await client.post(f"{d.urls[1]}/api/chat", json=sent))
+
+                nursery.start_soon(approve)
+                await _decided(d, "s1")
+                assert ran == []  # decided, and nothing runs it yet
+                await d.start_worker()
+        turn = await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+    (response,) = got
+    assert response.status_code == 200, response.text
+    events = payloads(sse_events(response.text))
+    assert events[0] == {"type": "start", "messageId": message_id}
+    assert any(e["type"] == "tool-output-available" for e in events)
+    assert turn is not None and turn.resumes == 1
+    assert ran == ["/x"]
+
+
+async def _decided(d: Any, session_id: str) -> None:
+    """Until the session's turn no longer waits (a decision put its row back)."""
+    with trio.fail_after(LIMIT):
+        while True:
+            if not (await d.queue.turns(session_id))[-1].waiting:
+                return
+            await trio.sleep(0.05)
