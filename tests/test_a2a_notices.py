@@ -184,3 +184,32 @@ async def test_only_a_well_formed_remote_notice_is_passed_on(data, passed):
     for junk in (None, "text", {"parts": "x"}, {"parts": [1, None, {"data": None}]}):
         await _pass_notice(nested, junk)  # type: ignore[arg-type]
     assert len(nested.out) == said
+
+
+def test_a_wait_tried_again_with_other_numbers_is_said_again_not_left_at_the_first_try():
+    """A limiter's next try whose wait changed (another caller took the slot the first
+    try waited for) and a step's second reservation (its summary call's, then its own)
+    each update the status: the task and a client keeping its last status show the wait
+    as it is now. Before, both kept the first try's numbers ("about 60 s") for as long
+    as the step waited; only the same numbers again (a ``concurrency`` poll) are not
+    sent again."""
+    live = LiveTask("c~m", "c", "m")
+    live.running = True
+    live.set_state(wire.WORKING)
+    first = o.Throttled(step=1, wait=60.0, reason="requests")
+    again = o.Throttled(step=1, wait=12.5, reason="requests")
+    summary = o.BudgetWait(step=1, want=90, available=10, held=80, ahead=2)
+    own = o.BudgetWait(step=1, want=40, available=5, held=35, ahead=0)
+    sent = take_all(live, [first, first, again, summary, summary, own])
+    data = [
+        MessageToDict(ParseDict(e, StreamResponse()).status_update.status.message.parts[1])
+        for e in sent
+    ]
+    assert data == [
+        {"data": {"throttled": {"step": 1, "wait": 60.0, "reason": "requests"}}},
+        {"data": {"throttled": {"step": 1, "wait": 12.5, "reason": "requests"}}},
+        {"data": {"budgetWait": {"step": 1, "want": 90, "available": 10, "held": 80, "ahead": 2}}},
+        {"data": {"budgetWait": {"step": 1, "want": 40, "available": 5, "held": 35, "ahead": 0}}},
+    ]
+    snapshot = ParseDict(live.snapshot(), Task())
+    assert "it wants 40, 5 are free, 35 held" in snapshot.status.message.parts[0].text

@@ -207,6 +207,20 @@ _WHY = {
 }
 
 
+def _notice_key(chunk: Any) -> tuple[Any, ...]:
+    """What a notice says, to tell a wait said already from a new one: its kind and every
+    field :func:`notice_message` shows. A limiter's next try of a wait for a free slot
+    (``concurrency``, every 0.25 s) says the same and is not sent again; one whose wait
+    changed (another caller took the slot it waited for: ``requests``, ``tokens``,
+    ``provider``), or a step's second reservation (its history's summary call, then its
+    own), is sent, so the task does not go on showing the first try's numbers (before,
+    the key was the kind, step and reason alone: "about 60 s" stayed while the call
+    waited minutes more)."""
+    if chunk.type == "throttled":
+        return (chunk.type, chunk.step, chunk.wait, chunk.reason)
+    return (chunk.type, chunk.step, chunk.want, chunk.available, chunk.held, chunk.ahead)
+
+
 def notice_message(task_id: str, context_id: str, chunk: Any) -> dict[str, Any]:
     """The status message of a task whose model call waits: a ``throttled`` chunk (a
     rate limit) or a ``budget-wait`` one (output tokens the calls beside it hold), as a
@@ -359,8 +373,8 @@ class LiveTask:
         self._step_mark = 0
         """Where the current step's text starts in :attr:`text` (a reset cuts it there)."""
         self.notice: tuple[Any, ...] | None = None
-        """What the status says the model call waits for (a ``throttled`` or
-        ``budget-wait`` chunk's kind, step and reason), until the turn goes on."""
+        """What the status says the model call waits for (:func:`_notice_key`: a
+        ``throttled`` or ``budget-wait`` chunk's kind and fields), until the turn goes on."""
         self._changed = trio.Event()
 
     @property
@@ -422,9 +436,10 @@ class LiveTask:
 
         A ``throttled`` or ``budget-wait`` chunk (the model call waits) is a ``WORKING``
         status update whose message says so (:func:`notice_message`; the same wait said
-        again is not sent again); the turn's next chunk of its own (not a tool's nested
-        stream) ends it with a ``WORKING`` update with no message, so neither the task
-        nor a client that keeps its last status says it waits once it goes on. A
+        again, every field the same, is not sent again: :func:`_notice_key`); the
+        turn's next chunk of its own (not a tool's nested stream) ends it with a
+        ``WORKING`` update with no message, so neither the task nor a client that keeps
+        its last status says it waits once it goes on. A
         sub-agent's, nested in its ``tool-stream``, is not said: A2A shows none of a
         task's tool calls, and one call's wait beside others at work is no status of
         the task."""
@@ -445,7 +460,7 @@ class LiveTask:
             self._notice(chunk)
 
     def _notice(self, chunk: Any) -> None:
-        said = (chunk.type, chunk.step, getattr(chunk, "reason", None))
+        said = _notice_key(chunk)
         if said == self.notice or self.state != wire.WORKING:
             return  # (a limiter's next try of the same wait; never outside a run)
         self.set_state(wire.WORKING, notice_message(self.id, self.context_id, chunk))

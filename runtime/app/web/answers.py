@@ -313,9 +313,10 @@ app's ``session.decide``; a worker deployment's front end, the turn queue's ``de
 
 async def record_answers(
     session: Any, payload: dict[str, Any], signer: SessionSigner | None = None
-) -> tuple[tuple[str, ...], Recorded | None]:
-    """Record the answers of a continuation body for ``session``; returns the ids of the
-    calls the turn waited for (the client knows them: their input is not sent again) and
+) -> tuple[dict[str, Any], Recorded | None]:
+    """Record the answers of a continuation body for ``session``; returns the calls the
+    turn waited for, each id with its stored input (the client knows them: their input
+    is not sent again; a request the continuation makes for one is signed over it) and
     what the last answer's decision recorded: only a ``complete`` one lets this request
     resume the turn (two requests never both resume it), from what it stored
     (``session.resume(decided=...)``). Every answer is checked before any is recorded.
@@ -365,7 +366,7 @@ async def record_answers(
             return announced, await record_all(rest, record, recorded)
     stored = await session.host.store.load(session.id)
     if stored is not None and _repeats(stored.messages, payload, signer):
-        return tuple(c.tool_call_id for c in waiting_calls(stored.messages)), None
+        return _known(waiting_calls(stored.messages)), None
     return await check_and_record_on(stored, tools, payload, record, signer)
 
 
@@ -388,13 +389,19 @@ def _repeats(
     return bool(answers) and all(_echoes(held.get(key), d) for key, d in answers)
 
 
+def _known(waiting: Sequence[PendingCall]) -> dict[str, Any]:
+    """The calls a continuation's client knows (the turn waited for them), each id with
+    its input as stored: what a request the continuation makes for one is signed over."""
+    return {c.tool_call_id: c.input for c in waiting}
+
+
 def _checked(
     stored: Sequence[Message],
     payload: dict[str, Any],
     tools: Mapping[str, Any],
     signer: SessionSigner | None = None,
-) -> tuple[tuple[str, ...], list[tuple[str, Decision]]]:
-    """The ids of the calls the stored turn waits for and the body's answers to record
+) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
+    """The calls the stored turn waits for (:func:`_known`) and the body's answers to record
     (echoes of recorded ones left out), each checked against ``stored``: a body with a
     bad one (or none) raises :class:`ApiError`."""
     message = payload["messages"][-1]
@@ -412,7 +419,7 @@ def _checked(
             _, stored, _, _ = decide(stored, key, decision, tools)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return tuple(c.tool_call_id for c in waiting), answers
+    return _known(waiting), answers
 
 
 async def record_all(
@@ -437,10 +444,10 @@ async def check_and_record(
     payload: dict[str, Any],
     record: RecordAnswer,
     signer: SessionSigner | None = None,
-) -> tuple[tuple[str, ...], Recorded]:
+) -> tuple[dict[str, Any], Recorded]:
     """:func:`record_answers` for session ``session_id`` of ``store``, read from it, each
     answer recorded with ``record`` once all are checked against the stored turn; the
-    ids of the calls the turn waited for, and what the last answer recorded (its
+    calls the turn waited for (:func:`_known`), and what the last answer recorded (its
     ``complete``: whether the answers completed the turn's decisions)."""
     return await check_and_record_on(await store.load(session_id), tools, payload, record, signer)
 
@@ -451,7 +458,7 @@ async def check_and_record_on(
     payload: dict[str, Any],
     record: RecordAnswer,
     signer: SessionSigner | None = None,
-) -> tuple[tuple[str, ...], Recorded]:
+) -> tuple[dict[str, Any], Recorded]:
     """:func:`check_and_record` on the session as the caller read it (``None``: never
     saved), so that the caller can hand the same read to its first decision."""
     stored = stored_record.messages if stored_record is not None else ()

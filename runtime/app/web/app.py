@@ -52,7 +52,7 @@ session ids validated (400), a client that stops reading a stream dropped after
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -344,7 +344,7 @@ class TurnResponse:
         regenerates: str | None = None,
         resume: bool = False,
         decided: Recorded | None = None,
-        announced: tuple[str, ...] = (),
+        announced: Iterable[str] = (),
         keepalive: float = KEEPALIVE,
         send_timeout: float | None = SEND_TIMEOUT,
         background: trio.Nursery | None = None,

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -539,7 +539,7 @@ class FrontEnd:
         after_seq: int | None,
         *,
         after_pauses: int = 0,
-        announced: tuple[str, ...] = (),
+        announced: Iterable[str] = (),
     ) -> Any:
         state = web_state(request)
         return QueuedTurnResponse(
@@ -907,7 +907,7 @@ class FrontEnd:
         turn = await self._active(session_id)
         if turn is None:
             return Response(status_code=204)
-        announced: tuple[str, ...] = ()
+        announced: Iterable[str] = ()
         if turn.resumes:  # a continuation: the calls it answers were streamed before it
             # in the turn's own message: its rows alone, however long the session
             found = await read_turn(self.store, session_id, turn.message_id)

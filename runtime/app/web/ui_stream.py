@@ -67,7 +67,7 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -181,10 +181,18 @@ class UIStreamEncoder:
 
     def __init__(self, announced: Iterable[str] = (), signer: SessionSigner | None = None) -> None:
         self._announced: set[str] = set(announced)
-        """Calls the client knows already: a continuation's waiting calls (docs/approval.md)."""
+        """Calls the client knows already: a continuation's waiting calls (docs/approval.md).
+        Given as a mapping (call id -> the call's input as stored: :func:`~runtime.app.web.
+        answers.record_answers`), a signer signs a request the continuation makes for one
+        of them over that input: a sub-agent asking again on the same calling call
+        (``as_tool(pass_approvals=True)``) streams a new request for a call whose input
+        this stream never showed. Before, that request went out unsigned, and where
+        signatures are required the live client's answer to it was a 403."""
         self._signer = signer
         """Signs approval requests (a secret configured): the session's signer."""
-        self._inputs: dict[str, Any] = {}
+        self._inputs: dict[str, Any] = (
+            dict(announced) if signer is not None and isinstance(announced, Mapping) else {}
+        )
         """With a signer, each call's input as the stream showed it, by call id."""
         self._streamed: dict[str, str] = {}
         self._calls: dict[str, o.ToolCall] = {}
