@@ -258,6 +258,13 @@ def _tool_answers(
     # streamed with (``<call id>.<sub call id>``), not the agent tool's call id
     by_call = {c.approval_id if c.sub_tool else c.tool_call_id: c for c in waiting}
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    # a sub-agent's client calls answered (those before the one the call waits for now,
+    # and its last once the call has its result): the snapshot lists their answers and a
+    # client sends them back with the history (each was a 404)
+    for call_id, wait in list(held.items()):
+        answered.update(a.id for a in wait.sub_answered)
+        if wait.sub_tool is not None and call_id in answered:
+            answered.add(wait.id)
     known = {
         p.tool_call_id
         for m in messages
@@ -288,8 +295,8 @@ def _tool_answers(
         decision = Decision(
             output=output if error is None else None, error=error, has_output=error is None
         )
-        if call.decided:
-            if _echoes(held.get(call_id), decision):
+        if call.decided:  # (its wait is on the call's part: a passed-up one's, the agent tool's)
+            if _echoes(held.get(call.tool_call_id), decision):
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
         out.append((call_id, decision))
