@@ -217,6 +217,52 @@ async def test_an_answer_to_a_sub_call_the_thread_never_made_is_still_404():
     assert r.status_code == 404 and r.json()["code"] == "unknown_tool_call"
 
 
+def _locates_then_pays(request: InferRequest) -> list[Any]:
+    step = current_step(request.messages)
+    if step == 0:
+        return tool_call("locate", {}, tool_call_id="L")
+    if step == 1:
+        return tool_call("wire_money", {"to": "x"}, tool_call_id="W")
+    return [
+        "done: " + ", ".join(str(m.output) for m in request.messages if isinstance(m, ToolMessage))
+    ]
+
+
+def locating_then_paying() -> Agent:
+    """The sub-agent asks for its client tool (``H.L``), then for approval of
+    ``wire_money``: both passed up through ``H``, in turn."""
+    from tests.test_approval_nested_pass import wire_money
+
+    helper = Agent(
+        name="helper",
+        provider=ScriptedProvider(responder=_locates_then_pays),
+        tools=[locate, wire_money],
+    )
+    return Agent(
+        name="top",
+        provider=ScriptedProvider(responder=_parent_model),
+        tools=[helper.as_tool(pass_approvals=True)],
+    )
+
+
+async def test_a_resume_sent_with_the_answer_to_the_sub_call_before_it_goes_on():
+    """The approval the sub-agent passes up after its client call: the resume comes
+    with the client's messages, its answer to ``H.L`` among them (a 404 before)."""
+    history = [user("go", "m1"), answer("H.L", "Paris")]
+    async with web_server(locating_then_paying(), protocols=("ag-ui",)) as server:
+        await run(server, run_input("s", user("go", "m1")))
+        asked = await run(server, run_input("s", *history, runId="r2"))
+        (interrupt,) = asked[-1]["outcome"]["interrupts"]
+        resume = [
+            {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+        ]
+        last = await run(server, run_input("s", *history, resume=resume, runId="r3"))
+    assert interrupt["metadata"] == ASKED
+    assert calls_of(snapshot_of(asked)) == [("H", "helper"), ("H.L", "locate")]
+    assert tool_messages(snapshot_of(asked)) == [("H.L", "Paris")]
+    assert last[-1]["outcome"] == {"type": "success"} and ran == ["x"]
+
+
 # -- the official client ------------------------------------------------------------------
 
 
