@@ -171,3 +171,35 @@ async def test_a_sub_agents_budget_wait_says_what_it_waits_for_and_its_text_ends
         )
     ]
     assert seen["streaming"] == []  # its text came: it went on
+
+
+async def test_a_reload_while_the_turn_waits_for_the_rate_limit_shows_it_as_stored(
+    playwright_sync,
+):
+    """Leaving the stream ends the turn (the embedded app's rule), in the limiter's wait
+    too: the reload shows the turn interrupted and no wait line (a notice is never
+    stored); the next message is answered."""
+    limit = RateLimit(requests_per_minute=1, clock=GatedClock())
+    steps = [[*tool_call("look", {"q": "x"}, tool_call_id="L")], ["Found it."]]
+    agent = Agent(provider=ScriptedProvider(steps, rate_limit=limit), tools=[look])
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        page.locator("#input").fill("look x up")
+        page.locator("#input").press("Enter")
+        expect(page.locator(".notice.wait")).to_have_count(1)
+        page.reload()
+        expect(page.locator(".notice.aborted")).to_contain_text("interrupted")
+        seen["reloaded"] = wait_notices(page)
+        seen["card"] = page.locator(".tool-card").first.get_attribute("data-state")
+        release()
+        page.locator("#input").fill("again")
+        page.locator("#input").press("Enter")
+        expect(page.locator(".msg.assistant .text").last).to_have_text("Found it.")
+        seen["errors"] = page.locator(".notice.error").count()
+
+    async with web_server(agent) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(run_page, playwright_sync, server, act)
+    assert seen["page_errors"] == []
+    assert seen["reloaded"] == [] and seen["card"] == "output-available"
+    assert seen["errors"] == 0
