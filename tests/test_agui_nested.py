@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Tool
@@ -307,3 +308,50 @@ async def test_the_official_client_reconnecting_to_a_passed_up_approval_sees_the
     (assistant,) = [m for m in reconnect["messages"] if m["role"] == "assistant"]
     assert assistant["toolCalls"][0]["metadata"] == {"axon": ASKED}  # kept by the client
     assert approved["outcome"]["type"] == "success" and ran == ["x"]
+
+
+# -- two clients at once ------------------------------------------------------------------
+
+
+async def test_two_clients_answering_a_passed_up_approval_at_once_record_one_the_other_409(
+    monkeypatch,
+):
+    """Both runs read the waiting thread before either records its answer: one runs,
+    the other is refused with a documented code (it was ``AlreadyDecided``, the error
+    class's name, where the same answer coming after gets ``already_answered``)."""
+    from runtime.app.web.agui import AGUIRoutes
+
+    read = AGUIRoutes._stored
+    arrived: list[str] = []
+    both = trio.Event()
+
+    async def stored_together(self: Any, session_id: str) -> Any:
+        record = await read(self, session_id)
+        if ran or both.is_set() or len(arrived) >= 2:
+            return record
+        arrived.append(session_id)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()
+        return record
+
+    async with web_server(parent(), protocols=("ag-ui",)) as server:
+        first = await run(server, run_input("s", user("go", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        monkeypatch.setattr(AGUIRoutes, "_stored", stored_together)
+        replies: dict[bool, Any] = {}
+
+        async def answer_it(approved: bool) -> None:
+            payload = {"approved": approved}
+            resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}]
+            body = run_input("s", user("go", "m1"), resume=resume, runId=f"r-{approved}")
+            replies[approved] = await post(server, body)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_it, True)
+            nursery.start_soon(answer_it, False)
+    statuses = sorted(r.status_code for r in replies.values())
+    assert statuses == [200, 409], {k: r.text for k, r in replies.items()}
+    (refused,) = [r for r in replies.values() if r.status_code == 409]
+    assert refused.json()["code"] in ("already_answered", "thread_busy"), refused.text
+    assert ran == (["x"] if replies[True].status_code == 200 else [])

@@ -139,6 +139,15 @@ _DECISION_STATUS: dict[type, int] = {
 }
 
 
+def _decision_error(exc: DecisionError) -> AGUIError:
+    """A decision the session refused as the run recorded it, in the endpoint's shape.
+    A plain :class:`AlreadyDecided` there is another run's answer recorded since this
+    run read the thread (two clients answering at once): ``already_answered``, the
+    code the same answer gets when it comes after, not the error's class name."""
+    code = "already_answered" if type(exc) is AlreadyDecided else exc.kind
+    return AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), code)
+
+
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:
     return Response(
         utf8_dumps(error.body()),  # a refusal may quote half a character (a stored name)
@@ -748,7 +757,7 @@ class AGUIRoutes:
                     **({"output": decision.output} if decision.has_output else {}),
                 )
         except DecisionError as exc:
-            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+            raise _decision_error(exc) from None
         except SessionBusy:  # another request resumed it meanwhile
             raise AGUIError(
                 409, f"thread {session_id!r} is running a run already", "thread_busy"
@@ -796,7 +805,7 @@ class AGUIRoutes:
                     )
                 )
         except DecisionError as exc:
-            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+            raise _decision_error(exc) from None
         except ApiError as exc:  # (its Retry-After kept: a full queue's, a store's)
             raise AGUIError(
                 exc.status, exc.message, _CODES.get(exc.status), headers=exc.headers
