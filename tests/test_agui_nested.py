@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -313,12 +314,9 @@ async def test_the_official_client_reconnecting_to_a_passed_up_approval_sees_the
 # -- two clients at once ------------------------------------------------------------------
 
 
-async def test_two_clients_answering_a_passed_up_approval_at_once_record_one_the_other_409(
-    monkeypatch,
-):
-    """Both runs read the waiting thread before either records its answer: one runs,
-    the other is refused with a documented code (it was ``AlreadyDecided``, the error
-    class's name, where the same answer coming after gets ``already_answered``)."""
+def read_together(monkeypatch: Any) -> None:
+    """The next two runs each read the thread, then wait for the other to have read it
+    too: both see the approval waiting before either records its answer."""
     from runtime.app.web.agui import AGUIRoutes
 
     read = AGUIRoutes._stored
@@ -327,7 +325,7 @@ async def test_two_clients_answering_a_passed_up_approval_at_once_record_one_the
 
     async def stored_together(self: Any, session_id: str) -> Any:
         record = await read(self, session_id)
-        if ran or both.is_set() or len(arrived) >= 2:
+        if both.is_set() or len(arrived) >= 2:
             return record
         arrived.append(session_id)
         if len(arrived) == 2:
@@ -335,23 +333,44 @@ async def test_two_clients_answering_a_passed_up_approval_at_once_record_one_the
         await both.wait()
         return record
 
-    async with web_server(parent(), protocols=("ag-ui",)) as server:
-        first = await run(server, run_input("s", user("go", "m1")))
-        (interrupt,) = first[-1]["outcome"]["interrupts"]
-        monkeypatch.setattr(AGUIRoutes, "_stored", stored_together)
-        replies: dict[bool, Any] = {}
+    monkeypatch.setattr(AGUIRoutes, "_stored", stored_together)
 
-        async def answer_it(approved: bool) -> None:
-            payload = {"approved": approved}
-            resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": payload}]
-            body = run_input("s", user("go", "m1"), resume=resume, runId=f"r-{approved}")
-            replies[approved] = await post(server, body)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(answer_it, True)
-            nursery.start_soon(answer_it, False)
+async def answer_at_once(url: str, interrupt_id: str) -> dict[bool, Any]:
+    """An approval and a denial of ``interrupt_id``, sent at once: each reply."""
+    replies: dict[bool, Any] = {}
+
+    async def answer_it(approved: bool) -> None:
+        payload = {"approved": approved}
+        resume = [{"interruptId": interrupt_id, "status": "resolved", "payload": payload}]
+        body = run_input("s", user("go", "m1"), resume=resume, runId=f"r-{approved}")
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            replies[approved] = await client.post("/ag-ui", json=body)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer_it, True)
+        nursery.start_soon(answer_it, False)
+    return replies
+
+
+def check_one_recorded(replies: dict[bool, Any]) -> None:
+    """One answer ran, the other was refused with a documented code."""
     statuses = sorted(r.status_code for r in replies.values())
     assert statuses == [200, 409], {k: r.text for k, r in replies.items()}
     (refused,) = [r for r in replies.values() if r.status_code == 409]
     assert refused.json()["code"] in ("already_answered", "thread_busy"), refused.text
     assert ran == (["x"] if replies[True].status_code == 200 else [])
+
+
+async def test_two_clients_answering_a_passed_up_approval_at_once_record_one_the_other_409(
+    monkeypatch,
+):
+    """Both runs read the waiting thread before either records its answer: one runs,
+    the other is refused with a documented code (it was ``AlreadyDecided``, the error
+    class's name, where the same answer coming after gets ``already_answered``)."""
+    async with web_server(parent(), protocols=("ag-ui",)) as server:
+        first = await run(server, run_input("s", user("go", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        read_together(monkeypatch)
+        replies = await answer_at_once(server.url, interrupt["id"])
+    check_one_recorded(replies)

@@ -10,7 +10,17 @@ import pytest
 
 from tests.support.redis import require_redis
 from tests.test_agui import run_input, user
-from tests.test_agui_nested import answer, calls_of, locating, snapshot_of, tool_messages
+from tests.test_agui_nested import (
+    answer,
+    answer_at_once,
+    calls_of,
+    check_one_recorded,
+    locating,
+    read_together,
+    snapshot_of,
+    tool_messages,
+)
+from tests.test_approval_nested_pass import parent, ran
 from tests.test_frontend import deployment
 from tests.test_worker_protocols import agui_run, text_of
 
@@ -38,3 +48,17 @@ async def test_a_reconnecting_client_answers_each_passed_up_client_call_on_a_wor
     assert tool_messages(snapshot_of(later)) == [("H.L0", "Paris")]
     assert text_of(last) == "parent saw: Paris then Rome"
     assert last[-1]["outcome"]["type"] == "success"
+
+
+async def test_two_clients_answering_one_passed_up_approval_at_once_on_a_worker(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front end's decision through the queue refused the later answer as
+    ``AlreadyDecided`` (the class's name) too; now ``already_answered``."""
+    ran.clear()
+    async with deployment(pg_url, redis_url, parent(), protocols=("ag-ui",)) as d:
+        first = await agui_run(d.urls[0], run_input("s", user("go", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        read_together(monkeypatch)
+        replies = await answer_at_once(d.urls[0], interrupt["id"])
+    check_one_recorded(replies)
