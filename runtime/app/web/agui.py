@@ -139,6 +139,15 @@ _DECISION_STATUS: dict[type, int] = {
 }
 
 
+def _decision_error(exc: DecisionError) -> AGUIError:
+    """A decision the session refused as the run recorded it, in the endpoint's shape.
+    A plain :class:`AlreadyDecided` there is another run's answer recorded since this
+    run read the thread (two clients answering at once): ``already_answered``, the
+    code the same answer gets when it comes after, not the error's class name."""
+    code = "already_answered" if type(exc) is AlreadyDecided else exc.kind
+    return AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), code)
+
+
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:
     return Response(
         utf8_dumps(error.body()),  # a refusal may quote half a character (a stored name)
@@ -258,6 +267,13 @@ def _tool_answers(
     # streamed with (``<call id>.<sub call id>``), not the agent tool's call id
     by_call = {c.approval_id if c.sub_tool else c.tool_call_id: c for c in waiting}
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    # a sub-agent's client calls answered (those before the one the call waits for now,
+    # and its last once the call has its result): the snapshot lists their answers and a
+    # client sends them back with the history (each was a 404)
+    for call_id, wait in list(held.items()):
+        answered.update(a.id for a in wait.sub_answered)
+        if wait.sub_tool is not None and call_id in answered:
+            answered.add(wait.id)
     known = {
         p.tool_call_id
         for m in messages
@@ -288,8 +304,8 @@ def _tool_answers(
         decision = Decision(
             output=output if error is None else None, error=error, has_output=error is None
         )
-        if call.decided:
-            if _echoes(held.get(call_id), decision):
+        if call.decided:  # (its wait is on the call's part: a passed-up one's, the agent tool's)
+            if _echoes(held.get(call.tool_call_id), decision):
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
         out.append((call_id, decision))
@@ -741,7 +757,7 @@ class AGUIRoutes:
                     **({"output": decision.output} if decision.has_output else {}),
                 )
         except DecisionError as exc:
-            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+            raise _decision_error(exc) from None
         except SessionBusy:  # another request resumed it meanwhile
             raise AGUIError(
                 409, f"thread {session_id!r} is running a run already", "thread_busy"
@@ -789,7 +805,7 @@ class AGUIRoutes:
                     )
                 )
         except DecisionError as exc:
-            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+            raise _decision_error(exc) from None
         except ApiError as exc:  # (its Retry-After kept: a full queue's, a store's)
             raise AGUIError(
                 exc.status, exc.message, _CODES.get(exc.status), headers=exc.headers

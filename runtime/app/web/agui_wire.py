@@ -65,6 +65,7 @@ from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, PendingCall
 from runtime.chunks import Usage
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     File,
     Image,
     Message,
@@ -187,15 +188,13 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
             else:
                 carried = _provider_encrypted(part)
     text = message.text
-    calls = [
-        {
-            "id": p.tool_call_id,
-            "type": "function",
-            "function": {"name": p.tool_name, "arguments": _json_text(p.input)},
-        }
-        for p in message.content
-        if isinstance(p, ToolCallPart)
-    ]
+    calls: list[dict[str, Any]] = []
+    sub_results: list[dict[str, Any]] = []
+    for p in message.content:
+        if isinstance(p, ToolCallPart):
+            calls.append(_tool_call(p))
+            if p.awaiting is not None:
+                _add_sub_calls(p.awaiting, calls, sub_results)
     assistant: dict[str, Any] = {"id": message.id, "role": "assistant"}
     if text:
         assistant["content"] = text
@@ -210,7 +209,62 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
         assistant["metadata"] = {"axon": axon}
     if text or calls or carried is not None or axon:
         out.append(assistant)
+    out += sub_results
     return out
+
+
+def _tool_call(part: ToolCallPart) -> dict[str, Any]:
+    """A stored call as an AG-UI tool call. An agent tool's call that waits (or waited)
+    for its sub-agent's approval passed up says which sub call asked, in its
+    ``metadata.axon`` (``askedTool``, ``askedArgs``, two and more agents deep
+    ``askedVia``; approved with edits ``editedArgs``, what the sub call ran with): the
+    interrupt's ``metadata`` says it while it waits, and a snapshot (a client
+    reconnecting, the run's closing one) says it on the call the interrupt names."""
+    call: dict[str, Any] = {
+        "id": part.tool_call_id,
+        "type": "function",
+        "function": {"name": part.tool_name, "arguments": _json_text(part.input)},
+    }
+    waiting = part.awaiting
+    if waiting is not None and waiting.asked_tool is not None:
+        asked: dict[str, Any] = {"askedTool": waiting.asked_tool, "askedArgs": waiting.asked_input}
+        if waiting.asked_via:
+            asked["askedVia"] = list(waiting.asked_via)
+        if waiting.edited_input is not None:
+            asked["editedArgs"] = waiting.edited_input
+        call["metadata"] = {"axon": asked}
+    return call
+
+
+def _add_sub_calls(
+    waiting: Awaiting, calls: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> None:
+    """The client tool calls a sub-agent passed up through the agent tool's call that
+    ``waiting`` is stored on (``Awaiting.sub_tool``; those answered before it,
+    ``sub_answered``), as the run streamed them: tool calls of the same assistant
+    message under the ids the client answers (``<call id>.<sub call id>``), and each
+    answer given as a tool message. Without them a snapshot dropped the call a
+    ``pendingToolCallIds`` names (``@ag-ui/client`` replaces its messages with it)."""
+    subs = [*waiting.sub_answered, *((waiting,) if waiting.sub_tool is not None else ())]
+    for sub in subs:
+        calls.append(
+            {
+                "id": sub.id,
+                "type": "function",
+                "function": {"name": sub.sub_tool or "", "arguments": _json_text(sub.sub_input)},
+            }
+        )
+        if not sub.decided:
+            continue
+        result: dict[str, Any] = {
+            "id": result_message_id(sub.id),
+            "role": "tool",
+            "toolCallId": sub.id,
+            "content": sub.error if sub.error is not None else result_content(sub.output),
+        }
+        if sub.error is not None:
+            result["error"] = sub.error
+        results.append(result)
 
 
 def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -284,10 +338,14 @@ def _iso(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
 
 
-def interrupt(call: PendingCall, expires_at: float | None = None) -> dict[str, Any]:
+def interrupt(
+    call: PendingCall, expires_at: float | None = None, via: Sequence[str] = ()
+) -> dict[str, Any]:
     """The ``Interrupt`` an approval the turn waits for is reported as. A sub-agent's
     approval passed up (``PendingCall.asked_tool``) names the sub call that asks, the one
-    ``editedArgs`` edits, in its message and ``metadata`` (``askedTool``, ``askedArgs``)."""
+    ``editedArgs`` edits, in its message and ``metadata`` (``askedTool``, ``askedArgs``;
+    two and more agents deep ``askedVia``, the agent tools between: ``via``, the wait's
+    ``Awaiting.asked_via``)."""
     message = f"Approve {call.tool_name}({_json_text(call.input)})?"
     if call.asked_tool is not None:
         message = (
@@ -303,19 +361,29 @@ def interrupt(call: PendingCall, expires_at: float | None = None) -> dict[str, A
     }
     if call.asked_tool is not None:
         found["metadata"] = {"askedTool": call.asked_tool, "askedArgs": call.asked_input}
+        if via:
+            found["metadata"]["askedVia"] = list(via)
     if expires_at is not None:
         found["expiresAt"] = _iso(expires_at)
     return found
 
 
-def _expiries(messages: Sequence[Message]) -> dict[str, float]:
+def _waits(messages: Sequence[Message]) -> dict[str, Awaiting]:
+    """Each stored wait by its id (what an interrupt reads beyond its ``PendingCall``:
+    the expiry, the agent tools a passed-up approval came through)."""
     return {
-        p.awaiting.id: p.awaiting.expires_at
+        p.awaiting.id: p.awaiting
         for m in messages
         if isinstance(m, AssistantMessage)
         for p in m.content
-        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.awaiting.expires_at
+        if isinstance(p, ToolCallPart) and p.awaiting is not None
     }
+
+
+def _interrupt_of(call: PendingCall, wait: Awaiting | None) -> dict[str, Any]:
+    if wait is None:
+        return interrupt(call)
+    return interrupt(call, wait.expires_at or None, wait.asked_via)
 
 
 def finished(
@@ -330,10 +398,10 @@ def finished(
     the success outcome naming them in ``pendingToolCallIds``."""
     approvals = [c for c in pending if c.kind == APPROVAL]
     if approvals:
-        expiries = _expiries(messages)
+        waits = _waits(messages)
         outcome: dict[str, Any] = {
             "type": "interrupt",
-            "interrupts": [interrupt(c, expiries.get(c.approval_id)) for c in approvals],
+            "interrupts": [_interrupt_of(c, waits.get(c.approval_id)) for c in approvals],
         }
         snapshot = {"type": "MESSAGES_SNAPSHOT", "messages": agui_messages(messages)}
         return [
