@@ -29,7 +29,7 @@ from runtime.messages import (
     TextPart,
     ToolCallPart,
     ToolMessage,
-    shared_schema,
+    stored_schema,
 )
 from runtime.retry import RetryPolicy
 from runtime.tools import (
@@ -501,8 +501,9 @@ def _sub_asked(
     if w.nested:
         if w.asked_tool is None:
             return None
-        return w.asked_tool, w.asked_input, w.schema, (p.tool_name, *w.asked_via)
-    return p.tool_name, p.input, shared_schema(m.content, p), ()
+        via = (p.tool_name, *w.asked_via)
+        return w.asked_tool, w.asked_input, stored_schema(m.content, p), via
+    return p.tool_name, p.input, stored_schema(m.content, p), ()
 
 
 def sub_wait_id(tool_call_id: str, wait_id: str) -> str:

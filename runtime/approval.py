@@ -36,10 +36,11 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    drop_unneeded_schemas,
     is_media_output,
     reads_back_as_media,
-    shared_schema,
-    shares_schema,
+    share_schemas,
+    stored_schema,
 )
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
@@ -293,8 +294,7 @@ def _check(
             decided=True,
             approved=decision.approved,
             reason=_kept(decision.reason, max_chars),
-            schema=None,  # (what checked an edit: of no use once decided)
-        )
+        )  # (its stored schema, if no other wait names it, goes: drop_unneeded_schemas)
     if decision.edited_input is not None:
         raise InvalidDecision(
             f"call {part.tool_call_id!r} ({part.tool_name}) is a client-side tool: its input "
@@ -330,7 +330,9 @@ def _check(
     )
 
 
-def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> Any:
+def _edited(
+    part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], schema: Any = None
+) -> Any:
     """The edited input ``decision`` approves ``part`` with, as the store will give it
     back (JSON), or :class:`InvalidDecision`: an edit goes with ``approved=True`` only
     (a denied call never runs, so an edit of it would be stored as if it had meant
@@ -338,8 +340,9 @@ def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) ->
     input did before the call waited: an input the tool would refuse would otherwise be
     approved and then fail as the tool's error.
 
-    The check is the one the model's input had (:func:`_edit_check`): the schema stored
-    with the wait when no code holds it (an MCP server's tool, listed at run time), else
+    The check is the one the model's input had (:func:`_edit_check`): ``schema``, the one
+    stored for the wait when no code holds it (an MCP server's tool, listed at run time,
+    :func:`~runtime.messages.stored_schema`), else
     the tool's own by its name. A call whose sub-agent asked (``pass_approvals=True``)
     is an edit of the sub-agent's call (``Awaiting.asked_tool``/``asked_input``), not of
     the agent tool's prompt, checked against that tool's schema.
@@ -373,7 +376,7 @@ def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) ->
         raise InvalidDecision(
             f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
         )
-    check, schema = _edit_check(part, name, tools)
+    check, schema = _edit_check(part, name, tools, schema)
     if check is None:  # the tool is gone (a redeploy): nothing to check the edit with
         raise InvalidDecision(
             f"{where}: the tool is not available here, so an edited input cannot be checked"
@@ -406,17 +409,17 @@ def _edited(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) ->
 
 
 def _edit_check(
-    part: ToolCallPart, name: str, tools: Mapping[str, Any]
+    part: ToolCallPart, name: str, tools: Mapping[str, Any], stored: Any
 ) -> tuple[Callable[[Any], Any] | None, Any]:
     """What checks an edit of ``part`` (of the call of tool ``name`` it stands for) and
-    the schema whose keys it may name: the schema stored with the wait, when there is one
+    the schema whose keys it may name: ``stored``, the schema stored for the wait, when
+    there is one
     (an MCP server's tool, the one the model was given, checked as the tool checks it,
     whether or not this process has that server's session), else the tool by its name
     (for a nested approval, the sub-agent's tool the agent tool finds). ``None``: no
     check here."""
     waiting = part.awaiting
     assert waiting is not None
-    stored = waiting.schema
     if isinstance(stored, dict):
         try:
             validator = _stored_validator(orjson.dumps(stored, option=orjson.OPT_SORT_KEYS))
@@ -494,9 +497,14 @@ def _echoed(text: str) -> str:
 
 
 def _decided_part(
-    part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
+    part: ToolCallPart,
+    decision: Decision,
+    tools: Mapping[str, Any],
+    max_chars: int | None,
+    schema: Any = None,
 ) -> ToolCallPart:
     """``part`` with ``decision`` in it: its :class:`Awaiting` decided (:func:`_check`)
+    (an edit checked against ``schema``, the one stored for it, if any)
     and, approved with an edited input, that input as the call's own, the model's kept
     in :attr:`~runtime.messages.Awaiting.original_input`. The call's input is replaced,
     not shadowed, so everything that reads a call (the continuation that runs it, each
@@ -505,7 +513,7 @@ def _decided_part(
     waiting = _check(part, decision, tools, max_chars)
     if decision.edited_input is None:
         return attrs.evolve(part, awaiting=waiting)
-    edited = _edited(part, decision, tools)
+    edited = _edited(part, decision, tools, schema)
     if waiting.nested:  # the sub-agent's call is edited, as the call runs again
         if same_input(edited, waiting.asked_input):
             return attrs.evolve(part, awaiting=waiting)
@@ -611,13 +619,19 @@ def _decide(
         _check_owner(message, call, key)
         if now is not None:
             _check_deadline(message, call, key, now)
-    content = tuple(
-        _decided_part(_with_schema(message.content, p), decision, tools, max_chars)
+    parts = list(message.content)
+    share_schemas(parts)  # (a record stored before refs: given them, so none is lost)
+    at = next(
+        i
+        for i, p in enumerate(parts)
         if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
-        else p
-        for p in message.content
     )
-    content = _schema_passed_on(message.content, content, call.tool_call_id)
+    decided_part = parts[at]
+    assert isinstance(decided_part, ToolCallPart)
+    schema = stored_schema(parts, decided_part)
+    parts[at] = _decided_part(decided_part, decision, tools, max_chars, schema)
+    drop_unneeded_schemas(parts)
+    content = tuple(parts)
     out = list(messages)
     out[index] = attrs.evolve(message, content=content)
     if decision.edited_input is not None:
@@ -637,38 +651,6 @@ def _decide(
     call = attrs.evolve(call, decided=True)
     after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
     return index, tuple(out), call, after
-
-
-def _with_schema(content: Sequence[Any], part: ToolCallPart) -> ToolCallPart:
-    """``part`` with the schema it shares (:func:`shared_schema`) on its wait."""
-    waiting = part.awaiting
-    if waiting is None or waiting.schema is not None:
-        return part
-    schema = shared_schema(content, part)
-    if schema is None:
-        return part
-    return attrs.evolve(part, awaiting=attrs.evolve(waiting, schema=schema))
-
-
-def _schema_passed_on(
-    before: Sequence[Any], after: tuple[Any, ...], decided: str
-) -> tuple[Any, ...]:
-    """``after`` (a message's parts, call ``decided`` just decided, its schema dropped),
-    with the schema it carried for the other waiting calls of its tool (``before``)
-    put on the first of them that is still undecided."""
-    part = next(p for p in before if isinstance(p, ToolCallPart) and p.tool_call_id == decided)
-    waiting = part.awaiting
-    if waiting is None or waiting.schema is None or waiting.nested:
-        return after
-    name, schema = part.tool_name, waiting.schema
-    if any(shares_schema(p, name) and p.awaiting.schema is not None for p in after):
-        return after
-    heir = next((i for i, p in enumerate(after) if shares_schema(p, name)), None)
-    if heir is None:
-        return after
-    out = list(after)
-    out[heir] = attrs.evolve(out[heir], awaiting=attrs.evolve(out[heir].awaiting, schema=schema))
-    return tuple(out)
 
 
 def _check_owner(message: AssistantMessage, call: PendingCall, key: str) -> None:
@@ -946,8 +928,9 @@ def supersede(
             and any(c.tool_call_id == p.tool_call_id for c in waiting)
         ):
             w = p.awaiting
+            w = attrs.evolve(w, schema=None)  # (nothing waits: no edit to check)
             if not w.decided:
-                w = attrs.evolve(w, decided=True, reason=reason, schema=None)
+                w = attrs.evolve(w, decided=True, reason=reason)
                 w = attrs.evolve(w, approved=False) if w.kind == APPROVAL else w
                 if w.kind == CLIENT:
                     w = attrs.evolve(w, error=reason)

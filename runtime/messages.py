@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
+import orjson
 
 from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import InvalidMedia
@@ -128,10 +130,19 @@ class Awaiting:
     server's tool (listed by the host's MCP actor at run time, :meth:`~runtime.tools.Tool.
     stored_schema`), or a nested approval's (:attr:`asked_tool`) when its call is one. An
     edit (``respond(id, approved=True, edited_input=...)``) is checked against it, in
-    any process, with or without that server's session open. Stored once a step and
-    tool, on one waiting call of it (the others share it: :func:`shared_schema`); the
-    decision drops it, passing it on to the tool's next call still waiting (``None``
-    once decided, and for every other call)."""
+    any process, with or without that server's session open. Stored once a message:
+    every wait given one names it (:attr:`schema_ref`), and only the first of them
+    holds it (:func:`share_schemas`); it is dropped once no call that names it waits
+    (:func:`drop_unneeded_schemas`). Read it with :func:`stored_schema`, never from
+    here alone. A record stored before :attr:`schema_ref` existed holds a copy on each
+    waiting call (the oldest), or one a step and tool on one undecided call of it, the
+    others finding it by the tool's name."""
+    schema_ref: str | None = None
+    """The stored schema's name (:func:`schema_ref`, a digest of its JSON), on each wait
+    given one: the wait whose :attr:`schema` holds it is found by it, in the same
+    message, whatever its call's tool or depth (100 sub-agent calls passing up the same
+    tool's approval keep one copy, not 100). ``None``: no schema stored, or a record
+    stored before the field existed."""
     asked_tool: str | None = None
     """A nested wait (:attr:`nested`) of kind ``"approval"``: the name of the sub-agent's
     tool whose call asks (two agents deep, the one the sub-session's own nested wait
@@ -560,35 +571,114 @@ class ToolMessage:
 Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 
-def shares_schema(part: Any, name: str) -> bool:
-    """Whether ``part`` is an undecided approval of tool ``name`` whose wait may carry
-    the step's one stored schema of it (:func:`shared_schema`)."""
+def schema_ref(schema: Any) -> str:
+    """The name a stored schema goes by (:attr:`Awaiting.schema_ref`): a digest of its
+    JSON, keys sorted, so equal schemas share one copy however they were listed."""
+    data = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _waits(part: Any) -> bool:
+    """Whether ``part`` is a call that waits, undecided."""
     return (
-        isinstance(part, ToolCallPart)
-        and part.tool_name == name
-        and part.awaiting is not None
-        and part.awaiting.kind == "approval"
-        and not part.awaiting.nested
-        and not part.awaiting.decided
+        isinstance(part, ToolCallPart) and part.awaiting is not None and not part.awaiting.decided
     )
 
 
-def shared_schema(content: Sequence[Any], part: ToolCallPart) -> Any:
+def stored_schema(content: Sequence[Any], part: ToolCallPart) -> Any:
     """The schema an edit of ``part`` (a waiting call of ``content``, an assistant
-    message's) is checked against: its wait's own (:attr:`~runtime.messages.Awaiting.
-    schema`), else the one an undecided call of the same tool in the same message
-    carries. A step stores an MCP tool's schema once, on its first waiting call of it
-    (``actors/turn/tool_calls.py``), not on each: 100 calls of a
-    tool with a 31 KB schema stored 3.1 MB, and denying them one by one wrote 155 MB
-    (each decision saves the message), against 25 KB and 2.5 MB."""
+    message's) is checked against (:attr:`Awaiting.schema`): its wait's own, else the
+    one a part of the message holds under its :attr:`~Awaiting.schema_ref`. A message
+    stores each schema once (:func:`share_schemas`): a copy a call, 100 calls of a tool
+    with a 31 KB schema stored 3.1 MB, and deciding them one by one wrote 155 MB (each
+    decision saves the message), against 60 KB and 5.9 MB; 100 sub-agent calls each
+    passing up its call of that tool, the same (80 KB and 8 MB). A wait stored before refs existed
+    without a copy of its own (one a step and tool) finds an undecided call of its
+    tool's, not nested, that holds one."""
     waiting = part.awaiting
-    if waiting is None or waiting.schema is not None or waiting.nested:
+    if waiting is None or waiting.schema is not None:
         return None if waiting is None else waiting.schema
+    ref = waiting.schema_ref
+    if ref is not None:
+        return next(
+            (
+                p.awaiting.schema
+                for p in content
+                if isinstance(p, ToolCallPart)
+                and p.awaiting is not None
+                and p.awaiting.schema_ref == ref
+                and p.awaiting.schema is not None
+            ),
+            None,
+        )
+    if waiting.nested or waiting.kind != "approval":
+        return None
     return next(
-        (
-            p.awaiting.schema
-            for p in content
-            if shares_schema(p, part.tool_name) and p.awaiting.schema is not None
-        ),
+        (p.awaiting.schema for p in content if _legacy_carrier(p, part.tool_name)),
         None,
     )
+
+
+def _legacy_carrier(part: Any, name: str) -> bool:
+    """Whether ``part`` holds the one schema of tool ``name`` for its step's other
+    calls, as a record stored before :attr:`Awaiting.schema_ref` existed did."""
+    return (
+        _waits(part)
+        and part.tool_name == name
+        and part.awaiting.kind == "approval"
+        and not part.awaiting.nested
+        and part.awaiting.schema is not None
+        and part.awaiting.schema_ref is None
+    )
+
+
+def share_schemas(parts: list[Any]) -> None:
+    """Name each stored schema of the waiting calls of ``parts`` (in place, an assistant
+    message's content): every wait given one gets its :attr:`~Awaiting.schema_ref`, and
+    only the first wait of each keeps the schema itself. A record stored before refs
+    existed, whose calls of one tool shared their step's copy by the tool's name, is
+    given refs the same way (its calls without a copy name the one they shared), so
+    whichever is decided first, the others still find it."""
+    refs: dict[int, str] = {}  # (by the schema's identity: one tool's calls share it)
+    kept: set[str] = set()
+    before = tuple(parts)  # (what a record stored before refs shared, found by name)
+    for i, p in enumerate(before):
+        if not _waits(p):
+            continue
+        w = p.awaiting
+        schema = w.schema if w.schema is not None else _legacy_schema(before, p)
+        if schema is None:
+            continue
+        ref = w.schema_ref or refs.get(id(schema))
+        if ref is None:
+            ref = refs[id(schema)] = schema_ref(schema)
+        keep = schema if ref not in kept else None
+        kept.add(ref)
+        if (w.schema, w.schema_ref) != (keep, ref):
+            parts[i] = attrs.evolve(p, awaiting=attrs.evolve(w, schema=keep, schema_ref=ref))
+
+
+def _legacy_schema(parts: Sequence[Any], part: ToolCallPart) -> Any:
+    """The schema ``part``'s wait shared by its tool's name (a record stored before
+    refs), if it has no ref of its own."""
+    w = part.awaiting
+    if w is None or w.schema_ref is not None or w.nested or w.kind != "approval":
+        return None
+    return next((p.awaiting.schema for p in parts if _legacy_carrier(p, part.tool_name)), None)
+
+
+def drop_unneeded_schemas(parts: list[Any]) -> None:
+    """Drop (in place) each stored schema that no undecided wait of ``parts`` names: a
+    decided call's check is made, and a decided call that holds a schema keeps it only
+    while another waits that names it."""
+    needed = {p.awaiting.schema_ref for p in parts if _waits(p)}
+    for i, p in enumerate(parts):
+        if not isinstance(p, ToolCallPart) or p.awaiting is None:
+            continue
+        w = p.awaiting
+        if (
+            w.schema is not None
+            and w.decided
+            and (w.schema_ref is None or w.schema_ref not in needed)
+        ):
+            parts[i] = attrs.evolve(p, awaiting=attrs.evolve(w, schema=None))

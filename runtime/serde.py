@@ -67,6 +67,7 @@ converter.register_unstructure_hook_factory(
         counted=override(omit_if_default=True),
         original_input=override(omit_if_default=True),
         schema=override(omit_if_default=True),
+        schema_ref=override(omit_if_default=True),
         asked_tool=override(omit_if_default=True),
         asked_input=override(omit_if_default=True),
         asked_via=override(omit_if_default=True),

@@ -306,9 +306,10 @@ async def test_a_steps_calls_of_one_tool_store_its_schema_once_and_each_edit_is_
 ):
     """Three waiting calls of ``add`` in one step store the schema once, on the first
     (each call's copy made 100 calls of a 31 KB schema 3.1 MB, and deciding them one by
-    one wrote 155 MB). Decided on a host without the server (a front end's case), the
-    first decided passes it on to the next still waiting: every call's edit is checked
-    against it, whichever order they are decided in, and none is left at the end."""
+    one wrote 155 MB), the others naming it (``Awaiting.schema_ref``). Decided on a host
+    without the server (a front end's case), the copy stays on its call, decided or not,
+    while another call names it: every call's edit is checked against it, whichever
+    order they are decided in, and none is left at the end."""
     provider = ScriptedProvider(
         [
             [c for i in range(3) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")],

@@ -87,6 +87,9 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
         return st.none()
     if origin is tuple and typing.get_args(tp)[:1] == (str,):  # (names: asked_via)
         return st.lists(st.text(max_size=4), max_size=3).map(tuple)
+    if origin is tuple and typing.get_args(tp)[:1] == (messages.Awaiting,):  # sub_answered
+        earlier = _builds(messages.Awaiting, sub_answered=st.just(()))
+        return st.lists(earlier, max_size=2).map(tuple)
     if origin is tuple:
         return st.lists(st.sampled_from(_sample_parts()), max_size=4).map(tuple)
     if origin is dict:
@@ -96,16 +99,16 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
     raise NotImplementedError(tp)
 
 
-def _builds(cls: type) -> st.SearchStrategy:
+def _builds(cls: type, **given: st.SearchStrategy) -> st.SearchStrategy:
     hints = typing.get_type_hints(cls)
     if cls is output.ToolStream:  # its payload is itself an output chunk
         hints["chunk"] = output.TextDelta
     return st.builds(
         cls,
         **{
-            f.name: _strategy_for(hints[f.name])
+            f.name: given[f.name] if f.name in given else _strategy_for(hints[f.name])
             for f in attrs.fields(cls)
-            if f.init and f.name != "id"
+            if f.init and (f.name != "id" or cls is messages.Awaiting)
         },
     )
 
@@ -162,6 +165,16 @@ def test_output_chunk_json_has_its_type_string(cls, data):
 def test_every_stream_chunk_round_trips(cls, data):
     chunk = data.draw(_builds(cls))
     assert serde.from_json(serde.to_json(chunk), chunks.StreamChunk) == chunk
+
+
+@given(waiting=_builds(messages.Awaiting))
+def test_a_waiting_calls_wait_round_trips_through_json(waiting):
+    """Every field of a stored wait (``schema_ref`` and ``schema``, the earlier waits of
+    ``sub_answered``...) comes back as it was saved."""
+    part = messages.ToolCallPart(
+        tool_call_id="c", tool_name="t", input={}, step=0, awaiting=waiting
+    )
+    assert serde.from_json(serde.to_json(part), messages.Part) == part
 
 
 @pytest.mark.parametrize("message", _sample_messages(), ids=lambda m: m.role)

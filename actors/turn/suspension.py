@@ -50,6 +50,7 @@ from runtime.messages import (
     TextPart,
     ToolCallPart,
     ToolMessage,
+    share_schemas,
 )
 from runtime.results import truncate_output
 from runtime.tools import Tool, ToolContext, agent_depth, own_input
@@ -223,10 +224,14 @@ def expiry_time(host: TurnHost, agent: Agent) -> float | None:
 def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
     """Put each held call's :class:`Awaiting` on its part (in place). A call held again
     (its sub-agent asks once more) keeps the sub calls the caller answered before
-    (``Awaiting.sub_answered``): the stream showed each, so the stored form does too."""
+    (``Awaiting.sub_answered``): the stream showed each, so the stored form does too.
+    Each schema the waits store is stored once (:func:`~runtime.messages.share_schemas`:
+    each held call of an MCP tool, and each sub-agent call passing up a call of one,
+    is given the whole schema here)."""
     for i, p in enumerate(parts):
         if isinstance(p, ToolCallPart) and p.tool_call_id in held:
             parts[i] = attrs.evolve(p, awaiting=_carried(p.awaiting, held[p.tool_call_id]))
+    share_schemas(parts)
 
 
 def _carried(before: Awaiting | None, now: Awaiting) -> Awaiting:

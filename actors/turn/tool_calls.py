@@ -70,7 +70,6 @@ class ToolCalling:
         over: str | None = None
         tools = {t.name: t for t in await self._tools(turn)}
         approver = self.host.approves_in_process()
-        schemas: set[str] = set()  # the tools whose schema a held call of the step stores
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -101,19 +100,15 @@ class ToolCalling:
                 context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
                 kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
                 if kind is not None:
-                    # (one stored schema a tool, on its first held call: messages.shared_schema)
-                    tool = None if call.tool_name in schemas else tools.get(call.tool_name)
-                    held = awaiting(
+                    # (its schema, if stored, is stored once a message: mark_held)
+                    turn.held[call.tool_call_id] = awaiting(
                         kind,
                         call.tool_call_id,
                         turn.turn_id,
                         expiry_time(self.host, self.agent),
                         caller_of(turn.meta),
-                        tool,
+                        tools.get(call.tool_name),
                     )
-                    if held.schema is not None:
-                        schemas.add(call.tool_name)
-                    turn.held[call.tool_call_id] = held
                     continue
                 runnable.append(
                     ToolCallSpec(
