@@ -121,8 +121,10 @@ class Awaiting:
     original_input: Any = None
     """The input the model gave, when a person approved the call with an edited input
     (``respond(id, approved=True, edited_input=...)``): the part's ``input`` is then the
-    edited one, the input the tool ran with and every provider replays, so the call the
-    model reads and its result agree; this keeps the model's own for audit. ``None``
+    edited one, the input the tool ran with; this keeps the model's own, which every
+    provider is replayed (the edit told in the call's result, so signed reasoning before
+    the call goes back with the turn exactly as returned:
+    :func:`runtime.history.replay_edits`), and for audit. ``None``
     (and every record stored before the field existed): not edited (a call's input is
     always an object, never ``None``)."""
     schema: Any = None
