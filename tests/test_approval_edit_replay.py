@@ -6,12 +6,13 @@ the real SDK client against a loopback server; the stored message keeps the edit
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import attrs
 
-from actors.providers import AnthropicProvider, OpenAIProvider
+from actors.providers import AnthropicProvider, GeminiProvider, OpenAIProvider
 from runtime import Agent, Host, tool
 from runtime.history import EDIT_NOTE, iter_turns, replay_edits
 from runtime.messages import (
@@ -22,6 +23,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
 )
+from tests import test_provider_gemini as gm
 from tests import test_provider_openai_responses as rs
 from tests.support.approval_replay import (
     decide_from_a_new_host,
@@ -224,3 +226,30 @@ def test_a_message_without_an_edit_is_handed_over_as_it_is():
     results = [result(output="x")]
     ((_, sent, out),) = iter_turns([msg, *results])
     assert sent is msg and out == results
+
+
+def gemini(url: str) -> GeminiProvider:
+    return GeminiProvider(gm.MODEL, base_url=url, api_key=gm.KEY)
+
+
+async def test_gemini_replays_the_signed_call_with_the_models_args_and_tells_the_edit(tmp_path):
+    """Gemini signs the function call part itself: its signature goes back on the
+    model's own ``args``."""
+    sig = base64.b64encode(b"signed-call").decode()
+    call = {"functionCall": {"name": "lookup", "args": {"key": "a"}}, "thoughtSignature": sig}
+    first = gm.inline(gm.candidate([call], "STOP")).body
+    answer = gm.inline(gm.candidate([{"text": "ok"}], "STOP")).body
+    result, requests = await decide_from_a_new_host(
+        tmp_path, gemini, first, answer, approved=True, edited_input={"key": "b"}
+    )
+    assert ran == ["b"] and result is not None and result.finish_reason == "stop"
+    contents = requests[1].json()["contents"]
+    assert [c["role"] for c in contents] == ["user", "model", "user"]
+    (sent,) = contents[1]["parts"]
+    assert sent["functionCall"]["args"] == {"key": "a"}
+    assert sent["thoughtSignature"] == gm.wire(sig)
+    (response,) = contents[2]["parts"]
+    assert response["functionResponse"] == {
+        "name": "lookup",
+        "response": {"output": f"{NOTE_B}\n\nvalue-b"},
+    }
