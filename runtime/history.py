@@ -269,7 +269,7 @@ def iter_turns(messages: Sequence[Message]) -> Iterator[tuple[str, Any, list[Too
                     if (
                         part.__class__ is ToolCallPart
                         and part.awaiting is not None
-                        and part.awaiting.original_input is not None
+                        and part.awaiting.edit_in_result
                     ):
                         msg, results = replay_edits(msg, results)
                         break
@@ -311,9 +311,10 @@ def replay_edits(
     for part in msg.content:
         if isinstance(part, ToolCallPart):
             calls.add((part.tool_call_id, part.step))
-            if part.awaiting is not None and part.awaiting.original_input is not None:
+            wait = part.awaiting
+            if wait is not None and wait.edit_in_result and wait.original_input is not None:
                 edits[(part.tool_call_id, part.step)] = part.input
-                part = attrs.evolve(part, input=part.awaiting.original_input)
+                part = attrs.evolve(part, input=wait.original_input)
         content.append(part)
     by_id = {call_id: edit for (call_id, _), edit in reversed(edits.items())}
     out = []

@@ -110,12 +110,15 @@ async def test_anthropic_requests_after_the_edit_only_append_to_the_replayed_tur
             await session.respond(
                 waited.pending[0].approval_id, approved=True, edited_input={"key": "b"}
             )
+        async with Host.open(store=db, log_tap=False) as host:  # as the store reads it back
+            session = await host.open_session(agent, session_id="s")
             call = session.messages[1].content[1]
     continuation, after = (r.json()["messages"] for r in server.requests[1:])
     assert server.requests[1].json()["thinking"]["type"] == "enabled"
     assert after[:3] == continuation
     assert after[3]["content"][0] == {**THOUGHT, "signature": "sig-2"}
     assert (call.input, call.awaiting.original_input) == ({"key": "b"}, {"key": "a"})
+    assert call.awaiting.edit_in_result is True
 
 
 async def test_openai_responses_replays_reasoning_and_the_models_call_and_tells_the_edit(
@@ -186,6 +189,7 @@ def edited(call_id: str = "c1", step: int = 0) -> ToolCallPart:
         decided=True,
         approved=True,
         original_input={"key": "a"},
+        edit_in_result=True,
     )
     return ToolCallPart(
         tool_call_id=call_id, tool_name="lookup", input={"key": "b"}, step=step, awaiting=wait
@@ -253,3 +257,13 @@ async def test_gemini_replays_the_signed_call_with_the_models_args_and_tells_the
         "name": "lookup",
         "response": {"output": f"{NOTE_B}\n\nvalue-b"},
     }
+
+
+def test_an_edit_stored_before_the_rule_is_replayed_as_it_was_then():
+    """No ``edit_in_result``: the session's requests had the edit as the call's input,
+    and later thinking was signed over that; changing it now would invalidate it."""
+    old = attrs.evolve(edited(), awaiting=attrs.evolve(edited().awaiting, edit_in_result=False))
+    msg = AssistantMessage(content=(old,))
+    results = [result(output="value-b")]
+    ((_, sent, out),) = iter_turns([msg, *results])
+    assert sent is msg and sent.content[0].input == {"key": "b"} and out == results
