@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from actors.stores.sqlite import SQLiteStore
 from runtime.errors import StoreConflict
@@ -247,3 +248,88 @@ async def test_a_damaged_head_is_left_for_its_reads_to_refuse_not_written_whole(
     finally:
         await store.aclose()
     assert _stored(path) == ([("s", 1)], 1)
+
+
+async def test_a_save_in_a_transaction_writes_the_heads_left_whole_too(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save with a guard (a transaction, not the save function's call) of a session
+    this store segmented folds the heads left and deletes the segments in its commit."""
+    from actors.stores import postgres
+
+    monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
+    store = await postgres.PostgresStore.open(pg_url)
+    try:
+        version = await _killed_mid_answer(store)
+        later = [UserMessage(content="more", id="u2"), _answer(1, "b")]
+        await store.save("s", 2, later, expected_version=version, guard=lambda conn: None)
+        stored = await _pg_stored(store)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert stored == ([], 0)
+    assert record is not None and record.messages[1:] == (_answer(3), *later)
+
+
+class _CompactingAfterFirstRead:
+    """A reader's connection on which another process's save folds the session's head
+    right after the read's first statement (which saw the head), before the read's
+    transaction that reads the rows again and the segments."""
+
+    def __init__(self, conn: Any, path: Path) -> None:
+        self._conn, self._path, self.folded = conn, path, False
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        result = self._conn.execute(sql, *args)
+        if not self.folded and "LEFT JOIN messages" in sql:
+            self.folded = True
+            result = list(result.fetchall())
+            trio.from_thread.run(_next_turn_saved, self._path)
+            return _Rows(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _Rows:
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
+async def _next_turn_saved(path: Path) -> None:
+    other = await SQLiteStore.open(path)
+    try:
+        record = await other.load("s")
+        assert record is not None
+        later = [UserMessage(content="more", id="u2"), _answer(1, "b")]
+        await other.save("s", 2, later, expected_version=record.version)
+    finally:
+        await other.aclose()
+
+
+async def test_a_read_that_saw_a_head_before_another_process_folded_it_reads_it_whole(
+    tmp_path: Path,
+) -> None:
+    """SQLite: a load's first statement sees the head; another process's save folds it
+    and deletes its segments before the load's transaction reads the rows again with
+    the segments: the load reads the whole row (one snapshot), never a head without
+    its segments."""
+    path = tmp_path / "s.db"
+    writer = await SQLiteStore.open(path)
+    reader = await SQLiteStore.open(path)
+    try:
+        await _killed_mid_answer(writer)
+        spy = _CompactingAfterFirstRead(reader._conn, path)
+        reader._conn = spy  # type: ignore[assignment]
+        record = await trio.to_thread.run_sync(reader._read, "s", None)
+        reader._conn = spy._conn
+    finally:
+        await writer.aclose()
+        await reader.aclose()
+    assert spy.folded and _stored(path) == ([], 0)
+    assert record is not None and record.messages[1] == _answer(3)
+    assert len(record.messages) == 4
