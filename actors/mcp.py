@@ -35,9 +35,9 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
-import orjson
 import trio
 
+from actors.mcp_lines import Lines, line_transport
 from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
@@ -820,7 +820,6 @@ _STDIO_INTERNALS = (
     "get_default_environment",
     "_drain_stdout",
     "_stop_server_process",
-    "_aclose_all",
     "_WRITER_FLUSH_TIMEOUT",
 )
 """What :func:`_stdio_client` borrows of ``mcp.client.stdio`` (2.3): names the package
@@ -848,84 +847,39 @@ async def _stdio_client(
     server: Any, limit: int, too_long: Callable[[int], None]
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The ``mcp`` package's ``stdio_client``, with its process handling (spawn, the
-    shutdown sequence, the tree kill), reading the server's stdout in bounded lines.
+    shutdown sequence, the tree kill), reading the server's stdout in bounded lines
+    (:func:`~actors.mcp_lines.line_transport`).
 
     Its own reader joined each chunk to the line so far and split it all again: a
     result of a few megabytes (a file a server read) took the event loop seconds to
     minutes of CPU, every session of the host stalled, and a line without end was
-    buffered without end. Here the search for the newline resumes where it stopped,
-    and a line longer than ``limit`` ends the connection (``too_long(limit)`` first).
-    Bytes that are not UTF-8 make the line a parse error, as any other garbage line."""
-    import anyio
-    import anyio.lowlevel
+    buffered without end. It also dropped a line it could not read, which left the
+    request that line answered waiting its timeout: :class:`~actors.mcp_lines.Lines`
+    fails it at once, quoting the line without the server's ``env`` values."""
     from mcp.client import stdio
 
     command = await stdio._get_executable_command(server.command)
+    env = server.env or {}
     process = await stdio._create_platform_compatible_process(
         command=command,
         args=server.args,
-        env=stdio.get_default_environment() | (server.env or {}),
+        env=stdio.get_default_environment() | env,
         errlog=sys.stderr,
         cwd=server.cwd,
     )
-    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
-    writer_done = anyio.Event()
-
-    async def stdout_reader() -> None:
-        assert process.stdout is not None
-        buffer, scanned = bytearray(), 0
-        try:
-            async with read_writer:  # closed first: the session sees the end at once
-                while True:
-                    while (end := buffer.find(b"\n", scanned)) < 0:
-                        if len(buffer) > limit:
-                            too_long(limit)
-                            return
-                        scanned = len(buffer)
-                        buffer += await process.stdout.receive(65536)
-                    if end > limit:  # its end came with the read that passed the limit
-                        too_long(limit)
-                        return
-                    line = buffer[:end].decode(server.encoding, errors="replace")
-                    del buffer[: end + 1]
-                    scanned = 0
-                    await read_writer.send(_parse_line(line))
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        except ConnectionError:
-            pass
-        finally:
-            del buffer
-            await stdio._drain_stdout(process)  # until the shutdown closes the pipe
-
-    async def stdin_writer() -> None:
-        assert process.stdin is not None
-        try:
-            async with write_reader:
-                async for message in write_reader:
-                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((text + "\n").encode(server.encoding))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()  # the session sees the connection end
-        finally:
-            writer_done.set()
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(stdout_reader)
-        tasks.start_soon(stdin_writer)
-        try:
-            yield read_stream, write_stream
-        finally:
-            with anyio.CancelScope(shield=True):
-                read_stream.close()
-                write_stream.close()
-                with anyio.move_on_after(stdio._WRITER_FLUSH_TIMEOUT):
-                    await writer_done.wait()
-                await stdio._stop_server_process(process)
-                await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
-                await anyio.lowlevel.checkpoint()
-            tasks.cancel_scope.cancel()
+    assert process.stdout is not None and process.stdin is not None
+    async with line_transport(
+        functools.partial(process.stdout.receive, 65536),
+        process.stdin.send,
+        lines=Lines(secrets=env.values()),
+        limit=limit,
+        too_long=too_long,
+        encoding=server.encoding,
+        drain=functools.partial(stdio._drain_stdout, process),
+        stop=functools.partial(stdio._stop_server_process, process),
+        flush_timeout=stdio._WRITER_FLUSH_TIMEOUT,
+    ) as streams:
+        yield streams
 
 
 HTTP_STATUS = "axon.httpStatus"
@@ -1063,60 +1017,6 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
 
     timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
     return httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Transport())
-
-
-def _parse_line(line: str) -> Any:
-    """A line of a stdio server as a message, or an exception saying what is wrong with
-    it without its text. The ``mcp`` package's parser logged the line (a pydantic error
-    quotes it, cut to ``'sk-ant-api...QQQ'``, past the redaction of the key it held),
-    and its error, which the actor logs, quoted it too."""
-    import mcp_types
-    from mcp.shared.message import SessionMessage
-    from pydantic import ValidationError
-
-    try:
-        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValidationError as exc:
-        why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
-        error = f"a line of {len(line)} characters is no JSON-RPC message: {why}"
-    except ValueError:
-        error = f"a line of {len(line)} characters is no JSON-RPC message"
-    else:
-        return SessionMessage(message)
-    answered = _answered_id(line)
-    if answered is None:
-        return MCPServerError(error)
-    # The answer to a request of ours: the request fails with it now. Logged and dropped,
-    # it left the request waiting for its timeout: a listing, 30 s for nothing.
-    failed = mcp_types.JSONRPCError(
-        jsonrpc="2.0",
-        id=answered,
-        error=mcp_types.ErrorData(
-            code=UNREADABLE_ANSWER, message=f"its answer could not be read: {error}"
-        ),
-    )
-    return SessionMessage(failed)
-
-
-UNREADABLE_ANSWER = -32603
-"""The JSON-RPC code (internal error) a request whose answer :func:`_parse_line` could
-not read fails with."""
-
-
-def _answered_id(line: str) -> int | str | None:
-    """The id of the answer ``line`` is (an object with an ``id`` and no ``method``), when
-    it is one that ``orjson`` reads (nested up to 1,024 deep, past the ``mcp`` package's
-    200), else ``None``."""
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or "method" in value:
-        return None
-    answered = value.get("id")
-    if isinstance(answered, bool) or not isinstance(answered, int | str):
-        return None
-    return answered
 
 
 class _WatchedTransport:
