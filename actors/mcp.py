@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import weakref
@@ -37,7 +38,7 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from actors.mcp_lines import Lines, line_transport
+from actors.mcp_lines import Lines, bounded, describe_invalid, line_transport
 from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
@@ -441,6 +442,8 @@ class MCPServerActor(Actor):
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
         self._log = get_logger("axon.mcp")
+        self._secrets = tuple(value for _, value in (*config.env, *config.headers))
+        """What no error may quote: the values of the server's env and headers."""
 
     # -- what sessions call ----------------------------------------------------------
 
@@ -556,7 +559,8 @@ class MCPServerActor(Actor):
                     "or not accepted"
                 )
         else:
-            self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+            error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+            self.last_error = self._server_said(error)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
         self._answer_in_flight(
             MCPServerDied(
@@ -659,6 +663,7 @@ class MCPServerActor(Actor):
 
     async def _serve(self, request: CallMCPTool) -> None:
         from mcp.shared.exceptions import MCPError
+        from pydantic import ValidationError
 
         name = self.config.name
         outcome: Any
@@ -681,11 +686,24 @@ class MCPServerActor(Actor):
             elif (status := _http_status(exc)) is not None:
                 outcome = MCPToolError(f"MCP server {name!r} answered {status}")
             else:
-                outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
+                said = self._server_said(str(exc))
+                outcome = MCPToolError(f"MCP server {name!r} answered with an error: {said}")
+        except ValidationError as exc:  # its text quotes the result: see describe_invalid
+            why = describe_invalid(exc)
+            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {why}")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
-            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {exc}")
+            # (whose text quotes the result whole, then the schema: its first line)
+            why = self._server_said(str(exc).partition("\n")[0])
+            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {why}")
         self._in_flight.discard(request)
         _answer(request, outcome)
+
+    def _server_said(self, text: str) -> str:
+        """``text`` (what the server said, or an error quoting it) cut to
+        :data:`ERROR_MESSAGE_CHARS`, without the values of its env and headers (a server
+        that echoes the API key it was given) and without key-shaped text."""
+        kept, cut = bounded(_PYDANTIC_INPUT.sub("", text), self._secrets, ERROR_MESSAGE_CHARS)
+        return kept + ("..." if cut else "")
 
     async def _list_tools(self) -> None:
         config = self.config
@@ -880,6 +898,14 @@ async def _stdio_client(
         flush_timeout=stdio._WRITER_FLUSH_TIMEOUT,
     ) as streams:
         yield streams
+
+
+_PYDANTIC_INPUT = re.compile(
+    r", input_value=.*?, input_type=\w+(?=\])|\n *For further information .*"
+)
+"""What a pydantic error's text quotes of its input (cut in the middle: a key's head or
+tail, past redaction) and its link: the ``mcp`` package's errors for an HTTP answer or
+SSE event it cannot read carry them."""
 
 
 HTTP_STATUS = "axon.httpStatus"

@@ -23,11 +23,18 @@ from actors.mcp_lines import QUOTED_CHARS, Lines, line_transport, read_heading
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host
 from runtime.errors import MCPServerUnavailable
+from tests.support.loopback import Recorded, Reply, loopback_server
+from tests.test_mcp_attacks import TOKEN, ForgetfulServer
 
 KEY = "kQ7vW2xZ9pL4mN8rT3yB6cF1"
 """An API key the server is given in its env (no key shape: only known as that value)."""
 
 ECHO = {"name": "echo", "inputSchema": {"type": "object", "properties": {"text": {}}}}
+TYPED = {
+    "name": "typed",
+    "inputSchema": {"type": "object"},
+    "outputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+}
 NESTED = "[" * 2000 + "]" * 2000  # past orjson's 1,024 and the mcp package's parser
 
 
@@ -53,7 +60,7 @@ def standard(request: dict) -> list[bytes]:
             )
         ]
     if method == "tools/list":
-        return [answer(request, {"tools": [ECHO]})]
+        return [answer(request, {"tools": [ECHO, TYPED]})]
     text = request["params"]["arguments"].get("text", "")
     return [answer(request, {"content": [{"type": "text", "text": text}]})]
 
@@ -242,6 +249,101 @@ async def test_a_text_line_before_the_answer_is_logged_and_the_call_still_answer
     assert echo.output == "hi"
     [seen] = [e for e in logs if e["event"] == "mcp.transport-error"]
     assert seen["error"].endswith("(it began 'Loading model with key [redacted]...')")
+
+
+async def test_an_invalid_result_is_described_without_quoting_it(serve, autojump_clock):
+    # pydantic's error quoted the result (its input_value, cut mid-value): the head of an
+    # env value, or the tail of a key past redaction, reached the model and the logs.
+    def reply(request: dict) -> list[bytes]:
+        return [answer(request, {"leak": KEY, "more": "x" * 100})]
+
+    serve(on_call(reply))
+    with capture_logs() as logs:
+        [echo], _ = await run_calls(("echo", {"text": "hi"}))
+    assert echo.error == (
+        "tool echo raised MCPServerError: MCP server 'fake' sent an invalid result: "
+        "content: Field required"
+    )
+    assert KEY[:8] not in repr(logs)
+
+
+async def test_a_result_off_its_output_schema_is_described_in_a_bounded_line(serve, autojump_clock):
+    # The mcp package's error is jsonschema's: the offending value whole, the schema and
+    # the whole result pretty-printed (here 200 KB, the env's key at its head).
+    def reply(request: dict) -> list[bytes]:
+        structured = {"n": KEY + "x" * 100_000, "rest": ["y" * 100_000]}
+        return [answer(request, {"content": [], "structuredContent": structured})]
+
+    serve(on_call(reply))
+    with capture_logs() as logs:
+        [typed], _ = await run_calls(("typed", {}))
+    assert typed.error.startswith(
+        "tool typed raised MCPServerError: MCP server 'fake' sent an invalid result: "
+        "Invalid structured content returned by tool typed: '[redacted]xxxx"
+    )
+    assert typed.error.endswith("xxx...") and len(typed.error) < 700
+    assert KEY[:8] not in repr(logs)
+
+
+# -- a hostile server's other attacks -------------------------------------------------------
+
+
+async def test_a_servers_error_is_cut_and_never_holds_its_env_key(serve, autojump_clock):
+    # A server's JSON-RPC error message reached the model whole (200 KB here), with the
+    # API key the server was given in its env: a key with no known shape, never redacted.
+    def reply(request: dict) -> list[bytes]:
+        error = {"code": -32000, "message": f"bad key {KEY} " + "z" * 200_000}
+        return [json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": error}).encode()]
+
+    serve(on_call(reply))
+    [echo], _ = await run_calls(("echo", {"text": "hi"}))
+    said = "tool echo raised MCPToolError: MCP server 'fake' answered with an error: "
+    assert echo.error.startswith(said + "bad key [redacted] zzz")
+    assert echo.error.endswith("zzz...") and len(echo.error) == len(said) + 500 + 3
+
+
+async def test_answers_to_no_request_and_twice_leave_the_calls_answered(serve, autojump_clock):
+    def reply(request: dict) -> list[bytes]:
+        return [answer({"id": 999}, {"content": []}), *standard(request), *standard(request)]
+
+    serve(on_call(reply))
+    saved, took = await run_calls(("echo", {"text": "a"}), ("echo", {"text": "b"}))
+    assert sorted(m.output for m in saved) == ["a", "b"] and took < 1
+
+
+class EchoingSSEServer(ForgetfulServer):
+    """Its tool answers with an SSE event nested past the parser, ending with the
+    ``Authorization`` header's value it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        echoed = json.dumps(request.headers["authorization"])
+        data = f'{{"jsonrpc": "2.0", "id": {message["id"]}, "result": {NESTED}, "x": {echoed}}}'
+        return Reply(body=b"event: message\ndata: " + data.encode() + b"\n\n")
+
+
+async def test_an_unreadable_sse_event_is_described_without_quoting_it():
+    # The mcp package's error (the call's) quotes pydantic's, which quotes the event cut
+    # in the middle: its tail here, the token the server echoed, whole or in part.
+    async with loopback_server(respond=EchoingSSEServer()) as web:
+        server = MCPServer.http(web.url + "/mcp", name="web", headers={"Authorization": TOKEN})
+        agent = Agent(provider=calling(("echo", {})), tools=[server])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("go")
+    [echo] = [m for m in session.messages if m.role == "tool"]
+    assert echo.error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered with an error: Failed to "
+        "parse SSE message: 1 validation error for union[JSONRPCRequest,JSONRPCNotification,"
+        "JSONRPCResponse,JSONRPCError]\n  Invalid JSON: recursion limit exceeded at line 1 "
+        "column 239 [type=json_invalid]"
+    )
 
 
 # -- the parser ---------------------------------------------------------------------------
