@@ -43,6 +43,7 @@ def answer(request: dict, result: Any) -> bytes:
 
 
 Respond = Callable[[dict], list[bytes]]
+EXIT = b"(the server exits)"
 
 
 def standard(request: dict) -> list[bytes]:
@@ -92,6 +93,8 @@ def serve(monkeypatch) -> Callable[[Respond], None]:
                             message = json.loads(line)
                             if "id" in message and "method" in message:
                                 for reply in respond(message):
+                                    if reply is EXIT:
+                                        return  # its output closed: the server died
                                     await server_out.send(reply + b"\n")
 
             async with trio.open_nursery() as nursery:
@@ -300,6 +303,66 @@ async def test_a_servers_error_is_cut_and_never_holds_its_env_key(serve, autojum
     said = "tool echo raised MCPToolError: MCP server 'fake' answered with an error: "
     assert echo.error.startswith(said + "bad key [redacted] zzz")
     assert echo.error.endswith("zzz...") and len(echo.error) == len(said) + 500 + 3
+
+
+async def test_a_flood_of_list_changed_notices_starts_one_refresh_at_a_time(
+    serve, autojump_clock, monkeypatch
+):
+    # Each notice started a refresh task, all queued on the lock to find the list fresh:
+    # 5,000 notices took 1.9 s of the loop's CPU (as many log notices: 0.6 s).
+    listed: list[int] = []
+    started: list[int] = []
+    refresh = MCPServerActor._refresh
+
+    async def counted(self: MCPServerActor) -> None:
+        started.append(1)
+        await refresh(self)
+
+    monkeypatch.setattr(MCPServerActor, "_refresh", counted)
+    notice = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    def respond(request: dict) -> list[bytes]:
+        if request["method"] == "tools/list":
+            listed.append(1)
+        if request["method"] == "tools/call":
+            return [notice.encode()] * 5000 + standard(request)
+        return standard(request)
+
+    serve(respond)
+    [echo], _ = await run_calls(("echo", {"text": "hi"}))
+    assert echo.output == "hi"
+    assert len(started) <= 3 and 2 <= len(listed) <= 3  # the listing at start, then 1-2
+
+
+async def test_a_list_changed_after_a_restart_is_listed_though_one_died_waiting(
+    serve, autojump_clock
+):
+    # A refresh waiting for the lock when the server died was never run, and left the
+    # mark that one is due: after the restart, no notice was listed again.
+    listed: list[int] = []
+    notice = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    def respond(request: dict) -> list[bytes]:
+        if request["method"] == "tools/list":
+            listed.append(1)
+            if len(listed) == 2:  # the refresh of the two notices: dies instead
+                return [EXIT]
+        if request["method"] == "tools/call":
+            if len(listed) == 1:
+                return [notice.encode(), notice.encode()]  # and no answer
+            return [notice.encode(), *standard(request)]
+        return standard(request)
+
+    serve(respond)
+    turns = [[tool_call("echo", {"text": t}, tool_call_id=t), ["done"]] for t in ("a", "b")]
+    agent = Agent(provider=ScriptedProvider(turns=turns), tools=[fake_server()])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        await session.run("first")
+        await session.run("second")
+    first, second = [m for m in session.messages if m.role == "tool"]
+    assert "died during the call" in first.error and second.output == "b"
+    assert len(listed) == 4  # at start, the refresh that died, at restart, the refresh
 
 
 async def test_answers_to_no_request_and_twice_leave_the_calls_answered(serve, autojump_clock):
