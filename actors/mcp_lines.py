@@ -24,6 +24,9 @@ the requests in flight (it sees every message written) and sends each unreadable
   keep the server from ever starting. Such a line, if it was an answer, leaves its
   request to its timeout: the one case still waiting, by choice.
 
+A message glued to the end of a bad line (a server that wrote half an answer, then the
+next message) is read, from the line's last ``{"jsonrpc"``; the rest is the bad line.
+
 Every error quotes at most :data:`QUOTED_CHARS` of the line, without the values of the
 server's configured ``env`` (the API keys it was given) and without key-shaped text.
 """
@@ -46,6 +49,10 @@ UNREADABLE_ANSWER = -32603
 
 QUOTED_CHARS = 60
 """The most characters of a bad line an error or a log line quotes."""
+
+GLUED = '{"jsonrpc"'
+"""How a message glued to the end of a bad line is found (its last occurrence): how the
+``mcp`` packages (Python's) and most servers begin a message."""
 
 RequestId = int | str
 
@@ -190,6 +197,20 @@ class Lines:
     def read(self, line: str) -> list[Any]:
         """The messages (``SessionMessage`` s) and errors (exceptions the session logs)
         that ``line`` makes."""
+        parsed = self._parse(line)
+        if not isinstance(parsed, str):
+            return [parsed]
+        # A message glued to the end of a line left unended (a server that wrote half an
+        # answer, then the next): the message is read, the rest is a bad line. It was
+        # dropped with it, and its request waited its timeout too.
+        glued = line.rfind(GLUED, 1)
+        if glued > 0 and not isinstance(tail := self._parse(line[glued:]), str):
+            return [*self._unreadable(line[:glued], self._parse(line[:glued])), tail]
+        return self._unreadable(line, parsed)
+
+    def _parse(self, line: str) -> Any:
+        """``line`` as a ``SessionMessage`` (its request no longer in flight when it is
+        an answer), else what is wrong with it."""
         import mcp_types
         from mcp.shared.message import SessionMessage
         from pydantic import ValidationError
@@ -198,14 +219,16 @@ class Lines:
             message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except ValidationError as exc:
             why = describe_invalid(exc, where=False)
-            error = f"a line of {len(line)} characters is no JSON-RPC message: {why}"
+            return f"a line of {len(line)} characters is no JSON-RPC message: {why}"
         except ValueError:
-            error = f"a line of {len(line)} characters is no JSON-RPC message"
-        else:
-            if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
-                if message.id is not None:
-                    self.in_flight.pop(_coerced(message.id), None)
-            return [SessionMessage(message)]
+            return f"a line of {len(line)} characters is no JSON-RPC message"
+        if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
+            if message.id is not None:
+                self.in_flight.pop(_coerced(message.id), None)
+        return SessionMessage(message)
+
+    def _unreadable(self, line: str, error: str) -> list[Any]:
+        """Where the unreadable ``line`` goes (the module's docstring says why)."""
         error += f" (it began {quote(line, self._secrets)})"
         heading = read_heading(line)
         if not heading.answer_shaped:

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from actors.mcp import MCPServer, MCPServerActor
 from actors.mcp_lines import QUOTED_CHARS, Lines, line_transport, read_heading
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host
+from runtime import Agent, Budget, Host
 from runtime.errors import MCPServerUnavailable
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.test_mcp_attacks import TOKEN, ForgetfulServer
@@ -44,6 +44,8 @@ def answer(request: dict, result: Any) -> bytes:
 
 Respond = Callable[[dict], list[bytes]]
 EXIT = b"(the server exits)"
+UNENDED = b"(no newline)"
+"""Ends a line the server sends without its newline."""
 
 
 def standard(request: dict) -> list[bytes]:
@@ -95,7 +97,8 @@ def serve(monkeypatch) -> Callable[[Respond], None]:
                                 for reply in respond(message):
                                     if reply is EXIT:
                                         return  # its output closed: the server died
-                                    await server_out.send(reply + b"\n")
+                                    end = b"" if reply.endswith(UNENDED) else b"\n"
+                                    await server_out.send(reply.removesuffix(UNENDED) + end)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(server)
@@ -365,6 +368,33 @@ async def test_a_list_changed_after_a_restart_is_listed_though_one_died_waiting(
     assert len(listed) == 4  # at start, the refresh that died, at restart, the refresh
 
 
+async def test_a_line_left_unended_does_not_swallow_the_next_answer(serve, autojump_clock):
+    # A server wrote half an answer and stopped: that call timed out (more could have
+    # come), and the next answer, read as the end of that line, was dropped with it: the
+    # next call waited its timeout too.
+    def reply(request: dict) -> list[bytes]:
+        if request["params"]["arguments"]["text"] == "a":
+            return [
+                b'{"jsonrpc": "2.0", "id": %d, "result": {"content": [' % request["id"] + UNENDED
+            ]
+        return standard(request)
+
+    serve(on_call(reply))
+    turns = [[tool_call("echo", {"text": t}, tool_call_id=t), ["done"]] for t in ("a", "b")]
+    agent = Agent(
+        provider=ScriptedProvider(turns=turns), tools=[fake_server()], budget=Budget(tool_timeout=5)
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        await session.run("first")
+        started = trio.current_time()
+        await session.run("second")
+        took = trio.current_time() - started
+    first, second = [m for m in session.messages if m.role == "tool"]
+    assert "timed out" in first.error
+    assert second.output == "b" and took < 1
+
+
 async def test_answers_to_no_request_and_twice_leave_the_calls_answered(serve, autojump_clock):
     def reply(request: dict) -> list[bytes]:
         return [answer({"id": 999}, {"content": []}), *standard(request), *standard(request)]
@@ -567,3 +597,20 @@ def test_lines_are_read_whole_in_any_chunks_up_to_the_limit(lines, cuts):
     first_over = next((n for n, line in enumerate(lines) if len(line) > limit), len(lines))
     assert read == lines[:first_over]
     assert ended == any(len(line) > limit for line in lines)
+
+
+@given(
+    head=st.text(max_size=30),
+    ident=st.integers(0, 100),
+    text=st.text(max_size=10),
+)
+def test_a_message_glued_to_any_unended_line_is_still_read(head, ident, text):
+    lines = written(ident)
+    answer = {
+        "jsonrpc": "2.0",
+        "id": ident,
+        "result": {"content": [{"type": "text", "text": text}]},
+    }
+    *_, read = lines.read(head + json.dumps(answer))
+    assert read.message.id == ident and read.message.result == answer["result"]
+    assert lines.in_flight == {}
