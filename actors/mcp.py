@@ -1000,6 +1000,36 @@ async def _status_answer(request: Any, response: Any, secrets: Iterable[str]) ->
     )
 
 
+def _posted_ids(request: Any) -> tuple[Any, Any]:
+    """The id of the JSON-RPC request ``request`` posts, and the id of the request it
+    cancels (``notifications/cancelled``), each ``None`` when it posts no such message
+    (as the ``mcp`` package matches ids: ``"7"`` is ``7``)."""
+    if request.method != "POST":
+        return None, None
+    try:
+        message = json.loads(request.content)
+    except (ValueError, TypeError, AttributeError, RuntimeError):
+        return None, None
+    if not isinstance(message, dict) or not isinstance(method := message.get("method"), str):
+        return None, None
+    if method == "notifications/cancelled":
+        params = message.get("params")
+        cancelled = params.get("requestId") if isinstance(params, dict) else None
+        return None, _coerced_id(cancelled)
+    return _coerced_id(message.get("id")), None
+
+
+def _coerced_id(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
     """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
     most ``limit`` bytes: the package read any JSON answer whole (a server could make
@@ -1013,34 +1043,52 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
         pass
 
     class Limited(httpx2.AsyncByteStream):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+        """An answer's body: at most ``limit`` bytes (``None``: an SSE stream, whose
+        events the package limits), closed by :meth:`Transport.cancel` too."""
+
+        def __init__(self, inner: Any, limit: int | None, done: Callable[[], Any]) -> None:
+            self.inner, self.limit, self.done = inner, limit, done
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             read = 0
             async for chunk in self.inner:
                 read += len(chunk)
-                if read > limit:
-                    raise TooLarge(f"the answer is longer than {limit} bytes")
+                if self.limit is not None and read > self.limit:
+                    raise TooLarge(f"the answer is longer than {self.limit} bytes")
                 yield chunk
 
         async def aclose(self) -> None:
+            self.done()
             await self.inner.aclose()
 
     class Transport(httpx2.AsyncBaseTransport):
         def __init__(self) -> None:
             self.inner = httpx2.AsyncHTTPTransport()
+            self.answering: dict[Any, Limited] = {}
+            """The answers being read, by the id of the request they answer."""
 
         async def handle_async_request(self, request: Any) -> Any:
+            posted, cancelled = _posted_ids(request)
+            if cancelled is not None and (answer := self.answering.get(cancelled)):
+                # The package reads a cancelled request's SSE answer on until the server
+                # ends it: a server that never did kept a task and a connection per
+                # cancelled call (a timed-out one) for the connection's life.
+                await answer.aclose()
             response = await self.inner.handle_async_request(request)
             if response.status_code >= 400 and request.method == "POST":
                 return await _status_answer(request, response, (headers or {}).values())
-            if "json" not in response.headers.get("content-type", "").lower():
-                return response  # SSE: the package limits each event
+            json_body = "json" in response.headers.get("content-type", "").lower()
+            answer = Limited(
+                response.stream,
+                limit if json_body else None,
+                functools.partial(self.answering.pop, posted, None),
+            )
+            if posted is not None:
+                self.answering[posted] = answer
             return httpx2.Response(
                 response.status_code,
                 headers=response.headers,
-                stream=Limited(response.stream),
+                stream=answer,
                 extensions=response.extensions,
                 request=request,
             )

@@ -25,6 +25,7 @@ from runtime import Agent, Budget, Host
 from runtime.errors import MCPServerUnavailable
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.test_mcp_attacks import TOKEN, ForgetfulServer
+from tests.test_mcp_session_ends import until
 
 KEY = "kQ7vW2xZ9pL4mN8rT3yB6cF1"
 """An API key the server is given in its env (no key shape: only known as that value)."""
@@ -437,6 +438,50 @@ async def test_an_unreadable_sse_event_is_described_without_quoting_it():
         "JSONRPCResponse,JSONRPCError]\n  Invalid JSON: recursion limit exceeded at line 1 "
         "column 239 [type=json_invalid]"
     )
+
+
+class EndlessSSEServer(ForgetfulServer):
+    """Its tool answers with an SSE stream that never ends (a comment now and then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        return Reply(stall=3600, keep_alive=b": ping\n\n")
+
+
+def tasks_named(*names: str) -> int:
+    """How many tasks run whose name holds one of ``names``."""
+
+    def count(task: trio.lowlevel.Task) -> int:
+        children = (c for n in task.child_nurseries for c in n.child_tasks)
+        return any(n in task.name for n in names) + sum(map(count, children))
+
+    return count(trio.lowlevel.current_root_task())
+
+
+async def test_a_timed_out_calls_endless_sse_answer_is_closed():
+    # The mcp package read a cancelled request's SSE answer on until the server ended it:
+    # each call that timed out kept a task and a connection for the connection's life.
+    async with loopback_server(respond=EndlessSSEServer()) as web:
+        turns = [[tool_call("echo", {}, tool_call_id=f"c{n}"), ["done"]] for n in range(3)]
+        agent = Agent(
+            provider=ScriptedProvider(turns=turns),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+            budget=Budget(tool_timeout=0.5),
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            for _ in range(3):
+                await session.run("go")
+            with trio.fail_after(5):  # before: never (the server's stream has no end)
+                await until(lambda: not tasks_named("_run_request_post", "_run_handler"))
+    errors = [m.error for m in session.messages if m.role == "tool"]
+    assert errors == ["tool echo timed out after 0.5s"] * 3
 
 
 # -- the parser ---------------------------------------------------------------------------
