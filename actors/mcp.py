@@ -444,8 +444,10 @@ class MCPServerActor(Actor):
         self._refresh_due = False
         """Whether a :meth:`_refresh` is started and not yet listing."""
         self._log = get_logger("axon.mcp")
-        self._secrets = tuple(value for _, value in (*config.env, *config.headers))
-        """What no error may quote: the values of the server's env and headers."""
+        values = [value for _, value in (*config.env, *config.headers)]
+        self._secrets = tuple({part for v in values for part in (v, *v.split())})
+        """What no error may quote: the values of the server's env and headers, and
+        their words (the token after ``Bearer``)."""
 
     # -- what sessions call ----------------------------------------------------------
 

@@ -484,6 +484,12 @@ async def test_a_timed_out_calls_endless_sse_answer_is_closed():
     assert errors == ["tool echo timed out after 0.5s"] * 3
 
 
+def test_what_a_server_said_loses_its_header_token_without_the_bearer_word():
+    config = MCPServer.http("http://127.0.0.1:1/mcp", headers={"Authorization": f"Bearer {KEY}"})
+    said = MCPServerActor(config)._server_said(f"no such token {KEY}; sent Bearer {KEY}")
+    assert said == "no such token [redacted]; sent [redacted]"
+
+
 # -- the parser ---------------------------------------------------------------------------
 
 JSON = st.recursive(
