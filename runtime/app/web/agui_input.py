@@ -13,13 +13,13 @@ The response side, runtime messages and output chunks written as AG-UI events, i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import orjson
 
-from runtime.errors import InvalidMedia, ToolDefinitionError
+from runtime.errors import InvalidDecision, InvalidMedia, ToolDefinitionError
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -32,7 +32,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.tools import InvalidJSONSchema, Tool
+from runtime.tools import InvalidJSONSchema, Tool, ToolInputError
 
 ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
 RESUME_STATUSES = frozenset({"resolved", "cancelled"})
@@ -413,11 +413,49 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def tool_answer(message: dict[str, Any]) -> tuple[Any, str | None]:
-    """A tool message answering a client tool: ``(output, error)``. The output is the
+def tool_answer(
+    message: dict[str, Any], check: Callable[[Any], None] | None = None, *, call: str = ""
+) -> tuple[Any, str | None]:
+    """A tool message answering a client tool ``call``: ``(output, error)``; ``error``
+    is set for a failure (the output is then the text, unread). The output is the
     message's text (a client tool's answer travels as text, as the spec says of
-    structured results); ``error`` is set for a failure."""
-    return _text_of(message["content"]), message.get("error")
+    structured results), read by the tool's output check ``check``
+    (:func:`runtime.approval.output_check`) as :func:`structured_output` says."""
+    text = _text_of(message["content"])
+    error = message.get("error")
+    if error is not None or check is None:
+        return text, error
+    return structured_output(text, check, call), None
+
+
+def structured_output(text: str, check: Callable[[Any], None], call: str) -> Any:
+    """A tool message's ``text`` as the output of a client tool whose output schema
+    ``check`` (:func:`runtime.approval.output_check`) applies: the text itself when the
+    schema takes it (a string schema, or none, takes JSON-looking text as it is: a
+    string stays a string), else the JSON the text holds when the schema takes that (an
+    object, an array, a number, a boolean, null: an AG-UI tool message's ``content`` is
+    a string, so such an output cannot travel otherwise). Neither is
+    :class:`~runtime.errors.InvalidDecision` (a 400), saying why: the text is not JSON,
+    or the JSON's problems against the schema. Why: a tool whose schema wants an object
+    could not be answered over AG-UI at all (the text was checked as a string)."""
+    try:
+        check(text)
+        return text
+    except ToolInputError as as_text:
+        refused = as_text
+    where = f"call {call!r}: " if call else ""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidDecision(
+            f"{where}{refused}; the tool message's content is text, and the tool's output "
+            f"schema wants JSON: send the output as JSON text (the content is not JSON: {exc})"
+        ) from None
+    try:
+        check(value)
+    except ToolInputError as exc:
+        raise InvalidDecision(f"{where}{exc} (the tool message's content, read as JSON)") from None
+    return value
 
 
 def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None, dict[str, Any] | None]:
@@ -461,6 +499,7 @@ __all__ = [
     "client_tools",
     "history_of",
     "parse_run_input",
+    "structured_output",
     "tool_answer",
     "user_input",
 ]
