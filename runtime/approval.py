@@ -262,6 +262,19 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
     )
 
 
+def output_check(tool: Any, sub_tool: str | None = None) -> Callable[[Any], None] | None:
+    """The check of a caller's output for a client-side call of ``tool``: its output
+    schema's (:meth:`~runtime.tools.ClientTool.validate_output`), or, for a sub-agent's
+    client tool ``sub_tool`` passed up through the agent tool ``tool``, that tool's
+    (:meth:`~runtime.agent.AgentTool.validate_sub_output`); ``None``: no check. It
+    raises :class:`~runtime.tools.ToolInputError`. A front end whose answers come as
+    text reads them by it (an AG-UI tool message's, :mod:`runtime.app.web.agui_input`)."""
+    if sub_tool is not None:
+        sub_check = getattr(tool, "validate_sub_output", None)
+        return None if sub_check is None else functools.partial(sub_check, sub_tool)
+    return getattr(tool, "validate_output", None)  # type: ignore[no-any-return]
+
+
 def _check(
     part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
 ) -> Awaiting:
@@ -308,14 +321,9 @@ def _check(
     output = None
     if decision.error is None:
         output = _storable_output(part, decision.output)
-        tool = tools.get(part.tool_name)
-        check = getattr(tool, "validate_output", None)
-        if decision.by_caller:  # checked whole by the caller, which may have cut it
-            check = None
-        elif waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
-            sub_check = getattr(tool, "validate_sub_output", None)
-            name = waiting.sub_tool
-            check = None if sub_check is None else (lambda value: sub_check(name, value))
+        check = None
+        if not decision.by_caller:  # else checked whole by the caller, which may have cut it
+            check = output_check(tools.get(part.tool_name), waiting.sub_tool)
         if check is not None:
             try:
                 check(output)
@@ -981,6 +989,7 @@ __all__ = [
     "approved_waiting",
     "decide",
     "denial_text",
+    "output_check",
     "pending_calls",
     "record_decision",
     "supersede",
