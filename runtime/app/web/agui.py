@@ -760,10 +760,11 @@ class AGUIRoutes:
             return self._queued(run, out, agent, **metadata_and_answered)
         session = await state.session(session_id)
         tools = {t.name: t for t in session.agent.tools}
+        limit = session.agent.budget.max_tool_result_chars  # (what session.decide bounds by)
         checked = stored
         try:
             for key, decision in answers:  # all checked first: a bad one records nothing
-                _, checked, _, _ = decide(checked, key, decision, tools)
+                _, checked, _, _ = decide(checked, key, decision, tools, limit)
             for key, decision in answers:
                 await session.decide(
                     key,
@@ -814,7 +815,7 @@ class AGUIRoutes:
         decided = []
         try:
             for key, decision in answers:
-                _, checked, _, _ = decide(checked, key, decision, tools)
+                _, checked, _, _ = decide(checked, key, decision, tools, limit)
             for key, decision in answers:
                 decided.append(
                     await front.decide(
