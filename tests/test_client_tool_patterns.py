@@ -88,6 +88,38 @@ def test_a_catastrophic_client_pattern_refuses_a_long_input_in_the_linear_engine
     assert compiles == ["^(a|aa)*$"]
 
 
+def test_a_big_patterns_search_of_a_long_string_counts_against_the_bound_before_it_runs(
+    monkeypatch,
+):
+    # Linear in the text, but per character the engine's worst case grows with the
+    # pattern: a client's 4,615-unit \w{60}\W\w{10} held the loop 1.5 s on 200,000 a's
+    # (loaded), within the 10,000 keywords. The search is counted first and refused.
+    searched: list[int] = []
+    linear = tools._linear_search
+
+    def noting(pattern: str) -> Any:
+        search = linear(pattern)
+        assert search is not None
+
+        def counted(text: str) -> bool:
+            searched.append(len(text))
+            return search(text)
+
+        return counted
+
+    monkeypatch.setattr(tools, "_linear_search", noting)
+    monkeypatch.setattr(tools, "_COMPILED", type(tools._COMPILED)())
+    big = {"type": "object", "properties": {"q": {"type": "string", "pattern": r"\w{60}\W\w{10}"}}}
+    tool = Tool.client("look", big, trusted=False)
+    with pytest.raises(ToolInputError, match="the schema took over 10000 steps"):
+        tool.validate({"q": "a" * 200_000})
+    assert searched == []
+    tool.validate({"q": "a" * 60 + "!" + "a" * 10})  # 71 characters: 6 steps' worth
+    small = Tool.client("look", LOOK, trusted=False)  # ^[a-z]+$: 6 units, 120 steps
+    assert small.validate({"q": "a" * 1_000_000})
+    assert searched == [71, 1_000_000]
+
+
 def test_a_worker_rebuilds_a_queued_client_tool_with_its_patterns_run(no_backtracking):
     rebuilt = ClientToolSpec(name="look", schema=LOOK).tool()
     with pytest.raises(ToolInputError, match="does not match"):

@@ -213,7 +213,8 @@ def _check_tool_sizes(specs: list[Any]) -> None:
 WARNED_TOOLS = 256
 """Client tools whose unchecked patterns this process remembers having logged."""
 
-_warned: OrderedDict[tuple[str, tuple[str, ...]], None] = OrderedDict()
+_warned: OrderedDict[int, None] = OrderedDict()
+"""The hashes of the ``(name, unchecked)`` logged (not the patterns: up to 256 KiB each)."""
 
 
 def _warn_unchecked(name: str, unchecked: tuple[str, ...]) -> None:
@@ -223,7 +224,7 @@ def _warn_unchecked(name: str, unchecked: tuple[str, ...]) -> None:
     with every request, and one warning per request would bury the log."""
     if not unchecked:
         return
-    key = (name, unchecked)
+    key = hash((name, unchecked))
     if key in _warned:
         return
     _warned[key] = None
