@@ -401,7 +401,8 @@ COMPILED_PATTERNS = 1_024
 """Compiled patterns kept for the process (a listing again after a restart or a
 ``tools/list_changed`` compiles none of them again)."""
 
-_COMPILED: OrderedDict[str, Callable[[str], bool] | None] = OrderedDict()
+_COMPILED: OrderedDict[str, Callable[[str], bool] | str] = OrderedDict()
+"""Each pattern compiled: its search, or why the engine does not take it."""
 _NOT_COMPILED = object()
 
 
@@ -442,18 +443,23 @@ def _compile_units(pattern: str) -> int:
         return cap
 
 
-def _linear_search(pattern: str) -> Callable[[str], bool] | None:
+def _linear_search(pattern: str) -> Callable[[str], bool] | str:
     """A search for ``pattern`` in linear time (pydantic-core's Rust ``regex`` engine: no
-    backtracking, so no input makes it take long), or ``None`` when that engine does not
-    take the pattern (a look-around, a backreference, too big to compile)."""
+    backtracking, so no input makes it take long), or, when that engine does not take
+    the pattern, its reason (a look-around, a backreference, an unknown class, too big
+    to compile)."""
     from pydantic_core import SchemaError, SchemaValidator, ValidationError, core_schema
 
     try:
         validator = SchemaValidator(
             core_schema.str_schema(pattern=pattern, regex_engine="rust-regex")
         )
-    except SchemaError:
-        return None
+    except SchemaError as exc:
+        # "... SchemaError: regex parse error: <pattern, caret> error: <reason>", or
+        # "... SchemaError: Compiled regex exceeds size limit of 10485760 bytes."
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        last = lines[-1] if lines else "refused"
+        return last.removeprefix("error: ").removeprefix("SchemaError: ")[:200]
 
     def search(text: str) -> bool:
         try:
@@ -481,9 +487,8 @@ def _linear_patterns(
         if known is not _NOT_COMPILED:
             with contextlib.suppress(KeyError):  # (another thread's Trio run evicted it)
                 _COMPILED.move_to_end(pattern)
-            searches[pattern] = known  # type: ignore[assignment]
         elif budget is None:
-            searches[pattern] = _COMPILED[pattern] = _linear_search(pattern)
+            known = _COMPILED[pattern] = _linear_search(pattern)
         else:
             units = _compile_units(pattern)
             if units > PATTERN_UNITS:
@@ -495,12 +500,15 @@ def _linear_patterns(
                 why[pattern] = f"past the listing's {LISTING_UNITS} units of compiling"
                 continue
             budget[0] -= units
-            searches[pattern] = _COMPILED[pattern] = _linear_search(pattern)
+            known = _COMPILED[pattern] = _linear_search(pattern)
         while len(_COMPILED) > COMPILED_PATTERNS:
             with contextlib.suppress(KeyError):
                 _COMPILED.popitem(last=False)
-        if searches[pattern] is None:
-            why[pattern] = "not taken by a linear engine (a look-around, a backreference)"
+        if isinstance(known, str):
+            searches[pattern] = None
+            why[pattern] = f"not taken by the linear engine: {known}"
+        else:
+            searches[pattern] = known  # type: ignore[assignment]
     return searches, why
 
 
