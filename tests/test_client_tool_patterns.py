@@ -12,11 +12,12 @@ from typing import Any
 
 import httpx
 import jsonschema._keywords
+import orjson
 import pytest
 from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, ToolMessage, tools
+from runtime import Agent, Host, ToolMessage, approval, tools
 from runtime.app.web import agui_input
 from runtime.app.web.answers import EDITED_INPUT
 from runtime.errors import InvalidDecision
@@ -276,6 +277,26 @@ async def test_a_client_tools_output_its_pattern_refuses_is_refused_and_nothing_
 
 
 # -- an approve-with-edits checked against the schema stored with the wait --------------
+
+
+def test_a_stored_schemas_patterns_compile_within_the_edit_checks_budget(compiles):
+    # The stored schema's check is built on the deciding loop (a front end's): 20
+    # distinct 2,601-unit patterns (~1 s to compile, loaded) compile within
+    # EDIT_CHECK_UNITS; the rest are not run on an edit, named in the warning.
+    schema = {
+        "type": "object",
+        "properties": {
+            f"p{i}": {"type": "string", "pattern": f"^\\w{{40}}{i}$"} for i in range(20)
+        },
+    }
+    approval._stored_validator.cache_clear()
+    with capture_logs() as logs:
+        validator = approval._stored_validator(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+    spent = sum(tools._compile_units(p) for p in compiles)
+    assert 0 < spent <= approval.EDIT_CHECK_UNITS
+    assert len(compiles) + len(validator.axon_unchecked) == 20
+    [warned] = [e for e in logs if e["event"] == "approval.schema-not-checked-here"]
+    assert len(warned["unchecked"]) == 20 - len(compiles)
 
 
 def _on_code(approval_id: str, edit: dict[str, Any]) -> dict[str, Any]:
