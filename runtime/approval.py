@@ -30,6 +30,7 @@ from runtime.errors import (
     WaitExpired,
     describe_exception,
 )
+from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -43,13 +44,14 @@ from runtime.messages import (
     share_schemas,
     stored_schema,
 )
+from runtime.redact import redact
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
 from runtime.tools import (
     InvalidJSONSchema,
     ToolInputError,
     check_against_schema,
-    json_schema_validator,
+    linear_schema_validator,
     own_input,
     to_jsonable,
 )
@@ -495,21 +497,39 @@ def _edit_check(
     return getattr(tool, "validate", None), getattr(tool, "parameters", None)
 
 
+EDIT_CHECK_UNITS = 20_000
+"""What compiling the patterns of one schema stored with a wait may newly cost, in the
+units of :data:`~runtime.tools.PATTERN_UNITS` (~0.1-0.2 s at most, once per schema and
+process: a compiled pattern is kept): it is built on the deciding event loop, a front
+end's that serves every session. A pattern past it is not run on an edit (the server
+checks its own input), as one the linear engine does not take."""
+
+
 @functools.lru_cache(maxsize=32)
 def _stored_validator(schema: bytes) -> Any:
     """The validator of a stored schema (its JSON, keys sorted): built once per schema
     for the last 32 (building checks the schema against its meta-schema, 2.4 ms for a
     two-argument tool's, against 0.05 ms for the check itself).
 
-    Untrusted (``trusted=False``): the schema is what an MCP server listed and the value
-    what an HTTP client sent, checked on the deciding process's event loop (a worker
-    deployment's front end, every session's). Trusted, a 1.3 KB schema of 16 ``anyOf``
-    definitions referring twice to the one before held the loop 9.5 s per edit (18:
-    34 s), and a ``pattern`` of ``^(a|aa)*$`` minutes for 45 ``a`` and a ``!``. So its
-    ``pattern`` s are not run here (the tool's own check runs them where the call runs),
-    ``patternProperties`` refuses the edit as unchecked, and a check stops past
-    :data:`~runtime.tools.UNTRUSTED_STEPS` keywords."""
-    return json_schema_validator(orjson.loads(schema), trusted=False)
+    Untrusted (:func:`~runtime.tools.linear_schema_validator`): the schema is what an
+    MCP server listed and the value what an HTTP client sent, checked on the deciding
+    process's event loop (a worker deployment's front end, every session's). Trusted, a
+    1.3 KB schema of 16 ``anyOf`` definitions referring twice to the one before held the
+    loop 9.5 s per edit (18: 34 s), and a ``pattern`` of ``^(a|aa)*$`` in Python's
+    ``re`` minutes for 45 ``a`` and a ``!``. So its ``pattern`` s and
+    ``patternProperties`` run in linear time, compiled within :data:`EDIT_CHECK_UNITS`,
+    as the MCP tool's own check runs them on the model's input, and a check stops past
+    :data:`~runtime.tools.UNTRUSTED_STEPS` keywords. What is not run here is logged
+    once, as it is built (``approval.schema-not-checked-here``)."""
+    validator = linear_schema_validator(orjson.loads(schema), budget=[EDIT_CHECK_UNITS])
+    if validator.axon_unchecked:
+        get_logger("axon.approval").warning(
+            "approval.schema-not-checked-here",
+            unchecked=[redact(s) for s in validator.axon_unchecked],
+            error="a schema stored with a wait: not run on an edited input here (the "
+            "tool's server checks its own input): " + "; ".join(validator.axon_unchecked),
+        )
+    return validator
 
 
 def _properties(schema: Any) -> list[str]:

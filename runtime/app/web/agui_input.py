@@ -12,7 +12,7 @@ The response side, runtime messages and output chunks written as AG-UI events, i
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,6 +20,7 @@ import attrs
 import orjson
 
 from runtime.errors import InvalidDecision, InvalidMedia, ToolDefinitionError
+from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -32,7 +33,8 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.tools import InvalidJSONSchema, Tool, ToolInputError
+from runtime.redact import redact
+from runtime.tools import LISTING_UNITS, InvalidJSONSchema, Tool, ToolInputError
 
 ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
 RESUME_STATUSES = frozenset({"resolved", "cancelled"})
@@ -208,12 +210,42 @@ def _check_tool_sizes(specs: list[Any]) -> None:
             )
 
 
+WARNED_TOOLS = 256
+"""Client tools whose unchecked patterns this process remembers having logged."""
+
+_warned: OrderedDict[int, None] = OrderedDict()
+"""The hashes of the ``(name, unchecked)`` logged (not the patterns: up to 256 KiB each)."""
+
+
+def _warn_unchecked(name: str, unchecked: tuple[str, ...]) -> None:
+    """Log once per process (of the last :data:`WARNED_TOOLS`) that a client tool's
+    schema has patterns not run on the model's input here (a look-around, a
+    backreference, past the request's compile budget): a client declares its tools
+    with every request, and one warning per request would bury the log."""
+    if not unchecked:
+        return
+    key = hash((name, unchecked))
+    if key in _warned:
+        return
+    _warned[key] = None
+    while len(_warned) > WARNED_TOOLS:
+        _warned.popitem(last=False)
+    get_logger("axon.web").warning(
+        "agui.schema-not-checked-here",
+        tool=redact(name),
+        unchecked=[redact(s) for s in unchecked],
+        error=f"client tool {name!r}: not run on the model's input here (the client "
+        "checks its own tool's input): " + "; ".join(unchecked),
+    )
+
+
 def client_tools(tools: Any) -> tuple[Tool, ...]:
     """The request's ``tools`` as client-side tools; a malformed one, a schema that is not
     an object's, or a name given twice is a 400; too many, or schemas too large, 413."""
     out: list[Tool] = []
     specs = _list(tools, "tools")
     _check_tool_sizes(specs)
+    budget = [LISTING_UNITS]  # (the request's tools' patterns compile within one budget)
     for i, spec in enumerate(specs):
         where = f"tools[{i}]"
         spec = _object(spec, where)
@@ -225,11 +257,12 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
         if not isinstance(schema, dict):
             raise bad_input(f"'{where}.parameters' must be a JSON schema object")
         try:
-            # (a client's regular expressions are not run here: runtime.tools)
-            tool = Tool.client(name, schema, description, trusted=False)  # type: ignore[arg-type]
+            # (a client's patterns run in linear time, within the budget: runtime.tools)
+            tool = Tool.client(name, schema, description, trusted=False, budget=budget)  # type: ignore[arg-type]
             out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
+        _warn_unchecked(tool.name, tool.validator.axon_unchecked)
     twice = sorted(name for name, n in Counter(t.name for t in out).items() if n > 1)
     if twice:
         raise bad_input(f"'tools' names {twice} more than once")
