@@ -458,3 +458,45 @@ async def test_a_turn_that_stored_a_summary_before_it_waited_checks_each_edit(tm
         record = await host.store.load("s")
     assert sorted(ran, key=repr) == [("add", {"a": 8, "b": 0}), ("add", {"a": 8, "b": 1})]
     assert record is not None and stored_copies(record.messages) == 0
+
+
+def _refs_naming_nothing(parts: list[ToolCallPart]) -> dict[str, ToolCallPart]:
+    """A damaged (hand-built) record: each wait names its schema, none holds it."""
+    return {
+        p.tool_call_id: attrs.evolve(p, awaiting=attrs.evolve(p.awaiting, schema=None))
+        for p in parts
+        if p.awaiting is not None
+    }
+
+
+async def _text(text: str) -> str:
+    """Another ``add``: takes text."""
+    ran.append(("text", {"text": text}))
+    return text
+
+
+@pytest.mark.parametrize("here", ["no tool", "another add"])
+async def test_an_edit_of_a_wait_naming_a_schema_its_message_lacks_is_refused(tmp_path, here):
+    """A stored wait whose ``schema_ref`` names nothing in its message: an edit is
+    refused saying so, never checked against the deciding host's tool of the same name
+    (there another tool, taking ``text``: its edit was taken for a call of the listed
+    ``add``); approving without an edit is still taken."""
+    first = [c for i in range(2) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")]
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (
+            await host.open_session(Agent(provider=model(first), tools=[add]), session_id="s")
+        ).run("go")
+    await _reshape(db, _refs_naming_nothing)
+    keys = {p.tool_call_id: p.approval_id for p in waited.pending}
+    other = tool(_text, name="add", needs_approval=True)
+    agent = bare() if here == "no tool" else Agent(provider=model([]), tools=[other])
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(agent, session_id="s")
+        for edit in ({"text": "z"}, {"a": 1, "b": 2}):
+            await _refused(deciding, keys["c0"], edit, "schema stored for it .* is not in its")
+        recorded = await deciding.decide(keys["c0"], approved=True)
+        assert recorded.call.input == {"a": 0, "b": 0}
+        record = await host.store.load("s")
+    assert record is not None
+    assert [p.input for p in calls(record.messages)] == [{"a": 0, "b": 0}, {"a": 1, "b": 0}]
