@@ -122,7 +122,7 @@ async def test_what_a_refused_mcp_edit_echoes_is_bounded(tmp_path):
             await session.respond(
                 waited.pending[0].approval_id,
                 approved=True,
-                edited_input={"a": "x" * 100_000, "b": 2},
+                edited_input={"a": "x" * 10_000, "b": 2},  # (within max_tool_result_chars)
             )
     assert len(str(refused.value)) < 1_000 and "characters cut" in str(refused.value)
 
