@@ -358,7 +358,9 @@ def _edited(
     The check is the one the model's input had (:func:`_edit_check`): ``schema``, the one
     stored for the wait when no code holds it (an MCP server's tool, listed at run time,
     :func:`~runtime.messages.stored_schema`), else
-    the tool's own by its name. A call whose sub-agent asked (``pass_approvals=True``)
+    the tool's own by its name; never the tool by its name for a wait that names a
+    stored schema its message lacks (:attr:`~runtime.messages.Awaiting.schema_ref`).
+    A call whose sub-agent asked (``pass_approvals=True``)
     is an edit of the sub-agent's call (``Awaiting.asked_tool``/``asked_input``), not of
     the agent tool's prompt, checked against that tool's schema.
 
@@ -393,6 +395,14 @@ def _edited(
     if not isinstance(edited, Mapping):
         raise InvalidDecision(
             f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
+        )
+    if schema is None and waiting.schema_ref is not None:
+        # The wait names a stored schema its message does not hold (a damaged or
+        # hand-built record): the tool of that name here may be another listing's, or
+        # another tool's altogether, so it must not stand in for the schema named.
+        raise InvalidDecision(
+            f"{where}: the schema stored for it ({waiting.schema_ref}) is not in its "
+            "message, so an edited input cannot be checked"
         )
     check, schema = _edit_check(part, name, tools, schema)
     if check is None:  # the tool is gone (a redeploy): nothing to check the edit with

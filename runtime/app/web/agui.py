@@ -294,9 +294,13 @@ def _tool_answers(
         if message["role"] != "tool":
             continue
         call_id = message["toolCallId"]
-        if call_id in answered:
-            continue  # a result the thread holds already, sent back with the history
         call = by_call.get(call_id)
+        if call_id in answered and (call is None or call.decided):
+            # a result the thread holds already, sent back with the history; never a call
+            # that waits now: a call id is unique in a turn only (a provider numbering
+            # its calls ``call_0`` in every response), so an earlier turn's result under
+            # the same id passed over this turn's answer, which no run could then give
+            continue
         if call is None:
             if call_id in known:
                 raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
@@ -362,7 +366,8 @@ def _uncovered(
 
 def _pending_refusal(calls: Sequence[PendingCall]) -> AGUIError:
     approvals = [c.approval_id for c in calls if c.kind == APPROVAL]
-    client = [c.tool_call_id for c in calls if c.kind != APPROVAL]
+    # (a sub-agent's client call passed up is answered under its own id: ``H.L0``)
+    client = [c.approval_id if c.sub_tool else c.tool_call_id for c in calls if c.kind != APPROVAL]
     said = []
     if approvals:
         said.append(f"interrupts {approvals} (answer them in 'resume')")
