@@ -953,7 +953,9 @@ class TurnStream:
         a delta of a whole Anthropic turn (callgrind, issue 24 goal 1). A generator that
         one ``async for`` left early (``break``) waits at its ``yield``; the stream closes
         it when its ``async with`` is left, so none is collected unfinished (Trio warns
-        of that)."""
+        of that). So a loop over the stream ends with its block: one that another task
+        runs and is between two chunks then reads no further (one waiting for a chunk
+        ends with the turn, as before)."""
         reader = cast("AsyncGeneratorType[OutputChunk, None]", self._read())
         readers = self._readers
         if readers is None:
