@@ -263,6 +263,15 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         return await anext(self)
 
     monkeypatch.setattr(TurnStream, "__anext__", counted_anext)
+    aiter_calls = 0
+    loop = TurnStream.__aiter__
+
+    def counted_aiter(self: TurnStream) -> object:  # ``async for`` (a generator a loop)
+        nonlocal aiter_calls
+        aiter_calls += 1
+        return loop(self)
+
+    monkeypatch.setattr(TurnStream, "__aiter__", counted_aiter)
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
     turn = await submitter.submit("s", "tools one")
@@ -274,7 +283,7 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         await submitter.aclose()
         await store.aclose()
     assert done is not None and done.status == "done"
-    assert anext_calls == 0
+    assert anext_calls == 0 and aiter_calls == 0
     [writer] = relay.writers
     types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
     assert types[0] == "start" and types[-1] == "finish" and writer.closed
