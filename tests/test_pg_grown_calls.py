@@ -192,7 +192,7 @@ async def test_the_step_that_waits_saves_a_grown_answer_and_claims_next_in_one_c
 ) -> None:
     """The save of the step that makes a long turn wait for a person writes its answer's
     head and new parts, suspends the turn and claims the next turn for the slot it frees,
-    in one call (``axon_save_next_v7`` takes the segments)."""
+    in one call (``axon_save_next_v8`` takes the segments)."""
     monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
