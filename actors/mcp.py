@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import weakref
@@ -35,9 +36,9 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
-import orjson
 import trio
 
+from actors.mcp_lines import Lines, bounded, describe_invalid, line_transport
 from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
@@ -440,7 +441,13 @@ class MCPServerActor(Actor):
         self._refreshed = trio.Event()
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
+        self._refresh_due = False
+        """Whether a :meth:`_refresh` is started and not yet listing."""
         self._log = get_logger("axon.mcp")
+        values = [value for _, value in (*config.env, *config.headers)]
+        self._secrets = tuple({part for v in values for part in (v, *v.split())})
+        """What no error may quote: the values of the server's env and headers, and
+        their words (the token after ``Bearer``)."""
 
     # -- what sessions call ----------------------------------------------------------
 
@@ -511,7 +518,7 @@ class MCPServerActor(Actor):
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
-        self._stale = False
+        self._stale = self._refresh_due = False  # (a refresh of the last run died with it)
         with trio.CancelScope() as connecting:
             connecting.deadline = trio.current_time() + self.config.connect_timeout
             async with (
@@ -556,7 +563,8 @@ class MCPServerActor(Actor):
                     "or not accepted"
                 )
         else:
-            self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+            error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+            self.last_error = self._server_said(error)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
         self._answer_in_flight(
             MCPServerDied(
@@ -659,6 +667,7 @@ class MCPServerActor(Actor):
 
     async def _serve(self, request: CallMCPTool) -> None:
         from mcp.shared.exceptions import MCPError
+        from pydantic import ValidationError
 
         name = self.config.name
         outcome: Any
@@ -681,11 +690,24 @@ class MCPServerActor(Actor):
             elif (status := _http_status(exc)) is not None:
                 outcome = MCPToolError(f"MCP server {name!r} answered {status}")
             else:
-                outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
+                said = self._server_said(str(exc))
+                outcome = MCPToolError(f"MCP server {name!r} answered with an error: {said}")
+        except ValidationError as exc:  # its text quotes the result: see describe_invalid
+            why = describe_invalid(exc)
+            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {why}")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
-            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {exc}")
+            # (whose text quotes the result whole, then the schema: its first line)
+            why = self._server_said(str(exc).partition("\n")[0])
+            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {why}")
         self._in_flight.discard(request)
         _answer(request, outcome)
+
+    def _server_said(self, text: str) -> str:
+        """``text`` (what the server said, or an error quoting it) cut to
+        :data:`ERROR_MESSAGE_CHARS`, without the values of its env and headers (a server
+        that echoes the API key it was given) and without key-shaped text."""
+        kept, cut = bounded(_PYDANTIC_INPUT.sub("", text), self._secrets, ERROR_MESSAGE_CHARS)
+        return kept + ("..." if cut else "")
 
     async def _list_tools(self) -> None:
         config = self.config
@@ -757,7 +779,11 @@ class MCPServerActor(Actor):
     async def _on_message(self, types: Any, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self._stale = True  # before any await: the next step waits for the new list
-            if self._nursery is not None:
+            if self._nursery is not None and not self._refresh_due:
+                # One refresh waits at a time: a flood of notices started one task each
+                # (5,000: 1.3 s more of the loop than as many log notices), all queued
+                # on the lock to find the list fresh.
+                self._refresh_due = True
                 self._nursery.start_soon(self._refresh)
         elif isinstance(message, Exception):
             error = _describe(message)
@@ -765,6 +791,7 @@ class MCPServerActor(Actor):
 
     async def _refresh(self) -> None:
         async with self._refresh_lock:
+            self._refresh_due = False  # a notice from now on needs a listing after this one
             if not self._stale:
                 return
             self._stale = False  # a notice that arrives during the listing marks it again
@@ -820,7 +847,6 @@ _STDIO_INTERNALS = (
     "get_default_environment",
     "_drain_stdout",
     "_stop_server_process",
-    "_aclose_all",
     "_WRITER_FLUSH_TIMEOUT",
 )
 """What :func:`_stdio_client` borrows of ``mcp.client.stdio`` (2.3): names the package
@@ -848,84 +874,47 @@ async def _stdio_client(
     server: Any, limit: int, too_long: Callable[[int], None]
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The ``mcp`` package's ``stdio_client``, with its process handling (spawn, the
-    shutdown sequence, the tree kill), reading the server's stdout in bounded lines.
+    shutdown sequence, the tree kill), reading the server's stdout in bounded lines
+    (:func:`~actors.mcp_lines.line_transport`).
 
     Its own reader joined each chunk to the line so far and split it all again: a
     result of a few megabytes (a file a server read) took the event loop seconds to
     minutes of CPU, every session of the host stalled, and a line without end was
-    buffered without end. Here the search for the newline resumes where it stopped,
-    and a line longer than ``limit`` ends the connection (``too_long(limit)`` first).
-    Bytes that are not UTF-8 make the line a parse error, as any other garbage line."""
-    import anyio
-    import anyio.lowlevel
+    buffered without end. It also dropped a line it could not read, which left the
+    request that line answered waiting its timeout: :class:`~actors.mcp_lines.Lines`
+    fails it at once, quoting the line without the server's ``env`` values."""
     from mcp.client import stdio
 
     command = await stdio._get_executable_command(server.command)
+    env = server.env or {}
     process = await stdio._create_platform_compatible_process(
         command=command,
         args=server.args,
-        env=stdio.get_default_environment() | (server.env or {}),
+        env=stdio.get_default_environment() | env,
         errlog=sys.stderr,
         cwd=server.cwd,
     )
-    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
-    writer_done = anyio.Event()
+    assert process.stdout is not None and process.stdin is not None
+    async with line_transport(
+        functools.partial(process.stdout.receive, 65536),
+        process.stdin.send,
+        lines=Lines(secrets=env.values()),
+        limit=limit,
+        too_long=too_long,
+        encoding=server.encoding,
+        drain=functools.partial(stdio._drain_stdout, process),
+        stop=functools.partial(stdio._stop_server_process, process),
+        flush_timeout=stdio._WRITER_FLUSH_TIMEOUT,
+    ) as streams:
+        yield streams
 
-    async def stdout_reader() -> None:
-        assert process.stdout is not None
-        buffer, scanned = bytearray(), 0
-        try:
-            async with read_writer:  # closed first: the session sees the end at once
-                while True:
-                    while (end := buffer.find(b"\n", scanned)) < 0:
-                        if len(buffer) > limit:
-                            too_long(limit)
-                            return
-                        scanned = len(buffer)
-                        buffer += await process.stdout.receive(65536)
-                    if end > limit:  # its end came with the read that passed the limit
-                        too_long(limit)
-                        return
-                    line = buffer[:end].decode(server.encoding, errors="replace")
-                    del buffer[: end + 1]
-                    scanned = 0
-                    await read_writer.send(_parse_line(line))
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        except ConnectionError:
-            pass
-        finally:
-            del buffer
-            await stdio._drain_stdout(process)  # until the shutdown closes the pipe
 
-    async def stdin_writer() -> None:
-        assert process.stdin is not None
-        try:
-            async with write_reader:
-                async for message in write_reader:
-                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((text + "\n").encode(server.encoding))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()  # the session sees the connection end
-        finally:
-            writer_done.set()
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(stdout_reader)
-        tasks.start_soon(stdin_writer)
-        try:
-            yield read_stream, write_stream
-        finally:
-            with anyio.CancelScope(shield=True):
-                read_stream.close()
-                write_stream.close()
-                with anyio.move_on_after(stdio._WRITER_FLUSH_TIMEOUT):
-                    await writer_done.wait()
-                await stdio._stop_server_process(process)
-                await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
-                await anyio.lowlevel.checkpoint()
-            tasks.cancel_scope.cancel()
+_PYDANTIC_INPUT = re.compile(
+    r", input_value=.*?, input_type=\w+(?=\])|\n *For further information .*"
+)
+"""What a pydantic error's text quotes of its input (cut in the middle: a key's head or
+tail, past redaction) and its link: the ``mcp`` package's errors for an HTTP answer or
+SSE event it cannot read carry them."""
 
 
 HTTP_STATUS = "axon.httpStatus"
@@ -1013,6 +1002,36 @@ async def _status_answer(request: Any, response: Any, secrets: Iterable[str]) ->
     )
 
 
+def _posted_ids(request: Any) -> tuple[Any, Any]:
+    """The id of the JSON-RPC request ``request`` posts, and the id of the request it
+    cancels (``notifications/cancelled``), each ``None`` when it posts no such message
+    (as the ``mcp`` package matches ids: ``"7"`` is ``7``)."""
+    if request.method != "POST":
+        return None, None
+    try:
+        message = json.loads(request.content)
+    except (ValueError, TypeError, AttributeError, RuntimeError):
+        return None, None
+    if not isinstance(message, dict) or not isinstance(method := message.get("method"), str):
+        return None, None
+    if method == "notifications/cancelled":
+        params = message.get("params")
+        cancelled = params.get("requestId") if isinstance(params, dict) else None
+        return None, _coerced_id(cancelled)
+    return _coerced_id(message.get("id")), None
+
+
+def _coerced_id(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
     """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
     most ``limit`` bytes: the package read any JSON answer whole (a server could make
@@ -1026,34 +1045,52 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
         pass
 
     class Limited(httpx2.AsyncByteStream):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+        """An answer's body: at most ``limit`` bytes (``None``: an SSE stream, whose
+        events the package limits), closed by :meth:`Transport.cancel` too."""
+
+        def __init__(self, inner: Any, limit: int | None, done: Callable[[], Any]) -> None:
+            self.inner, self.limit, self.done = inner, limit, done
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             read = 0
             async for chunk in self.inner:
                 read += len(chunk)
-                if read > limit:
-                    raise TooLarge(f"the answer is longer than {limit} bytes")
+                if self.limit is not None and read > self.limit:
+                    raise TooLarge(f"the answer is longer than {self.limit} bytes")
                 yield chunk
 
         async def aclose(self) -> None:
+            self.done()
             await self.inner.aclose()
 
     class Transport(httpx2.AsyncBaseTransport):
         def __init__(self) -> None:
             self.inner = httpx2.AsyncHTTPTransport()
+            self.answering: dict[Any, Limited] = {}
+            """The answers being read, by the id of the request they answer."""
 
         async def handle_async_request(self, request: Any) -> Any:
+            posted, cancelled = _posted_ids(request)
+            if cancelled is not None and (answer := self.answering.get(cancelled)):
+                # The package reads a cancelled request's SSE answer on until the server
+                # ends it: a server that never did kept a task and a connection per
+                # cancelled call (a timed-out one) for the connection's life.
+                await answer.aclose()
             response = await self.inner.handle_async_request(request)
             if response.status_code >= 400 and request.method == "POST":
                 return await _status_answer(request, response, (headers or {}).values())
-            if "json" not in response.headers.get("content-type", "").lower():
-                return response  # SSE: the package limits each event
+            json_body = "json" in response.headers.get("content-type", "").lower()
+            answer = Limited(
+                response.stream,
+                limit if json_body else None,
+                functools.partial(self.answering.pop, posted, None),
+            )
+            if posted is not None:
+                self.answering[posted] = answer
             return httpx2.Response(
                 response.status_code,
                 headers=response.headers,
-                stream=Limited(response.stream),
+                stream=answer,
                 extensions=response.extensions,
                 request=request,
             )
@@ -1063,60 +1100,6 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
 
     timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
     return httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Transport())
-
-
-def _parse_line(line: str) -> Any:
-    """A line of a stdio server as a message, or an exception saying what is wrong with
-    it without its text. The ``mcp`` package's parser logged the line (a pydantic error
-    quotes it, cut to ``'sk-ant-api...QQQ'``, past the redaction of the key it held),
-    and its error, which the actor logs, quoted it too."""
-    import mcp_types
-    from mcp.shared.message import SessionMessage
-    from pydantic import ValidationError
-
-    try:
-        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValidationError as exc:
-        why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
-        error = f"a line of {len(line)} characters is no JSON-RPC message: {why}"
-    except ValueError:
-        error = f"a line of {len(line)} characters is no JSON-RPC message"
-    else:
-        return SessionMessage(message)
-    answered = _answered_id(line)
-    if answered is None:
-        return MCPServerError(error)
-    # The answer to a request of ours: the request fails with it now. Logged and dropped,
-    # it left the request waiting for its timeout: a listing, 30 s for nothing.
-    failed = mcp_types.JSONRPCError(
-        jsonrpc="2.0",
-        id=answered,
-        error=mcp_types.ErrorData(
-            code=UNREADABLE_ANSWER, message=f"its answer could not be read: {error}"
-        ),
-    )
-    return SessionMessage(failed)
-
-
-UNREADABLE_ANSWER = -32603
-"""The JSON-RPC code (internal error) a request whose answer :func:`_parse_line` could
-not read fails with."""
-
-
-def _answered_id(line: str) -> int | str | None:
-    """The id of the answer ``line`` is (an object with an ``id`` and no ``method``), when
-    it is one that ``orjson`` reads (nested up to 1,024 deep, past the ``mcp`` package's
-    200), else ``None``."""
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or "method" in value:
-        return None
-    answered = value.get("id")
-    if isinstance(answered, bool) or not isinstance(answered, int | str):
-        return None
-    return answered
 
 
 class _WatchedTransport:

@@ -364,6 +364,7 @@ async def _measure_once(
         await trio.to_thread.run_sync(_drop_schema, schema)
         await _delete_keys(prefix)
     got = {
+        "turns": turns,
         "seconds": float(seconds),
         "local_seconds": local,
         "first_claim_after_s": float(first_claim),
@@ -412,27 +413,50 @@ async def _scaling(sizes: Sizes, delay: float, logs: Path) -> list[Figure]:
     return figures
 
 
+def _run_cores(measured: dict[str, Any]) -> float:
+    """The cores a measurement's own processes had (workers, PostgreSQL, Redis, the
+    submitter; not ``others``, the machine's other programs)."""
+    return sum(v for k, v in measured["cores"].items() if k != "others")
+
+
 def _others(details: list[dict[str, Any]]) -> str:
     """The cores other programs took during the measurements (median, max), for the
-    figure's detail: CPU bound, what they took the workers did not get."""
+    figure's detail (CPU bound, what they took the workers did not get), and what bounds
+    the ratio. A run's turns/s is the cores its processes had (``u``) over their CPU a
+    turn (``t``), so 2 / 1 is exactly ``(u2 / u1) x (t1 / t2)``: at best ``u2`` is the
+    machine's cores and ``t2`` is ``t1``, the ceiling ``cores / u1``. ``u1`` is ``c1 x
+    (1 + n / w)`` (``c1`` the one worker's cores, ``w`` its CPU a turn, ``n`` the rest's),
+    so the ceiling is about ``2 / (1 + n / w)`` on 2 cores: the README's section 8."""
     others = [d["cores"]["others"] for d in details if d.get("cores")]
     if not others:
         return ""
-    # The ceiling: the machine's cores over what one worker's run took of them (its
-    # process, PostgreSQL, Redis, the submitter): two workers cannot go past it, however
-    # well they scale, once one worker's run takes more than half the machine.
     # Other programs' cores ("others": the machine's other sessions) are not the run's:
     # counted in, a busy machine would lower the ceiling the run itself sets.
-    one = [
-        sum(v for k, v in d["cores"].items() if k != "others")
-        for d in details
-        if d.get("cores") and d["workers"] == 1
-    ]
+    ones = [d for d in details if d.get("cores") and d["workers"] == 1]
+    twos = [d for d in details if d.get("cores") and d["workers"] == 2]
     cpus = os.cpu_count() or 1
     ceiling = ""
-    if one and median(one) > 0:
-        taken = median(one)
+    if ones and median([_run_cores(d) for d in ones]) > 0:
+        taken = median([_run_cores(d) for d in ones])
         ceiling = f"; ceiling {cpus / taken:.2f}x ({cpus} cores / {taken:.2f} by one worker's run)"
+        if all(d["cores"].get("workers") for d in ones):
+            outside = median([_run_cores(d) / d["cores"]["workers"] - 1 for d in ones])
+            # The same with the one worker at a full core (on a busy machine it gets less,
+            # which raises cores / u1 past what a quiet one would give).
+            ceiling += (
+                f", CPU outside the workers / the workers' {outside:.2f}: "
+                f"{cpus / (1 + outside):.2f}x at a full core a worker"
+            )
+        timed = [d for d in ones + twos if d.get("turns") and d.get("local_seconds")]
+        if twos and len(timed) == len(ones) + len(twos):
+            # CPU a turn of the run's processes: cores x seconds / turns.
+            def cost(ds: list[dict[str, Any]]) -> float:
+                return median([_run_cores(d) * d["local_seconds"] / d["turns"] for d in ds])
+
+            ceiling += (
+                f"; two workers' run {median([_run_cores(d) for d in twos]):.2f} cores, its "
+                f"CPU a turn {cost(twos) / cost(ones):.2f}x one worker's"
+            )
     return f"; other programs took {median(others):.2f} cores (max {max(others):.2f}){ceiling}"
 
 

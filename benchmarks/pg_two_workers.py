@@ -1,15 +1,15 @@
 """PostgreSQL's own counters a turn, one worker against two, by hand (issue 24 goal 3, ``pg2w``).
 
 Not one of the numbered figures (``python3 -m benchmarks`` does not run it): run it as
-``python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] [FLEETS]`` from the tree to
-measure (``PYTHONPATH`` at it). Figure 8's CPU-bound run (:mod:`benchmarks.bench_workers`:
-real worker processes, concurrency 8, one-turn sessions held then released at once), on a
-throwaway PostgreSQL of its own started with ``pg_stat_statements`` (``track=all``: the
-statements inside the server-side functions too) and ``track_functions``, and a throwaway
-Redis. ``WARM`` turns (default none, as figure 8) run first in the same worker processes
-(their connections opened and warmed), then the counters are reset and ``TURNS`` more are
-released and counted. ``FLEETS``: the numbers of workers to run, ``1,2`` unless given
-(``1``: one worker only).
+``python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] [FLEETS] [--waits]``
+from the tree to measure (``PYTHONPATH`` at it). Figure 8's CPU-bound run
+(:mod:`benchmarks.bench_workers`: real worker processes, concurrency 8, one-turn sessions
+held then released at once), on a throwaway PostgreSQL of its own started with
+``pg_stat_statements`` (``track=all``: the statements inside the server-side functions
+too) and ``track_functions``, and a throwaway Redis. ``WARM`` turns (default none, as
+figure 8) run first in the same worker processes (their connections opened and warmed),
+then the counters are reset and ``TURNS`` more are released and counted. ``FLEETS``: the
+numbers of workers to run, ``1,2`` unless given (``1``: one worker only).
 
 Per turn, printed and written to ``OUT.json``, 1 worker then 2 (alternated by round): the
 database's commits, buffer hits, tuples; WAL records and bytes, and the WAL's records by
@@ -18,9 +18,22 @@ kind (``pg_walinspect``: a heap ``UPDATE`` against a ``HOT_UPDATE``, a B-tree
 each index's entries read and rows fetched; each statement's calls, rows, plans (planning
 tracked), buffers hit and dirtied, WAL and time; the server-side functions' calls; the
 CPU (``/proc/PID/schedstat``) and voluntary switches of every PostgreSQL process by role
-(backends, new backends, the walwriter...); the waits of active backends sampled every 10
-ms from ``pg_stat_activity``. Counts, so the machine's other work moves them little; the
-CPU is as noisy as any here. The workers' logs go to ``OUT.logs/``.
+(backends, new backends, the walwriter...). With ``--waits``, the waits of active backends
+sampled every 10 ms from ``pg_stat_activity`` (100 statements a second: PostgreSQL's and
+this process's CPU, so off by default). Counts, so the machine's other work moves them
+little; the CPU is as noisy as any here. The workers' logs go to ``OUT.logs/``.
+
+Also per turn, over the same window (the release to the last turn done), **where the
+machine's cores went** (``split_us``, ``/proc``): each worker process (all its threads),
+PostgreSQL (every process of its own server), Redis, this process (the submitter: it only
+polls a ``count(*)`` every 100 ms then), and ``others``: the machine's busy time less those
+(other programs); with the window's wall time, the cores each had. The submissions are
+before the window, as figure 8's are: what they cost this process (a front end's part of a
+turn) and PostgreSQL is ``submit_us``. And the Redis commands a turn (``INFO commandstats``
+of the run's own server, by command) and its socket reads (``reads``: round trips). With
+each pair, the ceiling of two workers' turns/s over one's on the machine's cores:
+``cores x w1 / (c1 x t)``, ``w1`` one worker's CPU a turn, ``c1`` the cores it had, ``t``
+all the run's processes' CPU a turn (one worker's, and the pair's).
 """
 
 from __future__ import annotations
@@ -129,8 +142,55 @@ async def _wait_done(admin: Any, schema: str, n: int) -> None:
         await trio.sleep(0.1)
 
 
+def _busy_s() -> float:
+    """Seconds the machine's cores were busy so far (``/proc/stat``: all but idle, iowait)."""
+    from benchmarks import bench_turn_cpu as cpu
+
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / cpu.TICK
+
+
+def _split_s(workers: list[int], postmaster: int, redis: int) -> dict[str, float]:
+    """CPU seconds so far of each worker, PostgreSQL's server (every process), Redis, this
+    process and the machine (``busy``)."""
+    from benchmarks import bench_turn_cpu as cpu
+
+    got = {f"worker{i}": cpu.process_cpu(pid) for i, pid in enumerate(workers)}
+    return {
+        **got,
+        "postgresql": cpu.tree_cpu(postmaster),
+        "redis": cpu.process_cpu(redis),
+        "submitter": cpu.process_cpu(os.getpid()),
+        "busy": _busy_s(),
+        "wall": time.monotonic(),
+    }
+
+
+def _split_per_turn(
+    before: dict[str, float], after: dict[str, float], turns: int
+) -> dict[str, float]:
+    """µs a turn of each part between two :func:`_split_s`, ``others`` (busy less the
+    run's), ``total`` (the run's) and each part's cores (``cores_*``)."""
+    spent = {k: after[k] - before[k] for k in before}
+    wall, busy = spent.pop("wall"), spent.pop("busy")
+    ours = sum(spent.values())
+    spent["others"] = busy - ours
+    got = {k: v / turns * 1e6 for k, v in spent.items()}
+    got["total"] = ours / turns * 1e6
+    got["wall"] = wall / turns * 1e6
+    got.update({f"cores_{k}": v / wall for k, v in spent.items()})
+    return got
+
+
 async def _measure(
-    pg: services.PostgresServer, admin: Any, n: int, turns: int, warm: int, logs: Path
+    pg: services.PostgresServer,
+    admin: Any,
+    n: int,
+    turns: int,
+    warm: int,
+    logs: Path,
+    waits: bool,
 ) -> dict[str, Any]:
     """Counters a turn of ``turns`` turns run by ``n`` workers after ``warm`` others."""
     from benchmarks import bench_turn_cpu as cpu
@@ -140,11 +200,17 @@ async def _measure(
     prefix = f"axonbench:{uuid.uuid4().hex[:10]}:"
     got: dict[str, Any] = {"workers": n, "turns": turns, "load": os.getloadavg()[0]}
     try:
+        postmaster = cpu.postmaster_pid(pg.url)
+        redis_pid = cpu.redis_pid(os.environ["AXON_BENCH_REDIS"])
+        submitting = _split_s([], postmaster, redis_pid)
         await bw._submit(url, turns + warm)
+        got["submit_us"] = _split_per_turn(
+            submitting, _split_s([], postmaster, redis_pid), turns + warm
+        )
         await trio.to_thread.run_sync(
             bw._sql, url, "ANALYZE axon_turns", "UPDATE axon_turns SET cancel_requested = true"
         )
-        with bw._worker_processes(n, url, prefix, 8, 0.0, logs):
+        with bw._worker_processes(n, url, prefix, 8, 0.0, logs) as procs:
             if warm:
                 await trio.to_thread.run_sync(
                     bw._sql, url,
@@ -162,17 +228,31 @@ async def _measure(
             [(lsn,)] = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchall()
             pids = _server_pids(cpu.postmaster_pid(pg.url))
             before = {pid: (_schedstat_ns(pid), _voluntary(pid)) for pid in pids}
-            sampler = _WaitSampler(pg.url)
-            sampler.start()
+            sampler = _WaitSampler(pg.url) if waits else None
+            if sampler is not None:
+                sampler.start()
+            workers = [proc.pid for proc in procs]
+            commands = cpu.redis_counts(os.environ["AXON_BENCH_REDIS"])
+            split = _split_s(workers, cpu.postmaster_pid(pg.url), redis_pid)
             await trio.to_thread.run_sync(
                 bw._sql, url,
                 "UPDATE axon_turns SET cancel_requested = false WHERE cancel_requested",
                 f"NOTIFY axon_turns, '{schema}:go'",
             )  # fmt: skip
             await _wait_done(admin, schema, turns + warm)
+            got["split_us"] = _split_per_turn(
+                split, _split_s(workers, cpu.postmaster_pid(pg.url), redis_pid), turns
+            )
+            counted = cpu.redis_counts(os.environ["AXON_BENCH_REDIS"])
+            got["redis_calls"] = {
+                k: (v - commands.get(k, 0)) / turns
+                for k, v in counted.items()
+                if v != commands.get(k, 0)
+            }
             [(end,)] = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchall()
-            sampler.stopped.set()
-            sampler.join()
+            if sampler is not None:
+                sampler.stopped.set()
+                sampler.join()
             roles: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
             for pid in _server_pids(cpu.postmaster_pid(pg.url)):
                 ns0, vol0 = before.get(pid, (0, 0))
@@ -183,7 +263,7 @@ async def _measure(
             got["cpu_us_switches_processes"] = {
                 k: [round(x, 2) for x in v] for k, v in roles.items()
             }
-            got["waits_sampled"] = dict(sampler.waits)
+            got["waits_sampled"] = dict(sampler.waits) if sampler is not None else None
             got["statements"] = _rows(
                 admin,
                 "SELECT calls, rows, plans, shared_blks_hit AS hit, shared_blks_dirtied AS "
@@ -256,11 +336,71 @@ def _summary(got: dict[str, Any]) -> str:
         + "; WAL records a turn: "
         + ", ".join(f"{k['kind']} {k['count'] / turns:.2f}" for k in got["wal_kinds"][:8])
         + f"\n    CPU µs, voluntary switches a turn, processes: {cpu}"
-        f"\n    waits sampled: {got['waits_sampled']}"
+        f"\n    waits sampled: {got['waits_sampled']}" + _split_summary(got)
     )
 
 
-async def _main(out: str, turns: int, rounds: int, warm: int, fleets: tuple[int, ...]) -> None:
+def _statement_calls(got: dict[str, Any]) -> float:
+    """Top-level statements a turn (the functions' inner ones not counted)."""
+    return sum(s["calls"] for s in got["statements"] if s["toplevel"]) / got["turns"]
+
+
+_PARTS = ("worker", "postgresql", "redis", "submitter")
+"""The run's own processes in ``split_us`` (the workers summed); ``others`` is not one."""
+
+
+def _parts(split: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """``split``'s µs a turn (or with ``prefix`` ``"cores_"`` its cores) by part, the
+    workers summed, with ``others`` and ``total`` (the run's processes)."""
+    got = dict.fromkeys((*_PARTS, "others"), 0.0)
+    for key, value in split.items():
+        part = key.removeprefix(prefix).rstrip("0123456789")  # worker0, worker1: worker
+        if key.startswith(prefix) and part in got and (prefix or not key.startswith("cores_")):
+            got[part] += value
+    got["total"] = sum(got[p] for p in _PARTS)
+    return got
+
+
+def _split_summary(got: dict[str, Any]) -> str:
+    us, cores = _parts(got["split_us"]), _parts(got["split_us"], "cores_")
+    submit = _parts(got["submit_us"])
+    calls = got["redis_calls"]
+    return (
+        "\n    µs a turn (cores): "
+        + ", ".join(f"{p} {us[p]:.0f} ({cores[p]:.2f})" for p in us)
+        + f", wall {got['split_us']['wall']:.0f}"
+        + f"; outside the workers / the workers {(us['total'] - us['worker']) / us['worker']:.3f}"
+        + f"\n    submitting, µs a turn: this process {submit['submitter']:.0f}, PostgreSQL "
+        f"{submit['postgresql']:.0f}"
+        + f"\n    top-level statements a turn {_statement_calls(got):.2f}; Redis a turn: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(calls.items()))
+    )
+
+
+def _ceiling(one: dict[str, Any], two: dict[str, Any]) -> str:
+    """Two workers' turns/s over one's, taken apart. A run's turns/s is the cores its
+    processes had (``u``) over their CPU a turn (``t``), so 2 / 1 is exactly
+    ``(u2 / u1) x (t1 / t2)``: the cores the second worker's run found, times how much
+    dearer a turn got. At best ``u2`` is the machine's cores and ``t2`` is ``t1``: the
+    ceiling ``cores / u1``; ``u1`` is ``c1 x t1 / w1`` (``c1`` the cores the one worker had,
+    ``w1`` its CPU a turn), ``cores / (1 + n / w1)`` at a full core (``n``: the CPU a turn
+    outside the workers)."""
+    cpus = os.cpu_count() or 1
+    a, b = _parts(one["split_us"]), _parts(two["split_us"])
+    u1, u2 = _parts(one["split_us"], "cores_")["total"], _parts(two["split_us"], "cores_")["total"]
+    outside = (a["total"] - a["worker"]) / a["worker"]
+    return (
+        f"2 / 1 measured {one['split_us']['wall'] / two['split_us']['wall']:.2f}x = cores "
+        f"{u2:.2f} / {u1:.2f} x CPU a turn {a['total']:.0f} / {b['total']:.0f} µs "
+        f"({u2 / u1:.2f} x {a['total'] / b['total']:.2f}); ceiling {cpus} / {u1:.2f} = "
+        f"{cpus / u1:.2f}x; at a full core for one worker {cpus / (1 + outside):.2f}x "
+        f"(outside the workers / the workers {outside:.3f})"
+    )
+
+
+async def _main(
+    out: str, turns: int, rounds: int, warm: int, fleets: tuple[int, ...], waits: bool
+) -> None:
     import psycopg
 
     pg, redis = _stats_postgres(), services.RedisServer()
@@ -274,8 +414,11 @@ async def _main(out: str, turns: int, rounds: int, warm: int, fleets: tuple[int,
         results = []
         for r in range(rounds):
             for n in fleets if r % 2 == 0 else fleets[::-1]:
-                results.append(await _measure(pg, admin, n, turns, warm, logs))
+                results.append(await _measure(pg, admin, n, turns, warm, logs, waits))
                 print(_summary(results[-1]), flush=True)
+                pair = {g["workers"]: g for g in results[-2:]}
+                if len(results) % 2 == 0 and set(pair) == {1, 2}:
+                    print("  " + _ceiling(pair[1], pair[2]), flush=True)
                 text = json.dumps(results, indent=1, default=str)
                 await trio.to_thread.run_sync(Path(out).write_text, text)
         admin.close()
@@ -288,11 +431,14 @@ def main() -> None:
     args = sys.argv[1:]
     if not args:
         sys.exit(
-            "usage: python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] [FLEETS]"
+            "usage: python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] "
+            "[FLEETS] [--waits]"
         )
+    waits = "--waits" in args
+    args = [a for a in args if a != "--waits"]
     numbers = [int(a) for a in args[1:4]] + [800, 2, 0][len(args[1:4]) :]
     fleets = tuple(int(n) for n in args[4].split(",")) if len(args) > 4 else (1, 2)
-    trio.run(_main, args[0], *numbers[:3], fleets)
+    trio.run(_main, args[0], numbers[0], numbers[1], numbers[2], fleets, waits)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,14 @@ from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
     AlreadyDecided,
     CallerDecides,
+    EditTooLarge,
     InvalidDecision,
     StoreConflict,
     UnknownApproval,
     WaitExpired,
     describe_exception,
 )
+from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -42,13 +44,14 @@ from runtime.messages import (
     share_schemas,
     stored_schema,
 )
+from runtime.redact import redact
 from runtime.results import truncate_output
 from runtime.store import SessionRecord, Store
 from runtime.tools import (
     InvalidJSONSchema,
     ToolInputError,
     check_against_schema,
-    json_schema_validator,
+    linear_schema_validator,
     own_input,
     to_jsonable,
 )
@@ -262,6 +265,19 @@ def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
     )
 
 
+def output_check(tool: Any, sub_tool: str | None = None) -> Callable[[Any], None] | None:
+    """The check of a caller's output for a client-side call of ``tool``: its output
+    schema's (:meth:`~runtime.tools.ClientTool.validate_output`), or, for a sub-agent's
+    client tool ``sub_tool`` passed up through the agent tool ``tool``, that tool's
+    (:meth:`~runtime.agent.AgentTool.validate_sub_output`); ``None``: no check. It
+    raises :class:`~runtime.tools.ToolInputError`. A front end whose answers come as
+    text reads them by it (an AG-UI tool message's, :mod:`runtime.app.web.agui_input`)."""
+    if sub_tool is not None:
+        sub_check = getattr(tool, "validate_sub_output", None)
+        return None if sub_check is None else functools.partial(sub_check, sub_tool)
+    return getattr(tool, "validate_output", None)  # type: ignore[no-any-return]
+
+
 def _check(
     part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
 ) -> Awaiting:
@@ -308,14 +324,9 @@ def _check(
     output = None
     if decision.error is None:
         output = _storable_output(part, decision.output)
-        tool = tools.get(part.tool_name)
-        check = getattr(tool, "validate_output", None)
-        if decision.by_caller:  # checked whole by the caller, which may have cut it
-            check = None
-        elif waiting.sub_tool is not None:  # a sub-agent's client tool's, passed up
-            sub_check = getattr(tool, "validate_sub_output", None)
-            name = waiting.sub_tool
-            check = None if sub_check is None else (lambda value: sub_check(name, value))
+        check = None
+        if not decision.by_caller:  # else checked whole by the caller, which may have cut it
+            check = output_check(tools.get(part.tool_name), waiting.sub_tool)
         if check is not None:
             try:
                 check(output)
@@ -331,7 +342,11 @@ def _check(
 
 
 def _edited(
-    part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], schema: Any = None
+    part: ToolCallPart,
+    decision: Decision,
+    tools: Mapping[str, Any],
+    max_chars: int | None,
+    schema: Any = None,
 ) -> Any:
     """The edited input ``decision`` approves ``part`` with, as the store will give it
     back (JSON), or :class:`InvalidDecision`: an edit goes with ``approved=True`` only
@@ -343,7 +358,9 @@ def _edited(
     The check is the one the model's input had (:func:`_edit_check`): ``schema``, the one
     stored for the wait when no code holds it (an MCP server's tool, listed at run time,
     :func:`~runtime.messages.stored_schema`), else
-    the tool's own by its name. A call whose sub-agent asked (``pass_approvals=True``)
+    the tool's own by its name; never the tool by its name for a wait that names a
+    stored schema its message lacks (:attr:`~runtime.messages.Awaiting.schema_ref`).
+    A call whose sub-agent asked (``pass_approvals=True``)
     is an edit of the sub-agent's call (``Awaiting.asked_tool``/``asked_input``), not of
     the agent tool's prompt, checked against that tool's schema.
 
@@ -355,7 +372,10 @@ def _edited(
     (the executor makes it the call's error; here it was a 500). What a refusal echoes
     of the edit (a key, a value's text, from the tool's own error message) is cut to
     :data:`ECHOED_CHARS`: a 100 KB key was a 100 KB error, five of them five times
-    that."""
+    that.
+
+    An edit longer than the call takes is :class:`EditTooLarge` (:func:`_check_size`),
+    before the tool's check runs on it."""
     edited = decision.edited_input
     waiting = part.awaiting
     assert waiting is not None
@@ -376,18 +396,29 @@ def _edited(
         raise InvalidDecision(
             f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
         )
+    if schema is None and waiting.schema_ref is not None:
+        # The wait names a stored schema its message does not hold (a damaged or
+        # hand-built record): the tool of that name here may be another listing's, or
+        # another tool's altogether, so it must not stand in for the schema named.
+        raise InvalidDecision(
+            f"{where}: the schema stored for it ({waiting.schema_ref}) is not in its "
+            "message, so an edited input cannot be checked"
+        )
     check, schema = _edit_check(part, name, tools, schema)
     if check is None:  # the tool is gone (a redeploy): nothing to check the edit with
         raise InvalidDecision(
             f"{where}: the tool is not available here, so an edited input cannot be checked"
         )
     try:
-        stored = orjson.loads(orjson.dumps(to_jsonable(dict(edited))))
+        data = orjson.dumps(to_jsonable(dict(edited)))
+        stored = orjson.loads(data)
     except (TypeError, orjson.JSONEncodeError) as exc:
         cause = str(exc).removeprefix("tool returned a value that cannot be serialized: ")
         raise InvalidDecision(
             f"{where}: the edited input cannot be stored as JSON: {_echoed(cause)}"
         ) from None
+    if not decision.by_caller:  # (checked on the caller, against the same sub call)
+        _check_size(data, model_input, max_chars, where)
     unknown = _unknown_keys(stored, schema, model_input)
     if unknown:
         raise InvalidDecision(
@@ -406,6 +437,36 @@ def _edited(
             f"{_echoed(describe_exception(exc))}"
         ) from None
     return stored
+
+
+def _check_size(data: bytes, model_input: Any, max_chars: int | None, where: str) -> None:
+    """:class:`EditTooLarge` when an edit's JSON (``data``, as stored) is longer, in
+    characters, than the larger of ``max_chars`` (the agent's ``max_tool_result_chars``;
+    ``None``: no limit) and the JSON of the model's own input for the call
+    (``model_input``): the edit is stored as the call's input and replayed to the model
+    on every later call, so it is bounded as what the client gives otherwise is (a
+    reason, a client tool's output: cut to ``max_chars``), while an edit no longer than
+    what the model wrote itself always fits. Refused rather than cut: a cut input is
+    not the one the person approved."""
+    if max_chars is None:
+        return
+    if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
+        return
+    try:
+        own = len(orjson.dumps(model_input).decode())
+    except TypeError:  # (never stored so: the limit alone)
+        own = 0
+    limit = max(max_chars, own)
+    size = len(data.decode())
+    if size > limit:
+        raise EditTooLarge(
+            f"{where}: the edited input is {size:,} characters of JSON, more than the "
+            f"{limit:,} it may have (the larger of the agent's max_tool_result_chars, "
+            f"{max_chars:,}, and the model's own input, {own:,}): nothing was recorded, "
+            "the call still waits",
+            size=size,
+            limit=limit,
+        )
 
 
 def _edit_check(
@@ -446,21 +507,39 @@ def _edit_check(
     return getattr(tool, "validate", None), getattr(tool, "parameters", None)
 
 
+EDIT_CHECK_UNITS = 20_000
+"""What compiling the patterns of one schema stored with a wait may newly cost, in the
+units of :data:`~runtime.tools.PATTERN_UNITS` (~0.1-0.2 s at most, once per schema and
+process: a compiled pattern is kept): it is built on the deciding event loop, a front
+end's that serves every session. A pattern past it is not run on an edit (the server
+checks its own input), as one the linear engine does not take."""
+
+
 @functools.lru_cache(maxsize=32)
 def _stored_validator(schema: bytes) -> Any:
     """The validator of a stored schema (its JSON, keys sorted): built once per schema
     for the last 32 (building checks the schema against its meta-schema, 2.4 ms for a
     two-argument tool's, against 0.05 ms for the check itself).
 
-    Untrusted (``trusted=False``): the schema is what an MCP server listed and the value
-    what an HTTP client sent, checked on the deciding process's event loop (a worker
-    deployment's front end, every session's). Trusted, a 1.3 KB schema of 16 ``anyOf``
-    definitions referring twice to the one before held the loop 9.5 s per edit (18:
-    34 s), and a ``pattern`` of ``^(a|aa)*$`` minutes for 45 ``a`` and a ``!``. So its
-    ``pattern`` s are not run here (the tool's own check runs them where the call runs),
-    ``patternProperties`` refuses the edit as unchecked, and a check stops past
-    :data:`~runtime.tools.UNTRUSTED_STEPS` keywords."""
-    return json_schema_validator(orjson.loads(schema), trusted=False)
+    Untrusted (:func:`~runtime.tools.linear_schema_validator`): the schema is what an
+    MCP server listed and the value what an HTTP client sent, checked on the deciding
+    process's event loop (a worker deployment's front end, every session's). Trusted, a
+    1.3 KB schema of 16 ``anyOf`` definitions referring twice to the one before held the
+    loop 9.5 s per edit (18: 34 s), and a ``pattern`` of ``^(a|aa)*$`` in Python's
+    ``re`` minutes for 45 ``a`` and a ``!``. So its ``pattern`` s and
+    ``patternProperties`` run in linear time, compiled within :data:`EDIT_CHECK_UNITS`,
+    as the MCP tool's own check runs them on the model's input, and a check stops past
+    :data:`~runtime.tools.UNTRUSTED_STEPS` keywords. What is not run here is logged
+    once, as it is built (``approval.schema-not-checked-here``)."""
+    validator = linear_schema_validator(orjson.loads(schema), budget=[EDIT_CHECK_UNITS])
+    if validator.axon_unchecked:
+        get_logger("axon.approval").warning(
+            "approval.schema-not-checked-here",
+            unchecked=[redact(s) for s in validator.axon_unchecked],
+            error="a schema stored with a wait: not run on an edited input here (the "
+            "tool's server checks its own input): " + "; ".join(validator.axon_unchecked),
+        )
+    return validator
 
 
 def _properties(schema: Any) -> list[str]:
@@ -513,7 +592,7 @@ def _decided_part(
     waiting = _check(part, decision, tools, max_chars)
     if decision.edited_input is None:
         return attrs.evolve(part, awaiting=waiting)
-    edited = _edited(part, decision, tools, schema)
+    edited = _edited(part, decision, tools, max_chars, schema)
     if waiting.nested:  # the sub-agent's call is edited, as the call runs again
         if same_input(edited, waiting.asked_input):
             return attrs.evolve(part, awaiting=waiting)
@@ -588,7 +667,11 @@ def decide(
     ``messages``: ``(index of the changed assistant message, the messages, the call,
     whether every waiting call is decided now)``. Raises :class:`UnknownApproval`,
     :class:`AlreadyDecided` or :class:`InvalidDecision`; changes nothing then. What the
-    client gave is kept cut to ``max_chars`` (:func:`_check`)."""
+    client gave is kept cut to ``max_chars`` (:func:`_check`), and an edited input
+    longer than it (and than the model's own input) is :class:`EditTooLarge`
+    (:func:`_check_size`): a caller that checks a decision here before recording it
+    passes the ``max_chars`` the recording will use, or it would record the answers
+    before such an edit and refuse that one only."""
     index, out, call, waiting = _decide(messages, key, decision, tools, max_chars)
     return index, out, call, all(c.decided for c in waiting)
 
@@ -766,7 +849,8 @@ async def record_decision(
 
     ``max_chars``: the agent's ``max_tool_result_chars``; what the client gave (a reason,
     a client tool's output or error) is stored cut to it, with the marker, as a server
-    tool's result is (``None``: kept whole).
+    tool's result is, and an edited input longer than it and than the model's own input
+    is refused, :class:`EditTooLarge` (``None``: kept whole, any edit taken).
 
     ``clock``: the clock that decides the waits' deadlines (the host's); a call whose
     stored deadline is at or before its reading raises :class:`WaitExpired` (nothing
@@ -983,6 +1067,7 @@ __all__ = [
     "approved_waiting",
     "decide",
     "denial_text",
+    "output_check",
     "pending_calls",
     "record_decision",
     "supersede",

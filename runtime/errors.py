@@ -379,6 +379,21 @@ class InvalidDecision(DecisionError):
     output that does not match its schema, or neither given."""
 
 
+class EditTooLarge(InvalidDecision):
+    """An approval's edited input whose JSON is longer than the call takes: the larger of
+    the agent's ``max_tool_result_chars`` and the JSON of the model's own input for that
+    call (docs/approval.md, "Approving with edits"). Nothing is recorded; the call still
+    waits. Unbounded, an edit was limited only by the HTTP body (``--max-body``), kept
+    whole in the session and replayed to the model on every later call, where a reason
+    or a client tool's output is cut to ``max_tool_result_chars``. ``size``: the edit's
+    JSON, in characters; ``limit``: the most it may have."""
+
+    def __init__(self, message: str = "", *, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
 class NothingToResume(SessionError):
     """``session.resume()`` on a session with no waiting turn whose calls are all
     decided."""

@@ -294,27 +294,6 @@ def _check_references(resolver: Any, resource: Any) -> None:
         _check_references(resolver.in_subresource(sub), sub)
 
 
-def _refuse_keyword(resource: Any, keyword: str, why: str) -> None:
-    """Raise :class:`InvalidJSONSchema` when ``keyword`` is used anywhere in ``resource``
-    where a schema can be (a property *named* ``keyword`` is no use of it)."""
-    contents = resource.contents
-    if isinstance(contents, dict) and keyword in contents:
-        raise InvalidJSONSchema(f"{keyword!r} is not taken here: {why}")
-    for sub in resource.subresources():
-        _refuse_keyword(sub, keyword, why)
-
-
-def _pattern_not_run(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
-    """The ``pattern`` keyword of an untrusted schema: not run (see
-    :func:`json_schema_validator`)."""
-    return iter(())
-
-
-UNTRUSTED_PATTERNS = (
-    "a regular expression from a client could hold the server for hours "
-    "(catastrophic backtracking); the client checks its own tool's input"
-)
-
 UNTRUSTED_STEPS = 10_000
 """Keywords an untrusted schema may evaluate checking one value (3-20 us each: 0.2 s at
 most; a table of 800 rows of 10 string cells takes ~9,700). Past them the value is
@@ -335,6 +314,36 @@ def _spend(steps: int) -> None:
         left[0] -= steps
         if left[0] < 0:
             raise SchemaTooCostly
+
+
+SEARCH_UNITS_PER_STEP = 50_000
+"""A linear pattern search counted as a step of the check per this many units of its
+pattern (:func:`_compile_units`) times characters searched. The engine is linear in the
+text but its worst case also grows with the pattern (its automaton's states). On one
+machine, in one process: ``\\w{60}\\W\\w{10}`` (4,615 units) searched 200,000 ``a`` at
+0.43-0.59 ns a unit and character, where a keyword step of a ``$ref`` chain took
+33-45 us: 57,000-80,000 units and characters a step. Uncounted, that pattern held the
+loop 1.5 s (a loaded machine) on those 200,000 characters, inside the bound of steps."""
+
+
+SEARCH_CALL_UNITS = 2_500
+"""What one search costs beyond its characters, in the units of
+:data:`SEARCH_UNITS_PER_STEP` (a twentieth of a step): a search that does not match
+raises inside pydantic-core, 1.7 us where a keyword step took ~35 us. Uncounted, the
+keys of a 10,000-key object tried against 50 ``patternProperties`` (one keyword step
+each object) held the loop 0.9 s within the bound; 1,000 patterns, 18 s."""
+
+
+def _spend_search(cost: int) -> None:
+    """Take a pattern search of ``cost`` units and characters from the check under way,
+    whole steps of :data:`SEARCH_UNITS_PER_STEP` (what is left over carries to the next
+    search: a thousand small searches count as what they cost together)."""
+    left = _STEPS_LEFT.get()
+    if left is not None and cost:
+        left[1] += cost
+        if left[1] >= SEARCH_UNITS_PER_STEP:
+            steps, left[1] = divmod(left[1], SEARCH_UNITS_PER_STEP)
+            _spend(steps)
 
 
 def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
@@ -400,7 +409,8 @@ COMPILED_PATTERNS = 1_024
 """Compiled patterns kept for the process (a listing again after a restart or a
 ``tools/list_changed`` compiles none of them again)."""
 
-_COMPILED: OrderedDict[str, Callable[[str], bool] | None] = OrderedDict()
+_COMPILED: OrderedDict[str, Callable[[str], bool] | str] = OrderedDict()
+"""Each pattern compiled: its search, or why the engine does not take it."""
 _NOT_COMPILED = object()
 
 
@@ -441,18 +451,23 @@ def _compile_units(pattern: str) -> int:
         return cap
 
 
-def _linear_search(pattern: str) -> Callable[[str], bool] | None:
+def _linear_search(pattern: str) -> Callable[[str], bool] | str:
     """A search for ``pattern`` in linear time (pydantic-core's Rust ``regex`` engine: no
-    backtracking, so no input makes it take long), or ``None`` when that engine does not
-    take the pattern (a look-around, a backreference, too big to compile)."""
+    backtracking, so no input makes it take long), or, when that engine does not take
+    the pattern, its reason (a look-around, a backreference, an unknown class, too big
+    to compile)."""
     from pydantic_core import SchemaError, SchemaValidator, ValidationError, core_schema
 
     try:
         validator = SchemaValidator(
             core_schema.str_schema(pattern=pattern, regex_engine="rust-regex")
         )
-    except SchemaError:
-        return None
+    except SchemaError as exc:
+        # "... SchemaError: regex parse error: <pattern, caret> error: <reason>", or
+        # "... SchemaError: Compiled regex exceeds size limit of 10485760 bytes."
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        last = lines[-1] if lines else "refused"
+        return last.removeprefix("error: ").removeprefix("SchemaError: ")[:200]
 
     def search(text: str) -> bool:
         try:
@@ -465,10 +480,12 @@ def _linear_search(pattern: str) -> Callable[[str], bool] | None:
 
 
 def _linear_patterns(
-    patterns: Iterable[str], budget: list[int]
+    patterns: Iterable[str], budget: list[int] | None
 ) -> tuple[dict[str, Callable[[str], bool] | None], dict[str, str]]:
     """Each of ``patterns`` with its linear search, or ``None`` and why it is not run
-    here; what compiling newly costs is taken from ``budget`` (:data:`LISTING_UNITS`)."""
+    here; what compiling newly costs is taken from ``budget`` (:data:`LISTING_UNITS`).
+    ``budget=None``: a program's own schema, every pattern compiled whatever it costs
+    (once, as the program builds its tool)."""
     searches: dict[str, Callable[[str], bool] | None] = {}
     why: dict[str, str] = {}
     for pattern in patterns:
@@ -478,7 +495,8 @@ def _linear_patterns(
         if known is not _NOT_COMPILED:
             with contextlib.suppress(KeyError):  # (another thread's Trio run evicted it)
                 _COMPILED.move_to_end(pattern)
-            searches[pattern] = known  # type: ignore[assignment]
+        elif budget is None:
+            known = _COMPILED[pattern] = _linear_search(pattern)
         else:
             units = _compile_units(pattern)
             if units > PATTERN_UNITS:
@@ -490,20 +508,27 @@ def _linear_patterns(
                 why[pattern] = f"past the listing's {LISTING_UNITS} units of compiling"
                 continue
             budget[0] -= units
-            searches[pattern] = _COMPILED[pattern] = _linear_search(pattern)
-            while len(_COMPILED) > COMPILED_PATTERNS:
-                with contextlib.suppress(KeyError):
-                    _COMPILED.popitem(last=False)
-        if searches[pattern] is None:
-            why[pattern] = "not taken by a linear engine (a look-around, a backreference)"
+            known = _COMPILED[pattern] = _linear_search(pattern)
+        while len(_COMPILED) > COMPILED_PATTERNS:
+            with contextlib.suppress(KeyError):
+                _COMPILED.popitem(last=False)
+        if isinstance(known, str):
+            searches[pattern] = None
+            why[pattern] = f"not taken by the linear engine: {known}"
+        else:
+            searches[pattern] = known  # type: ignore[assignment]
     return searches, why
 
 
 def _matches(validator: Any, pattern: str, text: str) -> bool | None:
     """Whether ``pattern`` of ``validator`` 's schema finds a match in ``text``; ``None``:
-    not run here (:func:`server_schema_validator`)."""
+    not run here (:func:`linear_schema_validator`). Counted before it runs
+    (:func:`_spend_search`): :class:`SchemaTooCostly` instead of a search past the bound."""
     search = validator.axon_patterns.get(pattern)
-    return None if search is None else bool(search(text))
+    if search is None:
+        return None
+    _spend_search(SEARCH_CALL_UNITS + len(text) * validator.axon_pattern_units.get(pattern, 0))
+    return bool(search(text))
 
 
 def _pattern_linear(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
@@ -513,7 +538,20 @@ def _pattern_linear(validator: Any, pattern: Any, instance: Any, schema: Any) ->
 
     if isinstance(pattern, str) and validator.is_type(instance, "string"):
         if _matches(validator, pattern, instance) is False:
-            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+            yield ValidationError(f"{_quoted(instance)} does not match {pattern!r}")
+
+
+QUOTED_CHARS = 100
+"""Characters of a string a pattern refused that its error quotes."""
+
+
+def _quoted(text: str) -> str:
+    """``text`` quoted for an error, cut to :data:`QUOTED_CHARS` with its length said: a
+    model's 100 KB string is not echoed whole (an approval's refusal cuts its message, and
+    what a pattern refused was past the cut)."""
+    if len(text) <= QUOTED_CHARS:
+        return repr(text)
+    return f"{text[:QUOTED_CHARS]!r}... ({len(text):,} characters)"
 
 
 def _pattern_properties_linear(validator: Any, patterns: Any, instance: Any, schema: Any) -> Any:
@@ -574,21 +612,51 @@ def _patterns(resource: Any) -> Iterator[tuple[str, str]]:
 
 def server_schema_validator(schema: dict[str, Any], budget: list[int] | None = None) -> Any:
     """A validator of a model's input against the input schema an MCP server listed,
-    checked on the event loop of the process making the call (every session's).
+    checked on the event loop of the process making the call (every session's): an
+    untrusted schema's (:func:`linear_schema_validator`), its patterns compiled within
+    ``budget`` (the listing's :data:`LISTING_UNITS`, a fresh one when not given)."""
+    return linear_schema_validator(
+        schema,
+        budget=[LISTING_UNITS] if budget is None else budget,
+        steps_per_byte=SERVER_STEPS_PER_BYTE,
+    )
 
-    The server is the operator's choice but may be hostile or buggy; Python's ``re`` has
-    no time limit (``"^(a|aa)*$"`` against 45 ``a`` and a ``!``: minutes) and ``$ref``
-    makes a check exponential in the schema's size (16 ``anyOf`` definitions of two
-    references to the one before, 1.3 KB: 9.5 s). So its ``pattern`` and
-    ``patternProperties`` are run by pydantic-core's Rust engine, in time linear in the
-    string (no backtracking; its ``$`` does not match before a final newline, as in
-    JSON Schema's ECMA-262 and unlike ``re``), compiled here, once (``budget``: the
-    listing's :data:`LISTING_UNITS`, a fresh one when not given); and a check stops past
-    :data:`SERVER_STEPS_PER_BYTE` (:func:`schema_errors`; the call fails, the tool stays
-    offered). A pattern that engine does not take (a look-around, a backreference) or
-    too costly to compile is not run here, nor ``unevaluatedProperties`` beside a
-    ``patternProperties``: the server checks its own input. ``axon_unchecked`` on the
-    validator says which and why, for the caller to report once.
+
+def linear_schema_validator(
+    schema: dict[str, Any],
+    *,
+    budget: list[int] | None = None,
+    trusted: bool = False,
+    steps_per_byte: int = 0,
+) -> Any:
+    """A validator whose ``pattern`` and ``patternProperties`` run in linear time: for a
+    value nobody vouches for (a model's input, a browser's output), checked on an event
+    loop that serves every session.
+
+    Python's ``re`` has no time limit (``"^(a|aa)*$"`` against 45 ``a`` and a ``!``:
+    minutes). So the patterns are run by pydantic-core's Rust engine, in time linear in
+    the string (no backtracking; its ``$`` does not match before a final newline, as in
+    JSON Schema's ECMA-262 and unlike ``re``), each compiled once for the process.
+
+    An untrusted schema (``trusted=False``: an MCP server's, a client's, one stored with
+    a wait) may be hostile as well: ``$ref`` makes a check exponential in its size (16
+    ``anyOf`` definitions of two references to the one before, 1.3 KB: 9.5 s), and
+    compiling a pattern costs up to milliseconds. So its patterns are compiled within
+    ``budget`` (:data:`LISTING_UNITS`; one that costs more than :data:`PATTERN_UNITS`
+    is not compiled), and a check stops past :data:`UNTRUSTED_STEPS` keywords and
+    ``steps_per_byte`` more per byte of the value as JSON (an MCP server's:
+    :data:`SERVER_STEPS_PER_BYTE`; :func:`schema_errors`, :class:`SchemaTooCostly`). A
+    pattern the engine does not take (a look-around, a backreference), too costly or
+    past the budget, is not run here, nor ``unevaluatedProperties`` beside a
+    ``patternProperties``: the schema's owner runs the tool and checks its own input.
+    ``axon_unchecked`` on the validator says which and why, for the caller to report
+    once.
+
+    A trusted schema (a program's own, :meth:`Tool.client`) has every pattern compiled,
+    and one the engine does not take is an :class:`InvalidJSONSchema` naming it: the
+    program's author learns it as the tool is built, where skipping it would leave the
+    input unchecked and ``re`` would leave the loop to the value's author. Its checks
+    are not bounded in steps (its author wrote the schema).
     Raises :class:`InvalidJSONSchema` as :func:`json_schema_validator` does."""
     from jsonschema.validators import extend
     from referencing import Registry
@@ -605,25 +673,37 @@ def server_schema_validator(schema: dict[str, Any], budget: list[int] | None = N
     kinds = {keyword for keyword, _ in found}
     searches, why = _linear_patterns(
         (p for k, p in found if k != "unevaluatedProperties"),
-        [LISTING_UNITS] if budget is None else budget,
+        None if trusted else [LISTING_UNITS] if budget is None else budget,
     )
-    unchecked = {f"{k} {p!r}: {why[p]}" for k, p in found if p in why}
-    keywords = {name: _counted(fn) for name, fn in base.VALIDATORS.items()}
-    keywords["pattern"] = _counted(_pattern_linear)
-    keywords["patternProperties"] = _counted(_pattern_properties_linear)
-    keywords["additionalProperties"] = _counted(_additional_properties_linear)
-    if "enum" in base.VALIDATORS:
-        keywords["enum"] = _counted(_enum_counted(base.VALIDATORS["enum"]))
-    if "uniqueItems" in base.VALIDATORS:
-        keywords["uniqueItems"] = _counted(_unique_items_counted(base.VALIDATORS["uniqueItems"]))
+    unchecked = {f"{k} {_quoted(p)}: {why[p]}" for k, p in found if p in why}
     if "patternProperties" in kinds and "unevaluatedProperties" in kinds:
         unchecked.add("unevaluatedProperties: beside patternProperties")
+    if trusted and unchecked:
+        raise InvalidJSONSchema(
+            f"{min(unchecked)}; patterns here run in pydantic-core's Rust regex engine, "
+            "in time linear in the text, so that no input can hold the event loop: "
+            "rewrite it, or check it in the tool's own code"
+        )
+    keywords = {name: fn for name, fn in base.VALIDATORS.items()}
+    keywords["pattern"] = _pattern_linear
+    keywords["patternProperties"] = _pattern_properties_linear
+    keywords["additionalProperties"] = _additional_properties_linear
+    if not trusted:
+        keywords = {name: _counted(fn) for name, fn in keywords.items()}
+        if "enum" in base.VALIDATORS:
+            keywords["enum"] = _counted(_enum_counted(base.VALIDATORS["enum"]))
+        if "uniqueItems" in base.VALIDATORS:
+            keywords["uniqueItems"] = _counted(
+                _unique_items_counted(base.VALIDATORS["uniqueItems"])
+            )
     if "patternProperties" in kinds and "unevaluatedProperties" in base.VALIDATORS:
         keywords["unevaluatedProperties"] = _counted(_unevaluated_not_run)
     cls = extend(base, keywords)  # type: ignore[no-untyped-call]
-    cls.axon_steps = UNTRUSTED_STEPS
-    cls.axon_steps_per_byte = SERVER_STEPS_PER_BYTE
+    if not trusted:
+        cls.axon_steps = UNTRUSTED_STEPS
+        cls.axon_steps_per_byte = steps_per_byte
     cls.axon_patterns = searches
+    cls.axon_pattern_units = {} if trusted else {p: _compile_units(p) for p in searches}
     cls.axon_unchecked = tuple(sorted(unchecked))
     registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
     return cls(schema, registry=registry)
@@ -638,22 +718,18 @@ def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> An
     value is first checked against it. The validator's registry refuses every retrieval
     as well, so even a reference this check missed is an error, never a fetch.
 
-    ``trusted=False`` is for a schema a client sent over the network, whose checks run on
-    the event loop. Python's ``re`` has no time limit: ``"^(a|aa)*$"`` against 45 ``a``
-    and a ``!`` (what a model is easily asked to write) takes minutes, each character
-    more 1.6 times longer; so its ``pattern`` keywords are not run, and
-    ``patternProperties``, which cannot be skipped (it decides which schema a property
-    gets), is refused. And ``$ref`` makes a schema's work exponential in its size: 18
-    definitions of ``anyOf`` two references to the one before (1.3 KB) took 34 s to
-    refuse a number; so a check counts its keywords (and ``uniqueItems`` and ``enum``
-    their comparisons) and refuses the value past :data:`UNTRUSTED_STEPS`
-    (:func:`check_against_schema`).
+    Its patterns run in Python's ``re``, which has no time limit: for a value nobody
+    vouches for, :func:`linear_schema_validator`. ``trusted=False`` (a schema a client
+    sent over the network, whose checks run on the event loop) is that validator's,
+    untrusted: patterns linear, compiled within a budget, and a check bounded in steps.
     """
     from jsonschema import Draft202012Validator, SchemaError
     from jsonschema.validators import validator_for
     from referencing import Registry
     from referencing.jsonschema import DRAFT202012, specification_with
 
+    if not trusted:
+        return linear_schema_validator(schema)
     registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
     try:
         cls = validator_for(schema, default=Draft202012Validator)
@@ -661,23 +737,10 @@ def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> An
         dialect = cls.META_SCHEMA.get("$schema", "")
         resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
         _check_references(registry.resolver_with_root(resource), resource)
-        if not trusted:
-            _refuse_keyword(resource, "patternProperties", UNTRUSTED_PATTERNS)
     except SchemaError as exc:
         raise InvalidJSONSchema(exc.message) from None
     except RecursionError:
         raise InvalidJSONSchema("the schema is nested too deeply") from None
-    if not trusted:
-        from jsonschema.validators import extend
-
-        keywords = {name: _counted(fn) for name, fn in cls.VALIDATORS.items()}
-        keywords["pattern"] = _counted(_pattern_not_run)
-        if "enum" in cls.VALIDATORS:
-            keywords["enum"] = _counted(_enum_counted(cls.VALIDATORS["enum"]))
-        if "uniqueItems" in cls.VALIDATORS:
-            keywords["uniqueItems"] = _counted(_unique_items_counted(cls.VALIDATORS["uniqueItems"]))
-        cls = extend(cls, keywords)  # type: ignore[no-untyped-call]
-        cls.axon_steps = UNTRUSTED_STEPS
     return cls(schema, registry=registry)
 
 
@@ -810,21 +873,33 @@ class Tool:
         *,
         output_schema: dict[str, Any] | None = None,
         trusted: bool = True,
+        budget: list[int] | None = None,
     ) -> ClientTool:
         """A client-side tool: offered to the model with ``schema`` (a JSON schema of the
         arguments object), run by the caller. A call suspends the turn until
         ``session.respond(tool_call_id, output=...)`` (or the AI SDK's ``addToolOutput``)
         supplies the output. The model's input is checked against ``schema`` like any
         tool's; the caller's output against ``output_schema`` when one is given (a
-        mismatch is refused, nothing changes). Raises :class:`InvalidJSONSchema` for a
-        schema that cannot be used. ``trusted=False`` for a schema a client sent: its
-        ``pattern`` s are not run, ``patternProperties`` is refused, and a check stops
-        past a number of steps (:func:`json_schema_validator`)."""
+        mismatch is refused, nothing changes). Both are values nobody vouches for (a
+        model's, a browser's), checked on the event loop: their ``pattern`` s run in
+        linear time (:func:`linear_schema_validator`). Raises :class:`InvalidJSONSchema`
+        for a schema that cannot be used, a pattern that engine does not take (a
+        look-around, a backreference) among them. ``trusted=False`` for a schema a client
+        sent: its patterns are compiled within ``budget`` (:data:`LISTING_UNITS`, shared
+        by a request's tools; a fresh one when not given), one not taken is not run
+        (``validator.axon_unchecked`` says which: the client checks its own tool's
+        input), and a check stops past a number of steps."""
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ToolDefinitionError(
                 f"client tool {name!r}: the schema must be a JSON schema of type 'object'"
             )
-        outputs = None if output_schema is None else json_schema_validator(output_schema)
+        outputs = None
+        if output_schema is not None:
+            outputs = linear_schema_validator(output_schema, trusted=True)
+        if trusted:
+            validator = linear_schema_validator(schema, trusted=True)
+        else:
+            validator = linear_schema_validator(schema, budget=budget)
 
         def unavailable(**_: Any) -> Any:
             raise RuntimeError(f"{name} is a client-side tool: the caller runs it")
@@ -837,7 +912,7 @@ class Tool:
             is_async=False,
             adapter=None,
             is_client=True,
-            validator=json_schema_validator(schema, trusted=trusted),
+            validator=validator,
             output_validator=outputs,
         )
 
@@ -921,7 +996,7 @@ def schema_errors(validator: Any, value: Any) -> list[Any]:
     steps of a validator that counts them (:func:`schema_steps`: an untrusted or a
     server's schema)."""
     steps = schema_steps(validator, value)
-    token = _STEPS_LEFT.set([steps] if steps is not None else None)
+    token = _STEPS_LEFT.set([steps, 0] if steps is not None else None)
     try:
         return sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     finally:

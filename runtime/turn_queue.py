@@ -58,10 +58,11 @@ class ClientToolSpec:
         """The spec of a client-side tool (:meth:`runtime.tools.Tool.client`)."""
         return cls(name=tool.name, schema=dict(tool.parameters), description=tool.description)
 
-    def tool(self) -> Tool:
-        # A caller's schema: its regular expressions are not run on the model's input
-        # (runtime.tools.json_schema_validator says why).
-        return Tool.client(self.name, self.schema, self.description, trusted=False)
+    def tool(self, budget: list[int] | None = None) -> Tool:
+        """The client-side tool, its schema a caller's (untrusted): its patterns run in
+        linear time, compiled within ``budget`` (shared by a turn's tools;
+        :func:`runtime.tools.linear_schema_validator`)."""
+        return Tool.client(self.name, self.schema, self.description, trusted=False, budget=budget)
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -500,6 +500,45 @@ async def test_the_next_runs_tool_message_answers_the_client_tool_and_the_turn_g
     assert record.messages[1].id == message_id  # the same message, continued
 
 
+def _picks_each_turn(request: Any) -> list[Any]:
+    """Calls ``pick_color`` as ``c1`` in every turn (a provider numbering each response's
+    calls), then says what was picked."""
+    at = max(i for i, m in enumerate(request.messages) if isinstance(m, UserMessage))
+    answered = [m for m in request.messages[at:] if isinstance(m, ToolMessage)]
+    if not answered:
+        return [*tool_call("pick_color", {"options": ["red"]}, tool_call_id="c1")]
+    return [f"You chose {answered[-1].output}."]
+
+
+async def test_a_client_tool_call_whose_id_an_earlier_turn_used_is_answered():
+    """Turn 2's client call has turn 1's id (``c1``): its answer was passed over as the
+    result the thread held under that id, and the run refused as answering nothing
+    (409 ``interrupt_pending``), for good."""
+    agent = Agent(provider=ScriptedProvider(responder=_picks_each_turn))
+
+    def answer(n: int, text: str) -> dict[str, Any]:
+        return {"id": f"a{n}", "role": "tool", "toolCallId": "c1", "content": text}
+
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+
+        async def thread() -> list[dict[str, Any]]:
+            record = await server.host.store.load("t")
+            assert record is not None
+            return agui_messages(record.messages)
+
+        await run(server, run_input("t", user("pick", "m1"), tools=[COLOR_TOOL]))
+        held = await thread()
+        await run(server, run_input("t", *held, answer(1, "blue"), tools=[COLOR_TOOL], runId="r2"))
+        second = user("again", "m2")
+        await run(server, run_input("t", *await thread(), second, tools=[COLOR_TOOL], runId="r3"))
+        held = await thread()
+        last = await run(
+            server, run_input("t", *held, answer(2, "green"), tools=[COLOR_TOOL], runId="r4")
+        )
+    text = "".join(e["delta"] for e in last if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "You chose green." and last[-1]["outcome"] == {"type": "success"}
+
+
 async def test_a_client_tool_that_takes_an_agent_tools_name_is_refused():
     async with web_server(tool_agent(), protocols=("ag-ui",)) as server:
         r = await post(server, run_input("t", user("x"), tools=[{**COLOR_TOOL, "name": "lookup"}]))

@@ -219,6 +219,35 @@ async def test_an_answer_to_a_sub_call_the_thread_never_made_is_still_404():
     assert r.status_code == 404 and r.json()["code"] == "unknown_tool_call"
 
 
+async def test_a_later_turns_passed_up_client_calls_under_ids_used_before_are_answered():
+    """Turn 2 calls ``H`` again and its sub-agent asks ``L0`` and ``L1`` again (ids are
+    unique in a turn only): its answers were passed over as those turn 1 recorded under
+    the same ids, and the run refused (``H.L0``: 409 naming ``H``; ``H.L1``: 404)."""
+    first = [user("go", "m1"), answer("H.L0", "Paris"), answer("H.L1", "Rome")]
+    second = [*first, user("again", "m2"), answer("H.L0", "Oslo")]
+    async with web_server(locating(), protocols=("ag-ui",)) as server:
+        await run(server, run_input("s", user("go", "m1")))
+        await run(server, run_input("s", *first[:2], runId="r2"))
+        await run(server, run_input("s", *first, runId="r3"))
+        asked = await run(server, run_input("s", *first, user("again", "m2"), runId="r4"))
+        assert asked[-1]["outcome"]["pendingToolCallIds"] == ["H.L0"]
+        await run(server, run_input("s", *second, runId="r5"))
+        last = await run(server, run_input("s", *second, answer("H.L1", "Bern"), runId="r6"))
+    text = "".join(e["delta"] for e in last if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text.endswith("Oslo then Bern") and last[-1]["outcome"] == {"type": "success"}
+
+
+async def test_a_run_that_leaves_a_passed_up_client_call_unanswered_names_its_own_id():
+    """The refusal names the id the client answers (``H.L0``), not the agent tool's call
+    (``H``, which a tool message cannot answer)."""
+    resume = [{"interruptId": "made-up", "status": "resolved", "payload": {"approved": True}}]
+    async with web_server(locating(), protocols=("ag-ui",)) as server:
+        await run(server, run_input("s", user("go", "m1")))
+        r = await post(server, run_input("s", user("go", "m1"), resume=resume, runId="r2"))
+    assert r.status_code == 409 and r.json()["code"] == "interrupt_pending"
+    assert "tool calls ['H.L0']" in r.json()["error"]
+
+
 def _locates_then_pays(request: InferRequest) -> list[Any]:
     step = current_step(request.messages)
     if step == 0:

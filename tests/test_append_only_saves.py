@@ -220,6 +220,10 @@ async def test_a_process_killed_mid_turn_leaves_the_answer_so_far_and_a_next_tur
         await store.aclose()
     assert again is not None and again.messages == tuple(after)
     assert again.messages[1] == answer
+    with sqlite3.connect(crashed) as conn:  # the next turn wrote the killed one's head whole
+        (body,) = conn.execute("SELECT body FROM messages WHERE idx = 1").fetchone()
+        segments = conn.execute("SELECT count(*) FROM message_segments").fetchone()[0]
+    assert not body.startswith(HEAD_PREFIX) and segments == 0
 
 
 async def test_an_older_reader_refuses_a_head_rather_than_read_an_empty_answer(
@@ -565,19 +569,23 @@ async def test_a_worker_claims_a_session_a_killed_turn_left_in_segments(
             worker.stop()
         assert done is not None and done.status == "done"
         after = await store.load("s")
+        left = await store.run("rows", rows, transaction=False)
     finally:
         await submitter.aclose()
         await store.aclose()
     assert after is not None and after.messages[:10] == record.messages
     assert [m.role for m in after.messages[10:]] == ["user", "assistant"]
+    # the next turn's last save wrote the killed turn's head whole, its segments gone
+    assert not any(bytes(m[3]).startswith(HEAD_PREFIX) for m in left[1]) and left[2] == []
 
 
-async def test_a_whole_save_after_a_killed_turns_head_keeps_that_heads_segments(
+async def test_a_whole_save_after_a_killed_turns_head_writes_that_head_whole(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A turn whose last save never came (its answer a head) and a next turn saved
-    whole after it: the drop of the segments no head holds, after that save, leaves the
-    head's (a drop of all of them left the answer unreadable)."""
+    whole after it: that save folds the head into a whole row before it drops the
+    segments (a drop of them all without the fold left the answer unreadable; a drop of
+    those no head holds left the head's for good)."""
     from actors.stores import postgres
 
     monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
@@ -603,4 +611,4 @@ async def test_a_whole_save_after_a_killed_turns_head_keeps_that_heads_segments(
     assert (
         loaded is not None and loaded.messages[1] == grown and loaded.messages[2:] == tuple(later)
     )
-    assert segments == 1
+    assert segments == 0

@@ -164,7 +164,7 @@ async def test_a_tool_validator_that_raises_refuses_the_edit_as_400_not_500():
     [
         {"path": "/tmp/x", "recursve": True},  # misspelt: ran without it
         {"path": "/tmp/x", "ctx": "anything"},
-        {"path": "/tmp/x", "k" * 100_000: 1},
+        {"path": "/tmp/x", "k" * 10_000: 1},  # (within max_tool_result_chars: its echo cut)
     ],
 )
 async def test_an_edit_naming_an_argument_the_tool_does_not_take_is_refused(tmp_path, edit):
@@ -188,8 +188,9 @@ async def test_a_key_the_models_own_input_had_may_stay_in_the_edit(tmp_path):
 @pytest.mark.parametrize("keys", [1, 5])
 async def test_what_a_refusal_echoes_of_the_edit_is_bounded(tmp_path, keys):
     # The tool's error names each bad key: a 100 KB key was a 100 KB refusal (a 400's
-    # body), five of them 500 KB.
-    edit = {"counts": {f"k{i}" + "x" * 100_000: "not a number" for i in range(keys)}}
+    # body), five of them 500 KB. (10 KB keys here: an edit past the agent's
+    # max_tool_result_chars is refused before the tool's check, EditTooLarge.)
+    edit = {"counts": {f"k{i}" + "x" * 10_000: "not a number" for i in range(keys)}}
     says = await refused(tmp_path, tally, {"counts": {"a": 1}}, edit)
     assert "invalid arguments for tally" in says and "characters cut" in says
     assert len(says) <= ECHOED_CHARS + 200

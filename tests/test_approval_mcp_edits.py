@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from actors.providers import ScriptedProvider
 from actors.providers.scripted import tool_call
-from runtime import Agent, Host
+from runtime import Agent, Host, approval
 from runtime.errors import InvalidDecision
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
 from tests.test_mcp import calling, stdio_server, tool_messages
@@ -122,7 +123,7 @@ async def test_what_a_refused_mcp_edit_echoes_is_bounded(tmp_path):
             await session.respond(
                 waited.pending[0].approval_id,
                 approved=True,
-                edited_input={"a": "x" * 100_000, "b": 2},
+                edited_input={"a": "x" * 10_000, "b": 2},  # (within max_tool_result_chars)
             )
     assert len(str(refused.value)) < 1_000 and "characters cut" in str(refused.value)
 
@@ -248,33 +249,103 @@ async def test_a_crafted_stored_schema_is_checked_within_a_bound_of_steps(tmp_pa
     assert recorded.complete
 
 
-async def test_a_stored_pattern_is_not_run_where_the_decision_is_made(tmp_path):
-    """Python's ``re`` has no time limit: a server's ``^(a|aa)*$`` against an edit of 45
-    ``a`` and a ``!`` holds the deciding loop for minutes. So the stored schema's
-    patterns are not run at decision time (30 here, refused by the pattern before); the
-    call's own check runs them where the call runs, and the model is told."""
+async def test_an_edit_that_a_stored_pattern_refuses_is_refused_and_nothing_is_saved(tmp_path):
+    """A server's ``pattern`` is enforced on an edit as on the model's input: the stored
+    schema's patterns run in the linear engine where the decision is made. Before, they
+    were not run there (Python's ``re`` could hold the deciding loop for minutes), and an
+    edit the server's schema refuses was approved."""
     schema = {
         "type": "object",
-        "properties": {"a": {"type": "string", "pattern": "^(a|aa)*$"}, "b": {}},
+        "properties": {"a": {"type": "string", "pattern": "^[a-z]+$"}, "b": {}},
     }
     db = tmp_path / "s.db"
     async with Host.open(store=db, log_tap=False) as host:
         waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
         await _store_schema(host, schema)
+    key = waited.pending[0].approval_id
     async with Host.open(store=db, log_tap=False) as host:
         session = await host.open_session(mcp_agent(), session_id="s")
-        recorded = await session.decide(
-            waited.pending[0].approval_id,
-            approved=True,
-            edited_input={"a": "a" * 30 + "!", "b": 2},
-        )
-    assert recorded.complete and recorded.call.input == {"a": "a" * 30 + "!", "b": 2}
+        before = await host.store.load("s")
+        with pytest.raises(InvalidDecision, match=r"a: 'ABC' does not match '\^\[a-z\]\+\$'"):
+            await session.decide(key, approved=True, edited_input={"a": "ABC", "b": 2})
+        after = await host.store.load("s")
+        assert before is not None and after is not None and after.version == before.version
+        recorded = await session.decide(key, approved=True, edited_input={"a": "abc", "b": 2})
+    assert recorded.complete and recorded.call.input == {"a": "abc", "b": 2}
 
 
-async def test_a_stored_schema_with_pattern_properties_refuses_an_edit_saying_why(tmp_path):
-    """``patternProperties`` decides which schema a key gets, so it cannot be skipped
-    like ``pattern``: an edit of such a tool is refused as unchecked, naming the
-    keyword (not "the tool is not available"); a plain approval runs."""
+async def test_a_catastrophic_stored_pattern_refuses_a_long_edit_in_linear_time(tmp_path):
+    """``^(a|aa)*$`` against 45 ``a`` and a ``!`` took Python's ``re`` minutes; in the
+    linear engine an edit of 50,000 ``a`` and a ``!`` is refused (within the edit's size
+    bound, :class:`~runtime.errors.EditTooLarge`): the stored schema's pattern is
+    compiled for that engine (counted), and nothing else runs patterns."""
+    from runtime import tools
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a|aa)*$"}}}
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+        await _store_schema(host, schema)
+    searched: list[str] = []
+    linear = tools._linear_search
+
+    def noting(pattern: str) -> Any:
+        searched.append(pattern)
+        return linear(pattern)
+
+    tools._COMPILED.pop("^(a|aa)*$", None)
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tools, "_linear_search", noting)
+            approval._stored_validator.cache_clear()
+            with pytest.raises(InvalidDecision, match=r"\(50,001 characters\) does not match"):
+                await session.decide(
+                    waited.pending[0].approval_id,
+                    approved=True,
+                    edited_input={"a": "a" * 50_000 + "!"},
+                )
+    assert searched == ["^(a|aa)*$"]
+
+
+async def test_a_stored_pattern_the_linear_engine_does_not_take_is_skipped_with_a_warning(
+    tmp_path,
+):
+    """A look-around is not taken by the linear engine: it is not run on an edit (the
+    server checks its own input, as for the model's input), logged once as the stored
+    schema's validator is built; the schema's other patterns still run."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^(?!x)"},
+            "b": {"type": "string", "pattern": "^[0-9]+$"},
+        },
+    }
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (await host.open_session(mcp_agent(), session_id="s")).run("go")
+        await _store_schema(host, schema)
+    key = waited.pending[0].approval_id
+    approval._stored_validator.cache_clear()
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(mcp_agent(), session_id="s")
+        with capture_logs() as logs:
+            with pytest.raises(InvalidDecision, match="b: 'x' does not match"):
+                await session.decide(key, approved=True, edited_input={"a": "xy", "b": "x"})
+            recorded = await session.decide(key, approved=True, edited_input={"a": "xy", "b": "1"})
+    assert recorded.complete and recorded.call.input == {"a": "xy", "b": "1"}
+    warned = [e for e in logs if e["event"] == "approval.schema-not-checked-here"]
+    assert len(warned) == 1
+    assert warned[0]["unchecked"] == [
+        "pattern '^(?!x)': not taken by the linear engine: look-around, including "
+        "look-ahead and look-behind, is not supported"
+    ]
+
+
+async def test_a_stored_schemas_pattern_properties_check_an_edit(tmp_path):
+    """``patternProperties`` runs in the linear engine too: an edit whose key a pattern
+    matches is checked against that pattern's schema (before, such an edit was refused
+    as unchecked, whatever it was); a plain approval runs."""
     schema = {"type": "object", "patternProperties": {"^(a|aa)*$": {"type": "integer"}}}
     db = tmp_path / "s.db"
     async with Host.open(store=db, log_tap=False) as host:
@@ -282,9 +353,9 @@ async def test_a_stored_schema_with_pattern_properties_refuses_an_edit_saying_wh
         await _store_schema(host, schema)
     async with Host.open(store=db, log_tap=False) as host:
         session = await host.open_session(mcp_agent(), session_id="s")
-        with pytest.raises(InvalidDecision, match="'patternProperties' is not taken here"):
+        with pytest.raises(InvalidDecision, match="a: 'x' is not of type 'integer'"):
             await session.decide(
-                waited.pending[0].approval_id, approved=True, edited_input={"a": 5, "b": 2}
+                waited.pending[0].approval_id, approved=True, edited_input={"a": "x", "b": 2}
             )
         await session.respond(waited.pending[0].approval_id, approved=True)
     assert tool_messages(session)["add"].output in (3, "3")

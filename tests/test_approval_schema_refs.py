@@ -458,3 +458,97 @@ async def test_a_turn_that_stored_a_summary_before_it_waited_checks_each_edit(tm
         record = await host.store.load("s")
     assert sorted(ran, key=repr) == [("add", {"a": 8, "b": 0}), ("add", {"a": 8, "b": 1})]
     assert record is not None and stored_copies(record.messages) == 0
+
+
+def _refs_naming_nothing(parts: list[ToolCallPart]) -> dict[str, ToolCallPart]:
+    """A damaged (hand-built) record: each wait names its schema, none holds it."""
+    return {
+        p.tool_call_id: attrs.evolve(p, awaiting=attrs.evolve(p.awaiting, schema=None))
+        for p in parts
+        if p.awaiting is not None
+    }
+
+
+async def _text(text: str) -> str:
+    """Another ``add``: takes text."""
+    ran.append(("text", {"text": text}))
+    return text
+
+
+@pytest.mark.parametrize("here", ["no tool", "another add"])
+async def test_an_edit_of_a_wait_naming_a_schema_its_message_lacks_is_refused(tmp_path, here):
+    """A stored wait whose ``schema_ref`` names nothing in its message: an edit is
+    refused saying so, never checked against the deciding host's tool of the same name
+    (there another tool, taking ``text``: its edit was taken for a call of the listed
+    ``add``); approving without an edit is still taken."""
+    first = [c for i in range(2) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")]
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (
+            await host.open_session(Agent(provider=model(first), tools=[add]), session_id="s")
+        ).run("go")
+    await _reshape(db, _refs_naming_nothing)
+    keys = {p.tool_call_id: p.approval_id for p in waited.pending}
+    other = tool(_text, name="add", needs_approval=True)
+    agent = bare() if here == "no tool" else Agent(provider=model([]), tools=[other])
+    async with Host.open(store=db, log_tap=False) as host:
+        deciding = await host.open_session(agent, session_id="s")
+        for edit in ({"text": "z"}, {"a": 1, "b": 2}):
+            await _refused(deciding, keys["c0"], edit, "schema stored for it .* is not in its")
+        recorded = await deciding.decide(keys["c0"], approved=True)
+        assert recorded.call.input == {"a": 0, "b": 0}
+        record = await host.store.load("s")
+    assert record is not None
+    assert [p.input for p in calls(record.messages)] == [{"a": 0, "b": 0}, {"a": 1, "b": 0}]
+
+
+async def test_two_hosts_deciding_a_step_s_two_calls_of_one_schema_at_once_check_both(
+    tmp_path, monkeypatch
+):
+    """Two hosts on one file (two front ends) each decide one of the two waiting calls
+    that share one stored copy, with an edit, both having read the message before either
+    saved: the loser's save conflicts, it reads again and checks its edit against the
+    copy the winner's decision kept for it (dropped only once neither waits), whichever
+    call carries it (a pin: held on main)."""
+    import trio
+
+    from runtime import approval
+
+    first = [c for i in range(2) for c in tool_call("add", {"a": i, "b": 0}, tool_call_id=f"c{i}")]
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        waited = await (
+            await host.open_session(Agent(provider=model(first), tools=[add]), session_id="s")
+        ).run("go")
+    keys = {p.tool_call_id: p.approval_id for p in waited.pending}
+    real = approval._save_decided
+    arrived: list[int] = []
+    both = trio.Event()
+
+    async def together(*args: Any, **kwargs: Any) -> Any:
+        arrived.append(1)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()  # (each first attempt has decided on the same version)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(approval, "_save_decided", together)
+    edits = {"c0": {"a": 5, "b": 5}, "c1": {"a": 6, "b": 6}}
+    async with Host.open(store=db, log_tap=False) as one, Host.open(store=db, log_tap=False) as two:
+        sessions = {
+            "c0": await one.open_session(bare(), session_id="s"),
+            "c1": await two.open_session(bare(), session_id="s"),
+        }
+        await _refused(sessions["c1"], keys["c1"], {"text": "z"}, "names 'text', which add")
+        arrived.clear()
+        async with trio.open_nursery() as nursery:
+            for call, session in sessions.items():
+                nursery.start_soon(
+                    lambda s=session, c=call: s.decide(
+                        keys[c], approved=True, edited_input=edits[c]
+                    )
+                )
+        assert len(arrived) == 3  # (both first attempts, then the loser's second)
+        record = await one.store.load("s")
+    assert record is not None and stored_copies(record.messages) == 0
+    assert [p.input for p in calls(record.messages)] == [edits["c0"], edits["c1"]]

@@ -274,3 +274,30 @@ def test_the_workers_scaling_detail_says_its_ceiling(monkeypatch):
     detail = bench_workers._others([one, two])
     assert "ceiling 1.60x (2 cores / 1.25 by one worker's run)" in detail
     assert "ceiling" not in bench_workers._others([two])
+
+
+def test_the_workers_scaling_detail_takes_its_ratio_apart(monkeypatch):
+    """2 / 1 is the cores the two-worker run had over one's, times one's CPU a turn over
+    two's: the detail gives the share outside the workers that sets the ceiling, the cores
+    the two workers' run had and how much dearer its turns were."""
+    from benchmarks import bench_workers
+
+    monkeypatch.setattr(bench_workers.os, "cpu_count", lambda: 2)
+    one = {
+        "workers": 1,
+        "turns": 800,
+        "local_seconds": 2.0,
+        "cores": {"workers": 1.0, "postgresql": 0.35, "redis": 0.05, "submitter": 0.0},
+    }
+    two = {
+        "workers": 2,
+        "turns": 800,
+        "local_seconds": 1.6,
+        "cores": {"workers": 1.4, "postgresql": 0.5, "redis": 0.05, "submitter": 0.05},
+    }
+    for measured in (one, two):
+        measured["cores"]["others"] = 0.0
+    detail = bench_workers._others([one, two])
+    assert "CPU outside the workers / the workers' 0.40: 1.43x at a full core a worker" in detail
+    # 2.0 cores x 1.6 s against 1.4 cores x 2.0 s for the same 800 turns
+    assert "two workers' run 2.00 cores, its CPU a turn 1.14x one worker's" in detail

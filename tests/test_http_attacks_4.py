@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, ToolMessage
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent
 from runtime.app.web import agui, agui_input, chat_input, openai_compat
 from runtime.tools import Tool, ToolInputError
 from runtime.turn_queue import ClientToolSpec
@@ -191,58 +191,7 @@ async def test_a_small_run_declaring_tools_has_them_checked_off_the_event_loop(m
 # -- AG-UI client tools: the client's regular expressions ----------------------------------
 
 
-async def test_a_client_tools_pattern_is_not_run_on_the_models_input():
-    # The model's input to a client tool was checked against the client's schema on the
-    # event loop, `pattern`s with Python's re, which has no time limit: "^(a|aa)*$" and
-    # 34 a's and a "!" from the (asked) model held every request 4.8 s; each character
-    # more, 1.6 times longer. The client checks its own tool's input.
-    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^(a|aa)*$"}}}
-    model = Agent(
-        provider=ScriptedProvider(
-            responder=lambda request: tool_call("look", {"q": "b!"}, tool_call_id="c1")
-        )
-    )
-    async with web_server(model, protocols=("ai-sdk", "ag-ui")) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            r = await client.post(
-                "/ag-ui", json=run_with_tools([{"name": "look", "parameters": schema}])
-            )
-            refused = await client.post(
-                "/ag-ui",
-                json=run_with_tools(
-                    [
-                        {
-                            "name": "look",
-                            "parameters": {
-                                "type": "object",
-                                "patternProperties": {"^(a|aa)*$": {"type": "string"}},
-                            },
-                        }
-                    ],
-                    "t2",
-                ),
-            )
-        record = await server.host.store.load("t")
-    assert r.status_code == 200 and '"pendingToolCallIds":["c1"]' in r.text
-    assert record is not None
-    assert not any(isinstance(m, ToolMessage) for m in record.messages)  # no "does not match"
-    assert refused.status_code == 400 and "'patternProperties' is not taken" in refused.text
-
-
-def test_a_programs_own_client_tool_still_has_its_patterns_checked():
-    tool = Tool.client(
-        "look", {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}}
-    )
-    with pytest.raises(ToolInputError, match="does not match"):
-        tool.validate({"q": "b"})
-    unchecked = Tool.client(
-        "look",
-        {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}},
-        trusted=False,
-    )
-    assert unchecked.validate({"q": "b"}) == {"q": "b"}
-    named = {"type": "object", "properties": {"patternProperties": {"type": "string"}}}
-    assert Tool.client("x", named, trusted=False).validate({"patternProperties": "y"})
+# (A client's patterns now run, in the linear engine: tests/test_client_tool_patterns.py.)
 
 
 # -- a body in tiny chunks ------------------------------------------------------------------
@@ -341,14 +290,6 @@ def test_a_client_schemas_enum_of_many_objects_is_cut_short():
         tool(colors).validate({"x": ["red"]})
 
 
-def test_a_worker_rebuilds_a_queued_client_tool_without_running_its_patterns():
-    # A worker deployment's front end queues the client's tools as specs; the worker that
-    # rebuilt them ran the client's patterns on the model's input, on its own loop.
-    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}}
-    rebuilt = ClientToolSpec(name="look", schema=schema).tool()
-    assert rebuilt.validate({"q": "b"}) == {"q": "b"}
-
-
 @pytest.fixture
 def redis_url() -> str:
     return require_redis()
@@ -363,9 +304,9 @@ async def test_a_worker_builds_a_queued_runs_client_tools_off_its_event_loop(
     built: list[bool] = []
     original = ClientToolSpec.tool
 
-    def noting(spec: ClientToolSpec) -> Any:
+    def noting(spec: ClientToolSpec, *args: Any) -> Any:
         built.append(threading.current_thread() is not threading.main_thread())
-        return original(spec)
+        return original(spec, *args)
 
     monkeypatch.setattr(ClientToolSpec, "tool", noting)
     async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:

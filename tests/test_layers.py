@@ -114,6 +114,7 @@ def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
 FAMILIES = ("plugins", "providers")
 """Folders of actors/ each of whose modules is an actor of its own."""
 FAMILY_HELPERS = {
+    "actors.mcp_lines",
     "actors.plugins.otel_export",
     "actors.plugins.registry",
     "actors.providers.anthropic_platforms",

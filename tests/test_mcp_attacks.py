@@ -139,7 +139,7 @@ def test_max_message_bytes_must_be_a_positive_int():
         MCPServer.http("http://127.0.0.1:1/mcp", max_message_bytes=0)
 
 
-async def test_a_garbage_line_with_a_key_is_logged_without_its_text(caplog):
+async def test_a_garbage_line_with_a_key_is_logged_without_the_key(caplog):
     # The mcp package's parser logged the line, and its error (which the actor logs)
     # quoted it: a pydantic error cuts it to 'sk-ant-api...QQQ', which redaction, looking
     # for a whole key, let through.
@@ -150,7 +150,7 @@ async def test_a_garbage_line_with_a_key_is_logged_without_its_text(caplog):
     [seen] = [line for line in logs if line["event"] == "mcp.transport-error"]
     assert seen["error"] == (
         "MCPServerError: a line of 74 characters is no JSON-RPC message: Invalid JSON: "
-        "expected ident at line 1 column 2"
+        "expected ident at line 1 column 2 (it began 'not json: the key is [redacted]')"
     )
     assert "QQQQ" not in caplog.text
 

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from mcp.shared.message import SessionMessage
 from structlog.testing import capture_logs
 
-from actors.mcp import MCPServer, _parse_line, build_tool
+from actors.mcp import MCPServer, build_tool
+from actors.mcp_lines import Lines
 from runtime import Agent, Host
 from runtime import tools as tools_module
-from runtime.errors import MCPServerUnavailable
+from runtime.errors import MCPServerError, MCPServerUnavailable
 from runtime.tools import (
     LISTING_UNITS,
     PATTERN_UNITS,
@@ -132,8 +133,8 @@ async def test_pattern_properties_run_in_linear_time_and_a_lookaround_is_reporte
     [logged] = [e for e in logs if e["event"] == "mcp.schema-not-checked-here"]
     assert (logged["server"], logged["tool"]) == ("hostile", "keyed")
     assert logged["unchecked"] == [
-        "patternProperties '^(?=y)y+$': not taken by a linear engine (a look-around, a "
-        "backreference)"
+        "patternProperties '^(?=y)y+$': not taken by the linear engine: look-around, "
+        "including look-ahead and look-behind, is not supported"
     ]
     assert ran == []
 
@@ -177,6 +178,26 @@ async def test_a_listing_answer_the_package_cannot_read_fails_at_once_naming_the
     assert "did not list its tools within" not in error
 
 
+async def test_a_listing_answer_nested_past_orjson_fails_at_once_without_the_env_key():
+    # 2,000 deep, orjson (1,024) did not read its id either: the listing waited its whole
+    # connect_timeout (30 s). It now fails at once, quoting the line's head without the
+    # API key the server was given in its env (tests/test_mcp_lines.py: the same on a
+    # virtual clock).
+    key = "kQ7vW2xZ9pL4mN8rT3yB6cF1"
+    agent = Agent(provider=calling(), tools=[hostile("deep-listing", MCP_TEST_KEY=key)])
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(MCPServerUnavailable) as failed:
+            await host.open_session(agent)
+    error = str(failed.value)
+    assert error.startswith(
+        "MCP server 'hostile' could not start: MCPError: its answer could not be read: a line of "
+    )
+    assert error.endswith(
+        """(it began '{"jsonrpc": "2.0", "id": 2, "result": {"key": "[redacted]", '...)"""
+    )
+    assert "did not list its tools within" not in error
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
@@ -187,16 +208,23 @@ JSON = st.recursive(
 @given(
     ident=st.integers(-(2**53), 2**53) | st.text(max_size=8),
     fields=st.dictionaries(st.sampled_from(["jsonrpc", "result", "error", "x"]), JSON),
-    depth=st.sampled_from([0, 300]),
+    depth=st.sampled_from([0, 300, 2000]),
 )
 def test_every_answer_with_an_id_reaches_its_request(ident, fields, depth):
-    # An answer with an id and no method, readable or not, is a message for the request
-    # with that id (its result, or an error saying why it could not be read): never
-    # dropped, which left the request waiting for its timeout.
+    # An answer with an id and no method, readable or not (nested past the mcp package's
+    # parser, or past orjson's 1,024), is a message for the request with that id (its
+    # result, or an error saying why it could not be read): never dropped, which left
+    # the request waiting for its timeout.
+    import mcp_types
+
+    lines = Lines()
+    lines.wrote(mcp_types.JSONRPCRequest(jsonrpc="2.0", id=ident, method="ping"))
     answer = {**fields, "id": ident}
+    text = json.dumps(answer)
     if depth:
-        answer["result"] = json.loads("[" * depth + "]" * depth)
-    parsed = _parse_line(json.dumps(answer))
+        answer["result"] = None
+        text = json.dumps(answer).replace('"result": null', f'"result": {"[" * depth}{"]" * depth}')
+    [parsed] = lines.read(text)
     assert isinstance(parsed, SessionMessage)
     assert parsed.message.id == ident
     if depth:
@@ -205,7 +233,7 @@ def test_every_answer_with_an_id_reaches_its_request(ident, fields, depth):
 
 def test_a_line_without_an_id_is_still_only_a_transport_error():
     for line in ('{"jsonrpc": "2.0", "result": {}}', "not json", '{"id": true}', "[1]"):
-        assert isinstance(_parse_line(line), Exception)
+        assert [type(m) for m in Lines().read(line)] == [MCPServerError]
 
 
 def test_a_listing_compiles_its_patterns_within_a_budget(monkeypatch):

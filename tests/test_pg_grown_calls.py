@@ -115,11 +115,7 @@ async def test_a_workers_long_turn_saves_each_step_in_one_call(
     submitter = TurnQueue(store)
     calls: list[int] = []
     other: list[str] = []
-    call, in_transaction, drop = (
-        PostgresStore._save_call,
-        PostgresStore._save_in,
-        PostgresStore._drop_segments,
-    )
+    call, in_transaction = PostgresStore._save_call, PostgresStore._save_in
 
     async def counted_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(len(kwargs.get("segments") or ()))
@@ -129,13 +125,8 @@ async def test_a_workers_long_turn_saves_each_step_in_one_call(
         other.append("transaction")
         return in_transaction(self, *args)
 
-    async def counted_drop(self: Any, *args: Any) -> Any:
-        other.append("drop")
-        return await drop(self, *args)
-
     monkeypatch.setattr(PostgresStore, "_save_call", counted_call)
     monkeypatch.setattr(PostgresStore, "_save_in", counted_in)
-    monkeypatch.setattr(PostgresStore, "_drop_segments", counted_drop)
     try:
         turn = await submitter.submit("s", "go")
         worker = Worker(store=store, agent=_agent(12, [lookup]), owner="w", poll=0.05)
@@ -201,7 +192,7 @@ async def test_the_step_that_waits_saves_a_grown_answer_and_claims_next_in_one_c
 ) -> None:
     """The save of the step that makes a long turn wait for a person writes its answer's
     head and new parts, suspends the turn and claims the next turn for the slot it frees,
-    in one call (``axon_save_next_v7`` takes the segments)."""
+    in one call (``axon_save_next_v8`` takes the segments)."""
     monkeypatch.setattr(postgres, "GROWN_FROM_BYTES", 0)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)

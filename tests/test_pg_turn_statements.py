@@ -34,6 +34,7 @@ from runtime.approval import WAITING_META, Decision
 from runtime.errors import (
     AlreadyDecided,
     LeaseLost,
+    QueueFull,
     StoreConflict,
     StoreError,
     UnknownApproval,
@@ -1504,3 +1505,43 @@ async def test_a_submit_that_may_take_a_held_stop_sends_no_statement_more(pg_url
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_capped_submit_is_one_transaction_of_five_statements(pg_url, statements, keyed):
+    """A front end's submit with both caps on (the defaults): the session's lock, its
+    look for a repeat and its count in one statement, the insert, the queue's lock, its
+    count with the workers' wake-up in one statement: a round trip fewer each than
+    before (the look and the wake-up were statements of their own)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("s0", "zero")  # the connection opened
+        statements.clear()
+        key = "k1" if keyed else None
+        await queue.submit("s1", "one", idempotency_key=key)
+        counted = dict(statements)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    # a keyed submit first looks for the message's earlier turn (its edit or replay)
+    assert counted == {"TRANSACTION": 1, "SELECT": 5 if keyed else 4, "INSERT": 1}
+
+
+async def test_a_submit_the_queue_s_cap_refuses_wakes_no_worker(pg_url):
+    """The workers' wake-up is sent in the queue count's statement: a submit that count
+    refuses rolls it back with its row, so the workers are told of the turns queued and
+    of no other."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, max_queued=1)
+    listening = _Listening(store)
+    try:
+        queued = await queue.submit("s1", "one")
+        with pytest.raises(QueueFull):
+            await queue.submit("s2", "two")
+        told = await trio.to_thread.run_sync(listening.told)
+    finally:
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
+    assert told == [queued.turn_id]

@@ -263,6 +263,15 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         return await anext(self)
 
     monkeypatch.setattr(TurnStream, "__anext__", counted_anext)
+    aiter_calls = 0
+    loop = TurnStream.__aiter__
+
+    def counted_aiter(self: TurnStream) -> object:  # ``async for`` (a generator a loop)
+        nonlocal aiter_calls
+        aiter_calls += 1
+        return loop(self)
+
+    monkeypatch.setattr(TurnStream, "__aiter__", counted_aiter)
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
     turn = await submitter.submit("s", "tools one")
@@ -274,7 +283,7 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         await submitter.aclose()
         await store.aclose()
     assert done is not None and done.status == "done"
-    assert anext_calls == 0
+    assert anext_calls == 0 and aiter_calls == 0
     [writer] = relay.writers
     types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
     assert types[0] == "start" and types[-1] == "finish" and writer.closed
@@ -576,14 +585,14 @@ async def test_a_slot_whose_wait_took_a_notify_after_its_last_save_was_sent_clai
 
 async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
     """The step that makes a turn wait for a person frees its slot in its commit, as a
-    last save does: the claim rides on that save (``axon_save_next_v7``), so a turn
+    last save does: the claim rides on that save (``axon_save_next_v8``), so a turn
     queued meanwhile starts from it, and when nothing is claimable the slot waits for
     the queue's next ``NOTIFY`` without a claim of the loop's; the decision's wakes it."""
     from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
     from runtime.approval import Decision, pending_calls
     from tests.support.worker_agent import guarded
 
-    assert SAVE_NEXT_FUNCTION_NAME == "axon_save_next_v7"
+    assert SAVE_NEXT_FUNCTION_NAME == "axon_save_next_v8"
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
     worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)

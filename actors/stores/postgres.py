@@ -22,9 +22,9 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_held_stops(session_id, message_id, reason,      -- stops before their message's
                     held_at)                             -- POST: stores/turn_submit.py
     axon_claim_v5(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v7(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v8(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v7(session, start, ..., token)        -- a last save and the next claim
+    axon_save_next_v8(session, start, ..., token)        -- a last save and the next claim
     (and the versions before them, which processes of before call: postgres_calls.py)
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -37,22 +37,29 @@ save sends it again (:class:`~runtime.store.Store`'s grown rows): written whole,
 of n steps wrote n(n+1)/2 steps' parts. One of at least :data:`GROWN_FROM_BYTES` is
 written as its head (its fields, ``content`` as ``{"parts": N}``) over its row and a
 segment of its new parts in ``axon_message_segments``, in the save's one call (the
-save function takes the segments: ``axon_save_v7``) or its transaction (a guard's);
+save function takes the segments: ``axon_save_v8``) or its transaction (a guard's);
 the first from part 0, the next ones on top of what this store's last save of the
 session left (at the version it left). Every read of bodies folds them in its statement
 (:data:`~actors.stores.postgres_calls.FOLDED_BODY`: one snapshot), and so does the
 claim's function's read of a continuation's session. The turn's last save writes the
-answer whole, and the segments no head holds are dropped in its commit (in a statement
-after it when the save was a transaction), as at any save of a session this store
-wrote segments of. A process of before this table reads a head as a damaged row (its
+answer whole. Any save that writes no head compacts the session in its commit, when it
+holds segments (the save's lock of the session's row reads that): each head left is
+written whole, folded as a read folds it, and every segment of the session deleted. So
+a turn killed mid-answer (its last save never came) has its head written whole by the
+session's next save, a takeover's or the next turn's, whichever process makes it, and
+the segments a whole save of another process left beside its rows go (a save in a
+transaction, a guard's: at a turn's last save, or when this store segmented the
+session). A process of before this table reads a head as a damaged row (its
 ``content`` is no list of parts), never as an answer without its parts; its saves
 write whole rows (the segments they leave behind are read by nothing, and dropped as
 above or with the session). In a fleet of both versions (a rolling deploy) a process
-of the version before this one's functions (which wrote segments in its transaction)
-calls its own (``axon_save_v6``, ``axon_claim_v4``, ``axon_save_next_v6``: kept): it
-writes heads and segments in its transaction and reads them folded as before (its
-continuation's claim reads a session holding a head again); the heads either writes
-are the same rows, so each appends to or reads the other's.
+of the version before calls its own functions (``axon_save_v7`` and
+``axon_save_next_v7``, which dropped only the segments no head holds, and only for a
+session its own store segmented; ``axon_save_v6``, ``axon_claim_v4``,
+``axon_save_next_v6`` before them: all kept): it writes heads and segments as before
+and reads them folded; the heads either writes are the same rows, so each appends to
+or reads the other's, and a save of either version moves the session's version, so
+neither appends to a head the other wrote whole.
 
 **Versions.** Every save takes its new version from one database-wide sequence, so a
 session never has a version it had before, even after being deleted and re-created (the
@@ -114,7 +121,7 @@ from actors.stores.postgres_calls import (
     SAVE_NEXT_FUNCTION_NAME,
     SAVE_NEXT_KINDS,
     STATUS_KINDS,
-    drop_segments_sql,
+    compact_segments_sql,
 )
 from actors.stores.postgres_fences import (
     _MARK_TURN,
@@ -203,7 +210,7 @@ from runtime.errors import (
 from runtime.history import run_long_off_loop
 from runtime.logging import get_logger
 from runtime.messages import Message, UserMessage
-from runtime.redact import redact, register_url_secrets
+from runtime.redact import register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 
 DEFAULT_POOL_SIZE = 8
@@ -300,9 +307,9 @@ class PostgresStore(FenceKeeping):
         of the session at that version appends a segment; any other grown save starts
         its message's segments again (from part 0). Bounded: :data:`ENDED_REMEMBERED`."""
         self._segmented: set[str] = set()
-        """Sessions this store wrote (or read) segments of: its next save without one
-        deletes those of the session's rows that are no heads (its turn's last save
-        wrote the answer whole)."""
+        """Sessions this store wrote (or read) segments of: its next save without a head
+        compacts the session when it is a transaction too (a guard's), where a save
+        function's call always looks (:data:`_COMPACT_SQL`)."""
         self._log = get_logger("axon.store.postgres")
 
     @property
@@ -666,18 +673,19 @@ class PostgresStore(FenceKeeping):
                 session_id, start, new, rows, grew, expected_version, segments, heads, fresh
             )
         start += tail  # (rows below it, if any, go over their places)
-        # A save with no head of a session whose rows had some drops their segments
-        # (its turn's answer written whole): in the call's commit, or after the
-        # transaction (:meth:`_drop_segments`).
-        drop = not heads and session_id in self._segmented
-        dropped = False
-        # The heads this store's last save left that this one keeps (an answer a steer
-        # closed, kept by its turn's later saves): they hold their segments still, so
-        # the session stays segmented; forgotten at a drop, the save that writes such an
-        # answer whole dropped none of its segments (garbage until the session's delete).
-        known = self._heads.get(session_id)
+        # A save that writes no head compacts the session (the save function's p_drop,
+        # :data:`SAVE_FUNCTION`): when the session holds segments (the lock of its row
+        # reads that), each head left (a killed turn's answer, one a steer closed that
+        # this store's saves kept) is written whole, folded, and every segment deleted,
+        # in the call's commit. A save in a transaction (a guard's) does the same
+        # (:data:`_COMPACT_SQL`, one statement more) for a session this store segmented
+        # and at a turn's last save.
+        drop = not heads
+        compact = drop and (ends is not None or session_id in self._segmented)
         kept_heads: dict[int, int] = {}
-        if known is not None and known[0] == expected_version:
+        known = self._heads.get(session_id)
+        if heads and known is not None and known[0] == expected_version:
+            # (the heads of its last save this one keeps: an answer a steer closed)
             written_at = {row[1] for row in rows}
             kept_heads = {i: n for i, n in known[1].items() if i not in written_at}
         patch = encode_meta(session_id, meta)
@@ -703,6 +711,8 @@ class PostgresStore(FenceKeeping):
             )
             if heads:
                 _write_segments(conn, session_id, fresh, segments)
+            elif compact:
+                conn.execute(_COMPACT_SQL, {"session": session_id})
             if fence is not None and fence.in_save is not None:
                 wrote.append(fence.in_save(conn, new, meta, ends))
             return version
@@ -739,7 +749,6 @@ class PostgresStore(FenceKeeping):
                         drop=drop,
                     )
                     wrote.append(ending is not False)
-                    dropped = drop and version is not None
             if version is None:
                 version = await self.run(action, save)
         except LeaseLost as exc:
@@ -757,10 +766,8 @@ class PostgresStore(FenceKeeping):
             while len(self._heads) > ENDED_REMEMBERED:
                 self._heads.popitem(last=False)
             self._segmented.add(session_id)
-        elif dropped:
+        elif drop:
             self._segmented.discard(session_id)
-        elif session_id in self._segmented:
-            await self._drop_segments(session_id)
         return version
 
     def _grow(
@@ -801,21 +808,6 @@ class PostgresStore(FenceKeeping):
             out[i] = (row[0], idx, row[2], head)
         return out
 
-    async def _drop_segments(self, session_id: str) -> None:
-        """Delete the session's segments whose rows are no heads (its turn's last save
-        wrote its answer whole, a save cut its rows): garbage, which no reader folds;
-        one statement after the save. A failure is logged: they stay, read by nothing,
-        until the session is deleted."""
-        self._segmented.discard(session_id)
-        try:
-            await self.run(
-                f"segments of session {session_id!r}",
-                lambda conn: conn.execute(_DROP_SEGMENTS_SQL, (session_id,)),
-                transaction=False,
-            )
-        except StoreError as exc:
-            self._log.warning("store.segments-left", session_id=session_id, error=redact(str(exc)))
-
     async def _save_call(
         self,
         action: str,
@@ -839,7 +831,8 @@ class PostgresStore(FenceKeeping):
         here (the caller saves in a transaction instead). Its refusals (nothing written)
         raise as the transaction's do. With ``suspend`` the call suspends the turn's row too.
         ``fresh`` and ``segments``: a grown save's (:meth:`_grow`), written in the call;
-        ``drop``: the session's segments no head holds go in its commit."""
+        ``drop``: the save writes no head, so the call compacts the session's heads and
+        segments left, if any, in its commit (:data:`SAVE_FUNCTION`)."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
         arrays = await _arrays_off_loop(rows)
@@ -1356,9 +1349,10 @@ written whole; from this size on, as its head and a segment, both in the save's 
 its answer and the step's new parts: its bytes no longer grow with its steps. (Below
 it a head, a segment and the fold cost more than the bytes they save.)"""
 
-_DROP_SEGMENTS_SQL = drop_segments_sql("%s")
-"""The session's segments no head holds (a save's own transaction sees its own writes;
-a concurrent grown save's uncommitted segments are not seen, its committed head is)."""
+_COMPACT_SQL = compact_segments_sql("%(session)s")
+"""The session's heads folded into whole rows, then its segments deleted, in a save's
+transaction that writes no head (as :data:`SAVE_FUNCTION`'s ``p_drop``: the session's
+row is locked by the save, so no grown save of another process falls between)."""
 
 
 def _write_segments(

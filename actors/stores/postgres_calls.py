@@ -456,13 +456,13 @@ def drop_segments_sql(session: str) -> str:
           AND substring(m.body FROM 1 FOR {len(HEAD_PREFIX)}) = '\\x{_HEAD_HEX}'::bytea)"""
 
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v7"
-"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`), the one
-the store calls. ``axon_save_v6`` (:data:`SAVE_V6_FUNCTION`, still created: a process of
-the version before calls it) wrote no segment: a running turn's grown save (its answer's
-head and new parts, "Grown messages" in :mod:`actors.stores.postgres`) was a
-transaction of five round trips, and the drop of the segments after the turn's last
-save a statement of its own (branch ``appendpg``)."""
+SAVE_V7_FUNCTION_NAME: Final = "axon_save_v7"
+"""The server-side function of a save without a guard of the version before
+(:data:`SAVE_V7_FUNCTION`, still created: its processes call it). ``axon_save_v6``
+(:data:`SAVE_V6_FUNCTION`, still created too) wrote no segment: a running turn's grown
+save (its answer's head and new parts, "Grown messages" in :mod:`actors.stores.postgres`)
+was a transaction of five round trips, and the drop of the segments after the turn's
+last save a statement of its own (branch ``appendpg``)."""
 
 _V6_PARAMS = "p_absent_mark BIGINT DEFAULT NULL,\n"
 _V6_INSERT = "    FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);\n"
@@ -492,7 +492,7 @@ _V7_SEGMENTS = f"""    -- A grown save's segments ("Grown messages", actors.stor
 def _save_v7(v6: str) -> str:
     """:data:`SAVE_V6_FUNCTION`'s text with its name, the segments' parameters and their
     writes after the messages' insert."""
-    text = v6.replace(SAVE_V6_FUNCTION_NAME + "(", SAVE_FUNCTION_NAME + "(", 1)
+    text = v6.replace(SAVE_V6_FUNCTION_NAME + "(", SAVE_V7_FUNCTION_NAME + "(", 1)
     assert text.count(_V6_PARAMS) == 1 and text.count(_V6_INSERT) == 1
     text = text.replace(
         _V6_PARAMS,
@@ -504,13 +504,78 @@ def _save_v7(v6: str) -> str:
     return text.replace(_V6_INSERT, _V6_INSERT + _V7_SEGMENTS, 1)
 
 
-SAVE_FUNCTION: Final = _save_v7(SAVE_V6_FUNCTION)
+SAVE_V7_FUNCTION: Final = _save_v7(SAVE_V6_FUNCTION)
 """:data:`SAVE_V6_FUNCTION` with a grown save's segments: ``p_fresh`` (the heads whose
 old segments go), ``p_seg_idx``/``p_seg_first``/``p_seg_bodies`` (the new segments: the
 row's index, the first part each holds, its parts' JSON), ``p_drop`` (a save without
 heads drops the segments no head holds), all written in the call's commit, after the
 messages, only when it says ``ok``: a running turn's step save of a long answer is one
 call as any other save, and so is its last save with the drop."""
+
+SAVE_FUNCTION_NAME: Final = "axon_save_v8"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`), the one
+the store calls. ``axon_save_v7`` (:data:`SAVE_V7_FUNCTION`) dropped, at ``p_drop``, the
+segments of rows that are no heads only: a head a killed turn left (its last save never
+came) kept its segments for good, and the store sent ``p_drop`` only for a session its
+own saves had segmented, so a whole save by another process (a takeover's, a worker of
+an older version) left the segments it wrote over until the session's delete (branch
+``segleft``)."""
+
+
+def compact_segments_sql(session: str) -> str:
+    """The statement that deletes every segment of session ``session`` (a parameter's or
+    variable's name) and writes each head they belonged to whole, folded from them: a
+    save that writes no head (:data:`SAVE_FUNCTION`'s ``p_drop``), under the session's
+    lock, in its commit. One statement: its ``DELETE`` and its ``UPDATE`` read one
+    snapshot, so the fold (:data:`FOLDED_BODY`, every read's: it writes what a load of
+    the session read before) still sees the segments the ``DELETE`` takes."""
+    return f"""WITH gone AS (DELETE FROM axon_message_segments
+        WHERE session_id = {session} RETURNING idx)
+    UPDATE axon_messages AS m SET body = {FOLDED_BODY}
+    WHERE m.session_id = {session} AND m.idx IN (SELECT idx FROM gone)
+      AND substring(m.body FROM 1 FOR {len(HEAD_PREFIX)}) = '\\x{_HEAD_HEX}'::bytea"""
+
+
+_V7_DROP = f"""    IF p_drop THEN
+        {drop_segments_sql("p_session").replace(chr(10), chr(10) + "        ")};
+    END IF;
+"""
+_V8_DROP = f"""    IF p_drop AND s_segmented THEN
+        -- A save with no head (p_drop), of a session that holds segments: the heads a
+        -- killed turn left are written whole, folded, and every segment goes (segleft).
+        {compact_segments_sql("p_session").replace(chr(10), chr(10) + "        ")};
+    END IF;
+"""
+_V7_LOCK = """    SELECT meta, version INTO s_meta, s_version FROM axon_sessions
+    WHERE session_id = p_session FOR UPDATE;
+"""
+_V8_LOCK = """    SELECT meta, version, EXISTS (SELECT 1 FROM axon_message_segments AS g
+            WHERE g.session_id = p_session)
+    INTO s_meta, s_version, s_segmented FROM axon_sessions
+    WHERE session_id = p_session FOR UPDATE;
+"""
+_V7_DECLARE = "    s_version BIGINT;\n"
+
+
+def _save_v8(v7: str) -> str:
+    """:data:`SAVE_V7_FUNCTION`'s text with its name and ``p_drop`` folding the heads
+    left before it deletes the session's segments."""
+    text = v7.replace(SAVE_V7_FUNCTION_NAME + "(", SAVE_FUNCTION_NAME + "(", 1)
+    for part in (_V7_DROP, _V7_LOCK, _V7_DECLARE):
+        assert text.count(part) == 1, part
+    text = text.replace(_V7_DECLARE, _V7_DECLARE + "    s_segmented BOOLEAN;\n", 1)
+    text = text.replace(_V7_LOCK, _V8_LOCK, 1)
+    return text.replace(_V7_DROP, _V8_DROP, 1)
+
+
+SAVE_FUNCTION: Final = _save_v8(SAVE_V7_FUNCTION)
+""":data:`SAVE_V7_FUNCTION` whose ``p_drop`` (the store sends it with every save that
+writes no head) folds every head its session holds into a whole row and deletes all its
+segments (:func:`compact_segments_sql`), in the call's commit, when the session holds
+any: the lock of the session's row reads that too (an index probe in a statement every
+save runs, where a statement of its own would be one more a turn). A killed turn's
+answer is so written whole by the session's next save, and the segments a whole save
+of another process left beside its rows go."""
 
 
 SAVE_NEXT_V6_FUNCTION_NAME: Final = "axon_save_next_v6"
@@ -632,9 +697,10 @@ A database created by a version before it gains it on open; it calls the save's 
 claim's functions, which workers of the version before call themselves: a mixed fleet
 claims and saves by the same statements."""
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v7"
-"""The function of a last save that claims the next turn too, the one the store calls
-(:data:`SAVE_NEXT_FUNCTION`); ``axon_save_next_v6`` (:data:`SAVE_NEXT_V6_FUNCTION`,
+SAVE_NEXT_V7_FUNCTION_NAME: Final = "axon_save_next_v7"
+"""The function of a last save that claims the next turn too of the version before
+(:data:`SAVE_NEXT_V7_FUNCTION`, still created: it calls ``axon_save_v7``);
+``axon_save_next_v6`` (:data:`SAVE_NEXT_V6_FUNCTION`,
 still created for the processes of the version before) called ``axon_save_v5`` and
 ``axon_claim_v4``: the segments a turn's answer left were dropped by a statement of
 their own after it, and a continuation's session came with its heads unfolded."""
@@ -647,7 +713,7 @@ def _save_next_v7(v6: str) -> str:
     """:data:`SAVE_NEXT_V6_FUNCTION`'s text with its name, the segments' parameters and
     ``p_drop``, and the calls of :data:`SAVE_FUNCTION` (no absent mark: a last save's
     session is stored) and :data:`CLAIM_FUNCTION`."""
-    text = v6.replace(SAVE_NEXT_V6_FUNCTION_NAME + "(", SAVE_NEXT_FUNCTION_NAME + "(", 1)
+    text = v6.replace(SAVE_NEXT_V6_FUNCTION_NAME + "(", SAVE_NEXT_V7_FUNCTION_NAME + "(", 1)
     claim = f"FROM {CLAIM_V4_FUNCTION_NAME}("
     save = f"v_save := {SAVE_V5_FUNCTION_NAME}("
     for part in (_V6_NEXT_PARAMS, _V6_NEXT_SAVE, claim, save):
@@ -664,14 +730,32 @@ def _save_next_v7(v6: str) -> str:
         + ",\n        NULL, p_fresh, p_seg_idx, p_seg_first, p_seg_bodies, p_drop);",
     )
     text = text.replace(claim, f"FROM {CLAIM_FUNCTION_NAME}(")
-    return text.replace(save, f"v_save := {SAVE_FUNCTION_NAME}(")
+    return text.replace(save, f"v_save := {SAVE_V7_FUNCTION_NAME}(")
 
 
-SAVE_NEXT_FUNCTION: Final = _save_next_v7(SAVE_NEXT_V6_FUNCTION)
-""":data:`SAVE_NEXT_V6_FUNCTION` calling this version's save (with its segments: the
+SAVE_NEXT_V7_FUNCTION: Final = _save_next_v7(SAVE_NEXT_V6_FUNCTION)
+""":data:`SAVE_NEXT_V6_FUNCTION` calling the save (with its segments: the
 step that waits for a person may save a long answer's head and new parts; and
 ``p_drop``: the segments the turn's answer left go in a last save's commit) and claim
 (a continuation's session folded) functions."""
+
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v8"
+"""The function of a last save that claims the next turn too, the one the store calls
+(:data:`SAVE_NEXT_FUNCTION`)."""
+
+
+def _save_next_v8(v7: str) -> str:
+    """:data:`SAVE_NEXT_V7_FUNCTION`'s text with its name and its call of
+    :data:`SAVE_FUNCTION`."""
+    save = f"v_save := {SAVE_V7_FUNCTION_NAME}("
+    text = v7.replace(SAVE_NEXT_V7_FUNCTION_NAME + "(", SAVE_NEXT_FUNCTION_NAME + "(", 1)
+    assert text.count(save) == 1, save
+    return text.replace(save, f"v_save := {SAVE_FUNCTION_NAME}(")
+
+
+SAVE_NEXT_FUNCTION: Final = _save_next_v8(SAVE_NEXT_V7_FUNCTION)
+""":data:`SAVE_NEXT_V7_FUNCTION` calling this version's save (its ``p_drop`` folds the
+heads a killed turn left: a turn's last save sends it always)."""
 
 STATUS_COLUMNS: Final = (
     "turn_id",

@@ -31,10 +31,14 @@ from actors.stores.postgres_calls import (
     SAVE_NEXT_FUNCTION_NAME,
     SAVE_NEXT_V6_FUNCTION,
     SAVE_NEXT_V6_FUNCTION_NAME,
+    SAVE_NEXT_V7_FUNCTION,
+    SAVE_NEXT_V7_FUNCTION_NAME,
     SAVE_V5_FUNCTION,
     SAVE_V5_FUNCTION_NAME,
     SAVE_V6_FUNCTION,
     SAVE_V6_FUNCTION_NAME,
+    SAVE_V7_FUNCTION,
+    SAVE_V7_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
@@ -215,6 +219,8 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, CLAIM_V4_FUNCTION_NAME, CLAIM_V4_FUNCTION)
     _ensure_function(conn, SAVE_V6_FUNCTION_NAME, SAVE_V6_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_V6_FUNCTION_NAME, SAVE_NEXT_V6_FUNCTION)
+    _ensure_function(conn, SAVE_V7_FUNCTION_NAME, SAVE_V7_FUNCTION)
+    _ensure_function(conn, SAVE_NEXT_V7_FUNCTION_NAME, SAVE_NEXT_V7_FUNCTION)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
         ON CONFLICT (key) DO NOTHING""",

@@ -49,7 +49,10 @@ n steps wrote n(n+1)/2 steps' parts (46.9 MB at 1,000 steps; benchmarks/journal,
 ``{"parts": N}`` (:data:`~actors.stores.validation.HEAD_PREFIX`), and one segment with
 the parts new since the row's last write; the first such save moves every part into
 segment ``0``. Writing a message whole (a turn's last save, a decision, a rebase)
-deletes its segments, as does a delete of its row. A load folds a head and its segments
+deletes its segments, as does a delete of its row. A save that writes no head, of a
+session that holds segments, writes every head left whole (a turn killed mid-answer,
+whose last save never came: the session's next turn's save folds it once) and deletes
+the session's segments (:func:`_fold_heads`). A load folds a head and its segments
 back into the message's JSON, read in one transaction (one snapshot). A process of
 schema 5 that has the file open when it is upgraded writes nothing more
 (``_schema_moved``), and reads a head as a damaged row (``StoreCorrupt``: its
@@ -81,6 +84,7 @@ from actors.stores.owned import owned_sessions
 from actors.stores.validation import (
     HEAD_PEEK,
     HEAD_PREFIX,
+    check_folded,
     check_grown,
     check_limit,
     check_version,
@@ -89,6 +93,7 @@ from actors.stores.validation import (
     decode_meta,
     deleted_since,
     encoded_off_loop,
+    fold_grown,
     head_parts,
     kept_tail,
     parse_cursor,
@@ -818,6 +823,41 @@ def _grow(
     return out
 
 
+def _fold_heads(conn: sqlite3.Connection, path: str, session_id: str) -> None:
+    """In a save that writes no head, of a session that holds segments: each head left
+    (a turn killed mid-answer, whose last save never came) written over its row whole,
+    folded from its segments, and the session's segments deleted; a head whose segments
+    do not fold into the parts it counts (damage) is left as it is, with its segments,
+    for its reads to refuse. What the dead turn's last save would have written, once:
+    the session's next turn writes it (its segments otherwise stayed until the session's
+    delete, each read folding them again)."""
+    left = _by_message(conn.execute(_SEGMENTS_SQL, (session_id,)).fetchall())
+    if not left:
+        return
+    damaged: list[int] = []
+    for idx, segments in left.items():
+        row = conn.execute(
+            "SELECT role, body FROM messages WHERE session_id = ? AND idx = ?", (session_id, idx)
+        ).fetchone()
+        if row is None or bytes(row[1][:_HEAD_LEN]) != HEAD_PREFIX:
+            continue  # (segments beside a whole row, or no row: deleted below)
+        role, head = row[0], bytes(row[1])
+        try:
+            whole = fold_grown(path, session_id, idx, head, segments)
+            check_folded(
+                path, session_id, idx, head, decode_message(path, session_id, idx, role, whole)
+            )
+        except StoreCorrupt:
+            damaged.append(idx)
+            continue
+        conn.execute(
+            "UPDATE messages SET body = ? WHERE session_id = ? AND idx = ?",
+            (whole, session_id, idx),
+        )
+    kept = f" AND idx NOT IN ({', '.join('?' * len(damaged))})" if damaged else ""
+    conn.execute(f"DELETE FROM message_segments WHERE session_id = ?{kept}", (session_id, *damaged))
+
+
 def _by_message(segments: list[tuple[int, int, bytes]]) -> dict[int, list[tuple[int, bytes]]]:
     """The session's segments by message index (:data:`_SEGMENTS_SQL`'s rows)."""
     by_idx: dict[int, list[tuple[int, bytes]]] = {}
@@ -1201,6 +1241,8 @@ class SQLiteStore:
                     "DELETE FROM message_segments WHERE session_id = ? AND idx >= ?",
                     (session_id, end),
                 )
+            if not heads:  # no running answer of this save's: any head left is a dead one's
+                _fold_heads(conn, self._path, session_id)
         if end < count:
             conn.execute(
                 "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, end)

@@ -22,6 +22,7 @@ import trio
 from actors.stores.turn_sql import (
     _COLUMNS,
     _STATUS_COLUMNS,
+    TURNS_CHANNEL,
     _busy,
     _interrupt,
     _notify_turns,
@@ -76,8 +77,9 @@ class _Submission:
     """Seconds a held stop is kept (:data:`~runtime.busy.HELD_STOP_FOR`)."""
     check_room: Callable[[Any, str, str | None, str, bool], None]
     """The queue's caps before the insert (:meth:`TurnQueue._check_room`)."""
-    check_total: Callable[[Any], None]
-    """The queue's total cap after the insert (:meth:`TurnQueue._check_total`)."""
+    check_total: Callable[[Any, str], None]
+    """The queue's total cap after the insert, and the workers woken
+    (:meth:`TurnQueue._check_total`)."""
 
     @property
     def large(self) -> bool:
@@ -129,8 +131,7 @@ class _Submission:
         else:
             row = conn.execute(_INSERT, values).fetchone()
         if row is not None:
-            self.check_total(conn)  # counting this row, under the queue's lock
-            _notify_turns(conn, turn_id)
+            self.check_total(conn, turn_id)  # counting this row, under the queue's lock
             return tuple(row)
         if key is not None:
             row = conn.execute(
@@ -527,18 +528,25 @@ class TurnSubmitting:
             where, key = "idempotency_key = %s", idempotency_key
         else:
             where, key = "turn_id = %s", turn_id
-        if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
-            return
-        # Each count reads at most its cap's index entries. ">= x AND <= x" (not "= x")
-        # with ORDER BY keeps a prepared statement's generic plan on the axon_turns_queued
-        # index, as in the head trigger (actors.stores.postgres_tables._HEAD_FUNCTION).
-        if per_session is not None:
-            (count,) = conn.execute(
-                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+        if per_session is None:
+            if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
+                return
+        else:
+            # Each count reads at most its cap's index entries. ">= x AND <= x" (not
+            # "= x") with ORDER BY keeps a prepared statement's generic plan on the
+            # axon_turns_queued index, as in the head trigger
+            # (actors.stores.postgres_tables._HEAD_FUNCTION). The look for a repeat is
+            # in the same statement (a round trip fewer a submit): after the lock, as
+            # the count.
+            stored, count = conn.execute(
+                f"""SELECT EXISTS (SELECT 1 FROM axon_turns WHERE {where}),
+                (SELECT count(*) FROM (SELECT 1 FROM axon_turns
                 WHERE session_id >= %s AND session_id <= %s AND status = 'queued'
-                ORDER BY session_id, seq LIMIT %s) AS q""",
-                (session_id, session_id, per_session),
+                ORDER BY session_id, seq LIMIT %s) AS q)""",
+                (key, session_id, session_id, per_session),
             ).fetchone()
+            if stored:
+                return
             if count >= per_session:
                 raise QueueFull(
                     f"session {session_id!r} already has {count} turns queued (the limit); "
@@ -552,23 +560,28 @@ class TurnSubmitting:
             if count >= total:
                 raise self._queue_full(count, total)
 
-    def _check_total(self, conn: Any) -> None:
+    def _check_total(self, conn: Any, turn_id: str) -> None:
         """In the submit's transaction, right after its insert (the row queued, not yet
         committed): raise :class:`QueueFull`, which rolls the insert back, when the queue
-        holds more than its cap counting this row. Takes the queue's lock first, held to
-        the commit: the count (a statement after the lock, so a snapshot after every
-        submit that held it before committed) sees every turn queued before, and every
-        submit after waits for this one's commit and counts its row, so racing submits,
-        of one process or many, never pass the cap. The lock is taken after the row is
-        written, not before: the insert of a large row (its transfer, its compression,
-        its WAL) holds no other submit of the fleet."""
+        holds more than its cap counting this row; otherwise the workers are woken for
+        ``turn_id`` (a ``pg_notify``, sent at the commit: a rolled-back submit wakes
+        none), in the count's statement where there is a cap (a round trip fewer). Takes
+        the queue's lock first, held to the commit: the count (a statement after the
+        lock, so a snapshot after every submit that held it before committed) sees every
+        turn queued before, and every submit after waits for this one's commit and counts
+        its row, so racing submits, of one process or many, never pass the cap. The lock
+        is taken after the row is written, not before: the insert of a large row (its
+        transfer, its compression, its WAL) holds no other submit of the fleet."""
         total = self.max_queued
         if total is None:
+            _notify_turns(conn, turn_id)
             return
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('axon_turns:' || current_schema(), 0))"
         )
-        (count,) = conn.execute(_COUNT_QUEUED, (total + 1,)).fetchone()
+        (count, _) = conn.execute(
+            _COUNT_QUEUED_NOTIFY, (total + 1, TURNS_CHANNEL, turn_id)
+        ).fetchone()
         if count > total:
             raise self._queue_full(count - 1, total)
 
@@ -603,6 +616,9 @@ more than the insert."""
 _COUNT_QUEUED = """SELECT count(*) FROM (SELECT 1 FROM axon_turns
     WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q"""
 """The queued turns, up to a limit: reads at most that many index entries."""
+
+_COUNT_QUEUED_NOTIFY = f"""SELECT ({_COUNT_QUEUED}), pg_notify(%s, current_schema() || ':' || %s)"""
+""":data:`_COUNT_QUEUED` and the workers' wake-up of :func:`_notify_turns` in one statement."""
 
 
 def _sha256(data: bytes) -> str:

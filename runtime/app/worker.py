@@ -118,7 +118,7 @@ from runtime.messages import UserMessage
 from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, Steered, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
-from runtime.tools import AGENT_DEPTH_META, Tool, agent_depth
+from runtime.tools import AGENT_DEPTH_META, LISTING_UNITS, Tool, agent_depth
 from runtime.turn_queue import (
     WAITING,
     Claim,
@@ -1497,11 +1497,14 @@ async def _client_tools(specs: Sequence[ClientToolSpec]) -> tuple[Tool, ...]:
     """The client's tools of a queued turn, built in a thread when there are any: each
     schema is checked against the JSON Schema meta-schema, ~0.5 ms a tool and ~8 us a
     byte of a large one, and a front end takes up to 128 tools and 256 KiB of schemas
-    (:mod:`runtime.app.web.agui_input`), seconds of this worker's loop otherwise."""
+    (:mod:`runtime.app.web.agui_input`), seconds of this worker's loop otherwise; and
+    their patterns compile for the linear engine, within one budget for the turn
+    (:data:`~runtime.tools.LISTING_UNITS`, ~1 s)."""
     if not specs:
         return ()
+    budget = [LISTING_UNITS]  # (their patterns compile within one budget, as the front end's)
     return await trio.to_thread.run_sync(
-        lambda: tuple(spec.tool() for spec in specs), limiter=off_loop_limiter()
+        lambda: tuple(spec.tool(budget) for spec in specs), limiter=off_loop_limiter()
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
+from runtime.budget import Budget
 from runtime.messages import ToolMessage
 from runtime.tools import Tool, tool
 
@@ -42,6 +43,14 @@ def _twice(request: InferRequest) -> list:
 
 
 agent = Agent(name="asks", provider=ScriptedProvider(responder=_once), tools=[get_weather])
+
+small_edits = Agent(
+    name="asks-small",
+    provider=ScriptedProvider(responder=_once),
+    tools=[get_weather],
+    budget=Budget(max_tool_result_chars=20),
+)
+"""``agent`` whose edits may be 20 characters of JSON (the model's input is 15)."""
 """Calls ``get_weather`` (which waits for approval) once, then answers."""
 
 twice = Agent(name="asks-twice", provider=ScriptedProvider(responder=_twice), tools=[get_weather])

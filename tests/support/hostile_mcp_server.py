@@ -32,6 +32,9 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``bad-listing``
     Answers ``tools/list`` with a line that has the request's id but is no JSON-RPC
     message the ``mcp`` package reads (its result nested 300 deep).
+``deep-listing``
+    The same, its result nested 2,000 deep (past ``orjson``'s 1,024 too), the server's
+    ``MCP_TEST_KEY`` (given in its env) at the line's head.
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -108,11 +111,13 @@ def answer(request: dict) -> dict:
             "serverInfo": {"name": "hostile", "version": "1"},
         }
     if method == "tools/list":
-        if "bad-listing" in MODES:
-            nested = "[" * 300 + "]" * 300
+        if "bad-listing" in MODES or "deep-listing" in MODES:
+            depth = 2000 if "deep-listing" in MODES else 300
+            nested = "[" * depth + "]" * depth
             sys.stdout.write(
                 f'{{"jsonrpc": "2.0", "id": {json.dumps(request["id"])}, '
-                f'"result": {{"tools": [], "x": {nested}}}}}\n'
+                f'"result": {{"key": "{os.environ.get("MCP_TEST_KEY", "")}", "tools": [], '
+                f'"x": {nested}}}}}\n'
             )
             sys.stdout.flush()
             raise Sent

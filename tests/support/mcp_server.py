@@ -4,6 +4,7 @@
     python tests/support/mcp_server.py --http PORT      # streamable HTTP on 127.0.0.1
     python tests/support/mcp_server.py --bad-schema     # one tool with an invalid schema
     python tests/support/mcp_server.py --ref-schemas URL  # tools whose schemas use $ref
+    python tests/support/mcp_server.py --patterned      # and ``code``, with a ``pattern``
 
 Tools: ``add`` (structured int), ``echo`` (text), ``fail`` (``isError``), ``slow`` (sleeps,
 to be cancelled or timed out), ``grow`` (adds ``double`` and announces
@@ -16,10 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 server = MCPServer("test-server", log_level="CRITICAL")
 STATE = os.environ.get("MCP_TEST_STATE")
@@ -116,12 +119,23 @@ def _ref_schemas(url: str) -> None:
         }
 
 
+def _patterned() -> None:
+    """A tool whose listed input schema has a ``pattern`` (``--patterned``)."""
+
+    @server.tool()
+    def code(code: Annotated[str, Field(pattern="^[A-Z]{3}$")]) -> str:
+        """Take a code of three capital letters."""
+        return code
+
+
 if __name__ == "__main__":
     if STATE:
         starts = Path(STATE, "starts")
         starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
     if "--bad-schema" in sys.argv:
         _bad_schema()
+    if "--patterned" in sys.argv:
+        _patterned()
     if "--ref-schemas" in sys.argv:
         _ref_schemas(sys.argv[sys.argv.index("--ref-schemas") + 1])
     if "--http" in sys.argv:

@@ -24,6 +24,8 @@ Controlled by the environment of the worker process:
   none), so the worker that takes a turn over can answer otherwise than the dead one;
 * ``AXON_TEST_TOOL_HOLD``: seconds ``record`` waits *after* its side effect, before it
   returns: a worker killed then dies between a tool's execution and its step's commit;
+* ``AXON_TEST_GUARDED_HOLD``: the same for ``guarded``: a worker killed then dies in
+  an approved turn's continuation, after the approved call ran, before its commit;
 * ``AXON_TEST_LEDGER``: the ``postgresql://...?schema=`` URL where ``record`` writes its
   side effect, once per ``ToolContext.idempotency_key`` (``axon_test_ledger``), and every
   attempt (``axon_test_attempts``): the ledger proves a takeover repeats no effect;
@@ -154,6 +156,9 @@ async def guarded(n: int, ctx: ToolContext) -> str:
     url = os.environ.get("AXON_TEST_LEDGER")
     if url:
         await trio.to_thread.run_sync(write_effect, url, ctx.idempotency_key)
+    hold = float(os.environ.get("AXON_TEST_GUARDED_HOLD", "0") or 0)
+    if hold:
+        await trio.sleep(hold)
     return f"recorded {n}"
 
 

@@ -292,7 +292,7 @@ class QueuedTaskBook(TaskBook):
         resumed = None
         try:
             for key, decision in answers:
-                _, stored, _, _ = decide(stored, key, decision, tools)
+                _, stored, _, _ = decide(stored, key, decision, tools, limit)
             known = record  # the checks' read: the first decision is made on it
             for key, decision in answers:
                 decided = await self.front.decide(

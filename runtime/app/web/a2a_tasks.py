@@ -816,10 +816,11 @@ class TaskBook:
         moved past it, or the view does not show what the message answers, nothing is
         recorded and the checks run again on what the store holds."""
         tools = session.agent.tool_map
+        limit = session.agent.budget.max_tool_result_chars
         known = session.held_record()
         if known is not None:
             try:
-                answers, remaining = self._checked(live, incoming, known.messages, tools)
+                answers, remaining = self._checked(live, incoming, known.messages, tools, limit)
                 first = await self._decide(session, live, *answers[0], version=known.version)
             except (wire.A2AError, StoreConflict):
                 pass  # the view may be behind the store: check again on what it holds
@@ -828,7 +829,7 @@ class TaskBook:
                 return await record_all(answers[1:], record, first), remaining
         record = await session.host.store.load(session.id)
         stored = record.messages if record is not None else ()
-        answers, remaining = self._checked(live, incoming, stored, tools)
+        answers, remaining = self._checked(live, incoming, stored, tools, limit)
         return await record_all(answers, partial(self._decide, session, live)), remaining
 
     def _checked(
@@ -837,10 +838,14 @@ class TaskBook:
         incoming: wire.Incoming,
         stored: Sequence[Message],
         tools: Any,
+        max_chars: int | None,
     ) -> tuple[list[tuple[str, Decision]], tuple[PendingCall, ...]]:
         """The message's decisions, each checked against ``stored``, and the calls they
         leave waiting; an :class:`~actors.a2a.wire.A2AError` for a task that no longer
-        waits or a decision that cannot be made."""
+        waits or a decision that cannot be made. ``max_chars``: the agent's
+        ``max_tool_result_chars``, which ``session.decide`` bounds an edit by: checked
+        here too, or a message whose second decision's edit is too long records its
+        first."""
         pending = pending_calls(stored)
         if not pending or pending[0].message_id != live.message_id:
             raise wire.A2AError(
@@ -849,7 +854,7 @@ class TaskBook:
         answers = _decisions(wire.data_parts(incoming.parts), pending)
         try:
             for key, decision in answers:
-                _, stored, _, _ = decide(stored, key, decision, tools)
+                _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
         except DecisionError as exc:
             raise wire.invalid_params(str(exc)) from None
         return answers, pending_calls(stored)

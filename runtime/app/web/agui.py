@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -86,6 +86,7 @@ from runtime.approval import (
     Decision,
     PendingCall,
     decide,
+    output_check,
     same_input,
     waiting_calls,
 )
@@ -95,6 +96,7 @@ from runtime.errors import (
     CallerDecides,
     DecisionError,
     HostClosed,
+    InvalidDecision,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -240,15 +242,19 @@ def _same_edit(call: PendingCall, decision: Decision) -> bool:
 
 
 def _answers(
-    run: RunInput, messages: Sequence[Message], waiting: Sequence[PendingCall]
+    run: RunInput,
+    messages: Sequence[Message],
+    waiting: Sequence[PendingCall],
+    tools: Mapping[str, Any],
 ) -> tuple[list[tuple[str, Decision]], list[str]]:
     """The decisions the run's tool messages and resume entries carry for the waiting
     calls, and the resume entries that name no interrupt of the thread (ignored, as the
     spec says a producer does). A tool message for an unknown call is a 404; one for an
     approval, or for a call that waits for nothing, a 409; an answer that differs from
-    one recorded already, a 409."""
+    one recorded already, a 409; one its tool's output schema (of the agent's
+    ``tools``) takes neither as text nor as JSON, a 400."""
     held = _awaiting(messages)
-    answers = _tool_answers(run, messages, waiting, held)  # checked first: its errors win
+    answers = _tool_answers(run, messages, waiting, held, tools)  # checked first: its errors win
     resumed, ignored = _resume_answers(run, waiting, held)
     return [*answers, *resumed], ignored
 
@@ -258,9 +264,11 @@ def _tool_answers(
     messages: Sequence[Message],
     waiting: Sequence[PendingCall],
     held: dict[str, Awaiting],
+    tools: Mapping[str, Any],
 ) -> list[tuple[str, Decision]]:
     """The decisions the tool messages after the run's last user message carry for the
-    waiting client tool calls (see :func:`_answers`)."""
+    waiting client tool calls (see :func:`_answers`): each message's text read by its
+    tool's output schema (:func:`~runtime.app.web.agui_input.structured_output`)."""
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
     # a sub-agent's client tool passed up is answered under the id its call was
@@ -286,9 +294,13 @@ def _tool_answers(
         if message["role"] != "tool":
             continue
         call_id = message["toolCallId"]
-        if call_id in answered:
-            continue  # a result the thread holds already, sent back with the history
         call = by_call.get(call_id)
+        if call_id in answered and (call is None or call.decided):
+            # a result the thread holds already, sent back with the history; never a call
+            # that waits now: a call id is unique in a turn only (a provider numbering
+            # its calls ``call_0`` in every response), so an earlier turn's result under
+            # the same id passed over this turn's answer, which no run could then give
+            continue
         if call is None:
             if call_id in known:
                 raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
@@ -300,7 +312,11 @@ def _tool_answers(
                 f"({call.approval_id!r}) in 'resume'",
                 "interrupt_pending",
             )
-        output, error = tool_answer(message)
+        check = output_check(tools.get(call.tool_name), call.sub_tool)
+        try:
+            output, error = tool_answer(message, check, call=call_id)
+        except InvalidDecision as exc:
+            raise _decision_error(exc) from None
         decision = Decision(
             output=output if error is None else None, error=error, has_output=error is None
         )
@@ -350,7 +366,8 @@ def _uncovered(
 
 def _pending_refusal(calls: Sequence[PendingCall]) -> AGUIError:
     approvals = [c.approval_id for c in calls if c.kind == APPROVAL]
-    client = [c.tool_call_id for c in calls if c.kind != APPROVAL]
+    # (a sub-agent's client call passed up is answered under its own id: ``H.L0``)
+    client = [c.approval_id if c.sub_tool else c.tool_call_id for c in calls if c.kind != APPROVAL]
     said = []
     if approvals:
         said.append(f"interrupts {approvals} (answer them in 'resume')")
@@ -598,14 +615,19 @@ class AGUIRoutes:
 
         return make
 
+    def _tools(self, session_id: str) -> dict[str, Any]:
+        """The thread's agent's tools by name (its open session's agent, else the one
+        that runs it), known before the thread is opened."""
+        known = self.state.host.get_session(session_id)
+        agent = known.agent if known is not None else self.state.agent_for(session_id)
+        return {t.name: t for t in agent.tools}
+
     def _check_tools(self, run: RunInput, session_id: str) -> None:
         """400 for a client tool named like one of the thread's agent's tools (checked
         before the thread is opened: a refused run opens nothing)."""
         if not run.tools:
             return
-        known = self.state.host.get_session(session_id)
-        agent = known.agent if known is not None else self.state.agent_for(session_id)
-        taken = sorted({t.name for t in agent.tools} & {t.name for t in run.tools})
+        taken = sorted(self._tools(session_id).keys() & {t.name for t in run.tools})
         if taken:
             raise bad_input(
                 f"'tools' {taken} take the name of the agent's own tools", "tool_name_taken"
@@ -723,7 +745,7 @@ class AGUIRoutes:
     ) -> ASGIApp:
         state = self.state
         waiting = waiting_calls(stored)
-        answers, ignored = _answers(run, stored, waiting)
+        answers, ignored = _answers(run, stored, waiting, self._tools(session_id))
         metadata = {"axon": {"ignoredResume": ignored}} if ignored else None
         if not waiting:  # nothing waits (a replayed resume): the thread as it is
             return snapshot_response(run, self._current(session_id, stored), metadata)
@@ -743,10 +765,11 @@ class AGUIRoutes:
             return self._queued(run, out, agent, **metadata_and_answered)
         session = await state.session(session_id)
         tools = {t.name: t for t in session.agent.tools}
+        limit = session.agent.budget.max_tool_result_chars  # (what session.decide bounds by)
         checked = stored
         try:
             for key, decision in answers:  # all checked first: a bad one records nothing
-                _, checked, _, _ = decide(checked, key, decision, tools)
+                _, checked, _, _ = decide(checked, key, decision, tools, limit)
             for key, decision in answers:
                 await session.decide(
                     key,
@@ -797,7 +820,7 @@ class AGUIRoutes:
         decided = []
         try:
             for key, decision in answers:
-                _, checked, _, _ = decide(checked, key, decision, tools)
+                _, checked, _, _ = decide(checked, key, decision, tools, limit)
             for key, decision in answers:
                 decided.append(
                     await front.decide(

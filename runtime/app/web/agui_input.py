@@ -12,14 +12,15 @@ The response side, runtime messages and output chunks written as AG-UI events, i
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 import orjson
 
-from runtime.errors import InvalidMedia, ToolDefinitionError
+from runtime.errors import InvalidDecision, InvalidMedia, ToolDefinitionError
+from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -32,7 +33,8 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.tools import InvalidJSONSchema, Tool
+from runtime.redact import redact
+from runtime.tools import LISTING_UNITS, InvalidJSONSchema, Tool, ToolInputError
 
 ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
 RESUME_STATUSES = frozenset({"resolved", "cancelled"})
@@ -208,12 +210,42 @@ def _check_tool_sizes(specs: list[Any]) -> None:
             )
 
 
+WARNED_TOOLS = 256
+"""Client tools whose unchecked patterns this process remembers having logged."""
+
+_warned: OrderedDict[int, None] = OrderedDict()
+"""The hashes of the ``(name, unchecked)`` logged (not the patterns: up to 256 KiB each)."""
+
+
+def _warn_unchecked(name: str, unchecked: tuple[str, ...]) -> None:
+    """Log once per process (of the last :data:`WARNED_TOOLS`) that a client tool's
+    schema has patterns not run on the model's input here (a look-around, a
+    backreference, past the request's compile budget): a client declares its tools
+    with every request, and one warning per request would bury the log."""
+    if not unchecked:
+        return
+    key = hash((name, unchecked))
+    if key in _warned:
+        return
+    _warned[key] = None
+    while len(_warned) > WARNED_TOOLS:
+        _warned.popitem(last=False)
+    get_logger("axon.web").warning(
+        "agui.schema-not-checked-here",
+        tool=redact(name),
+        unchecked=[redact(s) for s in unchecked],
+        error=f"client tool {name!r}: not run on the model's input here (the client "
+        "checks its own tool's input): " + "; ".join(unchecked),
+    )
+
+
 def client_tools(tools: Any) -> tuple[Tool, ...]:
     """The request's ``tools`` as client-side tools; a malformed one, a schema that is not
     an object's, or a name given twice is a 400; too many, or schemas too large, 413."""
     out: list[Tool] = []
     specs = _list(tools, "tools")
     _check_tool_sizes(specs)
+    budget = [LISTING_UNITS]  # (the request's tools' patterns compile within one budget)
     for i, spec in enumerate(specs):
         where = f"tools[{i}]"
         spec = _object(spec, where)
@@ -225,11 +257,12 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
         if not isinstance(schema, dict):
             raise bad_input(f"'{where}.parameters' must be a JSON schema object")
         try:
-            # (a client's regular expressions are not run here: runtime.tools)
-            tool = Tool.client(name, schema, description, trusted=False)  # type: ignore[arg-type]
+            # (a client's patterns run in linear time, within the budget: runtime.tools)
+            tool = Tool.client(name, schema, description, trusted=False, budget=budget)  # type: ignore[arg-type]
             out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
+        _warn_unchecked(tool.name, tool.validator.axon_unchecked)
     twice = sorted(name for name, n in Counter(t.name for t in out).items() if n > 1)
     if twice:
         raise bad_input(f"'tools' names {twice} more than once")
@@ -354,6 +387,21 @@ def _arguments(text: str | None) -> Any:
         return text
 
 
+def _passed_up(call_id: str, calls: dict[str, str]) -> bool:
+    """Whether ``call_id`` is a sub-agent's call passed up through one of ``calls`` (the
+    calls before it in its message): the runtime names it ``<agent tool's call
+    id>.<sub call id>`` (:func:`runtime.agent.sub_wait_id`, each agent between adding
+    its own part) and lists it after that call (:mod:`runtime.app.web.agui_wire`'s
+    snapshot). A dotted id under no call of its message (a client's ``call.1``) is a
+    call of its own."""
+    dot = call_id.find(".")
+    while dot > 0:
+        if call_id[:dot] in calls:
+            return True
+        dot = call_id.find(".", dot + 1)
+    return False
+
+
 def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     """Checked AG-UI messages as a runtime history (the start of a new thread): system and
     developer messages as system messages, assistant text and tool calls, tool results;
@@ -364,13 +412,22 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     have distinct ids. Why: the history's repair drops a result that does not follow its
     call and a call's second one, and two calls of one id in a message are one call to
     it, so such a history's tool output was lost without a word and the provider's
-    request broke (two ``tool_use`` blocks of one id)."""
+    request broke (two ``tool_use`` blocks of one id).
+
+    A sub-agent's call passed up (:func:`_passed_up`: a call under another call of the
+    same message, ``H.L0`` under ``H``) and its tool message are left out: a
+    ``MESSAGES_SNAPSHOT`` lists them for the client to answer, but the top agent's model
+    never made that call (it called the agent tool ``H``, whose result follows). Kept,
+    they were replayed to it as its own calls of a tool it does not have (a provider
+    may refuse an unknown tool in the history, and the model is misled)."""
     names: dict[str, str] = {}  # the calls of the last assistant message not answered yet
+    sub_calls: set[str] = set()  # those of them passed up from a sub-agent: left out
     out: list[Message] = []
     for i, m in enumerate(messages):
         role = m["role"]
         if role in ("system", "developer", "user", "assistant"):
             names.clear()
+            sub_calls.clear()
         if role in ("system", "developer"):
             out.append(SystemMessage(content=m["content"]))
         elif role == "user":
@@ -384,7 +441,11 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
                         f"'messages[{i}].toolCalls[{j}].id' repeats the id of another call "
                         "of the message"
                     )
+                if _passed_up(call["id"], names):
+                    sub_calls.add(call["id"])
                 names[call["id"]] = function["name"]
+                if call["id"] in sub_calls:
+                    continue
                 parts.append(
                     ToolCallPart(
                         tool_call_id=call["id"],
@@ -396,6 +457,9 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
             out.append(AssistantMessage(content=tuple(parts)))
         elif role == "tool":
             call_id = m["toolCallId"]
+            if call_id in sub_calls and call_id in names:
+                del names[call_id]  # answered (a second answer is refused, as any call's)
+                continue
             if call_id not in names:
                 raise bad_input(
                     f"'messages[{i}].toolCallId' names no tool call, not answered yet, of the "
@@ -413,11 +477,49 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def tool_answer(message: dict[str, Any]) -> tuple[Any, str | None]:
-    """A tool message answering a client tool: ``(output, error)``. The output is the
+def tool_answer(
+    message: dict[str, Any], check: Callable[[Any], None] | None = None, *, call: str = ""
+) -> tuple[Any, str | None]:
+    """A tool message answering a client tool ``call``: ``(output, error)``; ``error``
+    is set for a failure (the output is then the text, unread). The output is the
     message's text (a client tool's answer travels as text, as the spec says of
-    structured results); ``error`` is set for a failure."""
-    return _text_of(message["content"]), message.get("error")
+    structured results), read by the tool's output check ``check``
+    (:func:`runtime.approval.output_check`) as :func:`structured_output` says."""
+    text = _text_of(message["content"])
+    error = message.get("error")
+    if error is not None or check is None:
+        return text, error
+    return structured_output(text, check, call), None
+
+
+def structured_output(text: str, check: Callable[[Any], None], call: str) -> Any:
+    """A tool message's ``text`` as the output of a client tool whose output schema
+    ``check`` (:func:`runtime.approval.output_check`) applies: the text itself when the
+    schema takes it (a string schema, or none, takes JSON-looking text as it is: a
+    string stays a string), else the JSON the text holds when the schema takes that (an
+    object, an array, a number, a boolean, null: an AG-UI tool message's ``content`` is
+    a string, so such an output cannot travel otherwise). Neither is
+    :class:`~runtime.errors.InvalidDecision` (a 400), saying why: the text is not JSON,
+    or the JSON's problems against the schema. Why: a tool whose schema wants an object
+    could not be answered over AG-UI at all (the text was checked as a string)."""
+    try:
+        check(text)
+        return text
+    except ToolInputError as as_text:
+        refused = as_text
+    where = f"call {call!r}: " if call else ""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidDecision(
+            f"{where}{refused}; the tool message's content is text, and the tool's output "
+            f"schema wants JSON: send the output as JSON text (the content is not JSON: {exc})"
+        ) from None
+    try:
+        check(value)
+    except ToolInputError as exc:
+        raise InvalidDecision(f"{where}{exc} (the tool message's content, read as JSON)") from None
+    return value
 
 
 def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None, dict[str, Any] | None]:
@@ -461,6 +563,7 @@ __all__ = [
     "client_tools",
     "history_of",
     "parse_run_input",
+    "structured_output",
     "tool_answer",
     "user_input",
 ]

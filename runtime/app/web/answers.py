@@ -354,10 +354,11 @@ async def record_answers(
         return recorded
 
     tools = {t.name: t for t in session.agent.tools}
+    limit = session.agent.budget.max_tool_result_chars
     known = session.held_record()
     if known is not None:
         try:
-            announced, answers = _checked(known.messages, payload, tools, signer)
+            announced, answers = _checked(known.messages, payload, tools, signer, limit)
             first, *rest = answers
             recorded = await record(*first, expected_version=known.version)
         except (ApiError, DecisionError, StoreConflict):
@@ -367,7 +368,7 @@ async def record_answers(
     stored = await session.host.store.load(session.id)
     if stored is not None and _repeats(stored.messages, payload, signer):
         return _known(waiting_calls(stored.messages)), None
-    return await check_and_record_on(stored, tools, payload, record, signer)
+    return await check_and_record_on(stored, tools, payload, record, signer, limit)
 
 
 def _repeats(
@@ -400,10 +401,14 @@ def _checked(
     payload: dict[str, Any],
     tools: Mapping[str, Any],
     signer: SessionSigner | None = None,
+    max_chars: int | None = None,
 ) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
     """The calls the stored turn waits for (:func:`_known`) and the body's answers to record
     (echoes of recorded ones left out), each checked against ``stored``: a body with a
-    bad one (or none) raises :class:`ApiError`."""
+    bad one (or none) raises :class:`ApiError`. ``max_chars``: the agent's
+    ``max_tool_result_chars``, which the recording bounds an edited input by
+    (:func:`~runtime.approval.decide`): checked here too, so a body whose second answer
+    carries too long an edit records nothing, not its first answer alone."""
     message = payload["messages"][-1]
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
@@ -416,7 +421,7 @@ def _checked(
         raise ApiError(400, "the assistant message answers no call the turn waits for")
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
-            _, stored, _, _ = decide(stored, key, decision, tools)
+            _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
     return _known(waiting), answers
@@ -444,12 +449,15 @@ async def check_and_record(
     payload: dict[str, Any],
     record: RecordAnswer,
     signer: SessionSigner | None = None,
+    max_chars: int | None = None,
 ) -> tuple[dict[str, Any], Recorded]:
     """:func:`record_answers` for session ``session_id`` of ``store``, read from it, each
     answer recorded with ``record`` once all are checked against the stored turn; the
     calls the turn waited for (:func:`_known`), and what the last answer recorded (its
-    ``complete``: whether the answers completed the turn's decisions)."""
-    return await check_and_record_on(await store.load(session_id), tools, payload, record, signer)
+    ``complete``: whether the answers completed the turn's decisions). ``max_chars``:
+    the agent's ``max_tool_result_chars`` (:func:`_checked`)."""
+    stored = await store.load(session_id)
+    return await check_and_record_on(stored, tools, payload, record, signer, max_chars)
 
 
 async def check_and_record_on(
@@ -458,11 +466,12 @@ async def check_and_record_on(
     payload: dict[str, Any],
     record: RecordAnswer,
     signer: SessionSigner | None = None,
+    max_chars: int | None = None,
 ) -> tuple[dict[str, Any], Recorded]:
     """:func:`check_and_record` on the session as the caller read it (``None``: never
     saved), so that the caller can hand the same read to its first decision."""
     stored = stored_record.messages if stored_record is not None else ()
-    announced, answers = _checked(stored, payload, tools, signer)
+    announced, answers = _checked(stored, payload, tools, signer, max_chars)
     return announced, await record_all(answers, record)
 
 
@@ -471,12 +480,13 @@ def answers_refused(
     tools: Mapping[str, Any],
     payload: dict[str, Any],
     signer: SessionSigner | None = None,
+    max_chars: int | None = None,
 ) -> bool:
     """Whether :func:`check_and_record_on` would refuse the body's answers on
     ``stored_record`` (an :class:`ApiError`), recording nothing."""
     stored = stored_record.messages if stored_record is not None else ()
     try:
-        _checked(stored, payload, tools, signer)
+        _checked(stored, payload, tools, signer, max_chars)
     except ApiError:
         return True
     return False

@@ -799,13 +799,16 @@ class FrontEnd:
         self.check_open()  # (its body may have come as this front end began closing)
         decided: list[Decided] = []
         tools = self._tools(request, session_id)
-        stored, whole = await self._answered_on(session_id, tools, payload)
+        limit = web_state(request).agent_for(session_id).budget.max_tool_result_chars
+        stored, whole = await self._answered_on(session_id, tools, payload, limit)
         # The body's answers are checked on this read, and, when it is the whole session,
         # the first decided on it too (its version-checked save proves it current, else
         # the queue reads again); on a last turn, the queue reads its own.
         record = self._recorder(request, session_id, decided, known=stored if whole else None)
         signer = for_session(web_state(request).signer, session_id)
-        announced, recorded = await check_and_record_on(stored, tools, payload, record, signer)
+        announced, recorded = await check_and_record_on(
+            stored, tools, payload, record, signer, limit
+        )
         if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
             # as the decision left them: no read of the session just saved
             return json_response({"recorded": True, "waiting": recorded.left}, 202)
@@ -813,7 +816,11 @@ class FrontEnd:
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
 
     async def _answered_on(
-        self, session_id: str, tools: Mapping[str, Any], payload: dict[str, Any]
+        self,
+        session_id: str,
+        tools: Mapping[str, Any],
+        payload: dict[str, Any],
+        max_chars: int | None = None,
     ) -> tuple[SessionRecord | None, bool]:
         """What a continuation's answers are checked on, and whether it is the whole
         session: its last turn (:func:`~runtime.store.load_last_turn`: the calls it
@@ -827,7 +834,7 @@ class FrontEnd:
         first, record = last
         if first == 0:
             return record, True
-        if answers_refused(record, tools, payload):
+        if answers_refused(record, tools, payload, max_chars=max_chars):
             return await self.store.load(session_id), True
         return record, False
 
