@@ -600,7 +600,9 @@ def _decided_part(
     if same_input(edited, part.input):  # the model's own input sent back: a plain approval
         return attrs.evolve(part, awaiting=waiting)
     return attrs.evolve(
-        part, input=edited, awaiting=attrs.evolve(waiting, original_input=part.input)
+        part,
+        input=edited,
+        awaiting=attrs.evolve(waiting, original_input=part.input, edit_in_result=True),
     )
 
 

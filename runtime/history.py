@@ -7,6 +7,7 @@ format is each provider's job (``map_messages``).
 from __future__ import annotations
 
 import functools
+import json
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
@@ -28,6 +29,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    is_media_output,
 )
 
 ForeignReasoning = Literal["drop", "text"]
@@ -249,7 +251,10 @@ def split_steps(
 def iter_turns(messages: Sequence[Message]) -> Iterator[tuple[str, Any, list[ToolMessage]]]:
     """Yield each message, except that an assistant message comes with its tool results:
     ``("message", msg, [])`` or ``("assistant", assistant, [tool results])`` (typed
-    ``Any``: which message class it is follows from the first element)."""
+    ``Any``: which message class it is follows from the first element).
+
+    An assistant message with a call a person approved with edits comes as the model
+    sent it (:func:`replay_edits`): every provider maps its request from here."""
     i, n = 0, len(messages)
     while i < n:
         msg = messages[i]
@@ -259,11 +264,83 @@ def iter_turns(messages: Sequence[Message]) -> Iterator[tuple[str, Any, list[Too
             while j < n and isinstance(messages[j], ToolMessage):
                 results.append(messages[j])  # type: ignore[arg-type]
                 j += 1
+            if results:
+                for part in msg.content:
+                    if (
+                        part.__class__ is ToolCallPart
+                        and part.awaiting is not None
+                        and part.awaiting.edit_in_result
+                    ):
+                        msg, results = replay_edits(msg, results)
+                        break
             yield ("assistant", msg, results)
             i = j
         else:
             yield ("message", msg, [])
             i += 1
+
+
+EDIT_NOTE = (
+    "[A person reviewing this call approved it with the input changed to {input}; the "
+    "call ran with that input instead of the one above, and this is its result.]"
+)
+"""What the model is told, at the head of an edited call's result (:func:`replay_edits`)."""
+
+
+def replay_edits(
+    msg: AssistantMessage, results: list[ToolMessage]
+) -> tuple[AssistantMessage, list[ToolMessage]]:
+    """``msg`` and its ``results`` as the model is replayed them when a person approved a
+    call with edits (docs/approval.md, "Approving with edits"): the call with the
+    model's own input (:attr:`~runtime.messages.Awaiting.original_input`) and its result
+    headed by :data:`EDIT_NOTE`, which gives the input the call ran with.
+
+    Why not replay the edited input: the providers that sign reasoning ask for each
+    assistant turn back exactly as it was returned and for every change to go at the
+    end (Anthropic's preserved thinking: a thinking block is checked against everything
+    before it, and the signed turn is to be echoed unchanged; OpenAI's encrypted
+    reasoning and Gemini's thought signatures are opaque, their rules silent on an
+    edited call after them). The call as the model made it plus a note in its result
+    is append-only on every provider, so one rule holds whichever provider (or
+    fallback) reads the history, on every request alike: a replay that changed with the
+    request would itself change the prefix later thinking was signed over. The stored
+    message is not touched: the edit stays the call's input there."""
+    edits: dict[tuple[str, int], Any] = {}
+    calls: set[tuple[str, int]] = set()
+    content: list[Part] = []
+    for part in msg.content:
+        if isinstance(part, ToolCallPart):
+            calls.add((part.tool_call_id, part.step))
+            wait = part.awaiting
+            if wait is not None and wait.edit_in_result and wait.original_input is not None:
+                edits[(part.tool_call_id, part.step)] = part.input
+                part = attrs.evolve(part, input=wait.original_input)
+        content.append(part)
+    by_id = {call_id: edit for (call_id, _), edit in reversed(edits.items())}
+    out = []
+    for r in results:  # paired as split_steps pairs them: by id and step, else by id
+        key = (r.tool_call_id, r.step)
+        edit = edits.get(key, _NO_EDIT) if key in calls else by_id.get(key[0], _NO_EDIT)
+        out.append(r if edit is _NO_EDIT else _noted(r, edit))
+    return attrs.evolve(msg, content=tuple(content)), out
+
+
+_NO_EDIT = object()
+
+
+def _noted(result: ToolMessage, edited: Any) -> ToolMessage:
+    """``result`` headed by :data:`EDIT_NOTE` for the ``edited`` input: before the
+    error, the text, the JSON (as the providers write a structured output), or as a
+    first text part of media parts."""
+    note = EDIT_NOTE.format(input=json.dumps(edited, ensure_ascii=False, default=str))
+    if result.error is not None:
+        return attrs.evolve(result, error=f"{note}\n\n{result.error}")
+    output = result.output
+    if is_media_output(output):
+        return attrs.evolve(result, output=(TextPart(text=note, step=0), *output))
+    if not isinstance(output, str):
+        output = json.dumps(output, ensure_ascii=False, default=str)
+    return attrs.evolve(result, output=f"{note}\n\n{output}" if output.strip() else note)
 
 
 class RepairedHistory:

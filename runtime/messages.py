@@ -121,10 +121,17 @@ class Awaiting:
     original_input: Any = None
     """The input the model gave, when a person approved the call with an edited input
     (``respond(id, approved=True, edited_input=...)``): the part's ``input`` is then the
-    edited one, the input the tool ran with and every provider replays, so the call the
-    model reads and its result agree; this keeps the model's own for audit. ``None``
+    edited one, the input the tool ran with; this keeps the model's own, which every
+    provider is replayed (the edit told in the call's result, so signed reasoning before
+    the call goes back with the turn exactly as returned:
+    :func:`runtime.history.replay_edits`), and for audit. ``None``
     (and every record stored before the field existed): not edited (a call's input is
     always an object, never ``None``)."""
+    edit_in_result: bool = False
+    """With :attr:`original_input`: the model is replayed its own input and told the edit
+    at the head of the call's result (:func:`runtime.history.replay_edits`). ``False``
+    on an edit stored before that rule: replayed with the edit as the call's input, as
+    it was then, so a session's history stays what its later reasoning was signed over."""
     schema: Any = None
     """The input schema the model was given for the call, when no code holds it: an MCP
     server's tool (listed by the host's MCP actor at run time, :meth:`~runtime.tools.Tool.

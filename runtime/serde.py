@@ -66,6 +66,7 @@ converter.register_unstructure_hook_factory(
         sub_input=override(omit_if_default=True),
         counted=override(omit_if_default=True),
         original_input=override(omit_if_default=True),
+        edit_in_result=override(omit_if_default=True),
         schema=override(omit_if_default=True),
         schema_ref=override(omit_if_default=True),
         asked_tool=override(omit_if_default=True),

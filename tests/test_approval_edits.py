@@ -2,7 +2,8 @@
 docs/approval.md "Approving with edits"): the edit is checked against the tool's input
 schema (refused, nothing recorded, when it fails), stored as the call's input with the
 model's kept beside it, the tool runs once with it, and each real provider is replayed the
-edited call followed by the result it gave."""
+model's own call followed by the result, headed by a note that gives the edit
+(tests/test_approval_edit_replay.py: the same with signed reasoning before the call)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from actors.providers.scripted import tool_call
 from runtime import Agent, Host, Tool
 from runtime.errors import InvalidDecision
 from runtime.events import ToolApprovalDecided
+from runtime.history import EDIT_NOTE
 from tests.support.approval_replay import (
     anthropic,
     anthropic_steps,
@@ -154,34 +156,45 @@ async def edit_from_a_new_host(tmp_path, provider_of: Any, first: bytes, answer:
     return requests[1].json()
 
 
-async def test_openai_chat_is_replayed_the_edited_call_and_its_result(tmp_path):
+NOTE_B = EDIT_NOTE.format(input='{"key": "b"}')
+
+
+async def test_openai_chat_is_replayed_the_models_call_and_the_edit_in_its_result(tmp_path):
     sent = await edit_from_a_new_host(tmp_path, openai_chat, *openai_chat_steps())
     messages = sent["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
     (call,) = messages[1]["tool_calls"]
-    assert call["id"] == "call_A" and json.loads(call["function"]["arguments"]) == {"key": "b"}
-    assert messages[2] == {"role": "tool", "tool_call_id": "call_A", "content": "value-b"}
+    assert call["id"] == "call_A" and json.loads(call["function"]["arguments"]) == {"key": "a"}
+    assert messages[2] == {
+        "role": "tool",
+        "tool_call_id": "call_A",
+        "content": f"{NOTE_B}\n\nvalue-b",
+    }
 
 
-async def test_anthropic_is_replayed_the_edited_call_and_its_result(tmp_path):
+async def test_anthropic_is_replayed_the_models_call_and_the_edit_in_its_result(tmp_path):
     sent = await edit_from_a_new_host(tmp_path, anthropic, *anthropic_steps())
     messages = sent["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[1]["content"] == [
-        {"type": "tool_use", "id": "toolu_A", "name": "lookup", "input": {"key": "b"}}
+        {"type": "tool_use", "id": "toolu_A", "name": "lookup", "input": {"key": "a"}}
     ]
     (block,) = messages[2]["content"]
     assert block["type"] == "tool_result" and block["tool_use_id"] == "toolu_A"
-    assert "value-b" in json.dumps(block["content"]) and not block.get("is_error")
+    assert block["content"] == f"{NOTE_B}\n\nvalue-b" and not block.get("is_error")
 
 
-async def test_openai_responses_is_replayed_the_edited_call_and_its_output(tmp_path):
+async def test_openai_responses_is_replayed_the_models_call_and_the_edit_in_its_output(tmp_path):
     sent = await edit_from_a_new_host(tmp_path, openai_responses, *openai_responses_steps())
     items = sent["input"]
     (call,) = [i for i in items if i.get("type") == "function_call"]
     (output,) = [i for i in items if i.get("type") == "function_call_output"]
-    assert call["call_id"] == "call_A" and json.loads(call["arguments"]) == {"key": "b"}
-    assert output == {"type": "function_call_output", "call_id": "call_A", "output": "value-b"}
+    assert call["call_id"] == "call_A" and json.loads(call["arguments"]) == {"key": "a"}
+    assert output == {
+        "type": "function_call_output",
+        "call_id": "call_A",
+        "output": f"{NOTE_B}\n\nvalue-b",
+    }
 
 
 async def test_an_edit_equal_to_the_models_input_is_a_plain_approval(tmp_path):
