@@ -715,6 +715,7 @@ def _decide(
     assert isinstance(decided_part, ToolCallPart)
     schema = stored_schema(parts, decided_part)
     parts[at] = _decided_part(decided_part, decision, tools, max_chars, schema)
+    share_schemas(parts)  # (per-tool copies: the decided call's goes to the next, by name)
     drop_unneeded_schemas(parts)
     content = tuple(parts)
     out = list(messages)

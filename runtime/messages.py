@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -639,28 +640,57 @@ def _legacy_carrier(part: Any, name: str) -> bool:
     )
 
 
+SCHEMA_COPIES = os.environ.get("AXON_SCHEMA_COPIES", "message")
+"""Where a message's waits keep their stored schemas (:func:`share_schemas`), read once
+as the process starts: ``"message"`` (the default), one copy a message for each schema,
+whatever tool or depth names it; ``"per-tool"``, the layout of the versions before
+:attr:`Awaiting.schema_ref` (one copy a step and tool name on its first undecided call
+of it, a copy on each nested wait), refs written too. A process of such a version,
+deciding a call, drops every ref it reads and hands a decided call's copy on only to
+its tool's next call, by name, not nested: the copy of the other waits sharing it went
+with it, and their edits could not be checked. Set ``per-tool`` on every process of
+this version while one of before runs (docs/deployment.md, "Upgrading")."""
+
+_PER_TOOL = "per-tool"
+if SCHEMA_COPIES not in ("message", _PER_TOOL):  # (a typo must not pass for the default)
+    raise ValueError(f"AXON_SCHEMA_COPIES is {SCHEMA_COPIES!r}: 'message' or 'per-tool'")
+
+
 def share_schemas(parts: list[Any]) -> None:
     """Name each stored schema of the waiting calls of ``parts`` (in place, an assistant
     message's content): every wait given one gets its :attr:`~Awaiting.schema_ref`, and
     only the first wait of each keeps the schema itself. A record stored before refs
     existed, whose calls of one tool shared their step's copy by the tool's name, is
     given refs the same way (its calls without a copy name the one they shared), so
-    whichever is decided first, the others still find it."""
+    whichever is decided first, the others still find it.
+
+    Under :data:`SCHEMA_COPIES` ``"per-tool"``, a copy is shared only where a version
+    before refs looked for it: among the undecided top-level approvals of one tool name
+    (the first keeps it), each nested wait keeping its own; a wait whose group has no
+    undecided holder takes the copy its ref finds (a decided call's, dropped after:
+    :func:`drop_unneeded_schemas`)."""
+    per_tool = SCHEMA_COPIES == _PER_TOOL
     refs: dict[int, str] = {}  # (by the schema's identity: one tool's calls share it)
-    kept: set[str] = set()
+    kept: set[Any] = set()
     before = tuple(parts)  # (what a record stored before refs shared, found by name)
     for i, p in enumerate(before):
         if not _waits(p):
             continue
         w = p.awaiting
         schema = w.schema if w.schema is not None else _legacy_schema(before, p)
+        if schema is None and per_tool and w.schema_ref is not None:
+            schema = stored_schema(before, p)
         if schema is None:
             continue
         ref = w.schema_ref or refs.get(id(schema))
         if ref is None:
             ref = refs[id(schema)] = schema_ref(schema)
-        keep = schema if ref not in kept else None
-        kept.add(ref)
+        group: Any = ref
+        if per_tool:
+            top = not w.nested and w.kind == "approval"
+            group = (p.tool_name, ref) if top else i
+        keep = schema if group not in kept else None
+        kept.add(group)
         if (w.schema, w.schema_ref) != (keep, ref):
             parts[i] = attrs.evolve(p, awaiting=attrs.evolve(w, schema=keep, schema_ref=ref))
 
@@ -679,6 +709,8 @@ def drop_unneeded_schemas(parts: list[Any]) -> None:
     decided call's check is made, and a decided call that holds a schema keeps it only
     while another waits that names it."""
     needed = {p.awaiting.schema_ref for p in parts if _waits(p)}
+    if SCHEMA_COPIES == _PER_TOOL:  # (each wait holds its own, share_schemas saw to it)
+        needed = set()
     for i, p in enumerate(parts):
         if not isinstance(p, ToolCallPart) or p.awaiting is None:
             continue
