@@ -78,7 +78,9 @@ A message is parsed whole, on the event loop, and every session of the host wait
 for it: the ``mcp`` package's parser (pydantic) holds the GIL throughout, so a worker
 thread frees nothing (measured: the loop held as long in a thread as on it). At the
 former 32 MiB, one message held the loop 0.2-0.9 s (one text block) to 23-41 s (an array
-of empty objects); at 1 MiB, 8-16 ms to 0.2-0.8 s. 1 MiB is also what the ``mcp`` package
+of empty objects); at 1 MiB, 2 ms (text) to 0.8-0.9 s of CPU (arrays nested 8 deep;
+single runs of deeper ones 1.2 s: docs/mcp.md has the shapes and instruction counts).
+1 MiB is also what the ``mcp`` package
 allows an SSE event of an HTTP server, so every transport now has the one limit. The
 model sees at most ``Budget.max_tool_result_chars`` (100,000) of a result anyway."""
 
