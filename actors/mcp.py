@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -57,6 +58,7 @@ from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
     LISTING_UNITS,
     TOOL_NAME,
+    UNTRUSTED_STEPS,
     InvalidJSONSchema,
     SchemaTooCostly,
     Tool,
@@ -76,7 +78,9 @@ A message is parsed whole, on the event loop, and every session of the host wait
 for it: the ``mcp`` package's parser (pydantic) holds the GIL throughout, so a worker
 thread frees nothing (measured: the loop held as long in a thread as on it). At the
 former 32 MiB, one message held the loop 0.2-0.9 s (one text block) to 23-41 s (an array
-of empty objects); at 1 MiB, 8-16 ms to 0.2-0.8 s. 1 MiB is also what the ``mcp`` package
+of empty objects); at 1 MiB, 2 ms (text) to 0.8-0.9 s of CPU (arrays nested 8 deep;
+single runs of deeper ones 1.2 s: docs/mcp.md has the shapes and instruction counts).
+1 MiB is also what the ``mcp`` package
 allows an SSE event of an HTTP server, so every transport now has the one limit. The
 model sees at most ``Budget.max_tool_result_chars`` (100,000) of a result anyway."""
 
@@ -267,6 +271,11 @@ class MCPTool(Tool):
     validator: Any = attrs.field(repr=False)
     chars: int = 0
     """Characters of its definition in a request (:func:`definition_chars`)."""
+    output_schema: dict[str, Any] | None = None
+    """The server's output schema for the tool's structured content, if it listed one."""
+    output_validator: Any = attrs.field(default=None, repr=False)
+    """:attr:`output_schema` 's bounded check (:func:`~runtime.tools.server_schema_validator`),
+    run by the server's actor on each result (:meth:`MCPServerActor._check_output`)."""
 
     def stored_schema(self) -> dict[str, Any] | None:
         """The server's listed schema: a decision (in a worker deployment's front end,
@@ -324,12 +333,18 @@ def definition_chars(tool: Tool) -> int:
 
 
 def build_tool(
-    config: MCPServer, listed: Any, call: Any, budget: list[int] | None = None
+    config: MCPServer,
+    listed: Any,
+    call: Any,
+    budget: list[int] | None = None,
+    output_schema: Any = None,
 ) -> MCPTool:
     """An :class:`MCPTool` for a tool the server listed, or :class:`ToolDefinitionError`
-    naming the server and tool when its name or input schema cannot be offered.
-    ``budget``: what compiling its patterns may still cost in this listing
-    (:data:`~runtime.tools.LISTING_UNITS`)."""
+    naming the server and tool when its name, input schema or ``output_schema`` cannot
+    be offered. ``budget``: what compiling its patterns may still cost in this listing
+    (:data:`~runtime.tools.LISTING_UNITS`). ``output_schema``: the one it listed, which
+    :meth:`MCPServerActor._cut_listing` took out of the listing (the ``mcp`` package
+    checks results against it unbounded; this check is bounded like the input's)."""
     remote = listed.name
     where = f"MCP server {config.name!r}: tool {remote!r}"
     name = f"{config.prefix}_{remote}" if config.prefix else remote
@@ -352,6 +367,22 @@ def build_tool(
         validator = server_schema_validator(schema, budget)
     except InvalidJSONSchema as exc:
         raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
+    output_validator = None
+    if output_schema is not None:
+        if not isinstance(output_schema, dict):
+            raise ToolDefinitionError(
+                f"{where} has an invalid output schema: it must be a JSON schema object"
+            )
+        output_size = _schema_chars(output_schema)
+        if output_size > config.max_tool_chars:
+            raise ToolDefinitionError(
+                f"{where} has an output schema of {output_size} characters, more than the "
+                f"{config.max_tool_chars} of max_tool_chars"
+            )
+        try:
+            output_validator = server_schema_validator(output_schema, budget)
+        except InvalidJSONSchema as exc:
+            raise ToolDefinitionError(f"{where} has an invalid output schema: {exc}") from None
     description = (listed.description or listed.title or "")[: config.max_tool_chars]
     return MCPTool(
         name=name,
@@ -366,10 +397,12 @@ def build_tool(
         remote_name=remote,
         validator=validator,
         chars=len(name) + len(description) + size,
+        output_schema=output_schema,
+        output_validator=output_validator,
     )
 
 
-def tool_output(listed: Any, result: Any) -> Any:
+def tool_output(output_schema: dict[str, Any] | None, result: Any) -> Any:
     """The tool output for an MCP ``CallToolResult``, or an :class:`MCPToolError` to raise
     when the server flagged it ``isError``.
 
@@ -383,7 +416,7 @@ def tool_output(listed: Any, result: Any) -> Any:
         return MCPToolError("\n".join(texts) or "the tool reported an error")
     structured = result.structured_content
     if structured is not None:
-        schema = getattr(listed, "output_schema", None) or {}
+        schema = output_schema or {}
         if set(structured) == {"result"} and set(schema.get("properties", {})) == {"result"}:
             return structured["result"]
         return structured
@@ -421,7 +454,12 @@ class MCPServerActor(Actor):
         self.closed = False
         """Set when the host stopped the server (calls are refused from then on)."""
         self.last_error: str | None = None
-        self._listed: dict[str, Any] = {}
+        self._by_remote: dict[str, MCPTool] = {}
+        """The offered tools, by the server's names of them."""
+        self._output_schemas: dict[str, Any] = {}
+        """The output schemas :meth:`_cut_listing` took out of the listings, by tool."""
+        self._checking = trio.CapacityLimiter(1)
+        """The worker thread that checks this server's results (:meth:`_check_output`)."""
         self._more_listed = 0
         """How many tools the last page over :attr:`MCPServer.max_tools` listed, before
         :meth:`_cut_listing` left out the rest (0: none was over)."""
@@ -515,6 +553,7 @@ class MCPServerActor(Actor):
 
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
+        quiet_sdk_quotes()
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
@@ -649,12 +688,24 @@ class MCPServerActor(Actor):
         """``message``, its list of tools (an answer to ``tools/list``) cut to one more
         than :attr:`MCPServer.max_tools` before the ``mcp`` package reads it into models:
         that took seconds of the event loop and gigabytes for a page of a million tools
-        (the count before the cut is kept for the warning :meth:`_list_tools` logs)."""
+        (the count before the cut is kept for the warning :meth:`_list_tools` logs).
+
+        Each tool's ``outputSchema`` is taken out too, kept in :attr:`_output_schemas`
+        for :func:`build_tool`: the ``mcp`` package checks every result against the one it
+        read with its own ``jsonschema``, on the event loop and unbounded (a schema of 16
+        ``anyOf`` definitions each referring twice to the one before: 2**16 paths, ~2 s;
+        one more definition, twice that). Unread, it checks nothing; Axon checks with the
+        bounded check of input schemas, off the loop (:meth:`_check_output`)."""
         result = getattr(getattr(message, "message", None), "result", None)
         tools = result.get("tools") if isinstance(result, dict) else None
-        if isinstance(tools, list) and len(tools) > self.config.max_tools + 1:
+        if not isinstance(tools, list):
+            return message
+        if len(tools) > self.config.max_tools + 1:
             self._more_listed = max(self._more_listed, len(tools))
             del tools[self.config.max_tools + 1 :]
+        for entry in tools:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                self._output_schemas[entry["name"]] = entry.pop("outputSchema", None)
         return message
 
     def _too_long(self, limit: int) -> None:
@@ -674,7 +725,10 @@ class MCPServerActor(Actor):
         try:
             with request.cancel_scope:
                 result = await self._client.call_tool(request.name, request.arguments)
-                outcome = tool_output(self._listed.get(request.name), result)
+                tool = self._by_remote.get(request.name)
+                if tool is not None and tool.output_validator is not None:
+                    await self._check_output(tool, result)
+                outcome = tool_output(tool.output_schema if tool else None, result)
             if request.cancel_scope.cancelled_caught:  # the caller left: nobody to answer
                 self._in_flight.discard(request)
                 return
@@ -692,6 +746,8 @@ class MCPServerActor(Actor):
             else:
                 said = self._server_said(str(exc))
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {said}")
+        except MCPServerError as exc:  # (from _check_output: it names the server)
+            outcome = exc
         except ValidationError as exc:  # its text quotes the result: see describe_invalid
             why = describe_invalid(exc)
             outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {why}")
@@ -702,12 +758,81 @@ class MCPServerActor(Actor):
         self._in_flight.discard(request)
         _answer(request, outcome)
 
+    async def _check_output(self, tool: MCPTool, result: Any) -> None:
+        """Raise :class:`MCPServerError` naming the server and ``tool`` when ``result``
+        (not an error) has no structured content or content off the tool's output schema,
+        or when checking it takes more than its steps (:func:`~runtime.tools.schema_steps`:
+        10,000 and one per byte of the content as JSON, as for a model's input).
+
+        A check allowed more than :data:`ON_LOOP_STEPS` runs in a worker thread, one at a
+        time for the server: it is Python (``jsonschema``; patterns in pydantic-core's
+        linear engine), which gives the GIL up every few milliseconds, so the loop runs on
+        beside it, where 1 MiB of content may take up to a million steps (3 s for a plain
+        schema, ~23 s for a hostile one). A call cancelled meanwhile stops it at its next
+        step. A smaller one runs on the loop, as a model's input is checked: no thread's
+        hop for the many small results."""
+        from referencing.exceptions import Unresolvable
+
+        name, remote = self.config.name, tool.remote_name
+        if result.is_error:
+            return
+        content = result.structured_content
+        if content is None:
+            raise MCPServerError(
+                f"MCP server {name!r} sent an invalid result: tool {remote!r} has an output "
+                "schema but the result has no structured content"
+            )
+        steps = schema_steps(tool.output_validator, content) or UNTRUSTED_STEPS
+        left = [steps, 0]  # (the box of runtime.tools.schema_errors: steps, search units)
+        check = functools.partial(schema_errors, tool.output_validator, content, left)
+        try:
+            if steps <= ON_LOOP_STEPS:
+                errors = check()
+            else:
+                errors = await trio.to_thread.run_sync(
+                    check, abandon_on_cancel=True, limiter=self._checking
+                )
+        except SchemaTooCostly:
+            self._log.warning(
+                "mcp.schema-too-costly", server=name, tool=redact(remote), schema="output"
+            )
+            raise MCPServerError(
+                f"MCP server {name!r} sent a result of tool {remote!r} that cannot be "
+                f"checked: its output schema took over {steps} steps to check it (a schema "
+                "too costly to check here)"
+            ) from None
+        except (Unresolvable, RecursionError, OverflowError) as exc:
+            why = self._server_said(describe_exception(exc))
+            raise MCPServerError(
+                f"MCP server {name!r} sent a result of tool {remote!r} that cannot be "
+                f"checked against its output schema: {why}"
+            ) from None
+        finally:
+            left[0] = -1  # a check whose call went away stops at its next step
+        if errors:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:3]
+            )
+            raise MCPServerError(
+                f"MCP server {name!r} sent an invalid result: the structured content of tool "
+                f"{remote!r} does not fit its output schema: {self._server_said(problems)}"
+            )
+
     def _server_said(self, text: str) -> str:
         """``text`` (what the server said, or an error quoting it) cut to
         :data:`ERROR_MESSAGE_CHARS`, without the values of its env and headers (a server
-        that echoes the API key it was given) and without key-shaped text."""
-        kept, cut = bounded(_PYDANTIC_INPUT.sub("", text), self._secrets, ERROR_MESSAGE_CHARS)
-        return kept + ("..." if cut else "")
+        that echoes the API key it was given) and without key-shaped text.
+
+        Only the first :data:`SAID_WINDOW` characters are read for it, the secrets taken
+        out of the whole text first (a cut through one would keep its head): the lazy
+        ``.*?`` of :data:`_PYDANTIC_INPUT` is quadratic in a line full of
+        ``, input_value=`` (a server's error message of 480 KB of them held the loop 66 s)."""
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            if len(secret) >= MIN_SECRET_LENGTH and secret in text:
+                text = text.replace(secret, REDACTED)
+        window = text[:SAID_WINDOW]
+        kept, cut = bounded(_PYDANTIC_INPUT.sub("", window), (), ERROR_MESSAGE_CHARS)
+        return kept + ("..." if cut or len(text) > len(window) else "")
 
     async def _list_tools(self) -> None:
         config = self.config
@@ -753,8 +878,13 @@ class MCPServerActor(Actor):
                     kept=config.max_tool_chars,
                 )
             try:
-                tools.append(build_tool(config, entry, self.call_tool, budget))
+                output_schema = self._output_schemas.get(remote)
+                tools.append(build_tool(config, entry, self.call_tool, budget, output_schema))
                 skipped = tools[-1].validator.axon_unchecked
+                if tools[-1].output_validator is not None:
+                    skipped += tuple(
+                        f"output schema: {s}" for s in tools[-1].output_validator.axon_unchecked
+                    )
                 if skipped:
                     unchecked[remote] = skipped
                     if self._unchecked.get(remote) != skipped:  # logged once, when new
@@ -773,7 +903,9 @@ class MCPServerActor(Actor):
                     self._log.error(
                         "mcp.tool-refused", server=self.config.name, error=redact(str(exc))
                     )
-        self._listed, self.tools, self.refused, self._cut = listed, tuple(tools), refused, cut
+        self.tools, self.refused, self._cut = tuple(tools), refused, cut
+        self._by_remote = {tool.remote_name: tool for tool in tools}
+        self._output_schemas = {k: v for k, v in self._output_schemas.items() if k in listed}
         self._unchecked = unchecked
 
     async def _on_message(self, types: Any, message: Any) -> None:
@@ -821,6 +953,56 @@ class MCPServerActor(Actor):
             if not request.cancel_scope.cancel_called:
                 _answer(request, error)
         self._in_flight.clear()
+
+
+SDK_CLIENT_LOGGERS = (
+    "mcp.client.streamable_http",
+    "mcp.client.session",
+    "mcp.client.stdio",
+    "mcp.client.client",
+    "mcp.shared.jsonrpc_dispatcher",
+)
+"""The ``mcp`` package's client loggers that log a server's message it could not read
+with its exception (``logger.exception("Error parsing SSE message")``, "Error parsing
+JSON response", "Failed to validate notification": :class:`_SDKQuotes`)."""
+
+
+class _SDKQuotes(logging.Filter):
+    """A record of :data:`SDK_CLIENT_LOGGERS` whose exception is pydantic's (a server's
+    message the ``mcp`` package could not read) loses its traceback: pydantic's text
+    quotes its input, the message cut in the middle (an HTTP server's SSE event, its
+    tail an ``Authorization`` token the server echoed, whole or in part), and no
+    redaction knows a token of no known shape. What is wrong is kept, after the record's
+    own text, without the input (:func:`~actors.mcp_lines.describe_invalid`).
+
+    Another exception is left as it is: the package's parsers raise only pydantic's on
+    a server's message. Its debug lines (``SSE message: ...``, the whole message read)
+    are the operator's choice to enable."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None and not _is_pydantic_error(exc):
+            exc = exc.__cause__ or exc.__context__
+        if exc is not None:
+            said = f"{type(exc).__name__}: {describe_invalid(exc)}"
+            record.msg, record.args = "%s: %s", (record.getMessage(), said)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _is_pydantic_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "ValidationError" and hasattr(exc, "errors")
+
+
+SDK_QUOTES = _SDKQuotes()
+
+
+def quiet_sdk_quotes() -> None:
+    """Put :data:`SDK_QUOTES` on each of :data:`SDK_CLIENT_LOGGERS` (once)."""
+    for name in SDK_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if SDK_QUOTES not in logger.filters:
+            logger.addFilter(SDK_QUOTES)
 
 
 def _answer(request: CallMCPTool, outcome: Any) -> None:
@@ -910,7 +1092,7 @@ async def _stdio_client(
 
 
 _PYDANTIC_INPUT = re.compile(
-    r", input_value=.*?, input_type=\w+(?=\])|\n *For further information .*"
+    r", input_value=.*?, input_type=\w+(?=\])|, input_value=.*\Z|\n *For further information .*"
 )
 """What a pydantic error's text quotes of its input (cut in the middle: a key's head or
 tail, past redaction) and its link: the ``mcp`` package's errors for an HTTP answer or
@@ -926,6 +1108,16 @@ ERROR_BODY_BYTES = 64 * 1024
 
 ERROR_MESSAGE_CHARS = 500
 """How much of the server's own error message a non-2xx answer's error keeps."""
+
+ON_LOOP_STEPS = UNTRUSTED_STEPS + 4096
+"""The most steps a check of a result's structured content may take on the event loop
+(content of up to 4 KiB as JSON): ~0.3 s at the costliest step known (~23 us, a
+``$ref`` resolved), about what a model's input may hold it. A check allowed more runs
+in a worker thread (:meth:`MCPServerActor._check_output`)."""
+
+SAID_WINDOW = 4 * ERROR_MESSAGE_CHARS
+"""How much of what a server said :meth:`MCPServerActor._server_said` reads (a quote
+of pydantic's input cut at its end is removed to the end: its tail never shows)."""
 
 
 STATUS_ANSWER = "MCP server answered "

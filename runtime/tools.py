@@ -991,12 +991,17 @@ def schema_steps(validator: Any, value: Any) -> int | None:
     return steps
 
 
-def schema_errors(validator: Any, value: Any) -> list[Any]:
+def schema_errors(validator: Any, value: Any, left: list[int] | None = None) -> list[Any]:
     """``validator`` 's errors for ``value``, by path; :class:`SchemaTooCostly` past the
     steps of a validator that counts them (:func:`schema_steps`: an untrusted or a
-    server's schema)."""
-    steps = schema_steps(validator, value)
-    token = _STEPS_LEFT.set([steps, 0] if steps is not None else None)
+    server's schema). ``left``: the caller's box of those steps (``[steps, 0]``: steps,
+    then the units of pattern searches not yet a step), counted down instead of a new
+    one: setting its steps below zero from another thread stops the check at its next
+    step (a check in a worker thread whose caller went away)."""
+    if left is None:
+        steps = schema_steps(validator, value)
+        left = [steps, 0] if steps is not None else None
+    token = _STEPS_LEFT.set(left)
     try:
         return sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     finally:

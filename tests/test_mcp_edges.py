@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import jsonschema._keywords
 import jsonschema._utils
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
+from jsonschema.validators import Draft202012Validator
 from mcp.shared.message import SessionMessage
 from structlog.testing import capture_logs
 
@@ -21,7 +23,7 @@ from actors.mcp import MCPServer, build_tool
 from actors.mcp_lines import Lines
 from runtime import Agent, Host
 from runtime import tools as tools_module
-from runtime.errors import MCPServerError, MCPServerUnavailable
+from runtime.errors import MCPServerError, MCPServerUnavailable, ToolDefinitionError
 from runtime.tools import (
     LISTING_UNITS,
     PATTERN_UNITS,
@@ -92,6 +94,79 @@ async def test_an_exponential_schema_fails_its_call_within_a_bound_of_steps(monk
         ("hostile", "expo")
     ]
     assert result.text == "done"
+
+
+async def test_an_exponential_output_schema_fails_its_call_within_a_bound_off_the_loop(
+    monkeypatch,
+):
+    # The mcp package checked a result's structured content against the tool's output
+    # schema with its own jsonschema, unbounded and on the event loop: this one's 2**15
+    # anyOf paths held every session of the host (~2 s; each definition more, twice
+    # that). Axon now checks it with the bounded check of input schemas, in a worker
+    # thread (the loop runs on beside it): the call fails past the bound, naming the
+    # server and tool; another tool's valid content still passes.
+    evaluated = [0]
+    any_of = Draft202012Validator.VALIDATORS["anyOf"]
+
+    def counting(*args):
+        evaluated[0] += 1
+        return any_of(*args)
+
+    monkeypatch.setitem(Draft202012Validator.VALIDATORS, "anyOf", counting)
+    ticks = [0]
+    seen: dict[int, list[int]] = {}  # the loop's ticks at each step, by check
+    spend = tools_module._spend
+
+    def watching(steps: int) -> None:
+        seen.setdefault(id(tools_module._STEPS_LEFT.get()), []).append(ticks[0])
+        spend(steps)
+
+    monkeypatch.setattr(tools_module, "_spend", watching)
+
+    async def tick() -> None:
+        while True:
+            ticks[0] += 1
+            await trio.sleep(0.001)
+
+    agent = Agent(
+        provider=calling(("expo_out", {"pad": 20_000}), ("typed", {})),
+        tools=[hostile("costly-output")],
+    )
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            session, result, _ = await run_turn(agent)
+            nursery.cancel_scope.cancel()
+    saved = tool_messages(session)
+    bound = UNTRUSTED_STEPS + len(b'{"x":1,"pad":""}') + 20_000  # past ON_LOOP_STEPS
+    assert saved["expo_out"].error == (
+        "tool expo_out raised MCPServerError: MCP server 'hostile' sent a result of tool "
+        f"'expo_out' that cannot be checked: its output schema took over {bound} steps to "
+        "check it (a schema too costly to check here)"
+    )
+    assert saved["typed"].output == {"n": 5}
+    assert evaluated[0] <= bound  # 2**15 paths before
+    check = max(seen.values(), key=len)
+    assert len(check) == bound + 1
+    assert check[-1] > check[0]  # the loop ran while it checked
+    assert [(e["server"], e["tool"]) for e in logs if e["event"] == "mcp.schema-too-costly"] == [
+        ("hostile", "expo_out")
+    ]
+    assert result.text == "done"
+
+
+def test_a_tool_whose_output_schema_cannot_be_checked_is_refused():
+    # The mcp package compiled an output schema at the first call of the tool, and each
+    # call of one it could not compile failed; now the tool is refused when listed, as
+    # for an input schema (and a longer one than max_tool_chars, checked on every result).
+    listed = SimpleNamespace(name="t", input_schema={"type": "object"}, description="", title=None)
+    config = MCPServer.stdio("x", name="s", max_tool_chars=100)
+    with pytest.raises(ToolDefinitionError, match="'t' has an invalid output schema: "):
+        build_tool(config, listed, print, output_schema={"type": 5})
+    with pytest.raises(ToolDefinitionError, match="'t' has an output schema of 223 characters"):
+        build_tool(config, listed, print, output_schema={"description": "x" * 205})
+    tool = build_tool(config, listed, print, output_schema={"type": "object"})
+    assert tool.output_schema == {"type": "object"} and tool.output_validator is not None
 
 
 async def test_a_catastrophic_pattern_is_run_in_linear_time_and_still_checks(monkeypatch):

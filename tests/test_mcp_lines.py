@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from actors import mcp as mcp_module
 from actors.mcp import MCPServer, MCPServerActor
 from actors.mcp_lines import QUOTED_CHARS, Lines, line_transport, read_heading
 from actors.providers.scripted import ScriptedProvider, tool_call
@@ -276,9 +278,11 @@ async def test_an_invalid_result_is_described_without_quoting_it(serve, autojump
 
 async def test_a_result_off_its_output_schema_is_described_in_a_bounded_line(serve, autojump_clock):
     # The mcp package's error is jsonschema's: the offending value whole, the schema and
-    # the whole result pretty-printed (here 200 KB, the env's key at its head).
+    # the whole result pretty-printed (3 KB here, 200 KB as well: the env's key at its
+    # head). Content of 3 KB is checked on the loop (ON_LOOP_STEPS): a worker thread's
+    # wait lets the virtual clock jump to the call's timeout.
     def reply(request: dict) -> list[bytes]:
-        structured = {"n": KEY + "x" * 100_000, "rest": ["y" * 100_000]}
+        structured = {"n": KEY + "x" * 1_000, "rest": ["y" * 2_000]}
         return [answer(request, {"content": [], "structuredContent": structured})]
 
     serve(on_call(reply))
@@ -286,10 +290,25 @@ async def test_a_result_off_its_output_schema_is_described_in_a_bounded_line(ser
         [typed], _ = await run_calls(("typed", {}))
     assert typed.error.startswith(
         "tool typed raised MCPServerError: MCP server 'fake' sent an invalid result: "
-        "Invalid structured content returned by tool typed: '[redacted]xxxx"
+        "the structured content of tool 'typed' does not fit its output schema: n: "
+        "'[redacted]xxxx"
     )
     assert typed.error.endswith("xxx...") and len(typed.error) < 700
     assert KEY[:8] not in repr(logs)
+
+
+async def test_a_result_without_the_structured_content_its_schema_promises_names_the_tool(
+    serve, autojump_clock
+):
+    def reply(request: dict) -> list[bytes]:
+        return [answer(request, {"content": [{"type": "text", "text": "5"}]})]
+
+    serve(on_call(reply))
+    [typed], _ = await run_calls(("typed", {}))
+    assert typed.error == (
+        "tool typed raised MCPServerError: MCP server 'fake' sent an invalid result: tool "
+        "'typed' has an output schema but the result has no structured content"
+    )
 
 
 # -- a hostile server's other attacks -------------------------------------------------------
@@ -440,6 +459,27 @@ async def test_an_unreadable_sse_event_is_described_without_quoting_it():
     )
 
 
+async def test_an_unreadable_sse_event_reaches_no_log_with_the_token_it_echoed(caplog):
+    # The mcp package logs the event it cannot read with its exception (logger.exception
+    # "Error parsing SSE message"): pydantic's text, which quotes the event cut in the
+    # middle, its tail the Authorization token the server echoed. No redaction knows a
+    # token of no key shape: the record now says what is wrong without the quote.
+    caplog.set_level(logging.WARNING)
+    async with loopback_server(respond=EchoingSSEServer()) as web:
+        server = MCPServer.http(web.url + "/mcp", name="web", headers={"Authorization": TOKEN})
+        agent = Agent(provider=calling(("echo", {})), tools=[server])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("go")
+    assert TOKEN[-6:] not in caplog.text
+    [record] = [r for r in caplog.records if r.name == "mcp.client.streamable_http"]
+    assert record.getMessage() == (
+        "Error parsing SSE message: ValidationError: Invalid JSON: recursion limit exceeded "
+        "at line 1 column 239"
+    )
+    assert record.exc_info is None
+
+
 class EndlessSSEServer(ForgetfulServer):
     """Its tool answers with an SSE stream that never ends (a comment now and then)."""
 
@@ -482,6 +522,29 @@ async def test_a_timed_out_calls_endless_sse_answer_is_closed():
                 await until(lambda: not tasks_named("_run_request_post", "_run_handler"))
     errors = [m.error for m in session.messages if m.role == "tool"]
     assert errors == ["tool echo timed out after 0.5s"] * 3
+
+
+def test_what_a_server_said_is_read_in_a_window_of_its_text(monkeypatch):
+    # The removal of pydantic's input quotes (a lazy ".*?" per ", input_value=") is
+    # quadratic in a line full of them: a server's error message of 480 KB of them held
+    # the loop 66 s (1 MiB: minutes). Only a window of the text is read now, the env's
+    # values taken out of the whole text first.
+    read: list[int] = []
+    window = 4 * mcp_module.ERROR_MESSAGE_CHARS
+    pattern = mcp_module._PYDANTIC_INPUT
+
+    class Recording:
+        def sub(self, replacement: str, text: str) -> str:
+            read.append(len(text))
+            assert len(text) <= window, f"read {len(text)} characters"
+            return pattern.sub(replacement, text)
+
+    monkeypatch.setattr(mcp_module, "_PYDANTIC_INPUT", Recording())
+    config = MCPServer.stdio("x", env={"FAKE_API_KEY": KEY})
+    text = f"bad key {KEY} " + ", input_value=" * 70_000
+    said = MCPServerActor(config)._server_said(text)
+    assert said == "bad key [redacted] ..."
+    assert read and max(read) <= window
 
 
 def test_what_a_server_said_loses_its_header_token_without_the_bearer_word():

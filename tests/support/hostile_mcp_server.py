@@ -29,6 +29,11 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
     exponential to check), ``pat`` (a ``pattern`` Python's ``re`` backtracks on for
     minutes) and ``keyed`` (a ``patternProperties`` with such a pattern and one with a
     look-around).
+``costly-output``
+    Lists ``expo_out``, whose output schema is ``expo``'s (exponential to check; its
+    call answers ``{"x": 1}``, which no path takes, and a ``pad`` of the call's ``pad``
+    characters), and ``typed`` (an output schema of an integer ``n``; its call answers
+    ``{"n": 5}``).
 ``bad-listing``
     Answers ``tools/list`` with a line that has the request's id but is no JSON-RPC
     message the ``mcp`` package reads (its result nested 300 deep).
@@ -91,6 +96,17 @@ if "costly-schemas" in MODES:
         {"name": name, "inputSchema": schema}
         for name, schema in (("expo", expo), ("pat", pat), ("keyed", keyed))
     )
+if "costly-output" in MODES:
+    defs = {"d0": {"type": "string"}}
+    for n in range(1, 16):
+        defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}, {"$ref": f"#/$defs/d{n - 1}"}]}
+    expo = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d15"}}}
+    typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    TOOLS.extend(
+        {"name": name, "inputSchema": {"type": "object"}, "outputSchema": schema}
+        for name, schema in (("expo_out", expo), ("typed", typed))
+    )
+STRUCTURED = {"expo_out": {"x": 1}, "typed": {"n": 5}}
 
 
 class Sent(Exception):
@@ -139,6 +155,14 @@ def answer(request: dict) -> dict:
             sys.stdout.write('{"jsonrpc": "2.0", "result": "' + endless)
             sys.stdout.flush()
             raise KeyError("no answer")
+        if params.get("name") in STRUCTURED:
+            structured = dict(STRUCTURED[params["name"]])
+            if (params.get("arguments") or {}).get("pad"):
+                structured["pad"] = "p" * params["arguments"]["pad"]
+            return {
+                "content": [{"type": "text", "text": json.dumps(structured)}],
+                "structuredContent": structured,
+            }
         text = (params.get("arguments") or {}).get("text", "")
         if "big-answer" in MODES:
             text = "z" * int(os.environ["MCP_TEST_BYTES"])
