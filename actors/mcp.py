@@ -320,6 +320,25 @@ class MCPTool(Tool):
         return dict(arguments)
 
 
+def _schema_validator(
+    where: str, kind: str, schema: dict[str, Any], config: Any, budget: Any
+) -> tuple[Any, int]:
+    """The bounded validator of a listed tool's ``kind`` (input or output) schema and the
+    schema's length in characters, or :class:`ToolDefinitionError` naming the tool: a
+    schema longer than ``max_tool_chars`` or one the checker refuses is the listing's
+    fault, said once as the tool is listed rather than at each call."""
+    size = _schema_chars(schema)
+    if size > config.max_tool_chars:
+        raise ToolDefinitionError(
+            f"{where} has an {kind} schema of {size} characters, more than the "
+            f"{config.max_tool_chars} of max_tool_chars"
+        )
+    try:
+        return server_schema_validator(schema, budget), size
+    except InvalidJSONSchema as exc:
+        raise ToolDefinitionError(f"{where} has an invalid {kind} schema: {exc}") from None
+
+
 def _schema_chars(schema: Any) -> int:
     return len(json.dumps(schema, separators=(",", ":")))
 
@@ -357,32 +376,14 @@ def build_tool(
         raise ToolDefinitionError(
             f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
         )
-    size = _schema_chars(schema)
-    if size > config.max_tool_chars:
-        raise ToolDefinitionError(
-            f"{where} has an input schema of {size} characters, more than the "
-            f"{config.max_tool_chars} of max_tool_chars"
-        )
-    try:
-        validator = server_schema_validator(schema, budget)
-    except InvalidJSONSchema as exc:
-        raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
+    validator, size = _schema_validator(where, "input", schema, config, budget)
     output_validator = None
     if output_schema is not None:
         if not isinstance(output_schema, dict):
             raise ToolDefinitionError(
                 f"{where} has an invalid output schema: it must be a JSON schema object"
             )
-        output_size = _schema_chars(output_schema)
-        if output_size > config.max_tool_chars:
-            raise ToolDefinitionError(
-                f"{where} has an output schema of {output_size} characters, more than the "
-                f"{config.max_tool_chars} of max_tool_chars"
-            )
-        try:
-            output_validator = server_schema_validator(output_schema, budget)
-        except InvalidJSONSchema as exc:
-            raise ToolDefinitionError(f"{where} has an invalid output schema: {exc}") from None
+        output_validator, _ = _schema_validator(where, "output", output_schema, config, budget)
     description = (listed.description or listed.title or "")[: config.max_tool_chars]
     return MCPTool(
         name=name,
