@@ -351,6 +351,26 @@ def definition_chars(tool: Tool) -> int:
     return len(tool.name) + len(tool.description) + _schema_chars(tool.parameters)
 
 
+def unchecked_text(server: str, remote: str, skipped: Sequence[str]) -> str:
+    """The ``mcp.schema-not-checked-here`` warning's text for what a listed tool's schemas
+    leave unchecked here (``skipped``; an output schema's prefixed ``output schema: ``):
+    each named with what it is not run on: an input schema's the model's input (the
+    server checks its own input), an output schema's the server's result."""
+    inputs = [s for s in skipped if not s.startswith("output schema: ")]
+    outputs = [
+        s.removeprefix("output schema: ") for s in skipped if s.startswith("output schema: ")
+    ]
+    said: list[str] = []
+    if inputs:
+        said.append(
+            "not run on the model's input here (the server checks its own input): "
+            + "; ".join(inputs)
+        )
+    if outputs:
+        said.append("not run on the server's output here: " + "; ".join(outputs))
+    return f"MCP server {server!r}: tool {remote!r}: " + "; ".join(said)
+
+
 def build_tool(
     config: MCPServer,
     listed: Any,
@@ -894,9 +914,7 @@ class MCPServerActor(Actor):
                             server=config.name,
                             tool=redact(remote),
                             unchecked=[redact(s) for s in skipped],
-                            error=f"MCP server {config.name!r}: tool {remote!r}: not run "
-                            "on the model's input here (the server checks its own input): "
-                            + "; ".join(skipped),
+                            error=unchecked_text(config.name, remote, skipped),
                         )
             except ToolDefinitionError as exc:
                 refused[remote] = str(exc)

@@ -921,7 +921,7 @@ def test_a_stored_history_becomes_valid_agui_messages_and_back():
     assert [m["role"] for m in out] == ["user", "reasoning", "assistant", "tool"]
     assert out[1]["encryptedValue"] == "opaque"
     assert out[3] == {
-        "id": "c.result",
+        "id": "a.s0.c.result",
         "role": "tool",
         "toolCallId": "c",
         "content": "failed",

@@ -19,7 +19,7 @@ from jsonschema.validators import Draft202012Validator
 from mcp.shared.message import SessionMessage
 from structlog.testing import capture_logs
 
-from actors.mcp import MCPServer, build_tool
+from actors.mcp import MCPServer, build_tool, unchecked_text
 from actors.mcp_lines import Lines
 from runtime import Agent, Host
 from runtime import tools as tools_module
@@ -353,3 +353,20 @@ def test_a_listing_compiles_its_patterns_within_a_budget(monkeypatch):
         {"type": "object", "properties": {"p": {"pattern": first}}}, [0]
     )
     assert compiled == [] and again.axon_unchecked == ()
+
+
+def test_the_unchecked_schema_warning_says_whether_an_input_or_an_output_pattern_is_skipped():
+    lookaround = {"type": "object", "properties": {"s": {"type": "string", "pattern": "(?=a)a"}}}
+    listed = SimpleNamespace(name="t", input_schema=lookaround, description="", title=None)
+    config = MCPServer.stdio("x", name="s")
+    tool = build_tool(config, listed, print, output_schema=lookaround)
+    skipped = (
+        *tool.validator.axon_unchecked,
+        *(f"output schema: {s}" for s in tool.output_validator.axon_unchecked),
+    )
+    text = unchecked_text("s", "t", skipped)
+    (why,) = tool.validator.axon_unchecked
+    assert text == (
+        "MCP server 's': tool 't': not run on the model's input here (the server checks its "
+        f"own input): {why}; not run on the server's output here: {why}"
+    )

@@ -24,8 +24,8 @@ session):
 * ``tool-input-start/delta`` and ``tool-call`` -> ``TOOL_CALL_START`` (``parentMessageId``:
   the assistant message), ``TOOL_CALL_ARGS``, ``TOOL_CALL_END``;
 * ``tool-result`` / ``tool-error`` / ``tool-output-denied`` -> ``TOOL_CALL_RESULT``
-  (``messageId``: ``<call id>.result``; an error or a denial as its text, flagged in
-  ``metadata.axon``);
+  (``messageId``: ``<message id>.s<step>.<call id>.result``, :func:`result_message_id`;
+  an error or a denial as its text, flagged in ``metadata.axon``);
 * ``tool-approval-request`` -> an ``Interrupt`` (``reason: tool_call``) of the run's
   interrupt outcome;
 * ``tool-stream`` and ``object-delta`` -> ``CUSTOM`` (``axon.tool-stream``,
@@ -143,10 +143,17 @@ def result_content(output: Any) -> str | list[dict[str, Any]]:
     return _json_text(output)
 
 
-def result_message_id(tool_call_id: str) -> str:
-    """The id of the tool message a call's result mints (the same in the stream and in
-    a snapshot, so a snapshot updates what the stream built)."""
-    return f"{tool_call_id}.result"
+def result_message_id(message_id: str, step: int, tool_call_id: str) -> str:
+    """The id of the tool message a call's result mints: the same in the stream and in
+    every snapshot, so a snapshot updates what the stream built and a reconnecting
+    client keeps one message per result.
+
+    A call is its assistant message's (``message_id``) id *and* step: a call id alone is
+    unique in a turn at best (a provider numbering each response's calls ``call_0``,
+    ``call_1``, ... repeats them in every turn and every step), and two results under
+    one ``<call id>.result`` were one message to a client keying messages by id
+    (``@ag-ui/client`` and the apps on it merged or dropped one)."""
+    return f"{message_id}.s{step}.{tool_call_id}.result"
 
 
 def reasoning_id(message_id: str, index: int) -> str:
@@ -194,7 +201,7 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
         if isinstance(p, ToolCallPart):
             calls.append(_tool_call(p))
             if p.awaiting is not None:
-                _add_sub_calls(p.awaiting, calls, sub_results)
+                _add_sub_calls(p.awaiting, calls, sub_results, message.id, p.step)
     assistant: dict[str, Any] = {"id": message.id, "role": "assistant"}
     if text:
         assistant["content"] = text
@@ -237,7 +244,11 @@ def _tool_call(part: ToolCallPart) -> dict[str, Any]:
 
 
 def _add_sub_calls(
-    waiting: Awaiting, calls: list[dict[str, Any]], results: list[dict[str, Any]]
+    waiting: Awaiting,
+    calls: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    message_id: str,
+    step: int,
 ) -> None:
     """The client tool calls a sub-agent passed up through the agent tool's call that
     ``waiting`` is stored on (``Awaiting.sub_tool``; those answered before it,
@@ -257,7 +268,7 @@ def _add_sub_calls(
         if not sub.decided:
             continue
         result: dict[str, Any] = {
-            "id": result_message_id(sub.id),
+            "id": result_message_id(message_id, step, sub.id),
             "role": "tool",
             "toolCallId": sub.id,
             "content": sub.error if sub.error is not None else result_content(sub.output),
@@ -271,8 +282,13 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """A stored history as AG-UI messages (a ``MESSAGES_SNAPSHOT``'s): user and system
     messages; for each assistant message its reasoning messages, then the message with
     its text and tool calls; tool results as tool messages (a call that still waits has
-    none)."""
+    none), each id'd by the call it answers (:func:`result_message_id`)."""
     out: list[dict[str, Any]] = []
+    # (call id, step) -> the latest assistant message that made the call; call id -> the
+    # latest that made one with that id (a result whose step matches no call of its id
+    # answers that, as :func:`runtime.history.repair` has it)
+    calls: dict[tuple[str, int], str] = {}
+    latest: dict[str, str] = {}
     for m in messages:
         if isinstance(m, UserMessage):
             content = m.content if isinstance(m.content, str) else content_parts(m.content)
@@ -280,10 +296,15 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         elif isinstance(m, SystemMessage):
             out.append({"id": m.id, "role": "system", "content": m.content})
         elif isinstance(m, AssistantMessage):
+            for p in m.content:
+                if isinstance(p, ToolCallPart):
+                    calls[p.tool_call_id, p.step] = latest[p.tool_call_id] = m.id
             out.extend(_assistant(m))
         elif isinstance(m, ToolMessage):
+            owner = calls.get((m.tool_call_id, m.step)) or latest.get(m.tool_call_id)
             tool: dict[str, Any] = {
-                "id": result_message_id(m.tool_call_id),
+                # (a result no call claims, which repair drops: its own id)
+                "id": m.id if owner is None else result_message_id(owner, m.step, m.tool_call_id),
                 "role": "tool",
                 "toolCallId": m.tool_call_id,
                 "content": result_content(m.output) if m.error is None else m.error,
@@ -585,7 +606,7 @@ class RunEncoder:
             return []
         return [
             *self._end_call(chunk.tool_call_id),
-            self._result(chunk.tool_call_id, result_content(chunk.output)),
+            self._result(chunk.step, chunk.tool_call_id, result_content(chunk.output)),
         ]
 
     def _tool_error(self, chunk: o.ToolError) -> list[dict[str, Any]]:
@@ -593,7 +614,7 @@ class RunEncoder:
             return []
         return [
             *self._end_call(chunk.tool_call_id),
-            self._result(chunk.tool_call_id, chunk.error, {"error": True}),
+            self._result(chunk.step, chunk.tool_call_id, chunk.error, {"error": True}),
         ]
 
     def _tool_output_denied(self, chunk: o.ToolOutputDenied) -> list[dict[str, Any]]:
@@ -604,7 +625,9 @@ class RunEncoder:
         )
         return [
             *self._end_call(chunk.tool_call_id),
-            self._result(chunk.tool_call_id, text, {"denied": True, "reason": chunk.reason}),
+            self._result(
+                chunk.step, chunk.tool_call_id, text, {"denied": True, "reason": chunk.reason}
+            ),
         ]
 
     def _tool_stream(self, chunk: o.ToolStream) -> list[dict[str, Any]]:
@@ -730,11 +753,11 @@ class RunEncoder:
         return [{"type": "TOOL_CALL_END", "toolCallId": call_id}]
 
     def _result(
-        self, call_id: str, content: Any, axon: dict[str, Any] | None = None
+        self, step: int, call_id: str, content: Any, axon: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         event: dict[str, Any] = {
             "type": "TOOL_CALL_RESULT",
-            "messageId": result_message_id(call_id),
+            "messageId": result_message_id(self.message_id, step, call_id),
             "toolCallId": call_id,
             "content": content,
             "role": "tool",
