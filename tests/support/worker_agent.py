@@ -94,10 +94,15 @@ LEDGER_SQL = (
 def _ledger_connect(url: str):  # type: ignore[no-untyped-def]
     libpq, schema = parse_url(url)
     conn = psycopg.connect(libpq, autocommit=True, connect_timeout=10)
-    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-    conn.execute(f"SET search_path TO {schema}")
-    for statement in LEDGER_SQL:
-        conn.execute(statement)
+    # ``CREATE ... IF NOT EXISTS`` from two connections at once can both find the table
+    # missing and one fail with a ``UniqueViolation`` on ``pg_class`` (a test polling
+    # the ledger while the worker's tool writes its first effect): one creator at a time.
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon_test_ledger'))")
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"SET search_path TO {schema}")
+        for statement in LEDGER_SQL:
+            conn.execute(statement)
     return conn
 
 
