@@ -177,14 +177,22 @@ class Lines:
     See the module's docstring for where an unreadable line goes."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # The optional ``mcp`` extra (and pydantic, kept off the start-up path): imported
+        # once a server here, not once a line in :meth:`wrote` and :meth:`_parse`.
+        import mcp_types
+        from mcp.shared.message import SessionMessage
+        from pydantic import ValidationError
+
         self.in_flight: dict[RequestId, RequestId] = {}
         """The requests written and not yet answered: their id as sent, by its key."""
         self._secrets = tuple(secrets)
+        self._types = mcp_types
+        self._message = SessionMessage
+        self._invalid = ValidationError
 
     def wrote(self, message: Any) -> None:
         """Note a message written to the server (a ``JSONRPCMessage``)."""
-        import mcp_types
-
+        mcp_types = self._types
         if isinstance(message, mcp_types.JSONRPCRequest):
             self.in_flight[_coerced(message.id)] = message.id
         elif (
@@ -211,13 +219,10 @@ class Lines:
     def _parse(self, line: str) -> Any:
         """``line`` as a ``SessionMessage`` (its request no longer in flight when it is
         an answer), else what is wrong with it."""
-        import mcp_types
-        from mcp.shared.message import SessionMessage
-        from pydantic import ValidationError
-
+        mcp_types = self._types
         try:
             message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except ValidationError as exc:
+        except self._invalid as exc:
             why = describe_invalid(exc, where=False)
             return f"a line of {len(line)} characters is no JSON-RPC message: {why}"
         except ValueError:
@@ -225,7 +230,7 @@ class Lines:
         if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
             if message.id is not None:
                 self.in_flight.pop(_coerced(message.id), None)
-        return SessionMessage(message)
+        return self._message(message)
 
     def _unreadable(self, line: str, error: str) -> list[Any]:
         """Where the unreadable ``line`` goes (the module's docstring says why)."""
