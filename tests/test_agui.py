@@ -578,17 +578,19 @@ async def test_an_approval_ends_the_run_with_the_interrupt_outcome_after_a_snaps
     assert deleted == []  # nothing ran: it waits
 
 
+async def approve_delete(server: Any) -> list[dict[str, Any]]:
+    """Run ``delete it`` on thread ``t`` (the approval agent's call waits), then a second
+    run approving its interrupt; that run's events."""
+    first = await run(server, run_input("t", user("delete it", "m1")))
+    interrupt_id = first[-1]["outcome"]["interrupts"][0]["id"]
+    resume = [{"interruptId": interrupt_id, "status": "resolved", "payload": {"approved": True}}]
+    return await run(server, run_input("t", user("delete it", "m1"), resume=resume, runId="r2"))
+
+
 async def test_resume_approves_and_the_continuation_reports_the_tools_result():
     deleted.clear()
     async with web_server(approval_agent("It is gone."), protocols=("ag-ui",)) as server:
-        first = await run(server, run_input("t", user("delete it", "m1")))
-        interrupt_id = first[-1]["outcome"]["interrupts"][0]["id"]
-        resume = [
-            {"interruptId": interrupt_id, "status": "resolved", "payload": {"approved": True}}
-        ]
-        second = await run(
-            server, run_input("t", user("delete it", "m1"), resume=resume, runId="r2")
-        )
+        second = await approve_delete(server)
     assert deleted == ["/tmp/x"]
     assert "TOOL_CALL_START" not in types(second)  # the spec: not re-emitted on resume
     (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]

@@ -15,7 +15,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent
 from runtime.app.web.agui_wire import agui_messages
 from runtime.messages import ToolMessage, UserMessage
-from tests.test_agui import COLOR_TOOL, approval_agent, run, run_input, user
+from tests.test_agui import COLOR_TOOL, approval_agent, approve_delete, run, run_input, user
 from tests.test_agui_node import node as node  # the fixture
 from tests.test_agui_node import run_client
 from tests.test_web_http import lookup
@@ -74,14 +74,7 @@ async def test_the_live_result_ids_are_the_snapshots():
 
 async def test_a_resumed_approvals_live_result_id_is_the_snapshots():
     async with web_server(approval_agent("It is gone."), protocols=("ag-ui",)) as server:
-        first = await run(server, run_input("t", user("delete it", "m1")))
-        interrupt_id = first[-1]["outcome"]["interrupts"][0]["id"]
-        resume = [
-            {"interruptId": interrupt_id, "status": "resolved", "payload": {"approved": True}}
-        ]
-        second = await run(
-            server, run_input("t", user("delete it", "m1"), resume=resume, runId="r2")
-        )
+        second = await approve_delete(server)
         held = await _snapshot(server)
     assert _results(second) == [m["id"] for m in held if m["role"] == "tool"]
 
