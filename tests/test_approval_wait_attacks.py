@@ -316,6 +316,28 @@ class LosesAfterRequest:
         return losing()
 
 
+async def resumed_while_released(
+    client: httpx.AsyncClient, chat_url: str, stream_url: str, gate: trio.Event
+) -> list[Any]:
+    """POST ``chat_body("s")`` to ``chat_url``; once call D's input shows on the stream,
+    resume ``stream_url`` after it and let ``gate`` go: the resumed stream's events, once
+    the POST is back (the turn waits). A resume that hangs fails after 20 s."""
+    resumed: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: client.post(chat_url, json=chat_body("s")))
+        after = await seq_of_call(client, stream_url, "D")
+
+        async def resume() -> None:
+            with trio.fail_after(20):  # (a hang fails here)
+                r = await client.get(stream_url, headers={"last-event-id": after})
+            resumed.extend(sse_events(r.text))
+
+        nursery.start_soon(resume)
+        await trio.sleep(0.3)  # (the resume reading; the result does not rest on it)
+        gate.set()
+    return resumed
+
+
 async def test_a_resume_whose_relay_loses_the_turn_while_it_holds_the_request_ends_clean(
     tmp_path: Any,
 ) -> None:
@@ -340,20 +362,9 @@ async def test_a_resume_whose_relay_loses_the_turn_while_it_holds_the_request_en
         await attach_relay(server.host, real)
         stream_url = f"{server.url}/api/chat/s/stream"
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            resumed: list[Any] = []
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: client.post("/api/chat", json=chat_body("s")))
-                after = await seq_of_call(client, stream_url, "D")
-
-                async def resume() -> None:
-                    with trio.fail_after(20):  # (a hang fails here)
-                        r = await client.get(stream_url, headers={"last-event-id": after})
-                    resumed.extend(sse_events(r.text))
-
-                nursery.start_soon(resume)
-                await trio.sleep(0.3)  # (the resume reading; the result does not rest on it)
-                gate_of.gate.set()
-            # (the nursery's chat POST is back: the turn waits)
+            resumed = await resumed_while_released(
+                client, f"{server.url}/api/chat", stream_url, gate_of.gate
+            )
             ui = (await client.get("/api/sessions/s")).json()["ui_messages"]
             part = next(p for m in ui for p in m["parts"] if p.get("toolCallId") == "D")
             approval = part["approval"]

@@ -241,8 +241,8 @@ async def test_a_front_ends_resume_whose_relay_loses_the_turn_while_it_holds_the
     ``error`` telling it to reload and ``[DONE]`` (no hang, no unsigned request, nothing
     twice); the reload's request is signed and its answer runs the tool once."""
     from tests import test_approval_signature_resume as gated
-    from tests.test_approval_signature_resume import SECRET, gated_agent, seq_of_call
-    from tests.test_approval_wait_attacks import LosesAfterRequest
+    from tests.test_approval_signature_resume import SECRET, gated_agent
+    from tests.test_approval_wait_attacks import LosesAfterRequest, resumed_while_released
     from tests.test_relay_web import chat_body
 
     gated.gate = trio.Event()
@@ -253,20 +253,10 @@ async def test_a_front_ends_resume_whose_relay_loses_the_turn_while_it_holds_the
         front = d.fronts[0]
         front.relay = LosesAfterRequest(front.relay)
         stream_url = f"{url}/api/chat/s/stream"
-        resumed: list[Any] = []
         async with httpx.AsyncClient(timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: client.post(f"{url}/api/chat", json=chat_body("s")))
-                after = await seq_of_call(client, stream_url, "D")
-
-                async def resume() -> None:
-                    with trio.fail_after(20):  # (a hang fails here)
-                        r = await client.get(stream_url, headers={"last-event-id": after})
-                    resumed.extend(sse_events(r.text))
-
-                nursery.start_soon(resume)
-                await trio.sleep(0.3)  # (the resume reading; the result does not rest on it)
-                gated.gate.set()
+            resumed = await resumed_while_released(
+                client, f"{url}/api/chat", stream_url, gated.gate
+            )
             ui = (await client.get(f"{url}/api/sessions/s")).json()["ui_messages"]
             part = next(p for m in ui for p in m["parts"] if p.get("toolCallId") == "D")
             reply = {
