@@ -277,3 +277,33 @@ async def test_a_store_of_before_the_submit_function_gains_it_on_open(pg_url):
         await queue.aclose()
         await store.aclose()
     assert turn.turn_id == again.turn_id and turn.status == "queued"
+
+
+@pytest.mark.parametrize("old_id", ["turn_1", 't"q\\b\x01\x1f\x7f é漢😀\u2028'])
+async def test_an_edits_key_is_the_one_a_process_of_before_made(pg_url, old_id):
+    """The function keys an edit by the turn it replaces as the transaction of before did
+    (sha256 of the JSON ``[message key, input hash, old turn id]``, made by orjson): a
+    retry of an edit reaching a front end of the other version replays it, never queues
+    it twice. The old turn id a client's (an AG-UI ``runId``), with what JSON escapes."""
+    import hashlib
+
+    import orjson
+
+    from actors.stores.turn_submit import _message_key
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    schema = pg_url.rsplit("schema=", 1)[1]
+    try:
+        first = await queue.submit("s", "hi", idempotency_key="m1", turn_id=old_id)
+        with pg_connect() as conn:
+            conn.execute(f"UPDATE {schema}.axon_turns SET status = 'done'")
+        edit = await queue.submit("s", "hello", idempotency_key="m1")
+        again = await queue.submit("s", "hello", idempotency_key="m1")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    input_hash = hashlib.sha256(orjson.dumps(['"hello"', False])).hexdigest()
+    made = hashlib.sha256(orjson.dumps([_message_key("m1"), input_hash, first.turn_id]))
+    assert first.turn_id == old_id and edit.turn_id != old_id
+    assert edit.idempotency_key == made.hexdigest() and again.turn_id == edit.turn_id
