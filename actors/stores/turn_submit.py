@@ -416,7 +416,7 @@ def held_turn_name(turn_id: str) -> str:
 
 LARGE_ROW = 64 * 1024
 """Bytes of a submit's input, options and meta past which the queue's total cap is looked
-at before the insert too (:meth:`TurnSubmitting._check_room`): a refused row of that size
+at before the insert too (the submit's function, ``p_large``): a refused row of that size
 is not worth sending and writing only to roll it back; a small one is, the look costing
 more than the insert."""
 
