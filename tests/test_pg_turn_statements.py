@@ -1534,6 +1534,32 @@ async def test_a_capped_submit_is_one_call(pg_url, statements, keyed):
     )
 
 
+@pytest.mark.parametrize("cap", ["session", "total"])
+async def test_a_refused_submit_keeps_its_connection(pg_url, cap):
+    """A refusal is an error the submit's function raises (its writes roll back); the
+    connection it came on is idle and sound after it, and is kept: a client refused
+    again and again (over a cap, in a loop) does not cost the server a new backend a
+    time, as a closed connection would."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(
+        store,
+        max_queued_per_session=1 if cap == "session" else None,
+        max_queued=1 if cap == "total" else None,
+    )
+    try:
+        await queue.submit("s", "one")
+        before = [c.pgconn.backend_pid for c in store._lane._free]
+        for _ in range(3):
+            with pytest.raises(QueueFull) as refused:
+                await queue.submit("s", "two")
+        after = [c.pgconn.backend_pid for c in store._lane._free]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert refused.value.scope == cap
+    assert len(before) == 1 and after == before
+
+
 async def test_a_submit_the_queue_s_cap_refuses_wakes_no_worker(pg_url):
     """The workers' wake-up is sent in the queue count's statement: a submit that count
     refuses rolls it back with its row, so the workers are told of the turns queued and

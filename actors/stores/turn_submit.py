@@ -344,7 +344,9 @@ class TurnSubmitting:
 
         async def once() -> Any:
             try:
-                return await store._lane.call(_SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1)
+                return await store._lane.call(
+                    _SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1, _REFUSED
+                )
             except psycopg.Error as err:
                 refusal = refused(err)
                 if refusal is None:
@@ -433,6 +435,8 @@ _SUBMIT_FORMATS: Final = (1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 
 """Its parameters' formats: text and ``bytea`` in the binary one (their bytes as they
 are, a NUL refused by the server, never cut short as a C string), the rest as text."""
 _SUBMIT_KINDS: Final = tuple(kind for _, kind in CLAIMED_COLUMNS)
+_REFUSED: Final = frozenset(SUBMIT_REFUSALS)
+"""Its refusals' ``SQLSTATE`` s, after which the lane keeps its connection."""
 
 
 def _text(value: str | None) -> bytes | None:
