@@ -397,6 +397,51 @@ async def test_a_compaction_block_goes_back_with_the_summary_its_delta_brought()
     ]
 
 
+async def test_block_event_and_delta_types_it_does_not_read_leave_the_answer_whole():
+    # anthropic 2.17's beta blocks (fallback, mcp_tool_use) are kept verbatim; an event
+    # type and a delta type no SDK knows yet, and citations, are ignored
+    fallback = {
+        "type": "fallback",
+        "from": {"model": "claude-a"},
+        "to": {"model": "claude-b"},
+        "trigger": {"type": "refusal"},
+    }
+    mcp_use = {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "n", "server_name": "s"}
+    run = await replay(
+        inline(
+            {"type": "content_block_start", "index": 0, "content_block": fallback},
+            {"type": "content_block_stop", "index": 0},
+            {"type": "not_yet_invented", "x": {"y": 1}},
+            {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}},
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "not_yet_invented"}},
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "citations_delta", "citation": {"type": "char_location"}},
+            },
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "text_delta", "text": "ok"},
+            },
+            {"type": "content_block_stop", "index": 1},
+            {"type": "content_block_start", "index": 2, "content_block": {**mcp_use, "input": {}}},
+            {
+                "type": "content_block_delta",
+                "index": 2,
+                "delta": {"type": "input_json_delta", "partial_json": '{"a": 1}'},
+            },
+            {"type": "content_block_stop", "index": 2},
+        )
+    )
+    assert run.error is None
+    assert run.of(ProviderDataChunk) == [
+        ProviderDataChunk(provider="anthropic", data=fallback),
+        ProviderDataChunk(provider="anthropic", data={**mcp_use, "input": {"a": 1}}),
+    ]
+    assert run.text == "ok" and run.of(FinishChunk)[-1].reason == "stop"
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
