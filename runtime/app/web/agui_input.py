@@ -13,7 +13,7 @@ The response side, runtime messages and output chunks written as AG-UI events, i
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -211,32 +211,51 @@ def _check_tool_sizes(specs: list[Any]) -> None:
             )
 
 
-WARNED_TOOLS = 256
-"""Client tools whose unchecked patterns this process remembers having logged."""
+WARNED_PATTERNS = 256
+"""Unchecked patterns of client tools this process remembers having logged."""
+
+WARNED_SHOWN = 4
+"""Tools one ``agui.schema-not-checked-here`` line names (the rest are counted)."""
 
 _warned: OrderedDict[int, None] = OrderedDict()
-"""The hashes of the ``(name, unchecked)`` logged (not the patterns: up to 256 KiB each)."""
+"""The hashes of the unchecked patterns logged (not the patterns: up to 256 KiB each)."""
 
 
-def _warn_unchecked(name: str, unchecked: tuple[str, ...]) -> None:
-    """Log once per process (of the last :data:`WARNED_TOOLS`) that a client tool's
-    schema has patterns not run on the model's input here (a look-around, a
-    backreference, past the request's compile budget): a client declares its tools
-    with every request, and one warning per request would bury the log."""
-    if not unchecked:
-        return
-    key = hash((name, unchecked))
-    if key in _warned:
-        return
-    _warned[key] = None
-    while len(_warned) > WARNED_TOOLS:
+def _warn_unchecked(tools: Sequence[Any]) -> None:
+    """Log, in one line for the request, the patterns of its client tools not run on the
+    model's input here (a look-around, a backreference, past the request's compile
+    budget) that this process has not logged yet (of the last :data:`WARNED_PATTERNS`):
+    a client declares its tools with every request, and a warning per request, or per
+    tool name, would bury the log (one that named its tools anew each request had up
+    to 128 lines a request). The line names :data:`WARNED_SHOWN` tools, counts the rest."""
+    fresh: list[tuple[str, list[str]]] = []
+    for tool in tools:
+        new = []
+        for said in tool.validator.axon_unchecked:
+            key = hash(said)
+            if key not in _warned:
+                _warned[key] = None
+                new.append(said)
+        if new:
+            fresh.append((tool.name, new))
+    while len(_warned) > WARNED_PATTERNS:
         _warned.popitem(last=False)
+    if not fresh:
+        return
+    shown = fresh[:WARNED_SHOWN]
+    unchecked = [s for _, said in shown for s in said]
+    names = [name for name, _ in shown]
+    more = len(fresh) - len(shown)
     get_logger("axon.web").warning(
         "agui.schema-not-checked-here",
-        tool=redact(name),
+        tool=redact(names[0]),
+        tools=[redact(n) for n in names],
+        more_tools=more,
         unchecked=[redact(s) for s in unchecked],
-        error=f"client tool {name!r}: not run on the model's input here (the client "
-        "checks its own tool's input): " + "; ".join(unchecked),
+        error=f"client tool {names[0]!r}"
+        + (f" and {len(fresh) - 1} more" if len(fresh) > 1 else "")
+        + ": not run on the model's input here (the client checks its own tool's input): "
+        + "; ".join(unchecked),
     )
 
 
@@ -263,10 +282,10 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
             out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
-        _warn_unchecked(tool.name, tool.validator.axon_unchecked)
     twice = sorted(name for name, n in Counter(t.name for t in out).items() if n > 1)
     if twice:
         raise bad_input(f"'tools' names {twice} more than once")
+    _warn_unchecked(out)
     return tuple(out)
 
 
