@@ -51,6 +51,7 @@ from runtime.tools import (
     InvalidJSONSchema,
     ToolInputError,
     check_against_schema,
+    json_values_over,
     linear_schema_validator,
     own_input,
     to_jsonable,
@@ -144,6 +145,13 @@ class Decision:
     (:attr:`~runtime.messages.Awaiting.caller`): the only decision such a wait takes.
     Its deadline is not checked again: the caller's wait, checked when the caller's
     decision was made, had the same one."""
+    output_checked: bool = False
+    """``output`` was checked against the call's tool's output schema already, as the
+    decision would (:func:`checked_output`, in a worker thread when large; a front end
+    reading a tool message's text by that check): not checked again. Set by the code
+    that ran the check, never read from a client. Why: a 10 MB answer of 400,000 rows
+    took 7.4 s to check, on the event loop, and was checked three times (the front
+    end's reading, its check of every answer before recording, the recording)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -278,6 +286,46 @@ def output_check(tool: Any, sub_tool: str | None = None) -> Callable[[Any], None
     return getattr(tool, "validate_output", None)  # type: ignore[no-any-return]
 
 
+LARGE_OUTPUT_NODES = 2_000
+"""A client's output of more JSON values than this (:func:`large_output`) is checked
+against its tool's output schema in a worker thread (:func:`checked_output`), not on the
+event loop that serves every session: 400,000 rows (10 MB) took 7.4 s to check, ~9 us a
+value."""
+
+
+def large_output(value: Any, nodes: int = LARGE_OUTPUT_NODES) -> bool:
+    """Whether ``value`` (JSON) holds more than ``nodes`` values
+    (:func:`~runtime.tools.json_values_over`)."""
+    return json_values_over(value, nodes)
+
+
+def checked_output(
+    messages: Sequence[Message], key: str, output: Any, tools: Mapping[str, Any]
+) -> bool:
+    """Check a client's ``output`` for the waiting client call ``key`` of ``messages``
+    against its tool's output schema, as the decision would (:func:`_check`): ``True``
+    when checked (the :class:`Decision` then carries ``output_checked``), ``False``
+    when there is nothing to check here (no such undecided client call in
+    ``messages``, a tool without an output schema: the decision checks what it finds).
+    Raises :class:`InvalidDecision` when the schema refuses it. Runs in a worker thread
+    for a large output (``Session.decide``, the AI SDK's answers): it reads only
+    ``messages``, ``output`` and the tools' validators, which nothing changes meanwhile."""
+    call = next(
+        (c for c in waiting_calls(messages) if key in (c.approval_id, c.tool_call_id)), None
+    )
+    if call is None or call.decided or call.kind == APPROVAL:
+        return False
+    check = output_check(tools.get(call.tool_name), call.sub_tool)
+    if check is None:
+        return False
+    value = _storable_output(call, output)
+    try:
+        check(value)
+    except ToolInputError as exc:
+        raise InvalidDecision(str(exc)) from None
+    return True
+
+
 def _check(
     part: ToolCallPart, decision: Decision, tools: Mapping[str, Any], max_chars: int | None
 ) -> Awaiting:
@@ -325,7 +373,8 @@ def _check(
     if decision.error is None:
         output = _storable_output(part, decision.output)
         check = None
-        if not decision.by_caller:  # else checked whole by the caller, which may have cut it
+        # (by_caller: checked whole by the caller, which may have cut it)
+        if not decision.by_caller and not decision.output_checked:
             check = output_check(tools.get(part.tool_name), waiting.sub_tool)
         if check is not None:
             try:
@@ -628,7 +677,7 @@ def _kept(text: str | None, max_chars: int | None) -> str | None:
     return None if text is None else truncate_output(text, max_chars)
 
 
-def _storable_output(part: ToolCallPart, output: Any) -> Any:
+def _storable_output(part: ToolCallPart | PendingCall, output: Any) -> Any:
     """A client tool's ``output`` in the JSON form a server tool's return value takes
     (:func:`~runtime.tools.to_jsonable`: a set a list, a datetime its ISO text), or
     :class:`InvalidDecision` when it has none or the store could not write it (an
@@ -1056,6 +1105,7 @@ __all__ = [
     "APPROVAL",
     "AWAITING_INPUT",
     "CLIENT",
+    "LARGE_OUTPUT_NODES",
     "SUPERSEDED",
     "SUSPENDED_TRACE_META",
     "WAITING_META",
@@ -1066,8 +1116,10 @@ __all__ = [
     "Recorded",
     "approval_decided",
     "approved_waiting",
+    "checked_output",
     "decide",
     "denial_text",
+    "large_output",
     "output_check",
     "pending_calls",
     "record_decision",

@@ -370,6 +370,24 @@ def _enum_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     return counted
 
 
+def json_values_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` (JSON) holds more than ``limit`` values (objects, arrays and
+    scalars; a long string a value per KiB), counted up to that and no further: what
+    tells a check that may hold the event loop from one that may not, cheaply."""
+    left = limit
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        left -= 1 + (len(item) >> 10 if type(item) is str else 0)
+        if left < 0:
+            return True
+        if type(item) is dict:
+            stack.extend(item.values())
+        elif type(item) is list or type(item) is tuple:
+            stack.extend(item)
+    return False
+
+
 def _unique_items_counted(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
     """``uniqueItems`` of a value checked against an untrusted schema, a step per item:
     ``jsonschema`` compares every pair of objects or arrays (1,000 distinct objects:

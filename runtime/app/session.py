@@ -49,6 +49,8 @@ from runtime.approval import (
     PendingCall,
     Recorded,
     approval_decided,
+    checked_output,
+    large_output,
     pending_calls,
     record_decision,
     supersede,
@@ -75,6 +77,7 @@ from runtime.errors import (
     TurnWithdrawn,
     WaitExpired,
 )
+from runtime.history import off_loop_limiter
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
@@ -1554,6 +1557,7 @@ class Session:
         expected_version: int | None = None,
         by_caller: bool = False,
         tools: Sequence[Tool] = (),
+        output_checked: bool = False,
     ) -> Recorded:
         """Record a decision for a waiting call, without resuming the turn: ``approved``
         (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
@@ -1585,12 +1589,33 @@ class Session:
         names that session; ``by_caller`` is the calling call's own (the agent tool
         running again with the caller's decision), the one decision it takes.
 
+        A large ``output`` (:func:`~runtime.approval.large_output`) is checked against
+        its tool's output schema in a worker thread, not on the event loop the host's
+        other sessions stream on, and once. ``output_checked``: the caller checked it
+        against that schema already (the web front ends, reading a body's answers):
+        not checked again.
+
         A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
         nothing (it recorded the decision, then its continuation was refused, or failed
         on the store the host had closed)."""
         self.host.check_open()
         if self.busy:
             raise SessionBusy(f"session {self._id!r} is already running a turn")
+        by_name = {t.name: t for t in (*self.agent.tools, *tools)}
+        known = self.held_record()
+        if (
+            not output_checked
+            and output is not _UNSET
+            and known is not None
+            and not by_caller
+            and approved is None
+            and error is None
+            and edited_input is None
+            and large_output(output)
+        ):
+            output_checked = await trio.to_thread.run_sync(
+                checked_output, known.messages, id, output, by_name, limiter=off_loop_limiter()
+            )
         decision = Decision(
             approved=approved,
             reason=reason,
@@ -1599,9 +1624,8 @@ class Session:
             has_output=output is not _UNSET,
             edited_input=edited_input,
             by_caller=by_caller,
+            output_checked=output_checked,
         )
-        by_name = {t.name: t for t in (*self.agent.tools, *tools)}
-        known = self.held_record()
         if expected_version is not None and (known is None or known.version != expected_version):
             raise StoreConflict(
                 f"session {self._id!r} is no longer at version {expected_version} in memory",

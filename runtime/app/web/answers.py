@@ -22,6 +22,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+import trio
+
 from runtime.app.web.http import ApiError
 from runtime.app.web.signing import REQUIRE_ENV, SECRET_SOURCES, SIGNING_CLIENTS, SessionSigner
 from runtime.approval import (
@@ -30,6 +33,7 @@ from runtime.approval import (
     PendingCall,
     Recorded,
     decide,
+    large_output,
     pending_calls,
     waiting_calls,
 )
@@ -42,6 +46,7 @@ from runtime.errors import (
     UnknownApproval,
     WaitExpired,
 )
+from runtime.history import off_loop_limiter
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.store import SessionRecord, Store
 
@@ -349,6 +354,7 @@ async def record_answers(
             error=decision.error,
             expected_version=expected_version,
             edited_input=decision.edited_input,
+            output_checked=decision.output_checked,
             **({"output": decision.output} if decision.has_output else {}),
         )
         return recorded
@@ -358,7 +364,9 @@ async def record_answers(
     known = session.held_record()
     if known is not None:
         try:
-            announced, answers = _checked(known.messages, payload, tools, signer, limit)
+            announced, answers = await _checked_off_loop(
+                known.messages, payload, tools, signer, limit
+            )
             first, *rest = answers
             recorded = await record(*first, expected_version=known.version)
         except (ApiError, DecisionError, StoreConflict):
@@ -402,13 +410,19 @@ def _checked(
     tools: Mapping[str, Any],
     signer: SessionSigner | None = None,
     max_chars: int | None = None,
+    *,
+    outputs: bool = True,
 ) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
     """The calls the stored turn waits for (:func:`_known`) and the body's answers to record
     (echoes of recorded ones left out), each checked against ``stored``: a body with a
     bad one (or none) raises :class:`ApiError`. ``max_chars``: the agent's
     ``max_tool_result_chars``, which the recording bounds an edited input by
     (:func:`~runtime.approval.decide`): checked here too, so a body whose second answer
-    carries too long an edit records nothing, not its first answer alone."""
+    carries too long an edit records nothing, not its first answer alone.
+
+    A client tool's output checked here against its output schema is not checked
+    again as it is recorded (``Decision.output_checked``); ``outputs=False``: not
+    checked here either (the answers are then only good for telling a refusal)."""
     message = payload["messages"][-1]
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
@@ -419,12 +433,35 @@ def _checked(
     answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
     if not answers:
         raise ApiError(400, "the assistant message answers no call the turn waits for")
+    if not outputs:
+        answers = [(key, _output_checked(d)) for key, d in answers]
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return _known(waiting), answers
+    return _known(waiting), [(key, _output_checked(d)) for key, d in answers]
+
+
+def _output_checked(decision: Decision) -> Decision:
+    return attrs.evolve(decision, output_checked=True) if decision.has_output else decision
+
+
+async def _checked_off_loop(
+    stored: Sequence[Message],
+    payload: dict[str, Any],
+    tools: Mapping[str, Any],
+    signer: SessionSigner | None = None,
+    max_chars: int | None = None,
+) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
+    """:func:`_checked`, in a worker thread when the body's message is large
+    (:func:`~runtime.approval.large_output`): its outputs' checks against their tools'
+    schemas (400,000 rows: 7.4 s) would hold the event loop every session streams on."""
+    if large_output(payload["messages"][-1]):
+        return await trio.to_thread.run_sync(
+            _checked, stored, payload, tools, signer, max_chars, limiter=off_loop_limiter()
+        )
+    return _checked(stored, payload, tools, signer, max_chars)
 
 
 async def record_all(
@@ -471,7 +508,7 @@ async def check_and_record_on(
     """:func:`check_and_record` on the session as the caller read it (``None``: never
     saved), so that the caller can hand the same read to its first decision."""
     stored = stored_record.messages if stored_record is not None else ()
-    announced, answers = _checked(stored, payload, tools, signer, max_chars)
+    announced, answers = await _checked_off_loop(stored, payload, tools, signer, max_chars)
     return announced, await record_all(answers, record)
 
 
@@ -485,8 +522,8 @@ def answers_refused(
     """Whether :func:`check_and_record_on` would refuse the body's answers on
     ``stored_record`` (an :class:`ApiError`), recording nothing."""
     stored = stored_record.messages if stored_record is not None else ()
-    try:
-        _checked(stored, payload, tools, signer, max_chars)
+    try:  # (outputs unchecked: a refusal of one is the same on any read of the session)
+        _checked(stored, payload, tools, signer, max_chars, outputs=False)
     except ApiError:
         return True
     return False
