@@ -52,6 +52,7 @@ from runtime.errors import (
     describe_exception,
 )
 from runtime.extras import require_mcp
+from runtime.history import off_loop_limiter
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
 from runtime.logging import get_logger
@@ -64,10 +65,17 @@ from runtime.tools import (
     SchemaTooCostly,
     Tool,
     ToolInputError,
+    json_values_over,
     schema_errors,
     schema_steps,
     server_schema_validator,
 )
+
+LISTING_OFF_LOOP_VALUES = 200
+"""A listing whose schemas hold more JSON values than this has its tools built (each
+schema checked against its meta-schema, its check made) in a worker thread, not on the
+event loop every session streams on: ~0.1-0.5 ms a value, a 32 KiB schema ~0.3 s and a
+listing of 512 of them minutes."""
 
 MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""
@@ -894,6 +902,8 @@ class MCPServerActor(Actor):
         cut: set[str] = set()
         unchecked: dict[str, tuple[str, ...]] = {}
         budget = [LISTING_UNITS]
+        schemas = [e.input_schema for e in listed.values()] + list(self._output_schemas.values())
+        off_loop = json_values_over(schemas, LISTING_OFF_LOOP_VALUES)
         for remote, entry in listed.items():
             description = entry.description or entry.title or ""
             if len(description) > config.max_tool_chars:
@@ -908,7 +918,12 @@ class MCPServerActor(Actor):
                 )
             try:
                 output_schema = self._output_schemas.get(remote)
-                tools.append(build_tool(config, entry, self.call_tool, budget, output_schema))
+                built = (config, entry, self.call_tool, budget, output_schema)
+                if off_loop:  # (one at a time: the budget is the listing's)
+                    limiter = off_loop_limiter()
+                    tools.append(await trio.to_thread.run_sync(build_tool, *built, limiter=limiter))
+                else:
+                    tools.append(build_tool(*built))
                 skipped = tools[-1].validator.axon_unchecked
                 if tools[-1].output_validator is not None:
                     skipped += tuple(
