@@ -18,7 +18,7 @@ import trio
 from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from runtime import Agent, Host, ToolMessage
+from runtime import Agent, Host, ToolMessage, approval
 from runtime.actor_messages import InferRequest
 from runtime.app.web import agui_input
 from runtime.messages import UserMessage
@@ -77,6 +77,8 @@ class Checks:
         self.release = threading.Event()
         self.released_in_time: list[bool] = []
         self.hold = False
+        self.converted_on_loop = 0
+        """The rows converted to their stored form (``to_jsonable``) on the loop."""
 
 
 @pytest.fixture
@@ -97,6 +99,14 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> Checks:
         original(tool, output)
 
     monkeypatch.setattr(ClientTool, "validate_output", noting)
+    to_jsonable = approval.to_jsonable
+
+    def converting(value: Any) -> Any:
+        if isinstance(value, dict) and "rows" in value:
+            noted.converted_on_loop += threading.current_thread() is threading.main_thread()
+        return to_jsonable(value)
+
+    monkeypatch.setattr(approval, "to_jsonable", converting)
     return noted
 
 
@@ -139,6 +149,7 @@ async def test_an_agui_clients_large_json_answer_is_checked_once_in_a_thread_whi
     assert checks.released_in_time == [True]  # the other session's turn ended meanwhile
     assert _text(got["other"]) == "hello there"
     assert len(checks.values) == 1 and checks.on_main == [False]  # was 3, all on the loop
+    assert checks.converted_on_loop == 0  # was 2 (the pre-check's and the recording's)
     # What the user sees: the run goes on and ends; what the model read, what is saved.
     assert got["r"].status_code == 200 and '"RUN_FINISHED"' in got["r"].text
     _saved_cut(record)
@@ -231,6 +242,7 @@ async def test_an_ai_sdk_clients_large_tool_output_is_checked_once_in_a_thread_w
     assert checks.released_in_time == [True]
     assert _text(got["other"]) == "hello there"
     assert len(checks.values) == 1 and checks.on_main == [False]  # was 2, on the loop
+    assert checks.converted_on_loop == 0  # was 2
     (shown,) = [
         c["output"] for c in got["chunks"] if c != "[DONE]" and c["type"] == "tool-output-available"
     ]
@@ -247,6 +259,7 @@ async def test_session_respond_checks_a_large_output_once_in_a_thread(checks):
         record = await host.store.load("s")
     assert done is not None and done.text == "ok"
     assert len(checks.values) == 1 and checks.on_main == [False]
+    assert checks.converted_on_loop == 0  # was 1
     _saved_cut(record)
 
 

@@ -37,6 +37,7 @@ async def test_an_agui_large_answer_is_checked_once_in_a_thread_on_a_front_end(
         record = await d.store.load("s")
     assert last[-1]["type"] == "RUN_FINISHED" and last[-1]["outcome"]["type"] == "success"
     assert len(checks.values) == 1 and checks.on_main == [False]  # was 3, on the loop
+    assert checks.converted_on_loop == 0
     _saved_cut(record)
 
 
@@ -63,5 +64,6 @@ async def test_an_ai_sdk_large_tool_output_is_checked_once_in_a_thread_on_a_fron
         record = await d.store.load("s")
     assert second.status_code == 200, second.text
     assert len(checks.values) == 1 and checks.on_main == [False]  # was 2, on the loop
+    assert checks.converted_on_loop == 0
     _saved_cut(record)
     assert record is not None and any(isinstance(m, ToolMessage) for m in record.messages)

@@ -1592,8 +1592,8 @@ class Session:
         A large ``output`` (:func:`~runtime.approval.large_output`) is checked against
         its tool's output schema in a worker thread, not on the event loop the host's
         other sessions stream on, and once. ``output_checked``: the caller checked it
-        against that schema already (the web front ends, reading a body's answers):
-        not checked again.
+        against that schema already and it is plain JSON, as a body parses to (the web
+        front ends, reading a body's answers): not checked or converted again.
 
         A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
         nothing (it recorded the decision, then its continuation was refused, or failed
@@ -1613,7 +1613,7 @@ class Session:
             and edited_input is None
             and large_output(output)
         ):
-            output_checked = await trio.to_thread.run_sync(
+            output_checked, output = await trio.to_thread.run_sync(
                 checked_output, known.messages, id, output, by_name, limiter=off_loop_limiter()
             )
         decision = Decision(
