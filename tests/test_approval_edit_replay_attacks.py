@@ -165,3 +165,23 @@ async def test_an_edit_two_agents_deep_is_told_to_the_innermost_model_only(tmp_p
     ]
     inner = requests["s.middle.T.helper.M"]
     assert inner.count('"to": "x"') == 1 and inner.count('\\"to\\": \\"deep\\"') == 1
+
+
+@pytest.mark.parametrize(("edit", "edited"), [({"to": "y"}, True), (None, False)])
+async def test_a_passed_up_approvals_decision_on_the_bus_says_whether_it_was_edited(
+    tmp_path, edit, edited
+):
+    """A sub-agent's approval decided on the calling session: the edit is the sub
+    call's (``Awaiting.edited_input``), not the agent tool's own input, and the event
+    the calling session publishes says it was edited all the same."""
+    from runtime.events import ToolApprovalDecided
+    from tests.test_approval_nested_pass import parent, ran
+
+    ran.clear()
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        events = host.bus.subscribe([ToolApprovalDecided], name="t")
+        session = await host.open_session(parent(), session_id="s")
+        waited = await session.run("go")
+        await session.decide(waited.pending[0].approval_id, approved=True, edited_input=edit)
+        decided = events.inbox.get_nowait()
+    assert (decided.session_id, decided.approved, decided.edited) == ("s", True, edited)
