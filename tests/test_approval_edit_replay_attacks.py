@@ -18,6 +18,7 @@ from actors.providers import openai as oa
 from actors.providers import openai_responses as rs
 from runtime import Host
 from runtime.compaction import DropToolResults, estimate_tokens
+from runtime.events import ToolApprovalDecided
 from runtime.history import EDIT_NOTE, INTERRUPTED, iter_turns, repair
 from runtime.messages import (
     AssistantMessage,
@@ -29,6 +30,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
+from tests.test_approval_nested_pass import _grand_parent, parent, ran
 
 MODEL = {"key": "MODELS-OWN"}
 EDIT = {"key": "PERSONS-EDIT"}
@@ -140,8 +142,6 @@ def test_an_edited_calls_estimate_counts_the_models_input_and_the_note_it_is_sen
 async def test_an_edit_two_agents_deep_is_told_to_the_innermost_model_only(tmp_path):
     """top -> middle -> helper: the innermost call is replayed as its model made it and
     told the edit; the calling sessions' calls (the agent tools' prompts) are not."""
-    from tests.test_approval_nested_pass import _grand_parent, ran
-
     ran.clear()
     async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
         session = await host.open_session(_grand_parent(), session_id="s")
@@ -174,9 +174,6 @@ async def test_a_passed_up_approvals_decision_on_the_bus_says_whether_it_was_edi
     """A sub-agent's approval decided on the calling session: the edit is the sub
     call's (``Awaiting.edited_input``), not the agent tool's own input, and the event
     the calling session publishes says it was edited all the same."""
-    from runtime.events import ToolApprovalDecided
-    from tests.test_approval_nested_pass import parent, ran
-
     ran.clear()
     async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
         events = host.bus.subscribe([ToolApprovalDecided], name="t")
