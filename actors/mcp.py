@@ -53,6 +53,7 @@ from runtime.errors import (
 )
 from runtime.extras import require_mcp
 from runtime.hosting import ActorStarter
+from runtime.log_repeats import RepeatedWarning
 from runtime.logging import get_logger
 from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
@@ -503,6 +504,11 @@ class MCPServerActor(Actor):
         self._refresh_due = False
         """Whether a :meth:`_refresh` is started and not yet listing."""
         self._log = get_logger("axon.mcp")
+        self._transport_errors = RepeatedWarning("axon.mcp", "mcp.transport-error")
+        """What the connection could not read (a line that is no message): a server that
+        prints its debug log on stdout makes one a line, each a warning of its own (2,000
+        lines, 2,000 warnings); the first logged at once, then one line each
+        :data:`~runtime.log_repeats.REPEAT_INTERVAL` with the count held back."""
         values = [value for _, value in (*config.env, *config.headers)]
         self._secrets = tuple({part for v in values for part in (v, *v.split())})
         """What no error may quote: the values of the server's env and headers, and
@@ -571,6 +577,8 @@ class MCPServerActor(Actor):
             self._answer_queued(self._unavailable())
             self._answer_in_flight(self._unavailable())
             raise
+        finally:
+            self._transport_errors.clear()  # (those held back, counted in one line)
 
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
@@ -938,7 +946,7 @@ class MCPServerActor(Actor):
                 self._nursery.start_soon(self._refresh)
         elif isinstance(message, Exception):
             error = _describe(message)
-            self._log.warning("mcp.transport-error", server=self.config.name, error=error)
+            self._transport_errors.warning(server=self.config.name, error=error)
 
     async def _refresh(self) -> None:
         async with self._refresh_lock:

@@ -659,7 +659,6 @@ def linear_schema_validator(
     are not bounded in steps (its author wrote the schema).
     Raises :class:`InvalidJSONSchema` as :func:`json_schema_validator` does."""
     from jsonschema.validators import extend
-    from referencing import Registry
     from referencing.jsonschema import DRAFT202012, specification_with
 
     base = type(json_schema_validator(schema))
@@ -699,14 +698,104 @@ def linear_schema_validator(
     if "patternProperties" in kinds and "unevaluatedProperties" in base.VALIDATORS:
         keywords["unevaluatedProperties"] = _counted(_unevaluated_not_run)
     cls = extend(base, keywords)  # type: ignore[no-untyped-call]
+    cls.evolve = _same_class_evolve  # (a subschema's "$schema" does not leave these checks)
     if not trusted:
         cls.axon_steps = UNTRUSTED_STEPS
         cls.axon_steps_per_byte = steps_per_byte
     cls.axon_patterns = searches
     cls.axon_pattern_units = {} if trusted else {p: _compile_units(p) for p in searches}
     cls.axon_unchecked = tuple(sorted(unchecked))
+    registry, resolver = _crawled_resolver(resource)
+    return cls(schema, registry=registry, _resolver=resolver)
+
+
+def _same_class_evolve(self: Any, **changes: Any) -> Any:
+    """A validator's ``evolve`` (what ``descend`` calls for each subschema) that keeps
+    its class. ``jsonschema``'s picks the class of a subschema's own ``$schema``: an
+    untrusted schema's ``{"$schema": "...draft-07...", "pattern": "^(a|aa)*$"}`` one
+    level down was checked by the stock draft-07 validator, its pattern in Python's
+    ``re`` (33 ``a`` and a ``!``: 0.3 s, each more ``a`` 1.6 times that), its
+    keywords uncounted (``uniqueItems`` over 2,000 objects: 3.5 s): every bound here
+    left behind. So the whole schema is checked in its root's dialect."""
+    cls = type(self)
+    changes.setdefault("schema", self.schema)
+    for field in attrs.fields(cls):
+        if field.init and field.alias not in changes:
+            changes[field.alias] = getattr(self, field.name)
+    return cls(**changes)
+
+
+SCHEMA_ERROR_CHARS = 500
+"""The most characters of the meta-schema's complaint about a schema that
+:class:`InvalidJSONSchema` keeps, its head and tail: ``jsonschema`` quotes the offending
+value whole, then says what is wrong with it (a
+client's 256 KiB ``properties`` array was a 256 KiB 400 body, an MCP server's a log
+line as long)."""
+
+
+def _crawled_resolver(resource: Any) -> tuple[Any, Any]:
+    """A registry and a resolver of references within ``resource`` (the schema) for a
+    validator (its ``registry`` and ``_resolver``), its subresources,
+    ``$id`` s and anchors found once, here. Why: ``referencing`` finds an anchor
+    (``"$ref": "#name"``) or an ``$id`` by crawling the whole schema, and a resolver that
+    was not handed a crawled registry crawls again at each look-up: the check of the
+    references as the schema is built, and each ``$ref`` a validation follows. 4,000
+    ``{"$ref": "#foo"}`` (95 KB) took 55 s to build, and an input of 2,000 such
+    properties 13 s to check, inside the bound of steps."""
+    from referencing import Registry
+
+    uri = resource.id() or ""
     registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
-    return cls(schema, registry=registry)
+    registry = registry.with_resource(uri, resource).crawl()
+    return registry, registry.resolver(base_uri=uri)
+
+
+_BOOL = object()
+"""Tags a boolean in :func:`_hashable` (``True == 1`` in Python, not in JSON Schema)."""
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` (JSON) as a hashable value equal to another's exactly when
+    ``jsonschema`` finds the two equal (``1`` and ``1.0`` are, ``true`` and ``1`` not)."""
+    if isinstance(value, bool):
+        return (_BOOL, value)
+    if isinstance(value, dict):
+        return frozenset((key, _hashable(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return tuple(_hashable(item) for item in value)
+    return value
+
+
+def _unique_items_linear(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+    """``uniqueItems`` in time linear in the array: ``jsonschema`` compares every pair
+    of items that are objects or arrays. The draft-04 meta-schema asks it of ``enum``,
+    so a client's schema naming ``draft-04`` with an ``enum`` of 2,000 objects (21 KB)
+    took 3.7 s to be checked as a schema, and 256 KiB of them some ten minutes."""
+    from jsonschema.exceptions import ValidationError
+
+    if unique and validator.is_type(instance, "array"):
+        seen: set[Any] = set()
+        for item in instance:
+            key = _hashable(item)
+            if key in seen:
+                yield ValidationError(
+                    f"an array of {len(instance):,} items has non-unique elements"
+                )
+                return
+            seen.add(key)
+
+
+@functools.cache
+def _meta_checker(cls: Any) -> Any:
+    """The validator class that checks a schema of ``cls`` 's dialect against its
+    meta-schema (what ``cls.check_schema`` uses), its ``uniqueItems`` linear
+    (:func:`_unique_items_linear`)."""
+    from jsonschema.validators import extend, validator_for
+
+    meta = validator_for(cls.META_SCHEMA, default=cls)
+    checker = extend(meta, {"uniqueItems": _unique_items_linear})  # type: ignore[no-untyped-call]
+    checker.evolve = _same_class_evolve  # (the meta-schema's own "$ref": "#" too)
+    return checker
 
 
 def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> Any:
@@ -725,23 +814,31 @@ def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> An
     """
     from jsonschema import Draft202012Validator, SchemaError
     from jsonschema.validators import validator_for
-    from referencing import Registry
     from referencing.jsonschema import DRAFT202012, specification_with
 
     if not trusted:
         return linear_schema_validator(schema)
-    registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
     try:
         cls = validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(schema)
+        meta = _meta_checker(cls)
+        for error in meta(cls.META_SCHEMA, format_checker=meta.FORMAT_CHECKER).iter_errors(
+            schema
+        ):  # (cls.check_schema, its uniqueItems linear)
+            raise SchemaError.create_from(error)
         dialect = cls.META_SCHEMA.get("$schema", "")
         resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
-        _check_references(registry.resolver_with_root(resource), resource)
+        crawled = _crawled_resolver(resource)
+        _check_references(crawled[1], resource)
     except SchemaError as exc:
-        raise InvalidJSONSchema(exc.message) from None
+        message = exc.message
+        if len(message) > SCHEMA_ERROR_CHARS:  # (the value quoted first, the reason last)
+            half = SCHEMA_ERROR_CHARS // 2
+            message = f"{message[:half]}... ({len(message):,} characters) ...{message[-half:]}"
+        raise InvalidJSONSchema(message) from None
     except RecursionError:
         raise InvalidJSONSchema("the schema is nested too deeply") from None
-    return cls(schema, registry=registry)
+    registry, resolver = crawled
+    return cls(schema, registry=registry, _resolver=resolver)  # type: ignore[call-arg]
 
 
 class ToolInputError(Exception):

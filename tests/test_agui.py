@@ -232,18 +232,20 @@ async def test_a_turn_streams_steps_reasoning_text_and_tool_calls_as_valid_event
     reasoning = "".join(e["delta"] for e in events if e["type"] == "REASONING_MESSAGE_CONTENT")
     assert reasoning == "I need a and b."
     starts = [e for e in events if e["type"] == "TOOL_CALL_START"]
+    # (a call's wire id: its message's id, its step and its id, unique in the thread)
+    a, b = f"{message_id}.s0.A", f"{message_id}.s1.B"
     assert [(e["toolCallId"], e["toolCallName"], e["parentMessageId"]) for e in starts] == [
-        ("A", "lookup", message_id),
-        ("B", "lookup", message_id),
+        (a, "lookup", message_id),
+        (b, "lookup", message_id),
     ]
     args = "".join(
-        e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS" and e["toolCallId"] == "A"
+        e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS" and e["toolCallId"] == a
     )
     assert json.loads(args) == {"key": "a"}
     results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert [(e["toolCallId"], e["content"]) for e in results] == [
-        ("A", "value of a"),
-        ("B", "value of b"),
+        (a, "value of a"),
+        (b, "value of b"),
     ]
     end = events[-1]
     assert end["type"] == "RUN_FINISHED" and end["outcome"] == {"type": "success"}
@@ -445,8 +447,9 @@ async def test_a_client_tool_call_ends_the_run_as_success_naming_the_pending_cal
         "STEP_FINISHED",
         "RUN_FINISHED",
     ]
-    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
     (call,) = [p for p in record.messages[1].content if isinstance(p, ToolCallPart)]
+    pending = [f"{record.messages[1].id}.s0.c1"]
+    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": pending}
     assert call.awaiting is not None and call.awaiting.kind == "client"
 
 
@@ -569,10 +572,11 @@ async def test_an_approval_ends_the_run_with_the_interrupt_outcome_after_a_snaps
     snapshot, end = events[-2:]
     assert snapshot["type"] == "MESSAGES_SNAPSHOT"
     assert [m["role"] for m in snapshot["messages"]] == ["user", "assistant"]
-    assert snapshot["messages"][1]["toolCalls"][0]["id"] == "d1"
+    wire = f"{snapshot['messages'][1]['id']}.s0.d1"
+    assert snapshot["messages"][1]["toolCalls"][0]["id"] == wire
     (interrupt,) = end["outcome"]["interrupts"]
     assert end["outcome"]["type"] == "interrupt"
-    assert interrupt["reason"] == "tool_call" and interrupt["toolCallId"] == "d1"
+    assert interrupt["reason"] == "tool_call" and interrupt["toolCallId"] == wire
     assert interrupt["id"].startswith("approval_")
     assert interrupt["responseSchema"]["required"] == ["approved"]
     assert deleted == []  # nothing ran: it waits
@@ -594,7 +598,7 @@ async def test_resume_approves_and_the_continuation_reports_the_tools_result():
     assert deleted == ["/tmp/x"]
     assert "TOOL_CALL_START" not in types(second)  # the spec: not re-emitted on resume
     (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
-    assert result["toolCallId"] == "d1" and result["content"] == "deleted /tmp/x"
+    assert result["toolCallId"].endswith(".s0.d1") and result["content"] == "deleted /tmp/x"
     assert (
         "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT") == "It is gone."
     )
@@ -689,7 +693,8 @@ async def test_a_run_with_nothing_new_answers_with_a_snapshot_of_the_thread():
     assert types(events) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
     messages = events[1]["messages"]
     assert [m["role"] for m in messages] == ["user", "reasoning", "assistant", "tool", "tool"]
-    assert [m["toolCallId"] for m in messages if m["role"] == "tool"] == ["A", "B"]
+    wires = [f"{messages[2]['id']}.s0.A", f"{messages[2]['id']}.s1.B"]
+    assert [m["toolCallId"] for m in messages if m["role"] == "tool"] == wires
     assert messages[2]["content"] == "Looking up a. Now b. Both found."
     for m in messages:
         strict(MESSAGE.validate_python(m))
@@ -795,7 +800,9 @@ def test_every_output_chunk_maps_to_valid_events():
         "axon.object",
         "axon.tool-stream",
     ]
-    media = next(e for e in events if e["type"] == "TOOL_CALL_RESULT" and e["toolCallId"] == "c4")
+    media = next(
+        e for e in events if e["type"] == "TOOL_CALL_RESULT" and e["toolCallId"].endswith(".c4")
+    )
     assert [p["type"] for p in media["content"]] == ["text", "image"]
     assert events[-1]["result"] == {"a": 1}
     # Anthropic counts cache reads beside its input: AG-UI's inputTokens includes them
@@ -834,7 +841,7 @@ def test_a_top_level_wait_is_a_custom_event_and_a_nested_one_stays_in_its_tool_s
         },
     ]
     (nested,) = events[3:]
-    assert nested["name"] == "axon.tool-stream" and nested["value"]["toolCallId"] == "c"
+    assert nested["name"] == "axon.tool-stream" and nested["value"]["toolCallId"] == "m.s1.c"
     assert nested["value"]["chunk"]["type"] == "budget-wait"
     assert nested["value"]["chunk"]["want"] == 90
 
@@ -925,13 +932,16 @@ def test_a_stored_history_becomes_valid_agui_messages_and_back():
     assert out[3] == {
         "id": "a.s0.c.result",
         "role": "tool",
-        "toolCallId": "c",
+        "toolCallId": "a.s0.c",
         "content": "failed",
         "error": "failed",
     }
     back = history_of([m for m in out if m["role"] != "reasoning"])
     assert [type(m).__name__ for m in back] == ["UserMessage", "AssistantMessage", "ToolMessage"]
     assert back[1].content[1].input == {"q": 1} and back[2].error == "failed"
+    # (read back as the call the model made: its wire id's message and step taken off)
+    assert out[2]["toolCalls"][0]["id"] == "a.s0.c"
+    assert back[1].content[1].tool_call_id == back[2].tool_call_id == "c"
 
 
 # -- attacks ------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ async def answered(schema: dict[str, Any], content: str) -> Any:
     """The reply to the run answering ``where``'s call with ``content``."""
     async with web_server(asking(schema), protocols=("ag-ui",)) as server:
         first = await run(server, run_input("s", user("go", "m1")))
-        assert first[-1]["outcome"]["pendingToolCallIds"] == ["c1"]
-        body = run_input("s", user("go", "m1"), tool_answer("c1", content), runId="r2")
+        (wire,) = first[-1]["outcome"]["pendingToolCallIds"]  # the call's wire id
+        assert wire.endswith(".s0.c1")
+        body = run_input("s", user("go", "m1"), tool_answer(wire, content), runId="r2")
         return await post(server, body)
 
 
@@ -108,7 +109,7 @@ async def test_content_that_is_not_json_for_an_object_schema_is_a_400_saying_so(
     r = await answered(PLACE, "Paris")
     assert r.status_code == 400 and r.json()["code"] == "InvalidDecision", r.text
     message = r.json()["error"]
-    assert "'c1'" in message and "where" in message
+    assert ".s0.c1'" in message and "where" in message
     assert "as JSON text" in message and "not JSON" in message
     assert seen == []
 
@@ -145,8 +146,9 @@ async def test_the_same_json_answer_sent_again_is_the_answer_recorded():
 async def test_a_passed_up_sub_call_with_an_object_schema_takes_the_content_as_json():
     async with web_server(parent(), protocols=("ag-ui",)) as server:
         first = await run(server, run_input("s", user("go", "m1")))
-        assert first[-1]["outcome"]["pendingToolCallIds"] == ["H.L"]
-        body = run_input("s", user("go", "m1"), answer("H.L", '{"city": "Paris"}'), runId="r2")
+        (wire,) = first[-1]["outcome"]["pendingToolCallIds"]
+        assert wire.endswith(".s0.H.L")
+        body = run_input("s", user("go", "m1"), answer(wire, '{"city": "Paris"}'), runId="r2")
         last = await run(server, body)
     text = "".join(e["delta"] for e in last if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "parent saw: you are in Paris"
@@ -170,7 +172,8 @@ async def test_the_official_client_answers_a_passed_up_call_with_json_text(node)
         out = await run_client(node, {"url": server.url + "/ag-ui", "threadId": "t", "runs": runs})
     asked, answered_run = out["results"]
     assert out["warnings"] == []
-    assert asked["outcome"]["pendingToolCallIds"] == ["H.L"]
+    (wire,) = asked["outcome"]["pendingToolCallIds"]
+    assert wire.endswith(".s0.H.L")
     assert answered_run["error"] is None and answered_run["schemaErrors"] == [], answered_run
     (assistant,) = [m for m in answered_run["messages"] if m["role"] == "assistant"]
     assert assistant["content"] == "parent saw: you are in Paris"
@@ -181,6 +184,7 @@ async def test_the_official_client_answers_a_top_level_call_with_json_text(node)
         runs = [{"userText": "go"}, {"answerPending": {"content": '{"city": "Paris"}'}}]
         out = await run_client(node, {"url": server.url + "/ag-ui", "threadId": "t", "runs": runs})
     asked, answered_run = out["results"]
-    assert asked["outcome"]["pendingToolCallIds"] == ["c1"]
+    (wire,) = asked["outcome"]["pendingToolCallIds"]
+    assert wire.endswith(".s0.c1")
     assert answered_run["error"] is None and answered_run["outcome"]["type"] == "success"
     assert seen == [{"city": "Paris"}]

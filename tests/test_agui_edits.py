@@ -52,7 +52,7 @@ async def test_the_interrupt_offers_edited_args_and_a_resume_with_them_runs_the_
         record = await server.host.store.load("t")
     assert deleted == ["/tmp/y"]  # once, with the edit
     (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
-    assert result["toolCallId"] == "d1" and result["content"] == "deleted /tmp/y"
+    assert result["toolCallId"].endswith(".s0.d1") and result["content"] == "deleted /tmp/y"
     assert second[-1]["outcome"] == {"type": "success"}
     assert [e["type"] for e in again] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
     (snapshot,) = [e for e in again if e["type"] == "MESSAGES_SNAPSHOT"]

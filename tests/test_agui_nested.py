@@ -9,6 +9,7 @@ tests run the official ``@ag-ui/client`` (tests/agui/run_agent.mjs)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -61,9 +62,26 @@ def _clear() -> None:
     ran.clear()
 
 
+WIRE = re.compile(r"msg_[A-Za-z0-9_:-]+\.s[0-9]+\.")
+"""The head of a call's wire id: ``<assistant message id>.s<step>.`` (agui_wire)."""
+
+
+def bare(wire_id: str) -> str:
+    """The call id a wire id stands for (``msg_x_1.s0.H.L0`` -> ``H.L0``); a call id that
+    is not a wire id fails the test."""
+    head = WIRE.match(wire_id)
+    assert head is not None, f"not a wire id: {wire_id!r}"
+    return wire_id[head.end() :]
+
+
+def pending(events: list[dict[str, Any]]) -> list[str]:
+    """The call ids a run's ``pendingToolCallIds`` name, bare."""
+    return [bare(i) for i in events[-1]["outcome"]["pendingToolCallIds"]]
+
+
 def calls_of(snapshot: dict[str, Any]) -> list[tuple[str, str]]:
     return [
-        (c["id"], c["function"]["name"])
+        (bare(c["id"]), c["function"]["name"])
         for m in snapshot["messages"]
         if m["role"] == "assistant"
         for c in m.get("toolCalls", ())
@@ -71,7 +89,9 @@ def calls_of(snapshot: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def tool_messages(snapshot: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(m["toolCallId"], m["content"]) for m in snapshot["messages"] if m["role"] == "tool"]
+    return [
+        (bare(m["toolCallId"]), m["content"]) for m in snapshot["messages"] if m["role"] == "tool"
+    ]
 
 
 def snapshot_of(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,10 +113,10 @@ async def test_a_reconnect_to_a_passed_up_approval_names_the_asking_call_as_the_
     assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
     assert again[-1]["outcome"] == live[-1]["outcome"]
     (interrupt,) = again[-1]["outcome"]["interrupts"]
-    assert interrupt["metadata"] == ASKED and interrupt["toolCallId"] == "H"
+    assert interrupt["metadata"] == ASKED and bare(interrupt["toolCallId"]) == "H"
     assert snapshot_of(again) == snapshot_of(live)
     (call,) = [c for m in snapshot_of(again)["messages"] for c in m.get("toolCalls", ())]
-    assert call["id"] == "H" and call["metadata"] == {"axon": ASKED}
+    assert call["id"] == interrupt["toolCallId"] and call["metadata"] == {"axon": ASKED}
 
 
 async def test_the_snapshot_after_an_approval_with_edits_says_what_the_sub_call_ran_with():
@@ -138,9 +158,12 @@ async def test_a_reconnect_to_a_passed_up_client_call_gets_the_call_it_is_told_t
     streamed = [
         (e["toolCallId"], e["toolCallName"]) for e in live if e["type"] == "TOOL_CALL_START"
     ]
-    assert streamed == [("H", "helper"), ("H.L0", "locate")]
-    assert again[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["H.L0"]}
-    assert calls_of(snapshot_of(again)) == streamed
+    assert [(bare(i), name) for i, name in streamed] == [("H", "helper"), ("H.L0", "locate")]
+    assert again[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [streamed[1][0]]}
+    listed = [
+        (c["id"], c["function"]["name"]) for c in snapshot_of(again)["messages"][1]["toolCalls"]
+    ]
+    assert listed == streamed  # the same wire ids live and in the snapshot
     assert tool_messages(snapshot_of(again)) == []
 
 
@@ -149,7 +172,7 @@ async def test_the_snapshot_holds_each_sub_call_answered_before_the_one_that_wai
         await run(server, run_input("s", user("go", "m1")))
         await run(server, run_input("s", user("go", "m1"), answer("H.L0", "Paris"), runId="r2"))
         again = await run(server, run_input("s", runId="reconnect"))
-    assert again[-1]["outcome"]["pendingToolCallIds"] == ["H.L1"]
+    assert pending(again) == ["H.L1"]
     snapshot = snapshot_of(again)
     assert calls_of(snapshot) == [("H", "helper"), ("H.L0", "locate"), ("H.L1", "locate")]
     assert tool_messages(snapshot) == [("H.L0", "Paris")]
@@ -230,7 +253,7 @@ async def test_a_later_turns_passed_up_client_calls_under_ids_used_before_are_an
         await run(server, run_input("s", *first[:2], runId="r2"))
         await run(server, run_input("s", *first, runId="r3"))
         asked = await run(server, run_input("s", *first, user("again", "m2"), runId="r4"))
-        assert asked[-1]["outcome"]["pendingToolCallIds"] == ["H.L0"]
+        assert pending(asked) == ["H.L0"]
         await run(server, run_input("s", *second, runId="r5"))
         last = await run(server, run_input("s", *second, answer("H.L1", "Bern"), runId="r6"))
     text = "".join(e["delta"] for e in last if e["type"] == "TEXT_MESSAGE_CONTENT")
@@ -245,7 +268,8 @@ async def test_a_run_that_leaves_a_passed_up_client_call_unanswered_names_its_ow
         await run(server, run_input("s", user("go", "m1")))
         r = await post(server, run_input("s", user("go", "m1"), resume=resume, runId="r2"))
     assert r.status_code == 409 and r.json()["code"] == "interrupt_pending"
-    assert "tool calls ['H.L0']" in r.json()["error"]
+    (wire,) = re.findall(r"tool calls \['([^']+)'\]", r.json()["error"])
+    assert bare(wire) == "H.L0"
 
 
 def _locates_then_pays(request: InferRequest) -> list[Any]:
@@ -308,14 +332,14 @@ async def test_the_official_client_reconnecting_answers_each_passed_up_client_ca
         runs = [{}, {"answerPending": {"content": "Paris"}}, {"answerPending": {"content": "Rome"}}]
         second = await run_client(node, {"url": url, "threadId": "t", "runs": runs})
     assert first["warnings"] == second["warnings"] == []
-    assert first["results"][0]["outcome"]["pendingToolCallIds"] == ["H.L0"]
+    assert pending([{"outcome": first["results"][0]["outcome"]}]) == ["H.L0"]
     reconnect, paris, rome = second["results"]
     for result in second["results"]:
         assert result["error"] is None and result["schemaErrors"] == [], result
-    assert reconnect["outcome"]["pendingToolCallIds"] == ["H.L0"]
+    assert pending([{"outcome": reconnect["outcome"]}]) == ["H.L0"]
     (assistant,) = [m for m in reconnect["messages"] if m["role"] == "assistant"]
-    assert [c["id"] for c in assistant["toolCalls"]] == ["H", "H.L0"]
-    assert paris["outcome"]["pendingToolCallIds"] == ["H.L1"]
+    assert [bare(c["id"]) for c in assistant["toolCalls"]] == ["H", "H.L0"]
+    assert pending([{"outcome": paris["outcome"]}]) == ["H.L1"]
     assert rome["outcome"]["type"] == "success"
     (assistant,) = [m for m in rome["messages"] if m["role"] == "assistant"]
     assert assistant["content"] == "parent saw: Paris then Rome"

@@ -80,7 +80,8 @@ def _calls(messages: Any) -> list[tuple[str, str]]:
 async def test_a_new_thread_from_a_snapshot_replays_the_agent_tools_call_alone():
     held, sent = await forked()
     listed = [c["id"] for m in held if m["role"] == "assistant" for c in m.get("toolCalls", ())]
-    assert listed == ["H", "H.L0", "H.L1"]  # what the client was given
+    wire = next(m["id"] for m in held if m["role"] == "assistant") + ".s0."
+    assert listed == [wire + "H", wire + "H.L0", wire + "H.L1"]  # what the client was given
     assert _calls(sent) == [("H", "helper")]
     results = [(m.tool_call_id, m.output) for m in sent if isinstance(m, ToolMessage)]
     assert results == [("H", "Paris then Rome")]

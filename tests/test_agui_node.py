@@ -107,22 +107,23 @@ async def test_the_official_client_answers_a_frontend_tool_then_resumes_an_appro
         assert result["schemaErrors"] == []
 
     # 1: the frontend tool call ends the run as success, naming the call
-    assert first["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"], "interrupts": None}
-    assert first["types"][0] == "RUN_STARTED" and first["types"][-1] == "RUN_FINISHED"
     roles = [m["role"] for m in first["messages"]]
     assert roles == ["user", "reasoning", "assistant"]
     reasoning, assistant = first["messages"][1:]
+    c1, d1 = f"{assistant['id']}.s0.c1", f"{assistant['id']}.s1.d1"  # the calls' wire ids
+    assert first["outcome"] == {"type": "success", "pendingToolCallIds": [c1], "interrupts": None}
+    assert first["types"][0] == "RUN_STARTED" and first["types"][-1] == "RUN_FINISHED"
     assert reasoning["content"] == "Ask the user first."
     assert assistant["content"] == "Let me ask. "
     assert [
         (c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
         for c in assistant["toolCalls"]
-    ] == [("c1", "pick_color", {"options": ["red", "blue"]})]
+    ] == [(c1, "pick_color", {"options": ["red", "blue"]})]
 
     # 2: the client's tool message answers it; the turn goes on into an approval
     assert second["outcome"]["type"] == "interrupt"
     (interrupt,) = second["outcome"]["interrupts"]
-    assert interrupt["reason"] == "tool_call" and interrupt["toolCallId"] == "d1"
+    assert interrupt["reason"] == "tool_call" and interrupt["toolCallId"] == d1
     assert [i["id"] for i in second["pendingInterrupts"]] == [interrupt["id"]]
 
     # 3: resume approves: the tool runs once, its result and the answer stream
@@ -133,8 +134,8 @@ async def test_the_official_client_answers_a_frontend_tool_then_resumes_an_appro
     assert [m["role"] for m in final] == ["user", "reasoning", "assistant", "tool", "tool"]
     assert final[2]["content"] == "Let me ask. Deleted; you chose blue."
     assert [(m["toolCallId"], m["content"]) for m in final[3:]] == [
-        ("c1", "blue"),
-        ("d1", "deleted /tmp/x"),
+        (c1, "blue"),
+        (d1, "deleted /tmp/x"),
     ]
     # one turn on the server: the same assistant message, continued twice
     assert [type(m).__name__ for m in record.messages] == [

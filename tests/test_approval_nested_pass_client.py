@@ -512,8 +512,10 @@ async def test_an_ag_ui_run_names_the_sub_call_pending_and_the_next_run_answers_
         ]
         second = await agui_run(server, run_input("t", *history, runId="r2"))
     starts = [(e["toolCallId"], e["toolCallName"]) for e in first if e["type"] == "TOOL_CALL_START"]
-    assert starts == [("H", "helper"), ("H.P", "pick")]
-    assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["H.P"]}
+    wire = starts[0][0].removesuffix("H")  # the wire ids' <message id>.s<step>.
+    assert wire.startswith("msg_") and wire.endswith(".s0.")
+    assert starts == [(wire + "H", "helper"), (wire + "H.P", "pick")]
+    assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [wire + "H.P"]}
     text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "parent saw: picked red"
 

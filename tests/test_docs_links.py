@@ -86,7 +86,9 @@ def test_the_server_side_functions_the_docs_name_are_the_stores():
     named = {
         name
         for page in PAGES
-        for name in re.findall(r"\baxon_(?:claim|save|save_next|decide)_v\d+\b", page.read_text())
+        for name in re.findall(
+            r"\baxon_(?:claim|save|save_next|decide|submit)_v\d+\b", page.read_text()
+        )
     }
     assert current and named - current == set()
 

@@ -728,3 +728,25 @@ def test_a_message_glued_to_any_unended_line_is_still_read(head, ident, text):
     *_, read = lines.read(head + json.dumps(answer))
     assert read.message.id == ident and read.message.result == answer["result"]
     assert lines.in_flight == {}
+
+
+async def test_a_server_printing_its_debug_lines_on_stdout_is_one_warning_and_a_count(
+    serve, autojump_clock
+):
+    # Each line that is no message was a warning of its own: a server whose logging goes
+    # to stdout made 2,000 `mcp.transport-error` lines for 2,000 debug lines, burying the
+    # log. The first is logged at once, the rest counted (runtime.log_repeats).
+    def reply(request: dict) -> list[bytes]:
+        return [f"debug {i}: key {KEY}".encode() for i in range(2_000)] + standard(request)
+
+    serve(on_call(reply))
+    with capture_logs() as logs:
+        [echo], _ = await run_calls(("echo", {"text": "hi"}))
+    assert echo.output == "hi"
+    seen = [e for e in logs if e["event"] == "mcp.transport-error"]
+    assert len(seen) == 2  # the first, and the count held back (said when the server stops)
+    assert "repeated" not in seen[0] and seen[0]["error"].endswith(
+        "(it began 'debug 0: key [redacted]')"
+    )
+    assert seen[1]["repeated"] == 1_999 and "debug 1999" in seen[1]["error"]
+    assert KEY not in str(seen)

@@ -80,6 +80,23 @@ async def test_a_read_only_server_is_unavailable_and_its_connections_are_dropped
     assert submitted.status == "queued"
 
 
+async def test_readiness_after_a_read_only_spell_says_ok_with_no_write_between() -> None:
+    """The connections ``/readyz`` read the read-only server on are dropped, not only
+    those a write met: a front end whose submits go from the event loop (one call, not
+    the pool's) may see no write after a failover, and its readiness, read on a
+    connection made while the server was read-only, said 503 for good."""
+    with database() as (url, name):
+        store = await PostgresStore.open(url, retry_for=0.5)
+        try:
+            read_only(name, True)
+            with pytest.raises(StoreUnavailable, match="read-only"):
+                await store.check_ready("nobody")
+            read_only(name, False)
+            await store.check_ready("nobody")
+        finally:
+            await store.aclose()
+
+
 gate = trio.Event()
 
 

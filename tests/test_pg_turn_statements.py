@@ -1508,24 +1508,56 @@ async def test_a_submit_that_may_take_a_held_stop_sends_no_statement_more(pg_url
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-async def test_a_capped_submit_is_one_transaction_of_five_statements(pg_url, statements, keyed):
-    """A front end's submit with both caps on (the defaults): the session's lock, its
-    look for a repeat and its count in one statement, the insert, the queue's lock, its
-    count with the workers' wake-up in one statement: a round trip fewer each than
-    before (the look and the wake-up were statements of their own)."""
+async def test_a_capped_submit_is_one_call(pg_url, statements, keyed):
+    """A front end's submit with both caps on (the defaults) is one call of the submit's
+    function, in autocommit: the message's look, the session's lock, its look for a
+    repeat and its count, the insert, the queue's lock, its count and the workers'
+    wake-up all inside it, where the transaction before cost 7 (unkeyed) or 8 round
+    trips (``BEGIN``, 4 or 5 statements, the insert, ``COMMIT``)."""
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
         await queue.submit("s0", "zero")  # the connection opened
         statements.clear()
         key = "k1" if keyed else None
-        await queue.submit("s1", "one", idempotency_key=key)
+        turn = await queue.submit("s1", "one", idempotency_key=key)
         counted = dict(statements)
+        again = await queue.get(turn.turn_id)
     finally:
         await queue.aclose()
         await store.aclose()
-    # a keyed submit first looks for the message's earlier turn (its edit or replay)
-    assert counted == {"TRANSACTION": 1, "SELECT": 5 if keyed else 4, "INSERT": 1}
+    assert counted == {"SELECT": 1}, counted
+    assert again is not None and (again.session_id, again.input, again.status) == (
+        "s1",
+        "one",
+        "queued",
+    )
+
+
+@pytest.mark.parametrize("cap", ["session", "total"])
+async def test_a_refused_submit_keeps_its_connection(pg_url, cap):
+    """A refusal is an error the submit's function raises (its writes roll back); the
+    connection it came on is idle and sound after it, and is kept: a client refused
+    again and again (over a cap, in a loop) does not cost the server a new backend a
+    time, as a closed connection would."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(
+        store,
+        max_queued_per_session=1 if cap == "session" else None,
+        max_queued=1 if cap == "total" else None,
+    )
+    try:
+        await queue.submit("s", "one")
+        before = [c.pgconn.backend_pid for c in store._lane._free]
+        for _ in range(3):
+            with pytest.raises(QueueFull) as refused:
+                await queue.submit("s", "two")
+        after = [c.pgconn.backend_pid for c in store._lane._free]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert refused.value.scope == cap
+    assert len(before) == 1 and after == before
 
 
 async def test_a_submit_the_queue_s_cap_refuses_wakes_no_worker(pg_url):

@@ -346,6 +346,102 @@ async def test_server_tool_blocks_become_provider_data_not_tool_calls():
     assert run.text == "I'll search for that.Trio is a Python library for structured concurrency."
 
 
+COMPACTION_SUMMARY = "The user asked for the weather in Paris; it was sunny, 21°C."
+COMPACTION_EVENTS = [  # context compaction (beta): the summary comes in the block's one delta
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "compaction", "content": None, "encrypted_content": None},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {
+            "type": "compaction_delta",
+            "content": COMPACTION_SUMMARY,
+            "encrypted_content": "EqQBCkYIBxgCIkCompacted",
+        },
+    },
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Ok."}},
+    {"type": "content_block_stop", "index": 1},
+]
+
+
+async def test_a_compaction_block_goes_back_with_the_summary_its_delta_brought():
+    from anthropic.types.beta import BetaRawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    for event in COMPACTION_EVENTS:  # the shapes the SDK's newest event types define
+        TypeAdapter(BetaRawMessageStreamEvent).validate_python(event, strict=True)
+    chunks: list[Any] = []
+
+    async def emit(chunk: Any) -> None:
+        chunks.append(chunk)
+
+    user = UserMessage(content="And the weather?")
+    async with loopback_server(inline(*COMPACTION_EVENTS), inline()) as server:
+        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
+        await provider.stream(make_request((user,), instructions=None), emit)
+        history = (user, AssistantMessage(content=tuple(to_parts(chunks, step=0))))
+        await provider.stream(make_request(history, instructions=None), emit)
+        await provider.aclose()
+    assert server.requests[1].json()["messages"][1]["content"] == [
+        {
+            "type": "compaction",
+            "content": COMPACTION_SUMMARY,
+            "encrypted_content": "EqQBCkYIBxgCIkCompacted",
+        },
+        {"type": "text", "text": "Ok."},
+    ]
+
+
+async def test_block_event_and_delta_types_it_does_not_read_leave_the_answer_whole():
+    # anthropic 2.17's beta blocks (fallback, mcp_tool_use) are kept verbatim; an event
+    # type and a delta type no SDK knows yet, and citations, are ignored
+    fallback = {
+        "type": "fallback",
+        "from": {"model": "claude-a"},
+        "to": {"model": "claude-b"},
+        "trigger": {"type": "refusal"},
+    }
+    mcp_use = {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "n", "server_name": "s"}
+    run = await replay(
+        inline(
+            {"type": "content_block_start", "index": 0, "content_block": fallback},
+            {"type": "content_block_stop", "index": 0},
+            {"type": "not_yet_invented", "x": {"y": 1}},
+            {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}},
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "not_yet_invented"}},
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "citations_delta", "citation": {"type": "char_location"}},
+            },
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "text_delta", "text": "ok"},
+            },
+            {"type": "content_block_stop", "index": 1},
+            {"type": "content_block_start", "index": 2, "content_block": {**mcp_use, "input": {}}},
+            {
+                "type": "content_block_delta",
+                "index": 2,
+                "delta": {"type": "input_json_delta", "partial_json": '{"a": 1}'},
+            },
+            {"type": "content_block_stop", "index": 2},
+        )
+    )
+    assert run.error is None
+    assert run.of(ProviderDataChunk) == [
+        ProviderDataChunk(provider="anthropic", data=fallback),
+        ProviderDataChunk(provider="anthropic", data={**mcp_use, "input": {"a": 1}}),
+    ]
+    assert run.text == "ok" and run.of(FinishChunk)[-1].reason == "stop"
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [

@@ -128,6 +128,25 @@ def usage_chunk(prompt: int, completion: int) -> dict[str, Any]:
     return chunk(choices=[], usage={**u, "total_tokens": prompt + completion})
 
 
+async def test_a_moderation_chunk_and_fields_it_does_not_read_leave_the_answer_whole():
+    # openai 3.63's chunk: a moderation chunk with no choices, an obfuscation string;
+    # then fields no SDK knows yet, on the chunk and on the delta
+    moderation = {
+        "input": {"type": "moderation_results", "model": "omni", "results": []},
+        "output": {"type": "error", "code": "unavailable", "message": "not moderated"},
+    }
+    body = sse(
+        chunk(choices=[], moderation=moderation),
+        chunk({"role": "assistant", "content": "hi"}, obfuscation="x9"),
+        chunk({"content": " there", "not_yet_invented": {"x": 1}}, not_yet_invented=[1]),
+        chunk(finish="stop"),
+        usage_chunk(3, 2),
+    )
+    result = await run(Reply(body=body))
+    assert result.error is None
+    assert result.text == "hi there" and result.finish.reason == "stop"
+
+
 def json_reply(status: int, error: dict[str, Any], headers=()) -> Reply:
     return Reply(
         status=status,

@@ -535,6 +535,31 @@ async def test_events_lacking_their_fields_are_skipped_not_a_crash():
     assert result.text == "still fine" and result.finish.reason == "stop"
 
 
+async def test_event_types_it_does_not_read_leave_the_answer_whole():
+    # openai 3.63's stream union: queued, compaction, shell, custom tool and annotation
+    # events; then a type no SDK knows yet. The compaction item goes back verbatim.
+    item = {"id": "cmp_1", "type": "compaction", "encrypted_content": "ENC"}
+    events = [
+        created(),
+        {"type": "response.queued", "response": response("queued")},
+        {"type": "response.compaction.compacting", "item_id": "cmp_1", "output_index": 0},
+        added(0, {"id": "cmp_1", "type": "compaction"}),
+        done(0, item),
+        {"type": "response.shell_call_command.added", "output_index": 1, "command_index": 0},
+        {"type": "response.custom_tool_call_input.delta", "output_index": 1, "delta": "x"},
+        {"type": "response.output_text.annotation.added", "output_index": 2, "annotation": {}},
+        {"type": "response.not_yet_invented", "delta": {"not": "text"}, "output_index": 2},
+        *message(2, "msg_1", "still fine"),
+        completed(),
+    ]
+    result = await run(Reply(body=body(*events)))
+    assert result.error is None
+    assert result.of(ProviderDataChunk) == [
+        ProviderDataChunk(provider="openai-responses", data=item)
+    ]
+    assert result.text == "still fine" and result.finish.reason == "stop"
+
+
 async def test_invalid_json_arguments_keep_the_raw_text_and_an_input_error():
     events = [created(), *call(0, "fc_bad", "call_bad", '{"key": k}'), completed()]
     result = await run(Reply(body=body(*events)))

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 import trio
 
-from actors.stores import postgres as postgres_module
 from actors.stores.postgres import PostgresStore
+from actors.stores.postgres_lane import LoopLane
 from actors.stores.turn_submit import LARGE_ROW
 from actors.stores.turns import TurnQueue
 from runtime.errors import QueueFull
@@ -190,23 +190,24 @@ async def test_a_large_submit_over_the_cap_is_refused_before_its_insert(pg_url):
 async def test_a_submit_at_the_cap_whose_commits_answer_is_lost_returns_its_turn(
     pg_url, monkeypatch
 ):
-    """The queue's last free place taken by a submit whose COMMIT's answer was lost: its
-    retry finds its own row (the cap counted after the insert would count it twice) and
-    returns its turn, never ``QueueFull``; one turn queued."""
+    """The queue's last free place taken by a submit whose answer was lost after its
+    call committed: its retry finds its own row (the cap counted after the insert would
+    count it twice) and returns its turn, never ``QueueFull``; one turn queued."""
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, max_queued=1)
     lost: list[int] = []
     armed: list[int] = []
+    real = LoopLane.call
 
-    class AnswerLost(dict):  # the store's bookkeeping right after a transaction's COMMIT
-        def __setitem__(self, key: Any, value: Any) -> None:
-            if armed and not lost:
-                lost.append(1)
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
-            super().__setitem__(key, value)
+    async def answer_lost(self: Any, name: bytes, *args: Any) -> Any:
+        result = await real(self, name, *args)  # (the submit's one call, committed)
+        if armed and not lost and name == b"axon_submit_call":
+            lost.append(1)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
 
     try:
-        monkeypatch.setattr(postgres_module, "_used", AnswerLost())
+        monkeypatch.setattr(LoopLane, "call", answer_lost)
         armed.append(1)
         turn = await queue.submit("s", "x" * (LARGE_ROW + 1), turn_id="t1")
         with psycopg.connect(store.libpq) as conn:

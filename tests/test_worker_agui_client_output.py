@@ -11,7 +11,7 @@ import pytest
 from tests.support.redis import require_redis
 from tests.test_agui import run_input, user
 from tests.test_agui_client_output import PLACE, asking, seen, tool_answer
-from tests.test_agui_nested import answer
+from tests.test_agui_nested import answer, pending
 from tests.test_approval_nested_pass_client import parent
 from tests.test_frontend import deployment
 from tests.test_worker_protocols import agui_post, agui_run, text_of
@@ -33,7 +33,7 @@ async def test_a_passed_up_sub_call_is_answered_with_json_text_on_a_worker(
         )
         body = run_input("s", user("go", "m1"), answer("H.L", '{"city": "Paris"}'), runId="r3")
         last = await agui_run(url, body)
-    assert first[-1]["outcome"]["pendingToolCallIds"] == ["H.L"]
+    assert pending(first) == ["H.L"]
     assert refused.status_code == 400 and refused.json()["code"] == "InvalidDecision"
     assert "as JSON text" in refused.json()["error"]
     assert text_of(last) == "parent saw: you are in Paris"

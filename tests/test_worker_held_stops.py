@@ -15,7 +15,6 @@ import httpx
 import pytest
 import trio
 
-from actors.stores import turn_submit
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import message_key
@@ -330,39 +329,70 @@ async def test_a_stop_naming_the_answer_of_a_turn_never_continued_does_not_find_
     assert await queue.open_by_key("s1", [], message_id=turn.message_id) is None
 
 
+STALL = 4243
+"""The advisory lock the test holds and its trigger waits for (its row's insert)."""
+
+
 @pytest.mark.parametrize("between", ["held", "dropped"])
 async def test_an_interrupting_submit_checks_and_takes_a_held_stop_at_once(
-    queue: TurnQueue, pg_url: str, monkeypatch: pytest.MonkeyPatch, between: str
+    queue: TurnQueue, pg_url: str, between: str
 ) -> None:
     # Another front end's hold (or its trim of the held stops) commits while the
-    # interrupting submit runs, right after its interrupt was decided: the message
+    # interrupting submit runs, after its interrupt was decided (held by the test's
+    # trigger before its row's insert, in the submit's one call): the message
     # interrupts the running turn or is stopped, never both (held) nor neither (dropped).
     first = await queue.submit("s1", "go", idempotency_key="k0")
     if between == "dropped":
         await queue.hold_stop("s1", "u1", [], "stopped by user")
     schema = pg_url.rsplit("schema=", 1)[1]
-    interrupt = turn_submit._interrupt
+    with pg_connect() as holder, pg_connect() as other:
+        for conn in (holder, other):
+            conn.execute(f"SET search_path TO {schema}")
+        holder.execute(
+            f"""CREATE FUNCTION held_stall() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM pg_advisory_lock_shared({STALL});
+                PERFORM pg_advisory_unlock_shared({STALL});
+                RETURN NEW;
+            END $$"""
+        )
+        holder.execute(
+            "CREATE TRIGGER held_stall BEFORE INSERT ON axon_turns FOR EACH ROW "
+            "EXECUTE FUNCTION held_stall()"
+        )
+        holder.execute("SELECT pg_advisory_lock(%s)", (STALL,))
+        got: list[Any] = []
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
 
-    def racing(conn: Any, *args: Any, **kwargs: Any) -> Any:
-        decided = interrupt(conn, *args, **kwargs)
-        with pg_connect() as other:
-            other.execute(f"SET search_path TO {schema}")
-            if between == "held":
-                other.execute(
-                    "INSERT INTO axon_held_stops (session_id, message_id, reason) "
-                    "VALUES ('s1', 'u1', 'stopped by user')"
-                )
-            else:  # as a hold's trim does: rows another takes are skipped
-                other.execute(
-                    "DELETE FROM axon_held_stops WHERE ctid IN (SELECT ctid "
-                    "FROM axon_held_stops FOR UPDATE SKIP LOCKED)"
-                )
-        return decided
+                async def submit() -> None:
+                    got.append(
+                        await queue.submit(
+                            "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
+                        )
+                    )
 
-    monkeypatch.setattr(turn_submit, "_interrupt", racing)
-    second = await queue.submit(
-        "s1", "went", idempotency_key="k1", stop_name="u1", on_busy="interrupt"
-    )
+                nursery.start_soon(submit)
+                while True:  # until the submit waits in its insert
+                    if other.execute(
+                        "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                        "AND classid = 0 AND objid = %s",
+                        (STALL,),
+                    ).fetchone():
+                        break
+                    await trio.sleep(0.01)
+                if between == "held":
+                    other.execute(
+                        "INSERT INTO axon_held_stops (session_id, message_id, reason) "
+                        "VALUES ('s1', 'u1', 'stopped by user')"
+                    )
+                else:  # as a hold's trim does: rows another takes are skipped
+                    other.execute(
+                        "DELETE FROM axon_held_stops WHERE ctid IN (SELECT ctid "
+                        "FROM axon_held_stops FOR UPDATE SKIP LOCKED)"
+                    )
+                holder.execute("SELECT pg_advisory_unlock(%s)", (STALL,))
+    (second,) = got
     before = await queue.get_status(first.turn_id)
     assert before is not None
     interrupted = before.status == "cancelled"

@@ -543,7 +543,8 @@ async def test_an_agui_client_tool_travels_to_the_worker_and_its_answer_resumes_
     offered = requests_of(agent)[0]
     assert "pick_color" in [t.name for t in offered.tools]
     assert "Ada" in (offered.instructions or "")
-    assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+    (pending,) = first[-1]["outcome"]["pendingToolCallIds"]  # the call's wire id
+    assert pending.endswith(".s0.c1")  # (answered by "c1" alone: still taken)
     assert [t.status for t in waiting] == ["awaiting-input"]
     assert text_of(second) == "You chose blue."
     assert second[-1]["outcome"] == {"type": "success"}
@@ -571,7 +572,7 @@ async def test_an_agui_approval_interrupts_and_its_resume_runs_the_tool_on_a_wor
         replay = await agui_run(d.urls[0], run_input("t3", resume=resume, runId="r3"))
         turns = await d.queue.turns("t3")
     assert first[-1]["outcome"]["type"] == "interrupt"
-    assert interrupt["toolCallId"] == "call_a"
+    assert interrupt["toolCallId"].endswith(".s0.call_a")  # its wire id
     assert "TOOL_CALL_START" not in types(second)  # not re-emitted on resume
     (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
     assert result["content"] == "recorded 1"

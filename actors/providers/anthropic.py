@@ -623,6 +623,15 @@ class _Block:
         """A ``signature_delta`` arrived (and closed the reasoning block downstream)."""
 
 
+_COMPACTION_FIELDS = ("content", "encrypted_content")
+"""The fields of a ``compaction`` block that its ``compaction_delta`` brings."""
+
+
+def _compaction(block: _Block) -> bool:
+    """Whether an ``opaque`` block is a ``compaction`` block."""
+    return type(block.data) is dict and block.data.get("type") == "compaction"
+
+
 def map_finish_reason(raw: str | None) -> str:
     """The unified finish reason for an Anthropic ``stop_reason``."""
     return FINISH_REASONS.get(raw or "", "other")
@@ -832,7 +841,16 @@ class _MessageParse:
             block.signed = True
             signature = text_of(delta.get("signature"), "a signature", PROVIDER)
             return ReasoningChunk(signature=signature, provider=PROVIDER)
-        # citations_delta: citations are not part of the chunk vocabulary (yet)
+        elif dtype == "compaction_delta" and block.kind == "opaque" and _compaction(block):
+            # A compaction block (the server's context compaction) starts with no summary;
+            # its one delta brings it, and the block goes back verbatim, so the summary
+            # must be in it (kept whole, as the SDK's accumulator does). Without it the
+            # block went back empty, a no-op for the server: the compaction was lost.
+            for key in _COMPACTION_FIELDS:
+                if key in delta:
+                    block.data[key] = delta[key]
+        # citations_delta: citations are not part of the chunk vocabulary (yet); any
+        # other delta type is newer than this module and ignored
         return None
 
     async def block_start(self, event: dict[str, Any]) -> None:

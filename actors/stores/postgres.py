@@ -25,6 +25,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_save_v8(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
     axon_save_next_v8(session, start, ..., token)        -- a last save and the next claim
+    axon_submit_v1(session, turn, key, ...)              -- a front end's submit: SUBMIT_FUNCTION
     (and the versions before them, which processes of before call: postgres_calls.py)
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -1216,20 +1217,29 @@ class PostgresStore(FenceKeeping):
         primary, a standby, ``default_transaction_read_only``): every submit and save
         would fail, where the look-up alone answered."""
         validate_session_id(session_id)
-        row = await self.run(
-            "readiness",
-            lambda conn: conn.execute(
+
+        def ready(conn: Any) -> Any:
+            row = conn.execute(
                 "SELECT (SELECT version FROM axon_sessions WHERE session_id = %s), "
                 "current_setting('transaction_read_only')",
                 (session_id,),
-            ).fetchone(),
-            transaction=False,
+            ).fetchone()
+            if row[1] == "on":
+                # A connection made while the server was read-only stays so once it is
+                # writable again: dropped (the pool opens another), as a write that met
+                # it drops it. A front end whose writes go from the event loop (its
+                # submits) would else answer 503 here for good after a failover.
+                conn.close()
+            return row
+
+        for _ in range(self._pool.max_size + 1):  # (each a connection of before, dropped)
+            row = await self.run("readiness", ready, transaction=False)
+            if row[1] != "on":
+                return
+        raise StoreUnavailable(
+            f"session store {self.url} is read-only (transaction_read_only = on: a "
+            "standby or a demoted primary): no turn can be queued or saved"
         )
-        if row[1] == "on":
-            raise StoreUnavailable(
-                f"session store {self.url} is read-only (transaction_read_only = on: a "
-                "standby or a demoted primary): no turn can be queued or saved"
-            )
 
     async def deletions(self, session_id: str) -> int:
         """How many times the session was deleted (its deletion mark, see

@@ -846,3 +846,268 @@ transaction of four round trips (``BEGIN``, the row's requeue with the session's
 the write, ``COMMIT``). Of two decisions for one call exactly one is
 recorded: the second waits on the turn's row, then finds it no longer waiting (the
 first completed the turn's calls) or the session's version moved (it did not)."""
+
+
+SUBMIT_FUNCTION_NAME: Final = "axon_submit_v1"
+"""The server-side function of a front end's submit (:data:`SUBMIT_FUNCTION`); a new
+version of it gets a new name. A process of before it submits in a transaction of its
+own statements (the same locks, in the same order, on the same tables: a mixed fleet's
+submits count each other under both caps)."""
+
+SUBMIT_REFUSALS: Final = {
+    "AXQ01": "session",
+    "AXQ02": "total",
+    "AXB01": "busy",
+    "AXC01": "later",
+    "AXC02": "open",
+    "AXT01": "turn id",
+}
+"""The ``SQLSTATE`` s :data:`SUBMIT_FUNCTION` refuses a submit with (its ``DETAIL`` the
+count a cap found, or the status of a turn an edit cannot replace), by what they mean: a
+refusal is an error so that the call's writes before it (an ``interrupt``'s, a
+``steer``'s, the row a total cap counts) roll back with it, its wake-ups unsent."""
+
+_T_COLUMNS = ", ".join(f"t.{name}" for name, _ in CLAIMED_COLUMNS)
+_INTO_COLUMNS = ", ".join(f"o_{name}" for name, _ in CLAIMED_COLUMNS)
+_SUBMIT_OUT = ", ".join(f"o_{name} {kind}" for name, kind in CLAIMED_COLUMNS)
+_INSERTED = ", ".join(name for name, _ in CLAIMED_COLUMNS)
+_SESSION_LOCK = (
+    "PERFORM pg_advisory_xact_lock("
+    "hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0))"
+)
+_WAITS_OPEN = """EXISTS (SELECT 1 FROM axon_turns AS o
+                WHERE o.session_id = p_session AND o.status IN ('queued', 'running'))"""
+_STOPPED = """s.reason,
+            CASE WHEN s.waits THEN 'cancelled' ELSE 'queued' END,
+            CASE WHEN s.waits THEN 'aborted' END,
+            coalesce(s.waits, false),
+            CASE WHEN s.waits THEN clock_timestamp() END"""
+_HELD = """DELETE FROM axon_held_stops AS h
+            WHERE h.session_id = p_session
+                AND (h.message_id = v_name OR h.message_id = p_turn_name)
+                AND h.held_at >= clock_timestamp() - make_interval(secs => p_held_for)
+            RETURNING h.reason"""
+
+SUBMIT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SUBMIT_FUNCTION_NAME}(
+    p_session TEXT, p_turn TEXT, p_message_key TEXT, p_input_hash TEXT, p_new_key TEXT,
+    p_input TEXT, p_meta BYTEA, p_options BYTEA, p_regenerate BOOLEAN, p_on_busy TEXT,
+    p_stop_name TEXT, p_turn_name TEXT, p_held_for DOUBLE PRECISION,
+    p_per_session INTEGER, p_total INTEGER, p_large BOOLEAN,
+    p_channel TEXT, p_cancel_channel TEXT, p_interrupted TEXT)
+    RETURNS TABLE ({_SUBMIT_OUT})
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_key TEXT;  -- the row's idempotency key (NULL: a submit without one)
+    v_regenerate BOOLEAN := p_regenerate;
+    v_name TEXT;  -- the client's id of a message never submitted before
+    v_old TEXT;
+    v_old_session TEXT;
+    v_seq BIGINT;
+    v_status TEXT;
+    v_saved BOOLEAN;
+    v_hash TEXT;
+    v_ids TEXT[];
+    v_statuses TEXT[];
+    v_stopped TEXT;  -- a held stop the interrupt's statement took
+    v_steer TEXT;
+    v_stored BOOLEAN;
+    v_count BIGINT;
+BEGIN
+    -- Every statement below is one of its own, with its own snapshot (read committed, a
+    -- volatile function): a count after a lock sees every submit that held it before.
+    IF p_message_key IS NOT NULL THEN
+        -- The message's latest turn: none (a new message), its replay, or its edit.
+        SELECT t.turn_id, t.session_id, t.seq, t.status, t.saved, t.input_hash
+            INTO v_old, v_old_session, v_seq, v_status, v_saved, v_hash
+        FROM axon_turns AS t WHERE t.message_key = p_message_key
+        ORDER BY t.seq DESC LIMIT 1;
+        IF NOT FOUND THEN
+            v_key := p_new_key;
+            v_name := p_stop_name;  -- (a retry's or an edit's: maybe a late stop)
+        ELSIF v_old_session = p_session AND v_hash IS DISTINCT FROM p_input_hash THEN
+            IF EXISTS (SELECT 1 FROM axon_turns AS t
+                    WHERE t.session_id = p_session AND t.seq > v_seq) THEN
+                RAISE EXCEPTION 'only the last message can be edited' USING ERRCODE = 'AXC01';
+            END IF;
+            IF v_status NOT IN ('done', 'failed', 'cancelled') THEN
+                RAISE EXCEPTION 'the turn of the edited message is %', v_status
+                    USING ERRCODE = 'AXC02', DETAIL = v_status;
+            END IF;
+            -- The key of an edit names the turn it replaces (sha256 of the JSON array
+            -- [message key, input hash, old turn id], as the transaction's code made it).
+            v_key := encode(sha256(convert_to('[' || to_json(p_message_key)::text || ','
+                || to_json(p_input_hash)::text || ',' || to_json(v_old)::text || ']',
+                'UTF8')), 'hex');
+            v_regenerate := p_regenerate OR v_saved;
+        ELSE  -- a replay (or another session's key: the caller refuses it)
+            RETURN QUERY SELECT {_T_COLUMNS} FROM axon_turns AS t WHERE t.turn_id = v_old;
+            RETURN;
+        END IF;
+    END IF;
+    IF p_on_busy = 'interrupt' THEN
+        -- Row locks first, in line order, as a claim takes them; a stop held for this
+        -- message is taken in the same statement, and then nothing is interrupted.
+        WITH held AS (
+            {_HELD}
+        ), open AS (
+            SELECT o.turn_id, o.status, o.seq FROM axon_turns AS o
+            WHERE o.session_id = p_session AND o.status IN ('queued', 'running')
+                AND NOT EXISTS (SELECT 1 FROM held)
+            ORDER BY o.seq FOR UPDATE
+        )
+        SELECT (SELECT h.reason FROM held AS h LIMIT 1),
+            (SELECT array_agg(o.turn_id ORDER BY o.seq) FROM open AS o),
+            (SELECT array_agg(o.status ORDER BY o.seq) FROM open AS o)
+        INTO v_stopped, v_ids, v_statuses;
+        IF v_stopped IS NULL AND v_ids IS NOT NULL THEN
+            FOR i IN 1 .. array_length(v_ids, 1) LOOP
+                -- one statement a row: the head trigger moves the head on to the next
+                IF v_statuses[i] = 'queued' THEN
+                    UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
+                        cancel_requested = true, cancel_reason = p_interrupted,
+                        finished_at = clock_timestamp()
+                    WHERE turn_id = v_ids[i];
+                    PERFORM pg_notify(p_channel, current_schema() || ':' || v_ids[i]);
+                ELSE
+                    UPDATE axon_turns SET cancel_requested = true,
+                        cancel_reason = coalesce(cancel_reason, p_interrupted)
+                    WHERE turn_id = v_ids[i];
+                END IF;
+                PERFORM pg_notify(p_cancel_channel, v_ids[i]);
+            END LOOP;
+        END IF;
+    END IF;
+    IF p_on_busy = 'steer' AND NOT v_regenerate THEN
+        -- (row locks first here too: the running turn's count of steers)
+        UPDATE axon_turns SET steers = steers + 1
+        WHERE session_id = p_session AND status = 'running' RETURNING turn_id INTO v_steer;
+    END IF;
+    IF p_per_session IS NOT NULL OR p_total IS NOT NULL THEN
+        -- The session's lock (the head trigger's), held to the commit; a submit that
+        -- repeats one stored (its key, or its turn id) is never refused.
+        {_SESSION_LOCK};
+        IF p_per_session IS NULL THEN
+            IF v_key IS NOT NULL THEN
+                v_stored := EXISTS (SELECT 1 FROM axon_turns AS t WHERE t.idempotency_key = v_key);
+            ELSE
+                v_stored := EXISTS (SELECT 1 FROM axon_turns AS t WHERE t.turn_id = p_turn);
+            END IF;
+        ELSE
+            -- ">= x AND <= x" with ORDER BY keeps a generic plan on the queued index.
+            IF v_key IS NOT NULL THEN
+                SELECT EXISTS (SELECT 1 FROM axon_turns AS t WHERE t.idempotency_key = v_key)
+                    INTO v_stored;
+            ELSE
+                SELECT EXISTS (SELECT 1 FROM axon_turns AS t WHERE t.turn_id = p_turn)
+                    INTO v_stored;
+            END IF;
+            IF NOT v_stored THEN
+                SELECT count(*) INTO v_count FROM (SELECT 1 FROM axon_turns AS t
+                    WHERE t.session_id >= p_session AND t.session_id <= p_session
+                        AND t.status = 'queued'
+                    ORDER BY t.session_id, t.seq LIMIT p_per_session) AS q;
+                IF v_count >= p_per_session THEN
+                    RAISE EXCEPTION 'the session''s queue is full' USING ERRCODE = 'AXQ01',
+                        DETAIL = v_count::text;
+                END IF;
+            END IF;
+        END IF;
+        IF NOT v_stored AND p_total IS NOT NULL AND p_large THEN
+            -- a large row: the queue looked at without its lock, refused before the insert
+            SELECT count(*) INTO v_count FROM (SELECT 1 FROM axon_turns AS t
+                WHERE t.status = 'queued' ORDER BY t.seq LIMIT p_total) AS q;
+            IF v_count >= p_total THEN
+                RAISE EXCEPTION 'the turn queue is full' USING ERRCODE = 'AXQ02',
+                    DETAIL = v_count::text;
+            END IF;
+        END IF;
+    END IF;
+    IF p_on_busy = 'reject' THEN
+        {_SESSION_LOCK};
+        IF {_WAITS_OPEN} THEN
+            RAISE EXCEPTION 'the session is running a turn' USING ERRCODE = 'AXB01';
+        END IF;
+    END IF;
+    IF p_on_busy IS DISTINCT FROM 'interrupt'
+            AND (v_name IS NOT NULL OR p_turn_name IS NOT NULL) THEN
+        -- A new message takes the stop held for it (by the client's id of it, or by its
+        -- turn id): cancelled at once when the session has a turn open, else queued
+        -- with the stop's reason and no cancel_requested (stopped as it starts). A
+        -- stopped message steers nothing: the count of steers raised is given back.
+        WITH held AS (
+            {_HELD}
+        ), unsteer AS (
+            UPDATE axon_turns AS u SET steers = u.steers - 1
+            WHERE u.turn_id = v_steer AND EXISTS (SELECT 1 FROM held)
+        )
+        INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+            input_hash, input, meta, regenerate, options, steer_of, cancel_reason, status,
+            finish_reason, cancel_requested, finished_at)
+        SELECT p_turn, p_session, v_key, p_message_key, p_input_hash, p_input, p_meta,
+            v_regenerate, p_options, CASE WHEN s.reason IS NULL THEN v_steer END,
+            {_STOPPED}
+        FROM (VALUES (1)) AS one LEFT JOIN LATERAL (
+            SELECT h.reason, {_WAITS_OPEN} AS waits
+            FROM held AS h LIMIT 1) AS s ON true
+        ON CONFLICT DO NOTHING RETURNING {_INSERTED} INTO {_INTO_COLUMNS};
+    ELSIF v_stopped IS NOT NULL THEN  -- taken by the interrupt's statement
+        INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+            input_hash, input, meta, regenerate, options, cancel_reason, status,
+            finish_reason, cancel_requested, finished_at)
+        SELECT p_turn, p_session, v_key, p_message_key, p_input_hash, p_input, p_meta,
+            v_regenerate, p_options, {_STOPPED}
+        FROM (SELECT v_stopped AS reason, {_WAITS_OPEN} AS waits) AS s
+        ON CONFLICT DO NOTHING RETURNING {_INSERTED} INTO {_INTO_COLUMNS};
+    ELSE
+        INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
+            input_hash, input, meta, regenerate, options, steer_of)
+        VALUES (p_turn, p_session, v_key, p_message_key, p_input_hash, p_input, p_meta,
+            v_regenerate, p_options, v_steer)
+        ON CONFLICT DO NOTHING RETURNING {_INSERTED} INTO {_INTO_COLUMNS};
+    END IF;
+    IF FOUND THEN
+        IF p_total IS NOT NULL THEN
+            -- The queue's lock, taken after the row is written (a large row's insert
+            -- holds no other submit of the fleet), held to the commit; the count, a
+            -- statement after it, counts this row and every turn queued before.
+            PERFORM pg_advisory_xact_lock(
+                hashtextextended('axon_turns:' || current_schema(), 0));
+            SELECT count(*) INTO v_count FROM (SELECT 1 FROM axon_turns AS t
+                WHERE t.status = 'queued' ORDER BY t.seq LIMIT p_total + 1) AS q;
+            IF v_count > p_total THEN
+                RAISE EXCEPTION 'the turn queue is full' USING ERRCODE = 'AXQ02',
+                    DETAIL = (v_count - 1)::text;
+            END IF;
+        END IF;
+        -- the workers' wake-up, sent at the commit (a refused submit rolls it back)
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Its twin: this very submit (a call retried after its answer was lost), or the
+    -- same request sent twice; never another session's or message's turn.
+    IF v_key IS NOT NULL THEN
+        RETURN QUERY SELECT {_T_COLUMNS} FROM axon_turns AS t WHERE t.idempotency_key = v_key;
+    ELSE
+        RETURN QUERY SELECT {_T_COLUMNS} FROM axon_turns AS t
+        WHERE t.turn_id = p_turn AND t.session_id = p_session
+            AND t.input_hash = p_input_hash AND t.regenerate = v_regenerate;
+    END IF;
+    IF NOT FOUND THEN  -- the conflict was on the turn id, another turn's
+        RAISE EXCEPTION 'the turn id is taken' USING ERRCODE = 'AXT01';
+    END IF;
+END $$"""
+"""A front end's submit (:meth:`actors.stores.turn_submit.TurnSubmitting.submit`) in one
+call, in autocommit, sent from the event loop: the message's latest turn (a replay
+returns it; an edit is refused unless its turn ended and is the session's last, else
+keyed by the turn it replaces), the busy strategy (``interrupt``: the session's open rows
+locked in line order, queued ones cancelled and the running one asked to stop, or the
+stop held for this message taken instead; ``steer``: the running turn's count of steers
+raised), the session's lock and cap (the look for a repeat, then the count, each a
+statement after the lock), a large row's early look at the queue's cap, ``reject``'s
+look under the session's lock, the insert (taking a held stop in its statement), then
+the queue's lock and its count with this row, and the workers' wake-up; or the turn a
+twin of this submit stored. Where the transaction it replaces cost seven to eight round
+trips with both caps on (``BEGIN``, the message's look, the session's lock, its count,
+the insert, the queue's lock, its count, ``COMMIT``). Refusals are errors
+(:data:`SUBMIT_REFUSALS`): the call's writes roll back."""

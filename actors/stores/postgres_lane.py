@@ -65,10 +65,15 @@ class LoopLane:
         params: Sequence[bytes | None],
         formats: Sequence[int],
         result_format: int = 0,
+        keep: frozenset[str] = frozenset(),
     ) -> Any:
         """The one result of prepared statement ``name`` (``sql``, prepared on a
         connection's first call of it) run with ``params``; a database error raises as
-        psycopg raises it."""
+        psycopg raises it. The connection is closed after an error, unless its
+        ``SQLSTATE`` is one of ``keep``: a refusal the statement raises on purpose (a
+        submit's over a cap), after which the connection is idle and sound, and a
+        client refused again and again would else cost the server a new backend each
+        time."""
         # A free slot is taken without a schedule point (``Semaphore``'s ``async with``
         # yields once even then: a task step for nothing, a few a turn): the call's wait
         # for its answer is its schedule point, its cancellation checked here first.
@@ -105,6 +110,9 @@ class LoopLane:
                         result = await _lane_result(conn, results, read=sent)
                 ok = True
                 return result
+            except Exception as err:
+                ok = bool(keep) and getattr(err, "sqlstate", None) in keep
+                raise
             finally:
                 if ok and not self._closed:
                     conn._axon_freed = time.monotonic()

@@ -39,6 +39,8 @@ from actors.stores.postgres_calls import (
     SAVE_V6_FUNCTION_NAME,
     SAVE_V7_FUNCTION,
     SAVE_V7_FUNCTION_NAME,
+    SUBMIT_FUNCTION,
+    SUBMIT_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
@@ -214,6 +216,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_V5_FUNCTION_NAME, SAVE_V5_FUNCTION)  # (called by the next two)
     _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
+    _ensure_function(conn, SUBMIT_FUNCTION_NAME, SUBMIT_FUNCTION)
     # The versions before this one's, which its processes call while a fleet is mixed
     # (a rolling deploy): kept, and created for a database this version made first.
     _ensure_function(conn, CLAIM_V4_FUNCTION_NAME, CLAIM_V4_FUNCTION)

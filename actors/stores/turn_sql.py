@@ -1,8 +1,7 @@
 """The turn queue's SQL shared by its parts (:mod:`actors.stores.turns`): column lists,
 channels, statements, and the helpers that run inside another part's transaction.
 
-A submit's busy strategies (:func:`_busy`, :func:`_interrupt`, :func:`_steer_running`), a
-fenced save's steering and suspension (:func:`_mark_steered`, :data:`_SUSPEND`,
+A fenced save's steering and suspension (:func:`_mark_steered`, :data:`_SUSPEND`,
 :func:`_first_deadline`), a decision's requeue (:func:`_resume_if_decided`) and the
 guarded writes of a claimed turn's row (:func:`_write_once`) each run on a connection
 some transaction of :class:`~actors.stores.turns.TurnQueue` already holds. They live
@@ -19,10 +18,9 @@ from typing import Any, Final, NoReturn
 from actors.stores.postgres import LOCK_SESSION, LockedSession
 from actors.stores.postgres_calls import CLAIMED_COLUMNS, STATUS_COLUMNS, SUPERSEDE
 from runtime.approval import PendingCall, pending_calls
-from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.errors import AlreadyDecided, UnknownApproval
 from runtime.messages import AssistantMessage, Message, ToolCallPart
-from runtime.turn_queue import QUEUED, STEERED, SUPERSEDED, WAITING, TurnStatus
+from runtime.turn_queue import STEERED, SUPERSEDED, WAITING, TurnStatus
 
 TURNS_CHANNEL: Final = "axon_turns"
 """NOTIFY channel: a turn was submitted, released or finished. Channels are database-wide,
@@ -134,93 +132,7 @@ def _first_deadline(messages: Sequence[Message]) -> float | None:
     return min(due, default=None)
 
 
-def _busy(conn: Any, session_id: str) -> bool:
-    """In a submit's transaction: whether the session has a turn queued or running,
-    read under the session's lock (the one the head trigger and the caps take), so two
-    racing ``reject`` submits see each other."""
-    conn.execute(
-        "SELECT pg_advisory_xact_lock("
-        "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
-        (session_id,),
-    )
-    busy = conn.execute(
-        """SELECT 1 FROM axon_turns
-        WHERE session_id = %s AND status IN ('queued', 'running') LIMIT 1""",
-        (session_id,),
-    ).fetchone()
-    return busy is not None
-
-
-def _interrupt(
-    conn: Any, session_id: str, held: tuple[str, str | None, str | None, float] | None = None
-) -> str | None:
-    """In a submit's transaction, before its insert: cancel the session's queued turns
-    (``cancelled`` at once) and ask its running one to stop (its worker hears it on
-    ``axon_cancel``, or on its next renewal), the reason ``interrupted by a new
-    message``. The rows are locked first, in line order, as a claim locks a head before
-    the trigger takes the session's lock; each is then updated by a statement of its
-    own (the head trigger moves the head on to the next, which a later one cancels).
-    ``held``: ``(session, the client's id, its turn's held name, seconds)`` of a new
-    message that takes a stop
-    held for it (``actors.stores.turn_submit.HELD_STOP_INSERT``): the same statement
-    takes it (deletes it) and then interrupts nothing (a stopped message); returns its
-    reason, which the submit's insert then stores (``_STOPPED_INSERT``), taking no
-    other: one statement decides both, so a stop held or dropped by another front end
-    meanwhile is never both taken and interrupted for, nor neither."""
-    session, name, by_turn, held_for = held if held is not None else (None, None, None, 0.0)
-    rows = conn.execute(
-        """WITH held AS (
-            DELETE FROM axon_held_stops
-            WHERE session_id = %s AND (message_id = %s OR message_id = %s)
-                AND held_at >= clock_timestamp() - make_interval(secs => %s)
-            RETURNING reason
-        ), open AS (
-            SELECT turn_id, status, seq FROM axon_turns
-            WHERE session_id = %s AND status IN ('queued', 'running')
-                AND NOT EXISTS (SELECT 1 FROM held)
-            ORDER BY seq FOR UPDATE
-        )
-        SELECT turn_id, status, NULL, seq FROM open
-        UNION ALL SELECT NULL, NULL, reason, 0 FROM held
-        ORDER BY 4""",
-        (session, name, by_turn, held_for, session_id),
-    ).fetchall()
-    if rows and rows[0][2] is not None:
-        return str(rows[0][2])
-    for turn_id, status, _, _ in rows:
-        if status == QUEUED:
-            conn.execute(
-                """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
-                    cancel_requested = true, cancel_reason = %s,
-                    finished_at = clock_timestamp()
-                WHERE turn_id = %s""",
-                (INTERRUPTED_BY_NEW, turn_id),
-            )
-            _notify_turns(conn, turn_id)
-        else:
-            conn.execute(
-                """UPDATE axon_turns SET cancel_requested = true,
-                    cancel_reason = coalesce(cancel_reason, %s)
-                WHERE turn_id = %s""",
-                (INTERRUPTED_BY_NEW, turn_id),
-            )
-        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
-    return None
-
-
 _SUPERSEDE = SUPERSEDE
-
-
-def _steer_running(conn: Any, session_id: str) -> str | None:
-    """The session's running turn, if any (what a ``steer`` submit steers), its count of
-    steers raised in the submit's transaction: the turn's next fenced save reads it, so
-    its worker knows to read the steering rows (:class:`~runtime.turn_queue.SteerWatch`)."""
-    row = conn.execute(
-        """UPDATE axon_turns SET steers = steers + 1
-        WHERE session_id = %s AND status = 'running' RETURNING turn_id""",
-        (session_id,),
-    ).fetchone()
-    return None if row is None else str(row[0])
 
 
 def _mark_steered(conn: Any, turn_id: str, steered: list[str]) -> None:

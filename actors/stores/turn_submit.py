@@ -3,31 +3,34 @@ replays and edits of a client's message), the queue's caps and the busy strategi
 (``reject``, ``enqueue``, ``interrupt``, ``steer``: :mod:`runtime.busy`).
 
 The front end's side of :class:`~actors.stores.turns.TurnQueue`: the input is checked,
-encoded and hashed here (off the event loop), and one transaction
-(:class:`_Submission`, safe to retry whole) applies the strategy, checks the caps and
-inserts the row, or finds the turn a retry already stored.
+encoded and hashed here (off the event loop when large), and one call of the submit's
+server-side function (:data:`~actors.stores.postgres_calls.SUBMIT_FUNCTION`, safe to send
+again whole) applies the strategy, checks the caps and inserts the row, or finds the
+turn a retry already stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-import attrs
 import orjson
 import trio
 
+from actors.stores.postgres_calls import (
+    CLAIMED_COLUMNS,
+    SUBMIT_FUNCTION_NAME,
+    SUBMIT_REFUSALS,
+)
+from actors.stores.postgres_health import _retrying
+from actors.stores.postgres_rows import read_row
 from actors.stores.turn_sql import (
-    _COLUMNS,
     _STATUS_COLUMNS,
+    CANCEL_CHANNEL,
     TURNS_CHANNEL,
-    _busy,
-    _interrupt,
-    _notify_turns,
     _status,
-    _steer_running,
 )
 from runtime import serde
 from runtime.busy import (
@@ -36,6 +39,7 @@ from runtime.busy import (
     HELD_STOP_ID_MAX,
     HELD_STOPS_KEPT,
     INTERRUPT,
+    INTERRUPTED_BY_NEW,
     REJECT,
     STEER,
     OnBusy,
@@ -44,228 +48,10 @@ from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict, Tur
 from runtime.logging import get_logger
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
-from runtime.turn_queue import FINAL_STATUSES, STEERED, QueuedTurn, TurnOptions, TurnStatus
+from runtime.turn_queue import STEERED, QueuedTurn, TurnOptions, TurnStatus
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
-
-
-@attrs.define(kw_only=True)
-class _Submission:
-    """One :meth:`TurnQueue.submit`, encoded, as its transaction runs it (retried whole
-    by the store on a serialization failure: nothing here keeps state between tries)."""
-
-    session_id: str
-    turn_id: str
-    message_key: str | None
-    """The hashed idempotency key of the client's message, if it named one."""
-    input_hash: str
-    body: str
-    """The input, encoded (JSON text)."""
-    meta_json: bytes
-    options_json: bytes
-    regenerate: bool
-    on_busy: OnBusy | None
-    stop_name: str | None
-    """The client's id a stop held before this submit names it by
-    (:meth:`TurnSubmitting.hold_stop`), if the caller gave one."""
-    named_turn: bool
-    """Whether the caller chose the turn id (an AG-UI run's ``runId``): a stop held
-    naming that id (:meth:`TurnSubmitting.hold_stop` without a message id) is this
-    turn's, whatever its message (a new one, an edit, a regenerate)."""
-    held_for: float
-    """Seconds a held stop is kept (:data:`~runtime.busy.HELD_STOP_FOR`)."""
-    check_room: Callable[[Any, str, str | None, str, bool], None]
-    """The queue's caps before the insert (:meth:`TurnQueue._check_room`)."""
-    check_total: Callable[[Any, str], None]
-    """The queue's total cap after the insert, and the workers woken
-    (:meth:`TurnQueue._check_total`)."""
-
-    @property
-    def large(self) -> bool:
-        """Whether the row is large enough (:data:`LARGE_ROW`) that a submit the total cap
-        will refuse should be refused before its insert, not after."""
-        return len(self.body) + len(self.options_json) + len(self.meta_json) > LARGE_ROW
-
-    def insert(
-        self, conn: Any, key: str | None, regenerate: bool, *, new: bool = False
-    ) -> tuple[Any, ...]:
-        """Insert the turn (after the busy strategy and the caps), or find its twin.
-        ``new``: a message never submitted before, which takes in the same statement a
-        stop held for it (:meth:`TurnSubmitting.hold_stop`): the row's ``cancel_reason``
-        without ``cancel_requested`` (:data:`HELD_STOP_INSERT`), which its worker stops
-        as it starts; a stop it took names no steered message (it runs as a turn)."""
-        session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
-        held = None
-        name = self.stop_name if new else None  # (a retry's or an edit's: maybe late)
-        by_turn = held_turn_name(turn_id) if self.named_turn else None
-        if name is not None or by_turn is not None:
-            held = (session_id, name, by_turn, self.held_for)
-        stopped = None
-        if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-            # (a stopped message interrupts nothing: the stop taken in that statement)
-            stopped = _interrupt(conn, session_id, held)
-            held = None
-        steer_of = None  # (row locks first here too: the running turn's count of steers)
-        if on_busy == STEER and not regenerate:
-            steer_of = _steer_running(conn, session_id)
-        self.check_room(conn, session_id, key, turn_id, self.large)
-        if on_busy == REJECT and _busy(conn, session_id):
-            raise SessionBusy(f"session {session_id!r} is already running a turn")
-        values = (
-            turn_id,
-            session_id,
-            key,
-            self.message_key,
-            self.input_hash,
-            self.body,
-            self.meta_json,
-            regenerate,
-            self.options_json,
-            steer_of,
-        )
-        if held is not None:  # (one statement, as without)
-            row = conn.execute(HELD_STOP_INSERT, (*held, *values)).fetchone()
-        elif stopped is not None:  # taken by the interrupt's statement
-            row = conn.execute(_STOPPED_INSERT, (*values[:-1], stopped)).fetchone()
-        else:
-            row = conn.execute(_INSERT, values).fetchone()
-        if row is not None:
-            self.check_total(conn, turn_id)  # counting this row, under the queue's lock
-            return tuple(row)
-        if key is not None:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM axon_turns WHERE idempotency_key = %s", (key,)
-            ).fetchone()
-        else:  # its twin by turn id: this very submit (a retried transaction), or the
-            # same key-less request sent twice, never another session's or message's turn
-            row = conn.execute(
-                f"""SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s
-                AND session_id = %s AND input_hash = %s AND regenerate = %s""",
-                (turn_id, session_id, self.input_hash, regenerate),
-            ).fetchone()
-        if row is None:  # the conflict was on the turn id, another turn's
-            raise TurnIdTaken(
-                f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
-                f"by another turn"
-            )
-        return tuple(row)  # a twin of this submit committed first: the same turn
-
-    def run(self, conn: Any) -> tuple[Any, ...]:
-        """The submit's transaction: a new message, a replay of one, or an edit."""
-        message_key, input_hash = self.message_key, self.input_hash
-        if message_key is None:
-            return self.insert(conn, None, self.regenerate)
-        latest = conn.execute(
-            """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
-            WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
-            (message_key,),
-        ).fetchone()
-        if latest is None:
-            key = _sha256(orjson.dumps([message_key, input_hash]))
-            return self.insert(conn, key, self.regenerate, new=True)
-        old_id, old_session, seq, status, saved, old_hash = latest
-        if old_session == self.session_id and old_hash != input_hash:
-            return self.edit(conn, old_id, seq, status, saved)
-        # a replay (or another session's key, refused below)
-        return tuple(
-            conn.execute(
-                f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
-            ).fetchone()
-        )
-
-    def edit(self, conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
-        """A message sent before with other content: its turn is replaced, if it may be."""
-        session_id, message_key = self.session_id, self.message_key
-        later = conn.execute(
-            "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
-            (session_id, seq),
-        ).fetchone()
-        if later is not None:
-            raise TurnConflict(
-                f"submit to session {session_id!r}: this message was sent before with "
-                "other content and later turns follow it; only the last message can be "
-                "edited"
-            )
-        if status not in FINAL_STATUSES:
-            raise TurnConflict(
-                f"submit to session {session_id!r}: this message was sent before with "
-                f"other content and its turn is still {status}; stop it, then edit"
-            )
-        # The key of an edit names the turn it replaces: editing back to an earlier
-        # text is another edit, not a replay of that text's turn.
-        key = _sha256(orjson.dumps([message_key, self.input_hash, old_id]))
-        return self.insert(conn, key, self.regenerate or saved)
-
-
-_INSERT = f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-        message_key, input_hash, input, meta, regenerate, options, steer_of)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
-
-_STOPPED_COLUMNS = "cancel_reason, status, finish_reason, cancel_requested, finished_at"
-"""What a new message's row that took a held stop sets besides its input."""
-
-_STOPPED_VALUES = """s.reason,
-        CASE WHEN s.waits THEN 'cancelled' ELSE 'queued' END,
-        CASE WHEN s.waits THEN 'aborted' END,
-        coalesce(s.waits, false),
-        CASE WHEN s.waits THEN clock_timestamp() END"""
-"""Their values, from ``s`` (``reason``; ``waits``: the session has a turn queued or
-running, which this one would wait for or be steered into): cancelled at once then,
-as a stop of a queued turn ends it, and as the embedded host takes such a message out
-of its queue (nothing stored); else queued with the stop's reason alone, stopped by its
-worker as it starts (its message saved, with an interrupted answer)."""
-
-_WAITS = """EXISTS (SELECT 1 FROM axon_turns AS o
-            WHERE o.session_id = t.session_id AND o.status IN ('queued', 'running'))"""
-
-_STOPPED_INSERT = f"""WITH turn (turn_id, session_id, idempotency_key, message_key,
-        input_hash, input, meta, regenerate, options, reason) AS (
-        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s)
-    )
-    INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
-        input_hash, input, meta, regenerate, options, {_STOPPED_COLUMNS})
-    SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
-        t.input, t.meta, t.regenerate, t.options, {_STOPPED_VALUES}
-    FROM turn AS t, LATERAL (SELECT t.reason, {_WAITS} AS waits) AS s
-    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
-"""A new message's insert whose held stop the ``interrupt`` statement took
-(``actors.stores.turn_sql._interrupt``): the row :data:`HELD_STOP_INSERT` leaves."""
-
-HELD_STOP_INSERT = f"""WITH held AS (
-        DELETE FROM axon_held_stops
-        WHERE session_id = %s AND (message_id = %s OR message_id = %s)
-            AND held_at >= clock_timestamp() - make_interval(secs => %s)
-        RETURNING reason
-    ), turn (turn_id, session_id, idempotency_key, message_key, input_hash, input, meta,
-        regenerate, options, steer_of) AS (
-        VALUES (%s, %s, %s, %s, %s, %s, %s::bytea, %s::boolean, %s::bytea, %s::text)
-    ), unsteer AS (
-        UPDATE axon_turns SET steers = steers - 1
-        WHERE turn_id = (SELECT steer_of FROM turn) AND EXISTS (SELECT 1 FROM held)
-    )
-    INSERT INTO axon_turns (turn_id, session_id, idempotency_key, message_key,
-        input_hash, input, meta, regenerate, options, steer_of, {_STOPPED_COLUMNS})
-    SELECT t.turn_id, t.session_id, t.idempotency_key, t.message_key, t.input_hash,
-        t.input, t.meta, t.regenerate, t.options,
-        CASE WHEN s.reason IS NULL THEN t.steer_of END, {_STOPPED_VALUES}
-    FROM turn AS t LEFT JOIN LATERAL (
-        SELECT h.reason, {_WAITS} AS waits FROM held AS h LIMIT 1) AS s ON true
-    ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"""
-"""A new message's insert that takes the stop held for it (by the client's id of its
-message, or by its turn id when the client chose it: :func:`held_turn_name`), in one
-statement. A stopped message steers nothing: the count of steers a ``steer`` submit
-raised on the running turn first (``_steer_running``, for its row lock) is given back
-(``unsteer``), so its worker's saves see no steering to read. When the session has a
-turn queued or running the row is
-``cancelled`` at once (:data:`_STOPPED_VALUES`). Else it is a queued row with a
-``cancel_reason`` and no ``cancel_requested`` (no other writer leaves a row so: a
-cancel of a queued turn ends it ``cancelled`` at once), a turn to stop as it starts.
-Its claim takes it as any (a cancel requested would keep it from every claim: never
-run, nothing of it stored), and its worker cancels its stream before the model call:
-the user message saved, with an interrupted answer, as a stop just after it started
-would leave it."""
 
 
 class TurnSubmitting:
@@ -346,23 +132,40 @@ class TurnSubmitting:
         named_turn = turn_id is not None
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
         message_key = None if idempotency_key is None else _message_key(idempotency_key)
-        submission = _Submission(
-            session_id=session_id,
-            turn_id=turn_id,
-            message_key=message_key,
-            input_hash=input_hash,
-            body=body,
-            meta_json=meta_json,
-            options_json=options_json,
-            regenerate=regenerate,
-            on_busy=on_busy,
-            stop_name=stop_name,
-            named_turn=named_turn,
-            held_for=self.held_stop_for,
-            check_room=self._check_room,
-            check_total=self._check_total,
-        )
-        row = await self.store.run(f"submit to session {session_id!r}", submission.run)
+        # The key of a message never submitted before (an edit's names the turn it
+        # replaces: the function makes it, as this did, from the turn it finds).
+        new_key = None if message_key is None else _sha256(orjson.dumps([message_key, input_hash]))
+        # A large row a queue at its cap will refuse is refused before its insert
+        # (LARGE_ROW); a small one is counted after it, the look costing more.
+        large = len(body) + len(options_json) + len(meta_json) > LARGE_ROW
+        try:
+            params = (
+                session_id.encode(),
+                turn_id.encode(),
+                _text(message_key),
+                input_hash.encode(),
+                _text(new_key),
+                body,
+                meta_json,
+                options_json,
+                b"t" if regenerate else b"f",
+                _text(on_busy),
+                _text(stop_name),
+                _text(held_turn_name(turn_id) if named_turn else None),
+                repr(float(self.held_stop_for)).encode(),
+                _number(self.max_queued_per_session),
+                _number(self.max_queued),
+                b"t" if large else b"f",
+                TURNS_CHANNEL.encode(),
+                CANCEL_CHANNEL.encode(),
+                INTERRUPTED_BY_NEW.encode(),
+            )
+        except UnicodeEncodeError as err:  # (half a character: no text PostgreSQL stores)
+            raise StoreError(
+                f"submit to session {session_id!r}: its turn id or stop name cannot be "
+                f"stored: {err}"
+            ) from None
+        row = await self._submit_call(session_id, turn_id, params, large)
         turn = await self._decoded(row)
         if turn.session_id != session_id:
             # Taken, not by whom: the refusal's text reaches the client (a front end's
@@ -497,93 +300,99 @@ class TurnSubmitting:
 
         await self.store.run(f"stop held for a message of session {session_id!r}", hold)
 
-    def _check_room(
-        self,
-        conn: Any,
-        session_id: str,
-        idempotency_key: str | None,
-        turn_id: str,
-        large: bool = False,
-    ) -> None:
-        """In the submit's transaction, before its insert: raise :class:`QueueFull` when
-        the session is at its cap. Takes the session's lock (the one the head trigger
-        takes, :data:`actors.stores.postgres_tables._HEAD_TRIGGER`), held to the commit,
-        so two racing submits of the session count each other. A submit that repeats one
-        already stored (same key or turn id) is never refused: it returns its turn.
+    async def _submit_call(
+        self, session_id: str, turn_id: str, params: tuple[bytes | None, ...], large: bool
+    ) -> tuple[Any, ...]:
+        """The submit's function called from the event loop
+        (:class:`~actors.stores.postgres_lane.LoopLane`: one statement, in autocommit, no
+        thread): the row it queued or found. A call sent again after a connection
+        failure finds what the first one stored, if it committed (its key, or its turn
+        id). A refusal (:data:`~actors.stores.postgres_calls.SUBMIT_REFUSALS`) raises
+        the error it stands for: the call wrote nothing."""
+        import psycopg
 
-        The queue's total cap is checked after the insert (:meth:`_check_total`), under
-        the queue's lock, so that no submit holds that lock, which every submit of the
-        fleet takes, while its row (megabytes, maybe: a client's history) is sent and
-        written. A ``large`` row is first looked at here, without the lock: a queue
-        already at its cap refuses it before it is sent, not after it was written."""
-        per_session, total = self.max_queued_per_session, self.max_queued
-        if per_session is None and total is None:
-            return
-        conn.execute(
-            "SELECT pg_advisory_xact_lock("
-            "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
-            (session_id,),
-        )
-        if idempotency_key is not None:
-            where, key = "idempotency_key = %s", idempotency_key
-        else:
-            where, key = "turn_id = %s", turn_id
-        if per_session is None:
-            if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
-                return
-        else:
-            # Each count reads at most its cap's index entries. ">= x AND <= x" (not
-            # "= x") with ORDER BY keeps a prepared statement's generic plan on the
-            # axon_turns_queued index, as in the head trigger
-            # (actors.stores.postgres_tables._HEAD_FUNCTION). The look for a repeat is
-            # in the same statement (a round trip fewer a submit): after the lock, as
-            # the count.
-            stored, count = conn.execute(
-                f"""SELECT EXISTS (SELECT 1 FROM axon_turns WHERE {where}),
-                (SELECT count(*) FROM (SELECT 1 FROM axon_turns
-                WHERE session_id >= %s AND session_id <= %s AND status = 'queued'
-                ORDER BY session_id, seq LIMIT %s) AS q)""",
-                (key, session_id, session_id, per_session),
-            ).fetchone()
-            if stored:
-                return
-            if count >= per_session:
-                raise QueueFull(
-                    f"session {session_id!r} already has {count} turns queued (the limit); "
-                    f"retry after {self.retry_after:g} s",
-                    scope="session",
-                    limit=per_session,
-                    retry_after=self.retry_after,
+        store = self.store
+        action = f"submit to session {session_id!r}"
+
+        def refused(err: Any) -> Exception | None:
+            refusal = SUBMIT_REFUSALS.get(err.sqlstate or "")
+            if refusal is None:
+                return None
+            return self._refused(refusal, session_id, turn_id, err.diag.message_detail)
+
+        if not hasattr(store, "_lane"):  # a test's stand-in around ``run``: in a thread
+            values = tuple(
+                value if value is None or i in _SUBMIT_BYTEA else value.decode()
+                for i, value in enumerate(params)
+            )
+
+            def call(conn: Any) -> tuple[Any, ...]:
+                try:
+                    row = conn.execute(_SUBMIT_CALL, values).fetchone()
+                except psycopg.Error as err:
+                    refusal = refused(err)
+                    if refusal is None:
+                        raise
+                    raise refusal from None
+                if row is None:
+                    raise StoreError(f"{action}: the turn of this message was deleted meanwhile")
+                return tuple(row)
+
+            return await store.run(action, call, transaction=False)
+        if store._closed:
+            raise StoreError(f"session store {store.url} is closed")
+
+        async def once() -> Any:
+            try:
+                return await store._lane.call(
+                    _SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1, _REFUSED
                 )
-        if total is not None and large:  # a look without the lock: refused early
-            (count,) = conn.execute(_COUNT_QUEUED, (total,)).fetchone()
-            if count >= total:
-                raise self._queue_full(count, total)
+            except psycopg.Error as err:
+                refusal = refused(err)
+                if refusal is None:
+                    raise
+                raise refusal from None
 
-    def _check_total(self, conn: Any, turn_id: str) -> None:
-        """In the submit's transaction, right after its insert (the row queued, not yet
-        committed): raise :class:`QueueFull`, which rolls the insert back, when the queue
-        holds more than its cap counting this row; otherwise the workers are woken for
-        ``turn_id`` (a ``pg_notify``, sent at the commit: a rolled-back submit wakes
-        none), in the count's statement where there is a cap (a round trip fewer). Takes
-        the queue's lock first, held to the commit: the count (a statement after the
-        lock, so a snapshot after every submit that held it before committed) sees every
-        turn queued before, and every submit after waits for this one's commit and counts
-        its row, so racing submits, of one process or many, never pass the cap. The lock
-        is taken after the row is written, not before: the insert of a large row (its
-        transfer, its compression, its WAL) holds no other submit of the fleet."""
-        total = self.max_queued
-        if total is None:
-            _notify_turns(conn, turn_id)
-            return
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('axon_turns:' || current_schema(), 0))"
+        result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
+        if result.ntuples == 0:  # a replay whose turn was deleted meanwhile
+            raise StoreError(f"{action}: the turn of this message was deleted meanwhile")
+        if large:  # (its input, megabytes maybe, decoded off the loop)
+            return await trio.to_thread.run_sync(read_row, result, 0, _SUBMIT_KINDS)
+        return read_row(result, 0, _SUBMIT_KINDS)
+
+    def _refused(
+        self, refusal: str, session_id: str, turn_id: str, detail: str | None
+    ) -> Exception:
+        """The error a refusal of the submit's function stands for (``detail``: the
+        count of a cap, the status of the turn an edit cannot replace)."""
+        if refusal == "session":
+            assert self.max_queued_per_session is not None
+            return QueueFull(
+                f"session {session_id!r} already has {detail} turns queued (the limit); "
+                f"retry after {self.retry_after:g} s",
+                scope="session",
+                limit=self.max_queued_per_session,
+                retry_after=self.retry_after,
+            )
+        if refusal == "total":
+            assert self.max_queued is not None
+            return self._queue_full(int(detail or 0), self.max_queued)
+        if refusal == "busy":
+            return SessionBusy(f"session {session_id!r} is already running a turn")
+        if refusal == "later":
+            return TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                "other content and later turns follow it; only the last message can be "
+                "edited"
+            )
+        if refusal == "open":
+            return TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                f"other content and its turn is still {detail}; stop it, then edit"
+            )
+        return TurnIdTaken(
+            f"submit to session {session_id!r}: turn id {turn_id!r} is already used by another turn"
         )
-        (count, _) = conn.execute(
-            _COUNT_QUEUED_NOTIFY, (total + 1, TURNS_CHANNEL, turn_id)
-        ).fetchone()
-        if count > total:
-            raise self._queue_full(count - 1, total)
 
     def _queue_full(self, count: int, total: int) -> QueueFull:
         return QueueFull(
@@ -609,16 +418,33 @@ def held_turn_name(turn_id: str) -> str:
 
 LARGE_ROW = 64 * 1024
 """Bytes of a submit's input, options and meta past which the queue's total cap is looked
-at before the insert too (:meth:`TurnSubmitting._check_room`): a refused row of that size
+at before the insert too (the submit's function, ``p_large``): a refused row of that size
 is not worth sending and writing only to roll it back; a small one is, the look costing
 more than the insert."""
 
-_COUNT_QUEUED = """SELECT count(*) FROM (SELECT 1 FROM axon_turns
-    WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q"""
-"""The queued turns, up to a limit: reads at most that many index entries."""
+_SUBMIT_SQL: Final = (
+    f"SELECT * FROM {SUBMIT_FUNCTION_NAME}(" + ", ".join(f"${i}" for i in range(1, 20)) + ")"
+).encode()
+"""The submit's function as :class:`~actors.stores.postgres_lane.LoopLane` prepares it."""
+_SUBMIT_NAME: Final = b"axon_submit_call"
+_SUBMIT_CALL: Final = f"SELECT * FROM {SUBMIT_FUNCTION_NAME}({', '.join(['%s'] * 19)})"
+"""The same, as psycopg runs it (a store without a lane: a test's stand-in)."""
+_SUBMIT_BYTEA: Final = frozenset({6, 7})
+"""The positions of its ``bytea`` parameters (the meta, the options)."""
+_SUBMIT_FORMATS: Final = (1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1)
+"""Its parameters' formats: text and ``bytea`` in the binary one (their bytes as they
+are, a NUL refused by the server, never cut short as a C string), the rest as text."""
+_SUBMIT_KINDS: Final = tuple(kind for _, kind in CLAIMED_COLUMNS)
+_REFUSED: Final = frozenset(SUBMIT_REFUSALS)
+"""Its refusals' ``SQLSTATE`` s, after which the lane keeps its connection."""
 
-_COUNT_QUEUED_NOTIFY = f"""SELECT ({_COUNT_QUEUED}), pg_notify(%s, current_schema() || ':' || %s)"""
-""":data:`_COUNT_QUEUED` and the workers' wake-up of :func:`_notify_turns` in one statement."""
+
+def _text(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+def _number(value: int | None) -> bytes | None:
+    return None if value is None else str(int(value)).encode()
 
 
 def _sha256(data: bytes) -> str:
@@ -630,14 +456,11 @@ def _message_key(idempotency_key: str) -> str:
     return _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
 
 
-def _encoded(content: UserContent) -> str:
-    return serde.to_json(content).decode("utf-8")
-
-
-def _encoded_and_hashed(content: UserContent, regenerate: bool) -> tuple[str, str]:
-    """The input as stored, and the hash that tells a retry (same) from an edit."""
-    body = _encoded(content)
-    return body, _sha256(orjson.dumps([body, bool(regenerate)]))
+def _encoded_and_hashed(content: UserContent, regenerate: bool) -> tuple[bytes, str]:
+    """The input as stored (its UTF-8 JSON), and the hash that tells a retry (same) from
+    an edit (of the text, as every version hashed it)."""
+    body = serde.to_json(content)
+    return body, _sha256(orjson.dumps([body.decode("utf-8"), bool(regenerate)]))
 
 
 def _check_input(input: Any) -> UserContent:
@@ -679,7 +502,7 @@ async def _serialized(
     regenerate: bool,
     meta: dict[str, Any] | None,
     options: TurnOptions | None,
-) -> tuple[str, str, bytes, bytes]:
+) -> tuple[bytes, str, bytes, bytes]:
     """A submit's input (and its hash), meta and options as the row stores them; the
     input and options (megabytes, maybe: a history) encoded off the event loop. What
     cannot be serialized is a :class:`StoreError`."""

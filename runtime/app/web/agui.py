@@ -16,7 +16,10 @@ The server keeps the history, so of ``messages`` it reads only what is new:
   thread that does not exist yet, the messages before it start its history);
 * the last message is a tool message, or ``resume`` is given: the answers for a turn that
   waits (docs/approval.md): each tool message after the last user message answers a
-  client-side tool call (its text is the output; ``error`` makes it a failure), each
+  client-side tool call (its text is the output; ``error`` makes it a failure), named by
+  its wire id (``<message id>.s<step>.<call id>``, :func:`~runtime.app.web.agui_wire.
+  wire_call_id`, what the run streamed it as) or, for the waiting turn's, its call id
+  alone, each
   ``resume`` entry an approval's interrupt (``{"approved": bool, "reason"?: str}``, or
   ``status: cancelled``, a denial). They must answer every call the turn waits for; all
   are checked before any is recorded, then the turn's continuation streams;
@@ -72,7 +75,9 @@ from runtime.app.web.agui_wire import (
     RunEncoder,
     agui_messages,
     finished,
+    pending_wire_id,
     sse,
+    thread_calls,
 )
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
@@ -271,9 +276,13 @@ def _tool_answers(
     tool's output schema (:func:`~runtime.app.web.agui_input.structured_output`)."""
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
-    # a sub-agent's client tool passed up is answered under the id its call was
-    # streamed with (``<call id>.<sub call id>``), not the agent tool's call id
-    by_call = {c.approval_id if c.sub_tool else c.tool_call_id: c for c in waiting}
+    # A waiting call is answered under its wire id (``<message id>.s<step>.<call id>``,
+    # agui_wire.wire_call_id), or its call id alone (a client holding a snapshot from
+    # before wire ids): that of the turn that waits, whatever earlier turns' calls
+    # share it. A sub-agent's client tool passed up goes by the id its call was
+    # streamed with (``<call id>.<sub call id>``), not the agent tool's call id.
+    by_call = {_key(c): c for c in waiting} | {pending_wire_id(c): c for c in waiting}
+    wire_known, wire_answered = thread_calls(messages)
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     # a sub-agent's client calls answered (those before the one the call waits for now,
     # and its last once the call has its result): the snapshot lists their answers and a
@@ -295,6 +304,10 @@ def _tool_answers(
             continue
         call_id = message["toolCallId"]
         call = by_call.get(call_id)
+        if call is None and call_id in wire_known:  # a call of the thread that waits for nothing
+            if call_id in wire_answered:  # its result, sent back with the history
+                continue
+            raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
         if call_id in answered and (call is None or call.decided):
             # a result the thread holds already, sent back with the history; never a call
             # that waits now: a call id is unique in a turn only (a provider numbering
@@ -324,7 +337,7 @@ def _tool_answers(
             if _echoes(held.get(call.tool_call_id), decision):
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
-        out.append((call_id, decision))
+        out.append((_key(call), decision))
     return out
 
 
@@ -353,6 +366,12 @@ def _resume_answers(
     return out, ignored
 
 
+def _key(call: PendingCall) -> str:
+    """What the session decides a waiting client call by: its call id, or a sub-agent's
+    passed-up call's own (``<call id>.<sub call id>``)."""
+    return call.approval_id if call.sub_tool else call.tool_call_id
+
+
 def _uncovered(
     waiting: Sequence[PendingCall], answers: Sequence[tuple[str, Decision]]
 ) -> list[PendingCall]:
@@ -366,8 +385,8 @@ def _uncovered(
 
 def _pending_refusal(calls: Sequence[PendingCall]) -> AGUIError:
     approvals = [c.approval_id for c in calls if c.kind == APPROVAL]
-    # (a sub-agent's client call passed up is answered under its own id: ``H.L0``)
-    client = [c.approval_id if c.sub_tool else c.tool_call_id for c in calls if c.kind != APPROVAL]
+    # (the ids the client answers: wire ids, a sub-agent's client call passed up by its own)
+    client = [pending_wire_id(c) for c in calls if c.kind != APPROVAL]
     said = []
     if approvals:
         said.append(f"interrupts {approvals} (answer them in 'resume')")

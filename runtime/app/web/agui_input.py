@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import orjson
 
+from runtime.app.web.agui_wire import stored_call_id
 from runtime.errors import InvalidDecision, InvalidMedia, ToolDefinitionError
 from runtime.logging import get_logger
 from runtime.messages import (
@@ -419,36 +420,52 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     ``MESSAGES_SNAPSHOT`` lists them for the client to answer, but the top agent's model
     never made that call (it called the agent tool ``H``, whose result follows). Kept,
     they were replayed to it as its own calls of a tool it does not have (a provider
-    may refuse an unknown tool in the history, and the model is misled)."""
+    may refuse an unknown tool in the history, and the model is misled).
+
+    A call's id as a snapshot gives it (its wire id, ``<message id>.s<step>.<call id>``:
+    :func:`~runtime.app.web.agui_wire.wire_call_id`) is read back to the call id the
+    model made (``call_0``), and a tool message may name it either way: the new
+    thread's provider is sent the calls as its model made them (a wire id is not a
+    valid call id to every provider: Anthropic's allow no dot). Two calls of a message
+    that would read back to one id keep the ids they were sent with."""
     names: dict[str, str] = {}  # the calls of the last assistant message not answered yet
     sub_calls: set[str] = set()  # those of them passed up from a sub-agent: left out
+    ids: dict[str, str] = {}  # the calls of that message: as sent -> as stored
     out: list[Message] = []
     for i, m in enumerate(messages):
         role = m["role"]
         if role in ("system", "developer", "user", "assistant"):
             names.clear()
             sub_calls.clear()
+            ids.clear()
         if role in ("system", "developer"):
             out.append(SystemMessage(content=m["content"]))
         elif role == "user":
             out.append(UserMessage(content=user_input(m["content"], f"messages[{i}].content")))
         elif role == "assistant":
             parts: list[Any] = [TextPart(text=m["content"], step=0)] if m.get("content") else []
-            for j, call in enumerate(m.get("toolCalls") or ()):
+            calls = m.get("toolCalls") or ()
+            given = [c["id"] for c in calls]
+            stored = [stored_call_id(m["id"], c) for c in given]
+            if len(set(stored)) < len(set(given)):  # (two would be one: kept as sent)
+                stored = given
+            for j, call in enumerate(calls):
                 function = call["function"]
-                if call["id"] in names:
+                call_id = stored[j]
+                if call_id in names:
                     raise bad_input(
                         f"'messages[{i}].toolCalls[{j}].id' repeats the id of another call "
                         "of the message"
                     )
-                if _passed_up(call["id"], names):
-                    sub_calls.add(call["id"])
-                names[call["id"]] = function["name"]
-                if call["id"] in sub_calls:
+                ids[call["id"]] = ids[call_id] = call_id
+                if _passed_up(call_id, names):
+                    sub_calls.add(call_id)
+                names[call_id] = function["name"]
+                if call_id in sub_calls:
                     continue
                 parts.append(
                     ToolCallPart(
-                        tool_call_id=call["id"],
+                        tool_call_id=call_id,
                         tool_name=function["name"],
                         input=_arguments(function["arguments"]),
                         step=0,
@@ -456,7 +473,7 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
                 )
             out.append(AssistantMessage(content=tuple(parts)))
         elif role == "tool":
-            call_id = m["toolCallId"]
+            call_id = ids.get(m["toolCallId"], m["toolCallId"])
             if call_id in sub_calls and call_id in names:
                 del names[call_id]  # answered (a second answer is refused, as any call's)
                 continue

@@ -22,7 +22,9 @@ session):
   a signed or encrypted part's opaque value follows as ``REASONING_ENCRYPTED_VALUE``
   (``subtype: message``) before the run ends;
 * ``tool-input-start/delta`` and ``tool-call`` -> ``TOOL_CALL_START`` (``parentMessageId``:
-  the assistant message), ``TOOL_CALL_ARGS``, ``TOOL_CALL_END``;
+  the assistant message), ``TOOL_CALL_ARGS``, ``TOOL_CALL_END``; every ``toolCallId`` (of
+  these, of results, snapshots, interrupts, ``pendingToolCallIds``) is the call's wire id
+  ``<message id>.s<step>.<call id>`` (:func:`wire_call_id`), unique in the thread;
 * ``tool-result`` / ``tool-error`` / ``tool-output-denied`` -> ``TOOL_CALL_RESULT``
   (``messageId``: ``<message id>.s<step>.<call id>.result``, :func:`result_message_id`;
   an error or a denial as its text, flagged in ``metadata.axon``);
@@ -143,6 +145,40 @@ def result_content(output: Any) -> str | list[dict[str, Any]]:
     return _json_text(output)
 
 
+def wire_call_id(message_id: str, step: int, tool_call_id: str) -> str:
+    """The id a stored call goes by on the wire (``toolCallId`` of every event and
+    message, ``pendingToolCallIds``, an interrupt's ``toolCallId``):
+    ``<assistant message id>.s<step>.<call id>``, the same live and in every snapshot.
+
+    Why not the call id: it is unique in a turn at best (a provider numbering each
+    response's calls ``call_0``, ``call_1``, ... repeats them in every turn), and
+    ``@ag-ui/client`` keys tool calls by id across all a thread's messages: a second
+    turn's ``call_0`` renamed the first turn's call (its arguments appended to the old
+    ones) and its own assistant message was never made. A client's answer naming it is
+    mapped back to the stored call (:func:`thread_calls`); the call id alone is still
+    taken for a call of the turn that waits (a client holding an older snapshot)."""
+    return f"{message_id}.s{step}.{tool_call_id}"
+
+
+def stored_call_id(message_id: str, wire_id: str) -> str:
+    """The call id a tool call of assistant message ``message_id`` sent by a client
+    stands for: ``wire_id`` with :func:`wire_call_id`'s ``<message id>.s<step>.`` taken
+    off, or ``wire_id`` itself (a call id of an older snapshot, or a client's own)."""
+    head = f"{message_id}.s"
+    if not message_id or not wire_id.startswith(head):
+        return wire_id
+    step, dot, rest = wire_id[len(head) :].partition(".")
+    return rest if dot and rest and step.isdigit() else wire_id
+
+
+def pending_wire_id(call: PendingCall) -> str:
+    """The wire id of a call the turn waits for: a sub-agent's client call passed up goes
+    by its own id (``<agent tool's call id>.<sub call id>``) under the agent tool's
+    message and step."""
+    raw = call.approval_id if call.sub_tool else call.tool_call_id
+    return wire_call_id(call.message_id, call.step, raw)
+
+
 def result_message_id(message_id: str, step: int, tool_call_id: str) -> str:
     """The id of the tool message a call's result mints: the same in the stream and in
     every snapshot, so a snapshot updates what the stream built and a reconnecting
@@ -153,7 +189,7 @@ def result_message_id(message_id: str, step: int, tool_call_id: str) -> str:
     ``call_1``, ... repeats them in every turn and every step), and two results under
     one ``<call id>.result`` were one message to a client keying messages by id
     (``@ag-ui/client`` and the apps on it merged or dropped one)."""
-    return f"{message_id}.s{step}.{tool_call_id}.result"
+    return f"{wire_call_id(message_id, step, tool_call_id)}.result"
 
 
 def reasoning_id(message_id: str, index: int) -> str:
@@ -199,7 +235,7 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
     sub_results: list[dict[str, Any]] = []
     for p in message.content:
         if isinstance(p, ToolCallPart):
-            calls.append(_tool_call(p))
+            calls.append(_tool_call(p, message.id))
             if p.awaiting is not None:
                 _add_sub_calls(p.awaiting, calls, sub_results, message.id, p.step)
     assistant: dict[str, Any] = {"id": message.id, "role": "assistant"}
@@ -220,7 +256,7 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_call(part: ToolCallPart) -> dict[str, Any]:
+def _tool_call(part: ToolCallPart, message_id: str) -> dict[str, Any]:
     """A stored call as an AG-UI tool call. An agent tool's call that waits (or waited)
     for its sub-agent's approval passed up says which sub call asked, in its
     ``metadata.axon`` (``askedTool``, ``askedArgs``, two and more agents deep
@@ -228,7 +264,7 @@ def _tool_call(part: ToolCallPart) -> dict[str, Any]:
     interrupt's ``metadata`` says it while it waits, and a snapshot (a client
     reconnecting, the run's closing one) says it on the call the interrupt names."""
     call: dict[str, Any] = {
-        "id": part.tool_call_id,
+        "id": wire_call_id(message_id, part.step, part.tool_call_id),
         "type": "function",
         "function": {"name": part.tool_name, "arguments": _json_text(part.input)},
     }
@@ -253,14 +289,13 @@ def _add_sub_calls(
     """The client tool calls a sub-agent passed up through the agent tool's call that
     ``waiting`` is stored on (``Awaiting.sub_tool``; those answered before it,
     ``sub_answered``), as the run streamed them: tool calls of the same assistant
-    message under the ids the client answers (``<call id>.<sub call id>``), and each
-    answer given as a tool message. Without them a snapshot dropped the call a
-    ``pendingToolCallIds`` names (``@ag-ui/client`` replaces its messages with it)."""
-    subs = [*waiting.sub_answered, *((waiting,) if waiting.sub_tool is not None else ())]
-    for sub in subs:
+    message under the ids the client answers (the wire ids of ``<call id>.<sub call
+    id>``), and each answer given as a tool message. Without them a snapshot dropped the
+    call a ``pendingToolCallIds`` names (``@ag-ui/client`` replaces its messages with it)."""
+    for sub in _subs(waiting):
         calls.append(
             {
-                "id": sub.id,
+                "id": wire_call_id(message_id, step, sub.id),
                 "type": "function",
                 "function": {"name": sub.sub_tool or "", "arguments": _json_text(sub.sub_input)},
             }
@@ -270,7 +305,7 @@ def _add_sub_calls(
         result: dict[str, Any] = {
             "id": result_message_id(message_id, step, sub.id),
             "role": "tool",
-            "toolCallId": sub.id,
+            "toolCallId": wire_call_id(message_id, step, sub.id),
             "content": sub.error if sub.error is not None else result_content(sub.output),
         }
         if sub.error is not None:
@@ -278,17 +313,70 @@ def _add_sub_calls(
         results.append(result)
 
 
+def _subs(waiting: Awaiting) -> list[Awaiting]:
+    """The sub-agent's client calls passed up through a call's wait: those answered,
+    then the one it waits for now."""
+    return [*waiting.sub_answered, *((waiting,) if waiting.sub_tool is not None else ())]
+
+
+class _Owners:
+    """Which call a tool message answers, as :func:`runtime.history.repair` pairs them:
+    the latest call of its id and step, else the latest of its id (fed the history's
+    assistant messages in order, ``add``; asked of each tool message, ``of``)."""
+
+    __slots__ = ("calls", "latest")
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, int], tuple[str, int]] = {}
+        self.latest: dict[str, tuple[str, int]] = {}
+
+    def add(self, message_id: str, part: ToolCallPart) -> None:
+        owner = (message_id, part.step)
+        self.calls[part.tool_call_id, part.step] = self.latest[part.tool_call_id] = owner
+
+    def of(self, result: ToolMessage) -> tuple[str, int] | None:
+        """The answered call's ``(assistant message id, step)``; ``None``: none."""
+        return self.calls.get((result.tool_call_id, result.step)) or self.latest.get(
+            result.tool_call_id
+        )
+
+
+def thread_calls(messages: Sequence[Message]) -> tuple[dict[str, str], set[str]]:
+    """Every call a snapshot of ``messages`` lists, by its wire id (:func:`wire_call_id`):
+    the stored call id it stands for (a sub-agent's passed-up client call: its
+    ``<call id>.<sub call id>``); and the wire ids of those the snapshot gives a result
+    (a tool message). What a client's ``toolCallId`` is read by."""
+    known: dict[str, str] = {}
+    answered: set[str] = set()
+    owners = _Owners()
+    for m in messages:
+        if isinstance(m, AssistantMessage):
+            for p in m.content:
+                if not isinstance(p, ToolCallPart):
+                    continue
+                owners.add(m.id, p)
+                known[wire_call_id(m.id, p.step, p.tool_call_id)] = p.tool_call_id
+                if p.awaiting is not None:
+                    for sub in _subs(p.awaiting):
+                        wire = wire_call_id(m.id, p.step, sub.id)
+                        known[wire] = sub.id
+                        if sub.decided:
+                            answered.add(wire)
+        elif isinstance(m, ToolMessage):
+            owner = owners.of(m)
+            if owner is not None:
+                answered.add(wire_call_id(owner[0], owner[1], m.tool_call_id))
+    return known, answered
+
+
 def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """A stored history as AG-UI messages (a ``MESSAGES_SNAPSHOT``'s): user and system
     messages; for each assistant message its reasoning messages, then the message with
     its text and tool calls; tool results as tool messages (a call that still waits has
-    none), each id'd by the call it answers (:func:`result_message_id`)."""
+    none), each id'd by the call it answers (:func:`result_message_id`). Every tool
+    call goes by its wire id (:func:`wire_call_id`), unique in the thread."""
     out: list[dict[str, Any]] = []
-    # (call id, step) -> the latest assistant message that made the call; call id -> the
-    # latest that made one with that id (a result whose step matches no call of its id
-    # answers that, as :func:`runtime.history.repair` has it)
-    calls: dict[tuple[str, int], str] = {}
-    latest: dict[str, str] = {}
+    owners = _Owners()
     for m in messages:
         if isinstance(m, UserMessage):
             content = m.content if isinstance(m.content, str) else content_parts(m.content)
@@ -298,17 +386,15 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         elif isinstance(m, AssistantMessage):
             for p in m.content:
                 if isinstance(p, ToolCallPart):
-                    calls[p.tool_call_id, p.step] = latest[p.tool_call_id] = m.id
+                    owners.add(m.id, p)
             out.extend(_assistant(m))
         elif isinstance(m, ToolMessage):
-            owner = calls.get((m.tool_call_id, m.step)) or latest.get(m.tool_call_id)
-            tool: dict[str, Any] = {
-                # (a result no call claims, which repair drops: its own id)
-                "id": m.id if owner is None else result_message_id(owner, m.step, m.tool_call_id),
-                "role": "tool",
-                "toolCallId": m.tool_call_id,
-                "content": result_content(m.output) if m.error is None else m.error,
-            }
+            owner = owners.of(m)
+            tool: dict[str, Any] = {"id": m.id, "role": "tool", "toolCallId": m.tool_call_id}
+            if owner is not None:  # (a result no call claims, which repair drops: its own)
+                tool["id"] = result_message_id(owner[0], m.step, m.tool_call_id)
+                tool["toolCallId"] = wire_call_id(owner[0], owner[1], m.tool_call_id)
+            tool["content"] = result_content(m.output) if m.error is None else m.error
             if m.error is not None:
                 tool["error"] = m.error
             out.append(tool)
@@ -377,7 +463,7 @@ def interrupt(
         "id": call.approval_id,
         "reason": "tool_call",
         "message": message,
-        "toolCallId": call.tool_call_id,
+        "toolCallId": wire_call_id(call.message_id, call.step, call.tool_call_id),
         "responseSchema": APPROVAL_SCHEMA,
     }
     if call.asked_tool is not None:
@@ -431,7 +517,7 @@ def finished(
         ]
     outcome = {"type": "success"}
     # (a sub-agent's client tool passed up: the id its call was streamed under)
-    client = [c.approval_id if c.sub_tool else c.tool_call_id for c in pending if c.kind == CLIENT]
+    client = [pending_wire_id(c) for c in pending if c.kind == CLIENT]
     if client:
         outcome["pendingToolCallIds"] = client
     return [{"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "outcome": outcome}]
@@ -488,6 +574,8 @@ class RunEncoder:
         self._calls_open: set[str] = set()
         self._args_sent: set[str] = set()
         self._announced: set[str] = set()
+        self._wire: dict[str, str] = {}
+        """The wire id (:func:`wire_call_id`) of each call id of the turn streamed."""
         self.finish_reason: str | None = None
         self.usage = Usage()
         self.abort_reason: str | None = None
@@ -580,22 +668,29 @@ class RunEncoder:
     def _reasoning_finish(self, chunk: o.ReasoningFinish) -> list[dict[str, Any]]:
         return self._close_reasoning(chunk.part_id)
 
+    def wire_id(self, step: int, call_id: str) -> str:
+        """The wire id of the turn's call ``call_id`` (made in ``step``): the one it was
+        announced under, else its message's (:func:`wire_call_id`)."""
+        wire = self._wire.get(call_id)
+        return wire_call_id(self.message_id, step, call_id) if wire is None else wire
+
     def _tool_input_start(self, chunk: o.ToolInputStart) -> list[dict[str, Any]]:
-        return self._start_call(chunk.tool_call_id, chunk.tool_name)
+        return self._start_call(chunk.step, chunk.tool_call_id, chunk.tool_name)
 
     def _tool_input_delta(self, chunk: o.ToolInputDelta) -> list[dict[str, Any]]:
         if chunk.tool_call_id not in self._calls_open:
             return []
         self._args_sent.add(chunk.tool_call_id)
-        return [{"type": "TOOL_CALL_ARGS", "toolCallId": chunk.tool_call_id, "delta": chunk.delta}]
+        wire = self._wire[chunk.tool_call_id]
+        return [{"type": "TOOL_CALL_ARGS", "toolCallId": wire, "delta": chunk.delta}]
 
     def _tool_call(self, chunk: o.ToolCall) -> list[dict[str, Any]]:
-        out = self._start_call(chunk.tool_call_id, chunk.tool_name)
+        out = self._start_call(chunk.step, chunk.tool_call_id, chunk.tool_name)
         if chunk.tool_call_id not in self._args_sent:
             out.append(
                 {
                     "type": "TOOL_CALL_ARGS",
-                    "toolCallId": chunk.tool_call_id,
+                    "toolCallId": self.wire_id(chunk.step, chunk.tool_call_id),
                     "delta": _json_text(chunk.input),
                 }
             )
@@ -636,7 +731,7 @@ class RunEncoder:
                 "type": "CUSTOM",
                 "name": "axon.tool-stream",
                 "value": {
-                    "toolCallId": chunk.tool_call_id,
+                    "toolCallId": self.wire_id(chunk.step, chunk.tool_call_id),
                     "toolName": chunk.tool_name,
                     "chunk": {"type": getattr(chunk.chunk, "type", None), **_plain(chunk.chunk)},
                 },
@@ -732,15 +827,16 @@ class RunEncoder:
             {"type": "REASONING_END", "messageId": rid},
         ]
 
-    def _start_call(self, call_id: str, name: str) -> list[dict[str, Any]]:
+    def _start_call(self, step: int, call_id: str, name: str) -> list[dict[str, Any]]:
         if call_id in self._announced:
             return []
         self._announced.add(call_id)
         self._calls_open.add(call_id)
+        wire = self._wire[call_id] = wire_call_id(self.message_id, step, call_id)
         return [
             {
                 "type": "TOOL_CALL_START",
-                "toolCallId": call_id,
+                "toolCallId": wire,
                 "toolCallName": name,
                 "parentMessageId": self.message_id,
             }
@@ -750,7 +846,7 @@ class RunEncoder:
         if call_id not in self._calls_open:
             return []
         self._calls_open.discard(call_id)
-        return [{"type": "TOOL_CALL_END", "toolCallId": call_id}]
+        return [{"type": "TOOL_CALL_END", "toolCallId": self._wire[call_id]}]
 
     def _result(
         self, step: int, call_id: str, content: Any, axon: dict[str, Any] | None = None
@@ -758,7 +854,7 @@ class RunEncoder:
         event: dict[str, Any] = {
             "type": "TOOL_CALL_RESULT",
             "messageId": result_message_id(self.message_id, step, call_id),
-            "toolCallId": call_id,
+            "toolCallId": self.wire_id(step, call_id),
             "content": content,
             "role": "tool",
         }
@@ -918,7 +1014,11 @@ __all__ = [
     "agui_messages",
     "finished",
     "interrupt",
+    "pending_wire_id",
     "result_content",
     "sse",
+    "stored_call_id",
+    "thread_calls",
     "token_usage",
+    "wire_call_id",
 ]
