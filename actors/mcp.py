@@ -796,8 +796,10 @@ class MCPServerActor(Actor):
         A check allowed more than :data:`ON_LOOP_STEPS` runs in a worker thread, one at a
         time for the server: it is Python (``jsonschema``; patterns in pydantic-core's
         linear engine), which gives the GIL up every few milliseconds, so the loop runs on
-        beside it, where 1 MiB of content may take up to a million steps (3 s for a plain
-        schema, ~23 s for a hostile one). A call cancelled meanwhile stops it at its next
+        beside it, where 1 MiB of content may take up to a million steps (2-5 us each,
+        whatever the schema: ~3 s for an array of integers, ~5 s for a hostile schema;
+        each step's work is counted, :data:`~runtime.tools.UNTRUSTED_STEPS`). A call
+        cancelled meanwhile stops it at its next
         step. A smaller one runs on the loop, as a model's input is checked: no thread's
         hop for the many small results."""
         from referencing.exceptions import Unresolvable
@@ -1138,8 +1140,8 @@ ERROR_MESSAGE_CHARS = 500
 
 ON_LOOP_STEPS = UNTRUSTED_STEPS + 4096
 """The most steps a check of a result's structured content may take on the event loop
-(content of up to 4 KiB as JSON): ~0.3 s at the costliest step known (~23 us, a
-``$ref`` resolved), about what a model's input may hold it. A check allowed more runs
+(content of up to 4 KiB as JSON): ~0.07 s at the costliest step known (~5 us, a
+``$ref`` in an ``anyOf``), no more than a model's input may hold it. A check allowed more runs
 in a worker thread (:meth:`MCPServerActor._check_output`)."""
 
 SAID_WINDOW = 4 * ERROR_MESSAGE_CHARS
