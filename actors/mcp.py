@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import os
 import re
@@ -54,7 +53,7 @@ from runtime.errors import (
 from runtime.extras import require_mcp
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
-from runtime.logging import get_logger
+from runtime.logging import get_logger, quiet_mcp_client_logs
 from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
     LISTING_UNITS,
@@ -582,7 +581,7 @@ class MCPServerActor(Actor):
 
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
-        quiet_sdk_quotes()
+        quiet_mcp_client_logs()  # (an application may never call configure_logging)
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
@@ -982,56 +981,6 @@ class MCPServerActor(Actor):
             if not request.cancel_scope.cancel_called:
                 _answer(request, error)
         self._in_flight.clear()
-
-
-SDK_CLIENT_LOGGERS = (
-    "mcp.client.streamable_http",
-    "mcp.client.session",
-    "mcp.client.stdio",
-    "mcp.client.client",
-    "mcp.shared.jsonrpc_dispatcher",
-)
-"""The ``mcp`` package's client loggers that log a server's message it could not read
-with its exception (``logger.exception("Error parsing SSE message")``, "Error parsing
-JSON response", "Failed to validate notification": :class:`_SDKQuotes`)."""
-
-
-class _SDKQuotes(logging.Filter):
-    """A record of :data:`SDK_CLIENT_LOGGERS` whose exception is pydantic's (a server's
-    message the ``mcp`` package could not read) loses its traceback: pydantic's text
-    quotes its input, the message cut in the middle (an HTTP server's SSE event, its
-    tail an ``Authorization`` token the server echoed, whole or in part), and no
-    redaction knows a token of no known shape. What is wrong is kept, after the record's
-    own text, without the input (:func:`~actors.mcp_lines.describe_invalid`).
-
-    Another exception is left as it is: the package's parsers raise only pydantic's on
-    a server's message. Its debug lines (``SSE message: ...``, the whole message read)
-    are the operator's choice to enable."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        while exc is not None and not _is_pydantic_error(exc):
-            exc = exc.__cause__ or exc.__context__
-        if exc is not None:
-            said = f"{type(exc).__name__}: {describe_invalid(exc)}"
-            record.msg, record.args = "%s: %s", (record.getMessage(), said)
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def _is_pydantic_error(exc: BaseException) -> bool:
-    return type(exc).__name__ == "ValidationError" and hasattr(exc, "errors")
-
-
-SDK_QUOTES = _SDKQuotes()
-
-
-def quiet_sdk_quotes() -> None:
-    """Put :data:`SDK_QUOTES` on each of :data:`SDK_CLIENT_LOGGERS` (once)."""
-    for name in SDK_CLIENT_LOGGERS:
-        logger = logging.getLogger(name)
-        if SDK_QUOTES not in logger.filters:
-            logger.addFilter(SDK_QUOTES)
 
 
 def _answer(request: CallMCPTool, outcome: Any) -> None:
