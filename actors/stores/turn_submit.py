@@ -306,9 +306,10 @@ class TurnSubmitting:
         """The submit's function called from the event loop
         (:class:`~actors.stores.postgres_lane.LoopLane`: one statement, in autocommit, no
         thread): the row it queued or found. A call sent again after a connection
-        failure finds what the first one stored, if it committed (its key, or its turn
-        id). A refusal (:data:`~actors.stores.postgres_calls.SUBMIT_REFUSALS`) raises
-        the error it stands for: the call wrote nothing."""
+        failure finds what the first one stored, if it committed (its key; unkeyed, its
+        turn id, looked for before the call is sent again). A refusal
+        (:data:`~actors.stores.postgres_calls.SUBMIT_REFUSALS`) raises the error it
+        stands for: the call wrote nothing."""
         import psycopg
 
         store = self.store
@@ -342,7 +343,20 @@ class TurnSubmitting:
         if store._closed:
             raise StoreError(f"session store {store.url} is closed")
 
+        # A call sent again after a connection failure runs whole: where its first try
+        # committed (its answer lost), a keyed one replays, but an unkeyed ``reject``
+        # met its own row (``SessionBusy`` for a turn that runs), an ``interrupt``
+        # cancelled it (the message lost) and a ``steer`` counted itself twice. So an
+        # unkeyed call's retry looks for its twin first (a retry's cost only).
+        tries: list[int] = []
+        twin = None if params[2] is not None else (params[1], params[0], params[3], params[8])
+
         async def once() -> Any:
+            if tries and twin is not None:
+                found = await store._lane.call(_TWIN_NAME, _TWIN_SQL, twin, _TWIN_FORMATS, 1)
+                if found.ntuples:
+                    return found
+            tries.append(1)
             try:
                 return await store._lane.call(
                     _SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1, _REFUSED
@@ -435,6 +449,14 @@ _SUBMIT_FORMATS: Final = (1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 
 """Its parameters' formats: text and ``bytea`` in the binary one (their bytes as they
 are, a NUL refused by the server, never cut short as a C string), the rest as text."""
 _SUBMIT_KINDS: Final = tuple(kind for _, kind in CLAIMED_COLUMNS)
+_TWIN_SQL: Final = (
+    "SELECT " + ", ".join(name for name, _ in CLAIMED_COLUMNS) + " FROM axon_turns "
+    "WHERE turn_id = $1 AND session_id = $2 AND input_hash = $3 AND regenerate = $4"
+).encode()
+"""The turn an unkeyed submit's first try stored, as its function's twin look finds it
+(looked for by its retry before it calls again: ``_submit_call``)."""
+_TWIN_NAME: Final = b"axon_submit_twin"
+_TWIN_FORMATS: Final = (1, 1, 1, 0)
 _REFUSED: Final = frozenset(SUBMIT_REFUSALS)
 """Its refusals' ``SQLSTATE`` s, after which the lane keeps its connection."""
 
