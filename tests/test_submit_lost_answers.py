@@ -91,3 +91,49 @@ async def test_an_unkeyed_reject_submit_retried_after_its_answer_was_lost_return
     assert lost == [1]
     assert turn.status == "queued" and turn.input == "one"
     assert rows == [('"one"', "queued", 0, None)]
+
+
+async def test_a_submit_postgresql_ends_as_a_deadlock_is_sent_again_and_queues_once(pg_url):
+    """Interrupts racing in one session are at times one another's deadlock (four
+    processes' 20 each at once: 16 of 960 ``deadlock detected``, a front end's 500): the
+    call rolled back whole, so it is sent again. Here the test's trigger ends the first
+    insert so (``40P01``): one turn queued, the running one asked to stop once."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await queue.submit("s", "one")
+        assert await queue.claim("w") is not None
+
+        def deadlock_once(conn: Any) -> None:
+            conn.execute("CREATE SEQUENCE dl_tries")
+            conn.execute(
+                """CREATE FUNCTION dl_once() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF nextval('dl_tries') = 1 THEN
+                        RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
+                    END IF;
+                    RETURN NEW;
+                END $$"""
+            )
+            conn.execute(
+                "CREATE TRIGGER dl_once BEFORE INSERT ON axon_turns "
+                "FOR EACH ROW EXECUTE FUNCTION dl_once()"
+            )
+
+        await store.run("trigger", deadlock_once)
+        turn = await queue.submit("s", "two", on_busy="interrupt")
+        rows = await _rows(store)
+        tries = await store.run(
+            "tries",
+            lambda conn: conn.execute("SELECT last_value FROM dl_tries").fetchone(),
+            transaction=False,
+        )
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert turn.status == "queued" and turn.input == "two"
+    assert tries == (2,)
+    assert rows == [
+        ('"one"', "running", 0, "interrupted by a new message"),
+        ('"two"', "queued", 0, None),
+    ]
