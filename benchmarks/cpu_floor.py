@@ -4,7 +4,8 @@ Wall-clock ratios on the shared 2-core machine swing with its load; the process 
 (``time.process_time``) of the same reads moves much less. Each child process (one per
 tree, format and delta count, the trees alternated) starts the benchmark's loopback
 server (its CPU is not counted), opens a host as the pipeline benchmark does (SQLite
-store, log lines at ``info`` into a file), warms up, then reads, round after round, the
+store, log lines at ``info`` into a file), warms up (``benchmarks.common.WARM_TURNS``
+turns and reads), then reads, round after round, the
 floor (:mod:`benchmarks.floor`) and one Axon turn (:func:`benchmarks.bench_pipeline.
 axon_side`, which checks the text and the stored message), each timed by its own CPU.
 The parent prints, per tree and format, the median (and the min and max) of the
@@ -40,7 +41,7 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) ->
     from trio.testing import wait_all_tasks_blocked
 
     from benchmarks.bench_pipeline import axon_side, make_provider
-    from benchmarks.common import INSTRUCTIONS
+    from benchmarks.common import INSTRUCTIONS, WARM_TURNS
     from benchmarks.floor import floor_side
     from runtime import Agent, Host
 
@@ -51,9 +52,13 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) ->
     try:
         async with Host.open(store=str(Path(directory) / "cpu.db")) as host:
             axon = axon_side(host, agent, "cpu")
-            for _ in range(2):  # warm-up: imports, clients, connections
+            # warm-up: imports, clients, connections, and CPython's specialisation of
+            # what runs once a turn (``benchmarks.common.WARM_TURNS``)
+            for _ in range(WARM_TURNS):
                 await axon()
+                await wait_all_tasks_blocked()
                 await floor()
+                await wait_all_tasks_blocked()
             for _ in range(rounds):
                 c0 = time.process_time()
                 got = await floor()
