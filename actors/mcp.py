@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import os
 import re
@@ -55,7 +54,7 @@ from runtime.extras import require_mcp
 from runtime.history import off_loop_limiter
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
-from runtime.logging import get_logger
+from runtime.logging import get_logger, quiet_mcp_client_logs
 from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
     LISTING_UNITS,
@@ -590,7 +589,7 @@ class MCPServerActor(Actor):
 
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
-        quiet_sdk_quotes()
+        quiet_mcp_client_logs()  # (an application may never call configure_logging)
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
@@ -804,8 +803,10 @@ class MCPServerActor(Actor):
         A check allowed more than :data:`ON_LOOP_STEPS` runs in a worker thread, one at a
         time for the server: it is Python (``jsonschema``; patterns in pydantic-core's
         linear engine), which gives the GIL up every few milliseconds, so the loop runs on
-        beside it, where 1 MiB of content may take up to a million steps (3 s for a plain
-        schema, ~23 s for a hostile one). A call cancelled meanwhile stops it at its next
+        beside it, where 1 MiB of content may take up to a million steps (2-5 us each,
+        whatever the schema: ~3 s for an array of integers, ~5 s for a hostile schema;
+        each step's work is counted, :data:`~runtime.tools.UNTRUSTED_STEPS`). A call
+        cancelled meanwhile stops it at its next
         step. A smaller one runs on the loop, as a model's input is checked: no thread's
         hop for the many small results."""
         from referencing.exceptions import Unresolvable
@@ -997,56 +998,6 @@ class MCPServerActor(Actor):
         self._in_flight.clear()
 
 
-SDK_CLIENT_LOGGERS = (
-    "mcp.client.streamable_http",
-    "mcp.client.session",
-    "mcp.client.stdio",
-    "mcp.client.client",
-    "mcp.shared.jsonrpc_dispatcher",
-)
-"""The ``mcp`` package's client loggers that log a server's message it could not read
-with its exception (``logger.exception("Error parsing SSE message")``, "Error parsing
-JSON response", "Failed to validate notification": :class:`_SDKQuotes`)."""
-
-
-class _SDKQuotes(logging.Filter):
-    """A record of :data:`SDK_CLIENT_LOGGERS` whose exception is pydantic's (a server's
-    message the ``mcp`` package could not read) loses its traceback: pydantic's text
-    quotes its input, the message cut in the middle (an HTTP server's SSE event, its
-    tail an ``Authorization`` token the server echoed, whole or in part), and no
-    redaction knows a token of no known shape. What is wrong is kept, after the record's
-    own text, without the input (:func:`~actors.mcp_lines.describe_invalid`).
-
-    Another exception is left as it is: the package's parsers raise only pydantic's on
-    a server's message. Its debug lines (``SSE message: ...``, the whole message read)
-    are the operator's choice to enable."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        while exc is not None and not _is_pydantic_error(exc):
-            exc = exc.__cause__ or exc.__context__
-        if exc is not None:
-            said = f"{type(exc).__name__}: {describe_invalid(exc)}"
-            record.msg, record.args = "%s: %s", (record.getMessage(), said)
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def _is_pydantic_error(exc: BaseException) -> bool:
-    return type(exc).__name__ == "ValidationError" and hasattr(exc, "errors")
-
-
-SDK_QUOTES = _SDKQuotes()
-
-
-def quiet_sdk_quotes() -> None:
-    """Put :data:`SDK_QUOTES` on each of :data:`SDK_CLIENT_LOGGERS` (once)."""
-    for name in SDK_CLIENT_LOGGERS:
-        logger = logging.getLogger(name)
-        if SDK_QUOTES not in logger.filters:
-            logger.addFilter(SDK_QUOTES)
-
-
 def _answer(request: CallMCPTool, outcome: Any) -> None:
     try:
         request.reply.send_nowait(outcome)
@@ -1153,8 +1104,8 @@ ERROR_MESSAGE_CHARS = 500
 
 ON_LOOP_STEPS = UNTRUSTED_STEPS + 4096
 """The most steps a check of a result's structured content may take on the event loop
-(content of up to 4 KiB as JSON): ~0.3 s at the costliest step known (~23 us, a
-``$ref`` resolved), about what a model's input may hold it. A check allowed more runs
+(content of up to 4 KiB as JSON): ~0.07 s at the costliest step known (~5 us, a
+``$ref`` in an ``anyOf``), no more than a model's input may hold it. A check allowed more runs
 in a worker thread (:meth:`MCPServerActor._check_output`)."""
 
 SAID_WINDOW = 4 * ERROR_MESSAGE_CHARS

@@ -388,6 +388,15 @@ class _Detached:
             )
 
 
+NO_APPROVER = (
+    "the approval rule of {tool} asked for a decision only as the call ran (when the turn "
+    "checked whether to wait for one, it raised or said none was needed), and no approver "
+    "runs in this process to give one: the call was not executed"
+)
+"""Why a call is denied whose approval rule asked for a decision only when it ran, with
+no in-process approver (:meth:`ToolExecutor._approve`)."""
+
+
 class ToolExecutor(ServingActor[ExecuteTools]):
     """Host-wide actor executing tool calls for every session.
 
@@ -464,7 +473,17 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     async def _approve(
         self, request: ExecuteTools, call: ToolCallSpec, kwargs: Any
     ) -> tuple[bool, str | None]:
-        """Publish an approval request and wait for its decision (denied on timeout)."""
+        """Publish an approval request and wait for its decision (denied on timeout).
+
+        Denied at once when no approver runs in process: the turn runner asked the
+        call's approval rule whether to suspend the turn for a decision, and it said no
+        (or raised); asked again here, it said yes (a rule whose lookup failed once, or
+        whose answer turns on a clock or a count). Waited for, the call held its turn
+        for the whole ``approval_timeout`` (300 s) for a decision nobody could give
+        (``session.decide`` decides suspended calls only)."""
+        in_process = getattr(request.host, "approves_in_process", None)
+        if in_process is not None and not in_process():
+            return False, NO_APPROVER.format(tool=call.tool_name)
         self._listen_for_decisions()
         event = trio.Event()
         box: list[ToolApprovalDecided] = []

@@ -371,7 +371,7 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
         sides["coalesced"] = _timed(
             axon_side(host, joined, f"{fmt}-bc"), seen, "coalesced", n, coalesced=True
         )
-    times = await alternate(sizes.pipeline_rounds, sizes.warmup, sides, collect=False)
+    times = await alternate(sizes.pipeline_rounds, sizes.pipeline_warmup, sides, collect=False)
     await raw_close()
     await floor_close()
     figures = [
@@ -409,7 +409,7 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
             seen,
             "axon",
             "raw",
-            sizes.warmup,
+            sizes.pipeline_warmup,
             _held(fmt, TTFD_TARGET_MS),
         ),
         _added_figure(
@@ -418,7 +418,7 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
             seen,
             "axon",
             "floor",
-            sizes.warmup,
+            sizes.pipeline_warmup,
             None,
         ),
     ]
@@ -462,7 +462,7 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
     seen: dict[str, list[Any]] = {}
     await alternate(
         sizes.ttfd_rounds,
-        sizes.warmup,
+        sizes.pipeline_warmup,
         {
             "raw": _timed(raw, seen, "raw", n, server),
             "floor": _timed(floor, seen, "floor", n, server),
@@ -476,7 +476,7 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         f"ttfd_byte.{fmt}",
         f"6x. First delta after the first byte: added to the floor's, {fmt}",
         seen,
-        sizes.warmup,
+        sizes.pipeline_warmup,
         _held(fmt, TTFD_FLOOR_TARGET_MS),
     )
     return [
@@ -487,7 +487,7 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
             seen,
             "axon",
             "raw",
-            sizes.warmup,
+            sizes.pipeline_warmup,
             _held(fmt, TTFD_TARGET_MS),
         ),
         _added_figure(
@@ -496,7 +496,7 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
             seen,
             "axon",
             "floor",
-            sizes.warmup,
+            sizes.pipeline_warmup,
             None,
         ),
     ]
@@ -530,7 +530,7 @@ async def _long_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         sides["coalesced"] = _timed(
             axon_side(host, joined, f"{fmt}-lc"), seen, "coalesced", long_n, coalesced=True
         )
-    times = await alternate(sizes.pipeline_long_rounds, sizes.warmup, sides, collect=False)
+    times = await alternate(sizes.pipeline_long_rounds, sizes.pipeline_warmup, sides, collect=False)
     await floor_close()
     await short_floor_close()
     figure = _ratio_figure(

@@ -1,25 +1,26 @@
 """Axon's whole turn against the floor in process CPU time, trees side by side (issue 24).
 
 Wall-clock ratios on the shared 2-core machine swing with its load; the process CPU time
-(``time.process_time``) of the same reads moves much less. Each child process (one per
-tree, format and delta count, the trees alternated) starts the benchmark's loopback
-server (its CPU is not counted), opens a host as the pipeline benchmark does (SQLite
-store, log lines at ``info`` into a file), warms up, then reads, round after round, the
-floor (:mod:`benchmarks.floor`) and one Axon turn (:func:`benchmarks.bench_pipeline.
-axon_side`, which checks the text and the stored message), each timed by its own CPU.
-The parent prints, per tree and format, the median (and the min and max) of the
-per-round ratios at 1,000 and 10,000 deltas and the split of the medians into a
-per-delta and a per-turn part (a line through the two points). The Axon side's CPU
-includes the session's open and close and the store read-back that the pipeline
-benchmark leaves off its clock, and what the turn leaves its actors to do after its
-stream ended (their rests, the log tap's last lines): its clock stops once every task
-waits (``trio.testing.wait_all_tasks_blocked``), where before that work ran on the next
-floor read's clock (~3.5 task steps, ~110 us a turn, branch ``hops``).
+(``time.process_time``) of the same reads moves much less. Each child process (one per tree,
+format and delta count, the trees alternated) starts the benchmark's loopback server (its
+CPU is not counted), opens a host as the pipeline benchmark does (SQLite store, log lines at
+``info`` into a file), warms up (``--warm`` turns and reads, by default
+``benchmarks.common.WARM_TURNS``, the same for every tree), then reads, round after round,
+the floor (:mod:`benchmarks.floor`) and one Axon turn (:func:`benchmarks.bench_pipeline.
+axon_side`, which checks the text and the stored message), each timed by its own CPU. The
+parent prints, per tree and format, the median (and the min and max) of the per-round ratios
+at 1,000 and 10,000 deltas and the split of the medians into a per-delta and a per-turn part
+(a line through the two points). The Axon side's CPU includes the session's open and close
+and the store read-back that the pipeline benchmark leaves off its clock, and what the turn
+leaves its actors to do after its stream ended (their rests, the log tap's last lines): its
+clock stops once every task waits (``trio.testing.wait_all_tasks_blocked``), where before
+that work ran on the next floor read's clock (~3.5 task steps, ~110 us a turn, branch
+``hops``).
 
 ``python3 -m benchmarks.cpu_floor --trees /work/main,$PWD [--formats anthropic,openai]
-[--children 3] [--rounds 5]``: each tree is put first on ``PYTHONPATH`` of its children
-and is their working directory, so its own ``runtime``, ``actors`` and ``benchmarks``
-are the ones measured.
+[--children 3] [--rounds 5] [--warm 10]``: each tree is put first on ``PYTHONPATH`` of its
+children and is their working directory, so its own ``runtime``, ``actors`` and
+``benchmarks`` are the ones measured.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from typing import Any
 COUNTS = (1000, 10000)
 
 
-async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) -> list[Any]:
+async def _rounds(
+    fmt: str, n: int, rounds: int, server: Any, directory: str, warm: int
+) -> list[Any]:
     from trio.testing import wait_all_tasks_blocked
 
     from benchmarks.bench_pipeline import axon_side, make_provider
@@ -51,9 +54,13 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) ->
     try:
         async with Host.open(store=str(Path(directory) / "cpu.db")) as host:
             axon = axon_side(host, agent, "cpu")
-            for _ in range(2):  # warm-up: imports, clients, connections
+            # warm-up: imports, clients, connections, and CPython's specialisation of
+            # what runs once a turn (``--warm``, by default ``benchmarks.common.WARM_TURNS``)
+            for _ in range(warm):
                 await axon()
+                await wait_all_tasks_blocked()
                 await floor()
+                await wait_all_tasks_blocked()
             for _ in range(rounds):
                 c0 = time.process_time()
                 got = await floor()
@@ -72,7 +79,7 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) ->
     return out
 
 
-def _child(fmt: str, n: int, rounds: int) -> None:
+def _child(fmt: str, n: int, rounds: int, warm: int) -> None:
     import trio
 
     from benchmarks.common import LogSink, LoopbackServer
@@ -82,7 +89,7 @@ def _child(fmt: str, n: int, rounds: int) -> None:
         with tempfile.TemporaryDirectory(prefix="axon-cpu-floor-") as directory:
             sink = LogSink(directory)
             try:
-                result = trio.run(_rounds, fmt, n, rounds, server, directory)
+                result = trio.run(_rounds, fmt, n, rounds, server, directory, warm)
             finally:
                 sink.close()
     finally:
@@ -90,10 +97,10 @@ def _child(fmt: str, n: int, rounds: int) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def _run_child(tree: str, fmt: str, n: int, rounds: int) -> list[Any]:
+def _run_child(tree: str, fmt: str, n: int, rounds: int, warm: int) -> list[Any]:
     from benchmarks.common import run_tree_child  # the parent's tree: a child never calls it
 
-    return list(run_tree_child(__file__, tree, fmt, str(n), str(rounds)))
+    return list(run_tree_child(__file__, tree, fmt, str(n), str(rounds), str(warm)))
 
 
 def main() -> None:
@@ -102,12 +109,22 @@ def main() -> None:
     parser.add_argument("--formats", default="anthropic,openai")
     parser.add_argument("--children", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        help="turns (and floor reads) each child runs before its rounds (default WARM_TURNS)",
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        fmt, n, rounds = args.child
-        _child(fmt, int(n), int(rounds))
+        fmt, n, rounds, warm = args.child
+        _child(fmt, int(n), int(rounds), int(warm))
         return
+    if args.warm is None:
+        from benchmarks.common import WARM_TURNS  # the parent's tree: the same for every tree
+
+        args.warm = WARM_TURNS
     trees = args.trees.split(",")
     formats = args.formats.split(",")
     results: dict[tuple[str, str, int], list[Any]] = {}
@@ -116,7 +133,7 @@ def main() -> None:
         for fmt in formats:
             for n in COUNTS:
                 for tree in order:
-                    rows = _run_child(tree, fmt, n, args.rounds)
+                    rows = _run_child(tree, fmt, n, args.rounds, args.warm)
                     results.setdefault((tree, fmt, n), []).extend(rows)
     for fmt in formats:
         for tree in trees:

@@ -3,16 +3,18 @@
 CPU time on the shared 2-core machine moves with its load; the instructions a process
 executes do not. One child a tree runs under ``valgrind --tool=callgrind`` (the loopback
 server, a separate process, is not counted): it opens a host as :mod:`benchmarks.cpu_floor`
-does (SQLite store, log lines at ``info`` into a file), warms up both sides,
-then runs ``turns`` reads of the floor (:mod:`benchmarks.floor`), then ``turns`` Axon
-turns, each in a fresh session (:func:`benchmarks.bench_pipeline.axon_side`, which checks
-the text and the stored message), and waits until every task waits after each. Callgrind's
-counters are dumped (and so reset) before each side's reads (``os.getloadavg`` marks the
-spot: ``--dump-before=getloadavg``) and after them (``os.sched_get_priority_max``), so
-start-up, imports and warm-up are not counted: the dumps ``.2`` (the floor) and ``.4``
-(Axon) are the counted parts, ``.1`` and ``.3`` the stretches before. (``--zero-before``
-reset the summary but not every function's cost: a dump's functions carried up to 75 M
-instructions of the imports and warm-up, so a zeroed dump could be read only as its total.)
+does (SQLite store, log lines at ``info`` into a file), warms up both sides (``--warm``
+turns and reads each, by default ``benchmarks.common.WARM_TURNS``: past CPython 3.11's
+specialisation of what runs once a turn), then runs ``turns`` reads of the floor
+(:mod:`benchmarks.floor`), then ``turns`` Axon turns, each in a fresh session
+(:func:`benchmarks.bench_pipeline.axon_side`, which checks the text and the stored message),
+and waits until every task waits after each. Callgrind's counters are dumped (and so reset)
+before each side's reads (``os.getloadavg`` marks the spot: ``--dump-before=getloadavg``)
+and after them (``os.sched_get_priority_max``), so start-up, imports and warm-up are not
+counted: the dumps ``.2`` (the floor) and ``.4`` (Axon) are the counted parts, ``.1`` and
+``.3`` the stretches before. (``--zero-before`` reset the summary but not every function's
+cost: a dump's functions carried up to 75 M instructions of the imports and warm-up, so a
+zeroed dump could be read only as its total.)
 ``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
 
 ``--collect``: a full garbage collection before each side's counted part. Without it the
@@ -31,7 +33,7 @@ shared with the other core: a turn's working set fits the L3, so the misses that
 the L2's. Deterministic like the instruction count; ~1.5x slower.
 
 ``python3 -m benchmarks.instr_count --trees /work/main,$PWD [--formats anthropic]
-[--deltas 1000] [--turns 10] [--collect] [--cache]``: each tree is put first on
+[--deltas 1000] [--turns 10] [--warm 10] [--collect] [--cache]``: each tree is put first on
 ``PYTHONPATH`` of its children, as :mod:`benchmarks.cpu_floor` does. Under callgrind a
 1,000-delta Axon turn takes ~0.5 s; a child's start ~30 s.
 """
@@ -47,7 +49,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-WARM = 3
 PARTS = (2, 4)
 CACHE_I1 = "32768,8,64"
 CACHE_D1 = "49152,12,64"
@@ -56,7 +57,7 @@ CACHE_EVENTS = ("Ir", "D1 miss", "LL miss", "I1 miss", "mispredicts", "branches"
 
 
 async def _reads(
-    fmt: str, n: int, turns: int, server: object, directory: str, collect: bool
+    fmt: str, n: int, turns: int, server: object, directory: str, collect: bool, warm: int
 ) -> None:
     from trio.testing import wait_all_tasks_blocked
 
@@ -71,7 +72,7 @@ async def _reads(
     try:
         async with Host.open(store=str(Path(directory) / "cg.db")) as host:
             axon = axon_side(host, agent, "cg")
-            for _ in range(WARM):
+            for _ in range(warm):
                 await axon()
                 await wait_all_tasks_blocked()
                 await floor()
@@ -90,7 +91,7 @@ async def _reads(
         await floor_close()
 
 
-def _child(fmt: str, n: int, turns: int, collect: bool) -> None:
+def _child(fmt: str, n: int, turns: int, collect: bool, warm: int) -> None:
     import trio
 
     from benchmarks.common import LogSink, LoopbackServer
@@ -103,7 +104,7 @@ def _child(fmt: str, n: int, turns: int, collect: bool) -> None:
         with tempfile.TemporaryDirectory(prefix="axon-instr-") as directory:
             sink = LogSink(directory)
             try:
-                trio.run(_reads, fmt, n, turns, server, directory, collect)
+                trio.run(_reads, fmt, n, turns, server, directory, collect, warm)
             finally:
                 sink.close()
     finally:
@@ -128,11 +129,17 @@ def _cache_counts(text: str) -> dict[str, int]:
 
 
 def cache_count(
-    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool = False
+    tree: str,
+    fmt: str,
+    n: int,
+    turns: int,
+    out: str,
+    collect: bool = False,
+    warm: int | None = None,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Simulated cache and branch events of the floor's ``turns`` reads and of Axon's
     ``turns`` turns (see ``--cache``)."""
-    _run(tree, fmt, n, turns, out, collect, cache=True)
+    _run(tree, fmt, n, turns, out, collect, cache=True, warm=warm)
     floor, axon = (
         _cache_counts(Path(f"{out}.{part}").read_text(errors="replace")) for part in PARTS
     )
@@ -140,11 +147,17 @@ def cache_count(
 
 
 def count(
-    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool = False
+    tree: str,
+    fmt: str,
+    n: int,
+    turns: int,
+    out: str,
+    collect: bool = False,
+    warm: int | None = None,
 ) -> tuple[int, int]:
     """Ir of the floor's ``turns`` reads and of Axon's ``turns`` turns, one child under
     callgrind (``collect``: a full collection before each side's)."""
-    _run(tree, fmt, n, turns, out, collect)
+    _run(tree, fmt, n, turns, out, collect, warm=warm)
     counts = []
     for part in PARTS:
         text = Path(f"{out}.{part}").read_text(errors="replace")
@@ -156,8 +169,19 @@ def count(
 
 
 def _run(
-    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool, cache: bool = False
+    tree: str,
+    fmt: str,
+    n: int,
+    turns: int,
+    out: str,
+    collect: bool,
+    cache: bool = False,
+    warm: int | None = None,
 ) -> None:
+    if warm is None:
+        from benchmarks.common import WARM_TURNS
+
+        warm = WARM_TURNS
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
     simulate = [
         "--cache-sim=yes",
@@ -181,6 +205,7 @@ def _run(
         str(n),
         str(turns),
         str(int(collect)),
+        str(warm),
     ]
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -204,18 +229,26 @@ def main() -> None:
         action="store_true",
         help="also simulate the caches and branches: misses and mispredicts a turn",
     )
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=None,
+        help="turns (and reads) each side runs before the counted ones (default WARM_TURNS)",
+    )
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        fmt, n, turns, collect = args.child
-        _child(fmt, int(n), int(turns), collect == "1")
+        fmt, n, turns, collect, warm = args.child
+        _child(fmt, int(n), int(turns), collect == "1", int(warm))
         return
     trees = args.trees.split(",")
     for fmt in args.formats.split(","):
         for i, tree in enumerate(trees):
             path = f"{args.out}/cg.{fmt}.{args.deltas}.{i}"
             if args.cache:
-                sides = cache_count(tree, fmt, args.deltas, args.turns, path, args.collect)
+                sides = cache_count(
+                    tree, fmt, args.deltas, args.turns, path, args.collect, args.warm
+                )
                 print(f"{fmt} {args.deltas} {tree} ({path}.2, .4), a turn:", flush=True)
                 for event in CACHE_EVENTS:
                     floor, axon = (side[event] / args.turns for side in sides)
@@ -225,7 +258,7 @@ def main() -> None:
                         flush=True,
                     )
                 continue
-            counts = count(tree, fmt, args.deltas, args.turns, path, args.collect)
+            counts = count(tree, fmt, args.deltas, args.turns, path, args.collect, args.warm)
             floor, axon = (c / args.turns for c in counts)
             print(
                 f"{fmt} {args.deltas} {tree}: floor {floor:,.0f} Ir a read,"

@@ -195,7 +195,9 @@ def approval_decided(
 
     ``max_chars``: the limit the decision's reason was stored cut to (:func:`_check`);
     the event carries the same cut text, so an observer of the bus (an event log, a
-    structured log) is not handed the client's whole reason, up to the body's size."""
+    structured log) is not handed the client's whole reason, up to the body's size.
+    ``edited``: the call's own input was edited, or, for a sub-agent's approval passed
+    up, its sub call's (before, that event said ``edited=False``)."""
     if call.kind != APPROVAL:
         return None
     return lifecycle.ToolApprovalDecided(
@@ -203,7 +205,8 @@ def approval_decided(
         tool_call_id=call.tool_call_id,
         approved=approved,
         reason=_kept(reason, max_chars),
-        edited=call.original_input is not None,
+        # (a passed-up approval's edit is its sub call's: Awaiting.edited_input)
+        edited=call.original_input is not None or call.edited_input is not None,
         turn_id=call.turn_id,
         causation_id=call.approval_id,
     )

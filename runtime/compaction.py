@@ -54,6 +54,7 @@ import attrs
 
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import ConfigurationError
+from runtime.history import EDIT_NOTE
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -133,9 +134,29 @@ def estimate_message(message: Message) -> int:
             total += (
                 MESSAGE_TOKENS + estimate_text(part.tool_name) + estimate_text(_json(part.input))
             )
+            waiting = part.awaiting
+            if waiting is not None and waiting.edit_in_result:  # (approved with edits)
+                total += _edit_replay_tokens(waiting.original_input)
         elif isinstance(part, ProviderDataPart):
             total += estimate_text(_json(part.data))
     return total
+
+
+EDIT_NOTE_TOKENS = estimate_text(EDIT_NOTE.format(input="") + "\n\n")
+"""The estimate of :data:`~runtime.history.EDIT_NOTE` (and the blank line after it),
+without the edit it gives."""
+
+
+def _edit_replay_tokens(original: Any) -> int:
+    """What a call approved with edits adds to a request beyond its stored input (the
+    edit, counted as the call's): it is replayed with the model's own input
+    (``original``), and the edit is told again at the head of its result
+    (:func:`runtime.history.replay_edits`). Counted as the edit alone, a request whose
+    one call the model wrote with 200,000 characters of input, edited down to 24, was
+    estimated at 37 tokens, what it sends at 57,233: the estimate decides whether a
+    request is counted exactly before it is sent (:data:`EXACT_FROM`) and what a rate
+    limit reserves for it."""
+    return EDIT_NOTE_TOKENS + (0 if original is None else estimate_text(_json(original)))
 
 
 def estimate_tokens(

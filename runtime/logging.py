@@ -74,6 +74,91 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
+    quiet_mcp_client_logs()
+
+
+MCP_CLIENT_LOGGERS = (
+    "client",  # (mcp.client.session's: logging.getLogger("client"))
+    "mcp.client.client",
+    "mcp.client.streamable_http",
+    "mcp.client.sse",
+    "mcp.client.stdio",
+    "mcp.client.caching",
+    "mcp.client.auth.oauth2",
+    "mcp.shared.jsonrpc_dispatcher",
+    "mcp.shared.dispatcher",
+    "mcp.shared.direct_dispatcher",
+)
+"""The stdlib loggers of the ``mcp`` package's client side (a filter on a logger sees
+only its own records, not its children's: each module's is named)."""
+
+MCP_LINE_CHARS = 500
+"""Characters of an ``mcp`` client record's text kept (:class:`MCPClientLines`)."""
+
+
+class MCPClientLines(logging.Filter):
+    """What the ``mcp`` package's client logs (:data:`MCP_CLIENT_LOGGERS`), kept out of
+    every log whatever its level or handler: the record is changed in place, before any
+    handler (an application's root handler too) sees it.
+
+    * Below ``WARNING``: dropped. Its debug lines hold whole JSON-RPC messages (``SSE
+      message: ...``, ``Sending client message: ...``: a tool's arguments and results,
+      what a server echoed of the headers it was sent), its info lines the session id
+      (a bearer of the session) and endpoints; a level says nothing of what a line
+      holds, and Axon's own ``mcp.*`` events tell a server's life.
+    * ``WARNING`` and above: one line of at most :data:`MCP_LINE_CHARS` characters,
+      key shapes redacted; an exception is its type and message on that line, without
+      its traceback, pydantic's without the input it quotes (an SSE event the package
+      could not read, cut in the middle: an echoed token's tail, of no key shape)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return False
+        try:
+            text = record.getMessage()
+        except Exception:  # (arguments that do not fit the format: the format alone)
+            text = str(record.msg)
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text = f"{text}: {_said_by(exc)}"
+        text = redact_text(text)
+        if len(text) > MCP_LINE_CHARS:
+            text = f"{text[:MCP_LINE_CHARS]}... ({len(text) - MCP_LINE_CHARS} characters more)"
+        record.msg, record.args = text, ()
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+def _said_by(exc: BaseException) -> str:
+    """``TypeName: message`` of ``exc`` or of the pydantic error it was raised from,
+    that one without the input it quotes."""
+    found: BaseException | None = exc
+    while found is not None and not _is_pydantic_error(found):
+        found = found.__cause__ or found.__context__
+    if found is None:
+        return describe_exception(exc)
+    errors = found.errors(include_input=False, include_url=False, include_context=False)  # type: ignore[attr-defined]
+    said = "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"] for e in errors[:3]
+    )
+    return f"{type(found).__name__}: {said}"
+
+
+def _is_pydantic_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "ValidationError" and hasattr(exc, "errors")
+
+
+MCP_CLIENT_LINES = MCPClientLines()
+
+
+def quiet_mcp_client_logs() -> None:
+    """Put :data:`MCP_CLIENT_LINES` on each of :data:`MCP_CLIENT_LOGGERS` (once):
+    :func:`configure_logging` does, and so does each MCP server's actor as it starts
+    (an application that configures its own logging)."""
+    for name in MCP_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if MCP_CLIENT_LINES not in logger.filters:
+            logger.addFilter(MCP_CLIENT_LINES)
 
 
 _BROKEN = (BrokenPipeError, ConnectionResetError)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,17 @@ import attrs
 
 from runtime.chunks import _repr
 from runtime.errors import ConfigurationError, OutputValidationError, describe_exception
-from runtime.tools import InvalidJSONSchema, json_schema_validator
+from runtime.logging import get_logger
+from runtime.redact import redact
+from runtime.tools import (
+    LISTING_UNITS,
+    SERVER_STEPS_PER_BYTE,
+    InvalidJSONSchema,
+    SchemaTooCostly,
+    linear_schema_validator,
+    schema_errors,
+    schema_steps,
+)
 
 OUTPUT_TOOL = "final_output"
 """Name of the tool an Anthropic request is forced to call with the answer."""
@@ -180,13 +191,31 @@ def _from_type(output_type: Any) -> tuple[dict[str, Any], Callable[[str], Any]]:
     return schema, parse
 
 
+WARNED_SCHEMAS = 1_024
+"""Output schemas whose unchecked patterns were said (the last this many, per process)."""
+
+_warned: OrderedDict[int, None] = OrderedDict()
+
+
 def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
+    """The schema and the check of an answer against it.
+
+    The check is the one of an untrusted schema (:func:`~runtime.tools.linear_schema_validator`):
+    its patterns run in pydantic-core's linear engine, never Python's ``re`` (the answer
+    is the model's, and a ``pattern`` such as ``^(a|aa)*$`` took ``re`` minutes on 45
+    characters of it), compiled within :data:`~runtime.tools.LISTING_UNITS`; a check
+    stops past 10,000 steps and one a byte of the answer (a schema of ``$ref`` s that is
+    exponential to check). A pattern the engine does not take (a look-around, a
+    backreference) is not run, said once (``output.schema-not-checked-here``)."""
     import orjson
 
     try:
-        validator = json_schema_validator(schema)
+        validator = linear_schema_validator(
+            schema, budget=[LISTING_UNITS], steps_per_byte=SERVER_STEPS_PER_BYTE
+        )
     except InvalidJSONSchema as exc:
         raise ConfigurationError(f"output_type is not a usable JSON schema: {exc}") from None
+    _warn_unchecked(schema, validator.axon_unchecked)
     schema = copy.deepcopy(schema)  # the agent's own copy: nobody mutates it from outside
 
     def parse(text: str) -> Any:
@@ -199,15 +228,40 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
         try:
             problems = [
                 f"{'.'.join(str(x) for x in e.absolute_path) or '(root)'}: {e.message}"
-                for e in validator.iter_errors(value)
+                for e in schema_errors(validator, value)
             ]
         except RecursionError:  # a recursive schema, an answer nested deeper than Python
             problems = ["(root): the answer is nested too deeply to validate"]
+        except SchemaTooCostly:
+            problems = [
+                f"(root): the output schema took over {schema_steps(validator, value)} "
+                "steps to check the answer (a schema too costly to check)"
+            ]
         if problems:
             raise OutputValidationError(_problems(problems), text=text)
         return value
 
     return schema, parse
+
+
+def _warn_unchecked(schema: dict[str, Any], unchecked: tuple[str, ...]) -> None:
+    """Say once per process (of the last :data:`WARNED_SCHEMAS`) what of an output
+    schema is not run on the answers here: an agent made per session would say it at
+    each session."""
+    if not unchecked:
+        return
+    key = hash(unchecked)
+    if key in _warned:
+        return
+    _warned[key] = None
+    while len(_warned) > WARNED_SCHEMAS:
+        _warned.popitem(last=False)
+    get_logger("axon.output").warning(
+        "output.schema-not-checked-here",
+        title=redact(str(schema.get("title") or "")),
+        unchecked=[redact(s) for s in unchecked],
+        error="output schema: not run on the model's answer here: " + "; ".join(unchecked),
+    )
 
 
 def _problems(problems: Sequence[str]) -> str:

@@ -295,9 +295,11 @@ def _check_references(resolver: Any, resource: Any) -> None:
 
 
 UNTRUSTED_STEPS = 10_000
-"""Keywords an untrusted schema may evaluate checking one value (3-20 us each: 0.2 s at
-most; a table of 800 rows of 10 string cells takes ~9,700). Past them the value is
-refused, the schema too costly to check it."""
+"""Steps an untrusted schema may take checking one value: a keyword evaluated, a
+subschema entered that has none, an error passed up a level, a ``$ref`` looked up (two,
+and a segment of its pointer), :data:`BYTES_PER_STEP` names or items looped over (3-7
+us each, whatever the schema: 0.07 s at most; a table of 800 rows of 10 string cells
+takes ~9,600). Past them the value is refused, the schema too costly to check it."""
 
 _STEPS_LEFT: ContextVar[list[int] | None] = ContextVar("axon_schema_steps_left", default=None)
 
@@ -364,7 +366,7 @@ def _enum_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     def counted(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
         if isinstance(enums, list):
             nested = any(isinstance(member, dict | list) for member in enums)
-            _spend(len(enums) if nested else len(enums) // 64)
+            _spend(len(enums) + _json_steps(enums) if nested else len(enums) // 64)
         return keyword(validator, enums, instance, schema)
 
     return counted
@@ -388,23 +390,89 @@ def json_values_over(value: Any, limit: int) -> bool:
     return False
 
 
+BYTES_PER_STEP = 16
+"""What a comparison of JSON values or a loop over names costs a check, in steps: one
+per this many bytes of the value as JSON (~0.2-1 us a node compared, 3-5 us a step), or
+per this many names (a ``properties`` of 5,000 names looked up in the value at each of
+its 2**15 evaluations held a thread 46 us a step, uncounted)."""
+
+
+def _json_steps(value: Any) -> int:
+    """The steps comparing ``value`` costs (:data:`BYTES_PER_STEP`)."""
+    try:
+        return len(orjson.dumps(value)) // BYTES_PER_STEP
+    except TypeError:  # not JSON (a caller's Python value): its length
+        return len(value) // BYTES_PER_STEP if isinstance(value, dict | list) else 0
+
+
+def _const_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """``const``, which compares the value with its own: a step per
+    :data:`BYTES_PER_STEP` bytes of it (a 5,000-item ``const`` compared at each of
+    2**15 evaluations: 266 us a step, uncounted)."""
+
+    def counted(validator: Any, const: Any, instance: Any, schema: Any) -> Any:
+        if isinstance(const, dict | list):
+            _spend(_json_steps(const))
+        return keyword(validator, const, instance, schema)
+
+    return counted
+
+
+def _names_counted(keyword: Callable[..., Any], of_instance: bool | str) -> Callable[..., Any]:
+    """A keyword that loops over names without a step for each: the schema's
+    (``properties``, ``required``, ``dependentRequired``, ``dependentSchemas``) or the
+    value's (``of_instance``: ``additionalProperties``, ``unevaluatedProperties``,
+    ``unevaluatedItems``, ``contains``), a step per :data:`BYTES_PER_STEP` of them."""
+
+    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        looped = instance if of_instance else value
+        charged = of_instance != "boolean" or isinstance(value, bool)
+        if charged and isinstance(looped, dict | list):
+            _spend(len(looped) // BYTES_PER_STEP)
+        return keyword(validator, value, instance, schema)
+
+    return counted
+
+
+_NAME_LOOPS: dict[str, bool | str] = {
+    "items": "boolean",
+    "prefixItems": False,
+    "properties": False,
+    "required": False,
+    "dependentRequired": False,
+    "dependentSchemas": False,
+    "dependencies": False,
+    "additionalProperties": True,
+    "unevaluatedProperties": True,
+    "unevaluatedItems": True,
+    "contains": True,
+}
+"""The keywords :func:`_names_counted` charges, and whether for the value's names
+(``"boolean"``: only when the keyword's schema is ``true`` or ``false``: each item
+of an array is otherwise a subschema entered, a step already)."""
+
+
 def _unique_items_counted(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
-    """``uniqueItems`` of a value checked against an untrusted schema, a step per item:
-    ``jsonschema`` compares every pair of objects or arrays (1,000 distinct objects:
-    4.5 s, 3,000: 32 s), so each pair was a step and 3,000 objects were refused as too
-    costly; hashed (:func:`_unique_items_linear`), the check is linear in the array."""
+    """``uniqueItems`` of a value checked against an untrusted schema, a step per item
+    and per :data:`BYTES_PER_STEP` of nested ones: ``jsonschema`` compares every pair
+    of objects or arrays (1,000 distinct objects: 4.5 s, 3,000: 32 s), so each pair was
+    a step and 3,000 objects were refused as too costly; hashed
+    (:func:`_unique_items_linear`), the check is linear in the array."""
     if unique and isinstance(instance, list):
-        _spend(len(instance))
+        nested = any(isinstance(item, dict | list) for item in instance)
+        # (each item hashed once: what hashing nested ones walks, by their size)
+        _spend(len(instance) + (_json_steps(instance) if nested else 0))
     return _unique_items_linear(validator, unique, instance, schema)
 
 
 SERVER_STEPS_PER_BYTE = 1
 """Keywords the check of a model's input against an MCP server's listed schema may
 evaluate (:func:`server_schema_validator`): :data:`UNTRUSTED_STEPS`, and one more per byte
-of the input as JSON. A hostile schema of 1.3 KB held the loop 2.3 s in 100,000 steps; so
-a small input gets the untrusted bound (0.2 s), and a big one room in proportion to what
-the model wrote: 1,000 rows of 10 string cells (101 KB) take 12,000 steps. Past them the
-call fails, the server's schema too costly to check its input."""
+of the input as JSON. A hostile schema of 1.3 KB held the loop 2.3 s in 100,000 steps
+(0.5 s since each step's work is counted); so a small input gets the untrusted bound,
+and a big one room in proportion to what the model wrote: 1,000 rows of 10 string
+cells (101 KB) take 12,000 steps, an array of small integers one every two bytes. Past
+them the call fails, the server's schema too costly to check its input."""
 
 
 PATTERN_UNITS = 5_000
@@ -702,6 +770,11 @@ def linear_schema_validator(
     keywords["patternProperties"] = _pattern_properties_linear
     keywords["additionalProperties"] = _additional_properties_linear
     if not trusted:
+        for name, of_instance in _NAME_LOOPS.items():
+            if name in keywords:
+                keywords[name] = _names_counted(keywords[name], of_instance)
+        if "const" in keywords:
+            keywords["const"] = _const_counted(keywords["const"])
         keywords = {name: _counted(fn) for name, fn in keywords.items()}
         if "enum" in base.VALIDATORS:
             keywords["enum"] = _counted(_enum_counted(base.VALIDATORS["enum"]))
@@ -710,14 +783,17 @@ def linear_schema_validator(
     if "patternProperties" in kinds and "unevaluatedProperties" in base.VALIDATORS:
         keywords["unevaluatedProperties"] = _counted(_unevaluated_not_run)
     cls = extend(base, keywords)  # type: ignore[no-untyped-call]
-    cls.evolve = _same_class_evolve  # (a subschema's "$schema" does not leave these checks)
+    _stay_in(cls, counted=not trusted)
     if not trusted:
         cls.axon_steps = UNTRUSTED_STEPS
         cls.axon_steps_per_byte = steps_per_byte
+        _count_errors(cls)
     cls.axon_patterns = searches
     cls.axon_pattern_units = {} if trusted else {p: _compile_units(p) for p in searches}
     cls.axon_unchecked = tuple(sorted(unchecked))
     registry, resolver = _crawled_resolver(resource)
+    if not trusted:
+        resolver = _counted_resolver(schema, resolver)
     return cls(schema, registry=registry, _resolver=resolver)
 
 
@@ -808,6 +884,119 @@ def _meta_checker(cls: Any) -> Any:
     checker = extend(meta, {"uniqueItems": _unique_items_linear})  # type: ignore[no-untyped-call]
     checker.evolve = _same_class_evolve  # (the meta-schema's own "$ref": "#" too)
     return checker
+
+
+def _stay_in(cls: Any, *, counted: bool) -> None:
+    """Give ``cls`` an ``evolve`` (what ``jsonschema`` calls to enter each subschema:
+    ``descend``, ``is_valid`` of ``not``/``if``/``contains``/``oneOf``, each ``$ref`` of
+    ``unevaluated*``) that stays in ``cls``, counted when ``counted``: a step for a
+    subschema with no keyword of its own to count, and one per :data:`BYTES_PER_STEP`
+    of its keys (``jsonschema`` lists them at each entry). Not counted:
+    :func:`_same_class_evolve` (why it stays in ``cls``)."""
+    if not counted:
+        cls.evolve = _same_class_evolve
+        return
+    fields = [(f.name, f.alias) for f in attrs.fields(cls) if f.init]
+    known = frozenset(cls.VALIDATORS)
+
+    def evolve(self: Any, **changes: Any) -> Any:
+        schema = changes.setdefault("schema", self.schema)
+        # A step, unless a keyword of the subschema's will be one: a ``{}`` or ``true``
+        # entered at each item of an array was a walk no step counted.
+        if not isinstance(schema, dict):
+            _spend(1)
+        else:
+            _spend((not schema.keys() & known) + len(schema) // BYTES_PER_STEP)
+        for name, alias in fields:
+            if alias not in changes:
+                changes[alias] = getattr(self, name)
+        return type(self)(**changes)
+
+    cls.evolve = evolve
+
+
+def _count_errors(cls: Any) -> None:
+    """A step for each error as it passes each subschema it was found under (``jsonschema``
+    sets its details at each level: an ``allOf`` chain 15 deep, 32,768 errors, each set
+    30 times, uncounted)."""
+    descend = cls.descend
+
+    def counted(
+        self: Any,
+        instance: Any,
+        schema: Any,
+        path: Any = None,
+        schema_path: Any = None,
+        resolver: Any = None,
+    ) -> Any:
+        for error in descend(self, instance, schema, path, schema_path, resolver):
+            _spend(1)
+            yield error
+
+    cls.descend = counted
+
+
+_DYNAMIC = (b'"$dynamicAnchor"', b'"$recursiveAnchor"')
+"""Keys whose presence makes where a ``$ref`` leads depend on the way there: its lookups
+are not kept (:func:`_counted_resolver`)."""
+
+
+def _counted_resolver(schema: Any, resolver: Any) -> _CountedResolver:
+    """The root resolver of an untrusted schema's validator (:class:`_CountedResolver`
+    around ``resolver``, :func:`_crawled_resolver` 's); its lookups kept unless the schema
+    has dynamic anchors."""
+    try:
+        text = orjson.dumps(schema)
+        dynamic = any(key in text for key in _DYNAMIC)
+    except TypeError:  # (not JSON: a caller's Python values)
+        dynamic = True
+    return _CountedResolver(resolver, None if dynamic else {})
+
+
+@attrs.frozen(slots=True)
+class _Resolved:
+    """What :meth:`_CountedResolver.lookup` found (``jsonschema`` reads these two)."""
+
+    contents: Any
+    resolver: _CountedResolver
+
+
+class _CountedResolver:
+    """A ``referencing`` resolver whose ``$ref`` lookups are counted (``referencing``
+    forbids subclassing: this wraps one, and every resolver it hands on).
+
+    Each lookup is two steps (it and the entry into its target, whose resolver is made
+    anew) and one per segment of its pointer (``referencing`` walks it, a resource made
+    at each: ~8 us a segment; a ``$ref`` 200 segments deep, met at each of 2**15
+    evaluations, took 64 us a counted step). A lookup is kept (``kept``) by base URI and
+    reference, then two steps again: ``jsonschema`` walked the pointer at each use (~25
+    us for ``#/$defs/Row``). Not kept with dynamic anchors in the schema, where a
+    ``$ref`` 's target depends on the way there."""
+
+    __slots__ = ("_inner", "_kept")
+
+    def __init__(self, inner: Any, kept: dict[tuple[str, str], _Resolved] | None) -> None:
+        self._inner = inner
+        self._kept = kept
+
+    def lookup(self, ref: str) -> _Resolved:
+        kept = self._kept
+        key = (self._inner._base_uri, ref)
+        if kept is not None and (found := kept.get(key)) is not None:
+            _spend(2)
+            return found
+        _spend(2 + ref.count("/"))
+        resolved = self._inner.lookup(ref)
+        found = _Resolved(resolved.contents, _CountedResolver(resolved.resolver, kept))
+        if kept is not None:
+            kept[key] = found
+        return found
+
+    def in_subresource(self, subresource: Any) -> _CountedResolver:
+        return _CountedResolver(self._inner.in_subresource(subresource), self._kept)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> Any:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import jsonschema._keywords
 import jsonschema._utils
+import orjson
 import pytest
 import trio
 from hypothesis import given
@@ -25,6 +26,7 @@ from runtime import Agent, Host
 from runtime import tools as tools_module
 from runtime.errors import MCPServerError, MCPServerUnavailable, ToolDefinitionError
 from runtime.tools import (
+    BYTES_PER_STEP,
     LISTING_UNITS,
     PATTERN_UNITS,
     UNTRUSTED_STEPS,
@@ -114,11 +116,11 @@ async def test_an_exponential_output_schema_fails_its_call_within_a_bound_off_th
 
     monkeypatch.setitem(Draft202012Validator.VALIDATORS, "anyOf", counting)
     ticks = [0]
-    seen: dict[int, list[int]] = {}  # the loop's ticks at each step, by check
+    seen: dict[int, list[tuple[int, int]]] = {}  # the loop's ticks and steps, by check
     spend = tools_module._spend
 
     def watching(steps: int) -> None:
-        seen.setdefault(id(tools_module._STEPS_LEFT.get()), []).append(ticks[0])
+        seen.setdefault(id(tools_module._STEPS_LEFT.get()), []).append((ticks[0], steps))
         spend(steps)
 
     monkeypatch.setattr(tools_module, "_spend", watching)
@@ -147,12 +149,60 @@ async def test_an_exponential_output_schema_fails_its_call_within_a_bound_off_th
     assert saved["typed"].output == {"n": 5}
     assert evaluated[0] <= bound  # 2**15 paths before
     check = max(seen.values(), key=len)
-    assert len(check) == bound + 1
-    assert check[-1] > check[0]  # the loop ran while it checked
+    assert bound < sum(steps for _, steps in check) <= bound + 3  # (a $ref's pointer: 3)
+    assert check[-1][0] > check[0][0]  # the loop ran while it checked
     assert [(e["server"], e["tool"]) for e in logs if e["event"] == "mcp.schema-too-costly"] == [
         ("hostile", "expo_out")
     ]
     assert result.text == "done"
+
+
+async def test_a_result_whose_check_walks_it_at_every_path_is_refused_within_its_work(
+    monkeypatch,
+):
+    # An output schema whose 2**15 paths each end in `items: true` walked the whole
+    # array of the result at each path, a step each time: 4 KB of content (14,009 steps,
+    # on the loop) walked 2,000 items per step, ~7 s of the loop; 1 MiB, days of a
+    # thread. Each walk now costs a step a BYTES_PER_STEP items: the call fails within
+    # work in proportion to its steps, the model told why in the tool's error (saved
+    # as it is), the user shown the same error, the other tool's result kept.
+    walked = [0]
+    items = Draft202012Validator.VALIDATORS["items"]
+    bound = UNTRUSTED_STEPS + len(orjson.dumps({"x": [0] * 2_000}))
+
+    def walking(validator, value, instance, schema):
+        walked[0] += len(instance) if isinstance(instance, list) else 0
+        if walked[0] > BYTES_PER_STEP * bound:
+            raise AssertionError(f"{walked[0]} items walked")
+        return items(validator, value, instance, schema)
+
+    monkeypatch.setitem(Draft202012Validator.VALIDATORS, "items", walking)
+    provider = calling(("wide_out", {}), ("typed", {}))
+    agent = Agent(provider=provider, tools=[hostile("costly-output")])
+    errors_shown = []
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                async for chunk in out:
+                    if chunk.type == "tool-error":
+                        errors_shown.append((chunk.tool_name, chunk.error))
+    error = (
+        "tool wide_out raised MCPServerError: MCP server 'hostile' sent a result of tool "
+        f"'wide_out' that cannot be checked: its output schema took over {bound} steps to "
+        "check it (a schema too costly to check here)"
+    )
+    saved = tool_messages(session)
+    assert saved["wide_out"].error == error  # what is saved, and what the model is sent
+    assert saved["typed"].output == {"n": 5}
+    [sent] = [m for m in provider.requests[-1].messages if m.role == "tool" and m.error]
+    assert sent.error == error
+    assert errors_shown == [("wide_out", error)]  # what the user is shown
+    assert 0 < walked[0] <= BYTES_PER_STEP * bound
+    assert [(e["tool"], e["schema"]) for e in logs if e["event"] == "mcp.schema-too-costly"] == [
+        ("wide_out", "output")
+    ]
+    assert out.result.text == "done"
 
 
 def test_a_tool_whose_output_schema_cannot_be_checked_is_refused():

@@ -8,8 +8,10 @@ they no longer take carried nothing.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
+import weakref
 from typing import Any
 
 import attrs
@@ -695,3 +697,39 @@ def test_whether_a_last_save_may_claim_resumes_no_generator_over_the_turns_runni
     del worker.running[8]
     worker._stopping.set()
     assert Worker._wants_next(worker, None) is False  # type: ignore[arg-type]
+
+
+async def test_a_workers_turn_is_freed_by_reference_counting_when_it_ends(pg_url, monkeypatch):
+    """A worker's turn entry held its stream, and the stream the entry (its confirm
+    callback): a cycle, so the turn's ~32 objects (the stream, its inbox, the claim, the
+    result, ...) outlived each turn until the collector found them, every turn adding to
+    the young generation whose growth triggers collections (issue 24 goal 3). With the
+    collector off, the entry (and its stream) are gone once the turn has ended."""
+    entries: list[weakref.ref[Any]] = []
+    streams: list[weakref.ref[Any]] = []
+    real = Worker._run_turn
+
+    async def run_turn(self: Worker, entry: Any) -> str:
+        entries.append(weakref.ref(entry))
+        try:
+            return await real(self, entry)
+        finally:
+            streams.append(weakref.ref(entry.stream))
+
+    monkeypatch.setattr(Worker, "_run_turn", run_turn)
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turns = [await submitter.submit(f"s{i}", "tools one") for i in range(2)]
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05)
+    gc.collect()
+    gc.disable()
+    try:
+        done = await _finished(worker, submitter, *(t.turn_id for t in turns))
+        alive = [ref() is not None for ref in entries + streams]
+    finally:
+        gc.enable()
+        await submitter.aclose()
+        await store.aclose()
+    assert [d.status if d is not None else None for d in done] == ["done", "done"]
+    assert len(entries) == len(streams) == 2
+    assert alive == [False] * 4

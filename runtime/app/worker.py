@@ -945,6 +945,12 @@ class Worker:
             leases.release(turn.turn_id, entry.claim.epoch)
             if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
                 del self.running[turn.turn_id]
+            # The turn's stream holds the entry (its confirm callback, through the stream's
+            # ``TurnCancel``) and the entry the stream: a reference cycle, so the turn's ~32
+            # objects (stream, inbox, claim, result, ...) outlived it until the collector
+            # found them, each turn growing the young generation that triggers collections
+            # (issue 24 goal 3). Broken here, they go when the turn's task lets go of them.
+            entry.stream = None
             self._turn_ended.set()
         self.done[status] = self.done.get(status, 0) + 1
         return entry.next

@@ -32,8 +32,9 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``costly-output``
     Lists ``expo_out``, whose output schema is ``expo``'s (exponential to check; its
     call answers ``{"x": 1}``, which no path takes, and a ``pad`` of the call's ``pad``
-    characters), and ``typed`` (an output schema of an integer ``n``; its call answers
-    ``{"n": 5}``).
+    characters), ``typed`` (an output schema of an integer ``n``; its call answers
+    ``{"n": 5}``) and ``wide_out`` (``expo``'s paths, each ending in ``items: true``,
+    which walks the whole array its call answers: ``{"x": [0, 0, ...]}``, 2,000 items).
 ``bad-listing``
     Answers ``tools/list`` with a line that has the request's id but is no JSON-RPC
     message the ``mcp`` package reads (its result nested 300 deep).
@@ -102,11 +103,14 @@ if "costly-output" in MODES:
         defs[f"d{n}"] = {"anyOf": [{"$ref": f"#/$defs/d{n - 1}"}, {"$ref": f"#/$defs/d{n - 1}"}]}
     expo = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d15"}}}
     typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    # wide_out: expo's paths, each ending in a keyword that walks the whole array x
+    wide_defs = {**defs, "d0": {"type": "string", "items": True}}
+    wide = {"type": "object", "$defs": wide_defs, "properties": {"x": {"$ref": "#/$defs/d15"}}}
     TOOLS.extend(
         {"name": name, "inputSchema": {"type": "object"}, "outputSchema": schema}
-        for name, schema in (("expo_out", expo), ("typed", typed))
+        for name, schema in (("expo_out", expo), ("typed", typed), ("wide_out", wide))
     )
-STRUCTURED = {"expo_out": {"x": 1}, "typed": {"n": 5}}
+STRUCTURED = {"expo_out": {"x": 1}, "typed": {"n": 5}, "wide_out": {"x": [0] * 2_000}}
 
 
 class Sent(Exception):
