@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from actors.providers.anthropic import AnthropicProvider, map_messages, wants_adaptive
+from actors.providers import anthropic as anthropic_provider
+from actors.providers.anthropic import AnthropicProvider, map_messages
 from runtime.chunks import FinishChunk
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
@@ -82,7 +83,7 @@ def test_every_model_the_sdk_warns_for_thinks_adaptively_by_default():
 
     assert len(MODELS_TO_WARN_WITH_THINKING_ENABLED) == 2
     for model in MODELS_TO_WARN_WITH_THINKING_ENABLED:
-        assert wants_adaptive(model)
+        assert anthropic_provider.wants_adaptive(model)
         provider = AnthropicProvider(model, api_key=KEY, thinking_budget=2048)
         assert provider.request_params(make_request())["thinking"] == {"type": "adaptive"}
 

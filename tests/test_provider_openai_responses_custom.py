@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from actors.providers.openai_responses import CUSTOM_TOOL_NOT_RUN, PROVIDER
+from actors.providers import openai_responses
+from actors.providers.openai_responses import PROVIDER
 from runtime.chunks import ProviderDataChunk
 from runtime.messages import AssistantMessage, ProviderDataPart, UserMessage
 from tests.support import wire_rules
@@ -85,7 +86,7 @@ async def test_a_custom_tool_call_is_answered_as_not_run_in_the_next_request():
     assert items[2] == {
         "type": "custom_tool_call_output",
         "call_id": "call_custom_1",
-        "output": CUSTOM_TOOL_NOT_RUN,
+        "output": openai_responses.CUSTOM_TOOL_NOT_RUN,
     }
     assert wire_rules.responses_errors(items) == []
     assert wire_rules.sdk_errors("responses", items) == []
