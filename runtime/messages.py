@@ -45,6 +45,9 @@ class TextPart:
     step: int
     refusal: bool = False
     """The provider marked this text as a refusal."""
+    citations: tuple[dict[str, Any], ...] | None = None
+    """The sources the provider cited for this text (Anthropic's ``citations`` of a text
+    block, each as it came), sent back to that provider with it; ``None``: none."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

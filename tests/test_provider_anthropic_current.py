@@ -12,7 +12,6 @@ from pydantic import TypeAdapter
 
 from actors.providers import anthropic as anthropic_provider
 from actors.providers.anthropic import AnthropicProvider, map_messages
-from runtime.chunks import FinishChunk
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
 from tests.support.provider_calls import make_request, replay_with
@@ -151,5 +150,174 @@ def test_the_effort_goes_in_output_config_through_request_options():
     TypeAdapter(OutputConfigParam).validate_python(params["output_config"], strict=True)
 
 
-def _unused() -> Any:  # keep the imports used by later sections
-    return map_messages, loopback_server, FinishChunk
+# -- citations ------------------------------------------------------------------------------
+
+CITATION = {  # a recorded citations_delta's citation (a char_location of a text document)
+    "type": "char_location",
+    "cited_text": "The grass is green. ",
+    "document_index": 0,
+    "document_title": "My Document",
+    "start_char_index": 0,
+    "end_char_index": 20,
+    "file_id": None,
+}
+CITED_EVENTS = [
+    {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": "", "citations": []},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "the grass is green"},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "citations_delta", "citation": CITATION},
+    },
+    {"type": "content_block_stop", "index": 0},
+    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "."}},
+    {"type": "content_block_stop", "index": 1},
+]
+
+
+def test_the_cited_stream_is_one_the_sdk_knows():
+    from anthropic.types import RawMessageStreamEvent
+
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    for event in [message_start(ADAPTIVE_MODEL), *CITED_EVENTS]:
+        assert adapter.validate_python(event, strict=True).type == event["type"]
+
+
+async def cited_then_more() -> tuple[Any, list[Any], Any]:
+    """A session's two turns: a cited answer, then "more"; the stored messages, the
+    first turn's stream and the second request's body."""
+    from runtime import Agent, Host
+
+    async with loopback_server(answer(*CITED_EVENTS), answer()) as server:
+        provider = AnthropicProvider("claude-sonnet-4-5", base_url=server.url, api_key=KEY)
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider))
+            async with session.stream("what colour is the grass?") as out:
+                chunks = [c async for c in out]
+            await session.run("more")
+            messages = list(session.messages)
+    return messages, chunks, server.requests[1].json()
+
+
+async def test_a_text_blocks_citations_are_stored_on_its_part_and_sent_back_with_it():
+    from anthropic.types import MessageParam
+
+    messages, _, sent = await cited_then_more()
+    first = messages[1]
+    assert [(p.text, p.citations) for p in first.content] == [
+        ("the grass is green", (CITATION,)),
+        (".", None),
+    ]
+    assert sent["messages"][1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "the grass is green", "citations": [CITATION]},
+            {"type": "text", "text": "."},
+        ],
+    }
+    for message in sent["messages"]:
+        TypeAdapter(MessageParam).validate_python(message)
+
+
+async def test_citations_leave_the_streamed_text_as_it_was():
+    _, chunks, _ = await cited_then_more()
+    texts = [c for c in chunks if c.type == "text-delta"]
+    assert "".join(c.text for c in texts) == "the grass is green."
+    assert [c.type for c in chunks].count("text-start") == 2  # a cited block: its own part
+
+
+def test_citations_are_dropped_for_other_providers():
+    from actors.providers import gemini, openai, openai_responses
+    from runtime.messages import TextPart
+
+    cited = TextPart(text="green", step=0, citations=(CITATION,))
+    history = [UserMessage(content="?"), AssistantMessage(content=(cited,))]
+    assert openai.map_messages(None, history)[1] == {"role": "assistant", "content": "green"}
+    assert openai_responses.map_messages(history)[1] == {"role": "assistant", "content": "green"}
+    assert gemini.map_messages(None, history)[1][1]["parts"] == [{"text": "green"}]
+    # and to Anthropic with them
+    assert map_messages(None, history)[1][1]["content"][0]["citations"] == [CITATION]
+
+
+def test_a_stored_cited_part_loads_back_and_an_uncited_one_keeps_its_json():
+    from runtime import serde
+    from runtime.messages import TextPart
+
+    cited = AssistantMessage(content=(TextPart(text="green", step=0, citations=(CITATION,)),))
+    assert serde.from_json(serde.to_json(cited), AssistantMessage) == cited
+    plain = serde.converter.unstructure(TextPart(text="green", step=0))
+    assert "citations" not in plain
+
+
+# -- the compaction stop reason -------------------------------------------------------------
+
+COMPACTION_BLOCK = {
+    "type": "compaction",
+    "content": "The user asked about grass colours.",
+    "encrypted_content": "EqQBCkYIBxgCIkCompacted",
+}
+
+
+async def test_a_compaction_stop_ends_the_turn_and_the_next_request_sends_the_block_back():
+    # pause_after_compaction (beta): the server hands the turn back with the compaction
+    # block alone; the SDK's tool runner sends it back unchanged to continue. Axon ends
+    # the turn (finish "other", raw "compaction") and the next turn's request sends the
+    # block back as the assistant's, which the server continues from.
+    from anthropic.types.beta import BetaMessageParam, BetaRawMessageStreamEvent
+
+    from runtime import Agent, Host
+
+    events = [
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "compaction", "content": None, "encrypted_content": None},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {
+                "type": "compaction_delta",
+                "content": COMPACTION_BLOCK["content"],
+                "encrypted_content": COMPACTION_BLOCK["encrypted_content"],
+            },
+        },
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "compaction", "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
+    ]
+    adapter = TypeAdapter(BetaRawMessageStreamEvent)
+    for event in events:
+        adapter.validate_python(event, strict=True)
+    paused = Reply(
+        body=anthropic_sse(message_start("claude-sonnet-4-5"), *events, {"type": "message_stop"})
+    )
+    async with loopback_server(paused, answer()) as server:
+        provider = AnthropicProvider("claude-sonnet-4-5", base_url=server.url, api_key=KEY)
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider))
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+            await session.run("go on")
+    assert [c.finish_reason for c in chunks if c.type == "finish"] == ["other"]
+    assert len(server.requests) == 2  # the turn made one call
+    sent = server.requests[1].json()["messages"]
+    assert sent == [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [COMPACTION_BLOCK]},
+        {"role": "user", "content": "go on"},
+    ]
+    for message in sent:
+        TypeAdapter(BetaMessageParam).validate_python(message)

@@ -70,6 +70,7 @@ from actors.providers.sse import (
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
+    CitationsChunk,
     FinishChunk,
     ProviderDataChunk,
     ReasoningChunk,
@@ -256,7 +257,11 @@ def _part_block(
 ) -> dict[str, Any] | None:
     """One part as a request content block, or ``None`` when it must not be sent."""
     if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text} if part.text.strip() else None
+        if not part.text.strip():
+            return None
+        if part.citations:  # each as it came, as the SDK sends a response's block back
+            return {"type": "text", "text": part.text, "citations": list(part.citations)}
+        return {"type": "text", "text": part.text}
     if isinstance(part, ToolCallPart):
         return {
             "type": "tool_use",
@@ -631,7 +636,8 @@ class _Block:
         self.name = name
         self.data = data
         """``opaque``: the block as received (a dict); ``tool_use``: the input given at
-        the start; ``thinking``: a signature given at the start."""
+        the start; ``thinking``: a signature given at the start; ``text``: its citations
+        (a list), ``None`` while it has none."""
         self.json: list[str] = []
         """``partial_json`` fragments, joined once at the block's end (never per delta)."""
         self.signed = False
@@ -864,8 +870,15 @@ class _MessageParse:
             for key in _COMPACTION_FIELDS:
                 if key in delta:
                     block.data[key] = delta[key]
-        # citations_delta: citations are not part of the chunk vocabulary (yet); any
-        # other delta type is newer than this module and ignored
+        elif dtype == "citations_delta" and block.kind == "text":
+            # A source of the text block: kept on the block (none of the hot text path's
+            # work), sent with the block's end (_stop_block)
+            citation = delta.get("citation")
+            if type(citation) is dict:
+                if block.data is None:
+                    block.data = []
+                block.data.append(citation)
+        # any other delta type is newer than this module and ignored
         return None
 
     async def block_start(self, event: dict[str, Any]) -> None:
@@ -933,7 +946,8 @@ def _total_usage(usage: dict[str, int | None]) -> Usage:
 async def _start_block(index: Any, content: dict[str, Any], blocks: dict, emit: Emit) -> None:
     kind = content.get("type")
     if kind == "text":
-        blocks[index] = _Block(kind)
+        cited = content.get("citations")  # [] or none as a block starts; kept if any
+        blocks[index] = _Block(kind, data=list(cited) if type(cited) is list and cited else None)
         text = text_of(content.get("text"), "a text block's text", PROVIDER)
         if text:
             await emit(TextChunk(text=text))
@@ -973,6 +987,8 @@ async def _stop_block(block: _Block, emit: Emit) -> None:
             except (ValueError, RecursionError):
                 pass  # keep the start's input; the server already ran the tool
         await emit(ProviderDataChunk(provider=PROVIDER, data=data))
+    elif kind == "text" and block.data:  # cited: the text part ends with its citations
+        await emit(CitationsChunk(citations=tuple(block.data)))
 
 
 def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
