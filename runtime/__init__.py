@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from runtime.budget import Budget
     from runtime.bus import Bus, Subscription
     from runtime.chunks import (
+        CitationsChunk,
         FinishChunk,
         ProviderDataChunk,
         ReasoningChunk,
@@ -135,6 +136,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "runtime.budget": ("Budget",),
     "runtime.bus": ("Bus", "Subscription"),
     "runtime.chunks": (
+        "CitationsChunk",
         "FinishChunk",
         "ProviderDataChunk",
         "ReasoningChunk",
@@ -267,6 +269,7 @@ __all__ = [
     "CallTimeout",
     "CallerDecides",
     "CallerWaits",
+    "CitationsChunk",
     "ClosedWhileWaiting",
     "CompactionContext",
     "ConfigurationError",

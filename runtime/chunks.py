@@ -200,6 +200,21 @@ class ProviderDataChunk:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class CitationsChunk:
+    """The sources cited for the text just streamed (Anthropic's ``citations`` of a text
+    block), sent at the end of that text: the text part closes and is stored with them
+    (:attr:`~runtime.messages.TextPart.citations`). Never streamed to a client."""
+
+    __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
+
+    type: ClassVar[str] = "citations"
+    citations: tuple[dict[str, Any], ...]
+    """Each citation as the provider gave it."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class Usage:
     """Token usage and its cost; summable. Optional counters stay ``None`` when the
     provider is silent.
@@ -290,6 +305,7 @@ StreamChunk = (
     | ToolInputDeltaChunk
     | ToolCallChunk
     | ProviderDataChunk
+    | CitationsChunk
     | UsageChunk
     | FinishChunk
 )

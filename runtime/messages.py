@@ -45,6 +45,9 @@ class TextPart:
     step: int
     refusal: bool = False
     """The provider marked this text as a refusal."""
+    citations: tuple[dict[str, Any], ...] | None = None
+    """The sources the provider cited for this text (Anthropic's ``citations`` of a text
+    block, each as it came), sent back to that provider with it; ``None``: none."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -437,9 +440,11 @@ def is_media_output(value: Any) -> bool:
 
 
 _PART_KEYS: dict[Any, set[str]] = {
-    cls.type: {a.name for a in attrs.fields(cls)} | {"type"} for cls in (TextPart, Image, File)
+    cls.type: {a.name for a in attrs.fields(cls) if a.name != "citations"} | {"type"}
+    for cls in (TextPart, Image, File)
 }
-"""The keys of each media part as the store writes it (its fields and ``type``)."""
+"""The keys of each media part as the store writes it (its fields and ``type``; a text
+part's ``citations`` are written only when it has some, which a tool's never has)."""
 
 
 def reads_back_as_media(value: Any) -> bool:

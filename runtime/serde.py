@@ -39,6 +39,8 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
         "error": override(omit_if_default=True),
         "usage": override(omit_if_default=True),  # messages stored before it, or built
     },
+    # Only cited text carries ``citations`` (Anthropic): all other text keeps its JSON.
+    messages.TextPart: {"citations": override(omit_if_default=True)},
     # Only a call that suspended its turn carries ``awaiting`` (docs/approval.md).
     messages.ToolCallPart: {"awaiting": override(omit_if_default=True)},
     # Only a compaction summary carries ``summarizes_before`` (runtime/compaction.py).

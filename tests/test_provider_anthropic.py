@@ -399,7 +399,7 @@ async def test_a_compaction_block_goes_back_with_the_summary_its_delta_brought()
 
 async def test_block_event_and_delta_types_it_does_not_read_leave_the_answer_whole():
     # anthropic 2.17's beta blocks (fallback, mcp_tool_use) are kept verbatim; an event
-    # type and a delta type no SDK knows yet, and citations, are ignored
+    # type and a delta type no SDK knows yet are ignored (citations: their own tests)
     fallback = {
         "type": "fallback",
         "from": {"model": "claude-a"},

@@ -206,6 +206,7 @@ def test_describe_shows_option_names_but_never_their_values():
         "thinking_budget": None,
         "max_tokens": 4096,
         "interleaved_thinking": False,
+        "adaptive_thinking": False,
         "foreign_reasoning": "drop",
     }
 

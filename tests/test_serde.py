@@ -90,6 +90,8 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
     if origin is tuple and typing.get_args(tp)[:1] == (messages.Awaiting,):  # sub_answered
         earlier = _builds(messages.Awaiting, sub_answered=st.just(()))
         return st.lists(earlier, max_size=2).map(tuple)
+    if origin is tuple and typing.get_origin(typing.get_args(tp)[0]) is dict:  # citations
+        return st.lists(_strategy_for(typing.get_args(tp)[0]), max_size=3).map(tuple)
     if origin is tuple:
         return st.lists(st.sampled_from(_sample_parts()), max_size=4).map(tuple)
     if origin is dict:

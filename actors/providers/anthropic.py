@@ -70,6 +70,7 @@ from actors.providers.sse import (
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
+    CitationsChunk,
     FinishChunk,
     ProviderDataChunk,
     ReasoningChunk,
@@ -256,7 +257,11 @@ def _part_block(
 ) -> dict[str, Any] | None:
     """One part as a request content block, or ``None`` when it must not be sent."""
     if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text} if part.text.strip() else None
+        if not part.text.strip():
+            return None
+        if part.citations:  # each as it came, as the SDK sends a response's block back
+            return {"type": "text", "text": part.text, "citations": list(part.citations)}
+        return {"type": "text", "text": part.text}
     if isinstance(part, ToolCallPart):
         return {
             "type": "tool_use",
@@ -515,6 +520,19 @@ def thinking_budget(
     return max_tokens - 1 if max_tokens - 1 >= MIN_THINKING_BUDGET else None
 
 
+ADAPTIVE_THINKING_MODELS = ("claude-opus-4-6", "claude-mythos-preview")
+"""The models whose manual extended thinking (``thinking.type=enabled``, what a
+``thinking_budget`` sends) the SDK warns is deprecated, asking for ``adaptive`` instead
+(anthropic 2.17's ``MODELS_TO_WARN_WITH_THINKING_ENABLED``, a ``UserWarning`` on each
+call): an :class:`AnthropicProvider` of one of them thinks adaptively by default."""
+
+
+def wants_adaptive(model: str) -> bool:
+    """Whether ``model`` is one of :data:`ADAPTIVE_THINKING_MODELS`, under any of its
+    names (a dated id, Vertex's ``@`` version, Bedrock's ``anthropic.`` prefix)."""
+    return any(name in model for name in ADAPTIVE_THINKING_MODELS)
+
+
 def with_beta(headers: Any, beta: str) -> dict[str, Any]:
     """``headers`` (a call's ``extra_headers``, maybe ``None``) with ``beta`` added to
     their ``anthropic-beta`` list, which keeps the betas a caller asked for there (the
@@ -527,13 +545,15 @@ def with_beta(headers: Any, beta: str) -> dict[str, Any]:
     return out
 
 
-def refused_with_thinking(key: str, value: Any) -> bool:
+def refused_with_thinking(key: str, value: Any, *, adaptive: bool = False) -> bool:
     """Whether the request option ``key`` = ``value`` is one the API refuses with
     extended thinking on, which a call with thinking leaves out: ``temperature`` other
     than 1 ("`temperature` may only be set to 1 when thinking is enabled"), ``top_k``,
-    ``top_p`` below 0.95, and a ``tool_choice`` that forces tool use (``any``, ``tool``).
-    Thinking goes off and on within a session (a tool loop begun without it), so these
-    stay in the agent's settings and go with the calls that do not think."""
+    ``top_p`` below 0.95, and a ``tool_choice`` that forces tool use (``any``, ``tool``),
+    which ``adaptive`` thinking takes (the thinking docs: "adaptive thinking supports
+    forced tool use"). Thinking goes off and on within a session (a tool loop begun
+    without it), so these stay in the agent's settings and go with the calls that do
+    not think."""
     if key == "temperature":
         return value != 1
     if key == "top_k":
@@ -541,7 +561,7 @@ def refused_with_thinking(key: str, value: Any) -> bool:
     if key == "top_p":
         return not (isinstance(value, int | float) and value >= 0.95)
     if key == "tool_choice":
-        return isinstance(value, dict) and value.get("type") in ("any", "tool")
+        return not adaptive and isinstance(value, dict) and value.get("type") in ("any", "tool")
     return False
 
 
@@ -616,7 +636,8 @@ class _Block:
         self.name = name
         self.data = data
         """``opaque``: the block as received (a dict); ``tool_use``: the input given at
-        the start; ``thinking``: a signature given at the start."""
+        the start; ``thinking``: a signature given at the start; ``text``: its citations
+        (a list), ``None`` while it has none."""
         self.json: list[str] = []
         """``partial_json`` fragments, joined once at the block's end (never per delta)."""
         self.signed = False
@@ -849,8 +870,15 @@ class _MessageParse:
             for key in _COMPACTION_FIELDS:
                 if key in delta:
                     block.data[key] = delta[key]
-        # citations_delta: citations are not part of the chunk vocabulary (yet); any
-        # other delta type is newer than this module and ignored
+        elif dtype == "citations_delta" and block.kind == "text":
+            # A source of the text block: kept on the block (none of the hot text path's
+            # work), sent with the block's end (_stop_block)
+            citation = delta.get("citation")
+            if type(citation) is dict:
+                if block.data is None:
+                    block.data = []
+                block.data.append(citation)
+        # any other delta type is newer than this module and ignored
         return None
 
     async def block_start(self, event: dict[str, Any]) -> None:
@@ -918,7 +946,8 @@ def _total_usage(usage: dict[str, int | None]) -> Usage:
 async def _start_block(index: Any, content: dict[str, Any], blocks: dict, emit: Emit) -> None:
     kind = content.get("type")
     if kind == "text":
-        blocks[index] = _Block(kind)
+        cited = content.get("citations")  # [] or none as a block starts; kept if any
+        blocks[index] = _Block(kind, data=list(cited) if type(cited) is list and cited else None)
         text = text_of(content.get("text"), "a text block's text", PROVIDER)
         if text:
             await emit(TextChunk(text=text))
@@ -958,6 +987,8 @@ async def _stop_block(block: _Block, emit: Emit) -> None:
             except (ValueError, RecursionError):
                 pass  # keep the start's input; the server already ran the tool
         await emit(ProviderDataChunk(provider=PROVIDER, data=data))
+    elif kind == "text" and block.data:  # cited: the text part ends with its citations
+        await emit(CitationsChunk(citations=tuple(block.data)))
 
 
 def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
@@ -1461,8 +1492,11 @@ class AnthropicProvider(SDKProvider):
         foreign_reasoning: ForeignReasoning = "drop",
         price_as: str | None = None,
         interleaved_thinking: bool = False,
+        adaptive_thinking: bool | None = None,
         **request_options: Any,
     ) -> None:
+        if adaptive_thinking is None:  # adaptive where the SDK deprecates a budget
+            adaptive_thinking = thinking_budget is not None and wants_adaptive(model)
         if thinking_budget is not None and thinking_budget < MIN_THINKING_BUDGET:
             raise errors.ConfigurationError(
                 f"thinking_budget ({thinking_budget}) must be at least {MIN_THINKING_BUDGET}: "
@@ -1472,6 +1506,7 @@ class AnthropicProvider(SDKProvider):
             thinking_budget is not None
             and thinking_budget >= max_tokens
             and not interleaved_thinking
+            and not adaptive_thinking
         ):
             raise errors.ConfigurationError(
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
@@ -1489,7 +1524,8 @@ class AnthropicProvider(SDKProvider):
             price_as=price_as,
         )
         self.thinking_budget = thinking_budget
-        """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
+        """Extended-thinking budget in tokens; ``None`` leaves thinking off (unless
+        :attr:`adaptive_thinking`, which sends no budget)."""
         self.max_tokens = max_tokens
         """Output token limit per call (thinking included)."""
         self.interleaved_thinking = interleaved_thinking
@@ -1498,6 +1534,13 @@ class AnthropicProvider(SDKProvider):
         the tool results, not only before its first call. With it a call that has tools
         may send a ``thinking_budget`` at or above ``max_tokens``. Off by default: a
         beta, and more thinking tokens."""
+        self.adaptive_thinking = adaptive_thinking
+        """Think adaptively: every call sends ``thinking={"type": "adaptive"}`` (Claude
+        decides whether and how much to think, between tool calls too), no budget and no
+        interleaved-thinking beta. Given as ``None`` (the default), it is on when a
+        ``thinking_budget`` is given for a model of :data:`ADAPTIVE_THINKING_MODELS`,
+        whose budgeted thinking the SDK warns is deprecated; ``False`` keeps the budget
+        for them too, ``True`` turns adaptive thinking on for any model."""
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
@@ -1515,6 +1558,7 @@ class AnthropicProvider(SDKProvider):
             "thinking_budget": self.thinking_budget,
             "max_tokens": self.max_tokens,
             "interleaved_thinking": self.interleaved_thinking,
+            "adaptive_thinking": self.adaptive_thinking,
             "foreign_reasoning": self.foreign_reasoning,
         }
 
@@ -1564,22 +1608,23 @@ class AnthropicProvider(SDKProvider):
         settings = {**self.request_options, **request.settings}
         # the turn's output budget left, when below the cap given (the API requires one)
         self._cap(settings, request.max_output_tokens)
-        budget = thinking_budget(
-            self.thinking_budget,
-            settings.get("max_tokens", self.max_tokens),
-            interleaved=self.interleaved_thinking and bool(request.tools),
+        config = self.thinking_config(
+            messages, settings.get("max_tokens", self.max_tokens), bool(request.tools)
         )
-        thinking = budget is not None and thinking_allowed(messages)
-        if thinking:
-            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        thinking = config is not None
+        if config is not None:
+            params["thinking"] = config
         else:
             params["messages"] = without_loop_thinking(messages)
-        if request.output is not None:
-            map_output(params, request.output, thinking=thinking)
+        adaptive = thinking and self.adaptive_thinking
+        if request.output is not None:  # adaptive thinking takes a forced tool
+            map_output(params, request.output, thinking=thinking and not adaptive)
         known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
         for key, value in settings.items():
-            if key in _RESERVED or (thinking and refused_with_thinking(key, value)):
+            if key in _RESERVED or (
+                thinking and refused_with_thinking(key, value, adaptive=adaptive)
+            ):
                 continue
             if key == "extra_body":
                 extra_body.update(value)
@@ -1589,12 +1634,31 @@ class AnthropicProvider(SDKProvider):
                 extra_body[key] = value
         if extra_body:
             params["extra_body"] = extra_body
-        if thinking and self.interleaved_thinking:
+        if thinking and self.interleaved_thinking and not adaptive:
             params["extra_headers"] = with_beta(
                 params.get("extra_headers"), INTERLEAVED_THINKING_BETA
             )
         params["stream"] = True
         return params
+
+    def thinking_config(
+        self, messages: Sequence[dict[str, Any]], max_tokens: Any, tools: bool
+    ) -> dict[str, Any] | None:
+        """The ``thinking`` of a call of these (mapped) ``messages`` whose ``max_tokens``
+        is ``max_tokens``, with or without ``tools``; ``None``: thinking off.
+
+        Adaptive (:attr:`adaptive_thinking`): ``{"type": "adaptive"}`` on every call,
+        a tool loop's included, whatever its first step did (Claude itself may skip
+        thinking on a step: the API cannot want a loop to start with thinking then).
+        Else the budget (:func:`thinking_budget`), where :func:`thinking_allowed`."""
+        if self.adaptive_thinking:
+            return {"type": "adaptive"}
+        budget = thinking_budget(
+            self.thinking_budget, max_tokens, interleaved=self.interleaved_thinking and tools
+        )
+        if budget is None or not thinking_allowed(messages):
+            return None
+        return {"type": "enabled", "budget_tokens": budget}
 
     async def stream(self, request: InferRequest, emit: Emit) -> None:
         """One model call: restore, request, parse. Failures raise classified errors."""
@@ -1645,11 +1709,10 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        interleaved = self.interleaved_thinking and bool(tools)
-        budget = thinking_budget(self.thinking_budget, self.max_tokens, interleaved=interleaved)
-        if budget is not None and thinking_allowed(mapped):
-            params["thinking"] = {"type": "enabled", "budget_tokens": budget}
-            if self.interleaved_thinking:
+        config = self.thinking_config(mapped, self.max_tokens, bool(tools))
+        if config is not None:
+            params["thinking"] = config
+            if self.interleaved_thinking and not self.adaptive_thinking:
                 params["extra_headers"] = with_beta(None, INTERLEAVED_THINKING_BETA)
         else:
             params["messages"] = without_loop_thinking(mapped)

@@ -26,7 +26,9 @@ How each output item is kept, so the next request can send it back:
 * any other output item (``web_search_call``, ``file_search_call``,
   ``code_interpreter_call``, ``image_generation_call``, ``mcp_call``...) ran on OpenAI's
   side: it is a :class:`~runtime.messages.ProviderDataPart` holding the item verbatim,
-  sent back as it came.
+  sent back as it came; a ``custom_tool_call`` (a custom tool given in
+  ``request_options``) too, never run, and answered by a ``custom_tool_call_output``
+  saying so (:data:`CUSTOM_TOOL_NOT_RUN`).
 
 Reasoning and provider data go back only to this provider, and only to the model and
 endpoint that produced them (``encrypted_content`` is bound to its organization: any
@@ -396,7 +398,8 @@ def map_messages(
     for kind, message, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(message, results):
-                out.extend(_step_items(parts, store, target, foreign_reasoning))
+                items = _step_items(parts, store, target, foreign_reasoning)
+                out.extend(items)
                 out.extend(
                     {
                         "type": "function_call_output",
@@ -405,10 +408,43 @@ def map_messages(
                     }
                     for r in step_results
                 )
+                out.extend(_custom_outputs(items))
         elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
             out.append({"role": "user", "content": _user_content(message.content)})
+    return out
+
+
+CUSTOM_TOOL_NOT_RUN = (
+    "This tool is not available: the custom tool call was not executed and has no output."
+)
+"""The output a ``custom_tool_call`` is answered with (:func:`_custom_outputs`)."""
+
+
+def _custom_outputs(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A ``custom_tool_call_output`` saying :data:`CUSTOM_TOOL_NOT_RUN` for each
+    ``custom_tool_call`` among a step's ``items`` that they do not answer.
+
+    Why: a custom tool (free-text input, ``{"type": "custom", ...}``) reaches the API
+    only through ``request_options`` ``tools``; no Axon tool takes its text, so its call
+    is kept as provider data and never run. Sent back alone, the next request failed
+    (the API refuses a call item without its output item);
+    answered so, the request is valid and the model reads that the tool did not run.
+    A call made through a program (``caller``) is answered to the same caller."""
+    answered = {i.get("call_id") for i in items if i.get("type") == "custom_tool_call_output"}
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if item.get("type") != "custom_tool_call" or item.get("call_id") in answered:
+            continue
+        output = {
+            "type": "custom_tool_call_output",
+            "call_id": item.get("call_id"),
+            "output": CUSTOM_TOOL_NOT_RUN,
+        }
+        if item.get("caller") is not None:
+            output["caller"] = item["caller"]
+        out.append(output)
     return out
 
 

@@ -36,6 +36,7 @@ from runtime.actor_messages import (
     ThrottleNotice,
 )
 from runtime.chunks import (
+    CitationsChunk,
     FinishChunk,
     ProviderDataChunk,
     ReasoningChunk,
@@ -360,6 +361,8 @@ class Inferring:
                         finished = True
                     elif t is StreamFailed:
                         failure = chunk
+                    elif t is CitationsChunk:  # last: only cited text sends one
+                        parts.cite(chunk, forward)
                 if forward:
                     result.produced = True
                 if finished:

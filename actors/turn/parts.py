@@ -24,7 +24,9 @@ The rules (the stream shows the text and reasoning parts below exactly as stored
   in the message; the stream shows a call by its own chunks and provider data not at
   all (it is opaque, replayed only to its provider);
 * an empty text chunk, or an empty reasoning chunk with neither signature nor redacted
-  data, opens nothing: a part never holds nothing but empty deltas.
+  data, opens nothing: a part never holds nothing but empty deltas;
+* a :class:`~runtime.chunks.CitationsChunk` (the end of an Anthropic cited text block)
+  closes the open text part, stored with its citations; it is not streamed.
 
 Reasoning and provider data tagged with the calling provider's name also record its
 model and endpoint (:attr:`PartsManager.origin`, set by the turn runner for each call):
@@ -44,6 +46,7 @@ import orjson
 
 from runtime.actor_messages import REASONING, TEXT, PartBegin, PartEnd
 from runtime.chunks import (
+    CitationsChunk,
     ProviderDataChunk,
     ReasoningChunk,
     TextChunk,
@@ -159,6 +162,15 @@ class PartsManager:
             append(chunk)
         return i
 
+    def cite(self, chunk: CitationsChunk, out: list[Any]) -> None:
+        """The citations of the text the open part ends with (sent at the end of a
+        provider's cited text block): the part is stored with them and closes, so the
+        next text is a part of its own. With no text part open (a cited block of no
+        text) there is nothing to cite: they are dropped. The chunk is not forwarded:
+        the stream shows the text, not its sources."""
+        if self._kind is TEXT:
+            self.close(out, chunk.citations)
+
     def text_run(self, run: TextRun, out: list[Any]) -> None:
         """:meth:`text` for each delta of ``run`` (:class:`~runtime.provider.TextRun`: no
         refusal, none empty), in one call: the pieces extended with the run's texts, the
@@ -227,8 +239,9 @@ class PartsManager:
             return None, None
         return origin.model, origin.endpoint
 
-    def close(self, out: list[Any]) -> None:
-        """Close the open part, if any: store it and tell the stream."""
+    def close(self, out: list[Any], citations: tuple[dict[str, Any], ...] | None = None) -> None:
+        """Close the open part, if any: store it (a text part with ``citations``) and
+        tell the stream."""
         kind = self._kind
         if kind is None:
             return
@@ -237,7 +250,9 @@ class PartsManager:
         # strict JSON reader takes (Gemini's SDK sent the lone half as its escape).
         text = utf8_text("".join(self._pieces))
         if kind is TEXT:
-            part: Part = TextPart(text=text, step=self.step, refusal=self._refusal)
+            part: Part = TextPart(
+                text=text, step=self.step, refusal=self._refusal, citations=citations
+            )
         else:
             model, endpoint = self._origin_of(self._provider)
             part = ReasoningPart(

@@ -330,7 +330,11 @@ def responses_errors(items: list[dict[str, Any]]) -> list[str]:
             if call_id in open_calls:
                 errs.append(f"{where}: call_id {call_id!r} of an unanswered call used again")
             open_calls[call_id] = i
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":  # answered like a function call, by its own type
+            if item.get("call_id") in open_calls:
+                errs.append(f"{where}: call_id {item.get('call_id')!r} used again")
+            open_calls[item.get("call_id") or ""] = i
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if call_id not in open_calls:
                 errs.append(f"{where}: output for {call_id!r}, no unanswered function_call before")
@@ -346,8 +350,8 @@ def responses_errors(items: list[dict[str, Any]]) -> list[str]:
                 or (following.get("type") == "function_call_output")
             ):
                 errs.append(f"{where}: reasoning item without its following output item")
-    for call_id in open_calls:
-        errs.append(f"function_call {call_id!r} has no output")
+    for call_id, at in open_calls.items():
+        errs.append(f"{items[at].get('type')} {call_id!r} has no output")
     return errs
 
 
