@@ -1602,20 +1602,24 @@ class Session:
         if self.busy:
             raise SessionBusy(f"session {self._id!r} is already running a turn")
         by_name = {t.name: t for t in (*self.agent.tools, *tools)}
-        known = self.held_record()
+        known = view = self.held_record()
         if (
             not output_checked
             and output is not _UNSET
-            and known is not None
             and not by_caller
             and approved is None
             and error is None
             and edited_input is None
             and large_output(output)
         ):
-            output_checked, output = await trio.to_thread.run_sync(
-                checked_output, known.messages, id, output, by_name, limiter=off_loop_limiter()
-            )
+            if view is None and expected_version is None:
+                # No view in memory (evicted, another process's session): the session
+                # read here, to check against in the thread, and decided on as read.
+                view = await self.host.store.load(self._id)
+            if view is not None:
+                output_checked, output = await trio.to_thread.run_sync(
+                    checked_output, view.messages, id, output, by_name, limiter=off_loop_limiter()
+                )
         decision = Decision(
             approved=approved,
             reason=reason,
@@ -1641,7 +1645,7 @@ class Session:
                 id,
                 decision,
                 by_name,
-                known=known,
+                known=view,
                 only_known=expected_version is not None,
                 max_chars=self.agent.budget.max_tool_result_chars,
                 clock=self.host.clock,

@@ -43,6 +43,7 @@ from runtime.app.web.a2a_tasks import (
     _busy,
     _decisions,
     check_resend,
+    checked_decisions,
     derive,
     fingerprint,
     split_task_id,
@@ -51,7 +52,7 @@ from runtime.app.web.a2a_tasks import (
 )
 from runtime.app.web.http import ApiError
 from runtime.app.web.queued_turn import QueuedTurnOutput, settle_quietly
-from runtime.approval import APPROVAL, Decision, decide, pending_calls, record_decision
+from runtime.approval import APPROVAL, Decision, pending_calls, record_decision
 from runtime.errors import DecisionError
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Message, UserMessage
@@ -290,9 +291,8 @@ class QueuedTaskBook(TaskBook):
         limit = self.state.agent_for(live.context_id).budget.max_tool_result_chars
         bus = self.state.host.bus
         resumed = None
-        try:
-            for key, decision in answers:
-                _, stored, _, _ = decide(stored, key, decision, tools, limit)
+        try:  # (a large output checked in a thread, once: the recording does not again)
+            answers, stored = await checked_decisions(stored, answers, tools, limit)
             known = record  # the checks' read: the first decision is made on it
             for key, decision in answers:
                 decided = await self.front.decide(

@@ -28,7 +28,7 @@ import trio
 from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
 from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
-from runtime.app.web.answers import record_all
+from runtime.app.web.answers import mark_output_checked, record_all
 from runtime.app.web.chat_input import title_of
 from runtime.app.web.http import CLOSING_RETRY_AFTER, closing_message
 from runtime.approval import (
@@ -38,6 +38,7 @@ from runtime.approval import (
     PendingCall,
     Recorded,
     decide,
+    large_output,
     pending_calls,
 )
 from runtime.busy import REJECT
@@ -54,6 +55,7 @@ from runtime.errors import (
     StoreConflict,
     TooManyParts,
 )
+from runtime.history import off_loop_limiter
 from runtime.ids import new_id
 from runtime.media import check_counts, check_limits, user_content
 from runtime.messages import (
@@ -820,7 +822,9 @@ class TaskBook:
         known = session.held_record()
         if known is not None:
             try:
-                answers, remaining = self._checked(live, incoming, known.messages, tools, limit)
+                answers, remaining = await self._checked(
+                    live, incoming, known.messages, tools, limit
+                )
                 first = await self._decide(session, live, *answers[0], version=known.version)
             except (wire.A2AError, StoreConflict):
                 pass  # the view may be behind the store: check again on what it holds
@@ -829,10 +833,10 @@ class TaskBook:
                 return await record_all(answers[1:], record, first), remaining
         record = await session.host.store.load(session.id)
         stored = record.messages if record is not None else ()
-        answers, remaining = self._checked(live, incoming, stored, tools, limit)
+        answers, remaining = await self._checked(live, incoming, stored, tools, limit)
         return await record_all(answers, partial(self._decide, session, live)), remaining
 
-    def _checked(
+    async def _checked(
         self,
         live: LiveTask,
         incoming: wire.Incoming,
@@ -840,12 +844,12 @@ class TaskBook:
         tools: Any,
         max_chars: int | None,
     ) -> tuple[list[tuple[str, Decision]], tuple[PendingCall, ...]]:
-        """The message's decisions, each checked against ``stored``, and the calls they
-        leave waiting; an :class:`~actors.a2a.wire.A2AError` for a task that no longer
-        waits or a decision that cannot be made. ``max_chars``: the agent's
-        ``max_tool_result_chars``, which ``session.decide`` bounds an edit by: checked
-        here too, or a message whose second decision's edit is too long records its
-        first."""
+        """The message's decisions, each checked against ``stored``
+        (:func:`checked_decisions`), and the calls they leave waiting; an
+        :class:`~actors.a2a.wire.A2AError` for a task that no longer waits or a decision
+        that cannot be made. ``max_chars``: the agent's ``max_tool_result_chars``, which
+        ``session.decide`` bounds an edit by: checked here too, or a message whose second
+        decision's edit is too long records its first."""
         pending = pending_calls(stored)
         if not pending or pending[0].message_id != live.message_id:
             raise wire.A2AError(
@@ -853,8 +857,7 @@ class TaskBook:
             )
         answers = _decisions(wire.data_parts(incoming.parts), pending)
         try:
-            for key, decision in answers:
-                _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
+            answers, stored = await checked_decisions(stored, answers, tools, max_chars)
         except DecisionError as exc:
             raise wire.invalid_params(str(exc)) from None
         return answers, pending_calls(stored)
@@ -878,6 +881,7 @@ class TaskBook:
                 error=decision.error,
                 edited_input=decision.edited_input,
                 expected_version=version,
+                output_checked=decision.output_checked,
                 **({"output": decision.output} if decision.has_output else {}),
             )
         except DecisionError as exc:
@@ -1057,6 +1061,40 @@ class TaskBook:
         return len(running)
 
 
+def _check_all(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """Each decision made on ``stored`` in turn (a :class:`DecisionError` for one that
+    cannot be): the decisions, a client tool's output marked checked
+    (``Decision.output_checked``: the recording does not check it again), and the
+    messages they leave."""
+    for key, decision in answers:
+        _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
+    return [(key, mark_output_checked(d)) for key, d in answers], stored
+
+
+async def checked_decisions(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """:func:`_check_all`, in a worker thread (the shared ``off_loop_limiter``) when an
+    output or edited input is large (:func:`~runtime.approval.large_output`): a client
+    tool's output checked against its schema (20,000 rows: 2 s loaded) would hold the
+    event loop every session streams on. The checks read only ``stored``, the
+    decisions and the tools' validators, which nothing changes meanwhile."""
+    given = [d.output if d.has_output else d.edited_input for _, d in answers]
+    if large_output(given):
+        return await trio.to_thread.run_sync(
+            _check_all, stored, answers, tools, max_chars, limiter=off_loop_limiter()
+        )
+    return _check_all(stored, answers, tools, max_chars)
+
+
 def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tuple[str, Decision]]:
     """The decisions in a message's ``data`` parts: ``{"decisions": [{"id", "approved",
     "reason", "editedInput"} | {"id", "output"} | {"id", "error"}, ...]}`` (or one such
@@ -1114,6 +1152,7 @@ __all__ = [
     "LiveTask",
     "TaskBook",
     "check_resend",
+    "checked_decisions",
     "derive",
     "fingerprint",
     "split_task_id",
