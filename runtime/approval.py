@@ -152,6 +152,11 @@ class Decision:
     that ran the check, never read from a client. Why: a 10 MB answer of 400,000 rows
     took 7.4 s to check, on the event loop, and was checked three times (the front
     end's reading, its check of every answer before recording, the recording)."""
+    input_checked: bool = False
+    """``edited_input`` was checked as the decision would (:func:`_edited`: its size, its
+    keys, the tool's check) on the same call, and is plain JSON, the form it is stored
+    in (a body's): not checked again. Set by the code that ran the check (A2A's check of
+    a message's decisions before it records them), never read from a client."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -449,6 +454,8 @@ def _edited(
         raise InvalidDecision(
             f"{where}: the edited input must be a JSON object (got {type(edited).__name__})"
         )
+    if decision.input_checked:  # (checked whole, on this call, by the caller: JSON)
+        return edited
     if schema is None and waiting.schema_ref is not None:
         # The wait names a stored schema its message does not hold (a damaged or
         # hand-built record): the tool of that name here may be another listing's, or

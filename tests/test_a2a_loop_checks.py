@@ -5,13 +5,18 @@ the AI SDK's, tests/test_loop_checks.py). Tests count checks and threads, never 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import trio
 from a2a.types.a2a_pb2 import TaskState
 from google.protobuf.json_format import MessageToDict
 
-from runtime import Host, ToolMessage
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime import Agent, Host, ToolMessage
+from runtime.actor_messages import InferRequest
+from runtime.messages import ToolCallPart
+from runtime.tools import Tool, tool
 from tests.test_a2a import BOTH, collect, sdk, user
 from tests.test_loop_checks import BIG, _other_session_turn_meanwhile, _text, agent
 from tests.test_loop_checks import checks as checks  # the fixture
@@ -94,3 +99,53 @@ async def test_a_decision_with_no_view_in_memory_checks_a_large_output_in_a_thre
     assert got["other"].text == "hello there"
     assert got["recorded"].complete
     assert len(checks.values) == 1 and checks.on_main == [False]  # was 1, on the loop
+
+
+# -- an approval's large edited input: checked once, in a thread -------------------------
+
+
+@tool(needs_approval=True)
+async def keep(rows: list[int]) -> str:
+    """Keep the rows (it needs a person's approval)."""
+    return f"kept {len(rows)}"
+
+
+def _two_calls(request: InferRequest) -> list[Any]:
+    if current_step(request.messages) == 0:  # two calls wait: one decision leaves one
+        first = tool_call("keep", {"rows": [1]}, tool_call_id="k1")
+        return [*first, *tool_call("keep", {"rows": [2]}, tool_call_id="k2")]
+    return ["done"]
+
+
+EDIT = {"rows": list(range(2_500))}
+"""2,500 values: past the thread's 2,000, within max_tool_result_chars (its JSON 13 KB)."""
+
+
+async def test_an_a2a_large_edited_input_is_checked_once_in_a_thread(monkeypatch):
+    on_main: list[bool] = []
+    validate = Tool.validate
+
+    def noting(self: Tool, arguments: Any) -> Any:
+        if isinstance(arguments, dict) and len(arguments.get("rows", ())) == len(EDIT["rows"]):
+            on_main.append(threading.current_thread() is threading.main_thread())
+        return validate(self, arguments)
+
+    monkeypatch.setattr(Tool, "validate", noting)
+    edits = Agent(name="edits", provider=ScriptedProvider(responder=_two_calls), tools=[keep])
+    async with web_server(edits, protocols=BOTH) as server:
+
+        async def run(client: Any) -> Any:
+            (asked,) = await collect(client, user("go", message_id="q"))
+            pending = MessageToDict(asked.task.status.message.parts[1].data)["pending"]
+            edit = {"id": pending[0]["id"], "approved": True, "editedInput": EDIT}
+            request = user(message_id="d", task_id=asked.task.id, data={"decisions": [edit]})
+            (answered,) = await collect(client, request)
+            return answered
+
+        answered = await sdk(server, run, streaming=False)
+        record = await server.host.store.load(answered.task.context_id)
+    assert answered.task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED  # k2 waits
+    assert on_main == [False]  # was [True, True]: the pre-check's and the recording's
+    assert record is not None
+    (first, _) = [p for p in record.messages[1].content if isinstance(p, ToolCallPart)]
+    assert first.input == {"rows": [float(n) for n in range(2_500)]}  # (a Struct's numbers)

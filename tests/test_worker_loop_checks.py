@@ -7,16 +7,20 @@ from __future__ import annotations
 import httpx
 import orjson
 import pytest
+import trio
+from a2a.types.a2a_pb2 import TaskState
 
 from runtime import ToolMessage
 from tests.support.redis import require_redis
+from tests.test_a2a import sdk
+from tests.test_a2a_loop_checks import FLOAT_ROWS, _answer_over_a2a
 from tests.test_agui import run_input, user
 from tests.test_frontend import deployment
 from tests.test_loop_checks import BIG, _output_part, _saved_cut, agent
 from tests.test_loop_checks import checks as checks  # the fixture
 from tests.test_relay_web import sse_events
 from tests.test_worker_approval import LIMIT, chat, payloads, waiting_turn
-from tests.test_worker_protocols import agui_run
+from tests.test_worker_protocols import agui_run, at
 
 
 @pytest.fixture
@@ -67,3 +71,20 @@ async def test_an_ai_sdk_large_tool_output_is_checked_once_in_a_thread_on_a_fron
     assert checks.converted_on_loop == 0
     _saved_cut(record)
     assert record is not None and any(isinstance(m, ToolMessage) for m in record.messages)
+
+
+async def test_an_a2a_large_output_is_checked_once_in_a_thread_on_a_front_end(
+    pg_url: str, redis_url: str, checks
+) -> None:
+    async with deployment(pg_url, redis_url, agent(), protocols=("a2a",)) as d:
+        with trio.fail_after(LIMIT):
+            asked, answered = await sdk(
+                at(d.urls[0]), lambda c: _answer_over_a2a(c, BIG), streaming=False
+            )
+        record = await d.store.load(asked.task.context_id)
+    assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert len(checks.values) == 1 and checks.on_main == [False]  # was 2, on the loop
+    assert checks.converted_on_loop == 0  # was 2
+    assert record is not None
+    (saved,) = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert isinstance(saved.output, str) and saved.output.startswith(FLOAT_ROWS)

@@ -1558,6 +1558,7 @@ class Session:
         by_caller: bool = False,
         tools: Sequence[Tool] = (),
         output_checked: bool = False,
+        input_checked: bool = False,
     ) -> Recorded:
         """Record a decision for a waiting call, without resuming the turn: ``approved``
         (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
@@ -1594,6 +1595,8 @@ class Session:
         other sessions stream on, and once. ``output_checked``: the caller checked it
         against that schema already and it is plain JSON, as a body parses to (the web
         front ends, reading a body's answers): not checked or converted again.
+        ``input_checked``: the same of ``edited_input`` (checked on this call as the
+        decision checks an edit: A2A's decisions).
 
         A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
         nothing (it recorded the decision, then its continuation was refused, or failed
@@ -1629,6 +1632,7 @@ class Session:
             edited_input=edited_input,
             by_caller=by_caller,
             output_checked=output_checked,
+            input_checked=input_checked,
         )
         if expected_version is not None and (known is None or known.version != expected_version):
             raise StoreConflict(

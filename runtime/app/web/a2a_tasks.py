@@ -22,13 +22,14 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
 
+import attrs
 import orjson
 import trio
 
 from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
 from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
-from runtime.app.web.answers import mark_output_checked, record_all
+from runtime.app.web.answers import record_all
 from runtime.app.web.chat_input import title_of
 from runtime.app.web.http import CLOSING_RETRY_AFTER, closing_message
 from runtime.approval import (
@@ -882,6 +883,7 @@ class TaskBook:
                 edited_input=decision.edited_input,
                 expected_version=version,
                 output_checked=decision.output_checked,
+                input_checked=decision.input_checked,
                 **({"output": decision.output} if decision.has_output else {}),
             )
         except DecisionError as exc:
@@ -1068,12 +1070,22 @@ def _check_all(
     max_chars: int | None,
 ) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
     """Each decision made on ``stored`` in turn (a :class:`DecisionError` for one that
-    cannot be): the decisions, a client tool's output marked checked
-    (``Decision.output_checked``: the recording does not check it again), and the
-    messages they leave."""
+    cannot be): the decisions, a client tool's output and an edited input marked checked
+    (``Decision.output_checked``, ``input_checked``: the recording does not check them
+    again), and the messages they leave."""
     for key, decision in answers:
         _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
-    return [(key, mark_output_checked(d)) for key, d in answers], stored
+    return [(key, _marked(d)) for key, d in answers], stored
+
+
+def _marked(decision: Decision) -> Decision:
+    """``decision`` as checked: its output or edit (plain JSON, from the message) not
+    checked again."""
+    return attrs.evolve(
+        decision,
+        output_checked=decision.has_output,
+        input_checked=decision.edited_input is not None,
+    )
 
 
 async def checked_decisions(

@@ -434,18 +434,16 @@ def _checked(
     if not answers:
         raise ApiError(400, "the assistant message answers no call the turn waits for")
     if not outputs:
-        answers = [(key, mark_output_checked(d)) for key, d in answers]
+        answers = [(key, _output_checked(d)) for key, d in answers]
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return _known(waiting), [(key, mark_output_checked(d)) for key, d in answers]
+    return _known(waiting), [(key, _output_checked(d)) for key, d in answers]
 
 
-def mark_output_checked(decision: Decision) -> Decision:
-    """``decision``, its client tool's output (if any) checked against the tool's output
-    schema by the caller, in the JSON form a body parses to: not checked again."""
+def _output_checked(decision: Decision) -> Decision:
     return attrs.evolve(decision, output_checked=True) if decision.has_output else decision
 
 
@@ -589,7 +587,6 @@ __all__ = [
     "check_and_record",
     "check_and_record_on",
     "is_continuation",
-    "mark_output_checked",
     "pending_in",
     "record_all",
     "record_answers",
