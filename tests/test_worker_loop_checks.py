@@ -1,6 +1,7 @@
 """A client tool's large answer on a worker deployment's front end (real PostgreSQL and
 Redis, in process): checked once against its output schema, in a worker thread, over
-AG-UI and over the AI SDK's POST, as in the embedded app (tests/test_loop_checks.py)."""
+AG-UI, over the AI SDK's POST and over A2A, as in the embedded app (tests/test_loop_checks.py,
+tests/test_a2a_loop_checks.py)."""
 
 from __future__ import annotations
 
