@@ -21,6 +21,7 @@ import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from packaging.requirements import Requirement
 
 from actors.providers import anthropic as anthropic_provider
 from actors.providers import gemini as gemini_provider
@@ -280,6 +281,29 @@ def test_every_library_the_code_imports_is_a_declared_dependency():
         if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & declared
     }
     assert undeclared == {}, f"imported but not in pyproject dependencies: {undeclared}"
+
+
+def test_every_installed_dependency_is_within_its_declared_range():
+    """``pip install -e .`` keeps an installed release that satisfies a range, so the
+    minimums in pyproject.toml are the releases the provider tests were seen to pass with
+    (its comments say which); an environment holding an older one than declared is not
+    the one these tests vouch for."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"]]
+    for extra in project.get("optional-dependencies", {}).values():
+        specs.extend(extra)
+    outside = {}
+    for spec in specs:
+        requirement = Requirement(spec)
+        if requirement.name == project["name"] or not requirement.specifier:
+            continue
+        try:
+            installed = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an extra that is not installed here
+        if not requirement.specifier.contains(installed, prereleases=True):
+            outside[spec] = installed
+    assert outside == {}, f"installed releases outside pyproject's ranges: {outside}"
 
 
 def test_no_provider_imports_the_sdks_http_library_directly():

@@ -492,7 +492,7 @@ class A2AAgent:
         return agent
 
     def _client(self) -> Any:
-        import httpx  # the OpenAI SDK's HTTP client: here whenever Axon is
+        import httpx  # a dependency of its own (pyproject): the SDKs now use httpx2
 
         return httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout))
 
