@@ -1,0 +1,105 @@
+"""Integers past 64 bits lose nothing, end to end (branch ``bigints``).
+
+orjson, Axon's JSON library, reads an integer literal outside [-2**63, 2**64) as a float
+(``123456789012345678901234567890`` is ``1.2345678901234568e+29``) and refuses to write
+a Python ``int`` past it (``TypeError: Integer exceeds 64-bit range``). JSON and Python
+have no such limit: a model's tool call, a tool's return value, a client's output may
+hold one. Each test says what the user sees and what is saved; each failed before
+(:func:`runtime.serde.dumps` writes such an integer exactly, :func:`runtime.serde.loads`
+and :func:`runtime.serde.exact` read it back exactly; orjson stays the fast path)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, tool
+from runtime import output as o
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
+from tests.test_frontend import body, data, deployment
+from tests.test_relay import USAGE, opened, read_all, redis_url
+from tests.test_relay_web import sse_events
+
+__all__ = ["redis_url"]  # (the fixture)
+
+BIG = 123456789012345678901234567890
+"""Past 64 bits: orjson reads it as 1.2345678901234568e+29, which pydantic's ``int``
+takes as the wrong integer 123456789012345677877719597056."""
+
+
+@tool
+async def double(n: int) -> dict:
+    """Doubles n."""
+    return {"n": n, "twice": 2 * n, "negative": -n}
+
+
+def _doubled(n: int) -> dict[str, int]:
+    return {"n": n, "twice": 2 * n, "negative": -n}
+
+
+# -- the Redis relay -----------------------------------------------------------------------
+
+
+async def test_a_relayed_call_and_result_with_integers_past_64_bits_read_back_exactly(
+    redis_url: str,
+) -> None:
+    """A worker's stream goes through Redis to the front end that serves the user. The
+    user sees the call's input and result as the tool had them; before, the writer's
+    flush raised (orjson), the batch was lost and the readers told to reload."""
+    chunks: list[Any] = [
+        o.Start(message_id="m1", turn_id="t", session_id="s"),
+        o.StepStart(step=0),
+        o.ToolCall(step=0, tool_call_id="c", tool_name="double", input={"n": BIG}),
+        o.ToolResult(step=0, tool_call_id="c", tool_name="double", output=_doubled(BIG)),
+        o.StepFinish(step=0, finish_reason="tool-calls", usage=USAGE),
+        o.Finish(finish_reason="stop", usage=USAGE),
+    ]
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.extend(chunks)
+        with trio.fail_after(10):
+            await writer.aclose()
+        got = await read_all(relay, "t")
+    assert writer.lost == 0
+    assert [attrs.evolve(c, seq=0) for c in got] == chunks
+    call, result = got[2], got[3]
+    assert type(call.input["n"]) is int and call.input["n"] == BIG
+    assert result.output == _doubled(BIG) and type(result.output["twice"]) is int
+
+
+async def test_a_worker_deployment_streams_and_stores_integers_past_64_bits_exactly(
+    pg_url: str, redis_url: str
+) -> None:
+    """A model's call ``double(n=BIG)`` run by a worker, streamed to the user's POST
+    through Redis and saved in PostgreSQL: the stream's ``tool-input-available`` and
+    ``tool-output-available`` hold the exact integers (as JSON numbers), and so do the
+    stored call and result. Before: the call was refused ("its input cannot be stored
+    ...; send such a value as a string") and its input stored as text."""
+    steps = [[*tool_call("double", {"n": BIG}, tool_call_id="D")], ["done"]]
+    agent = Agent(name="a", provider=ScriptedProvider(steps), tools=[double])
+    async with deployment(pg_url, redis_url, agent) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            response = await client.post("/api/chat", json=body("big"))
+        record = await d.store.load("big")
+    events = data(sse_events(response.text))
+    assert [e for e in events if e["type"] == "error"] == []
+    [shown_input] = [e["input"] for e in events if e["type"] == "tool-input-available"]
+    [shown_output] = [e["output"] for e in events if e["type"] == "tool-output-available"]
+    assert shown_input == {"n": BIG} and shown_output == _doubled(BIG)
+    assert record is not None
+    calls = [
+        p
+        for m in record.messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+    ]
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [c.input for c in calls] == [{"n": BIG}]
+    assert [(r.output, r.error) for r in results] == [(_doubled(BIG), None)]
+    assert json.loads(json.dumps(results[0].output)) == _doubled(BIG)
