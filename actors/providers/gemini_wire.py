@@ -49,6 +49,7 @@ from actors.providers.failures import (
 from actors.providers.json_slot import orjson_module
 from actors.providers.sse import body_bytes, strip_bom
 from runtime import errors
+from runtime.serde import exact
 
 PROVIDER = "google"
 
@@ -277,6 +278,14 @@ class _RawJson:
         return out
 
 
+_CALL = b'"functionCall"'
+"""What a chunk holding a function call holds (a byte search a chunk): only such a chunk
+is walked for an integer past 64 bits that orjson read as a float
+(:func:`runtime.serde.exact`), its ``args`` then read again exactly, so the tool gets
+the model's very integer (pydantic's ``int`` took the float 1.2345678901234568e+29 as
+the wrong integer)."""
+
+
 def _decode(data: bytes) -> Any:
     """A chunk's JSON; the SDK decodes bytes as UTF-8 with replacement first, so bytes
     orjson refuses are given that chance before the chunk counts as undecodable."""
@@ -344,6 +353,8 @@ async def _chunks_of(
                         if flush is not None:
                             yield _half_flushed(flush)
                     loads = fast if half is None else refuse_held
+                if _CALL in data:  # (a function call's args: orjson read a big int as a float)
+                    value = exact(value, data)
                 if type(value) is not dict:
                     raise errors.MalformedStream(
                         f"a chunk is not a JSON object: {quoted(data)}", provider=PROVIDER
