@@ -317,38 +317,43 @@ _FLOAT_PAST = float(1 << 63)
 as ``-9.223372036854776e18``, which is -2**63)."""
 
 
-def dumps(value: Any, default: Any = None, option: int | None = None) -> bytes:
+def dumps(
+    value: Any, default: Any = None, option: int | None = None, *, marked: bool = True
+) -> bytes:
     """``orjson.dumps(value, default=default, option=option)``, but an integer past 64 bits
-    written exactly (after :data:`BIG_INT_MARK`) where orjson refuses it. Only a value
-    orjson refused for that is walked (:func:`with_big_ints`); any other refusal is raised."""
+    written exactly (after :data:`BIG_INT_MARK`, unless not ``marked``: JSON text that
+    leaves the process, a call's arguments as a client reads them) where orjson refuses
+    it. Only a value orjson refused for that is walked (:func:`with_big_ints`); any other
+    refusal is raised."""
     try:
         return orjson.dumps(value, default=default, option=option)
     except TypeError as exc:
         if "64-bit" not in str(exc):
             raise
-    return orjson.dumps(with_big_ints(value), default=default, option=option)
+    mark = BIG_INT_MARK if marked else b""
+    return orjson.dumps(with_big_ints(value, mark), default=default, option=option)
 
 
-def with_big_ints(value: Any, depth: int = 0) -> Any:
+def with_big_ints(value: Any, mark: bytes = BIG_INT_MARK, depth: int = 0) -> Any:
     """``value`` (JSON values) with each integer past 64 bits an ``orjson.Fragment`` of its
-    digits after :data:`BIG_INT_MARK` (a dict key past 64 bits: its digits as text, as a
-    JSON key is). ``ValueError`` past :data:`MAX_DEPTH` levels."""
+    digits after ``mark`` (a dict key past 64 bits: its digits as text, as a JSON key
+    is). ``ValueError`` past :data:`MAX_DEPTH` levels."""
     if depth > MAX_DEPTH:
         raise ValueError("nested too deeply")
     kind = type(value)
     if kind is int:
         if INT_MIN <= value <= INT_MAX:
             return value
-        return orjson.Fragment(BIG_INT_MARK + str(value).encode())
+        return orjson.Fragment(mark + str(value).encode())
     if isinstance(value, dict):
         return {
             (str(k) if type(k) is int and not INT_MIN <= k <= INT_MAX else k): with_big_ints(
-                v, depth + 1
+                v, mark, depth + 1
             )
             for k, v in value.items()
         }
     if kind is list or kind is tuple:
-        return [with_big_ints(v, depth + 1) for v in value]
+        return [with_big_ints(v, mark, depth + 1) for v in value]
     return value
 
 

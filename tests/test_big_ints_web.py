@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Tool
+from runtime import Agent, Tool, tool
 from runtime.app.web.chat_input import INLINE_BODY
 from tests.test_approval_web import answer
 from tests.test_web_http import body, events
@@ -65,3 +65,59 @@ async def test_a_client_tools_output_past_64_bits_posted_by_use_chat_is_kept_exa
     }
     outputs = [getattr(m, "output", None) for m in record.messages if m.role == "tool"]
     assert outputs == [{"n": BIG, "m": -BIG}]
+
+
+# -- AG-UI -----------------------------------------------------------------------------------
+
+
+async def test_an_agui_client_output_past_64_bits_as_json_text_is_kept_exactly() -> None:
+    """AG-UI carries a client tool's output as text; the tool's output schema wants an
+    object, so the text ``{"n": BIG}`` is read as JSON: the model reads ``{"n": BIG}``
+    (and the store keeps it). Before: ``{"n": 1.2345678901234568e+29}``, which the
+    schema's ``integer`` took (an integral float)."""
+    from tests.test_agui_client_output import answered, seen
+
+    seen.clear()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    r = await answered(schema, '{"n": %d}' % BIG)  # noqa: UP031
+    assert r.status_code == 200, r.text
+    assert seen == [{"n": BIG}] and type(seen[0]["n"]) is int
+
+
+ran: list[int] = []
+
+
+@tool(needs_approval=True)
+async def transfer(amount: int) -> str:
+    """Moves money."""
+    ran.append(amount)
+    return f"moved {amount}"
+
+
+async def test_an_agui_edit_past_64_bits_runs_the_tool_with_the_very_integer() -> None:
+    """The person approves with ``editedArgs: {"amount": BIG}`` (a resume payload, JSON
+    in the body): the tool runs with BIG, the user sees ``moved BIG`` and the store
+    keeps the edited input exactly. Before: the tool ran with
+    123456789012345677877719597056 (pydantic's ``int`` of the float orjson read)."""
+    from tests.test_agui import run, run_input, user
+    from tests.test_agui_edits import waiting_call
+
+    ran.clear()
+    steps = [[*tool_call("transfer", {"amount": 1}, tool_call_id="d1")], ["sent"]]
+    agent = Agent(name="payer", provider=ScriptedProvider(steps), tools=[transfer])
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+        first = await run(server, run_input("t", user("pay", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        resume = [
+            {
+                "interruptId": interrupt["id"],
+                "status": "resolved",
+                "payload": {"approved": True, "editedArgs": {"amount": BIG}},
+            }
+        ]
+        second = await run(server, run_input("t", user("pay", "m1"), resume=resume, runId="r2"))
+        record = await server.host.store.load("t")
+    assert ran == [BIG]
+    (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == f"moved {BIG}"
+    assert waiting_call(record).input == {"amount": BIG}
