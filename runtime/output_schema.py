@@ -183,6 +183,8 @@ def _from_type(output_type: Any) -> tuple[dict[str, Any], Callable[[str], Any]]:
 def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
     import orjson
 
+    from runtime.serde import exact  # (with orjson: on first use of such a schema)
+
     try:
         validator = json_schema_validator(schema)
     except InvalidJSONSchema as exc:
@@ -191,7 +193,7 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
 
     def parse(text: str) -> Any:
         try:
-            value = orjson.loads(text)
+            value = exact(orjson.loads(text), text)  # (an integer past 64 bits exactly)
         except orjson.JSONDecodeError as exc:
             raise OutputValidationError(
                 _problems([f"(root): invalid JSON: {exc}"]), text=text

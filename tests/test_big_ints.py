@@ -15,10 +15,12 @@ from typing import Any
 
 import attrs
 import httpx
+import pydantic
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent, Host, tool
 from runtime import output as o
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
 from tests.test_frontend import body, data, deployment
@@ -103,3 +105,33 @@ async def test_a_worker_deployment_streams_and_stores_integers_past_64_bits_exac
     assert [c.input for c in calls] == [{"n": BIG}]
     assert [(r.output, r.error) for r in results] == [(_doubled(BIG), None)]
     assert json.loads(json.dumps(results[0].output)) == _doubled(BIG)
+
+
+# -- structured output -----------------------------------------------------------------------
+
+
+class Count(pydantic.BaseModel):
+    n: int
+
+
+@pytest.mark.parametrize("kind", ["json-schema", "pydantic"])
+async def test_a_structured_answer_past_64_bits_is_the_output_exactly(
+    tmp_path: Any, kind: str
+) -> None:
+    """The model answers ``{"n": BIG}`` for an ``output_type`` with an integer field: the
+    user's ``result.output`` holds BIG and the stored answer reads back with it. Before,
+    a JSON-schema ``output_type`` (read by orjson) gave ``{"n": 1.2345678901234568e+29}``,
+    which its ``integer`` took (an integral float). (A pydantic type reads with
+    pydantic's own parser, exact already.)"""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    output_type: Any = schema if kind == "json-schema" else Count
+    agent = Agent(provider=ScriptedProvider([[f'{{"n": {BIG}}}']]), output_type=output_type)
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("count")
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = (await host.store.load("s")).messages
+    n = result.output["n"] if kind == "json-schema" else result.output.n
+    assert n == BIG and type(n) is int
+    assert agent.output_schema.parse(stored[-1].content[0].text) == result.output
