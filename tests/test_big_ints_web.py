@@ -121,3 +121,40 @@ async def test_an_agui_edit_past_64_bits_runs_the_tool_with_the_very_integer() -
     (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
     assert result["content"] == f"moved {BIG}"
     assert waiting_call(record).input == {"amount": BIG}
+
+
+# -- the OpenAI-compatible endpoint ----------------------------------------------------------
+
+
+async def test_a_chat_completions_history_call_past_64_bits_reaches_the_model_exactly() -> None:
+    """A Chat Completions client sends a history whose assistant call's ``arguments``
+    text is ``{"n": BIG}``: the agent's model reads that call's input as ``{"n": BIG}``
+    (and answers). Before: ``{"n": 1.2345678901234568e+29}`` (orjson)."""
+    from tests.test_openai_compat import BOTH, openai_client
+
+    provider = ScriptedProvider(["ok"])
+    async with web_server(Agent(name="geo", provider=provider), protocols=BOTH) as server:
+        async with openai_client(server) as c:
+            completion = await c.chat.completions.create(
+                model="geo",
+                messages=[
+                    {"role": "user", "content": "count"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "count", "arguments": f'{{"n": {BIG}}}'},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                    {"role": "user", "content": "so?"},
+                ],
+            )
+    assert completion.choices[0].message.content == "ok"
+    sent = provider.requests[0].messages
+    [call] = [p for m in sent if m.role == "assistant" for p in m.content]
+    assert call.input == {"n": BIG} and type(call.input["n"]) is int
