@@ -158,3 +158,28 @@ async def test_a_chat_completions_history_call_past_64_bits_reaches_the_model_ex
     sent = provider.requests[0].messages
     [call] = [p for m in sent if m.role == "assistant" for p in m.content]
     assert call.input == {"n": BIG} and type(call.input["n"]) is int
+
+
+# -- A2A ---------------------------------------------------------------------------------------
+
+
+async def test_an_a2a_data_part_past_64_bits_reaches_the_model_exactly() -> None:
+    """An A2A client sends a message with the data part ``{"n": BIG}``: the agent's model
+    reads its JSON text with BIG's digits. Before: ``{"n":1.2345678901234568e+29}``."""
+    provider = ScriptedProvider(["ok"])
+    message = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"data": {"n": BIG}}]}
+    async with web_server(Agent(name="a", provider=provider), protocols=("a2a",)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            r = await http.post(
+                "/a2a/message:send",
+                content=_posted({"message": message}),
+                headers={"content-type": "application/json", "a2a-version": "1.0"},
+            )
+    assert r.status_code == 200, r.text
+    [user_message] = [m for m in provider.requests[0].messages if m.role == "user"]
+    texts = (
+        [user_message.content]
+        if isinstance(user_message.content, str)
+        else [p.text for p in user_message.content]
+    )
+    assert any(json.loads(t) == {"n": BIG} for t in texts if t.startswith("{")), texts
