@@ -135,3 +135,25 @@ async def test_a_structured_answer_past_64_bits_is_the_output_exactly(
     n = result.output["n"] if kind == "json-schema" else result.output.n
     assert n == BIG and type(n) is int
     assert agent.output_schema.parse(stored[-1].content[0].text) == result.output
+
+
+# -- MCP -------------------------------------------------------------------------------------
+
+
+async def test_an_mcp_tools_structured_result_past_64_bits_is_kept_exactly(tmp_path: Any) -> None:
+    """The model calls the stdio MCP server's ``add(a=BIG, b=1)`` (its result is
+    structured content): the server gets BIG, the user sees the result BIG + 1 and the
+    store keeps it. Before, the call was refused ("its input cannot be stored ...")."""
+    from tests.test_mcp import calling, stdio_server, tool_messages
+
+    agent = Agent(provider=calling(("add", {"a": BIG, "b": 1})), tools=[stdio_server()])
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("go")
+        live = tool_messages(session)["add"]
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = (await host.store.load("s")).messages
+    assert (result.finish_reason, result.error) == ("stop", None)
+    assert (live.output, live.error) == (BIG + 1, None)
+    assert [m.output for m in stored if isinstance(m, ToolMessage)] == [BIG + 1]
