@@ -22,12 +22,13 @@ import trio
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host, tool
 from runtime import output as o
-from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from tests.test_frontend import body, data, deployment
 from tests.test_relay import USAGE, opened, read_all, redis_url
 from tests.test_relay_web import sse_events
+from tests.test_stores import store
 
-__all__ = ["redis_url"]  # (the fixture)
+__all__ = ["redis_url", "store"]  # (the fixtures)
 
 BIG = 123456789012345678901234567890
 """Past 64 bits: orjson reads it as 1.2345678901234568e+29, which pydantic's ``int``
@@ -157,3 +158,28 @@ async def test_an_mcp_tools_structured_result_past_64_bits_is_kept_exactly(tmp_p
     assert (result.finish_reason, result.error) == ("stop", None)
     assert (live.output, live.error) == (BIG + 1, None)
     assert [m.output for m in stored if isinstance(m, ToolMessage)] == [BIG + 1]
+
+
+# -- the stores ------------------------------------------------------------------------------
+
+
+async def test_each_store_keeps_integers_past_64_bits_in_messages_and_meta(store: Any) -> None:
+    """A session whose call, result and meta hold integers past 64 bits (both signs, a
+    list, a dict key) is saved by each built-in store and loaded back the same: what the
+    user's next turn and ``GET /api/sessions`` read. Before, the save raised StoreError
+    ("message 1 cannot be serialized": orjson), and nothing of the turn was kept."""
+    call = ToolCallPart(tool_call_id="c", tool_name="t", input={"n": BIG, "m": [-BIG, 1]}, step=0)
+    messages = [
+        UserMessage(content="go", id="u1"),
+        AssistantMessage(content=(call,), id="a1"),
+        ToolMessage(
+            tool_call_id="c", tool_name="t", step=0, output={"n": BIG, "k": 2**64}, id="t1"
+        ),
+    ]
+    await store.save("s", 0, messages, {"counter": BIG})
+    await store.save("s", 3, [UserMessage(content="more", id="u2")], {"other": -BIG})
+    record = await store.load("s")
+    assert list(record.messages) == [*messages, UserMessage(content="more", id="u2")]
+    assert record.messages[1].content[0].input == {"n": BIG, "m": [-BIG, 1]}
+    assert record.messages[2].output == {"n": BIG, "k": 2**64}
+    assert (record.meta["counter"], record.meta["other"]) == (BIG, -BIG)
