@@ -613,13 +613,21 @@ def utf8_text(text: str) -> str:
 
 
 def utf8_dumps(value: Any, default: Any = None, option: int | None = None) -> bytes:
-    """``orjson.dumps(value, default=default, option=option)``; a value holding half a
-    character, which orjson refuses (a delta ending or starting with half an emoji a
-    server split across two deltas), written as :func:`without_lone_surrogates` makes it
-    (each half alone U+FFFD). Why: a web stream's event or a relay's batch holding such a
+    """``orjson.dumps(value, default=default, option=option)`` (an integer past 64 bits
+    written exactly, :func:`dumps`); a value holding half a character, which orjson
+    refuses (a delta ending or starting with half an emoji a server split across two
+    deltas), written as :func:`without_lone_surrogates` makes it (each half alone
+    U+FFFD). Why: a web stream's event or a relay's batch holding such a
     delta raised instead, and the stream was cut or the batch lost."""
-    try:
-        return dumps(value, default=default, option=option)
+    try:  # (orjson itself first: no call more on a stream's event, the fast path)
+        return orjson.dumps(value, default=default, option=option)
+    except TypeError as exc:
+        if "surrogates" in str(exc):
+            return dumps(without_lone_surrogates(value), default=default, option=option)
+        if "64-bit" not in str(exc):
+            raise
+    try:  # an integer past 64 bits (:func:`dumps`), maybe with half a character too
+        return orjson.dumps(with_big_ints(value), default=default, option=option)
     except TypeError as exc:
         if "surrogates" not in str(exc):
             raise
