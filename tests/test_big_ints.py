@@ -183,3 +183,29 @@ async def test_each_store_keeps_integers_past_64_bits_in_messages_and_meta(store
     assert record.messages[1].content[0].input == {"n": BIG, "m": [-BIG, 1]}
     assert record.messages[2].output == {"n": BIG, "k": 2**64}
     assert (record.meta["counter"], record.meta["other"]) == (BIG, -BIG)
+
+
+# -- the JSONL recorder ----------------------------------------------------------------------
+
+
+async def test_a_recorded_call_and_result_past_64_bits_read_back_exactly(tmp_path: Any) -> None:
+    """A ``JsonlRecorder`` writes a turn whose call and result hold BIG (its writer falls
+    back to the standard library's); ``read_jsonl`` (what ``axon replay`` reads) gives
+    BIG back. Before: 1.2345678901234568e+29 (orjson)."""
+    from actors.plugins.recorder import JsonlRecorder, read_jsonl
+
+    path = tmp_path / "events.jsonl"
+    steps = [[*tool_call("double", {"n": BIG}, tool_call_id="D")], ["done"]]
+    async with Host.open(log_tap=False) as host:
+        recorder = await host.start_actor(JsonlRecorder(path))
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[double]), session_id="rec"
+        )
+        await session.run("go")
+        await trio.sleep(0.1)
+        recorder.stop()
+        await recorder.stopped.wait()
+    events = read_jsonl(path)
+    [call] = [e for e in events if e["kind"] == "output.tool-call"]
+    [result] = [e for e in events if e["kind"] == "output.tool-result"]
+    assert call["input"] == {"n": BIG} and result["output"] == _doubled(BIG)
