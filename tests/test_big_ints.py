@@ -11,6 +11,7 @@ and :func:`runtime.serde.exact` read it back exactly; orjson stays the fast path
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -30,6 +31,7 @@ from tests.test_stores import store
 
 __all__ = ["redis_url", "store"]  # (the fixtures)
 
+ROOT = str(Path(__file__).resolve().parents[1])
 BIG = 123456789012345678901234567890
 """Past 64 bits: orjson reads it as 1.2345678901234568e+29, which pydantic's ``int``
 takes as the wrong integer 123456789012345677877719597056."""
@@ -209,3 +211,36 @@ async def test_a_recorded_call_and_result_past_64_bits_read_back_exactly(tmp_pat
     [call] = [e for e in events if e["kind"] == "output.tool-call"]
     [result] = [e for e in events if e["kind"] == "output.tool-result"]
     assert call["input"] == {"n": BIG} and result["output"] == _doubled(BIG)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+async def test_show_prints_a_stored_call_and_result_past_64_bits(tmp_path: Any) -> None:
+    """``axon show`` of a session whose call and result hold BIG prints their digits
+    (and ``--json`` the integers). Before, it raised ``TypeError: Integer exceeds 64-bit
+    range`` (orjson) and printed a traceback."""
+    import sys
+
+    steps = [[*tool_call("double", {"n": BIG}, tool_call_id="D")], ["done"]]
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[double]), session_id="s"
+        )
+        await session.run("go")
+    shown = [
+        await trio.run_process(
+            [sys.executable, "-m", "runtime", "show", "s", "--store", str(path), *json_flag],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            cwd=ROOT,
+        )
+        for json_flag in ([], ["--json"])
+    ]
+    assert [p.returncode for p in shown] == [0, 0], [p.stderr for p in shown]
+    assert str(BIG) in shown[0].stdout.decode() and str(2 * BIG) in shown[0].stdout.decode()
+    messages = json.loads(shown[1].stdout)
+    assert messages[1]["content"][0]["input"] == {"n": BIG}
+    assert messages[2]["output"] == _doubled(BIG)
