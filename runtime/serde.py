@@ -362,7 +362,10 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     read again exactly by the standard library's reader when :func:`dumps` marked an
     integer past 64 bits in it (:data:`BIG_INT_MARK`, one byte search)."""
     value = orjson.loads(data)
-    if (_MARK_TEXT if type(data) is str else BIG_INT_MARK) in data:
+    kind = type(data)
+    if kind is memoryview:  # (``in`` on a memoryview compares its items: never a match)
+        data = bytes(data)
+    if (_MARK_TEXT if kind is str else BIG_INT_MARK) in data:
         return _read_exactly(data, value)
     return value
 

@@ -244,3 +244,16 @@ async def test_show_prints_a_stored_call_and_result_past_64_bits(tmp_path: Any) 
     messages = json.loads(shown[1].stdout)
     assert messages[1]["content"][0]["input"] == {"n": BIG}
     assert messages[2]["output"] == _doubled(BIG)
+
+
+def test_serde_reads_back_what_it_wrote_from_bytes_text_and_memoryviews() -> None:
+    """What a store's driver may hand back (bytes, text, a memoryview): each reads the
+    integers exactly; a memoryview's ``in`` compares items, so its mark went unseen."""
+    from runtime import serde
+
+    data = serde.dumps({"n": BIG, "m": [-(2**63) - 1, 2**64 - 1, 1.5]})
+    want = {"n": BIG, "m": [-(2**63) - 1, 2**64 - 1, 1.5]}
+    for given in (data, data.decode(), memoryview(data), bytearray(data)):
+        assert serde.loads(given) == want and type(serde.loads(given)["n"]) is int
+    assert serde.dumps({"n": BIG}, marked=False) == f'{{"n":{BIG}}}'.encode()
+    assert serde.exact_loads(b"[1e19, 1.5]") == [1e19, 1.5]  # a float stays a float
