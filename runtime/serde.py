@@ -363,8 +363,8 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     integer past 64 bits in it (:data:`BIG_INT_MARK`, one byte search)."""
     value = orjson.loads(data)
     kind = type(data)
-    if kind is memoryview:  # (``in`` on a memoryview compares its items: never a match)
-        data = bytes(data)
+    if isinstance(data, memoryview):  # (its ``in`` compares items: never a match)
+        data = data.tobytes()
     if (_MARK_TEXT if kind is str else BIG_INT_MARK) in data:
         return _read_exactly(data, value)
     return value
