@@ -362,12 +362,13 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     read again exactly by the standard library's reader when :func:`dumps` marked an
     integer past 64 bits in it (:data:`BIG_INT_MARK`, one byte search)."""
     value = orjson.loads(data)
-    kind = type(data)
-    if isinstance(data, memoryview):  # (its ``in`` compares items: never a match)
-        data = data.tobytes()
-    if (_MARK_TEXT if kind is str else BIG_INT_MARK) in data:
-        return _read_exactly(data, value)
-    return value
+    if isinstance(data, str):
+        marked = _MARK_TEXT in data
+    elif isinstance(data, memoryview):  # (its ``in`` compares items: never a match)
+        marked = BIG_INT_MARK in data.tobytes()
+    else:
+        marked = BIG_INT_MARK in data
+    return _read_exactly(data, value) if marked else value
 
 
 def exact(value: Any, data: bytes | bytearray | memoryview | str) -> Any:
