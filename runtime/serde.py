@@ -330,8 +330,11 @@ def dumps(
     except TypeError as exc:
         if "64-bit" not in str(exc):
             raise
-    mark = BIG_INT_MARK if marked else b""
-    return orjson.dumps(with_big_ints(value, mark), default=default, option=option)
+    try:
+        walked = with_big_ints(value, BIG_INT_MARK if marked else b"")
+    except (RecursionError, ValueError):  # (orjson's error class: "not JSON" to callers)
+        raise TypeError("nested too deeply") from None
+    return orjson.dumps(walked, default=default, option=option)
 
 
 def with_big_ints(value: Any, mark: bytes = BIG_INT_MARK, depth: int = 0) -> Any:
@@ -386,9 +389,17 @@ def exact_loads(data: bytes | bytearray | memoryview | str) -> Any:
     return exact(orjson.loads(data), data)
 
 
-def lost_int(value: Any, depth: int = 0) -> bool:
+def lost_int(value: Any) -> bool:
     """Whether ``value`` (what orjson read) holds an integral float of magnitude 2**63 or
-    more: what orjson makes of an integer past 64 bits."""
+    more: what orjson makes of an integer past 64 bits. Nested past Python's stack (or
+    :data:`MAX_DEPTH`): not looked at deeper, ``False`` (orjson's value kept)."""
+    try:
+        return _lost_int(value, 0)
+    except RecursionError:
+        return False
+
+
+def _lost_int(value: Any, depth: int) -> bool:
     kind = type(value)
     if kind is float:
         return bool((value >= _FLOAT_PAST or value <= -_FLOAT_PAST) and value.is_integer())
@@ -396,11 +407,11 @@ def lost_int(value: Any, depth: int = 0) -> bool:
         return False
     if kind is dict:
         for v in value.values():
-            if type(v) in _WALKED and lost_int(v, depth + 1):
+            if type(v) in _WALKED and _lost_int(v, depth + 1):
                 return True
     elif kind is list:
         for v in value:
-            if type(v) in _WALKED and lost_int(v, depth + 1):
+            if type(v) in _WALKED and _lost_int(v, depth + 1):
                 return True
     return False
 

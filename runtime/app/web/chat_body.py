@@ -163,7 +163,11 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
         raise BodyRefused(400, "'messages' must be a list")
     if messages and type(messages[-1]) is dict and messages[-1].get("role") == "assistant":
         answers = _answers_message(messages[-1], max_parts)
-        if _lost_int(answers.get("parts")):
+        try:
+            lost = _lost_int(answers.get("parts"))
+        except RecursionError:  # (nested past Python's stack: as orjson read it)
+            lost = False
+        if lost:
             answers = _answers_message(_exactly(raw, payload)["messages"][-1], max_parts)
         reduced["messages"] = [answers]
         return reduced
