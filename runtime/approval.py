@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import orjson
 
-from runtime import lifecycle  # the decision's event, on first use (runtime/lifecycle.py)
+from runtime import (
+    lifecycle,  # the decision's event, on first use (runtime/lifecycle.py)
+    serde,
+)
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
     AlreadyDecided,
@@ -470,8 +473,8 @@ def _edited(
             f"{where}: the tool is not available here, so an edited input cannot be checked"
         )
     try:
-        data = orjson.dumps(to_jsonable(dict(edited)))
-        stored = orjson.loads(data)
+        data = serde.dumps(to_jsonable(dict(edited)))
+        stored = serde.loads(data)
     except (TypeError, orjson.JSONEncodeError) as exc:
         cause = str(exc).removeprefix("tool returned a value that cannot be serialized: ")
         raise InvalidDecision(
@@ -513,7 +516,7 @@ def _check_size(data: bytes, model_input: Any, max_chars: int | None, where: str
     if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
         return
     try:
-        own = len(orjson.dumps(model_input).decode())
+        own = len(serde.dumps(model_input).decode())
     except TypeError:  # (never stored so: the limit alone)
         own = 0
     limit = max(max_chars, own)
@@ -693,15 +696,15 @@ def _storable_output(
 ) -> Any:
     """A client tool's ``output`` in the JSON form a server tool's return value takes
     (:func:`~runtime.tools.to_jsonable`: a set a list, a datetime its ISO text), or
-    :class:`InvalidDecision` when it has none or the store could not write it (an
-    integer past 64 bits). As given, the model saw one value and the store kept
-    another (an object's repr, bytes as base64, a set as its repr), or the save failed.
+    :class:`InvalidDecision` when it has none (an integer past 64 bits is kept
+    exactly, :func:`runtime.serde.dumps`). As given, the model saw one value and the store
+    kept another (an object's repr, bytes as base64, a set as its repr), or the save failed.
     ``as_json``: ``output`` is that form already (``Decision.output_checked``: JSON a
     body held, or this function's result), not converted again (pydantic-core's walk
     of 100,000 rows took 0.4 s of the loop, at each of a decision's two checks)."""
     try:
         value = output if as_json else to_jsonable(output)
-        data = None if is_media_output(value) else orjson.dumps(value)
+        data = None if is_media_output(value) else serde.dumps(value)
     except TypeError as exc:
         raise InvalidDecision(
             f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
@@ -720,7 +723,7 @@ def _storable_output(
     # output is read back the same way, runtime.results.truncate_output).
     if as_json:
         return value
-    return orjson.loads(data) if data is not None and b"null" in data else value
+    return serde.loads(data) if data is not None and b"null" in data else value
 
 
 def decide(

@@ -209,6 +209,8 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
     backreference) is not run, said once (``output.schema-not-checked-here``)."""
     import orjson
 
+    from runtime.serde import exact  # (with orjson: on first use of such a schema)
+
     try:
         validator = linear_schema_validator(
             schema, budget=[LISTING_UNITS], steps_per_byte=SERVER_STEPS_PER_BYTE
@@ -220,7 +222,7 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
 
     def parse(text: str) -> Any:
         try:
-            value = orjson.loads(text)
+            value = exact(orjson.loads(text), text)  # (an integer past 64 bits exactly)
         except orjson.JSONDecodeError as exc:
             raise OutputValidationError(
                 _problems([f"(root): invalid JSON: {exc}"]), text=text

@@ -15,9 +15,9 @@ import re
 from typing import Any
 
 import attrs
-import orjson
 
 from runtime.messages import TextPart, is_media_output
+from runtime.serde import dumps, loads
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 _MARKED = re.compile(r"…\[truncated: (\d{1,19}) of \d{1,19} characters omitted\]\Z")
@@ -35,8 +35,8 @@ def truncate_output(output: Any, limit: int | None) -> Any:
     NaN in the stream and in the next request (``"NaN"`` in OpenAI's tool message, text
     no JSON parser takes) and ``null`` in the history a later turn sends.
 
-    Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
-    write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
+    An integer past 64 bits is kept exactly (:func:`runtime.serde.dumps`); it was a
+    ``TypeError`` (orjson's), and the call's result an error."""
     if is_media_output(output):
         return _cut_text_parts(output, limit)  # images and files: bounded by their size
     if isinstance(output, str):
@@ -44,13 +44,13 @@ def truncate_output(output: Any, limit: int | None) -> Any:
             return output
         text = output
     else:
-        data = orjson.dumps(output)
+        data = dumps(output)
         # Fewer bytes than the limit: fewer characters too, nothing to decode.
         text = "" if limit is None or len(data) <= limit else data.decode()
         if limit is None or len(text) <= limit:
             # Read back only when it may have changed: a null in the text (most outputs
             # hold none; a float is written exactly as it was, the rest as it was given).
-            return orjson.loads(data) if b"null" in data else output
+            return loads(data) if b"null" in data else output
     return _cut(text, limit)
 
 

@@ -687,9 +687,8 @@ async def _state(store: SQLiteStore) -> tuple[Any, ...]:
     "bad",
     [
         ToolMessage(tool_call_id="c", tool_name="t", step=0, output={1: "int key"}),
-        ToolMessage(tool_call_id="c", tool_name="t", step=0, output=2**70),
     ],
-    ids=["int-dict-key", "huge-int"],
+    ids=["int-dict-key"],  # (an int past 64 bits is stored: tests/test_big_ints.py)
 )
 async def test_unserializable_message_midway_leaves_state_intact(tmp_path: Path, bad):
     store = await SQLiteStore.open(tmp_path / "sessions.db")

@@ -182,14 +182,13 @@ def _deep() -> dict:
         (b"\xff\xfe", "invalid utf-8"),
         (_cycle(), "Circular reference"),
         (_deep(), "Circular reference detected (depth exceeded)"),
-        ({"n": 2**70}, "Integer exceeds 64-bit range"),
     ],
-    ids=["bytes-not-utf8", "cycle", "too-deep", "int-past-64-bits"],
+    ids=["bytes-not-utf8", "cycle", "too-deep"],
 )
 async def test_a_return_value_with_no_json_form_is_the_calls_error(value, why):
     """Bytes that are not UTF-8, a cycle or nesting too deep crashed the executor (a
-    ValueError, where only pydantic's own error was caught); an integer past 64 bits
-    was the result, and then every save of the session failed (orjson writes none)."""
+    ValueError, where only pydantic's own error was caught). (An integer past 64 bits
+    has a JSON form: test_a_tools_integer_past_64_bits_is_its_result_live_and_stored.)"""
 
     @tool
     async def odd() -> object:
@@ -249,14 +248,16 @@ async def lookup(id: int) -> str:
     return "found"
 
 
-async def test_a_models_integer_past_64_bits_is_refused_and_the_session_still_saves(tmp_path):
-    """The providers parse arguments with Python's JSON parser (any integer); the store
-    writes JSON with orjson (none past 64 bits): the call ran, then the turn's save
-    failed, and so did every later save of the session. Nothing was kept."""
+async def test_a_models_integer_past_64_bits_runs_the_tool_and_is_stored_exactly(tmp_path):
+    """The providers parse arguments with Python's JSON parser (any integer). The user
+    sees the call run with the model's very integer (``lookup 1180591620717411303424``)
+    and the store keeps it as an integer, the same read back. Before (orjson writes none
+    past 64 bits) the call was refused ("its input cannot be stored ...; send such a
+    value as a string") and its input stored as text."""
     ran.clear()
     steps = [
         [ToolCallChunk(tool_call_id="L", tool_name="lookup", input={"id": 2**70})],
-        ["let me try again"],
+        ["found it"],
     ]
     agent = Agent(provider=ScriptedProvider(steps), tools=[lookup])
     path = tmp_path / "s.db"
@@ -267,13 +268,37 @@ async def test_a_models_integer_past_64_bits_is_refused_and_the_session_still_sa
     async with Host.open(store=path, log_tap=False) as host:
         stored = (await host.store.load("s")).messages
     assert (result.finish_reason, result.error) == ("stop", None)
-    assert ran == []
-    [(call_id, output, error)] = results(session)
-    assert (call_id, output) == ("L", None)
-    assert error.startswith("the tool call was not executed: its input cannot be stored")
-    assert "64-bit" in error
+    assert ran == [f"lookup {2**70}"]
+    assert results(session) == [("L", "found", None)]
     assert list(stored) == live
-    assert stored[1].content[0].input == '{"id": 1180591620717411303424}'
+    assert stored[1].content[0].input == {"id": 2**70}
+    assert type(stored[1].content[0].input["id"]) is int
+
+
+@tool
+async def power(exponent: int) -> dict:
+    """Two to a power."""
+    return {"n": 2**exponent, "negative": -(2**exponent), "list": [2**exponent, 1]}
+
+
+async def test_a_tools_integer_past_64_bits_is_its_result_live_and_stored(tmp_path):
+    """A tool returning ``{"n": 2**70}``: the user sees it as the call's result and the
+    store keeps it, the same integers read back. Before, the executor made the call's
+    result an error ("tool power returned a value that is not JSON: Integer exceeds
+    64-bit range"): orjson writes no integer past 64 bits."""
+    steps = [[*tool_call("power", {"exponent": 70}, tool_call_id="P")], ["big"]]
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[power]), session_id="s"
+        )
+        result = await session.run("x")
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    want = {"n": 2**70, "negative": -(2**70), "list": [2**70, 1]}
+    assert (result.finish_reason, result.error) == ("stop", None)
+    assert results(session) == [("P", want, None)]
+    assert results(stored) == [("P", want, None)]
 
 
 # -- a client tool's output ------------------------------------------------------------
@@ -304,6 +329,22 @@ async def test_a_client_tools_output_is_kept_in_the_json_form_the_model_saw(tmp_
     assert results(stored) == live
 
 
+async def test_a_client_tools_integer_past_64_bits_is_its_output_live_and_stored(tmp_path):
+    """A client's output ``{"n": 2**70}``: the user sees the turn go on with it, and the
+    store keeps it exactly. It was refused ("the output cannot be stored as JSON: Integer
+    exceeds 64-bit range")."""
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await client_suspended(host)
+        result = await session.respond("C", output={"n": 2**70, "m": -(2**64)})
+        live = results(session)
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert result.finish_reason == "stop"
+    assert live == [("C", {"n": 2**70, "m": -(2**64)}, None)]
+    assert results(stored) == live
+
+
 async def test_a_client_tools_non_finite_float_is_null_live_and_stored(tmp_path):
     """NaN given to ``respond`` was NaN in memory and in the next request, null in the
     store."""
@@ -322,14 +363,11 @@ class Opaque:
     pass
 
 
-@pytest.mark.parametrize(
-    "output", [Opaque(), 2**70, b"\xff"], ids=["object", "int-past-64-bits", "bytes-not-utf8"]
-)
+@pytest.mark.parametrize("output", [Opaque(), b"\xff"], ids=["object", "bytes-not-utf8"])
 async def test_a_client_tool_output_with_no_json_form_is_refused_and_changes_nothing(
     tmp_path, output
 ):
-    """An object was stored as its repr (a memory address), bytes as base64, and an
-    integer past 64 bits failed the save with a StoreError."""
+    """An object was stored as its repr (a memory address), bytes as base64."""
     async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
         session = await client_suspended(host)
         before = await host.store.load("s")
@@ -629,8 +667,8 @@ def test_a_stored_recursion_bomb_restores_as_an_empty_input():
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"id": 2**70}, json.loads('{"a":' * 300 + "1" + "}" * 300)],
-    ids=["int-past-64-bits", "nested-past-orjsons-limit"],
+    [json.loads('{"a":' * 300 + "1" + "}" * 300)],
+    ids=["nested-past-orjsons-limit"],
 )
 async def test_arguments_the_store_cannot_write_are_refused_where_they_enter(tmp_path, arguments):
     """(the second: deeper than orjson writes, 254, shallower than Python's parser goes)"""

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from runtime.messages import File, Image, TextPart, UserContent
-from runtime.serde import utf8_dumps
+from runtime.serde import dumps, utf8_dumps
 
 PROTOCOL_VERSION = "1.0"
 VERSION_HEADER = "A2A-Version"
@@ -136,8 +136,8 @@ the handler: a 500 and a traceback in the log."""
 def _writable(value: Any, what: str) -> bytes:
     """``value``'s JSON; ``InvalidParams`` when it is nested past :data:`DATA_DEPTH`."""
     try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
+        return dumps(value, marked=False)  # (an integer past 64 bits exactly)
+    except (orjson.JSONEncodeError, ValueError):
         raise invalid_params(f"{what} is nested deeper than {DATA_DEPTH} levels") from None
 
 

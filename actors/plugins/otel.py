@@ -43,7 +43,6 @@ from collections import OrderedDict
 from typing import Any, ClassVar
 
 import attrs
-import orjson
 import trio
 
 from actors.plugins.otel_export import build_tracer_provider, import_otel
@@ -68,6 +67,7 @@ from runtime.events import (
 )
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.redact import redact, redacted_str
+from runtime.serde import dumps
 
 # Attribute names of the GenAI semantic conventions (checked against the installed
 # ``opentelemetry-semantic-conventions`` package by tests/test_otel.py). Kept as plain
@@ -667,7 +667,7 @@ def _set_usage(span: Any, usage: Usage) -> None:
 def _json(value: Any) -> str:
     """Tool content as JSON text, credentials redacted (span attributes are flat)."""
     try:
-        return orjson.dumps(redact(value), default=redacted_str).decode()
+        return dumps(redact(value), default=redacted_str, marked=False).decode()
     except TypeError:
         return redacted_str(value)
 

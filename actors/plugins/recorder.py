@@ -18,7 +18,7 @@ from runtime.actor import Actor
 from runtime.errors import ConfigurationError
 from runtime.inbox import OverflowPolicy
 from runtime.redact import redact, redacted_str
-from runtime.serde import event_to_dict
+from runtime.serde import event_to_dict, exact_loads
 
 
 class JsonlRecorder(Actor):
@@ -97,7 +97,7 @@ def _loads(line: bytes) -> Any:
     lone surrogate (which orjson refuses, and :func:`_line` writes); a line neither
     reads raises orjson's error."""
     try:
-        return orjson.loads(line)
+        return exact_loads(line)  # (an integer past 64 bits, which _line writes, exactly)
     except orjson.JSONDecodeError:
         try:
             return json.loads(line)

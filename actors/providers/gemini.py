@@ -84,6 +84,7 @@ from actors.providers.gemini_wire import (
     wire_chunks,
     wire_request,
 )
+from actors.providers.json_slot import orjson_module
 from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -125,6 +126,7 @@ from runtime.messages import (
 )
 from runtime.output_schema import OUTPUT_TOOL
 from runtime.provider import Emit, ProviderOptions, cap_output
+from runtime.serde import dumps, exact_loads, lost_int
 
 PROVIDER = "google"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -556,12 +558,41 @@ def _malformed(what: str) -> errors.MalformedStream:
     return errors.MalformedStream(f"unreadable response chunk: {what}", provider=PROVIDER)
 
 
+def _exact_args(data: bytes, call: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """``call``'s ``args`` read again exactly from its chunk's bytes ``data``: orjson read
+    an integer past 64 bits in them as a float (``args``), which pydantic's ``int`` took
+    as the wrong integer. Only a function call's args are walked for that
+    (:func:`runtime.serde.lost_int`), never a text chunk. The call is found in the chunk
+    read exactly by its name and id and by what orjson read of its args; ``args`` when
+    none is (a chunk the continuation changed)."""
+    doc = exact_loads(data)
+    for candidate in doc.get("candidates") or () if type(doc) is dict else ():
+        content = candidate.get("content") if type(candidate) is dict else None
+        parts = content.get("parts") if type(content) is dict else None
+        for part in parts if type(parts) is list else ():
+            found = part.get("functionCall") if type(part) is dict else None
+            if (
+                type(found) is dict
+                and found.get("name") == call.get("name")
+                and found.get("id") == call.get("id")
+                and type(found.get("args")) is dict
+                and orjson_module().loads(dumps(found["args"])) == args
+            ):
+                exact: dict[str, Any] = found["args"]
+                return exact
+    return args
+
+
 class _Parser:
     """One response stream's state: calls seen, the finish reason, the last usage."""
 
-    def __init__(self, emit: Emit, answer_tool: str | None) -> None:
+    def __init__(
+        self, emit: Emit, answer_tool: str | None, last: list[bytes] | None = None
+    ) -> None:
         self.emit = emit
         self.answer_tool = answer_tool
+        self.last = last
+        """The bytes of the chunk being read (``None``: read through the SDK's types)."""
         self.calls = 0
         self.finish: str | None = None
         self.blocked: str | None = None
@@ -631,6 +662,8 @@ class _Parser:
             args = {}
         elif type(args) is not dict:
             raise _malformed(f"function call arguments are not an object: {args!r:.200}")
+        elif self.last is not None and lost_int(args):
+            args = _exact_args(self.last[0], call, args)
         if self.answer_tool is not None and name == self.answer_tool:
             await self.emit(TextChunk(text=json.dumps(args, ensure_ascii=False)))
             return
@@ -674,7 +707,11 @@ class _Parser:
 
 
 async def parse_stream(
-    stream: AsyncIterable[dict[str, Any]], emit: Emit, *, answer_tool: str | None = None
+    stream: AsyncIterable[dict[str, Any]],
+    emit: Emit,
+    *,
+    answer_tool: str | None = None,
+    last: list[bytes] | None = None,
 ) -> None:
     """Read a Gemini response stream (its chunks as the API's JSON, dicts: from the
     bytes, :func:`~actors.providers.gemini_wire.wire_chunks`, or from the SDK's types,
@@ -693,7 +730,7 @@ async def parse_stream(
     shape, and a stream that ended without a ``finishReason`` (:class:`MalformedStream`).
     What was emitted before stays emitted; no :class:`FinishChunk` follows an error.
     """
-    parser = _Parser(emit, answer_tool)
+    parser = _Parser(emit, answer_tool, last)
     iterator = aiter(stream)
     try:
         while True:
@@ -964,18 +1001,22 @@ class GeminiProvider(SDKProvider):
             client = self._get_client()
             params = self.request_params(request)
             wire = wire_request(client, params)
+            last: list[bytes] | None = None
             if wire is None:
                 responses = await client.aio.models.generate_content_stream(**params)
                 chunks = sdk_chunks(responses)
             else:
-                chunks = wire_chunks(wire, self._open_hop, self.observe_headers)
+                last = [b""]  # (each chunk's bytes: _Parser.call)
+                chunks = wire_chunks(wire, self._open_hop, self.observe_headers, last)
         except AxonError:
             raise
         except Exception as exc:
             raise classify_error(exc) from exc
         answers_by_call = request.output is not None and "tool_config" in params["config"]
         try:
-            await parse_stream(chunks, emit, answer_tool=OUTPUT_TOOL if answers_by_call else None)
+            await parse_stream(
+                chunks, emit, answer_tool=OUTPUT_TOOL if answers_by_call else None, last=last
+            )
         finally:
             # release the connection even when cancelled or failed mid-stream
             with trio.move_on_after(2) as scope:

@@ -294,7 +294,7 @@ def _decode(data: bytes) -> Any:
 
 
 async def _chunks_of(
-    response: Any, raw: Any, carry: list[Any] | None = None
+    response: Any, raw: Any, carry: list[Any] | None = None, last: list[bytes] | None = None
 ) -> AsyncGenerator[dict[str, Any], None]:
     """The chunks of one hop's body as dicts; an error object raises the SDK's error.
 
@@ -311,6 +311,8 @@ async def _chunks_of(
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
+    if last is None:
+        last = [b""]
     fast = orjson_module().loads
     half: tuple[Any, str] | None = carry[0] if carry else None  # held back (hold_half)
     loads = fast if half is None else refuse_held
@@ -344,6 +346,7 @@ async def _chunks_of(
                         if flush is not None:
                             yield _half_flushed(flush)
                     loads = fast if half is None else refuse_held
+                last[0] = data  # (a call's args read again exactly: gemini._exact_args)
                 if type(value) is not dict:
                     raise errors.MalformedStream(
                         f"a chunk is not a JSON object: {quoted(data)}", provider=PROVIDER
@@ -504,7 +507,7 @@ OnResponse = Callable[[Any], Awaitable[None]]
 
 
 async def wire_chunks(
-    wire: WireRequest, open_hop: OpenHop, on_response: OnResponse
+    wire: WireRequest, open_hop: OpenHop, on_response: OnResponse, last: list[bytes] | None = None
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Every chunk of the call as the API's JSON, following continuation hops.
 
@@ -512,6 +515,8 @@ async def wire_chunks(
     hop's HTTP response (its rate-limit headers). A hop whose last ``finishReason`` is
     ``CONTINUATION`` with a new token has that finish reason dropped from its chunks and
     is followed by a hop resuming from the token; usage is summed across hops.
+    ``last[0]``: the bytes of the chunk last yielded (a function call's args are read
+    again from them when orjson lost an integer past 64 bits: ``gemini._exact_args``).
     """
     before: dict[str, Any] | None = None
     start_token: str | None = None
@@ -522,7 +527,7 @@ async def wire_chunks(
         usage = None
         try:
             await on_response(raw)
-            chunks = _chunks_of(response, raw, carry)
+            chunks = _chunks_of(response, raw, carry, last)
             async with aclosing(chunks):  # the caller may stop reading at any chunk
                 async for chunk in chunks:
                     candidates = chunk.get("candidates")

@@ -76,7 +76,7 @@ import structlog
 from runtime import output as o
 from runtime.errors import RelayTurnGone
 from runtime.relay import RESTART_STEP as RESTART
-from runtime.serde import utf8_dumps
+from runtime.serde import loads, utf8_dumps
 
 log = structlog.get_logger("axon.relay")
 
@@ -169,7 +169,7 @@ def _decode(entry: Any) -> _Entry | _Part:
             if seq != str(first) or first < 1 or not 1 <= int(index) <= of or of < 2:
                 raise _Undecodable(f"entry {identifier!r} is no part {index} of {of} of {first}")
             return _Part(first=first, writer=writer, prev=prev, part=part, index=int(index), of=of)
-        items = orjson.loads(fields[b"items"])
+        items = loads(fields[b"items"])  # (orjson; exactly when it holds an int past 64 bits)
         if identifier != f"{first}-1" or first < 1:
             raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:

@@ -198,6 +198,7 @@ from actors.stores.validation import (
     parse_cursor,
     split_grown,
 )
+from runtime import serde
 from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
@@ -1069,7 +1070,7 @@ class PostgresStore(FenceKeeping):
             mark = False
         merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
         if patch is not None:
-            merged.update(orjson.loads(patch))
+            merged.update(serde.loads(patch))
         if row is None:  # a session that does not exist has no messages to replace
             if start > 0:
                 _beyond_end(session_id, start, 0)

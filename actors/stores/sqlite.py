@@ -100,6 +100,7 @@ from actors.stores.validation import (
     split_grown,
     storable_meta,
 )
+from runtime import serde
 from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
@@ -677,7 +678,7 @@ def _upsert_session(
             updated_at = excluded.updated_at,
             update_seq = excluded.update_seq,
             version = excluded.version""",
-        (session_id, orjson.dumps(meta), now, version),
+        (session_id, serde.dumps(meta), now, version),
     )
 
 

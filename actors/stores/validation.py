@@ -222,7 +222,9 @@ def decode_message(store: str, session_id: str, idx: int, role: str, body: Any) 
 def decode_meta(store: str, raw: Any, session_id: str) -> dict[str, Any]:
     """A session's meta as ``store`` keeps it: a JSON object."""
     try:
-        meta = orjson.loads(raw)
+        # (walked: a PostgreSQL merge of meta keeps each value's text, not the mark
+        # before an integer past 64 bits that serde.dumps writes)
+        meta = serde.exact(orjson.loads(raw), raw)
     except orjson.JSONDecodeError as err:
         raise StoreCorrupt(
             f"session store {store}: meta of session {session_id!r} is not JSON: {err}"
@@ -281,7 +283,7 @@ def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
     try:
         value = serde.without_lone_surrogates(serde.converter.unstructure(message), 0)
         try:
-            body = orjson.dumps(value, default=str)
+            body = serde.dumps(value, default=str)
         except orjson.JSONEncodeError:
             text = json.dumps(
                 value, ensure_ascii=False, default=str, allow_nan=False, separators=(",", ":")
@@ -298,9 +300,9 @@ def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None
     transaction begins, so meta that is not JSON fails the save with nothing written (a
     lone surrogate is written as U+FFFD, as in a message: :func:`storable_meta`)."""
     try:
-        return orjson.dumps(dict(meta)) if meta else None
+        return serde.dumps(dict(meta)) if meta else None
     except orjson.JSONEncodeError as err:
-        return orjson.dumps(_meta_without_lone_surrogates(session_id, meta, err))
+        return serde.dumps(_meta_without_lone_surrogates(session_id, meta, err))
 
 
 def storable_meta(session_id: str, meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -309,7 +311,7 @@ def storable_meta(session_id: str, meta: Mapping[str, Any] | None) -> Mapping[st
     one, :func:`_encoded_anyway`); else a :class:`~runtime.errors.StoreError`, before a
     store's transaction begins."""
     try:
-        orjson.dumps(dict(meta)) if meta else None
+        serde.dumps(dict(meta)) if meta else None
     except orjson.JSONEncodeError as err:
         return _meta_without_lone_surrogates(session_id, meta, err)
     return meta
@@ -321,7 +323,7 @@ def _meta_without_lone_surrogates(
     if "surrogates" in str(err):
         try:
             cleaned: dict[str, Any] = serde.without_lone_surrogates(dict(meta), 0)
-            orjson.dumps(cleaned)
+            serde.dumps(cleaned)
             return cleaned
         except (RecursionError, ValueError, TypeError):
             pass

@@ -64,7 +64,7 @@ from runtime.messages import (
     ToolCallPart,
 )
 from runtime.provider import TextRun
-from runtime.serde import utf8_text
+from runtime.serde import dumps, utf8_text
 
 
 class PartsManager:
@@ -379,24 +379,23 @@ class CallIds:
 
 
 def storable(call: ToolCallChunk) -> ToolCallChunk:
-    """``call`` as it is when the store can write its input (as JSON, with orjson);
-    else with its input as JSON text and an ``input_error``, so it is refused with that
-    error as its result, which the model sees.
+    """``call`` as it is when the store can write its input (as JSON); else with its
+    input as JSON text and an ``input_error``, so it is refused with that error as its
+    result, which the model sees: an input nested past what the store writes.
 
     The providers read a call's arguments with Python's JSON parser, which takes an
-    integer of any size; orjson writes none past 64 bits. A model's
-    ``{"id": 123456789012345678901}`` was run, and then every save of the session failed
-    (the turn's and each later one's, which write it again): nothing more was kept."""
+    integer of any size: the store writes it exactly (:func:`runtime.serde.dumps`), and
+    the tool gets it. It was refused here (orjson writes none past 64 bits; branch
+    ``bigints``)."""
     value = call.input
     if type(value) is str:
         return call  # unparsable input, kept as the text it came as
     try:
-        orjson.dumps(value)
-    except TypeError as exc:  # orjson.JSONEncodeError
+        dumps(value)
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError; nested too deeply
         return attrs.evolve(
             call,
             input=json.dumps(value, default=repr),
-            input_error=f"the tool call was not executed: its input cannot be stored ({exc}); "
-            "send such a value as a string",
+            input_error=f"the tool call was not executed: its input cannot be stored ({exc})",
         )
     return call

@@ -94,7 +94,7 @@ from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, i
 from runtime.output import OUTPUT_CHUNK_TYPES
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
-from runtime.serde import converter, structure, unstructure
+from runtime.serde import converter, dumps, exact_loads, structure, unstructure
 from runtime.store import SessionInfo, list_page, validate_session_id
 from runtime.tools import abandoned_calls
 
@@ -476,7 +476,7 @@ async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:
         try:
             # orjson: a thousand "[" typed is a JSONDecodeError (a ValueError), where the
             # json module raised RecursionError out of the prompt and the command failed.
-            edited = orjson.loads(typed)
+            edited = exact_loads(typed)  # (an integer past 64 bits exactly)
             await _decided(session, call, {"approved": True, "edited_input": edited})
         except InvalidDecision as exc:  # (a ValueError too: caught first)
             say_on_stderr(terminal_line(f"{exc}: asked again") + "\n")
@@ -575,7 +575,7 @@ def replay_command(args: argparse.Namespace) -> int:
         if not kind.startswith("output."):
             continue
         if renderer is None:
-            sys.stdout.write(orjson.dumps(record).decode() + "\n")
+            sys.stdout.write(dumps(record, marked=False).decode() + "\n")
         elif kind in OUTPUT_KINDS:  # a kind a later version records is not shown here
             try:
                 chunk = structure(record, Event)
@@ -670,7 +670,7 @@ async def show_command(args: argparse.Namespace) -> int:
         say_on_stderr(f"no session {args.session_id!r} in {args.store}\n")
         return 1
     if args.json:
-        sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
+        sys.stdout.write(dumps(unstructure(list(record.messages)), marked=False).decode() + "\n")
         return 0
     # stored text is never markup, nor emoji codes (":warning:" was printed as ⚠)
     console = Console(highlight=False, markup=False, emoji=False)
@@ -690,7 +690,7 @@ async def show_command(args: argparse.Namespace) -> int:
                     line = f"  [step {part.step}] reasoning{signed}: {part.text}"
                     say(line, style="dim")
                 elif part.type == "tool-call":
-                    call_input = orjson.dumps(part.input).decode()
+                    call_input = dumps(part.input, marked=False).decode()
                     say(
                         f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
                         f"id={part.tool_call_id}{_decision(part.awaiting)}"
@@ -762,10 +762,10 @@ def _decision(awaiting: Awaiting | None) -> str:
     if awaiting.kind != APPROVAL:
         return ", answered by the client"
     if awaiting.approved and awaiting.original_input is not None:  # the input shown is the edit
-        asked = orjson.dumps(awaiting.original_input).decode()
+        asked = dumps(awaiting.original_input, marked=False).decode()
         return f", approved with edits (the model's input {asked})"
     if awaiting.approved and awaiting.edited_input is not None:  # a sub-agent's call, edited
-        edit = orjson.dumps(awaiting.edited_input).decode()
+        edit = dumps(awaiting.edited_input, marked=False).decode()
         return f", approved with edits ({awaiting.asked_tool} runs with {edit})"
     if awaiting.approved:
         return ", approved"
@@ -787,7 +787,7 @@ def waiting_lines(messages: Sequence[Message]) -> list[str]:
     for call in pending_calls(messages):
         what = "approval" if call.kind == APPROVAL else "the client"
         key = "approval id" if call.kind == APPROVAL else "call id"
-        call_input = orjson.dumps(call.input).decode()
+        call_input = dumps(call.input, marked=False).decode()
         line = f"waiting for {what}: {call.tool_name}({call_input}) {key} {call.approval_id}"
         if call.tool_call_id in due:
             when = datetime.fromtimestamp(due[call.tool_call_id], UTC)
@@ -804,7 +804,7 @@ def _describe_media(part: Any) -> str:
 
 def _describe_output(output: Any) -> str:
     if not is_media_output(output):
-        return orjson.dumps(output).decode()
+        return dumps(output, marked=False).decode()
     return " ".join(p.text if p.type == "text" else f"[{_describe_media(p)}]" for p in output)
 
 

@@ -50,7 +50,7 @@ from runtime.app.web.http import ApiError
 from runtime.app.web.writer import BodyWriter
 from runtime.errors import HostClosed
 from runtime.ids import new_id
-from runtime.serde import utf8_dumps
+from runtime.serde import exact_loads, utf8_dumps
 
 PREFIX = "/a2a"
 """Where the bindings are mounted (the Agent Card is at the well-known path)."""
@@ -105,7 +105,7 @@ def _scheme(request: Request) -> str:
 def _parsed(raw: bytes) -> Any:
     """A JSON-RPC or REST body's JSON."""
     try:
-        return orjson.loads(raw)
+        return exact_loads(raw)  # (a data part's integer past 64 bits exactly)
     except orjson.JSONDecodeError as exc:
         raise wire.A2AError("ParseError", not_json(exc)) from None
 

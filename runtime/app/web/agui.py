@@ -124,7 +124,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.serde import utf8_dumps
+from runtime.serde import exact, lost_int, utf8_dumps
 from runtime.store import SessionRecord, validate_session_id
 from runtime.turn_queue import ClientToolSpec, TurnOptions
 
@@ -461,9 +461,14 @@ def _seed(earlier: Sequence[dict[str, Any]], limits: Any) -> tuple[Message, ...]
 
 def _json_body(raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
+        payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_input(not_json(exc)) from None
+    # A resume's payload (an edit's editedArgs) is JSON, not text: read exactly when
+    # orjson made an integer past 64 bits a float (only it is walked, not the history).
+    if type(payload) is dict and lost_int(payload.get("resume")):
+        return exact(payload, raw)
+    return payload
 
 
 def _checked_run(payload: Any) -> tuple[RunInput, list[dict[str, Any]]]:

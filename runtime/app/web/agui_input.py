@@ -35,6 +35,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.redact import redact
+from runtime.serde import exact_loads
 from runtime.tools import LISTING_UNITS, InvalidJSONSchema, Tool, ToolInputError
 
 ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
@@ -402,7 +403,7 @@ def _text_of(content: str | list[dict[str, Any]]) -> str:
 
 def _arguments(text: str | None) -> Any:
     try:
-        return orjson.loads(text or "{}")
+        return exact_loads(text or "{}")  # (an integer past 64 bits exactly)
     except orjson.JSONDecodeError:
         return text
 
@@ -545,7 +546,7 @@ def structured_output(text: str, check: Callable[[Any], None], call: str) -> Any
         refused = as_text
     where = f"call {call!r}: " if call else ""
     try:
-        value = orjson.loads(text)
+        value = exact_loads(text)  # (an integer past 64 bits exactly)
     except orjson.JSONDecodeError as exc:
         raise InvalidDecision(
             f"{where}{refused}; the tool message's content is text, and the tool's output "

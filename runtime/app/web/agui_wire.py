@@ -60,8 +60,6 @@ import datetime
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from runtime import output as o
 from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, PendingCall
 from runtime.chunks import Usage
@@ -80,7 +78,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.serde import unstructure, utf8_dumps
+from runtime.serde import dumps, loads, unstructure, utf8_dumps
 
 PROTOCOL_VERSION = "1.0"
 """The AG-UI protocol version these events follow (``RUN_STARTED.protocolVersion``)."""
@@ -107,7 +105,7 @@ APPROVAL_SCHEMA: dict[str, Any] = {
 
 
 def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return value if isinstance(value, str) else dumps(value, default=str, marked=False).decode()
 
 
 def content_parts(parts: Iterable[Any]) -> list[dict[str, Any]]:
@@ -527,7 +525,7 @@ def _jsonable(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
-    return orjson.loads(orjson.dumps(unstructure(value), default=str))
+    return loads(dumps(unstructure(value), default=str))  # (an int past 64 bits exactly)
 
 
 class RunEncoder:

@@ -19,6 +19,7 @@ of milliseconds, without importing the runtime.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from typing import Any
@@ -161,7 +162,14 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
     if type(messages) is not list:
         raise BodyRefused(400, "'messages' must be a list")
     if messages and type(messages[-1]) is dict and messages[-1].get("role") == "assistant":
-        reduced["messages"] = [_answers_message(messages[-1], max_parts)]
+        answers = _answers_message(messages[-1], max_parts)
+        try:
+            lost = _lost_int(answers.get("parts"))
+        except RecursionError:  # (nested past Python's stack: as orjson read it)
+            lost = False
+        if lost:
+            answers = _answers_message(_exactly(raw, payload)["messages"][-1], max_parts)
+        reduced["messages"] = [answers]
         return reduced
     for at in range(len(messages) - 1, -1, -1):
         message = messages[at]
@@ -173,6 +181,36 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
             reduced["messages"] = [*_held_answer(messages, at), last]
             return reduced
     raise BodyRefused(400, "no user message in 'messages'")
+
+
+_PAST_64_BITS = float(1 << 63)
+
+
+def _lost_int(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` (what orjson read) holds an integral float of magnitude 2**63 or
+    more: what orjson reads an integer past 64 bits as (``123456789012345678901234567890``
+    is ``1.2345678901234568e+29``). Walked: a continuation's kept tool parts only (a
+    client tool's output, an approval's edit), not the body
+    (:func:`runtime.serde.lost_int`'s rule; this module imports no runtime)."""
+    kind = type(value)
+    if kind is float:
+        return abs(value) >= _PAST_64_BITS and value.is_integer()
+    if depth > 1000:
+        return False
+    if kind is dict:
+        return any(_lost_int(v, depth + 1) for v in value.values())
+    if kind is list:
+        return any(_lost_int(v, depth + 1) for v in value)
+    return False
+
+
+def _exactly(raw: bytes, payload: Any) -> Any:
+    """``raw`` read by the standard library's reader (integers of any size), which orjson
+    read as ``payload``; nested past Python's stack, ``payload``."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return payload
 
 
 BLOB_CHARS = 64 << 10
@@ -200,8 +238,21 @@ def pack(value: Any) -> bytes:
             return [cut(v) for v in item]
         return item
 
-    head = orjson.dumps(cut(value))
+    head = _head(cut(value))
     return b"".join([head, b"\n", *blobs])
+
+
+def _head(value: Any) -> bytes:
+    """``value``'s JSON (orjson); one holding an integer past 64 bits, which orjson does
+    not write, by the standard library after a tab (whitespace orjson never writes), so
+    that :func:`unpack` reads it with the standard library too (integers exact)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return b"\t" + text.encode("utf-8", "surrogatepass")
 
 
 def unpack(data: bytes | bytearray) -> Any:
@@ -222,7 +273,7 @@ def unpack(data: bytes | bytearray) -> Any:
             return [restore(v) for v in item]
         return item
 
-    return restore(orjson.loads(head))
+    return restore(json.loads(head) if head[:1] == b"\t" else orjson.loads(head))
 
 
 def _limit_memory() -> None:

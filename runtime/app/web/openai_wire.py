@@ -30,7 +30,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
-from runtime.serde import utf8_dumps
+from runtime.serde import exact_loads, utf8_dumps
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "content-filter": "content_filter"}
 """The runtime's finish reasons OpenAI has a word for; ``budget`` is ``length``, the
@@ -176,7 +176,7 @@ def _tool_calls(calls: Any, param: str, names: dict[str, str]) -> list[ToolCallP
                 f"'{where}.function' needs a 'name' and 'arguments' (a JSON string)", where
             )
         try:
-            value = orjson.loads(arguments or "{}")
+            value = exact_loads(arguments or "{}")  # (an integer past 64 bits exactly)
         except orjson.JSONDecodeError:
             raise bad_request(f"'{where}.function.arguments' is not JSON", where) from None
         if call_id in names:
