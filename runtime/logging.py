@@ -20,6 +20,7 @@ import atexit
 import datetime
 import errno
 import functools
+import importlib.util
 import logging
 import os
 import select
@@ -109,9 +110,23 @@ class MCPClientLines(logging.Filter):
     * ``WARNING`` and above: one line of at most :data:`MCP_LINE_CHARS` characters,
       key shapes redacted; an exception is its type and message on that line, without
       its traceback, pydantic's without the input it quotes (an SSE event the package
-      could not read, cut in the middle: an echoed token's tail, of no key shape)."""
+      could not read, cut in the middle: an echoed token's tail, of no key shape).
+
+    The package's session logs under the bare name ``client``, which an application may
+    well use for a logger of its own: there only the records written from the package's
+    own files (:attr:`package`) are touched, an application's pass as they were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.package: str | None = None
+        """The ``mcp`` package's folder (with a trailing separator), set by
+        :func:`quiet_mcp_client_logs`; ``None`` when it is not installed."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "client" and not (
+            self.package is not None and record.pathname.startswith(self.package)
+        ):
+            return True  # an application's own logger named "client"
         if record.levelno < logging.WARNING:
             return False
         try:
@@ -155,6 +170,11 @@ def quiet_mcp_client_logs() -> None:
     """Put :data:`MCP_CLIENT_LINES` on each of :data:`MCP_CLIENT_LOGGERS` (once):
     :func:`configure_logging` does, and so does each MCP server's actor as it starts
     (an application that configures its own logging)."""
+    if MCP_CLIENT_LINES.package is None:
+        spec = importlib.util.find_spec("mcp")  # (finds the package, imports nothing)
+        folders = spec.submodule_search_locations if spec is not None else None
+        if folders:
+            MCP_CLIENT_LINES.package = os.path.join(next(iter(folders)), "")
     for name in MCP_CLIENT_LOGGERS:
         logger = logging.getLogger(name)
         if MCP_CLIENT_LINES not in logger.filters:

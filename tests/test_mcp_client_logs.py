@@ -11,6 +11,7 @@ import importlib
 import io
 import json
 import logging
+import os
 import pkgutil
 
 import mcp.client
@@ -109,4 +110,40 @@ def test_an_mcp_client_warning_is_one_scrubbed_line_without_its_traceback(logs):
     text = record.getMessage()
     assert text.startswith("Error in post_writer xxx") and KEY not in text
     assert text.endswith("characters more)") and len(text) < 600
+    assert ARGUMENT not in caplog.text and ARGUMENT not in stream.getvalue()
+
+
+def test_an_applications_own_logger_named_client_is_left_as_it_was(logs):
+    """The ``mcp`` session logs under the bare name ``client``; an application's logger
+    of that name keeps its debug lines and its tracebacks (only the package's own
+    records are filtered)."""
+    _stream, caplog = logs
+    logger = logging.getLogger("client")
+    logger.debug("the application's debug line %s", ARGUMENT)
+    try:
+        raise ValueError("the application's failure")
+    except ValueError:
+        logger.exception("the application failed")
+    records = [r for r in caplog.records if r.name == "client"]
+    assert [r.levelno for r in records] == [logging.DEBUG, logging.ERROR]
+    assert records[0].getMessage() == f"the application's debug line {ARGUMENT}"
+    assert records[1].exc_info is not None
+
+
+def test_the_mcp_sessions_own_client_records_are_still_dropped(logs):
+    """The package's records under ``client`` are still dropped below ``WARNING``: the
+    filter knows them by the package's folder."""
+    stream, caplog = logs
+    package = MCP_CLIENT_LINES.package
+    assert package is not None and package.endswith(f"mcp{os.sep}")
+    record = logging.LogRecord(
+        "client",
+        logging.DEBUG,
+        f"{package}client{os.sep}session.py",
+        1,
+        "SSE %s",
+        (ARGUMENT,),
+        None,
+    )
+    logging.getLogger("client").handle(record)
     assert ARGUMENT not in caplog.text and ARGUMENT not in stream.getvalue()
