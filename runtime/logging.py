@@ -20,7 +20,6 @@ import atexit
 import datetime
 import errno
 import functools
-import importlib.util
 import logging
 import os
 import select
@@ -114,18 +113,10 @@ class MCPClientLines(logging.Filter):
 
     The package's session logs under the bare name ``client``, which an application may
     well use for a logger of its own: there only the records written from the package's
-    own files (:attr:`package`) are touched, an application's pass as they were."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.package: str | None = None
-        """The ``mcp`` package's folder (with a trailing separator), set by
-        :func:`quiet_mcp_client_logs`; ``None`` when it is not installed."""
+    own files are touched, an application's pass as they were."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "client" and not (
-            self.package is not None and record.pathname.startswith(self.package)
-        ):
+        if record.name == "client" and not _from_mcp(record.pathname):
             return True  # an application's own logger named "client"
         if record.levelno < logging.WARNING:
             return False
@@ -142,6 +133,13 @@ class MCPClientLines(logging.Filter):
         record.msg, record.args = text, ()
         record.exc_info = record.exc_text = record.stack_info = None
         return True
+
+
+def _from_mcp(path: str) -> bool:
+    """Whether a record written from ``path`` came from the ``mcp`` package's files (none
+    did unless it is imported: nothing is looked up for it)."""
+    folders = getattr(sys.modules.get("mcp"), "__path__", None) or ()
+    return any(path.startswith(os.path.join(f, "")) for f in folders)
 
 
 def _said_by(exc: BaseException) -> str:
@@ -170,11 +168,6 @@ def quiet_mcp_client_logs() -> None:
     """Put :data:`MCP_CLIENT_LINES` on each of :data:`MCP_CLIENT_LOGGERS` (once):
     :func:`configure_logging` does, and so does each MCP server's actor as it starts
     (an application that configures its own logging)."""
-    if MCP_CLIENT_LINES.package is None:
-        spec = importlib.util.find_spec("mcp")  # (finds the package, imports nothing)
-        folders = spec.submodule_search_locations if spec is not None else None
-        if folders:
-            MCP_CLIENT_LINES.package = os.path.join(next(iter(folders)), "")
     for name in MCP_CLIENT_LOGGERS:
         logger = logging.getLogger(name)
         if MCP_CLIENT_LINES not in logger.filters:
