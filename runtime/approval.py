@@ -19,8 +19,8 @@ import attrs
 import orjson
 
 from runtime import (
+    json_exact,  # JSON with integers past 64 bits exact (not runtime.serde: start-up)
     lifecycle,  # the decision's event, on first use (runtime/lifecycle.py)
-    serde,
 )
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
@@ -473,8 +473,8 @@ def _edited(
             f"{where}: the tool is not available here, so an edited input cannot be checked"
         )
     try:
-        data = serde.dumps(to_jsonable(dict(edited)))
-        stored = serde.loads(data)
+        data = json_exact.dumps(to_jsonable(dict(edited)))
+        stored = json_exact.loads(data)
     except (TypeError, orjson.JSONEncodeError) as exc:
         cause = str(exc).removeprefix("tool returned a value that cannot be serialized: ")
         raise InvalidDecision(
@@ -516,7 +516,7 @@ def _check_size(data: bytes, model_input: Any, max_chars: int | None, where: str
     if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
         return
     try:
-        own = len(serde.dumps(model_input).decode())
+        own = len(json_exact.dumps(model_input).decode())
     except TypeError:  # (never stored so: the limit alone)
         own = 0
     limit = max(max_chars, own)
@@ -697,14 +697,14 @@ def _storable_output(
     """A client tool's ``output`` in the JSON form a server tool's return value takes
     (:func:`~runtime.tools.to_jsonable`: a set a list, a datetime its ISO text), or
     :class:`InvalidDecision` when it has none (an integer past 64 bits is kept
-    exactly, :func:`runtime.serde.dumps`). As given, the model saw one value and the store
+    exactly, :func:`runtime.json_exact.dumps`). As given, the model saw one value and the store
     kept another (an object's repr, bytes as base64, a set as its repr), or the save failed.
     ``as_json``: ``output`` is that form already (``Decision.output_checked``: JSON a
     body held, or this function's result), not converted again (pydantic-core's walk
     of 100,000 rows took 0.4 s of the loop, at each of a decision's two checks)."""
     try:
         value = output if as_json else to_jsonable(output)
-        data = None if is_media_output(value) else serde.dumps(value)
+        data = None if is_media_output(value) else json_exact.dumps(value)
     except TypeError as exc:
         raise InvalidDecision(
             f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
@@ -723,7 +723,7 @@ def _storable_output(
     # output is read back the same way, runtime.results.truncate_output).
     if as_json:
         return value
-    return serde.loads(data) if data is not None and b"null" in data else value
+    return json_exact.loads(data) if data is not None and b"null" in data else value
 
 
 def decide(

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
+from runtime.json_exact import dumps, loads
 from runtime.messages import TextPart, is_media_output
-from runtime.serde import dumps, loads
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 _MARKED = re.compile(r"…\[truncated: (\d{1,19}) of \d{1,19} characters omitted\]\Z")
