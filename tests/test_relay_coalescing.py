@@ -398,6 +398,18 @@ async def test_a_last_chunk_appended_while_deltas_wait_for_the_tick_keeps_them_f
         ]
 
 
+def _nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+UNENCODABLE = _nested(300)
+"""A tool's output no JSON writer here encodes: nested past orjson's 254 levels (an
+integer past 64 bits was, until such integers were written exactly: branch bigints)."""
+
+
 async def test_a_chunk_that_does_not_encode_loses_its_writers_batch_and_no_other(
     autojump_clock: Any,
 ) -> None:
@@ -405,7 +417,7 @@ async def test_a_chunk_that_does_not_encode_loses_its_writers_batch_and_no_other
         bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
         good = relay.writer(session_id="s2", turn_id="t2", fresh=True)
         bad.append(o.Start(message_id="m1"))
-        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=UNENCODABLE))
         good.append(o.Start(message_id="m2"))
         await good.aclose()
         await bad.aclose()
@@ -423,7 +435,7 @@ async def test_after_a_chunk_that_does_not_encode_the_gap_goes_out_without_waiti
     async with fake_relay(retry_max=0.5) as (relay, pipes):
         bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
         bad.append(o.Start(message_id="m1"))
-        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=UNENCODABLE))
         await trio.sleep(1.0)  # past the backoff; the writer is not closed
         assert [types for _, _, types in pipes.entries()] == [["relay.gap"]]
 
