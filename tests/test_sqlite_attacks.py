@@ -90,7 +90,7 @@ async def test_lone_surrogates_anywhere_in_a_message_or_its_meta_are_stored_repl
         # What cannot be JSON at all is still refused, before anything is written.
         with pytest.raises(StoreError, match="message 3 cannot be serialized"):
             await store.save(
-                "s", 3, [ToolMessage(tool_call_id="c", tool_name="t", step=0, output=2**70)]
+                "s", 3, [ToolMessage(tool_call_id="c", tool_name="t", step=0, output={1.5: "k"})]
             )
         with pytest.raises(StoreError, match="meta is not JSON-serializable"):
             await store.save("s", 3, [], {"x": {1.5: "key"}})
