@@ -953,9 +953,10 @@ def _counted_resolver(schema: Any, resolver: Any) -> _CountedResolver:
     return _CountedResolver(resolver, None if dynamic else {})
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, eq=False)
 class _Resolved:
-    """What :meth:`_CountedResolver.lookup` found (``jsonschema`` reads these two)."""
+    """What :meth:`_CountedResolver.lookup` found (``jsonschema`` reads these two; never
+    compared: no ``__eq__`` of its own to compile at import)."""
 
     contents: Any
     resolver: _CountedResolver
