@@ -428,10 +428,12 @@ def _checked(
     message_id = payload.get("messageId", message.get("id"))
     if waiting and message_id not in (None, waiting[0].message_id):
         raise ApiError(404, f"message {message_id!r} is not the turn waiting for input")
-    answers = _answers(message, waiting, signer)
+    given = _answers(message, waiting, signer)
     held = _held(stored)
-    answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
+    answers = [(key, d) for key, d in given if not _echoes(held.get(key), d)]
     if not answers:
+        if given:  # each the recorded decision, come late (the loser of two at once)
+            raise ApiError(409, "the answers were recorded already; nothing is recorded again")
         raise ApiError(400, "the assistant message answers no call the turn waits for")
     if not outputs:
         answers = [(key, _output_checked(d)) for key, d in answers]
