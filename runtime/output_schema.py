@@ -41,9 +41,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from runtime.chunks import _repr
 from runtime.errors import ConfigurationError, OutputValidationError, describe_exception
+from runtime.json_exact import exact
 from runtime.logging import get_logger
 from runtime.redact import redact
 from runtime.tools import (
@@ -207,10 +209,6 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
     stops past 10,000 steps and one a byte of the answer (a schema of ``$ref`` s that is
     exponential to check). A pattern the engine does not take (a look-around, a
     backreference) is not run, said once (``output.schema-not-checked-here``)."""
-    import orjson
-
-    from runtime.serde import exact  # (with orjson: on first use of such a schema)
-
     try:
         validator = linear_schema_validator(
             schema, budget=[LISTING_UNITS], steps_per_byte=SERVER_STEPS_PER_BYTE
