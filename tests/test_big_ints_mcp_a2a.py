@@ -1,0 +1,89 @@
+"""Integers past 64 bits at the edges Axon speaks MCP and A2A on (branch ``exactints2``).
+
+orjson reads an integer outside [-2**63, 2**64) as a float
+(``123456789012345678901234567890`` is ``1.2345678901234568e+29``). JSON-RPC ids are
+echoed as sent (MCP: "a string or integer ID", with no size limit), and a remote A2A
+agent's data part is the value it sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from runtime.app.web.mcp_endpoint import _id_in_use
+from tests.support.mcp_agents import echo
+from tests.web.harness import web_server
+
+BIG = 123456789012345678901234567890
+"""Past 64 bits: orjson reads it as 1.2345678901234568e+29."""
+MCP = ("ai-sdk", "mcp")
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def _answers(response: httpx.Response) -> list[Any]:
+    """The JSON-RPC messages of a POST's answer (one JSON body, or SSE events), each read
+    by the standard library's reader (integers of any size)."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return [json.loads(response.text)]
+    return [
+        json.loads(line[5:])
+        for line in response.text.splitlines()
+        if line.startswith("data:") and line[5:].strip()
+    ]
+
+
+async def test_an_mcp_request_id_past_64_bits_is_answered_with_that_very_id() -> None:
+    """A client whose JSON-RPC ids are past 64 bits (both signs) initializes, lists the
+    tools and calls one: each answer carries its request's id, the same integer. Before:
+    400 "a request's id must be a string or an integer (not a number with a fraction)"
+    (orjson read the id as a float), and the client could not even initialize."""
+    init = {
+        "jsonrpc": "2.0",
+        "id": BIG,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    async with web_server(echo, protocols=MCP) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=ACCEPT) as raw:
+            opened = await raw.post("/mcp", content=json.dumps(init))
+            assert opened.status_code == 200, opened.text
+            session = {
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-11-25",
+            }
+            done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await raw.post("/mcp", content=json.dumps(done), headers=session)
+            listed = await raw.post(
+                "/mcp",
+                content=json.dumps({"jsonrpc": "2.0", "id": -BIG, "method": "tools/list"}),
+                headers=session,
+            )
+            call = {
+                "jsonrpc": "2.0",
+                "id": BIG + 1,
+                "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"prompt": "hi", "session_id": "m"}},
+            }
+            called = await raw.post("/mcp", content=json.dumps(call), headers=session)
+    [first] = _answers(opened)
+    [tools] = [m for m in _answers(listed) if "id" in m]
+    [result] = [m for m in _answers(called) if "id" in m]
+    assert (first["id"], tools["id"], result["id"]) == (BIG, -BIG, BIG + 1)
+    assert "result" in first and [t["name"] for t in tools["result"]["tools"]] == ["echo"]
+    assert result["result"]["isError"] is False, result
+
+
+def test_an_mcp_id_in_use_past_64_bits_is_a_409_naming_it_not_a_500() -> None:
+    """A second request reusing the id (past 64 bits) of one still in flight: its 409's
+    body names that id and echoes it (before: orjson refused to write it, a 500)."""
+    refusal = _id_in_use(BIG)
+    body = json.loads(refusal.body)
+    assert (refusal.status_code, body["id"]) == (409, BIG)
+    assert body["error"]["message"].startswith(f"request id {BIG} is in use")
+    assert b"\t" not in refusal.body
