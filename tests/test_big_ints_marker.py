@@ -1,0 +1,107 @@
+"""The mark before an integer past 64 bits (a tab, :data:`runtime.serde.BIG_INT_MARK`),
+attacked (branch ``exactints2``).
+
+:func:`runtime.serde.dumps` writes such an integer after a tab, JSON whitespace that
+orjson never writes, and :func:`runtime.serde.loads` reads bytes holding a tab again with
+the standard library's reader. Outside input holding tabs (a user's text, a tool's
+string, a client's pretty-printed JSON) must neither be taken for the mark nor change
+meaning; the mark itself must never reach what a model or a person reads as text; and a
+value written by a fallback writer must keep its integers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime import serde
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
+from runtime.results import truncate_output
+from tests.test_stores import store
+
+__all__ = ["store"]  # (the fixture)
+
+BIG = 123456789012345678901234567890
+"""Past 64 bits: orjson reads it as 1.2345678901234568e+29."""
+
+_TEXTS = st.text(alphabet=st.sampled_from(["\t", " ", "a", "\n", '"', "\\", "1", "é"]))
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**100), max_value=2**100)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _TEXTS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXTS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_a_values_strings_with_tabs_are_never_the_mark_and_every_value_reads_back(
+    value: Any,
+) -> None:
+    """Any JSON value (strings full of tabs, integers of any size): what ``dumps`` writes
+    holds a raw tab only as a mark (orjson escapes a string's tab as ``\\t``), and
+    ``loads`` gives the value back, each integer an ``int``."""
+    data = serde.dumps(value)
+    marks = data.count(serde.BIG_INT_MARK)
+    assert marks == _bigs(value)
+    assert serde.loads(data) == value
+    assert serde.dumps(value, marked=False).count(b"\t") == 0
+
+
+def _bigs(value: Any) -> int:
+    if type(value) is int:
+        return int(not serde.INT_MIN <= value <= serde.INT_MAX)
+    if isinstance(value, dict):
+        return sum(map(_bigs, value.values()))
+    if isinstance(value, list):
+        return sum(map(_bigs, value))
+    return 0
+
+
+@given(_JSON)
+def test_json_from_outside_indented_with_tabs_reads_as_it_means(value: Any) -> None:
+    """JSON someone else wrote with tabs as its whitespace (a client's pretty-printed
+    body, a file): ``loads`` takes its tabs for the mark and reads it with the standard
+    library's reader, which gives the same value (its integers exact), never another."""
+    text = json.dumps(value, indent="\t")
+    assert serde.loads(text) == serde.loads(text.encode()) == json.loads(text)
+    if not _bigs(value):
+        assert serde.loads(text.encode()) == orjson.loads(text)
+
+
+async def test_texts_starting_with_or_holding_tabs_are_stored_as_they_are(store: Any) -> None:
+    """A user's message, a tool's string result and a call's input that start with a tab,
+    hold one, or hold a tab and digits (``"\\t1234..."``, what a mark looks like) are
+    stored and read back the very strings: not numbers, not trimmed."""
+    texts = ["\tstarts", "mid\tdle", f"\t{BIG}", "\t", f"{BIG}\t"]
+    call = ToolCallPart(tool_call_id="c", tool_name="t", input={"q": texts, "n": BIG}, step=0)
+    messages = [
+        UserMessage(content=f"\t{BIG}", id="u1"),
+        AssistantMessage(content=(call,), id="a1"),
+        ToolMessage(tool_call_id="c", tool_name="t", step=0, output=f"\t{BIG}", id="t1"),
+        ToolMessage(tool_call_id="d", tool_name="t", step=0, output=texts, id="t2"),
+    ]
+    await store.save("s", 0, messages, {"note": "\tx", "n": BIG})
+    record = await store.load("s")
+    assert list(record.messages) == messages
+    assert record.messages[0].content == f"\t{BIG}"
+    assert record.messages[2].output == f"\t{BIG}"
+    assert record.messages[1].content[0].input == {"q": texts, "n": BIG}
+    assert record.meta["note"] == "\tx" and record.meta["n"] == BIG
+
+
+def test_a_cut_outputs_text_holds_no_mark() -> None:
+    """A tool's output longer than the call's limit is cut to text the model reads: the
+    integer past 64 bits in it as its digits, no tab before them, counted as they are.
+    Before: ``{"n":\\t1234...`` (the mark, one character more than the value's JSON)."""
+    output = {"n": BIG, "s": "x" * 100, "m": [-BIG]}
+    cut = truncate_output(output, 40)
+    whole = json.dumps(output, separators=(",", ":"))
+    assert isinstance(cut, str) and "\t" not in cut
+    assert cut.startswith(whole[:40]) and f"of {len(whole)} characters" in cut
+    assert truncate_output(output, len(whole)) == output  # (it fits: the value itself)
