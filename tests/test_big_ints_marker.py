@@ -11,12 +11,14 @@ value written by a fallback writer must keep its integers."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.stores.sqlite import SQLiteStore
 from runtime import serde
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from runtime.results import truncate_output
@@ -105,3 +107,29 @@ def test_a_cut_outputs_text_holds_no_mark() -> None:
     assert isinstance(cut, str) and "\t" not in cut
     assert cut.startswith(whole[:40]) and f"of {len(whole)} characters" in cut
     assert truncate_output(output, len(whole)) == output  # (it fits: the value itself)
+
+
+async def test_a_call_nested_past_orjsons_levels_keeps_its_integer_past_64_bits(
+    tmp_path: Any,
+) -> None:
+    """A model's call nested 300 levels deep (past the 254 orjson writes; the standard
+    library writes it) whose innermost value is BIG: stored in SQLite and read back as
+    BIG, an int. Before: written without the mark, read back as the float 1.23e29."""
+    deep: Any = BIG
+    for _ in range(300):
+        deep = [deep]
+    call = ToolCallPart(tool_call_id="c", tool_name="t", input={"v": deep}, step=0)
+    messages = [UserMessage(content="go", id="u1"), AssistantMessage(content=(call,), id="a1")]
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.save("s", 0, messages)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    value = record.messages[1].content[0].input["v"]
+    for _ in range(300):
+        value = value[0]
+    assert (type(value), value) == (int, BIG)
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        bodies = [bytes(b) for (b,) in db.execute("SELECT body FROM messages")]
+    assert json.loads(bodies[1])["content"][0]["input"]["v"] == deep  # (valid JSON)
