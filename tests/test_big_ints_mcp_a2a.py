@@ -12,7 +12,11 @@ from typing import Any
 
 import httpx
 
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime import Agent, tool
+from runtime.actor_messages import InferRequest
 from runtime.app.web.mcp_endpoint import _id_in_use
+from runtime.messages import ToolMessage
 from tests.support.mcp_agents import echo
 from tests.web.harness import web_server
 
@@ -87,3 +91,64 @@ def test_an_mcp_id_in_use_past_64_bits_is_a_409_naming_it_not_a_500() -> None:
     assert (refusal.status_code, body["id"]) == (409, BIG)
     assert body["error"]["message"].startswith(f"request id {BIG} is in use")
     assert b"\t" not in refusal.body
+
+
+@tool(needs_approval=True)
+async def move(n: int) -> dict:
+    """Moves n (it needs a person's approval)."""
+    return {"moved": n}
+
+
+def _asks_to_move(request: InferRequest) -> list:
+    if current_step(request.messages) == 0:
+        return tool_call("move", {"n": BIG}, tool_call_id="c0")
+    last = request.messages[-1]
+    assert isinstance(last, ToolMessage)
+    return [f"done: {last.output} {last.error}"]
+
+
+async def _a2a(http: httpx.AsyncClient, message: dict[str, Any]) -> httpx.Response:
+    return await http.post(
+        "/a2a/message:send",
+        content=json.dumps({"message": message}),  # (integers of any size written exactly)
+        headers={"content-type": "application/json", "a2a-version": "1.0"},
+    )
+
+
+async def test_an_a2a_task_waiting_on_a_call_past_64_bits_asks_and_takes_the_answer() -> None:
+    """Axon's A2A endpoint: the model calls ``move(n=BIG)``, which needs approval. The
+    task waits for input: its status says ``move({"n":BIG})`` and its data part holds
+    BIG, an integer. The client approves with an edit ``{"n": -BIG}``: 200, the task
+    completes, the tool moved -BIG. Before: the waiting status was a 500 (orjson refused
+    BIG in the person's line), and an answer whose data held BIG was recorded but
+    answered 500 (its fingerprint, orjson), the task left as it was."""
+    agent = Agent(name="mover", provider=ScriptedProvider(responder=_asks_to_move), tools=[move])
+    async with web_server(agent, protocols=("a2a",)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            first = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}]}
+            asked = await _a2a(http, first)
+            assert asked.status_code == 200, asked.text
+            task = json.loads(asked.text)["task"]
+            status = task["status"]
+            [line, data] = status["message"]["parts"]
+            [pending] = data["data"]["pending"]
+            decision = {"id": pending["id"], "approved": True, "editedInput": {"n": -BIG}}
+            answer = {
+                "messageId": "m2",
+                "role": "ROLE_USER",
+                "taskId": task["id"],
+                "contextId": task["contextId"],
+                "parts": [{"data": {"decisions": [decision]}}],
+            }
+            answered = await _a2a(http, answer)
+            again = await _a2a(http, answer)  # (a resend: its fingerprint compared)
+        stored = await server.host.store.load(task["contextId"])
+    assert status["state"] == "TASK_STATE_INPUT_REQUIRED"
+    assert f'move({{"n":{BIG}}})' in line["text"] and "\t" not in line["text"]
+    assert pending["input"] == {"n": BIG} and type(pending["input"]["n"]) is int
+    assert answered.status_code == 200, answered.text
+    done = json.loads(answered.text)["task"]
+    assert done["status"]["state"] == "TASK_STATE_COMPLETED", done
+    assert again.status_code == 200, again.text
+    [result] = [m for m in stored.messages if isinstance(m, ToolMessage)]
+    assert result.output == {"moved": -BIG}
