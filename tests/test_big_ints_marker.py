@@ -14,15 +14,23 @@ import json
 import sqlite3
 from typing import Any
 
+import httpx
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import SQLiteStore
-from runtime import serde
+from runtime import Agent, serde
+from runtime.app.web.chat_input import INLINE_BODY
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from runtime.results import truncate_output
+from tests.test_approval_web import answer
+from tests.test_big_ints_web import pick
 from tests.test_stores import store
+from tests.test_web_http import body, events
+from tests.web.harness import web_server
 
 __all__ = ["store"]  # (the fixture)
 
@@ -133,3 +141,42 @@ async def test_a_call_nested_past_orjsons_levels_keeps_its_integer_past_64_bits(
     with sqlite3.connect(tmp_path / "s.db") as db:
         bodies = [bytes(b) for (b,) in db.execute("SELECT body FROM messages")]
     assert json.loads(bodies[1])["content"][0]["input"]["v"] == deep  # (valid JSON)
+
+
+@pytest.mark.parametrize("size", ["inline", "parsed-in-a-child"])
+async def test_a_client_body_starting_with_and_indented_by_tabs_means_what_it_says(
+    tmp_path: Any, size: str
+) -> None:
+    """``useChat``'s answer to a client tool, posted as JSON that starts with a tab and
+    is indented with tabs (the mark's byte, everywhere), its output a string holding tabs
+    and an object holding BIG: the user's stream is JSON a strict reader takes, with the
+    string as it was sent and BIG as an integer; the store keeps both."""
+    steps = [[*tool_call("pick", {}, tool_call_id="C")], ["thanks"]]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[pick])
+    output = {"text": "\t{\t}\t", "n": BIG, "tab": f"\t{BIG}"}
+    async with web_server(agent, store=tmp_path / "s.db") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            part = {
+                "type": "tool-pick",
+                "toolCallId": "C",
+                "state": "output-available",
+                "input": {},
+                "output": output,
+            }
+            sent = answer("s", first[0]["messageId"], part)
+            if size == "parsed-in-a-child":
+                sent["messages"][0]["parts"][0]["text"] = "x" * INLINE_BODY
+            raw = ("\t" + json.dumps(sent, indent="\t")).encode()
+            response = await client.post(
+                "/api/chat", content=raw, headers={"content-type": "application/json"}
+            )
+            record = await server.host.store.load("s")
+    assert response.status_code == 200, response.text
+    lines = [ln[6:] for ln in response.text.split("\n") if ln.startswith("data: {")]
+    chunks = [json.loads(ln) for ln in lines]  # (each a JSON text: tabs only as whitespace)
+    [shown] = [c for c in chunks if c["type"] == "tool-output-available"]
+    assert f'"n":\t{BIG}' in response.text  # (the mark: JSON whitespace, valid for any reader)
+    assert shown["output"] == output and type(shown["output"]["n"]) is int
+    outputs = [getattr(m, "output", None) for m in record.messages if m.role == "tool"]
+    assert outputs == [output]
