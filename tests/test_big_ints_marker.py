@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import SQLiteStore
-from runtime import Agent, serde
+from runtime import Agent, Host, serde
 from runtime.app.web.chat_input import INLINE_BODY
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from runtime.results import truncate_output
@@ -34,6 +37,7 @@ from tests.web.harness import web_server
 
 __all__ = ["store"]  # (the fixture)
 
+ROOT = str(Path(__file__).resolve().parents[1])
 BIG = 123456789012345678901234567890
 """Past 64 bits: orjson reads it as 1.2345678901234568e+29."""
 
@@ -180,3 +184,29 @@ async def test_a_client_body_starting_with_and_indented_by_tabs_means_what_it_sa
     assert shown["output"] == output and type(shown["output"]["n"]) is int
     outputs = [getattr(m, "output", None) for m in record.messages if m.role == "tool"]
     assert outputs == [output]
+
+
+async def test_a_session_opened_with_meta_past_64_bits_runs_and_is_listed(tmp_path: Any) -> None:
+    """``host.open_session(meta={"n": BIG})``: the session opens and runs, the store keeps
+    BIG, and ``axon sessions --json`` prints it (valid JSON, no mark). Before: InvalidMeta
+    "session meta is not JSON ... Integer exceeds 64-bit range" (orjson's check), and the
+    listing a traceback."""
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(["ok"])), session_id="s", meta={"n": BIG}
+        )
+        result = await session.run("hi")
+        record = await host.store.load("s")
+    listed = await trio.run_process(
+        [sys.executable, "-m", "runtime", "sessions", "--store", str(path), "--json"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert (result.text, record.meta["n"]) == ("ok", BIG)
+    assert listed.returncode == 0, listed.stderr
+    assert b"\t" not in listed.stdout
+    [info] = json.loads(listed.stdout)["sessions"]
+    assert info["meta"]["n"] == BIG
