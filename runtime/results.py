@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from runtime.json_exact import dumps, loads
+from runtime.json_exact import BIG_INT_MARK, dumps, loads
 from runtime.messages import TextPart, is_media_output
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
@@ -45,8 +45,16 @@ def truncate_output(output: Any, limit: int | None) -> Any:
         text = output
     else:
         data = dumps(output)
-        # Fewer bytes than the limit: fewer characters too, nothing to decode.
-        text = "" if limit is None or len(data) <= limit else data.decode()
+        # Fewer bytes than the limit: fewer characters too, nothing to decode. The text
+        # the model reads holds no mark before an integer past 64 bits (a tab it would
+        # read, and count: branch exactints2).
+        text = (
+            ""
+            if limit is None or len(data) <= limit
+            else dumps(output, marked=False).decode()
+            if BIG_INT_MARK in data
+            else data.decode()
+        )
         if limit is None or len(text) <= limit:
             # Read back only when it may have changed: a null in the text (most outputs
             # hold none; a float is written exactly as it was, the rest as it was given).

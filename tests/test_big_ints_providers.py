@@ -118,6 +118,23 @@ def _responses() -> tuple[Any, list[bytes], Callable[[Any], tuple[Any, Any]]]:
     )
 
 
+def _responses_object() -> tuple[Any, list[bytes], Callable[[Any], tuple[Any, Any]]]:
+    """Responses from a server that sends a call's ``arguments`` as a JSON object, not
+    the text holding it (branch ``exactints2``: orjson read the event, so the tool got the
+    float's integer 123456789012345677877719597056)."""
+    make, bodies, replayed = _responses()
+    head = {"id": "fc_1", "type": "function_call", "call_id": "call_A", "name": "double"}
+    events = [
+        {"type": "response.output_item.added", "output_index": 0, "item": {**head}},
+        {
+            "type": "response.output_item.done",
+            "output_index": 0,
+            "item": {**head, "arguments": INPUT, "status": "completed"},
+        },
+    ]
+    return make, [responses_sse("m", 1, events), bodies[1]], replayed
+
+
 def _anthropic() -> tuple[Any, list[bytes], Callable[[Any], tuple[Any, Any]]]:
     start = {"type": "tool_use", "id": "toolu_A", "name": "double", "input": {}}
     step = anthropic_sse(
@@ -179,7 +196,9 @@ def _gemini() -> tuple[Any, list[bytes], Callable[[Any], tuple[Any, Any]]]:
 
 
 @pytest.mark.parametrize(
-    "wire", [_openai, _responses, _anthropic, _gemini], ids=lambda w: w.__name__[1:]
+    "wire",
+    [_openai, _responses, _responses_object, _anthropic, _gemini],
+    ids=lambda w: w.__name__[1:],
 )
 async def test_a_models_integer_past_64_bits_reaches_the_tool_the_store_and_the_next_request(
     tmp_path: Any, wire: Any

@@ -106,6 +106,7 @@ from runtime.history import (
     split_steps,
 )
 from runtime.ids import is_call_id_of, new_id
+from runtime.json_exact import dumps, exact_loads, lost_int
 from runtime.messages import (
     File,
     Image,
@@ -518,14 +519,31 @@ def _name(item: Any) -> str:
     return text_of(getattr(item, "name", None), "a function_call's name", PROVIDER) or ""
 
 
-def _item_arguments(item: Any) -> str | None:
+def _item_arguments(item: Any, last: list[bytes] | None = None) -> str | None:
     """A ``function_call`` item's ``arguments``; a JSON value a server sent in the place
     of the string holding it is that string (as the Chat Completions provider reads it:
-    it was unreadable)."""
+    it was unreadable), an integer past 64 bits in it exact: orjson read it as a float
+    (:func:`sdk_events`), so a value holding such a float is read again from its event's
+    bytes ``last[0]`` (:func:`_exact_item_arguments`)."""
     raw = getattr(item, "arguments", None)
     if raw is None or type(raw) is str:
         return raw
+    if last is not None and lost_int(raw):
+        raw = _exact_item_arguments(last[0], raw)
     return json.dumps(raw, ensure_ascii=False)
+
+
+def _exact_item_arguments(data: bytes, raw: Any) -> Any:
+    """The ``arguments`` value of the item in the event ``data`` (bytes), read exactly,
+    if orjson read it as ``raw``; else ``raw`` (an event the SDK's own stream read)."""
+    doc = exact_loads(data) if data else None
+    if type(doc) is dict and type(doc.get("data")) is dict and "item" not in doc:
+        doc = doc["data"]  # (synthesized: the event's data inside)
+    item = doc.get("item") if type(doc) is dict else None
+    found = item.get("arguments") if type(item) is dict else None
+    if found is not None and orjson_module().loads(dumps(found)) == raw:
+        return found
+    return raw
 
 
 def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
@@ -596,8 +614,10 @@ def _in_stream_error(code: str | None, message: str | None) -> errors.ProviderEr
 class _Parser:
     """The state of one response stream; :meth:`feed` takes one event at a time."""
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, last: list[bytes] | None = None) -> None:
         self.emit = emit
+        self.last = last
+        """The bytes of the event being read (``None``: read by the SDK's own stream)."""
         self.calls: dict[int, _Call] = {}
         """Function calls still open, by ``output_index``."""
         self.any_call = False
@@ -683,7 +703,7 @@ class _Parser:
             if call.name:
                 call.started = True
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
-            arguments = _item_arguments(item)
+            arguments = _item_arguments(item, self.last)
             if arguments:
                 call.args.append(arguments)
                 if call.started:
@@ -709,7 +729,7 @@ class _Parser:
             if call is None:  # done without added: the whole call at once
                 call = _Call(_call_id(item), _name(item))
                 self.any_call = True
-            arguments = _item_arguments(item)
+            arguments = _item_arguments(item, self.last)
             raw = arguments if arguments is not None else "".join(call.args)
             name = call.name or _name(item)
             if not call.started:
@@ -772,7 +792,7 @@ class _Parser:
         await self.emit(FinishChunk(reason=finish, raw_reason=reason or status))
 
 
-async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
+async def sdk_events(stream: Any, read: list[bytes] | None = None) -> AsyncGenerator[Any, None]:
     """The typed events of an SDK ``AsyncStream``, as the SDK's own stream gives them,
     its body read by our SSE decoder (:class:`~actors.providers.sse.SSEDecoder`) when
     the SDK would decode it as plain SSE (:func:`~actors.providers.sse.sdk_sse_response`);
@@ -790,7 +810,9 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
     event, and a body with no event at all (an HTML page, a whole JSON answer, an empty
     body, status 200) is :func:`~actors.providers.sse.no_events`, not "cut short".
     Transport errors come from the HTTP library as they are (:func:`classify_error`
-    maps them as the SDK's wrapped ones)."""
+    maps them as the SDK's wrapped ones). ``read[0]``, if given, is set to each event's
+    bytes before it is yielded (one store an event): a call's ``arguments`` sent as a
+    JSON object is read from them again exactly (:func:`_item_arguments`)."""
     response = sdk_sse_response(stream)
     client = getattr(stream, "_client", None)
     cast_to = getattr(stream, "_cast_to", None)
@@ -824,6 +846,8 @@ async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
                 if data.startswith(b"[DONE]"):
                     await read_to_end(chunks)
                     return
+                if read is not None:
+                    read[0] = data  # (the event's bytes: _item_arguments)
                 try:
                     value = loads(data)  # what json.loads reads, faster
                 except ValueError:
@@ -887,7 +911,9 @@ def _sdk_stream_error(body: Any, response: Any) -> Exception:
     return openai.APIError(message=message, request=response.request, body=body)
 
 
-async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
+async def parse_stream(
+    stream: AsyncIterable[Any], emit: Emit, last: list[bytes] | None = None
+) -> None:
     """Read a Responses event stream and ``emit`` :data:`StreamChunk` s.
 
     Text, refusal, reasoning-summary and argument deltas go out as they arrive. A
@@ -908,7 +934,7 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
     events without validating them and fills a missing field with ``None``: an event
     lacking what it needs is skipped.)
     """
-    parser = _Parser(emit)
+    parser = _Parser(emit, last)
     iterator = aiter(stream)
     while parser.terminal is None:
         try:
@@ -1079,8 +1105,9 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
             raise classify_error(exc) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
         # the response closes the HTTP response on error and on cancellation
-        async with response, aclosing(sdk_events(response)) as events:
-            await parse_stream(events, emit)
+        last = [b""]  # (each event's bytes: a call's arguments sent as an object, exact)
+        async with response, aclosing(sdk_events(response, last)) as events:
+            await parse_stream(events, emit, last)
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)

@@ -112,7 +112,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-import orjson
 import trio
 
 from actors.stores.owned import owned_sessions
@@ -1156,7 +1155,7 @@ class PostgresStore(FenceKeeping):
                 ON CONFLICT (session_id) DO NOTHING RETURNING version
             ), m AS ({_INSERT_ROWS} WHERE EXISTS (SELECT 1 FROM s))
             SELECT version FROM s""",
-            (session_id, orjson.dumps(meta), session_id, *_columns(rows)),
+            (session_id, serde.dumps(meta), session_id, *_columns(rows)),
         ).fetchone()
         if got is None:
             actual = conn.execute(

@@ -10,13 +10,12 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-import orjson
-
 from actors.stores.owned import UNREADABLE_CALLER
 from actors.stores.postgres_calls import FOLDED_BODY, SESSION_COLUMNS
 from actors.stores.postgres_tables import MESSAGE_ID_FUNCTION
 from runtime.errors import StoreError
 from runtime.history import run_long_off_loop
+from runtime.json_exact import dumps
 
 _INT4, _TEXT, _BYTEA = 23, 25, 17
 """The element types' oids of the save's arrays."""
@@ -167,7 +166,7 @@ def _replace_messages(
             ids,
             roles,
             bodies,
-            orjson.dumps(meta),
+            dumps(meta),  # (an integer past 64 bits exactly)
             session_id,
             start,
             session_id,

@@ -122,7 +122,7 @@ class TurnReads:
         out = []
         for session_id, meta in rows:
             try:
-                decoded = orjson.loads(bytes(meta))
+                decoded = serde.loads(bytes(meta))  # (an integer past 64 bits exactly)
             except orjson.JSONDecodeError:
                 decoded = None
             out.append((session_id, decoded if isinstance(decoded, dict) else {}))
@@ -204,7 +204,7 @@ class TurnReads:
         ) = row
         try:
             content = serde.from_json(body, UserContent)
-            decoded_meta = orjson.loads(bytes(meta))
+            decoded_meta = serde.loads(bytes(meta))  # (an integer past 64 bits exactly)
             raw_options = bytes(options)
             decoded_options = (
                 TurnOptions() if raw_options == b"{}" else serde.from_json(raw_options, TurnOptions)

@@ -546,7 +546,7 @@ async def _serialized(
     cannot be serialized is a :class:`StoreError`."""
     try:
         body, input_hash = await trio.to_thread.run_sync(_encoded_and_hashed, content, regenerate)
-        meta_json = orjson.dumps(dict(meta or {}))
+        meta_json = serde.dumps(dict(meta or {}))  # (an integer past 64 bits exactly)
         if options is None or options.empty:
             options_json = b"{}"
         elif options.history is None and not options.tools:

@@ -289,6 +289,8 @@ def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
                 value, ensure_ascii=False, default=str, allow_nan=False, separators=(",", ":")
             )
             body = text.encode()
+            if serde.lost_int(orjson.loads(body)):  # an integer past 64 bits: marked, so
+                body = serde.BIG_INT_MARK + body  # read back exactly (serde.loads)
         serde.from_json(body, Message)  # (a rare path) what is stored must load back
     except (RecursionError, TypeError, ValueError, cattrs.BaseValidationError):
         return None

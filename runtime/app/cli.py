@@ -634,7 +634,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
             {"session_id": i.session_id, "message_count": i.message_count, "meta": i.meta}
             for i in infos
         ]
-        body = orjson.dumps({"sessions": listing, "next_cursor": after}, default=str)
+        body = dumps({"sessions": listing, "next_cursor": after}, default=str, marked=False)
         sys.stdout.write(body.decode() + "\n")
         return 0
     for info in infos:

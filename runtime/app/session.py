@@ -27,7 +27,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from types import AsyncGeneratorType, MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import orjson
 import trio
 
 from runtime import lifecycle  # turn.queued, at the first queued turn (runtime/lifecycle.py)
@@ -80,6 +79,7 @@ from runtime.errors import (
 from runtime.history import off_loop_limiter
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.json_exact import dumps
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
 from runtime.messages import (
     AssistantMessage,
@@ -229,8 +229,8 @@ def checked_meta(meta: Any) -> Mapping[str, Any]:
     if not isinstance(meta, Mapping):
         raise InvalidMeta(f"session meta must be a dict, not {type(meta).__name__}")
     try:
-        orjson.dumps(dict(meta))
-    except orjson.JSONEncodeError as err:  # (a key that is not a str as well)
+        dumps(dict(meta))  # (an integer past 64 bits is JSON: the store writes it exactly)
+    except TypeError as err:  # (orjson's errors; a key that is not a str as well)
         raise InvalidMeta(f"session meta is not JSON (str keys, JSON values): {err}") from None
     return meta
 

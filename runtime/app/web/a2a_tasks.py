@@ -58,6 +58,7 @@ from runtime.errors import (
 )
 from runtime.history import off_loop_limiter
 from runtime.ids import new_id
+from runtime.json_exact import dumps
 from runtime.media import check_counts, check_limits, user_content
 from runtime.messages import (
     AssistantMessage,
@@ -97,12 +98,15 @@ SEPARATOR = "~"
 def fingerprint(content: Any) -> str:
     """What a client's message said (its user content), as a digest: a message re-sent
     with the same ``messageId`` must say the same (:func:`check_resend`)."""
-    return hashlib.sha256(orjson.dumps(wire.parts_of(content))).hexdigest()
+    return hashlib.sha256(dumps(wire.parts_of(content), marked=False)).hexdigest()
 
 
 def answer_fingerprint(incoming: wire.Incoming) -> str:
     """What a message on a task (its answers to what the task waits for) said."""
-    return hashlib.sha256(orjson.dumps(incoming.parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    # (an integer past 64 bits in a data part too: orjson refused it, a 500 after the
+    # answer was recorded)
+    parts = dumps(incoming.parts, option=orjson.OPT_SORT_KEYS, marked=False)
+    return hashlib.sha256(parts).hexdigest()
 
 
 def check_resend(said: str | None, says: str, incoming: wire.Incoming, context_id: str) -> None:
@@ -175,7 +179,7 @@ def pending_message(
     ]
     lines = [
         f"{'approve' if c.kind == APPROVAL else 'run the client-side tool'} "
-        f"{name}({orjson.dumps(input).decode()}) [id {c.approval_id}]"
+        f"{name}({dumps(input, marked=False).decode()}) [id {c.approval_id}]"
         for c, name, input in shown
     ]
     calls = [

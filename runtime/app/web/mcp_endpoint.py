@@ -66,6 +66,7 @@ from runtime.app.web.queued_turn import (
 from runtime.app.web.writer import streams_bounded
 from runtime.busy import REJECT
 from runtime.errors import HostClosed
+from runtime.json_exact import dumps, exact, lost_int
 
 PATH = "/mcp"
 
@@ -277,7 +278,13 @@ def _message(raw: bytes) -> dict[str, Any] | None:
         message = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    return message if isinstance(message, dict) and "method" in message else None
+    if not isinstance(message, dict) or "method" not in message:
+        return None
+    if type(message.get("id")) is float and lost_int(message["id"]):
+        # an integer id past 64 bits, which orjson read as a float: read exactly, so it
+        # is the integer the transport (pydantic) reads and answers with, not a 400
+        message = exact(message, raw)
+    return message
 
 
 _JSON_TYPES = {float: "a number with a fraction", bool: "a boolean", type(None): "null"}
@@ -311,7 +318,7 @@ def _id_invalid(raw: bytes) -> Response | None:
 
 def _id_in_use(request_id: Any) -> Response:
     """409 for a request whose id a request of its session in flight has."""
-    shown = orjson.dumps(request_id).decode()
+    shown = dumps(request_id, marked=False).decode()  # (an integer past 64 bits too)
     body = {
         "jsonrpc": "2.0",
         "id": request_id,
@@ -321,7 +328,7 @@ def _id_in_use(request_id: Any) -> Response:
             "session still being answered: ids must be unique among a session's requests",
         },
     }
-    return Response(orjson.dumps(body), status_code=409, media_type="application/json")
+    return Response(dumps(body, marked=False), status_code=409, media_type="application/json")
 
 
 def _id_reserved(request_id: str) -> Response:
