@@ -205,10 +205,11 @@ async def run_tool_call(
     calls wait on each other (:attr:`~runtime.tools.Tool.waits_on_siblings`) takes none."""
     start = trio.current_time()
 
-    def done(output: Any = None, error: str | None = None) -> ToolOutcome:
+    def done(output: Any = None, error: str | None = None, ran: bool = False) -> ToolOutcome:
         return ToolOutcome(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
+            ran=ran,  # (the tool's function was called: its output, or its own error)
             output=output,
             error=None if error is None else truncate_output(writable(error), max_chars),
             duration=trio.current_time() - start,
@@ -258,11 +259,11 @@ async def run_tool_call(
             result = await running
         if scope.cancelled_caught:
             hint = "" if limit is None else limit.timed_out_hint()
-            return done(error=f"tool {tool.name} timed out after {timeout:g}s{hint}")
+            return done(error=f"tool {tool.name} timed out after {timeout:g}s{hint}", ran=True)
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}", ran=True)
     except BaseException as exc:
         if _ends_the_process(exc):
             raise
@@ -271,7 +272,7 @@ async def run_tool_call(
         # the tool's error like any other.
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}", ran=True)
     finally:
         if limit is not None:
             limit.give_back()
@@ -282,12 +283,13 @@ async def run_tool_call(
         except TypeError:  # orjson's: a lone surrogate deep inside, an integer past 64 bits
             output = truncate_output(writable(value, deep=True), max_chars)
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
-        return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
+        return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}", ran=True)
     except Exception as exc:  # an object whose own serializer hook raised
         return done(
-            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
+            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}",
+            ran=True,
         )
-    return done(output=output)
+    return done(output=output, ran=True)
 
 
 ABANDON_AFTER = 5.0

@@ -230,6 +230,11 @@ class ToolOutcome:
     """With :attr:`waits_for`, an approval: the sub-agent's call that asks (its tool's
     name, input, stored schema and the agent tools between;
     :attr:`ToolContext.waits_asked`)."""
+    ran: bool | None = None
+    """Whether the tool's function was called for this outcome (``True``: its output or
+    its own error; ``False``: refused before, as an unknown tool, invalid arguments, a
+    denial, a tool gone); ``None``: not said. Stored with an edited call's result
+    (:attr:`~runtime.messages.ToolMessage.ran`)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

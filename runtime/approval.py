@@ -1111,7 +1111,12 @@ def _superseded_result(part: ToolCallPart, max_chars: int | None, why: str) -> T
             else truncate_output(denial_text(w.reason), max_chars)
         )
         return ToolMessage(
-            tool_call_id=part.tool_call_id, tool_name=part.tool_name, step=part.step, error=error
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            step=part.step,
+            error=error,
+            # an approved edit never run: what the model is told says so (replay_edits)
+            ran=False if w.approved and w.edit_in_result else None,
         )
     return ToolMessage(
         tool_call_id=part.tool_call_id,

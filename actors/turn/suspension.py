@@ -304,6 +304,17 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
+def edit_ran(part: ToolCallPart, outcome: ToolOutcome) -> bool | None:
+    """What an edited call's result records of whether its tool ran
+    (:attr:`~runtime.messages.ToolMessage.ran`, which decides what the model is told of
+    the edit): the outcome's word for a call a person approved with edits, ``None`` for
+    any other (nothing is stored for it)."""
+    w = part.awaiting
+    if w is None or not w.edit_in_result:
+        return None
+    return outcome.ran
+
+
 def gone_text(tool_name: str) -> str:
     """The result of an approved call whose tool the agent no longer has when its turn
     resumes (or a new message runs it): it was not run."""
@@ -369,7 +380,9 @@ class Suspending:
             reason: str | None = None,
         ) -> None: ...
 
-        def _add_result(self, turn: Any, oc: ToolOutcome, step: int) -> None: ...
+        def _add_result(
+            self, turn: Any, oc: ToolOutcome, step: int, ran: bool | None = None
+        ) -> None: ...
 
         def _snapshot(self, turn: Any) -> None: ...
 
@@ -509,6 +522,7 @@ class Suspending:
                 tool_call_id=spec.tool_call_id,
                 tool_name=spec.tool_name,
                 error=gone_text(spec.tool_name),
+                ran=False,
             )
             turn.outcomes[spec.tool_call_id] = gone
             await self._tool_done(turn.turn_id, step, gone, turn.ctrl)
@@ -520,7 +534,7 @@ class Suspending:
             if spent is not None:  # an agent used as a tool, approved: its tokens count
                 turn.usage = turn.usage + spent  # (they were lost: the budget too)
             if part.tool_call_id not in turn.held:
-                self._add_result(turn, oc, part.step)
+                self._add_result(turn, oc, part.step, edit_ran(part, oc))
         in_call_order(self.state.messages, turn.a_index)
         budget = turn.limits  # (the continuation makes a call: 0 left is spent)
         over = budget.tokens_exceeded(turn.usage)
@@ -615,6 +629,7 @@ class Suspending:
                     tool_call_id=part.tool_call_id,
                     tool_name=part.tool_name,
                     error=gone_text(part.tool_name),
+                    ran=False,
                 )
                 continue
             by_step.setdefault(part.step, []).append(part)
@@ -703,4 +718,5 @@ def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:
         step=part.step,
         output=outcome.output,
         error=outcome.error,
+        ran=edit_ran(part, outcome),
     )
