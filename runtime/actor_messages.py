@@ -139,6 +139,12 @@ class ToolCallSpec:
     input: Any
     approved: bool = False
     """A person approved this call already (a resumed turn): it runs without asking."""
+    ruled: bool = False
+    """The call's approval rule (``needs_approval=lambda args, ctx: ...``) was asked as the
+    turn made the call and said no decision is needed (:func:`actors.turn.suspension.
+    hold_kind`): it runs without the rule being asked again. A rule is asked once a call,
+    its answer reused: asked twice, one whose answer changed (a clock, a count, a lookup
+    that failed once) or that counts its calls acted on two answers."""
     decision: Any = None
     """A call that waited for its sub-agent's approval (``Awaiting.nested``), decided:
     the decision, for :attr:`ToolContext.decision`."""

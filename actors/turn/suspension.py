@@ -67,27 +67,40 @@ async def _no_emit(chunk: Any) -> None:
     """A held call streams nothing: it does not run here."""
 
 
+RUNS = "runs"
+""":func:`hold_kind`'s answer for a call whose approval rule was asked and needs no
+decision: it runs now, the rule not asked again (``ToolCallSpec.ruled``)."""
+
+
 def hold_kind(
     tool: Tool | None,
     call_input: Any,
     context: ToolContext[Any],
     approver_in_process: bool,
-) -> str | None:
-    """``"client"`` or ``"approval"`` when the call suspends the turn, else ``None``
-    (it runs now; an unknown tool or bad input runs too, into its error result)."""
+) -> tuple[str | None, str | None]:
+    """``(kind, refusal)``: ``kind`` ``"client"`` or ``"approval"`` when the call
+    suspends the turn, :data:`RUNS` when its approval rule was asked and said no decision
+    is needed, else ``None`` (it runs now, nothing asked: an unknown tool or bad input
+    runs too, into its error result; under an in-process approver the executor asks the
+    rule). ``refusal``: the call's error result when its rule raised (not run).
+
+    The rule is asked here once a call, and its answer goes with the call: the executor
+    does not ask it again (before, it did for every call the rule let run, so a rule
+    with side effects ran twice, and one whose second answer differed was obeyed in
+    both)."""
     if tool is None or not (tool.is_client or (tool.needs_approval and not approver_in_process)):
-        return None  # the common case, decided without validating the input twice
+        return None, None  # the common case, decided without validating the input twice
     try:
         arguments = tool.validate(own_input(call_input))  # (the rule may change them)
     except Exception:  # ToolInputError, or a validator of the tool's own that raised
-        return None  # the executor makes it the call's error result
+        return None, None  # the executor makes it the call's error result
     if tool.is_client:
-        return CLIENT
+        return CLIENT, None
     try:
-        asks = not approver_in_process and tool.requires_approval(arguments, context)
-    except Exception:
-        return None  # the rule raises again in the executor: the call's error, not run
-    return APPROVAL if asks else None
+        asks = tool.requires_approval(arguments, context)
+    except Exception as exc:
+        return None, tool.rule_raised(exc)  # the call's error, not run
+    return (APPROVAL if asks else RUNS), None
 
 
 def hold_context(
