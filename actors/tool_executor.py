@@ -205,10 +205,11 @@ async def run_tool_call(
     calls wait on each other (:attr:`~runtime.tools.Tool.waits_on_siblings`) takes none."""
     start = trio.current_time()
 
-    def done(output: Any = None, error: str | None = None) -> ToolOutcome:
+    def done(output: Any = None, error: str | None = None, ran: bool = False) -> ToolOutcome:
         return ToolOutcome(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
+            ran=ran,  # (the tool's function was called: its output, or its own error)
             output=output,
             error=None if error is None else truncate_output(writable(error), max_chars),
             duration=trio.current_time() - start,
@@ -231,13 +232,10 @@ async def run_tool_call(
         return done(
             error=f"invalid arguments for {tool.name}: validation raised {describe_exception(exc)}"
         )
-    try:
-        asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
+    try:  # (not asked again of a call the turn asked it of: ToolCallSpec.ruled)
+        asks = not (call.approved or call.ruled) and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
     except Exception as exc:
-        return done(
-            error=f"the tool call was not executed: the approval rule of {tool.name} raised "
-            f"{describe_exception(exc)}"
-        )
+        return done(error=tool.rule_raised(exc))
     if asks:
         if approve is None:
             return done(error=f"tool {tool.name} needs approval and no approver is configured")
@@ -258,11 +256,11 @@ async def run_tool_call(
             result = await running
         if scope.cancelled_caught:
             hint = "" if limit is None else limit.timed_out_hint()
-            return done(error=f"tool {tool.name} timed out after {timeout:g}s{hint}")
+            return done(error=f"tool {tool.name} timed out after {timeout:g}s{hint}", ran=True)
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}", ran=True)
     except BaseException as exc:
         if _ends_the_process(exc):
             raise
@@ -271,7 +269,7 @@ async def run_tool_call(
         # the tool's error like any other.
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}", ran=True)
     finally:
         if limit is not None:
             limit.give_back()
@@ -282,12 +280,13 @@ async def run_tool_call(
         except TypeError:  # orjson's: a lone surrogate deep inside, an integer past 64 bits
             output = truncate_output(writable(value, deep=True), max_chars)
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
-        return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
+        return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}", ran=True)
     except Exception as exc:  # an object whose own serializer hook raised
         return done(
-            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
+            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}",
+            ran=True,
         )
-    return done(output=output)
+    return done(output=output, ran=True)
 
 
 ABANDON_AFTER = 5.0
@@ -389,12 +388,12 @@ class _Detached:
 
 
 NO_APPROVER = (
-    "the approval rule of {tool} asked for a decision only as the call ran (when the turn "
-    "checked whether to wait for one, it raised or said none was needed), and no approver "
-    "runs in this process to give one: the call was not executed"
+    "the approval rule of {tool} asked for a decision, and no approver runs in this "
+    "process to give one (the in-process approver that ran as the turn made the call "
+    "has ended): the call was not executed"
 )
-"""Why a call is denied whose approval rule asked for a decision only when it ran, with
-no in-process approver (:meth:`ToolExecutor._approve`)."""
+"""Why a call is denied whose approval rule asked for a decision in the executor with no
+in-process approver running (:meth:`ToolExecutor._approve`)."""
 
 
 class ToolExecutor(ServingActor[ExecuteTools]):
@@ -475,12 +474,14 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     ) -> tuple[bool, str | None]:
         """Publish an approval request and wait for its decision (denied on timeout).
 
-        Denied at once when no approver runs in process: the turn runner asked the
-        call's approval rule whether to suspend the turn for a decision, and it said no
-        (or raised); asked again here, it said yes (a rule whose lookup failed once, or
-        whose answer turns on a clock or a count). Waited for, the call held its turn
-        for the whole ``approval_timeout`` (300 s) for a decision nobody could give
-        (``session.decide`` decides suspended calls only)."""
+        The executor asks a call's approval rule only when the turn runner did not (an
+        in-process approver ran as the turn made the call: the call waits for it here
+        rather than suspending the turn); the runner's answer goes with the call
+        (``ToolCallSpec.ruled``). Denied at once when that approver has ended since:
+        waited for, the call held its turn for the whole ``approval_timeout`` (300 s)
+        for a decision nobody could give (``session.decide`` decides suspended calls
+        only). (Before the rule was asked once a call, a rule that said no as the turn
+        asked and yes here came this way too.)"""
         in_process = getattr(request.host, "approves_in_process", None)
         if in_process is not None and not in_process():
             return False, NO_APPROVER.format(tool=call.tool_name)

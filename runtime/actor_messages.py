@@ -139,6 +139,12 @@ class ToolCallSpec:
     input: Any
     approved: bool = False
     """A person approved this call already (a resumed turn): it runs without asking."""
+    ruled: bool = False
+    """The call's approval rule (``needs_approval=lambda args, ctx: ...``) was asked as the
+    turn made the call and said no decision is needed (:func:`actors.turn.suspension.
+    hold_kind`): it runs without the rule being asked again. A rule is asked once a call,
+    its answer reused: asked twice, one whose answer changed (a clock, a count, a lookup
+    that failed once) or that counts its calls acted on two answers."""
     decision: Any = None
     """A call that waited for its sub-agent's approval (``Awaiting.nested``), decided:
     the decision, for :attr:`ToolContext.decision`."""
@@ -230,6 +236,11 @@ class ToolOutcome:
     """With :attr:`waits_for`, an approval: the sub-agent's call that asks (its tool's
     name, input, stored schema and the agent tools between;
     :attr:`ToolContext.waits_asked`)."""
+    ran: bool | None = None
+    """Whether the tool's function was called for this outcome (``True``: its output or
+    its own error; ``False``: refused before, as an unknown tool, invalid arguments, a
+    denial, a tool gone); ``None``: not said. Stored with an edited call's result
+    (:attr:`~runtime.messages.ToolMessage.ran`)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -378,10 +378,17 @@ class AgentTool(Tool):
         ``via``: the agent tools between (:attr:`~runtime.messages.Awaiting.asked_via`),
         followed by name, so a tool of the same name elsewhere in the tree is never the
         one checked. ``None``: none there (the sub-agent redeployed without it)."""
+        return _named(self.asking_agent(via), name)
+
+    def asking_agent(self, via: Sequence[str] = ()) -> Any:
+        """The agent whose call asked for a passed-up approval: the sub-agent, or the one
+        the agent tools ``via`` lead to (:attr:`~runtime.messages.Awaiting.asked_via`).
+        Its model is the one an edit of that call is replayed to, so its
+        ``max_tool_result_chars`` bounds the edit. ``None``: not found here."""
         agent = self.sub_agent
         for step in via:
             agent = getattr(_named(agent, step), "sub_agent", None)
-        return _named(agent, name)
+        return agent
 
 
 def _named(agent: Any, name: str) -> Any:

@@ -481,7 +481,10 @@ def _edited(
             f"{where}: the edited input cannot be stored as JSON: {_echoed(cause)}"
         ) from None
     if not decision.by_caller:  # (checked on the caller, against the same sub call)
-        _check_size(data, model_input, max_chars, where)
+        whose = "the agent's"
+        if waiting.nested:  # bounded for the model it is replayed to: the asking agent's
+            max_chars, whose = _asking_limit(tools.get(part.tool_name), waiting, max_chars)
+        _check_size(data, model_input, max_chars, where, whose)
     unknown = _unknown_keys(stored, schema, model_input)
     if unknown:
         raise InvalidDecision(
@@ -502,7 +505,28 @@ def _edited(
     return stored
 
 
-def _check_size(data: bytes, model_input: Any, max_chars: int | None, where: str) -> None:
+def _asking_limit(tool: Any, waiting: Awaiting, max_chars: int | None) -> tuple[int | None, str]:
+    """The ``max_tool_result_chars`` an edit of a passed-up approval's sub call is bounded
+    by, and whose it is: the agent whose call asked (found through the agent tool
+    ``tool``, :meth:`~runtime.agent.AgentTool.asking_agent`), not the calling agent's
+    ``max_chars``. The edit becomes that call's input in the sub-session and is replayed
+    to the sub-agent's model on each of its later requests (the note in its result tells
+    it again); the calling agent's model is never sent it. Bounded by the caller's, a
+    sub-agent allowed 2,000 characters was given an edit of 100,000, and one allowed more
+    than its caller was refused an edit it takes. ``max_chars`` when no such agent is
+    found here."""
+    find = getattr(tool, "asking_agent", None)
+    agent = None if find is None else find(waiting.asked_via)
+    budget = getattr(agent, "budget", None)
+    if budget is None:
+        return max_chars, "the agent's"
+    name = getattr(agent, "name", None)
+    return budget.max_tool_result_chars, (f"the sub-agent {name}'s" if name else "the sub-agent's")
+
+
+def _check_size(
+    data: bytes, model_input: Any, max_chars: int | None, where: str, whose: str = "the agent's"
+) -> None:
     """:class:`EditTooLarge` when an edit's JSON (``data``, as stored) is longer, in
     characters, than the larger of ``max_chars`` (the agent's ``max_tool_result_chars``;
     ``None``: no limit) and the JSON of the model's own input for the call
@@ -524,7 +548,7 @@ def _check_size(data: bytes, model_input: Any, max_chars: int | None, where: str
     if size > limit:
         raise EditTooLarge(
             f"{where}: the edited input is {size:,} characters of JSON, more than the "
-            f"{limit:,} it may have (the larger of the agent's max_tool_result_chars, "
+            f"{limit:,} it may have (the larger of {whose} max_tool_result_chars, "
             f"{max_chars:,}, and the model's own input, {own:,}): nothing was recorded, "
             "the call still waits",
             size=size,
@@ -1111,7 +1135,12 @@ def _superseded_result(part: ToolCallPart, max_chars: int | None, why: str) -> T
             else truncate_output(denial_text(w.reason), max_chars)
         )
         return ToolMessage(
-            tool_call_id=part.tool_call_id, tool_name=part.tool_name, step=part.step, error=error
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            step=part.step,
+            error=error,
+            # an approved edit never run: what the model is told says so (replay_edits)
+            ran=False if w.approved and w.edit_in_result else None,
         )
     return ToolMessage(
         tool_call_id=part.tool_call_id,

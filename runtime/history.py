@@ -284,7 +284,21 @@ EDIT_NOTE = (
     "[A person reviewing this call approved it with the input changed to {input}; the "
     "call ran with that input instead of the one above, and this is its result.]"
 )
-"""What the model is told, at the head of an edited call's result (:func:`replay_edits`)."""
+"""What the model is told, at the head of an edited call's result (:func:`replay_edits`),
+when the tool ran with the edit (its output, or its own error: it raised, timed out), or
+when the result does not say (:attr:`~runtime.messages.ToolMessage.ran` ``None``: a
+result stored before that was recorded, whose replay must stay what it was, or a call
+cut short, ``interrupted``, which may have begun)."""
+
+EDIT_NOT_RUN_NOTE = (
+    "[A person reviewing this call approved it with the input changed to {input}, but the "
+    "call did not run, with that input or the one above; this says why.]"
+)
+"""What the model is told instead of :data:`EDIT_NOTE` when the edited call was not run
+(:attr:`~runtime.messages.ToolMessage.ran` ``False``): its tool gone at the
+continuation, the edit refused by the tool where it ran (a redeploy changed its
+arguments), an agent used as a tool ended before it (``NESTED_WAIT``). Never longer than
+:data:`EDIT_NOTE`, which the token estimate counts (``compaction._edit_replay_tokens``)."""
 
 
 def replay_edits(
@@ -293,7 +307,9 @@ def replay_edits(
     """``msg`` and its ``results`` as the model is replayed them when a person approved a
     call with edits (docs/approval.md, "Approving with edits"): the call with the
     model's own input (:attr:`~runtime.messages.Awaiting.original_input`) and its result
-    headed by :data:`EDIT_NOTE`, which gives the input the call ran with.
+    headed by :data:`EDIT_NOTE`, which gives the input the call ran with (or by
+    :data:`EDIT_NOT_RUN_NOTE`, a result recorded as not run: the edit was approved, the
+    call never ran with it).
 
     Why not replay the edited input: the providers that sign reasoning ask for each
     assistant turn back exactly as it was returned and for every change to go at the
@@ -329,10 +345,12 @@ _NO_EDIT = object()
 
 
 def _noted(result: ToolMessage, edited: Any) -> ToolMessage:
-    """``result`` headed by :data:`EDIT_NOTE` for the ``edited`` input: before the
+    """``result`` headed by :data:`EDIT_NOTE` (:data:`EDIT_NOT_RUN_NOTE` when it was not
+    run) for the ``edited`` input: before the
     error, the text, the JSON (as the providers write a structured output), or as a
     first text part of media parts."""
-    note = EDIT_NOTE.format(input=json.dumps(edited, ensure_ascii=False, default=str))
+    told = EDIT_NOT_RUN_NOTE if result.ran is False else EDIT_NOTE
+    note = told.format(input=json.dumps(edited, ensure_ascii=False, default=str))
     if result.error is not None:
         return attrs.evolve(result, error=f"{note}\n\n{result.error}")
     output = result.output

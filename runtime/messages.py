@@ -575,6 +575,14 @@ class ToolMessage:
     error: str | None = None
     """A message the model sees instead of an output (exception, bad input, interrupted)."""
     id: str = attrs.field(factory=_new_id)
+    ran: bool | None = None
+    """Recorded for the result of a call a person approved with edits
+    (:attr:`Awaiting.edit_in_result`): ``True`` when the tool was called with the edit
+    (the result is its output or its own error), ``False`` when it never was (its tool
+    gone, the edit refused where it ran, the turn ended before it: the error says why),
+    which decides what the model is told of the edit (:func:`runtime.history.replay_edits`).
+    ``None``: any other result, one stored before this was recorded, or a call cut short
+    (``interrupted``) that may have begun. Omitted from the stored JSON when ``None``."""
 
     @property
     def is_error(self) -> bool:

@@ -28,7 +28,7 @@ import orjson
 
 from runtime.budget import OutputAccount, check_timeout
 from runtime.chunks import Usage, _repr
-from runtime.errors import ToolDefinitionError
+from runtime.errors import ToolDefinitionError, describe_exception
 from runtime.media import tool_output
 
 if TYPE_CHECKING:
@@ -1225,6 +1225,13 @@ class Tool:
                 raise TypeError("the approval rule returned an awaitable: it must return a bool")
             return bool(verdict)
         return bool(rule)
+
+    def rule_raised(self, exc: BaseException) -> str:
+        """The error result of a call whose approval rule raised ``exc``: not run."""
+        return (
+            f"the tool call was not executed: the approval rule of {self.name} raised "
+            f"{describe_exception(exc)}"
+        )
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Keyword arguments for the function, or :class:`ToolInputError` saying why not."""

@@ -52,7 +52,7 @@ from actors.turn.saving import NO_TURN as _NO_TURN
 from actors.turn.saving import SAVE_TIMEOUT as SAVE_TIMEOUT
 from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
-from actors.turn.suspension import Suspending
+from actors.turn.suspension import Suspending, edit_ran
 from actors.turn.takeover import Committed, find_committed, steered_message_id
 from actors.turn.tool_calls import RUNNABLE_FINISH as RUNNABLE_FINISH
 from actors.turn.tool_calls import ToolCalling
@@ -898,13 +898,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             answered=True,
         )
 
-    def _add_result(self, turn: Turn, oc: ToolOutcome, step: int) -> None:
+    def _add_result(self, turn: Turn, oc: ToolOutcome, step: int, ran: bool | None = None) -> None:
         msg = ToolMessage(
             tool_call_id=oc.tool_call_id,
             tool_name=oc.tool_name,
             step=step,
             output=oc.output,
             error=oc.error,
+            ran=ran,
         )
         turn.results[oc.tool_call_id] = msg
         self.state.messages.append(msg)
@@ -1083,7 +1084,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
                 tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
             )
-            self._add_result(turn, oc, part.step)
+            self._add_result(turn, oc, part.step, edit_ran(part, oc))
             if part.tool_call_id not in turn.outcomes:
                 closing.append(ToolDone(step=part.step, outcome=oc))
 

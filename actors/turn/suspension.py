@@ -67,27 +67,40 @@ async def _no_emit(chunk: Any) -> None:
     """A held call streams nothing: it does not run here."""
 
 
+RUNS = "runs"
+""":func:`hold_kind`'s answer for a call whose approval rule was asked and needs no
+decision: it runs now, the rule not asked again (``ToolCallSpec.ruled``)."""
+
+
 def hold_kind(
     tool: Tool | None,
     call_input: Any,
     context: ToolContext[Any],
     approver_in_process: bool,
-) -> str | None:
-    """``"client"`` or ``"approval"`` when the call suspends the turn, else ``None``
-    (it runs now; an unknown tool or bad input runs too, into its error result)."""
+) -> tuple[str | None, str | None]:
+    """``(kind, refusal)``: ``kind`` ``"client"`` or ``"approval"`` when the call
+    suspends the turn, :data:`RUNS` when its approval rule was asked and said no decision
+    is needed, else ``None`` (it runs now, nothing asked: an unknown tool or bad input
+    runs too, into its error result; under an in-process approver the executor asks the
+    rule). ``refusal``: the call's error result when its rule raised (not run).
+
+    The rule is asked here once a call, and its answer goes with the call: the executor
+    does not ask it again (before, it did for every call the rule let run, so a rule
+    with side effects ran twice, and one whose second answer differed was obeyed in
+    both)."""
     if tool is None or not (tool.is_client or (tool.needs_approval and not approver_in_process)):
-        return None  # the common case, decided without validating the input twice
+        return None, None  # the common case, decided without validating the input twice
     try:
         arguments = tool.validate(own_input(call_input))  # (the rule may change them)
     except Exception:  # ToolInputError, or a validator of the tool's own that raised
-        return None  # the executor makes it the call's error result
+        return None, None  # the executor makes it the call's error result
     if tool.is_client:
-        return CLIENT
+        return CLIENT, None
     try:
-        asks = not approver_in_process and tool.requires_approval(arguments, context)
-    except Exception:
-        return None  # the rule raises again in the executor: the call's error, not run
-    return APPROVAL if asks else None
+        asks = tool.requires_approval(arguments, context)
+    except Exception as exc:
+        return None, tool.rule_raised(exc)  # the call's error, not run
+    return (APPROVAL if asks else RUNS), None
 
 
 def hold_context(
@@ -304,6 +317,17 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
+def edit_ran(part: ToolCallPart, outcome: ToolOutcome) -> bool | None:
+    """What an edited call's result records of whether its tool ran
+    (:attr:`~runtime.messages.ToolMessage.ran`, which decides what the model is told of
+    the edit): the outcome's word for a call a person approved with edits, ``None`` for
+    any other (nothing is stored for it)."""
+    w = part.awaiting
+    if w is None or not w.edit_in_result:
+        return None
+    return outcome.ran
+
+
 def gone_text(tool_name: str) -> str:
     """The result of an approved call whose tool the agent no longer has when its turn
     resumes (or a new message runs it): it was not run."""
@@ -369,7 +393,9 @@ class Suspending:
             reason: str | None = None,
         ) -> None: ...
 
-        def _add_result(self, turn: Any, oc: ToolOutcome, step: int) -> None: ...
+        def _add_result(
+            self, turn: Any, oc: ToolOutcome, step: int, ran: bool | None = None
+        ) -> None: ...
 
         def _snapshot(self, turn: Any) -> None: ...
 
@@ -509,6 +535,7 @@ class Suspending:
                 tool_call_id=spec.tool_call_id,
                 tool_name=spec.tool_name,
                 error=gone_text(spec.tool_name),
+                ran=False,
             )
             turn.outcomes[spec.tool_call_id] = gone
             await self._tool_done(turn.turn_id, step, gone, turn.ctrl)
@@ -520,7 +547,7 @@ class Suspending:
             if spent is not None:  # an agent used as a tool, approved: its tokens count
                 turn.usage = turn.usage + spent  # (they were lost: the budget too)
             if part.tool_call_id not in turn.held:
-                self._add_result(turn, oc, part.step)
+                self._add_result(turn, oc, part.step, edit_ran(part, oc))
         in_call_order(self.state.messages, turn.a_index)
         budget = turn.limits  # (the continuation makes a call: 0 left is spent)
         over = budget.tokens_exceeded(turn.usage)
@@ -615,6 +642,7 @@ class Suspending:
                     tool_call_id=part.tool_call_id,
                     tool_name=part.tool_name,
                     error=gone_text(part.tool_name),
+                    ran=False,
                 )
                 continue
             by_step.setdefault(part.step, []).append(part)
@@ -703,4 +731,5 @@ def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:
         step=part.step,
         output=outcome.output,
         error=outcome.error,
+        ran=edit_ran(part, outcome),
     )

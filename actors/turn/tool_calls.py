@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.turn.suspension import awaiting, expiry_time, hold_context, hold_kind, nested_wait
+from actors.turn.suspension import (
+    RUNS,
+    awaiting,
+    expiry_time,
+    hold_context,
+    hold_kind,
+    nested_wait,
+)
 from actors.turn.turn_state import Step, Turn
 from runtime import events as ev
 from runtime.actor_messages import (
@@ -89,17 +96,19 @@ class ToolCalling:
                     f"max_tool_calls={budget.max_tool_calls} reached"
                 )
                 over = "max_tool_calls"
-            if refusal is not None:
+            kind = None
+            if refusal is None:
+                turn.tool_calls_used += 1
+                context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
+                kind, refusal = hold_kind(tools.get(call.tool_name), call.input, context, approver)
+            if refusal is not None:  # (its approval rule raised: counted, not run)
                 refused.append(
                     ToolOutcome(
                         tool_call_id=call.tool_call_id, tool_name=call.tool_name, error=refusal
                     )
                 )
             else:
-                turn.tool_calls_used += 1
-                context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
-                kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
-                if kind is not None:
+                if kind is not None and kind != RUNS:
                     # (its schema, if stored, is stored once a message: mark_held)
                     turn.held[call.tool_call_id] = awaiting(
                         kind,
@@ -112,7 +121,10 @@ class ToolCalling:
                     continue
                 runnable.append(
                     ToolCallSpec(
-                        tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input
+                        tool_call_id=call.tool_call_id,
+                        tool_name=call.tool_name,
+                        input=call.input,
+                        ruled=kind == RUNS,  # (its rule's answer: not asked again)
                     )
                 )
         for oc in refused:
