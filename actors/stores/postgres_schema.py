@@ -41,6 +41,8 @@ from actors.stores.postgres_calls import (
     SAVE_V7_FUNCTION_NAME,
     SUBMIT_FUNCTION,
     SUBMIT_FUNCTION_NAME,
+    SUBMIT_V1_FUNCTION,
+    SUBMIT_V1_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.postgres_tables import (
@@ -224,6 +226,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_NEXT_V6_FUNCTION_NAME, SAVE_NEXT_V6_FUNCTION)
     _ensure_function(conn, SAVE_V7_FUNCTION_NAME, SAVE_V7_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_V7_FUNCTION_NAME, SAVE_NEXT_V7_FUNCTION)
+    _ensure_function(conn, SUBMIT_V1_FUNCTION_NAME, SUBMIT_V1_FUNCTION)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
         ON CONFLICT (key) DO NOTHING""",
