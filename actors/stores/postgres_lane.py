@@ -19,6 +19,16 @@ import trio
 CONNECT_TIMEOUT = 5
 """Seconds a new connection may take to be made (libpq's ``connect_timeout``)."""
 
+READ_COMMITTED = "SET default_transaction_isolation TO 'read committed'"
+"""Sent on every connection the store opens (but behind a transaction pooler, where
+opening checks it instead): its statements and functions count what others committed
+while they waited for a lock (the caps' counts after the session's and the queue's
+locks, a claim's or a save's row read again after its lock), which is read committed's
+statement snapshot. A database or role whose default an operator set to ``repeatable
+read`` let two processes' submits to one session at a cap of 3 queue 8 (each counted in
+the snapshot of its call's start), and ``serializable`` failed racing submits
+``could not serialize access`` (a front end's 500)."""
+
 
 class LoopLane:
     """Connections a store runs its one-statement calls on from the event loop itself,
@@ -149,6 +159,7 @@ class LoopLane:
         try:
             if not self._pooled:
                 conn.execute(f"SET search_path TO {self._schema}")
+                conn.execute(READ_COMMITTED)
         except BaseException:
             conn.close()
             raise

@@ -143,6 +143,18 @@ def _check_pooling(conn: Any, libpq: str, schema: str, pooled: bool) -> None:
                 f"transaction there: ALTER ROLE ... IN DATABASE ... SET search_path = "
                 f"{schema}" + ("" if current is None else f", or schema={current}")
             )
+        (isolation,) = conn.execute(
+            "SELECT current_setting('default_transaction_isolation')"
+        ).fetchone()
+        if isolation != "read committed":
+            # (a direct connection sets it: postgres_lane.READ_COMMITTED says why)
+            raise ConfigurationError(
+                f"schema {schema!r} behind a transaction pooler (pooler=transaction): its "
+                f"sessions' default_transaction_isolation is {isolation!r}, and the store "
+                "counts its caps and reads its rows again after their locks as read "
+                "committed does; no SET outlives a transaction there: ALTER ROLE ... IN "
+                "DATABASE ... SET default_transaction_isolation = 'read committed'"
+            )
         (idle,) = conn.execute(
             "SELECT current_setting('idle_in_transaction_session_timeout')"
         ).fetchone()

@@ -34,7 +34,7 @@ from actors.stores.postgres_calls import (
     RESUMED_TOKEN,
     SESSION_COLUMNS,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, READ_COMMITTED
 from actors.stores.turn_sql import (
     _COLUMNS,
     _SUSPEND,
@@ -439,6 +439,7 @@ class TurnClaiming:
         try:
             if not pooled:
                 conn.execute(f"SET search_path TO {self.store.schema}")
+                conn.execute(READ_COMMITTED)
         except BaseException:
             conn.close()
             raise
