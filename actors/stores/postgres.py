@@ -152,7 +152,7 @@ from actors.stores.postgres_health import (
     _used,
 )
 from actors.stores.postgres_health import _idle_limits as _idle_limits
-from actors.stores.postgres_lane import CONNECT_TIMEOUT, READ_COMMITTED, LoopLane
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane, set_session
 from actors.stores.postgres_rows import (
     _HAS_USER_MESSAGES_SQL,
     _INSERT_ROWS,
@@ -359,7 +359,7 @@ class PostgresStore(FenceKeeping):
 
         def configure(conn: Any) -> None:
             conn.execute(f"SET search_path TO {schema}")
-            conn.execute(READ_COMMITTED)
+            set_session(conn)
             idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
             idle_limit[0] = _note_idle_session_timeout(conn)

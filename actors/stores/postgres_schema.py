@@ -44,7 +44,12 @@ from actors.stores.postgres_calls import (
     SUBMIT_V1_FUNCTION,
     SUBMIT_V1_FUNCTION_NAME,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT
+from actors.stores.postgres_lane import (
+    CONNECT_TIMEOUT,
+    SESSION_SETTINGS,
+    set_session,
+    unlike_session,
+)
 from actors.stores.postgres_tables import (
     _CALLER_SCHEMA,
     _CALLER_TRIGGER,
@@ -95,11 +100,21 @@ def _first_connect(libpq: str, schema: str, pooled: bool = False) -> str:
     except psycopg.ProgrammingError as err:  # an unparseable conninfo
         raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
     with conn:
+        if pooled and (unlike := unlike_session(conn)):
+            name, got = next(iter(unlike.items()))
+            raise ConfigurationError(
+                f"schema {schema!r} behind a transaction pooler (pooler=transaction): its "
+                f"sessions' {name} is {got!r}, which the store's SQL cannot run under, "
+                "and no SET outlives a transaction there: ALTER ROLE ... IN DATABASE ... "
+                f"SET {name} = '{SESSION_SETTINGS[name]}'"
+            )
         deadline = time.monotonic() + UPGRADE_WAIT
         delay = 0.01
         while True:
             try:
                 with conn.transaction():
+                    # (LOCAL: nothing left on a pooler's server connection, if it is one)
+                    set_session(conn, local=True)  # (a trigger keeps its literals as read)
                     _create_or_upgrade(conn, schema)
                 _check_pooling(conn, libpq, schema, pooled)
                 return str(conn.info.parameter_status("server_encoding"))
@@ -142,18 +157,6 @@ def _check_pooling(conn: Any, libpq: str, schema: str, pooled: bool) -> None:
                 f"sessions start in {current!r}, and no SET search_path outlives a "
                 f"transaction there: ALTER ROLE ... IN DATABASE ... SET search_path = "
                 f"{schema}" + ("" if current is None else f", or schema={current}")
-            )
-        (isolation,) = conn.execute(
-            "SELECT current_setting('default_transaction_isolation')"
-        ).fetchone()
-        if isolation != "read committed":
-            # (a direct connection sets it: postgres_lane.READ_COMMITTED says why)
-            raise ConfigurationError(
-                f"schema {schema!r} behind a transaction pooler (pooler=transaction): its "
-                f"sessions' default_transaction_isolation is {isolation!r}, and the store "
-                "counts its caps and reads its rows again after their locks as read "
-                "committed does; no SET outlives a transaction there: ALTER ROLE ... IN "
-                "DATABASE ... SET default_transaction_isolation = 'read committed'"
             )
         (idle,) = conn.execute(
             "SELECT current_setting('idle_in_transaction_session_timeout')"
