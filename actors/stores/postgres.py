@@ -25,7 +25,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_save_v8(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
     axon_save_next_v8(session, start, ..., token)        -- a last save and the next claim
-    axon_submit_v1(session, turn, key, ...)              -- a front end's submit: SUBMIT_FUNCTION
+    axon_submit_v2(session, turn, key, ...)              -- a front end's submit: SUBMIT_FUNCTION
     (and the versions before them, which processes of before call: postgres_calls.py)
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -151,7 +151,7 @@ from actors.stores.postgres_health import (
     _used,
 )
 from actors.stores.postgres_health import _idle_limits as _idle_limits
-from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane, set_session
 from actors.stores.postgres_rows import (
     _HAS_USER_MESSAGES_SQL,
     _INSERT_ROWS,
@@ -358,6 +358,7 @@ class PostgresStore(FenceKeeping):
 
         def configure(conn: Any) -> None:
             conn.execute(f"SET search_path TO {schema}")
+            set_session(conn)
             idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
             idle_limit[0] = _note_idle_session_timeout(conn)

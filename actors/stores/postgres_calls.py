@@ -848,11 +848,14 @@ recorded: the second waits on the turn's row, then finds it no longer waiting (t
 first completed the turn's calls) or the session's version moved (it did not)."""
 
 
-SUBMIT_FUNCTION_NAME: Final = "axon_submit_v1"
+SUBMIT_V1_FUNCTION_NAME: Final = "axon_submit_v1"
+"""The first version of the submit's function (:data:`SUBMIT_V1_FUNCTION`, still
+created: a process of the version before calls it). A process of before it submits in a
+transaction of its own statements (the same locks, in the same order, on the same tables:
+a mixed fleet's submits count each other under both caps)."""
+SUBMIT_FUNCTION_NAME: Final = "axon_submit_v2"
 """The server-side function of a front end's submit (:data:`SUBMIT_FUNCTION`); a new
-version of it gets a new name. A process of before it submits in a transaction of its
-own statements (the same locks, in the same order, on the same tables: a mixed fleet's
-submits count each other under both caps)."""
+version of it gets a new name."""
 
 SUBMIT_REFUSALS: Final = {
     "AXQ01": "session",
@@ -888,7 +891,7 @@ _HELD = """DELETE FROM axon_held_stops AS h
                 AND h.held_at >= clock_timestamp() - make_interval(secs => p_held_for)
             RETURNING h.reason"""
 
-SUBMIT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SUBMIT_FUNCTION_NAME}(
+SUBMIT_V1_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SUBMIT_V1_FUNCTION_NAME}(
     p_session TEXT, p_turn TEXT, p_message_key TEXT, p_input_hash TEXT, p_new_key TEXT,
     p_input TEXT, p_meta BYTEA, p_options BYTEA, p_regenerate BOOLEAN, p_on_busy TEXT,
     p_stop_name TEXT, p_turn_name TEXT, p_held_for DOUBLE PRECISION,
@@ -1111,3 +1114,39 @@ twin of this submit stored. Where the transaction it replaces cost seven to eigh
 trips with both caps on (``BEGIN``, the message's look, the session's lock, its count,
 the insert, the queue's lock, its count, ``COMMIT``). Refusals are errors
 (:data:`SUBMIT_REFUSALS`): the call's writes roll back."""
+
+_V1_OPEN = """WHERE o.session_id = p_session AND o.status IN ('queued', 'running')
+                AND NOT EXISTS (SELECT 1 FROM held)
+"""
+_V2_OPEN = """WHERE o.session_id = p_session AND o.status IN ('queued', 'running')
+                AND NOT EXISTS (SELECT 1 FROM held)
+                AND o.turn_id <> p_turn AND NOT coalesce(o.idempotency_key = v_key, false)
+"""
+_V1_REJECT = f"""IF {_WAITS_OPEN} THEN
+            RAISE EXCEPTION 'the session is running a turn' USING ERRCODE = 'AXB01';"""
+_V2_REJECT = f"""IF {_WAITS_OPEN} AND NOT EXISTS (SELECT 1 FROM axon_turns AS t
+                WHERE t.idempotency_key = v_key OR (t.turn_id = p_turn
+                    AND t.session_id = p_session AND t.input_hash = p_input_hash
+                    AND t.regenerate = v_regenerate)) THEN
+            RAISE EXCEPTION 'the session is running a turn' USING ERRCODE = 'AXB01';"""
+
+
+def _submit_v2(v1: str) -> str:
+    """:data:`SUBMIT_V1_FUNCTION`'s text with its name, and its interrupt's and its
+    ``reject``'s looks passing over this submit's twin."""
+    text = v1.replace(SUBMIT_V1_FUNCTION_NAME + "(", SUBMIT_FUNCTION_NAME + "(", 1)
+    for part in (_V1_OPEN, _V1_REJECT):
+        assert text.count(part) == 1, part
+    text = text.replace(_V1_OPEN, _V2_OPEN, 1)
+    return text.replace(_V1_REJECT, _V2_REJECT, 1)
+
+
+SUBMIT_FUNCTION: Final = _submit_v2(SUBMIT_V1_FUNCTION)
+""":data:`SUBMIT_V1_FUNCTION` whose ``interrupt`` and ``reject`` pass over this submit's
+twin (the row of its idempotency key, or its turn id's): the same message sent twice at
+once (a client's retry to another front end, an AG-UI run posted again) is one submit,
+its second call returning the first's turn. v1's ``reject``, waiting for the session's
+lock the first held to its commit, then found that turn open and refused the message
+as busy (409) while its turn ran; its ``interrupt``, when the first committed between
+the message's look and the interrupt's statement (each statement its own snapshot),
+cancelled it (``interrupted by a new message``: the message never answered)."""

@@ -12,12 +12,50 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import trio
 
 CONNECT_TIMEOUT = 5
 """Seconds a new connection may take to be made (libpq's ``connect_timeout``)."""
+
+SESSION_SETTINGS: Final = {
+    "default_transaction_isolation": "read committed",
+    "standard_conforming_strings": "on",
+}
+"""Settings the store's SQL needs whatever a database's or role's defaults say, set on
+every connection it opens (:func:`set_session`; behind a transaction pooler, where no
+``SET`` outlives a transaction, opening checks them instead, :func:`unlike_session`).
+
+- ``default_transaction_isolation``: its statements and functions count what others
+  committed while they waited for a lock (the caps' counts after the session's and the
+  queue's locks, a claim's or a save's row read again after its lock), read committed's
+  statement snapshot. Set to ``repeatable read`` by an operator, two processes' submits
+  to one session at a cap of 3 queued 8 (each counted in the snapshot of its call's
+  start); ``serializable`` failed racing submits ``could not serialize access`` (a front
+  end's 500).
+- ``standard_conforming_strings``: the functions' and triggers' ``bytea`` literals
+  (``'\\x7b7d'``, a head's prefix, the caller key) are read as written only when on (the
+  server's default since 9.1). Off (a legacy application's database), ``'\\x7b'`` was
+  an escape: every save failed ``invalid input syntax for type bytea`` or stored a meta
+  the store then called corrupt, and a schema created so kept a trigger whose condition
+  never matched."""
+
+
+def set_session(conn: Any, *, local: bool = False) -> None:
+    """:data:`SESSION_SETTINGS` on ``conn`` (a direct connection, not a pooler's; ``local``:
+    for the transaction it is in only)."""
+    for name, value in SESSION_SETTINGS.items():
+        conn.execute(f"SET {'LOCAL ' if local else ''}{name} TO '{value}'")
+
+
+def unlike_session(conn: Any) -> dict[str, str]:
+    """The :data:`SESSION_SETTINGS` ``conn``'s session does not have as they must be."""
+    return {
+        name: got
+        for name, value in SESSION_SETTINGS.items()
+        if (got := conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]) != value
+    }
 
 
 class LoopLane:
@@ -149,6 +187,7 @@ class LoopLane:
         try:
             if not self._pooled:
                 conn.execute(f"SET search_path TO {self._schema}")
+                set_session(conn)
         except BaseException:
             conn.close()
             raise

@@ -41,8 +41,15 @@ from actors.stores.postgres_calls import (
     SAVE_V7_FUNCTION_NAME,
     SUBMIT_FUNCTION,
     SUBMIT_FUNCTION_NAME,
+    SUBMIT_V1_FUNCTION,
+    SUBMIT_V1_FUNCTION_NAME,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT
+from actors.stores.postgres_lane import (
+    CONNECT_TIMEOUT,
+    SESSION_SETTINGS,
+    set_session,
+    unlike_session,
+)
 from actors.stores.postgres_tables import (
     _CALLER_SCHEMA,
     _CALLER_TRIGGER,
@@ -93,11 +100,21 @@ def _first_connect(libpq: str, schema: str, pooled: bool = False) -> str:
     except psycopg.ProgrammingError as err:  # an unparseable conninfo
         raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
     with conn:
+        if pooled and (unlike := unlike_session(conn)):
+            name, got = next(iter(unlike.items()))
+            raise ConfigurationError(
+                f"schema {schema!r} behind a transaction pooler (pooler=transaction): its "
+                f"sessions' {name} is {got!r}, which the store's SQL cannot run under, "
+                "and no SET outlives a transaction there: ALTER ROLE ... IN DATABASE ... "
+                f"SET {name} = '{SESSION_SETTINGS[name]}'"
+            )
         deadline = time.monotonic() + UPGRADE_WAIT
         delay = 0.01
         while True:
             try:
                 with conn.transaction():
+                    # (LOCAL: nothing left on a pooler's server connection, if it is one)
+                    set_session(conn, local=True)  # (a trigger keeps its literals as read)
                     _create_or_upgrade(conn, schema)
                 _check_pooling(conn, libpq, schema, pooled)
                 return str(conn.info.parameter_status("server_encoding"))
@@ -224,6 +241,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_NEXT_V6_FUNCTION_NAME, SAVE_NEXT_V6_FUNCTION)
     _ensure_function(conn, SAVE_V7_FUNCTION_NAME, SAVE_V7_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_V7_FUNCTION_NAME, SAVE_NEXT_V7_FUNCTION)
+    _ensure_function(conn, SUBMIT_V1_FUNCTION_NAME, SUBMIT_V1_FUNCTION)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
         ON CONFLICT (key) DO NOTHING""",

@@ -34,7 +34,7 @@ from actors.stores.postgres_calls import (
     RESUMED_TOKEN,
     SESSION_COLUMNS,
 )
-from actors.stores.postgres_lane import CONNECT_TIMEOUT
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, set_session
 from actors.stores.turn_sql import (
     _COLUMNS,
     _SUSPEND,
@@ -439,6 +439,7 @@ class TurnClaiming:
         try:
             if not pooled:
                 conn.execute(f"SET search_path TO {self.store.schema}")
+                set_session(conn)
         except BaseException:
             conn.close()
             raise

@@ -1156,7 +1156,7 @@ class Worker:
         # A continuation starts from the session its claim read; a fresh load from that.
         stream.stored = claim.stored or (None if was_open else loaded)
         # A reason without a request: a stop held for its message before its POST came
-        # (taken by axon_submit_v1's insert, actors/stores/postgres_calls.py), stopped as it starts.
+        # (taken by axon_submit_v2's insert, actors/stores/postgres_calls.py), stopped as it starts.
         if turn.cancel_requested or turn.cancel_reason is not None:
             stream.cancel(turn.cancel_reason or "cancelled")
         return stream
