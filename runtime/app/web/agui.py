@@ -80,6 +80,7 @@ from runtime.app.web.agui_wire import (
     sse,
     thread_calls,
 )
+from runtime.app.web.answers import checked_decisions
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.frontend import message_key
@@ -91,7 +92,6 @@ from runtime.approval import (
     APPROVAL,
     Decision,
     PendingCall,
-    decide,
     output_check,
     same_input,
     waiting_calls,
@@ -848,10 +848,10 @@ class AGUIRoutes:
         session = await state.session(session_id)
         tools = {t.name: t for t in session.agent.tools}
         limit = session.agent.budget.max_tool_result_chars  # (what session.decide bounds by)
-        checked = stored
         try:
-            for key, decision in answers:  # all checked first: a bad one records nothing
-                _, checked, _, _ = decide(checked, key, decision, tools, limit)
+            # all checked first, a bad one records nothing; each output and edit checked
+            # once (a large one in a thread), marked so the recording does not again
+            answers, _ = await checked_decisions(stored, answers, tools, limit)
             for key, decision in answers:
                 await session.decide(
                     key,
@@ -860,6 +860,7 @@ class AGUIRoutes:
                     error=decision.error,
                     edited_input=decision.edited_input,
                     output_checked=decision.output_checked,
+                    input_checked=decision.input_checked,
                     **({"output": decision.output} if decision.has_output else {}),
                 )
         except DecisionError as exc:
@@ -892,20 +893,19 @@ class AGUIRoutes:
         answers: Sequence[tuple[str, Decision]],
         named: Mapping[str, str],
     ) -> QueuedTurnOutput:
-        """The run's answers recorded through the queue (all checked first: a bad one
-        records nothing), and the continuation they start, as the workers stream it.
-        ``named``: the ids the client sent (:func:`_decision_error`)."""
+        """The run's answers recorded through the queue (all checked first, each output
+        and edit once, a large one in a thread: a bad one records nothing), and the
+        continuation they start, as the workers stream it. ``named``: the ids the client
+        sent (:func:`_decision_error`)."""
         state = self.state
         front = state.front
         front.check_open()  # closing: 503, nothing recorded (its body came meanwhile)
         agent = state.agent_for(session_id)
         tools = {t.name: t for t in agent.tools}
         limit = agent.budget.max_tool_result_chars
-        checked = stored
         decided = []
         try:
-            for key, decision in answers:
-                _, checked, _, _ = decide(checked, key, decision, tools, limit)
+            answers, checked = await checked_decisions(stored, answers, tools, limit)
             for key, decision in answers:
                 decided.append(
                     await front.decide(

@@ -355,6 +355,7 @@ async def record_answers(
             expected_version=expected_version,
             edited_input=decision.edited_input,
             output_checked=decision.output_checked,
+            input_checked=decision.input_checked,
             **({"output": decision.output} if decision.has_output else {}),
         )
         return recorded
@@ -420,9 +421,13 @@ def _checked(
     (:func:`~runtime.approval.decide`): checked here too, so a body whose second answer
     carries too long an edit records nothing, not its first answer alone.
 
-    A client tool's output checked here against its output schema is not checked
-    again as it is recorded (``Decision.output_checked``); ``outputs=False``: not
-    checked here either (the answers are then only good for telling a refusal)."""
+    A client tool's output checked here against its output schema, and an approval's
+    edited input checked here against its tool's, are not checked again as they are
+    recorded (``Decision.output_checked``, ``input_checked``: an edit was checked on
+    the loop twice, here and as it was recorded); ``outputs=False``: neither checked
+    here either (the answers are then only good for telling a refusal, which the
+    check of either would make the same on any read: the call's part holds the
+    tool's name and the model's input)."""
     message = payload["messages"][-1]
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
@@ -435,18 +440,14 @@ def _checked(
         if given:  # each the recorded decision, come late (the loser of two at once)
             raise ApiError(409, "the answers were recorded already; nothing is recorded again")
         raise ApiError(400, "the assistant message answers no call the turn waits for")
-    if not outputs:
-        answers = [(key, _output_checked(d)) for key, d in answers]
+    if not outputs:  # (a refusal of either is the same on any read of the session)
+        answers = [(key, _marked(d)) for key, d in answers]
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return _known(waiting), [(key, _output_checked(d)) for key, d in answers]
-
-
-def _output_checked(decision: Decision) -> Decision:
-    return attrs.evolve(decision, output_checked=True) if decision.has_output else decision
+    return _known(waiting), [(key, _marked(d)) for key, d in answers]
 
 
 async def _checked_off_loop(
@@ -464,6 +465,50 @@ async def _checked_off_loop(
             _checked, stored, payload, tools, signer, max_chars, limiter=off_loop_limiter()
         )
     return _checked(stored, payload, tools, signer, max_chars)
+
+
+def _check_all(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """Each decision made on ``stored`` in turn (a :class:`DecisionError` for one that
+    cannot be): the decisions, a client tool's output and an edited input marked checked
+    (``Decision.output_checked``, ``input_checked``: the recording does not check them
+    again), and the messages they leave."""
+    for key, decision in answers:
+        _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
+    return [(key, _marked(d)) for key, d in answers], stored
+
+
+def _marked(decision: Decision) -> Decision:
+    """``decision`` as checked: its output or edit (plain JSON, from the message) not
+    checked again."""
+    return attrs.evolve(
+        decision,
+        output_checked=decision.has_output,
+        input_checked=decision.edited_input is not None,
+    )
+
+
+async def checked_decisions(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """:func:`_check_all`, in a worker thread (the shared ``off_loop_limiter``) when an
+    output or edited input is large (:func:`~runtime.approval.large_output`): a client
+    tool's output checked against its schema (20,000 rows: 2 s loaded) would hold the
+    event loop every session streams on. The checks read only ``stored``, the
+    decisions and the tools' validators, which nothing changes meanwhile."""
+    given = [d.output if d.has_output else d.edited_input for _, d in answers]
+    if large_output(given):
+        return await trio.to_thread.run_sync(
+            _check_all, stored, answers, tools, max_chars, limiter=off_loop_limiter()
+        )
+    return _check_all(stored, answers, tools, max_chars)
 
 
 async def record_all(
@@ -524,7 +569,7 @@ def answers_refused(
     """Whether :func:`check_and_record_on` would refuse the body's answers on
     ``stored_record`` (an :class:`ApiError`), recording nothing."""
     stored = stored_record.messages if stored_record is not None else ()
-    try:  # (outputs unchecked: a refusal of one is the same on any read of the session)
+    try:  # (outputs and edits unchecked: a refusal of one is the same on any read)
         _checked(stored, payload, tools, signer, max_chars, outputs=False)
     except ApiError:
         return True
@@ -588,6 +633,7 @@ __all__ = [
     "awaited_calls",
     "check_and_record",
     "check_and_record_on",
+    "checked_decisions",
     "is_continuation",
     "pending_in",
     "record_all",
