@@ -750,6 +750,19 @@ def _storable_output(
     return json_exact.loads(data) if data is not None and b"null" in data else value
 
 
+def stored_output(
+    call: PendingCall | ToolCallPart, output: Any, max_chars: int | None, *, as_json: bool = False
+) -> Any:
+    """A client tool's ``output`` for ``call`` as a decision stores it (:func:`_check`):
+    its JSON form (:func:`_storable_output`), cut to ``max_chars`` with the marker. A
+    :class:`Decision` that carries it (with ``output_checked``) is recorded as it is:
+    the recording's cut keeps a text cut already (:func:`runtime.results.truncate_output`),
+    so the whole output is not written out again. Why: a front end checks a large
+    output in a worker thread, and the recording, on the event loop, wrote it twice
+    more (100,000 rows, 1.2 MB: ~0.07 s of the loop)."""
+    return truncate_output(_storable_output(call, output, as_json=as_json), max_chars)
+
+
 def decide(
     messages: Sequence[Message],
     key: str,
@@ -1173,6 +1186,7 @@ __all__ = [
     "output_check",
     "pending_calls",
     "record_decision",
+    "stored_output",
     "supersede",
     "waiting_calls",
 ]

@@ -2,7 +2,8 @@
 process), as in the embedded app (tests/test_agui_call_ids.py): each turn's ``call_0``
 under its own wire id, live and in every snapshot; a waiting call answered by its wire id
 or its call id alone; an id naming no waiting call refused, nothing recorded; a thread
-forked from a snapshot replays the calls as the model made them."""
+forked from a snapshot replays the calls as the model made them; a run id chosen so that
+its message's id (``msg_<runId>``) spells a seeded call's wire id gets one of its own."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from tests.test_agui_call_ids import (
     foreign_ids_refused,
     forked_thread_replays_the_calls_as_made,
     ids_unique_and_the_same_live_and_in_snapshots,
+)
+from tests.test_agui_wire_ids import (
+    an_answer_recorded_since_the_run_read_the_thread,
+    seeded_call_and_chosen_run_id,
 )
 from tests.test_frontend import deployment
 from tests.test_worker_protocols import agui_post, agui_run
@@ -56,3 +61,21 @@ async def test_a_thread_forked_from_a_snapshot_replays_the_calls_as_made_on_a_wo
 ) -> None:
     async with deployment(pg_url, redis_url, agent(), protocols=("ag-ui",)) as d:
         await forked_thread_replays_the_calls_as_made(partial(agui_run, d.urls[0]))
+
+
+async def test_a_run_id_chosen_to_collide_with_a_seeded_call_gets_its_own_wire_id_on_a_worker(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, agent(), protocols=("ag-ui",)) as d:
+        url = d.urls[0]
+        await seeded_call_and_chosen_run_id(partial(agui_run, url), worker=True)
+
+
+async def test_an_answer_come_late_is_refused_naming_the_id_sent_on_a_worker(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with deployment(pg_url, redis_url, agent(), protocols=("ag-ui",)) as d:
+        url = d.urls[0]
+        await an_answer_recorded_since_the_run_read_the_thread(
+            partial(agui_run, url), partial(agui_post, url), monkeypatch
+        )

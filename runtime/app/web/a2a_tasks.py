@@ -22,14 +22,13 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
 
-import attrs
 import orjson
 import trio
 
 from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
 from runtime.app.unsaved import forget_unsaved, unsaved, unsaved_error
-from runtime.app.web.answers import record_all
+from runtime.app.web.answers import checked_decisions, record_all
 from runtime.app.web.chat_input import title_of
 from runtime.app.web.http import CLOSING_RETRY_AFTER, closing_message
 from runtime.approval import (
@@ -38,8 +37,6 @@ from runtime.approval import (
     Decision,
     PendingCall,
     Recorded,
-    decide,
-    large_output,
     pending_calls,
 )
 from runtime.busy import REJECT
@@ -56,7 +53,6 @@ from runtime.errors import (
     StoreConflict,
     TooManyParts,
 )
-from runtime.history import off_loop_limiter
 from runtime.ids import new_id
 from runtime.json_exact import dumps
 from runtime.media import check_counts, check_limits, user_content
@@ -1065,50 +1061,6 @@ class TaskBook:
         for t in running:
             t.out.cancel(reason)
         return len(running)
-
-
-def _check_all(
-    stored: Sequence[Message],
-    answers: Sequence[tuple[str, Decision]],
-    tools: Any,
-    max_chars: int | None,
-) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
-    """Each decision made on ``stored`` in turn (a :class:`DecisionError` for one that
-    cannot be): the decisions, a client tool's output and an edited input marked checked
-    (``Decision.output_checked``, ``input_checked``: the recording does not check them
-    again), and the messages they leave."""
-    for key, decision in answers:
-        _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
-    return [(key, _marked(d)) for key, d in answers], stored
-
-
-def _marked(decision: Decision) -> Decision:
-    """``decision`` as checked: its output or edit (plain JSON, from the message) not
-    checked again."""
-    return attrs.evolve(
-        decision,
-        output_checked=decision.has_output,
-        input_checked=decision.edited_input is not None,
-    )
-
-
-async def checked_decisions(
-    stored: Sequence[Message],
-    answers: Sequence[tuple[str, Decision]],
-    tools: Any,
-    max_chars: int | None,
-) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
-    """:func:`_check_all`, in a worker thread (the shared ``off_loop_limiter``) when an
-    output or edited input is large (:func:`~runtime.approval.large_output`): a client
-    tool's output checked against its schema (20,000 rows: 2 s loaded) would hold the
-    event loop every session streams on. The checks read only ``stored``, the
-    decisions and the tools' validators, which nothing changes meanwhile."""
-    given = [d.output if d.has_output else d.edited_input for _, d in answers]
-    if large_output(given):
-        return await trio.to_thread.run_sync(
-            _check_all, stored, answers, tools, max_chars, limiter=off_loop_limiter()
-        )
-    return _check_all(stored, answers, tools, max_chars)
 
 
 def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tuple[str, Decision]]:

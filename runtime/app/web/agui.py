@@ -80,6 +80,7 @@ from runtime.app.web.agui_wire import (
     sse,
     thread_calls,
 )
+from runtime.app.web.answers import checked_decisions
 from runtime.app.web.chat_body import not_json
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, check_json_values, off_loop
 from runtime.app.web.frontend import message_key
@@ -91,7 +92,6 @@ from runtime.approval import (
     APPROVAL,
     Decision,
     PendingCall,
-    decide,
     output_check,
     same_input,
     waiting_calls,
@@ -147,13 +147,20 @@ _DECISION_STATUS: dict[type, int] = {
 }
 
 
-def _decision_error(exc: DecisionError) -> AGUIError:
+def _decision_error(exc: DecisionError, named: Mapping[str, str] | None = None) -> AGUIError:
     """A decision the session refused as the run recorded it, in the endpoint's shape.
     A plain :class:`AlreadyDecided` there is another run's answer recorded since this
     run read the thread (two clients answering at once): ``already_answered``, the
-    code the same answer gets when it comes after, not the error's class name."""
+    code the same answer gets when it comes after, not the error's class name.
+
+    ``named``: the id the client sent for each call the session decides by another
+    (:func:`_tool_answers`: a wire id for the stored call id): the session's message
+    names the call by its key, which the client never sent, so it is named as sent."""
     code = "already_answered" if type(exc) is AlreadyDecided else exc.kind
-    return AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), code)
+    message = str(exc)
+    for key, sent in (named or {}).items():
+        message = message.replace(repr(key), repr(sent))
+    return AGUIError(_DECISION_STATUS.get(type(exc), 400), message, code)
 
 
 def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:
@@ -271,17 +278,20 @@ def _answers(
     messages: Sequence[Message],
     waiting: Sequence[PendingCall],
     tools: Mapping[str, Any],
-) -> tuple[list[tuple[str, Decision]], list[str]]:
+) -> tuple[list[tuple[str, Decision]], list[str], dict[str, str]]:
     """The decisions the run's tool messages and resume entries carry for the waiting
-    calls, and the resume entries that name no interrupt of the thread (ignored, as the
-    spec says a producer does). A tool message for an unknown call is a 404; one for an
-    approval, or for a call that waits for nothing, a 409; an answer that differs from
-    one recorded already, a 409; one its tool's output schema (of the agent's
-    ``tools``) takes neither as text nor as JSON, a 400."""
+    calls, the resume entries that name no interrupt of the thread (ignored, as the
+    spec says a producer does), and the id each call was answered by where the session
+    decides it by another (:func:`_tool_answers`). A tool message for an unknown call
+    is a 404; one for an approval, or for a call that waits for nothing, a 409; an
+    answer that differs from one recorded already, or a call answered twice, a 409;
+    one its tool's output schema (of the agent's ``tools``) takes neither as text nor
+    as JSON, a 400."""
     held = _awaiting(messages)
-    answers = _tool_answers(run, messages, waiting, held, tools)  # checked first: its errors win
+    named: dict[str, str] = {}
+    answers = _tool_answers(run, messages, waiting, held, tools, named)  # (its errors win)
     resumed, ignored = _resume_answers(run, waiting, held)
-    return [*answers, *resumed], ignored
+    return [*answers, *resumed], ignored, named
 
 
 def _tool_answers(
@@ -290,10 +300,17 @@ def _tool_answers(
     waiting: Sequence[PendingCall],
     held: dict[str, Awaiting],
     tools: Mapping[str, Any],
+    named: dict[str, str] | None = None,
 ) -> list[tuple[str, Decision]]:
     """The decisions the tool messages after the run's last user message carry for the
     waiting client tool calls (see :func:`_answers`): each message's text read by its
-    tool's output schema (:func:`~runtime.app.web.agui_input.structured_output`)."""
+    tool's output schema (:func:`~runtime.app.web.agui_input.structured_output`).
+    ``named`` is given the id the client sent for each call decided by another key.
+    Two tool messages answering one call (by its wire id and by its call id, or one id
+    twice) are a 409 ``already_answered`` naming the second as sent: the session was
+    asked to decide the call twice and named it by its stored id, which the client
+    never sent."""
+    named = {} if named is None else named
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
     # A waiting call is answered under its wire id (``<message id>.s<step>.<call id>``,
@@ -319,6 +336,7 @@ def _tool_answers(
         if isinstance(p, ToolCallPart)
     }
     out: list[tuple[str, Decision]] = []
+    sent: dict[str, str] = {}  # each call answered so far: the id it was answered by
     for message in effective[last_user + 1 :]:
         if message["role"] != "tool":
             continue
@@ -360,7 +378,18 @@ def _tool_answers(
             if _echoes(held.get(call.tool_call_id), decision):
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
-        out.append((_key(call), decision))
+        key = _key(call)
+        if key in sent:
+            raise AGUIError(
+                409,
+                f"tool call {call_id!r} was answered already in this run (by the tool "
+                f"message for {sent[key]!r}): answer each call once",
+                "already_answered",
+            )
+        sent[key] = call_id
+        if call_id != key:
+            named[key] = call_id
+        out.append((key, decision))
     return out
 
 
@@ -794,11 +823,11 @@ class AGUIRoutes:
         waiting = waiting_calls(stored)
         tools = self._tools(session_id)
         if _answer_chars(run) > OFF_LOOP_ANSWER_CHARS:  # (read and checked in a thread)
-            answers, ignored = await trio.to_thread.run_sync(
+            answers, ignored, named = await trio.to_thread.run_sync(
                 _answers, run, stored, waiting, tools, limiter=state.parse_limiter
             )
         else:
-            answers, ignored = _answers(run, stored, waiting, tools)
+            answers, ignored, named = _answers(run, stored, waiting, tools)
         metadata = {"axon": {"ignoredResume": ignored}} if ignored else None
         if not waiting:  # nothing waits (a replayed resume): the thread as it is
             return snapshot_response(run, self._current(session_id, stored), metadata)
@@ -813,16 +842,16 @@ class AGUIRoutes:
             "answered": [key for key, d in answers if d.approved is None],
         }
         if state.front is not None:
-            out = await self._decide_queued(session_id, stored, waiting, answers)
+            out = await self._decide_queued(session_id, stored, waiting, answers, named)
             agent = state.agent_for(session_id)
             return self._queued(run, out, agent, **metadata_and_answered)
         session = await state.session(session_id)
         tools = {t.name: t for t in session.agent.tools}
         limit = session.agent.budget.max_tool_result_chars  # (what session.decide bounds by)
-        checked = stored
         try:
-            for key, decision in answers:  # all checked first: a bad one records nothing
-                _, checked, _, _ = decide(checked, key, decision, tools, limit)
+            # all checked first, a bad one records nothing; each output and edit checked
+            # once (a large one in a thread), marked so the recording does not again
+            answers, _ = await checked_decisions(stored, answers, tools, limit)
             for key, decision in answers:
                 await session.decide(
                     key,
@@ -831,10 +860,11 @@ class AGUIRoutes:
                     error=decision.error,
                     edited_input=decision.edited_input,
                     output_checked=decision.output_checked,
+                    input_checked=decision.input_checked,
                     **({"output": decision.output} if decision.has_output else {}),
                 )
         except DecisionError as exc:
-            raise _decision_error(exc) from None
+            raise _decision_error(exc, named) from None
         except SessionBusy:  # another request resumed it meanwhile
             raise AGUIError(
                 409, f"thread {session_id!r} is running a run already", "thread_busy"
@@ -861,20 +891,21 @@ class AGUIRoutes:
         stored: tuple[Message, ...],
         waiting: Sequence[PendingCall],
         answers: Sequence[tuple[str, Decision]],
+        named: Mapping[str, str],
     ) -> QueuedTurnOutput:
-        """The run's answers recorded through the queue (all checked first: a bad one
-        records nothing), and the continuation they start, as the workers stream it."""
+        """The run's answers recorded through the queue (all checked first, each output
+        and edit once, a large one in a thread: a bad one records nothing), and the
+        continuation they start, as the workers stream it. ``named``: the ids the client
+        sent (:func:`_decision_error`)."""
         state = self.state
         front = state.front
         front.check_open()  # closing: 503, nothing recorded (its body came meanwhile)
         agent = state.agent_for(session_id)
         tools = {t.name: t for t in agent.tools}
         limit = agent.budget.max_tool_result_chars
-        checked = stored
         decided = []
         try:
-            for key, decision in answers:
-                _, checked, _, _ = decide(checked, key, decision, tools, limit)
+            answers, checked = await checked_decisions(stored, answers, tools, limit)
             for key, decision in answers:
                 decided.append(
                     await front.decide(
@@ -882,7 +913,7 @@ class AGUIRoutes:
                     )
                 )
         except DecisionError as exc:
-            raise _decision_error(exc) from None
+            raise _decision_error(exc, named) from None
         except ApiError as exc:  # (its Retry-After kept: a full queue's, a store's)
             raise AGUIError(
                 exc.status, exc.message, _CODES.get(exc.status), headers=exc.headers

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -146,7 +147,8 @@ def result_content(output: Any) -> str | list[dict[str, Any]]:
 def wire_call_id(message_id: str, step: int, tool_call_id: str) -> str:
     """The id a stored call goes by on the wire (``toolCallId`` of every event and
     message, ``pendingToolCallIds``, an interrupt's ``toolCallId``):
-    ``<assistant message id>.s<step>.<call id>``, the same live and in every snapshot.
+    ``<assistant message id>.s<step>.<call id>``, the same live and in every snapshot,
+    the message id written with its ``%`` and ``.`` escaped (:func:`_wire_message_id`).
 
     Why not the call id: it is unique in a turn at best (a provider numbering each
     response's calls ``call_0``, ``call_1``, ... repeats them in every turn), and
@@ -154,15 +156,53 @@ def wire_call_id(message_id: str, step: int, tool_call_id: str) -> str:
     turn's ``call_0`` renamed the first turn's call (its arguments appended to the old
     ones) and its own assistant message was never made. A client's answer naming it is
     mapped back to the stored call (:func:`thread_calls`); the call id alone is still
-    taken for a call of the turn that waits (a client holding an older snapshot)."""
-    return f"{message_id}.s{step}.{tool_call_id}"
+    taken for a call of the turn that waits (a client holding an older snapshot).
+
+    Why the escape: message ids may hold dots (``msg_<runId>``, the client's run id) and
+    so may call ids (a thread's seeded calls keep the client's ids; a sub-agent's passed-up
+    call is ``<call id>.<sub call id>``), and spelled plainly two calls had one wire id:
+    ``S.s0.p.s0.call_0`` is call ``p.s0.call_0`` of message ``S`` and call ``call_0`` of
+    message ``S.s0.p``, a run id a client can choose. With no dot in its message part a
+    wire id reads back to one call only (:func:`split_wire_id`); an id without ``.`` or
+    ``%`` (every id the runtime makes) is written as it is."""
+    return f"{_wire_message_id(message_id)}.s{step}.{tool_call_id}"
+
+
+def _wire_message_id(message_id: str) -> str:
+    """``message_id`` as a wire id's first part: ``%`` written ``%25`` and ``.`` ``%2E``,
+    so the part holds no dot and two message ids stay two."""
+    if "." not in message_id and "%" not in message_id:
+        return message_id
+    return message_id.replace("%", "%25").replace(".", "%2E")
+
+
+_ESCAPED = re.compile("%(25|2E)")
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    return "%" if match.group(1) == "25" else "."
+
+
+def split_wire_id(wire_id: str) -> tuple[str, int, str] | None:
+    """The ``(message id, step, call id)`` a wire id (:func:`wire_call_id`) stands for, or
+    ``None`` when ``wire_id`` is not one."""
+    head, dot, rest = wire_id.partition(".")
+    step, dot2, call_id = rest.partition(".")
+    if not (dot and dot2 and step[:1] == "s" and step[1:].isdigit() and step[1:].isascii()):
+        return None
+    if str(int(step[1:])) != step[1:]:  # (a step is written with no leading zero)
+        return None
+    message_id = _ESCAPED.sub(_unescaped, head) if "%" in head else head
+    if _wire_message_id(message_id) != head:  # (not as wire_call_id escapes it)
+        return None
+    return message_id, int(step[1:]), call_id
 
 
 def stored_call_id(message_id: str, wire_id: str) -> str:
     """The call id a tool call of assistant message ``message_id`` sent by a client
     stands for: ``wire_id`` with :func:`wire_call_id`'s ``<message id>.s<step>.`` taken
     off, or ``wire_id`` itself (a call id of an older snapshot, or a client's own)."""
-    head = f"{message_id}.s"
+    head = f"{_wire_message_id(message_id)}.s"
     if not message_id or not wire_id.startswith(head):
         return wire_id
     step, dot, rest = wire_id[len(head) :].partition(".")
@@ -1014,6 +1054,7 @@ __all__ = [
     "interrupt",
     "pending_wire_id",
     "result_content",
+    "split_wire_id",
     "sse",
     "stored_call_id",
     "thread_calls",

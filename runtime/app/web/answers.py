@@ -20,6 +20,7 @@ an approve POST then reads nothing, as ``session.respond`` does.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -35,6 +36,7 @@ from runtime.approval import (
     decide,
     large_output,
     pending_calls,
+    stored_output,
     waiting_calls,
 )
 from runtime.errors import (
@@ -355,6 +357,7 @@ async def record_answers(
             expected_version=expected_version,
             edited_input=decision.edited_input,
             output_checked=decision.output_checked,
+            input_checked=decision.input_checked,
             **({"output": decision.output} if decision.has_output else {}),
         )
         return recorded
@@ -412,6 +415,7 @@ def _checked(
     max_chars: int | None = None,
     *,
     outputs: bool = True,
+    cut: bool = False,
 ) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
     """The calls the stored turn waits for (:func:`_known`) and the body's answers to record
     (echoes of recorded ones left out), each checked against ``stored``: a body with a
@@ -420,9 +424,14 @@ def _checked(
     (:func:`~runtime.approval.decide`): checked here too, so a body whose second answer
     carries too long an edit records nothing, not its first answer alone.
 
-    A client tool's output checked here against its output schema is not checked
-    again as it is recorded (``Decision.output_checked``); ``outputs=False``: not
-    checked here either (the answers are then only good for telling a refusal)."""
+    A client tool's output checked here against its output schema, and an approval's
+    edited input checked here against its tool's, are not checked again as they are
+    recorded (``Decision.output_checked``, ``input_checked``: an edit was checked on
+    the loop twice, here and as it was recorded); ``outputs=False``: neither checked
+    here either (the answers are then only good for telling a refusal, which the
+    check of either would make the same on any read: the call's part holds the
+    tool's name and the model's input). ``cut``: each output carried as it is stored
+    (:func:`_check_all`)."""
     message = payload["messages"][-1]
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
@@ -435,18 +444,13 @@ def _checked(
         if given:  # each the recorded decision, come late (the loser of two at once)
             raise ApiError(409, "the answers were recorded already; nothing is recorded again")
         raise ApiError(400, "the assistant message answers no call the turn waits for")
-    if not outputs:
-        answers = [(key, _output_checked(d)) for key, d in answers]
-    try:
-        for key, decision in answers:  # all checked first: a bad one records nothing
-            _, stored, _, _ = decide(stored, key, decision, tools, max_chars)
+    if not outputs:  # (a refusal of either is the same on any read of the session)
+        answers = [(key, _marked(d)) for key, d in answers]
+    try:  # all checked first: a bad one records nothing
+        marked, _ = _check_all(stored, answers, tools, max_chars, cut)
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return _known(waiting), [(key, _output_checked(d)) for key, d in answers]
-
-
-def _output_checked(decision: Decision) -> Decision:
-    return attrs.evolve(decision, output_checked=True) if decision.has_output else decision
+    return _known(waiting), marked
 
 
 async def _checked_off_loop(
@@ -458,12 +462,71 @@ async def _checked_off_loop(
 ) -> tuple[dict[str, Any], list[tuple[str, Decision]]]:
     """:func:`_checked`, in a worker thread when the body's message is large
     (:func:`~runtime.approval.large_output`): its outputs' checks against their tools'
-    schemas (400,000 rows: 7.4 s) would hold the event loop every session streams on."""
+    schemas (400,000 rows: 7.4 s) would hold the event loop every session streams on,
+    and so would writing them out to be stored (done there too: ``cut``,
+    :func:`_check_all`)."""
     if large_output(payload["messages"][-1]):
+        checked = partial(_checked, cut=True)
         return await trio.to_thread.run_sync(
-            _checked, stored, payload, tools, signer, max_chars, limiter=off_loop_limiter()
+            checked, stored, payload, tools, signer, max_chars, limiter=off_loop_limiter()
         )
     return _checked(stored, payload, tools, signer, max_chars)
+
+
+def _check_all(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+    cut: bool = False,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """Each decision made on ``stored`` in turn (a :class:`DecisionError` for one that
+    cannot be): the decisions, a client tool's output and an edited input marked checked
+    (``Decision.output_checked``, ``input_checked``: the recording does not check them
+    again), and the messages they leave. ``cut``: each output carried in the form it is
+    stored in (:func:`~runtime.approval.stored_output`), made here (a worker thread),
+    not written out again as it is recorded (on the loop)."""
+    marked = []
+    for key, decision in answers:
+        _, stored, call, _ = decide(stored, key, decision, tools, max_chars)
+        marked.append((key, _marked(decision, call if cut else None, max_chars)))
+    return marked, stored
+
+
+def _marked(
+    decision: Decision, call: PendingCall | None = None, max_chars: int | None = None
+) -> Decision:
+    """``decision`` as checked: its output or edit (plain JSON, from the message) not
+    checked again; given the ``call`` it decided, its output as it is stored."""
+    output = decision.output
+    if call is not None and decision.has_output and decision.error is None:
+        output = stored_output(call, output, max_chars, as_json=decision.output_checked)
+    return attrs.evolve(
+        decision,
+        output=output,
+        output_checked=decision.has_output,
+        input_checked=decision.edited_input is not None,
+    )
+
+
+async def checked_decisions(
+    stored: Sequence[Message],
+    answers: Sequence[tuple[str, Decision]],
+    tools: Any,
+    max_chars: int | None,
+) -> tuple[list[tuple[str, Decision]], Sequence[Message]]:
+    """:func:`_check_all`, in a worker thread (the shared ``off_loop_limiter``) when an
+    output or edited input is large (:func:`~runtime.approval.large_output`): a client
+    tool's output checked against its schema (20,000 rows: 2 s loaded) would hold the
+    event loop every session streams on, and so would writing it out to be stored
+    (done there too: ``cut``). The checks read only ``stored``, the decisions and the
+    tools' validators, which nothing changes meanwhile."""
+    given = [d.output if d.has_output else d.edited_input for _, d in answers]
+    if large_output(given):
+        return await trio.to_thread.run_sync(
+            _check_all, stored, answers, tools, max_chars, True, limiter=off_loop_limiter()
+        )
+    return _check_all(stored, answers, tools, max_chars)
 
 
 async def record_all(
@@ -524,7 +587,7 @@ def answers_refused(
     """Whether :func:`check_and_record_on` would refuse the body's answers on
     ``stored_record`` (an :class:`ApiError`), recording nothing."""
     stored = stored_record.messages if stored_record is not None else ()
-    try:  # (outputs unchecked: a refusal of one is the same on any read of the session)
+    try:  # (outputs and edits unchecked: a refusal of one is the same on any read)
         _checked(stored, payload, tools, signer, max_chars, outputs=False)
     except ApiError:
         return True
@@ -588,6 +651,7 @@ __all__ = [
     "awaited_calls",
     "check_and_record",
     "check_and_record_on",
+    "checked_decisions",
     "is_continuation",
     "pending_in",
     "record_all",
