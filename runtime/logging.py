@@ -35,7 +35,7 @@ from typing import Any, TextIO
 import structlog
 
 from runtime.errors import describe_exception
-from runtime.redact import redact, redact_processor, redact_text, redacted_str
+from runtime.redact import redact, redact_processor, redact_text, redact_urls, redacted_str
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -75,6 +75,7 @@ def configure_logging(
     )
     _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
     quiet_mcp_client_logs()
+    quiet_http_client_logs()
 
 
 MCP_CLIENT_LOGGERS = (
@@ -172,6 +173,48 @@ def quiet_mcp_client_logs() -> None:
         logger = logging.getLogger(name)
         if MCP_CLIENT_LINES not in logger.filters:
             logger.addFilter(MCP_CLIENT_LINES)
+
+
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2")
+"""The stdlib loggers of the HTTP clients the SDKs, the MCP and A2A clients send with
+(``httpx2`` under the OpenAI and Anthropic SDKs, ``httpx`` or ``httpx2`` under Gemini's,
+MCP's, A2A's): each logs an ``INFO`` line a request, ``HTTP Request: POST URL "HTTP/1.1
+200 OK"``, with the URL whole."""
+
+
+class HTTPClientLines(logging.Filter):
+    """The request lines of the HTTP clients (:data:`HTTP_CLIENT_LOGGERS`) with the
+    credentials of their URLs redacted (:func:`runtime.redact.redact_urls`): a
+    ``base_url`` of ``https://user:PW@proxy/v1``, a key in its query (Azure's
+    ``?api-key=``, Gemini's ``?key=``, a proxy's ``?token=``), an MCP server's URL
+    with a token, as the package wrote them, went to an application's root handler at
+    ``INFO`` (``logging.basicConfig(level=logging.INFO)``: a line a model call). The
+    record is changed in place, before any handler sees it; the method, the host, the
+    path and the status stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # (arguments that do not fit the format: the format alone)
+            text = str(record.msg)
+        clean = redact_urls(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return True
+
+
+HTTP_CLIENT_LINES = HTTPClientLines()
+
+
+def quiet_http_client_logs() -> None:
+    """Put :data:`HTTP_CLIENT_LINES` on each of :data:`HTTP_CLIENT_LOGGERS` (once):
+    :func:`configure_logging` does, and so do the providers as they build their client
+    and the MCP and A2A clients as they start (an application that configures its own
+    logging)."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if HTTP_CLIENT_LINES not in logger.filters:
+            logger.addFilter(HTTP_CLIENT_LINES)
 
 
 _BROKEN = (BrokenPipeError, ConnectionResetError)

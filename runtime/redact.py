@@ -371,6 +371,24 @@ def redact_url(url: str) -> str:
     return redact_text("".join(out))
 
 
+_URL_IN_TEXT = r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+"
+"""A ``scheme://`` URL inside a text, up to a space, a quote or an angle bracket
+(compiled on first use, as :data:`_URL_HEAD`)."""
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with each ``scheme://`` URL in it redacted as :func:`redact_url` does
+    (its user info's password, its query's credential-named values), then whatever
+    :func:`redact_text` hides: a log line of an HTTP client (``HTTP Request: POST
+    https://user:PW@host/v1?key=...``), a driver's error that quotes a DSN. The rest
+    of the URL (scheme, user, host, port, path, other parameters) stays readable."""
+    if not isinstance(text, str):
+        return text
+    if "://" in text:
+        text = re.compile(_URL_IN_TEXT).sub(lambda match: redact_url(match.group()), text)
+    return redact_text(text)
+
+
 def register_url_secrets(url: str) -> None:
     """Register the credentials ``url`` carries (:func:`register_secret`, as written and
     percent-decoded), so that they are redacted wherever they turn up later: in a

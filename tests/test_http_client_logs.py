@@ -1,0 +1,100 @@
+"""The credentials of a provider's URL reach no log, stream or store: the HTTP clients'
+request lines (``httpx``/``httpx2``: ``HTTP Request: POST URL "HTTP/1.1 200 OK"``, at
+``INFO``, an application's root handler sees them) have their URLs redacted
+(:class:`runtime.logging.HTTPClientLines`), and a base URL's password and query keys
+are registered secrets, so a server's error that echoes them is redacted like the key.
+benchmarks/journal/pipeline.md ("logs2")."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import httpx
+import pytest
+
+from actors.providers import OpenAIProvider
+from runtime import Agent, Host
+from runtime.app.web.ui_stream import encode_turn, sse
+from runtime.logging import HTTP_CLIENT_LOGGERS, configure_logging, quiet_http_client_logs
+from tests.support.loopback import Reply, loopback_server
+from tests.test_provider_e2e import oa_answer
+
+PASSWORD = "pw-of-the-proxy-4821"
+"""The password of the base URL's user info (no key shape: only a filter hides it)."""
+QUERY_KEY = "azure-ish-query-key-7730"
+"""The value of the base URL's ``?api-key=`` and ``?key=`` (Azure's, Gemini's way)."""
+KEY = "plain-api-key-of-no-shape-5566"
+"""The provider's key, of no known shape (registered, as every provider's key is)."""
+
+
+@pytest.fixture
+def logs(caplog):
+    """Axon's log at ``debug``, and an application's root handler at ``DEBUG``."""
+    caplog.set_level(logging.DEBUG)
+    stream = io.StringIO()
+    configure_logging("debug", stream=stream)
+    try:
+        yield stream, caplog
+    finally:
+        configure_logging("warning")
+
+
+def _unsaid(*texts: str | bytes) -> None:
+    for text in texts:
+        blob = text if isinstance(text, bytes) else text.encode()
+        for secret in (PASSWORD, QUERY_KEY, KEY):
+            assert secret.encode() not in blob, secret
+
+
+@pytest.mark.parametrize("status", [200, 401])
+async def test_a_base_urls_credentials_reach_no_log_stream_or_store(logs, tmp_path, status):
+    stream, caplog = logs
+    echo = f"Incorrect API key provided: {KEY} (user {PASSWORD}, query {QUERY_KEY})"
+    body = json.dumps({"error": {"message": echo, "type": "invalid_request_error"}})
+    reply = (
+        Reply(body=oa_answer("hello"))
+        if status == 200
+        else Reply(body=body.encode(), status=401, content_type="application/json")
+    )
+    store = tmp_path / "sessions.db"
+    async with loopback_server(reply) as server:
+        home = server.url.replace("http://", f"http://proxy-user:{PASSWORD}@")
+        url = f"{home}/v1?api-key={QUERY_KEY}&key={QUERY_KEY}"
+        agent = Agent(provider=OpenAIProvider("m", base_url=url, api_key=KEY))
+        async with Host.open(store=str(store)) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    [sent] = server.requests
+    assert QUERY_KEY in sent.path  # the real client did send them
+    if status == 401:
+        assert out.result.error is not None
+        assert out.result.error.message == (
+            "Incorrect API key provided: [redacted] (user [redacted], query [redacted])"
+        )
+    else:
+        assert out.result.text == "hello"
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved)
+    # the request's line is still there, and says what it did
+    [line] = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
+    assert line.startswith("HTTP Request: POST http://proxy-user:[redacted]@127.0.0.1:")
+    assert "api-key=[redacted]" in line and f'"HTTP/1.1 {status} ' in line
+
+
+async def test_an_httpx_request_line_keeps_all_but_its_credentials(caplog):
+    """``httpx`` itself (MCP's, A2A's, Gemini's client): a URL's password and its
+    credential-named parameters redacted, its path and other parameters kept."""
+    quiet_http_client_logs()
+    caplog.set_level(logging.INFO)
+    async with loopback_server(Reply(body=b"{}", content_type="application/json")) as server:
+        home = server.url.replace("http://", f"http://someone:{PASSWORD}@")
+        async with httpx.AsyncClient() as client:
+            await client.get(f"{home}/v1beta/models?key={QUERY_KEY}&alt=sse&token={KEY}")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert line.startswith("HTTP Request: GET http://someone:[redacted]@127.0.0.1:")
+    assert line.endswith('/v1beta/models?key=[redacted]&alt=sse&token=[redacted] "HTTP/1.1 200 "')
+    _unsaid(caplog.text)
