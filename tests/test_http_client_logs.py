@@ -14,11 +14,13 @@ import logging
 import httpx
 import pytest
 
+from actors.mcp import MCPServer
 from actors.providers import OpenAIProvider
 from runtime import Agent, Host
 from runtime.app.web.ui_stream import encode_turn, sse
 from runtime.logging import HTTP_CLIENT_LOGGERS, configure_logging, quiet_http_client_logs
-from tests.support.loopback import Reply, loopback_server
+from tests.support.loopback import Recorded, Reply, loopback_server
+from tests.test_mcp_attacks import ForgetfulServer, calling
 from tests.test_provider_e2e import oa_answer
 
 PASSWORD = "pw-of-the-proxy-4821"
@@ -98,3 +100,40 @@ async def test_an_httpx_request_line_keeps_all_but_its_credentials(caplog):
     assert line.startswith("HTTP Request: GET http://someone:[redacted]@127.0.0.1:")
     assert line.endswith('/v1beta/models?key=[redacted]&alt=sse&token=[redacted] "HTTP/1.1 200 "')
     _unsaid(caplog.text)
+
+
+class QuotingServer(ForgetfulServer):
+    """A streamable HTTP MCP server whose tool answers a JSON-RPC error quoting the URL
+    it was called at (its ``?token=``) and the password it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        error = {"code": -32000, "message": f"no access for {PASSWORD} at {request.path}"}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
+        return Reply(body=body.encode(), content_type="application/json")
+
+
+async def test_an_mcp_servers_url_credentials_are_secrets(logs, tmp_path):
+    stream, caplog = logs
+    async with loopback_server(respond=QuotingServer()) as web:
+        home = web.url.replace("http://", f"http://someone:{PASSWORD}@")
+        server = MCPServer.http(f"{home}/mcp?token={QUERY_KEY}", name="web")
+        agent = Agent(provider=calling(("echo", {"text": "x"})), tools=[server])
+        async with Host.open(store=str(tmp_path / "sessions.db")) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    [echo] = [m for m in session.messages if m.role == "tool"]
+    assert echo.error is not None
+    assert echo.error.endswith("no access for [redacted] at /mcp?token=[redacted]")
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved)
+    lines = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
+    assert lines and all("/mcp?token=[redacted]" in line for line in lines)

@@ -54,6 +54,7 @@ from runtime.output import (
     TextStart,
     Throttled,
 )
+from runtime.logging import quiet_http_client_logs
 from runtime.redact import (
     is_secret_key,
     redact_text,
@@ -465,6 +466,7 @@ class A2AAgent:
         # remote agent's error text that quotes them, which the parent model reads)
         register_secret(token)
         register_url_secrets(self.url)
+        quiet_http_client_logs()  # its request lines' URLs (an application's own logging)
         for key, value in (headers or {}).items():
             if is_secret_key(key):
                 register_secret(value)
