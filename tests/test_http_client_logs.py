@@ -43,10 +43,17 @@ def logs(caplog):
         configure_logging("warning")
 
 
-def _unsaid(*texts: str | bytes) -> None:
+MCP_PASSWORD = "pw-of-the-mcp-server-1093"
+MCP_TOKEN = "token-in-the-mcp-url-2208"
+"""An MCP server URL's (each secret here is registered by the test that uses it, for the
+process: the tests' values differ so that none passes by another's registration)."""
+MCP_SECRETS = (MCP_PASSWORD, MCP_TOKEN)
+
+
+def _unsaid(*texts: str | bytes, secrets: tuple[str, ...] = (PASSWORD, QUERY_KEY, KEY)) -> None:
     for text in texts:
         blob = text if isinstance(text, bytes) else text.encode()
-        for secret in (PASSWORD, QUERY_KEY, KEY):
+        for secret in secrets:
             assert secret.encode() not in blob, secret
 
 
@@ -114,7 +121,7 @@ class QuotingServer(ForgetfulServer):
         message = json.loads(request.body) if request.method == "POST" else {}
         if message.get("method") != "tools/call":
             return super().__call__(request)
-        error = {"code": -32000, "message": f"no access for {PASSWORD} at {request.path}"}
+        error = {"code": -32000, "message": f"no access for {MCP_PASSWORD} at {request.path}"}
         body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
         return Reply(body=body.encode(), content_type="application/json")
 
@@ -122,8 +129,8 @@ class QuotingServer(ForgetfulServer):
 async def test_an_mcp_servers_url_credentials_are_secrets(logs, tmp_path):
     stream, caplog = logs
     async with loopback_server(respond=QuotingServer()) as web:
-        home = web.url.replace("http://", f"http://someone:{PASSWORD}@")
-        server = MCPServer.http(f"{home}/mcp?token={QUERY_KEY}", name="web")
+        home = web.url.replace("http://", f"http://someone:{MCP_PASSWORD}@")
+        server = MCPServer.http(f"{home}/mcp?token={MCP_TOKEN}", name="web")
         agent = Agent(provider=calling(("echo", {"text": "x"})), tools=[server])
         async with Host.open(store=str(tmp_path / "sessions.db")) as host:
             session = await host.open_session(agent)
@@ -134,6 +141,6 @@ async def test_an_mcp_servers_url_credentials_are_secrets(logs, tmp_path):
     assert echo.error.endswith("no access for [redacted] at /mcp?token=[redacted]")
     ui = b"".join(sse(c) for c in encode_turn(chunks))
     saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
-    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved)
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved, secrets=MCP_SECRETS)
     lines = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
     assert lines and all("/mcp?token=[redacted]" in line for line in lines)
