@@ -771,6 +771,10 @@ class MCPServerActor(Actor):
                 if tool is not None and tool.output_validator is not None:
                     await self._check_output(tool, result)
                 outcome = tool_output(tool.output_schema if tool else None, result)
+                if isinstance(outcome, MCPToolError) and self._secrets:
+                    # (an error result's text, as a JSON-RPC error's: a server that echoes
+                    # the token it was given went to the model, the store and the log)
+                    outcome = MCPToolError(_scrub(outcome.message, self._secrets))
             if request.cancel_scope.cancelled_caught:  # the caller left: nobody to answer
                 self._in_flight.discard(request)
                 return

@@ -10,15 +10,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 
 import httpx
 import pytest
 
 from actors.mcp import MCPServer
 from actors.providers import OpenAIProvider
-from runtime import Agent, Host
+from runtime import Agent, Host, tool
 from runtime.app.web.ui_stream import encode_turn, sse
 from runtime.logging import HTTP_CLIENT_LOGGERS, configure_logging, quiet_http_client_logs
+from runtime.redact import is_secret_env_name, redact_text, register_env_secrets
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.test_mcp_attacks import ForgetfulServer, calling
 from tests.test_provider_e2e import oa_answer
@@ -144,3 +146,95 @@ async def test_an_mcp_servers_url_credentials_are_secrets(logs, tmp_path):
     _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved, secrets=MCP_SECRETS)
     lines = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
     assert lines and all("/mcp?token=[redacted]" in line for line in lines)
+
+
+SERVICE_TOKEN = "service-token-from-the-env-3141"
+"""A tool's own credential, from the environment, of no key shape."""
+DSN_PASSWORD = "password-of-the-dsn-2718"
+HEADER_TOKEN = "header-token-of-no-shape-1618"
+
+
+@tool
+async def call_service(what: str) -> str:
+    """Call a service with the token of the environment."""
+    raise RuntimeError(f"the service refused {what} with token {os.environ['BILLING_API_TOKEN']}")
+
+
+@tool
+async def query(sql: str) -> str:
+    """Run a query."""
+    raise ConnectionError(f"could not connect to postgresql://app:{DSN_PASSWORD}@db:5432/app")
+
+
+class EchoingErrorServer(QuotingServer):
+    """Its tool answers an error result (``isError``) quoting the header it was sent."""
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        said = f"unauthorized: {request.headers['authorization']}"
+        result = {"content": [{"type": "text", "text": said}], "isError": True}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        return Reply(body=body.encode(), content_type="application/json")
+
+
+async def test_a_tools_error_quoting_an_env_token_a_dsn_or_a_header_is_redacted(
+    logs, tmp_path, monkeypatch
+):
+    """Error texts are redacted where they are made: a token from the environment (no
+    key shape; the host registers what variables named like credentials hold), a DSN's
+    password, an MCP server's error result echoing the header it was given."""
+    monkeypatch.setenv("BILLING_API_TOKEN", SERVICE_TOKEN)
+    stream, caplog = logs
+    secrets = (SERVICE_TOKEN, DSN_PASSWORD, HEADER_TOKEN)
+    async with loopback_server(respond=EchoingErrorServer()) as web:
+        server = MCPServer.http(
+            f"{web.url}/mcp", name="web", headers={"Authorization": f"Token {HEADER_TOKEN}"}
+        )
+        provider = calling(("call_service", {"what": "x"}), ("query", {"sql": "1"}), ("echo", {}))
+        agent = Agent(provider=provider, tools=[call_service, query, server])
+        async with Host.open(store=str(tmp_path / "sessions.db")) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    errors = {m.tool_name: m.error for m in session.messages if m.role == "tool"}
+    # ("Token [redacted]" or "[redacted]": the header's value or its token word first)
+    errors["echo"] = errors["echo"].replace("Token [redacted]", "[redacted]")
+    assert errors == {
+        "call_service": "tool call_service raised RuntimeError: the service refused x with "
+        "token [redacted]",
+        "query": "tool query raised ConnectionError: could not connect to "
+        "postgresql://app:[redacted]@db:5432/app",
+        "echo": "tool echo raised MCPToolError: unauthorized: [redacted]",
+    }
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    told = repr(list(provider.requests))  # what the model was told: the same texts
+    assert "token [redacted]" in told
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved, told, secrets=secrets)
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("OPENAI_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("github_pat", False),
+        ("PWD", False),  # the working directory
+        ("SSL_KEY_FILE", False),  # a path
+        ("TOKENIZERS_PARALLELISM", False),
+        ("KEYBOARD", False),
+    ],
+)
+def test_an_environment_variable_is_a_secret_by_the_words_of_its_name(name, secret):
+    assert is_secret_env_name(name) is secret
+
+
+def test_an_environment_urls_credentials_are_registered():
+    password = "password-of-database-url-1414"
+    register_env_secrets({"DATABASE_URL": f"postgresql://app:{password}@db/app", "PWD": "/srv/a"})
+    assert redact_text(f"authentication failed: {password}") == "authentication failed: [redacted]"
+    assert redact_text("/srv/a/b") == "/srv/a/b"
