@@ -420,9 +420,10 @@ def _const_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
 
 def _names_counted(keyword: Callable[..., Any], of_instance: bool | str) -> Callable[..., Any]:
     """A keyword that loops over names without a step for each: the schema's
-    (``properties``, ``required``, ``dependentRequired`` and its arrays, ``dependentSchemas``) or the
-    value's (``of_instance``: ``additionalProperties``, ``unevaluatedProperties``,
-    ``unevaluatedItems``, ``contains``), a step per :data:`BYTES_PER_STEP` of them."""
+    (``properties``, ``required``, ``dependentRequired`` and its arrays,
+    ``dependentSchemas``) or the value's (``of_instance``: ``additionalProperties``,
+    ``unevaluatedProperties``, ``unevaluatedItems``, ``contains``), a step per
+    :data:`BYTES_PER_STEP` of them."""
 
     def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
         if of_instance == "arrays":  # the names, and those of each array under them

@@ -39,6 +39,7 @@ from runtime.budget import OutputAccount
 from runtime.chunks import Usage
 from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
+from runtime.logging import quiet_http_client_logs
 from runtime.output import (
     Abort,
     BudgetWait,
@@ -54,7 +55,6 @@ from runtime.output import (
     TextStart,
     Throttled,
 )
-from runtime.logging import quiet_http_client_logs
 from runtime.redact import (
     is_secret_key,
     redact_text,

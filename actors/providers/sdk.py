@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 from actors.providers.failures import stay_home
 from runtime import errors
 from runtime.history import ForeignReasoning
+from runtime.logging import quiet_http_client_logs
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
-from runtime.logging import quiet_http_client_logs
 from runtime.redact import register_secret, register_url_secrets
 
 SDK_BASE_MODULES = frozenset({"openai._base_client", "anthropic._base_client"})
