@@ -54,8 +54,8 @@ from runtime.extras import require_mcp
 from runtime.history import off_loop_limiter
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
-from runtime.logging import get_logger, quiet_mcp_client_logs
-from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
+from runtime.logging import get_logger, quiet_http_client_logs, quiet_mcp_client_logs
+from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact, register_url_secrets
 from runtime.tools import (
     LISTING_UNITS,
     TOOL_NAME,
@@ -520,6 +520,11 @@ class MCPServerActor(Actor):
         self._secrets = tuple({part for v in values for part in (v, *v.split())})
         """What no error may quote: the values of the server's env and headers, and
         their words (the token after ``Bearer``)."""
+        if config.url is not None:
+            # its URL's password and ``?token=``: secrets wherever they turn up (a server's
+            # error that quotes the URL it was called at went to the model, the stored
+            # tool result, the stream and the log as it was)
+            register_url_secrets(config.url)
 
     # -- what sessions call ----------------------------------------------------------
 
@@ -590,6 +595,7 @@ class MCPServerActor(Actor):
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
         quiet_mcp_client_logs()  # (an application may never call configure_logging)
+        quiet_http_client_logs()
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
@@ -765,6 +771,10 @@ class MCPServerActor(Actor):
                 if tool is not None and tool.output_validator is not None:
                     await self._check_output(tool, result)
                 outcome = tool_output(tool.output_schema if tool else None, result)
+                if isinstance(outcome, MCPToolError) and self._secrets:
+                    # (an error result's text, as a JSON-RPC error's: a server that echoes
+                    # the token it was given went to the model, the store and the log)
+                    outcome = MCPToolError(_scrub(outcome.message, self._secrets))
             if request.cancel_scope.cancelled_caught:  # the caller left: nobody to answer
                 self._in_flight.discard(request)
                 return

@@ -29,7 +29,7 @@ from runtime.inbox import MAX_BATCH, MAX_RUN, Batch, Batcher, Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk, TurnResult
 from runtime.provider import InferRequest, StreamFailed
-from runtime.redact import redact_text
+from runtime.redact import redact_urls
 from runtime.store import SessionRecord
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class ToolOutcome:
     tool_call_id: str
     tool_name: str
     output: Any = None
-    error: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact_text))
+    error: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact_urls))
     """Redacted here, so the model, the stream and the store get the same clean text."""
     duration: float = 0.0
     usage: Usage | None = None

@@ -6,16 +6,17 @@ whether it is ``retryable`` and, where the provider said so, ``retry_after`` sec
 The ``error`` output chunk carries the class name as ``kind``. A content filter that stops
 a response is not an error here: it is the step's finish reason ``content-filter``.
 
-Messages are redacted when the error is made (:func:`runtime.redact.redact_text`): a
-provider's 401 that quotes the key must not carry it into a log line, a traceback or an
-HTTP response, wherever the exception ends up.
+Messages are redacted when the error is made (:func:`runtime.redact.redact_urls`: what
+:func:`~runtime.redact.redact_text` hides, and the credentials of any URL quoted, a
+driver's DSN): a provider's 401 that quotes the key must not carry it into a log line, a
+traceback or an HTTP response, wherever the exception ends up.
 """
 
 from __future__ import annotations
 
 from typing import NoReturn
 
-from runtime.redact import redact_text
+from runtime.redact import redact_urls
 
 
 def exception_text(exc: BaseException) -> str:
@@ -43,17 +44,17 @@ def exception_message(exc: BaseException) -> str:
     :func:`describe_exception` (``boom (2 sub-exceptions): ValueError: a; KeyError:
     'b'``), since a group's own text (``"unhandled errors in a TaskGroup (1
     sub-exception)"``) says nothing of what failed. Redacted
-    (:func:`runtime.redact.redact_text`): a sub-exception's text (a provider's 401 quoting
+    (:func:`runtime.redact.redact_urls`): a sub-exception's text (a provider's 401 quoting
     the key) reaches every caller, the ones that show it as it is (a crash message, the
     CLI) too."""
-    return redact_text(_message(exc, 0))
+    return redact_urls(_message(exc, 0))
 
 
 def describe_exception(exc: BaseException) -> str:
     """``TypeName: message`` of an exception (:func:`exception_message`: a group's
     sub-exceptions named, redacted), never raising; an exception with no text is its bare
     ``TypeName`` (``GeneratorExit``, not ``"GeneratorExit: "``)."""
-    return redact_text(_described(exc, 0))
+    return redact_urls(_described(exc, 0))
 
 
 def _message(exc: BaseException, depth: int) -> str:
@@ -80,7 +81,7 @@ class AxonError(Exception):
     retryable: bool = False
 
     def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
-        message = redact_text(message)
+        message = redact_urls(message)
         super().__init__(message)
         self.message = message
         if retryable is not None:

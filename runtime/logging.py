@@ -35,7 +35,7 @@ from typing import Any, TextIO
 import structlog
 
 from runtime.errors import describe_exception
-from runtime.redact import redact, redact_processor, redact_text, redacted_str
+from runtime.redact import redact, redact_processor, redact_text, redact_urls, redacted_str
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -75,6 +75,8 @@ def configure_logging(
     )
     _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
     quiet_mcp_client_logs()
+    quiet_mcp_server_logs()
+    quiet_http_client_logs()
 
 
 MCP_CLIENT_LOGGERS = (
@@ -172,6 +174,129 @@ def quiet_mcp_client_logs() -> None:
         logger = logging.getLogger(name)
         if MCP_CLIENT_LINES not in logger.filters:
             logger.addFilter(MCP_CLIENT_LINES)
+
+
+MCP_SERVER_LOGGERS = (
+    "mcp.server._streamable_http_modern",
+    "mcp.server.auth.handlers.authorize",
+    "mcp.server.auth.middleware.bearer_auth",
+    "mcp.server.connection",
+    "mcp.server.context",
+    "mcp.server.lowlevel.server",
+    "mcp.server.mcpserver.prompts.manager",
+    "mcp.server.mcpserver.resolve",
+    "mcp.server.mcpserver.resources.resource_manager",
+    "mcp.server.mcpserver.server",
+    "mcp.server.mcpserver.tools.tool_manager",
+    "mcp.server.mcpserver.utilities.func_metadata",
+    "mcp.server.request_state",
+    "mcp.server.runner",
+    "mcp.server.session",
+    "mcp.server.sse",
+    "mcp.server.streamable_http",
+    "mcp.server.streamable_http_manager",
+    "mcp.server.subscriptions",
+    "mcp.server.transport_security",
+)
+"""The stdlib loggers of the ``mcp`` package's server side (each module's: a filter on a
+logger sees only its own records), whose records :class:`MCPServerLines` keeps to
+Axon's terms when Axon serves an agent over MCP (``serve --protocols mcp``,
+``mcp-server``); its dispatcher's (``mcp.shared.*``) are :data:`MCP_CLIENT_LOGGERS`."""
+
+
+class MCPServerLines(MCPClientLines):
+    """What the ``mcp`` package's server logs (:data:`MCP_SERVER_LOGGERS`), as
+    :class:`MCPClientLines` keeps its client's, changed in place before any handler
+    (an application's root handler too) sees it:
+
+    * Below ``WARNING``: dropped. Its info lines name each session's id as it is made
+      and ended (``Created new transport with session ID: ...``: the bearer of the
+      session, which a client's requests carry), and the id a client sent that it does
+      not know (text of the client's choosing); its debug lines a frame received before
+      the first request whole (``%r``: a call's arguments, the user's prompt).
+    * ``WARNING`` and above: its text one line of at most :data:`MCP_LINE_CHARS`
+      characters, key shapes redacted; its traceback kept (an Axon handler's failure is
+      worth its frames), redacted as a whole (its exception's text may quote what the
+      client sent).
+    * A record Axon's own filter rewrote in its own words (``axon_said``: the transport's
+      race with a session's ``DELETE``, ``runtime.app.web.mcp_endpoint``) passes as
+      it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "axon_said", False):
+            return True
+        if record.levelno < logging.WARNING:
+            return False
+        try:
+            text = record.getMessage()
+        except Exception:  # (arguments that do not fit the format: the format alone)
+            text = str(record.msg)
+        text = redact_text(text)
+        if len(text) > MCP_LINE_CHARS:
+            text = f"{text[:MCP_LINE_CHARS]}... ({len(text) - MCP_LINE_CHARS} characters more)"
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            said = traceback.format_exception(*record.exc_info)
+            record.exc_text = redact_text("".join(said).rstrip("\n"))
+        record.msg, record.args = text, ()
+        record.stack_info = None
+        return True
+
+
+MCP_SERVER_LINES = MCPServerLines()
+
+
+def quiet_mcp_server_logs() -> None:
+    """Put :data:`MCP_SERVER_LINES` on each of :data:`MCP_SERVER_LOGGERS` (once), and
+    :data:`MCP_CLIENT_LINES` on the dispatchers both sides share:
+    :func:`configure_logging` does, and so do ``serve``'s ``/mcp`` endpoint and
+    ``mcp-server`` as they start (an application that configures its own logging)."""
+    quiet_mcp_client_logs()
+    for name in MCP_SERVER_LOGGERS:
+        logger = logging.getLogger(name)
+        if MCP_SERVER_LINES not in logger.filters:
+            logger.addFilter(MCP_SERVER_LINES)
+
+
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2")
+"""The stdlib loggers of the HTTP clients the SDKs, the MCP and A2A clients send with
+(``httpx2`` under the OpenAI and Anthropic SDKs, ``httpx`` or ``httpx2`` under Gemini's,
+MCP's, A2A's): each logs an ``INFO`` line a request, ``HTTP Request: POST URL "HTTP/1.1
+200 OK"``, with the URL whole."""
+
+
+class HTTPClientLines(logging.Filter):
+    """The request lines of the HTTP clients (:data:`HTTP_CLIENT_LOGGERS`) with the
+    credentials of their URLs redacted (:func:`runtime.redact.redact_urls`): a
+    ``base_url`` of ``https://user:PW@proxy/v1``, a key in its query (Azure's
+    ``?api-key=``, Gemini's ``?key=``, a proxy's ``?token=``), an MCP server's URL
+    with a token, as the package wrote them, went to an application's root handler at
+    ``INFO`` (``logging.basicConfig(level=logging.INFO)``: a line a model call). The
+    record is changed in place, before any handler sees it; the method, the host, the
+    path and the status stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # (arguments that do not fit the format: the format alone)
+            text = str(record.msg)
+        clean = redact_urls(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return True
+
+
+HTTP_CLIENT_LINES = HTTPClientLines()
+
+
+def quiet_http_client_logs() -> None:
+    """Put :data:`HTTP_CLIENT_LINES` on each of :data:`HTTP_CLIENT_LOGGERS` (once):
+    :func:`configure_logging` does, and so do the providers as they build their client
+    and the MCP and A2A clients as they start (an application that configures its own
+    logging)."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if HTTP_CLIENT_LINES not in logger.filters:
+            logger.addFilter(HTTP_CLIENT_LINES)
 
 
 _BROKEN = (BrokenPipeError, ConnectionResetError)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform
 import attrs
 
 from runtime.chunks import Usage, _eq, _hash, _repr
-from runtime.redact import redact_text
+from runtime.redact import redact_urls
 
 if TYPE_CHECKING:
     from runtime.messages import Message  # messages imports ErrorInfo from here
@@ -49,7 +49,7 @@ class ErrorInfo:
 
     kind: str
     """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
-    message: str = attrs.field(converter=redact_text)
+    message: str = attrs.field(converter=redact_urls)
     """What went wrong, with credentials replaced by ``[redacted]``."""
     retryable: bool = False
 

@@ -29,6 +29,7 @@ A URL that may carry credentials (``--store``, ``--redis``) is printed and logge
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 import urllib.parse
@@ -371,6 +372,24 @@ def redact_url(url: str) -> str:
     return redact_text("".join(out))
 
 
+_URL_IN_TEXT = r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+"
+"""A ``scheme://`` URL inside a text, up to a space, a quote or an angle bracket
+(compiled on first use, as :data:`_URL_HEAD`)."""
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with each ``scheme://`` URL in it redacted as :func:`redact_url` does
+    (its user info's password, its query's credential-named values), then whatever
+    :func:`redact_text` hides: a log line of an HTTP client (``HTTP Request: POST
+    https://user:PW@host/v1?key=...``), a driver's error that quotes a DSN. The rest
+    of the URL (scheme, user, host, port, path, other parameters) stays readable."""
+    if not isinstance(text, str):
+        return text
+    if "://" in text:
+        text = re.compile(_URL_IN_TEXT).sub(lambda match: redact_url(match.group()), text)
+    return redact_text(text)
+
+
 def register_url_secrets(url: str) -> None:
     """Register the credentials ``url`` carries (:func:`register_secret`, as written and
     percent-decoded), so that they are redacted wherever they turn up later: in a
@@ -381,6 +400,40 @@ def register_url_secrets(url: str) -> None:
     for begin, end in _credential_spans(url):
         register_secret(url[begin:end])
         register_secret(urllib.parse.unquote_plus(url[begin:end]))
+
+
+_ENV_SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials"}
+)
+"""A word of an environment variable's name (split at ``_``) that makes its value a secret
+(``OPENAI_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``)..."""
+_ENV_PLACES = frozenset({"file", "path", "dir", "home"})
+"""...unless its last word says it names a place (``SSL_KEY_FILE``: a path, not a key)."""
+
+
+def is_secret_env_name(name: str) -> bool:
+    """Whether the environment variable ``name`` holds a credential, by its words."""
+    words = name.lower().split("_")
+    return words[-1] not in _ENV_PLACES and not _ENV_SECRET_WORDS.isdisjoint(words)
+
+
+def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
+    """Register (:func:`register_secret`) the value of each environment variable named
+    like a credential (:func:`is_secret_env_name`), and the credentials of each one
+    whose value is a URL (``DATABASE_URL``, ``http_proxy``: :func:`register_url_secrets`).
+    A tool whose exception quotes its service's token from the environment, or a
+    library's error that quotes ``DATABASE_URL``, had that text go to the model, the
+    stored result, the stream and the log as it was: no key shape, never registered
+    (a provider's own variable only once its client was built). The host does this as
+    it opens; values shorter than :data:`MIN_SECRET_LENGTH` are ignored."""
+    env = os.environ if environ is None else environ
+    for name, value in list(env.items()):
+        if not isinstance(value, str):
+            continue
+        if is_secret_env_name(name):
+            register_secret(value)
+        if "://" in value:
+            register_url_secrets(value)
 
 
 _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)

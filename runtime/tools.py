@@ -420,11 +420,17 @@ def _const_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
 
 def _names_counted(keyword: Callable[..., Any], of_instance: bool | str) -> Callable[..., Any]:
     """A keyword that loops over names without a step for each: the schema's
-    (``properties``, ``required``, ``dependentRequired``, ``dependentSchemas``) or the
-    value's (``of_instance``: ``additionalProperties``, ``unevaluatedProperties``,
-    ``unevaluatedItems``, ``contains``), a step per :data:`BYTES_PER_STEP` of them."""
+    (``properties``, ``required``, ``dependentRequired`` and its arrays,
+    ``dependentSchemas``) or the value's (``of_instance``: ``additionalProperties``,
+    ``unevaluatedProperties``, ``unevaluatedItems``, ``contains``), a step per
+    :data:`BYTES_PER_STEP` of them."""
 
     def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        if of_instance == "arrays":  # the names, and those of each array under them
+            if isinstance(value, dict):
+                names = len(value) + sum(len(v) for v in value.values() if type(v) is list)
+                _spend(names // BYTES_PER_STEP)
+            return keyword(validator, value, instance, schema)
         looped = instance if of_instance else value
         charged = of_instance != "boolean" or isinstance(value, bool)
         if charged and isinstance(looped, dict | list):
@@ -439,9 +445,9 @@ _NAME_LOOPS: dict[str, bool | str] = {
     "prefixItems": False,
     "properties": False,
     "required": False,
-    "dependentRequired": False,
+    "dependentRequired": "arrays",
     "dependentSchemas": False,
-    "dependencies": False,
+    "dependencies": "arrays",
     "additionalProperties": True,
     "unevaluatedProperties": True,
     "unevaluatedItems": True,
@@ -449,7 +455,11 @@ _NAME_LOOPS: dict[str, bool | str] = {
 }
 """The keywords :func:`_names_counted` charges, and whether for the value's names
 (``"boolean"``: only when the keyword's schema is ``true`` or ``false``: each item
-of an array is otherwise a subschema entered, a step already)."""
+of an array is otherwise a subschema entered, a step already; ``"arrays"``: the
+schema's names and those of each array it maps one to, which ``jsonschema`` looks up
+in the value one by one: ``{"dependentRequired": {"a": [6,000 names]}}`` at each of
+2**15 ``allOf`` paths, charged a step for its one name, was quadratic in the value
+that holds them: 24 KB 0.27 s, 76 KB 2 s, minutes a MiB; branch ``logs2``)."""
 
 
 def _unique_items_counted(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
@@ -915,10 +925,21 @@ def _stay_in(cls: Any, *, counted: bool) -> None:
     cls.evolve = evolve
 
 
+MESSAGE_CHARS_PER_STEP = 256
+"""What an error's message costs a check beyond its step, in steps: one per this many of
+its characters. ``jsonschema`` writes each error's message as it makes it, most with the
+value quoted whole (``{instance!r} is not of type 'string'``, ``... is not valid under
+any of the given schemas`` at each ``anyOf``): a schema that fails at each of its 2**15
+``anyOf`` paths against one large object wrote the object out at each, a step each,
+quadratic in the value (24 KB: 2 s, 76 KB: 13 s, ~40 min a MiB; branch ``logs2``). ~2 ns
+a character: a step's message costs at most what a keyword step does."""
+
+
 def _count_errors(cls: Any) -> None:
     """A step for each error as it passes each subschema it was found under (``jsonschema``
     sets its details at each level: an ``allOf`` chain 15 deep, 32,768 errors, each set
-    30 times, uncounted)."""
+    30 times, uncounted), and one per :data:`MESSAGE_CHARS_PER_STEP` characters of its
+    message (written as it was made: the value it quotes)."""
     descend = cls.descend
 
     def counted(
@@ -930,7 +951,7 @@ def _count_errors(cls: Any) -> None:
         resolver: Any = None,
     ) -> Any:
         for error in descend(self, instance, schema, path, schema_path, resolver):
-            _spend(1)
+            _spend(1 + len(error.message) // MESSAGE_CHARS_PER_STEP)
             yield error
 
     cls.descend = counted

@@ -39,6 +39,7 @@ from runtime.budget import OutputAccount
 from runtime.chunks import Usage
 from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
+from runtime.logging import quiet_http_client_logs
 from runtime.output import (
     Abort,
     BudgetWait,
@@ -465,6 +466,7 @@ class A2AAgent:
         # remote agent's error text that quotes them, which the parent model reads)
         register_secret(token)
         register_url_secrets(self.url)
+        quiet_http_client_logs()  # its request lines' URLs (an application's own logging)
         for key, value in (headers or {}).items():
             if is_secret_key(key):
                 register_secret(value)

@@ -24,9 +24,10 @@ from typing import Any, ClassVar
 from actors.providers.failures import stay_home
 from runtime import errors
 from runtime.history import ForeignReasoning
+from runtime.logging import quiet_http_client_logs
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
-from runtime.redact import register_secret
+from runtime.redact import register_secret, register_url_secrets
 
 SDK_BASE_MODULES = frozenset({"openai._base_client", "anthropic._base_client"})
 """The modules of the SDKs' base clients, whose ``_prepare_url`` :func:`cache_prepared_urls`
@@ -151,8 +152,10 @@ class SDKProvider(Provider):
         return (client.api_key,)
 
     def _get_client(self) -> Any:
-        """The SDK client, built on first use; its credentials are then secrets, which
-        :mod:`runtime.redact` removes from every error and log line."""
+        """The SDK client, built on first use; its credentials (its key, those of its
+        base URL) are then secrets, which :mod:`runtime.redact` removes from every error
+        and log line, and its HTTP client's request lines have their URLs redacted
+        (:func:`~runtime.logging.quiet_http_client_logs`)."""
         if self._client is None:
             try:
                 self._client = self.new_client()
@@ -164,6 +167,13 @@ class SDKProvider(Provider):
             self.prepare_client(self._client)
             for secret in self.client_secrets(self._client):
                 register_secret(secret)
+            # A base URL's own credentials (``https://user:PW@proxy/v1``, ``?api-key=``)
+            # are secrets too: a server's error that echoes them went to the user's
+            # stream, the stored message and the log as it was.
+            for url in (self.base_url, getattr(self._client, "base_url", None)):
+                if url is not None:
+                    register_url_secrets(str(url))
+            quiet_http_client_logs()  # its request lines (an application's own logging)
         return self._client
 
     def missing_dependency(self, exc: BaseException) -> errors.ConfigurationError | None:

@@ -61,7 +61,7 @@ from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
-from runtime.redact import redact
+from runtime.redact import redact, register_env_secrets
 from runtime.store import (
     SessionRecord,
     Store,
@@ -475,6 +475,7 @@ class Host:
 
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
+        register_env_secrets()  # a tool's error quoting its token from the environment
         given = store is not None and not isinstance(store, str | os.PathLike)
         if given:
             _claim_store(store)

@@ -67,6 +67,7 @@ from runtime.app.web.writer import streams_bounded
 from runtime.busy import REJECT
 from runtime.errors import HostClosed
 from runtime.json_exact import dumps, exact, lost_int
+from runtime.logging import quiet_mcp_server_logs
 
 PATH = "/mcp"
 
@@ -230,6 +231,7 @@ class _EndedSessionRaces(logging.Filter):
             record.msg, record.args = "%s: its session ended as it was sent (%s)", said
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info, record.exc_text = None, None
+            record.axon_said = True  # (Axon's words: runtime.logging.MCPServerLines keeps it)
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)
         return True
 
@@ -408,6 +410,7 @@ class MCPEndpoint:
         )
         self.stream_max_age: float | None = limits.stream_max_age
         quiet_ended_session_races()
+        quiet_mcp_server_logs()  # (an application may never call configure_logging)
         self.token = token.encode() if token else None
         self.started = False
         self.in_flight: set[tuple[str, str]] = set()

@@ -1,0 +1,240 @@
+"""The credentials of a provider's URL reach no log, stream or store: the HTTP clients'
+request lines (``httpx``/``httpx2``: ``HTTP Request: POST URL "HTTP/1.1 200 OK"``, at
+``INFO``, an application's root handler sees them) have their URLs redacted
+(:class:`runtime.logging.HTTPClientLines`), and a base URL's password and query keys
+are registered secrets, so a server's error that echoes them is redacted like the key.
+benchmarks/journal/pipeline.md ("logs2")."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+
+import httpx
+import pytest
+
+from actors.mcp import MCPServer
+from actors.providers import OpenAIProvider
+from runtime import Agent, Host, tool
+from runtime.app.web.ui_stream import encode_turn, sse
+from runtime.logging import HTTP_CLIENT_LOGGERS, configure_logging, quiet_http_client_logs
+from runtime.redact import is_secret_env_name, redact_text, register_env_secrets
+from tests.support.loopback import Recorded, Reply, loopback_server
+from tests.test_mcp_attacks import ForgetfulServer, calling
+from tests.test_provider_e2e import oa_answer
+
+PASSWORD = "pw-of-the-proxy-4821"
+"""The password of the base URL's user info (no key shape: only a filter hides it)."""
+QUERY_KEY = "azure-ish-query-key-7730"
+"""The value of the base URL's ``?api-key=`` and ``?key=`` (Azure's, Gemini's way)."""
+KEY = "plain-api-key-of-no-shape-5566"
+"""The provider's key, of no known shape (registered, as every provider's key is)."""
+
+
+@pytest.fixture
+def logs(caplog):
+    """Axon's log at ``debug``, and an application's root handler at ``DEBUG``."""
+    caplog.set_level(logging.DEBUG)
+    stream = io.StringIO()
+    configure_logging("debug", stream=stream)
+    try:
+        yield stream, caplog
+    finally:
+        configure_logging("warning")
+
+
+MCP_PASSWORD = "pw-of-the-mcp-server-1093"
+MCP_TOKEN = "token-in-the-mcp-url-2208"
+"""An MCP server URL's (each secret here is registered by the test that uses it, for the
+process: the tests' values differ so that none passes by another's registration)."""
+MCP_SECRETS = (MCP_PASSWORD, MCP_TOKEN)
+
+
+def _unsaid(*texts: str | bytes, secrets: tuple[str, ...] = (PASSWORD, QUERY_KEY, KEY)) -> None:
+    for text in texts:
+        blob = text if isinstance(text, bytes) else text.encode()
+        for secret in secrets:
+            assert secret.encode() not in blob, secret
+
+
+@pytest.mark.parametrize("status", [200, 401])
+async def test_a_base_urls_credentials_reach_no_log_stream_or_store(logs, tmp_path, status):
+    stream, caplog = logs
+    echo = f"Incorrect API key provided: {KEY} (user {PASSWORD}, query {QUERY_KEY})"
+    body = json.dumps({"error": {"message": echo, "type": "invalid_request_error"}})
+    reply = (
+        Reply(body=oa_answer("hello"))
+        if status == 200
+        else Reply(body=body.encode(), status=401, content_type="application/json")
+    )
+    store = tmp_path / "sessions.db"
+    async with loopback_server(reply) as server:
+        home = server.url.replace("http://", f"http://proxy-user:{PASSWORD}@")
+        url = f"{home}/v1?api-key={QUERY_KEY}&key={QUERY_KEY}"
+        agent = Agent(provider=OpenAIProvider("m", base_url=url, api_key=KEY))
+        async with Host.open(store=str(store)) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    [sent] = server.requests
+    assert QUERY_KEY in sent.path  # the real client did send them
+    if status == 401:
+        assert out.result.error is not None
+        assert out.result.error.message == (
+            "Incorrect API key provided: [redacted] (user [redacted], query [redacted])"
+        )
+    else:
+        assert out.result.text == "hello"
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved)
+    # the request's line is still there, and says what it did
+    [line] = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
+    assert line.startswith("HTTP Request: POST http://proxy-user:[redacted]@127.0.0.1:")
+    assert "api-key=[redacted]" in line and f'"HTTP/1.1 {status} ' in line
+
+
+async def test_an_httpx_request_line_keeps_all_but_its_credentials(caplog):
+    """``httpx`` itself (MCP's, A2A's, Gemini's client): a URL's password and its
+    credential-named parameters redacted, its path and other parameters kept."""
+    quiet_http_client_logs()
+    caplog.set_level(logging.INFO)
+    async with loopback_server(Reply(body=b"{}", content_type="application/json")) as server:
+        home = server.url.replace("http://", f"http://someone:{PASSWORD}@")
+        async with httpx.AsyncClient() as client:
+            await client.get(f"{home}/v1beta/models?key={QUERY_KEY}&alt=sse&token={KEY}")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert line.startswith("HTTP Request: GET http://someone:[redacted]@127.0.0.1:")
+    assert line.endswith('/v1beta/models?key=[redacted]&alt=sse&token=[redacted] "HTTP/1.1 200 "')
+    _unsaid(caplog.text)
+
+
+class QuotingServer(ForgetfulServer):
+    """A streamable HTTP MCP server whose tool answers a JSON-RPC error quoting the URL
+    it was called at (its ``?token=``) and the password it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        error = {"code": -32000, "message": f"no access for {MCP_PASSWORD} at {request.path}"}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
+        return Reply(body=body.encode(), content_type="application/json")
+
+
+async def test_an_mcp_servers_url_credentials_are_secrets(logs, tmp_path):
+    stream, caplog = logs
+    async with loopback_server(respond=QuotingServer()) as web:
+        home = web.url.replace("http://", f"http://someone:{MCP_PASSWORD}@")
+        server = MCPServer.http(f"{home}/mcp?token={MCP_TOKEN}", name="web")
+        agent = Agent(provider=calling(("echo", {"text": "x"})), tools=[server])
+        async with Host.open(store=str(tmp_path / "sessions.db")) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    [echo] = [m for m in session.messages if m.role == "tool"]
+    assert echo.error is not None
+    assert echo.error.endswith("no access for [redacted] at /mcp?token=[redacted]")
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved, secrets=MCP_SECRETS)
+    lines = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
+    assert lines and all("/mcp?token=[redacted]" in line for line in lines)
+
+
+SERVICE_TOKEN = "service-token-from-the-env-3141"
+"""A tool's own credential, from the environment, of no key shape."""
+DSN_PASSWORD = "password-of-the-dsn-2718"
+HEADER_TOKEN = "header-token-of-no-shape-1618"
+
+
+@tool
+async def call_service(what: str) -> str:
+    """Call a service with the token of the environment."""
+    raise RuntimeError(f"the service refused {what} with token {os.environ['BILLING_API_TOKEN']}")
+
+
+@tool
+async def query(sql: str) -> str:
+    """Run a query."""
+    raise ConnectionError(f"could not connect to postgresql://app:{DSN_PASSWORD}@db:5432/app")
+
+
+class EchoingErrorServer(QuotingServer):
+    """Its tool answers an error result (``isError``) quoting the header it was sent."""
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        said = f"unauthorized: {request.headers['authorization']}"
+        result = {"content": [{"type": "text", "text": said}], "isError": True}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        return Reply(body=body.encode(), content_type="application/json")
+
+
+async def test_a_tools_error_quoting_an_env_token_a_dsn_or_a_header_is_redacted(
+    logs, tmp_path, monkeypatch
+):
+    """Error texts are redacted where they are made: a token from the environment (no
+    key shape; the host registers what variables named like credentials hold), a DSN's
+    password, an MCP server's error result echoing the header it was given."""
+    monkeypatch.setenv("BILLING_API_TOKEN", SERVICE_TOKEN)
+    stream, caplog = logs
+    secrets = (SERVICE_TOKEN, DSN_PASSWORD, HEADER_TOKEN)
+    async with loopback_server(respond=EchoingErrorServer()) as web:
+        server = MCPServer.http(
+            f"{web.url}/mcp", name="web", headers={"Authorization": f"Token {HEADER_TOKEN}"}
+        )
+        provider = calling(("call_service", {"what": "x"}), ("query", {"sql": "1"}), ("echo", {}))
+        agent = Agent(provider=provider, tools=[call_service, query, server])
+        async with Host.open(store=str(tmp_path / "sessions.db")) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    errors = {m.tool_name: m.error for m in session.messages if m.role == "tool"}
+    # ("Token [redacted]" or "[redacted]": the header's value or its token word first)
+    errors["echo"] = errors["echo"].replace("Token [redacted]", "[redacted]")
+    assert errors == {
+        "call_service": "tool call_service raised RuntimeError: the service refused x with "
+        "token [redacted]",
+        "query": "tool query raised ConnectionError: could not connect to "
+        "postgresql://app:[redacted]@db:5432/app",
+        "echo": "tool echo raised MCPToolError: unauthorized: [redacted]",
+    }
+    ui = b"".join(sse(c) for c in encode_turn(chunks))
+    saved = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    told = repr(list(provider.requests))  # what the model was told: the same texts
+    assert "token [redacted]" in told
+    _unsaid(stream.getvalue(), caplog.text, repr(chunks), ui, saved, told, secrets=secrets)
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("OPENAI_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("github_pat", False),
+        ("PWD", False),  # the working directory
+        ("SSL_KEY_FILE", False),  # a path
+        ("TOKENIZERS_PARALLELISM", False),
+        ("KEYBOARD", False),
+    ],
+)
+def test_an_environment_variable_is_a_secret_by_the_words_of_its_name(name, secret):
+    assert is_secret_env_name(name) is secret
+
+
+def test_an_environment_urls_credentials_are_registered():
+    password = "password-of-database-url-1414"
+    register_env_secrets({"DATABASE_URL": f"postgresql://app:{password}@db/app", "PWD": "/srv/a"})
+    assert redact_text(f"authentication failed: {password}") == "authentication failed: [redacted]"
+    assert redact_text("/srv/a/b") == "/srv/a/b"
