@@ -203,7 +203,9 @@ class ProviderDataChunk:
 class CitationsChunk:
     """The sources cited for the text just streamed (Anthropic's ``citations`` of a text
     block), sent at the end of that text: the text part closes and is stored with them
-    (:attr:`~runtime.messages.TextPart.citations`). Never streamed to a client."""
+    (:attr:`~runtime.messages.TextPart.citations`). Never streamed to a client. With no
+    citations it only ends the text part: an uncited text block that another text block
+    follows, so each block is a part of its own and goes back as that block."""
 
     __repr__ = _repr
     __eq__ = _eq

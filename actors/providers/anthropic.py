@@ -801,6 +801,7 @@ class _MessageParse:
     calls it made, its stop reason and usage so far; a method per event type."""
 
     __slots__ = (
+        "after_text",
         "answer_tool",
         "blocks",
         "calls",
@@ -826,6 +827,8 @@ class _MessageParse:
         self.on_event = self.handlers()
         self.run_index: Any = None
         """The block of the last text delta (a text run never spans two blocks)."""
+        self.after_text = False
+        """The last block to end was an uncited text block (:meth:`block_start`)."""
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[None]]]:
         """The events other than ``content_block_delta`` this reads, by type."""
@@ -883,6 +886,15 @@ class _MessageParse:
 
     async def block_start(self, event: dict[str, Any]) -> None:
         content = event.get("content_block") or {}
+        if self.after_text:
+            self.after_text = False
+            if content.get("type") == "text":
+                # Text right after a text block: the parts manager would go on with the
+                # same text part (a cited block's own end closed it, an uncited one's
+                # did not), so the two blocks were stored as one text part, the second
+                # one's citations covering both, and went back as one block. A
+                # CitationsChunk of none ends the part: each block is a part of its own.
+                await self.emit(CitationsChunk(citations=()))
         if content.get("type") == "tool_use" and content.get("name") == self.answer_tool:
             self.blocks[event.get("index")] = _Block("answer", data=content.get("input"))  # type: ignore[index]
         else:
@@ -892,6 +904,7 @@ class _MessageParse:
     async def block_stop(self, event: dict[str, Any]) -> None:
         block = self.blocks.pop(event.get("index"), None)  # type: ignore[arg-type]
         if block is not None:
+            self.after_text = block.kind == "text" and not block.data
             await _stop_block(block, self.emit)
 
     async def message_start(self, event: dict[str, Any]) -> None:
