@@ -298,6 +298,12 @@ class FinishChunk:
     """One of :data:`FINISH_REASONS`."""
     raw_reason: str | None = None
     """The provider's own word for it (``end_turn``, ``tool_calls``, ...)."""
+    resume: bool = False
+    """The model paused its turn before its end (Anthropic's ``pause_turn``: server
+    tools ran long; a ``compaction`` pause): a call that sends the conversation as it
+    stands, the paused answer last, continues it. The turn runner makes that call as its
+    next step when the paused one made no tool call (at most
+    :data:`actors.turn.runner.MAX_RESUMES` times a turn)."""
 
 
 StreamChunk = (

@@ -131,6 +131,12 @@ FINISH_REASONS: dict[str, str] = {
 }
 """Anthropic ``stop_reason`` -> unified finish reason; anything else is ``other``."""
 
+RESUMED = frozenset({"pause_turn", "compaction"})
+"""The stop reasons of a turn the server paused (server tools ran long; the beta's
+``pause_after_compaction``): sending the conversation back with the paused answer last
+continues it, so their :class:`~runtime.chunks.FinishChunk` says ``resume`` (what the
+SDK's tool runner calls ``resume``)."""
+
 # Error ``type``s of an SSE ``event: error`` (HTTP status 200, so the type is all there
 # is) and the HTTP status Anthropic documents for each, so such an error classifies
 # exactly like the same failure reported before the stream started.
@@ -940,7 +946,9 @@ class _MessageParse:
         reason = map_finish_reason(stop_reason)
         if reason == "tool-calls" and not self.calls and self.answer_tool is not None:
             reason = "stop"  # the only tool used was the answer's
-        await self.emit(FinishChunk(reason=reason, raw_reason=stop_reason))
+        await self.emit(
+            FinishChunk(reason=reason, raw_reason=stop_reason, resume=stop_reason in RESUMED)
+        )
 
 
 def _total_usage(usage: dict[str, int | None]) -> Usage:
