@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from actors.providers.anthropic import AnthropicProvider
 from actors.turn import runner as runner_module
 from runtime.messages import ProviderDataPart, TextPart
+from tests.support import wire_rules
 from tests.support.loopback import Reply, loopback_server
 from tests.test_provider_anthropic_current import COMPACTION_BLOCK, KEY, answer, message_start
 
@@ -210,3 +211,46 @@ async def test_max_steps_bounds_the_continuations_too():
                 chunks = [c async for c in out]
     assert len(server.requests) == 2
     assert [c.finish_reason for c in chunks if c.type == "finish"] == ["budget"]
+
+
+async def test_a_use_paused_before_its_result_goes_back_and_pairs_with_the_continuations():
+    # the paused answer ends with a server tool use whose result the continuation brings:
+    # the use goes back as it came (the server resumes it), and later requests send use
+    # and result in one assistant message (dropping the use left its result an orphan)
+    events = [e for e in PAUSED_EVENTS if e.get("index") != 2]  # no result block
+    done = answer(
+        {"type": "content_block_start", "index": 0, "content_block": RESULT},
+        {"type": "content_block_stop", "index": 0},
+        *text_events(1, " Trio is a library."),
+        model=MODEL,
+    )
+    _, _, server = await turns(paused(*events), done)
+    resumed, after = (r.json()["messages"] for r in server.requests[1:])
+    assert resumed[-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Let me search."}, USE],
+    }
+    assert after[1] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Let me search."},
+            USE,
+            RESULT,
+            {"type": "text", "text": " Trio is a library."},
+        ],
+    }
+    assert wire_rules.anthropic_errors(after) == []
+
+
+def test_a_use_without_its_result_in_an_answer_not_continued_is_still_dropped():
+    from actors.providers.anthropic import map_messages
+    from runtime.messages import AssistantMessage, UserMessage
+
+    cut = AssistantMessage(
+        content=(
+            TextPart(text="Let me search.", step=0),
+            ProviderDataPart(provider="anthropic", data=USE, step=0),
+        )
+    )
+    _, sent = map_messages(None, [UserMessage(content="go"), cut, UserMessage(content="and?")])
+    assert sent[1] == {"role": "assistant", "content": [{"type": "text", "text": "Let me search."}]}

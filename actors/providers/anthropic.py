@@ -29,6 +29,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from collections.abc import Set as AbstractSet
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
 
@@ -199,18 +200,23 @@ def map_messages(
     target = origin or Origin(provider=PROVIDER)
     system = [instructions] if instructions else []
     out: list[dict[str, Any]] = []
+    last = messages[-1] if messages else None
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
-            for parts, step_results in split_steps(msg, results):
-                blocks = _no_thinking_last(
-                    _paired(
-                        [
-                            b
-                            for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                            if b is not None
-                        ]
-                    )
+            steps = [
+                (
+                    [
+                        b
+                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                        if b is not None
+                    ],
+                    step_results,
                 )
+                for parts, step_results in split_steps(msg, results)
+            ]
+            for i, (raw, step_results) in enumerate(steps):
+                later, open_end = _answered_later(steps, i, continued=msg is last)
+                blocks = _no_thinking_last(_paired(raw, later, keep=open_end))
                 if blocks:
                     _append(out, "assistant", blocks)
                 if step_results:
@@ -243,18 +249,46 @@ def _no_thinking_last(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks[:end]
 
 
-def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A step's blocks less each ``server_tool_use`` whose result block is not among
-    them (the step was cut while the server ran the tool): the API refuses a server
-    tool's use "found without a corresponding" result."""
-    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
-    if not uses:
-        return blocks
-    answered = {
+def _server_results(blocks: Iterable[dict[str, Any]]) -> set[Any]:
+    """The ids of the server tool uses that ``blocks`` hold a result of."""
+    return {
         b.get("tool_use_id")
         for b in blocks
         if b.get("type", "").endswith("_tool_result") and b.get("type") != "tool_result"
     }
+
+
+def _answered_later(
+    steps: Sequence[tuple[list[dict[str, Any]], list[Any]]], i: int, *, continued: bool
+) -> tuple[set[Any], bool]:
+    """The server tool uses answered in the steps after step ``i`` that the request
+    joins with it in one assistant message (no tool result between: a paused turn's
+    continuation, whose first block may be the result of the paused step's last use),
+    and whether that message ends the request (``continued``: the history ends with this
+    assistant message, a paused turn sent back to be continued, so a use still waiting
+    for its result goes back as it is, which the server resumes)."""
+    later: set[Any] = set()
+    j = i
+    while not steps[j][1] and j + 1 < len(steps):
+        j += 1
+        later |= _server_results(steps[j][0])
+    return later, continued and not steps[j][1] and j == len(steps) - 1
+
+
+def _paired(
+    blocks: list[dict[str, Any]], later: AbstractSet[Any] = frozenset(), *, keep: bool = False
+) -> list[dict[str, Any]]:
+    """A step's blocks less each ``server_tool_use`` whose result block is neither among
+    them nor ``later`` (a continued step's, :func:`_answered_later`): the step was cut
+    while the server ran the tool, and the API refuses a server tool's use "found
+    without a corresponding" result. ``keep``: none is dropped (the paused answer a
+    request ends with, which the server continues)."""
+    if keep:
+        return blocks
+    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
+    if not uses:
+        return blocks
+    answered = _server_results(blocks) | later
     return [b for b in blocks if b.get("type") != "server_tool_use" or b.get("id") in answered]
 
 
