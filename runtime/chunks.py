@@ -203,7 +203,9 @@ class ProviderDataChunk:
 class CitationsChunk:
     """The sources cited for the text just streamed (Anthropic's ``citations`` of a text
     block), sent at the end of that text: the text part closes and is stored with them
-    (:attr:`~runtime.messages.TextPart.citations`). Never streamed to a client."""
+    (:attr:`~runtime.messages.TextPart.citations`). Never streamed to a client. With no
+    citations it only ends the text part: an uncited text block that another text block
+    follows, so each block is a part of its own and goes back as that block."""
 
     __repr__ = _repr
     __eq__ = _eq
@@ -296,6 +298,12 @@ class FinishChunk:
     """One of :data:`FINISH_REASONS`."""
     raw_reason: str | None = None
     """The provider's own word for it (``end_turn``, ``tool_calls``, ...)."""
+    resume: bool = False
+    """The model paused its turn before its end (Anthropic's ``pause_turn``: server
+    tools ran long; a ``compaction`` pause): a call that sends the conversation as it
+    stands, the paused answer last, continues it. The turn runner makes that call as its
+    next step when the paused one made no tool call (at most
+    :data:`actors.turn.runner.MAX_RESUMES` times a turn)."""
 
 
 StreamChunk = (

@@ -267,11 +267,12 @@ COMPACTION_BLOCK = {
 }
 
 
-async def test_a_compaction_stop_ends_the_turn_and_the_next_request_sends_the_block_back():
+async def test_a_compaction_stop_goes_on_and_the_next_request_sends_the_block_back():
     # pause_after_compaction (beta): the server hands the turn back with the compaction
-    # block alone; the SDK's tool runner sends it back unchanged to continue. Axon ends
-    # the turn (finish "other", raw "compaction") and the next turn's request sends the
-    # block back as the assistant's, which the server continues from.
+    # block alone; the SDK's tool runner sends it back unchanged to continue. So does
+    # Axon's turn runner now, as its next step (tests/test_provider_anthropic_pause.py):
+    # the paused step finishes "other" (raw "compaction"), the turn goes on, and every
+    # later request sends the block back as the assistant's.
     from anthropic.types.beta import BetaMessageParam, BetaRawMessageStreamEvent
 
     from runtime import Agent, Host
@@ -304,19 +305,24 @@ async def test_a_compaction_stop_ends_the_turn_and_the_next_request_sends_the_bl
     paused = Reply(
         body=anthropic_sse(message_start("claude-sonnet-4-5"), *events, {"type": "message_stop"})
     )
-    async with loopback_server(paused, answer()) as server:
+    async with loopback_server(paused, answer(), answer()) as server:
         provider = AnthropicProvider("claude-sonnet-4-5", base_url=server.url, api_key=KEY)
         async with Host.open(log_tap=False) as host:
             session = await host.open_session(Agent(provider=provider))
             async with session.stream("go") as out:
                 chunks = [c async for c in out]
             await session.run("go on")
-    assert [c.finish_reason for c in chunks if c.type == "finish"] == ["other"]
-    assert len(server.requests) == 2  # the turn made one call
-    sent = server.requests[1].json()["messages"]
-    assert sent == [
+    assert [c.finish_reason for c in chunks if c.type == "step-finish"] == ["other", "stop"]
+    assert [c.finish_reason for c in chunks if c.type == "finish"] == ["stop"]
+    assert len(server.requests) == 3  # the turn made two calls
+    assert server.requests[1].json()["messages"] == [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [COMPACTION_BLOCK]},
+    ]
+    sent = server.requests[2].json()["messages"]
+    assert sent == [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [COMPACTION_BLOCK, {"type": "text", "text": "ok"}]},
         {"role": "user", "content": "go on"},
     ]
     for message in sent:

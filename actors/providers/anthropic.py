@@ -29,6 +29,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from collections.abc import Set as AbstractSet
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
 
@@ -131,6 +132,12 @@ FINISH_REASONS: dict[str, str] = {
 }
 """Anthropic ``stop_reason`` -> unified finish reason; anything else is ``other``."""
 
+RESUMED = frozenset({"pause_turn", "compaction"})
+"""The stop reasons of a turn the server paused (server tools ran long; the beta's
+``pause_after_compaction``): sending the conversation back with the paused answer last
+continues it, so their :class:`~runtime.chunks.FinishChunk` says ``resume`` (what the
+SDK's tool runner calls ``resume``)."""
+
 # Error ``type``s of an SSE ``event: error`` (HTTP status 200, so the type is all there
 # is) and the HTTP status Anthropic documents for each, so such an error classifies
 # exactly like the same failure reported before the stream started.
@@ -193,18 +200,23 @@ def map_messages(
     target = origin or Origin(provider=PROVIDER)
     system = [instructions] if instructions else []
     out: list[dict[str, Any]] = []
+    last = messages[-1] if messages else None
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
-            for parts, step_results in split_steps(msg, results):
-                blocks = _no_thinking_last(
-                    _paired(
-                        [
-                            b
-                            for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                            if b is not None
-                        ]
-                    )
+            steps = [
+                (
+                    [
+                        b
+                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                        if b is not None
+                    ],
+                    step_results,
                 )
+                for parts, step_results in split_steps(msg, results)
+            ]
+            for i, (raw, step_results) in enumerate(steps):
+                later, open_end = _answered_later(steps, i, continued=msg is last)
+                blocks = _no_thinking_last(_paired(raw, later, keep=open_end))
                 if blocks:
                     _append(out, "assistant", blocks)
                 if step_results:
@@ -237,18 +249,46 @@ def _no_thinking_last(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks[:end]
 
 
-def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A step's blocks less each ``server_tool_use`` whose result block is not among
-    them (the step was cut while the server ran the tool): the API refuses a server
-    tool's use "found without a corresponding" result."""
-    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
-    if not uses:
-        return blocks
-    answered = {
+def _server_results(blocks: Iterable[dict[str, Any]]) -> set[Any]:
+    """The ids of the server tool uses that ``blocks`` hold a result of."""
+    return {
         b.get("tool_use_id")
         for b in blocks
         if b.get("type", "").endswith("_tool_result") and b.get("type") != "tool_result"
     }
+
+
+def _answered_later(
+    steps: Sequence[tuple[list[dict[str, Any]], list[Any]]], i: int, *, continued: bool
+) -> tuple[set[Any], bool]:
+    """The server tool uses answered in the steps after step ``i`` that the request
+    joins with it in one assistant message (no tool result between: a paused turn's
+    continuation, whose first block may be the result of the paused step's last use),
+    and whether that message ends the request (``continued``: the history ends with this
+    assistant message, a paused turn sent back to be continued, so a use still waiting
+    for its result goes back as it is, which the server resumes)."""
+    later: set[Any] = set()
+    j = i
+    while not steps[j][1] and j + 1 < len(steps):
+        j += 1
+        later |= _server_results(steps[j][0])
+    return later, continued and not steps[j][1] and j == len(steps) - 1
+
+
+def _paired(
+    blocks: list[dict[str, Any]], later: AbstractSet[Any] = frozenset(), *, keep: bool = False
+) -> list[dict[str, Any]]:
+    """A step's blocks less each ``server_tool_use`` whose result block is neither among
+    them nor ``later`` (a continued step's, :func:`_answered_later`): the step was cut
+    while the server ran the tool, and the API refuses a server tool's use "found
+    without a corresponding" result. ``keep``: none is dropped (the paused answer a
+    request ends with, which the server continues)."""
+    if keep:
+        return blocks
+    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
+    if not uses:
+        return blocks
+    answered = _server_results(blocks) | later
     return [b for b in blocks if b.get("type") != "server_tool_use" or b.get("id") in answered]
 
 
@@ -801,6 +841,7 @@ class _MessageParse:
     calls it made, its stop reason and usage so far; a method per event type."""
 
     __slots__ = (
+        "after_text",
         "answer_tool",
         "blocks",
         "calls",
@@ -826,6 +867,8 @@ class _MessageParse:
         self.on_event = self.handlers()
         self.run_index: Any = None
         """The block of the last text delta (a text run never spans two blocks)."""
+        self.after_text = False
+        """The last block to end was an uncited text block (:meth:`block_start`)."""
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[None]]]:
         """The events other than ``content_block_delta`` this reads, by type."""
@@ -883,6 +926,15 @@ class _MessageParse:
 
     async def block_start(self, event: dict[str, Any]) -> None:
         content = event.get("content_block") or {}
+        if self.after_text:
+            self.after_text = False
+            if content.get("type") == "text":
+                # Text right after a text block: the parts manager would go on with the
+                # same text part (a cited block's own end closed it, an uncited one's
+                # did not), so the two blocks were stored as one text part, the second
+                # one's citations covering both, and went back as one block. A
+                # CitationsChunk of none ends the part: each block is a part of its own.
+                await self.emit(CitationsChunk(citations=()))
         if content.get("type") == "tool_use" and content.get("name") == self.answer_tool:
             self.blocks[event.get("index")] = _Block("answer", data=content.get("input"))  # type: ignore[index]
         else:
@@ -892,6 +944,7 @@ class _MessageParse:
     async def block_stop(self, event: dict[str, Any]) -> None:
         block = self.blocks.pop(event.get("index"), None)  # type: ignore[arg-type]
         if block is not None:
+            self.after_text = block.kind == "text" and not block.data
             await _stop_block(block, self.emit)
 
     async def message_start(self, event: dict[str, Any]) -> None:
@@ -927,7 +980,9 @@ class _MessageParse:
         reason = map_finish_reason(stop_reason)
         if reason == "tool-calls" and not self.calls and self.answer_tool is not None:
             reason = "stop"  # the only tool used was the answer's
-        await self.emit(FinishChunk(reason=reason, raw_reason=stop_reason))
+        await self.emit(
+            FinishChunk(reason=reason, raw_reason=stop_reason, resume=stop_reason in RESUMED)
+        )
 
 
 def _total_usage(usage: dict[str, int | None]) -> Usage:

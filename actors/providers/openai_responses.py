@@ -26,9 +26,11 @@ How each output item is kept, so the next request can send it back:
 * any other output item (``web_search_call``, ``file_search_call``,
   ``code_interpreter_call``, ``image_generation_call``, ``mcp_call``...) ran on OpenAI's
   side: it is a :class:`~runtime.messages.ProviderDataPart` holding the item verbatim,
-  sent back as it came; a ``custom_tool_call`` (a custom tool given in
-  ``request_options``) too, never run, and answered by a ``custom_tool_call_output``
-  saying so (:data:`CUSTOM_TOOL_NOT_RUN`).
+  sent back as it came; an item that waits for the client's answer (a
+  ``custom_tool_call``, ``shell_call``, ``local_shell_call``, ``apply_patch_call``,
+  ``computer_call``, client ``tool_search_call`` or ``mcp_approval_request``, from a tool
+  given in ``request_options``) too, never run, and answered in the next request by its
+  output item saying so (:func:`_unanswered_outputs`).
 
 Reasoning and provider data go back only to this provider, and only to the model and
 endpoint that produced them (``encrypted_content`` is bound to its organization: any
@@ -409,7 +411,7 @@ def map_messages(
                     }
                     for r in step_results
                 )
-                out.extend(_custom_outputs(items))
+                out.extend(_unanswered_outputs(items))
         elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
@@ -420,32 +422,172 @@ def map_messages(
 CUSTOM_TOOL_NOT_RUN = (
     "This tool is not available: the custom tool call was not executed and has no output."
 )
-"""The output a ``custom_tool_call`` is answered with (:func:`_custom_outputs`)."""
+"""The output a ``custom_tool_call`` is answered with (:func:`_unanswered_outputs`)."""
+
+CLIENT_CALL_NOT_RUN = (
+    "Not run: this application does not run the {kind} tool; the call was not "
+    "executed and has no result."
+)
+"""What a client-side call Axon has no tool for is answered with (:func:`_unanswered_outputs`):
+a ``shell_call``, ``local_shell_call``, ``apply_patch_call``, ``computer_call``, a
+client ``tool_search_call``, an ``mcp_approval_request`` (denied)."""
+
+BLANK_SCREENSHOT = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgAB"
+    "SK+kcQAAAABJRU5ErkJggg=="
+)
+"""A 1x1 black PNG: the screenshot a ``computer_call_output`` must hold (the API takes no
+text there) when the computer call was not run; a ``developer`` message after it says so."""
 
 
-def _custom_outputs(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A ``custom_tool_call_output`` saying :data:`CUSTOM_TOOL_NOT_RUN` for each
-    ``custom_tool_call`` among a step's ``items`` that they do not answer.
+def _not_run(kind: str) -> str:
+    return CLIENT_CALL_NOT_RUN.format(kind=kind)
 
-    Why: a custom tool (free-text input, ``{"type": "custom", ...}``) reaches the API
-    only through ``request_options`` ``tools``; no Axon tool takes its text, so its call
-    is kept as provider data and never run. Sent back alone, the next request failed
-    (the API refuses a call item without its output item);
-    answered so, the request is valid and the model reads that the tool did not run.
-    A call made through a program (``caller``) is answered to the same caller."""
-    answered = {i.get("call_id") for i in items if i.get("type") == "custom_tool_call_output"}
+
+def _with_caller(answer: dict[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+    if item.get("caller") is not None:  # a call a program made goes back to that program
+        answer["caller"] = item["caller"]
+    return answer
+
+
+def _answer_custom(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    answer = {
+        "type": "custom_tool_call_output",
+        "call_id": item.get("call_id"),
+        "output": CUSTOM_TOOL_NOT_RUN,
+    }
+    return [_with_caller(answer, item)]
+
+
+def _answer_shell(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    run = {"stdout": "", "stderr": _not_run("shell"), "outcome": {"type": "exit", "exit_code": 1}}
+    answer = {"type": "shell_call_output", "call_id": item.get("call_id"), "output": [run]}
+    return [_with_caller(answer, item)]
+
+
+def _answer_local_shell(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    # The SDK's type names the call by ``id``, OpenAI's guide by ``call_id``: both given.
+    call_id = item.get("call_id")
+    return [
+        {
+            "type": "local_shell_call_output",
+            "id": call_id,
+            "call_id": call_id,
+            "output": _not_run("local shell"),
+        }
+    ]
+
+
+def _answer_apply_patch(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    answer = {
+        "type": "apply_patch_call_output",
+        "call_id": item.get("call_id"),
+        "status": "failed",
+        "output": _not_run("apply_patch"),
+    }
+    return [_with_caller(answer, item)]
+
+
+def _answer_computer(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    # No pending safety check is acknowledged: nothing was done.
+    screenshot = {"type": "computer_screenshot", "image_url": BLANK_SCREENSHOT}
+    call_id = item.get("call_id")
+    return [
+        {"type": "computer_call_output", "call_id": call_id, "output": screenshot},
+        {"role": "developer", "content": f"computer_call {call_id}: {_not_run('computer')}"},
+    ]
+
+
+def _answer_tool_search(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if item.get("execution") != "client":
+        return []  # the server searched: its output item came with the call
+    call_id = item.get("call_id")
+    return [
+        {
+            "type": "tool_search_output",
+            "call_id": call_id,
+            "execution": "client",
+            "status": "completed",
+            "tools": [],
+        },
+        {"role": "developer", "content": f"tool_search_call {call_id}: {_not_run('tool search')}"},
+    ]
+
+
+def _answer_mcp_approval(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    reason = (
+        "Not approved: this application does not answer MCP approval requests, "
+        "so the MCP tool call was not run."
+    )
+    return [
+        {
+            "type": "mcp_approval_response",
+            "approval_request_id": item.get("id"),
+            "approve": False,
+            "reason": reason,
+        }
+    ]
+
+
+_ANSWERS: dict[str, tuple[str, str, str, Any]] = {
+    # call item type: (its key field, the answer's type, the answer's key field, answer)
+    "custom_tool_call": ("call_id", "custom_tool_call_output", "call_id", _answer_custom),
+    "shell_call": ("call_id", "shell_call_output", "call_id", _answer_shell),
+    "local_shell_call": ("call_id", "local_shell_call_output", "call_id", _answer_local_shell),
+    "apply_patch_call": ("call_id", "apply_patch_call_output", "call_id", _answer_apply_patch),
+    "computer_call": ("call_id", "computer_call_output", "call_id", _answer_computer),
+    "tool_search_call": ("call_id", "tool_search_output", "call_id", _answer_tool_search),
+    "mcp_approval_request": (
+        "id",
+        "mcp_approval_response",
+        "approval_request_id",
+        _answer_mcp_approval,
+    ),
+}
+"""The output items that wait for the client's answer (the ``openai`` SDK's
+``ResponseOutputItem`` union less what Axon runs, ``function_call``, and what the server
+answers itself: ``program``, hosted tools), with what answers each."""
+_ANSWER_TYPES = {answer: key for _, answer, key, _ in _ANSWERS.values()}
+
+
+def _answered(item: Mapping[str, Any]) -> Any:
+    """The call an answer item answers (``local_shell_call_output`` may name it by ``id``)."""
+    key = _ANSWER_TYPES[item["type"]]
+    found = item.get(key)
+    if found is None and item["type"] == "local_shell_call_output":
+        found = item.get("id")
+    return found
+
+
+def _unanswered_outputs(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An answer saying the call was not run for each call among a step's ``items`` that
+    waits for the client's answer and that they do not answer (:data:`_ANSWERS`).
+
+    Why: such an item reaches the API only through tools given in ``request_options``
+    (a custom tool, ``shell``, ``local_shell``, ``apply_patch``, ``computer``, a client
+    tool search, an MCP server that requires approval); no Axon tool runs it, so it is
+    kept as provider data and never run. Sent back alone, the next request failed (the
+    API refuses a call item without its output item); answered so, the request is valid
+    and the model reads that the call did not run: an output with the words of
+    :data:`CLIENT_CALL_NOT_RUN` (a shell's on stderr with exit code 1, a patch's as
+    ``failed``), an MCP approval denied with a reason, and for the two answers with no
+    room for words (a computer call's screenshot, a tool search's tools) a ``developer``
+    message after them. A call a server ran comes with its own output item (a hosted
+    shell's ``shell_call_output``, a server tool search's ``tool_search_output``), which
+    is sent as it came and gets no second. A call made through a program (``caller``) is
+    answered to the same caller."""
+    answered = {
+        (item["type"], _answered(item)) for item in items if item.get("type") in _ANSWER_TYPES
+    }
     out: list[dict[str, Any]] = []
     for item in items:
-        if item.get("type") != "custom_tool_call" or item.get("call_id") in answered:
+        entry = _ANSWERS.get(item.get("type") or "")
+        if entry is None:
             continue
-        output = {
-            "type": "custom_tool_call_output",
-            "call_id": item.get("call_id"),
-            "output": CUSTOM_TOOL_NOT_RUN,
-        }
-        if item.get("caller") is not None:
-            output["caller"] = item["caller"]
-        out.append(output)
+        key, answer_type, _, answer = entry
+        if (answer_type, item.get(key)) in answered:
+            continue
+        out.extend(answer(item))
     return out
 
 

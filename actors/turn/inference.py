@@ -358,6 +358,7 @@ class Inferring:
                         result.usage = chunk.usage
                     elif t is FinishChunk:
                         result.finish = chunk.reason
+                        result.resume = chunk.resume
                         finished = True
                     elif t is StreamFailed:
                         failure = chunk

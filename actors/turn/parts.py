@@ -26,7 +26,8 @@ The rules (the stream shows the text and reasoning parts below exactly as stored
 * an empty text chunk, or an empty reasoning chunk with neither signature nor redacted
   data, opens nothing: a part never holds nothing but empty deltas;
 * a :class:`~runtime.chunks.CitationsChunk` (the end of an Anthropic cited text block)
-  closes the open text part, stored with its citations; it is not streamed.
+  closes the open text part, stored with its citations (one of no citations: an
+  uncited text block that another text block follows); it is not streamed.
 
 Reasoning and provider data tagged with the calling provider's name also record its
 model and endpoint (:attr:`PartsManager.origin`, set by the turn runner for each call):
@@ -169,7 +170,7 @@ class PartsManager:
         text) there is nothing to cite: they are dropped. The chunk is not forwarded:
         the stream shows the text, not its sources."""
         if self._kind is TEXT:
-            self.close(out, chunk.citations)
+            self.close(out, chunk.citations or None)  # none: the text block ended uncited
 
     def text_run(self, run: TextRun, out: list[Any]) -> None:
         """:meth:`text` for each delta of ``run`` (:class:`~runtime.provider.TextRun`: no

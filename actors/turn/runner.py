@@ -706,7 +706,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             )
             if result.calls:
                 over = await self._take_results(turn, result, step, over)
-            again = await self._end_step(turn, result, step, over)
+            resume = _resumes(turn, result, over)
+            again = await self._end_step(turn, result, step, over, resume)
             if over:
                 raise BudgetExceeded(over)
             if turn.held:  # committed with the step: the turn suspends (docs/approval.md)
@@ -715,6 +716,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 return
             if not result.calls:
                 turn.finish_reason = result.finish
+                if resume:  # paused (server tools ran long): the next call continues it
+                    turn.resumed += 1
+                    continue
                 if isinstance(again, OutputValidationError):
                     raise again  # (its retries spent: judged before the step's save)
                 if again:
@@ -765,7 +769,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         return over
 
     async def _end_step(
-        self, turn: Turn, result: Step, step: int, over: str | None
+        self, turn: Turn, result: Step, step: int, over: str | None, resume: bool = False
     ) -> bool | OutputValidationError:
         """Close the step (the controller, the bus, the hooks) and commit it. A step
         giving a structured answer (no calls, no budget hit, nothing held) has it judged
@@ -799,7 +803,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if turn.held and not over:  # what the sessions list reads (docs/approval.md)
             turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
         again: bool | OutputValidationError = False
-        if turn.output is not None and not (result.calls or over or turn.held):
+        if turn.output is not None and not (result.calls or over or turn.held or resume):
             try:
                 again = turn.output.ask_again(turn.parts.content, step, result.finish)
             except OutputValidationError as exc:
@@ -808,8 +812,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         # its calls, or its structured answer rejected (asked again: a kill during the
         # retry leaves the turn marked). A step that ends the turn saves what its final
         # save would (that one then costs no write).
-        goes_on = (bool(result.calls) and not over) or again is True
-        await self._save(turn, step, ends=_ends(turn, result, over), running=goes_on)
+        goes_on = (bool(result.calls) and not over) or again is True or resume
+        ends = None if resume else _ends(turn, result, over)
+        await self._save(turn, step, ends=ends, running=goes_on)
         return again
 
     def _trace_meta(self, turn: Turn) -> dict[str, Any]:
@@ -1146,6 +1151,27 @@ async def _send_bounded(ctrl: Batcher[Any], items: Sequence[Any]) -> bool:
     if ctrl.try_send_all(items):
         return True
     return await ctrl.send_over(items, saving.SAVE_TIMEOUT)  # (a turn's end: shielded)
+
+
+MAX_RESUMES = 10
+"""The paused model calls (:attr:`FinishChunk.resume <runtime.chunks.FinishChunk.resume>`:
+Anthropic's ``pause_turn`` and ``compaction`` stops) one turn continues; the next one
+ends the turn with its finish (``other``). Each continuation is a step, counted by
+:attr:`Budget.max_steps <runtime.budget.Budget.max_steps>` too."""
+
+
+def _resumes(turn: Turn, result: Step, over: str | None) -> bool:
+    """Whether the step ``result`` just ended paused and the turn continues it with its
+    next call: the conversation sent as it stands, the paused answer last, which the
+    model takes up where it stopped (what the Anthropic SDK's tool runner does). Not
+    when it made tool calls (they run, and the next step follows anyway), went over a
+    budget, waits for a person, or the turn continued :data:`MAX_RESUMES` already."""
+    return (
+        result.resume
+        and not (result.calls or over or turn.held)
+        and turn.resumed < MAX_RESUMES
+        and result.finish not in ("error", "aborted")
+    )
 
 
 def _ends(turn: Turn, result: Step, over: str | None) -> str | None:

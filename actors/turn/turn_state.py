@@ -45,6 +45,9 @@ class Step:
     """The tokens the call reserved in :attr:`Turn.account` (given back, less what it
     wrote, when it is over: :meth:`OutputAccount.settle <runtime.budget.OutputAccount.
     settle>`)."""
+    resume: bool = False
+    """The model paused its turn (:attr:`FinishChunk.resume <runtime.chunks.FinishChunk.
+    resume>`): a call sending the conversation as it stands continues it."""
 
 
 _NO_LIMITS = Budget()
@@ -93,6 +96,8 @@ class Turn:
     """Whether its :class:`~runtime.actor_messages.TurnEnd` went to the controller (a
     runner that crashes after it sends only the result)."""
     tool_calls_used: int = 0
+    resumed: int = 0
+    """The paused calls the turn continued (:data:`actors.turn.runner.MAX_RESUMES`)."""
     finish_reason: str = "stop"
     error: ErrorInfo | None = None
     abort_reason: str | None = None

@@ -309,6 +309,27 @@ def chat_errors(messages: list[dict[str, Any]]) -> list[str]:
 # -- Responses ------------------------------------------------------------------------------
 
 
+_CLIENT_CALLS = {  # a call item the client answers: (its key, the answer's type)
+    "custom_tool_call": ("call_id", "custom_tool_call_output"),
+    "shell_call": ("call_id", "shell_call_output"),
+    "local_shell_call": ("call_id", "local_shell_call_output"),
+    "apply_patch_call": ("call_id", "apply_patch_call_output"),
+    "computer_call": ("call_id", "computer_call_output"),
+    "tool_search_call": ("call_id", "tool_search_output"),  # when execution is "client"
+    "mcp_approval_request": ("id", "mcp_approval_response"),
+}
+_CLIENT_ANSWERS = {  # an answer item: the key naming the call it answers
+    "function_call_output": "call_id",
+    "custom_tool_call_output": "call_id",
+    "shell_call_output": "call_id",
+    "local_shell_call_output": "call_id",
+    "apply_patch_call_output": "call_id",
+    "computer_call_output": "call_id",
+    "tool_search_output": "call_id",
+    "mcp_approval_response": "approval_request_id",
+}
+
+
 def responses_errors(items: list[dict[str, Any]]) -> list[str]:
     errs: list[str] = []
     open_calls: dict[str, int] = {}
@@ -330,14 +351,23 @@ def responses_errors(items: list[dict[str, Any]]) -> list[str]:
             if call_id in open_calls:
                 errs.append(f"{where}: call_id {call_id!r} of an unanswered call used again")
             open_calls[call_id] = i
-        elif kind == "custom_tool_call":  # answered like a function call, by its own type
-            if item.get("call_id") in open_calls:
-                errs.append(f"{where}: call_id {item.get('call_id')!r} used again")
-            open_calls[item.get("call_id") or ""] = i
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = item.get("call_id")
+        elif kind in _CLIENT_CALLS and (
+            kind != "tool_search_call" or item.get("execution") == "client"
+        ):  # answered like a function call, by its own type
+            call_id = item.get(_CLIENT_CALLS[kind][0]) or ""
+            if call_id in open_calls:
+                errs.append(f"{where}: call_id {call_id!r} used again")
+            open_calls[call_id] = i
+        elif kind in _CLIENT_ANSWERS and not (
+            kind == "tool_search_output" and item.get("execution") == "server"
+        ):
+            call_id = item.get(_CLIENT_ANSWERS[kind])
+            if call_id is None and kind == "local_shell_call_output":
+                call_id = item.get("id")
             if call_id not in open_calls:
-                errs.append(f"{where}: output for {call_id!r}, no unanswered function_call before")
+                errs.append(f"{where}: output for {call_id!r}, no unanswered call before")
+            elif _CLIENT_CALLS.get(items[open_calls[call_id]].get("type"), ("", kind))[1] != kind:
+                errs.append(f"{where}: a {kind} answers a {items[open_calls[call_id]]['type']}")
             else:
                 del open_calls[call_id]
         elif kind == "reasoning":
