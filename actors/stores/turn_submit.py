@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -26,6 +27,7 @@ from actors.stores.postgres_calls import (
 )
 from actors.stores.postgres_health import _retrying
 from actors.stores.postgres_rows import read_row
+from actors.stores.postgres_schema import recreate_submit_function
 from actors.stores.turn_sql import (
     _STATUS_COLUMNS,
     CANCEL_CHANNEL,
@@ -352,6 +354,25 @@ class TurnSubmitting:
         twin = None if params[2] is not None else (params[1], params[0], params[3], params[8])
 
         async def once() -> Any:
+            try:
+                return await sent()
+            except psycopg.errors.UndefinedFunction:
+                # The function dropped (or not restored with the tables) since the open
+                # created it: every submit failed until the process started again. It
+                # is created again (the open's step) and called again, once.
+                if recreated:
+                    raise
+                recreated.append(1)
+                store._log.warning("store.retry", action=action, error="submit function missing")
+                await store.run(
+                    f"create the submit's function again ({SUBMIT_FUNCTION_NAME})",
+                    partial(recreate_submit_function, schema=store.schema),
+                )
+                return await sent()
+
+        recreated: list[int] = []
+
+        async def sent() -> Any:
             if tries and twin is not None:
                 found = await store._lane.call(_TWIN_NAME, _TWIN_SQL, twin, _TWIN_FORMATS, 1)
                 if found.ntuples:
