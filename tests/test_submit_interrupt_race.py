@@ -22,13 +22,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
+from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.agent import Agent
 from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.provider import InferRequest
 from tests.support.pg import pg_connect
+from tests.test_frontend import LIMIT, body, data, deployment, wait_for_turn
+from tests.test_relay_web import sse_events
+from tests.test_worker_approval import redis_url as redis_url  # (the fixture)
 
 REPO = str(Path(__file__).resolve().parents[1])
 STALL = 4245
@@ -69,8 +76,8 @@ trio.run(main)
 """
 
 
-def _stall(conn: Any) -> None:
-    """A trigger of the test before every insert of a turn of session ``s`` that waits
+def _stall(conn: Any, session_id: str = "s") -> None:
+    """A trigger of the test before every insert of a turn of ``session_id`` that waits
     until the test lets go of :data:`STALL`."""
     conn.execute(
         f"""CREATE FUNCTION race_stall() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -82,7 +89,7 @@ def _stall(conn: Any) -> None:
     )
     conn.execute(
         "CREATE TRIGGER race_stall BEFORE INSERT ON axon_turns FOR EACH ROW "
-        "WHEN (NEW.session_id = 's') EXECUTE FUNCTION race_stall()"
+        f"WHEN (NEW.session_id = '{session_id}') EXECUTE FUNCTION race_stall()"
     )
 
 
@@ -167,3 +174,74 @@ async def test_interrupts_racing_in_one_busy_session_leave_one_survivor(pg_url, 
     assert all(
         r[1:] == ("cancelled", True, INTERRUPTED_BY_NEW, "aborted") for r in submitted[:-1]
     ), rows
+
+
+def _respond(request: InferRequest) -> list[Any]:
+    """Every turn runs until it is stopped (none ends before the racers are answered)."""
+    return [Sleep(600), "never"]
+
+
+def _agent() -> Agent:
+    return Agent(name="a", provider=ScriptedProvider(responder=_respond))
+
+
+async def test_interrupts_racing_through_two_front_ends_each_get_a_clear_answer(pg_url, redis_url):
+    """Four chat POSTs under ``--on-busy interrupt`` through two front ends at once, held
+    in flight together while a turn runs: once all are queued, exactly one new turn is
+    neither cancelled nor asked to stop (the last in line); every other POST is a 200
+    whose stream ends ``abort`` ``interrupted by a new message``, as the running turn's
+    does. (The survivor, stopped by the test at the end, ends ``abort`` ``test``.)"""
+    async with deployment(pg_url, redis_url, _agent(), fronts=2, on_busy="interrupt") as d:
+        schema = pg_url.rsplit("schema=", 1)[1]
+        answers: dict[str, httpx.Response] = {}
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+
+            async def post(url: str, text: str, message_id: str) -> None:
+                sent = body("s1", text, message_id)
+                answers[text] = await client.post(f"{url}/api/chat", json=sent)
+
+            with pg_connect() as holder, pg_connect() as look:
+                holder.execute(f"SET search_path TO {schema}")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(post, d.urls[0], "first", "u0")
+                    await wait_for_turn(d.queue, "s1", "running")
+                    _stall(holder, "s1")
+                    holder.execute("SELECT pg_advisory_lock(%s)", (STALL,))
+                    for i in range(4):
+                        nursery.start_soon(post, d.urls[i % 2], f"m{i}", f"u{i + 1}")
+                    with trio.fail_after(LIMIT):
+                        await _until_in_flight(look, 4)
+                    holder.execute("SELECT pg_advisory_unlock(%s)", (STALL,))
+                    with trio.fail_after(LIMIT):
+                        await _until_submitted(d, 5)
+                    raced = await d.queue.turns("s1")
+                    open_ = [
+                        t
+                        for t in raced
+                        if t.status in ("queued", "running") and not t.cancel_requested
+                    ]
+                    for t in open_:  # (the survivor: the test ends it)
+                        await d.queue.request_cancel(t.turn_id, "test")
+        turns = await d.queue.turns("s1")
+    ended = {
+        text: [e for e in data(sse_events(r.text)) if e["type"] in ("abort", "finish")]
+        for text, r in answers.items()
+    }
+    assert len(open_) == 1 and open_[0].turn_id == raced[-1].turn_id, [
+        (t.input, t.status, t.cancel_requested) for t in raced
+    ]
+    survivor = open_[0].input
+    assert all(r.status_code == 200 for r in answers.values()), answers
+    assert [t.status for t in turns] == ["cancelled"] * 5
+    assert ended[survivor] == [{"type": "abort", "reason": "test"}], ended
+    for text, events in ended.items():
+        if text != survivor:
+            assert events == [{"type": "abort", "reason": INTERRUPTED_BY_NEW}], (text, events)
+
+
+async def _until_submitted(d: Any, n: int) -> None:
+    """Until the session holds ``n`` turns and no submit is in flight."""
+    while True:
+        if len(await d.queue.turns("s1")) >= n:
+            return
+        await trio.sleep(0.01)
