@@ -853,9 +853,13 @@ SUBMIT_V1_FUNCTION_NAME: Final = "axon_submit_v1"
 created: a process of the version before calls it). A process of before it submits in a
 transaction of its own statements (the same locks, in the same order, on the same tables:
 a mixed fleet's submits count each other under both caps)."""
-SUBMIT_FUNCTION_NAME: Final = "axon_submit_v2"
+SUBMIT_V2_FUNCTION_NAME: Final = "axon_submit_v2"
+"""The second version (:data:`SUBMIT_V2_FUNCTION`, still created: a process of the
+version before calls it)."""
+SUBMIT_FUNCTION_NAME: Final = "axon_submit_v3"
 """The server-side function of a front end's submit (:data:`SUBMIT_FUNCTION`); a new
-version of it gets a new name."""
+version of it gets a new name. v2 left interrupts racing in one session each queued:
+v3 has such a call sent again (:data:`INTERRUPT_RACED`)."""
 
 SUBMIT_REFUSALS: Final = {
     "AXQ01": "session",
@@ -1134,14 +1138,14 @@ _V2_REJECT = f"""IF {_WAITS_OPEN} AND NOT EXISTS (SELECT 1 FROM axon_turns AS t
 def _submit_v2(v1: str) -> str:
     """:data:`SUBMIT_V1_FUNCTION`'s text with its name, and its interrupt's and its
     ``reject``'s looks passing over this submit's twin."""
-    text = v1.replace(SUBMIT_V1_FUNCTION_NAME + "(", SUBMIT_FUNCTION_NAME + "(", 1)
+    text = v1.replace(SUBMIT_V1_FUNCTION_NAME + "(", SUBMIT_V2_FUNCTION_NAME + "(", 1)
     for part in (_V1_OPEN, _V1_REJECT):
         assert text.count(part) == 1, part
     text = text.replace(_V1_OPEN, _V2_OPEN, 1)
     return text.replace(_V1_REJECT, _V2_REJECT, 1)
 
 
-SUBMIT_FUNCTION: Final = _submit_v2(SUBMIT_V1_FUNCTION)
+SUBMIT_V2_FUNCTION: Final = _submit_v2(SUBMIT_V1_FUNCTION)
 """:data:`SUBMIT_V1_FUNCTION` whose ``interrupt`` and ``reject`` pass over this submit's
 twin (the row of its idempotency key, or its turn id's): the same message sent twice at
 once (a client's retry to another front end, an AG-UI run posted again) is one submit,
@@ -1150,3 +1154,67 @@ lock the first held to its commit, then found that turn open and refused the mes
 as busy (409) while its turn ran; its ``interrupt``, when the first committed between
 the message's look and the interrupt's statement (each statement its own snapshot),
 cancelled it (``interrupted by a new message``: the message never answered)."""
+
+_V1_QUEUE_LOCK = """    IF FOUND THEN
+        IF p_total IS NOT NULL THEN
+"""
+_RACED_INTERRUPT = """    IF FOUND THEN
+        IF p_on_busy = 'interrupt' AND v_stopped IS NULL AND EXISTS (
+                SELECT 1 FROM axon_turns AS o
+                WHERE o.session_id = p_session AND o.status IN ('queued', 'running')
+                    AND o.turn_id <> p_turn AND NOT o.cancel_requested) THEN
+            -- Another open turn of the session this interrupt did not stop: a racing
+            -- interrupt's, committed after this call's statement read the open turns
+            -- (it waited on the row that one locked). Its row's insert took the
+            -- session's lock, which this insert waited for: it is seen now. The call
+            -- rolls back and is sent again, and stops it then (the last one wins).
+            RAISE EXCEPTION 'an interrupt of the session raced this one'
+                USING ERRCODE = '{INTERRUPT_RACED}';
+        END IF;
+        IF p_total IS NOT NULL THEN
+"""
+
+INTERRUPT_RACED: Final = "40001"
+"""The ``SQLSTATE`` (``serialization_failure``) :data:`SUBMIT_FUNCTION` ends an interrupt
+with when, its row inserted, it finds another open turn of its session it did not stop:
+the caller sends the call again (:data:`~actors.stores.turn_submit.RACE_TRIES`)."""
+
+
+_V1_CAPS_LOCK = f"""is never refused.
+        {_SESSION_LOCK};
+"""
+_RACED_BEFORE_COUNT = """is never refused.
+        {_SESSION_LOCK};
+        IF p_on_busy = 'interrupt' AND v_stopped IS NULL AND EXISTS (
+                SELECT 1 FROM axon_turns AS o
+                WHERE o.session_id = p_session AND o.status IN ('queued', 'running')
+                    AND o.turn_id <> p_turn AND NOT o.cancel_requested
+                    AND (v_key IS NULL OR o.idempotency_key IS DISTINCT FROM v_key)) THEN
+            -- (the same, before a cap counts a racing interrupt's turn this one stops)
+            RAISE EXCEPTION 'an interrupt of the session raced this one'
+                USING ERRCODE = '{INTERRUPT_RACED}';
+        END IF;
+"""
+
+
+def _submit_v3(v2: str) -> str:
+    """:data:`SUBMIT_V2_FUNCTION`'s text with its name and the racing interrupts' checks:
+    after its insert, and before a cap's count (which counted a racing interrupt's turn,
+    to refuse a message that would have stopped it)."""
+    text = v2.replace(SUBMIT_V2_FUNCTION_NAME + "(", SUBMIT_FUNCTION_NAME + "(", 1)
+    assert text.count(_V1_QUEUE_LOCK) == 1, "the insert's success, then the queue's lock"
+    assert text.count(_V1_CAPS_LOCK) == 1, "the caps' session lock"
+    check = _RACED_INTERRUPT.replace("{INTERRUPT_RACED}", INTERRUPT_RACED)
+    text = text.replace(_V1_QUEUE_LOCK, check, 1)
+    before_count = _RACED_BEFORE_COUNT.replace("{_SESSION_LOCK}", _SESSION_LOCK)
+    return text.replace(
+        _V1_CAPS_LOCK, before_count.replace("{INTERRUPT_RACED}", INTERRUPT_RACED), 1
+    )
+
+
+SUBMIT_FUNCTION: Final = _submit_v3(SUBMIT_V2_FUNCTION)
+""":data:`SUBMIT_V2_FUNCTION` that, an interrupt, ends with :data:`INTERRUPT_RACED` after
+its insert when another open turn of the session is not asked to stop: interrupts
+racing in one session (each one's statement reading the open turns before another's row
+was committed) each queued their turn, to run one after the other. Sent again, the call
+stops that turn: exactly one interrupt, the last to commit, survives."""

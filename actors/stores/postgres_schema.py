@@ -43,6 +43,8 @@ from actors.stores.postgres_calls import (
     SUBMIT_FUNCTION_NAME,
     SUBMIT_V1_FUNCTION,
     SUBMIT_V1_FUNCTION_NAME,
+    SUBMIT_V2_FUNCTION,
+    SUBMIT_V2_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import (
     CONNECT_TIMEOUT,
@@ -204,7 +206,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     # nothing else in the database ("permission denied for database").
     if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-    conn.execute(f"SET LOCAL search_path TO {schema}")
+    conn.execute(f"SET LOCAL search_path TO {schema}, {PINNED_LAST}")
     _check_schema_is_ours(conn, schema)
     relations = {
         name
@@ -242,6 +244,8 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_V7_FUNCTION_NAME, SAVE_V7_FUNCTION)
     _ensure_function(conn, SAVE_NEXT_V7_FUNCTION_NAME, SAVE_NEXT_V7_FUNCTION)
     _ensure_function(conn, SUBMIT_V1_FUNCTION_NAME, SUBMIT_V1_FUNCTION)
+    _ensure_function(conn, SUBMIT_V2_FUNCTION_NAME, SUBMIT_V2_FUNCTION)
+    _pin_function_paths(conn)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
         ON CONFLICT (key) DO NOTHING""",
@@ -513,6 +517,39 @@ def _ensure_function(conn: Any, name: str, create: str) -> None:
     ).fetchone()
     if found is None:
         conn.execute(create)
+
+
+PINNED_LAST = "pg_temp"
+"""The path the server-side functions are created with (``SET search_path FROM CURRENT``)
+ends with this: a path that does not name ``pg_temp`` searches the session's temporary
+tables FIRST, so a temporary ``axon_turns`` on the calling connection (one a transaction
+pooler hands over from another client) took a submit's rows. Named last, it is searched
+last (functions are never looked up in it)."""
+
+
+def _pin_function_paths(conn: Any) -> None:
+    """The functions of the schema that pin a ``search_path`` other than the current one
+    (:data:`PINNED_LAST`: created by a version of before, without ``pg_temp``) pinned to
+    it, those this role may alter (it owns them); none altered once done (a look only)."""
+    stale = conn.execute(
+        """SELECT p.oid::regprocedure::text FROM pg_proc AS p
+        WHERE p.pronamespace = current_schema()::regnamespace
+            AND EXISTS (SELECT 1 FROM unnest(p.proconfig) AS c WHERE c LIKE 'search_path=%')
+            AND NOT ('search_path=' || current_setting('search_path')) = ANY(p.proconfig)
+            AND pg_has_role(p.proowner, 'USAGE')"""
+    ).fetchall()
+    for (signature,) in stale:
+        conn.execute(f"ALTER FUNCTION {signature} SET search_path FROM CURRENT")
+
+
+def recreate_submit_function(conn: Any, schema: str) -> None:
+    """The submit's function (:data:`SUBMIT_FUNCTION`) created again when it is missing
+    (dropped, or not restored with the tables) while processes run: in one transaction,
+    under the open's lock, with the open's path (a submit that met it missing calls this,
+    then calls the function again, once)."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
+    conn.execute(f"SET LOCAL search_path TO {schema}, {PINNED_LAST}")
+    _ensure_function(conn, SUBMIT_FUNCTION_NAME, SUBMIT_FUNCTION)
 
 
 def _ensure_save_function(conn: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -21,11 +22,13 @@ import trio
 
 from actors.stores.postgres_calls import (
     CLAIMED_COLUMNS,
+    INTERRUPT_RACED,
     SUBMIT_FUNCTION_NAME,
     SUBMIT_REFUSALS,
 )
 from actors.stores.postgres_health import _retrying
 from actors.stores.postgres_rows import read_row
+from actors.stores.postgres_schema import recreate_submit_function
 from actors.stores.turn_sql import (
     _STATUS_COLUMNS,
     CANCEL_CHANNEL,
@@ -352,30 +355,61 @@ class TurnSubmitting:
         twin = None if params[2] is not None else (params[1], params[0], params[3], params[8])
 
         async def once() -> Any:
+            try:
+                return await sent()
+            except psycopg.errors.UndefinedFunction:
+                # The function dropped (or not restored with the tables) since the open
+                # created it: every submit failed until the process started again. It
+                # is created again (the open's step) and called again, once.
+                if recreated:
+                    raise
+                recreated.append(1)
+                store._log.warning("store.retry", action=action, error="submit function missing")
+                await store.run(
+                    f"create the submit's function again ({SUBMIT_FUNCTION_NAME})",
+                    partial(recreate_submit_function, schema=store.schema),
+                )
+                return await sent()
+
+        recreated: list[int] = []
+
+        async def sent() -> Any:
             if tries and twin is not None:
                 found = await store._lane.call(_TWIN_NAME, _TWIN_SQL, twin, _TWIN_FORMATS, 1)
                 if found.ntuples:
                     return found
-            for deadlocked in range(DEADLOCK_TRIES):
+            deadlocked = raced = 0
+            while True:
                 tries.append(1)
                 try:
                     return await store._lane.call(
-                        _SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1, _REFUSED
+                        _SUBMIT_NAME, _SUBMIT_SQL, params, _SUBMIT_FORMATS, 1, _KEPT
                     )
                 except psycopg.errors.DeadlockDetected:
                     # Interrupts racing in one session (each cancelling the rows the
                     # others lock, the head trigger moving the head on) are at times
                     # one another's deadlock: the call rolled back whole, so it is sent
                     # again (it was a StoreError, a front end's 500).
-                    if deadlocked + 1 == DEADLOCK_TRIES:
+                    deadlocked += 1
+                    if deadlocked == DEADLOCK_TRIES:
                         raise
                     store._log.warning("store.retry", action=action, error="deadlock detected")
+                except psycopg.errors.SerializationFailure:
+                    # An interrupt that found, its row inserted, a racing interrupt's
+                    # turn it did not stop (INTERRUPT_RACED): rolled back whole, sent
+                    # again, it stops that turn. Past RACE_TRIES a clear 409.
+                    raced += 1
+                    if raced == RACE_TRIES:
+                        raise TurnConflict(
+                            f"submit to session {session_id!r}: other messages interrupted "
+                            f"it at the same time ({raced} tries); nothing was queued, "
+                            "send it again"
+                        ) from None
                 except psycopg.Error as err:
                     refusal = refused(err)
                     if refusal is None:
                         raise
                     raise refusal from None
-            raise AssertionError("unreachable")
 
         result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
         if result.ntuples == 0:  # a replay whose turn was deleted meanwhile
@@ -474,7 +508,17 @@ _TWIN_SQL: Final = (
 _TWIN_NAME: Final = b"axon_submit_twin"
 _TWIN_FORMATS: Final = (1, 1, 1, 0)
 _REFUSED: Final = frozenset(SUBMIT_REFUSALS)
-"""Its refusals' ``SQLSTATE`` s, after which the lane keeps its connection."""
+"""Its refusals' ``SQLSTATE`` s."""
+_KEPT: Final = _REFUSED | {INTERRUPT_RACED}
+"""The ``SQLSTATE`` s after which the lane keeps its connection (the call's own ends)."""
+
+RACE_TRIES = 16
+"""Times an interrupt's call is sent when it ends :data:`INTERRUPT_RACED` (another
+interrupt of the session committed meanwhile, which the next call stops), the last one's
+a :class:`~runtime.errors.TurnConflict` (a front end's 409): each round of racers commits
+at least one, so N at once need at most N - 1 more. Six interrupts of one busy session
+at once (two processes): every one queued, one survivor
+(tests/test_submit_interrupt_race.py)."""
 
 
 def _text(value: str | None) -> bytes | None:
