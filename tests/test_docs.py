@@ -35,8 +35,10 @@ EXPECTED = {
     ("embedding.md", 4): "20 sessions answered 5",
     ("embedding.md", 5): "100 answered",
     ("embedding.md", 6): "start ... finish",
-    ("embedding.md", 7): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
-    ("embedding.md", 8): "['You ', 'said', ': he', 'llo'] True",
+    ("embedding.md", 7): "tool charge raised RuntimeError: billing refused 5 EUR for token "
+    "[redacted]\n",
+    ("embedding.md", 8): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
+    ("embedding.md", 9): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("actors.md", 2): "finished: stop 1 step\n"
