@@ -65,3 +65,30 @@ async def test_an_edit_sent_to_the_other_server_replaces_the_turn_it_did_not_run
         record = await a.host.store.load("s")
         assert await _users(a.host.store, "s") == [("q0", "zero"), ("q1", "one, edited")]
         assert [m.role for m in record.messages] == ["user", "assistant"] * 2
+
+
+async def test_an_ag_ui_run_sent_again_to_the_other_server_is_answered_with_its_turn(tmp_path):
+    """The run's message is stored (by A), so B answers with the thread's snapshot: it
+    was B's open session's, without A's turn, and the client took it as the thread."""
+    from tests.test_agui import run, run_input, types, user
+
+    db = str(tmp_path / "one.db")
+    agui = {"protocols": ("ag-ui",)}
+    async with (
+        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db, **agui) as a,
+        web_server(Agent(provider=ScriptedProvider(steps=[["From B."]])), store=db, **agui) as b,
+    ):
+        zero = user("zero", "u0")
+        said = {"id": "b0", "role": "assistant", "content": "From B."}
+        await run(b, run_input("t", zero, runId="r0"))  # B holds the thread
+        await run(a, run_input("t", zero, said, user("one", "u1"), runId="r1"))
+        again = await run(b, run_input("t", zero, said, user("one", "u1"), runId="r1"))
+        assert types(again) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+        (snapshot,) = [e["messages"] for e in again if e["type"] == "MESSAGES_SNAPSHOT"]
+        assert [(m["role"], m["content"]) for m in snapshot] == [
+            ("user", "zero"),
+            ("assistant", "From B."),
+            ("user", "one"),
+            ("assistant", "From A."),
+        ]
+        assert len((await a.host.store.load("t")).messages) == 4
