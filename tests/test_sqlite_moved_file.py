@@ -1,5 +1,6 @@
 """The embedded store's file moved, deleted or replaced while a process has it open (an
-operator's ``mv sessions.db``, ``rm``, a backup put back), branch ``sqliteattack``.
+operator's ``mv sessions.db``, ``rm``, a backup put back), or that it may not write,
+branch ``sqliteattack`` (a full disk is tests/test_sqlite_attacks.py's).
 SQLite goes on committing into the WAL beside the old name: every save said saved, and
 the moved file held none of it, not even the turns saved before the move (SQLite's
 close, seeing the file moved, does not checkpoint). Now the writes are refused, saying
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import trio
@@ -108,3 +110,69 @@ def test_the_checks_leave_an_in_memory_store_alone():
             await store.aclose()
 
     trio.run(main)
+
+
+_READ_ONLY_CHILD = """
+import json, sys
+import trio
+from actors.providers import ScriptedProvider
+from runtime import Agent, Host
+
+async def main(path):
+    agent = Agent(provider=ScriptedProvider([["one"]]))
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("next")
+        record = await host.store.load("s")
+        print(json.dumps({
+            "saved": result.saved,
+            "error": None if result.error is None else result.error.message,
+            "stored": len(record.messages),
+            "held": len(session.messages),
+        }))
+
+trio.run(main, sys.argv[1])
+"""
+
+
+def test_a_read_only_store_s_save_says_the_file_may_not_be_written_and_keeps_it(tmp_path):
+    """A file the process may read but not write (a copy left 0444, a volume mounted
+    read-only): it opens, the turn runs, and its save failed with SQLite's "attempt to
+    write a readonly database" alone; now it says what to do. The file is as it was and
+    the session still reads."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_sqlite_attacks import REPO, _unprivileged
+
+    path = str(tmp_path / "sessions.db")
+
+    async def create() -> None:
+        store = await SQLiteStore.open(path)
+        await store.save("s", 0, turn(0))
+        await store.aclose()
+
+    trio.run(create)
+    before = Path(path).read_bytes()
+    os.chmod(path, 0o444)
+    try:
+        proc = subprocess.run(
+            [*_unprivileged(), sys.executable, "-c", _READ_ONLY_CHILD, path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        os.chmod(path, 0o644)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["saved"] is False and out["stored"] == 2 and out["held"] == 4
+    assert out["error"] == (
+        f"session store {path}: save of session 's' failed: this process may read the file "
+        "but not write it (attempt to write a readonly database): make the file and its "
+        "directory writable to it; nothing was written"
+    )
+    assert Path(path).read_bytes() == before

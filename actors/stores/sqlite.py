@@ -330,6 +330,14 @@ def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
             f"session store {path}: {action} failed: another process held the file's "
             f"write lock for more than {_BUSY_TIMEOUT:g} s ({err})"
         )
+    if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY and action != "open":
+        # SQLite's own text, "attempt to write a readonly database", of a store that
+        # opened, read, and ran a turn to the end before its save said that much.
+        return StoreError(
+            f"session store {path}: {action} failed: this process may read the file but "
+            f"not write it ({err}): make the file and its directory writable to it; "
+            "nothing was written"
+        )
     return StoreError(f"session store {path}: {action} failed: {err}")
 
 
