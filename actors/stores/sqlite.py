@@ -330,6 +330,14 @@ def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
             f"session store {path}: {action} failed: another process held the file's "
             f"write lock for more than {_BUSY_TIMEOUT:g} s ({err})"
         )
+    if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY and action != "open":
+        # SQLite's own text, "attempt to write a readonly database", of a store that
+        # opened, read, and ran a turn to the end before its save said that much.
+        return StoreError(
+            f"session store {path}: {action} failed: this process may read the file but "
+            f"not write it ({err}): make the file and its directory writable to it; "
+            "nothing was written"
+        )
     return StoreError(f"session store {path}: {action} failed: {err}")
 
 
@@ -383,6 +391,16 @@ def _journal_in_flight(path: Path) -> bool:
             return f.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
     except OSError:
         return False
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """The device and inode ``path`` names now, ``None`` if nothing is there (or it
+    cannot be looked at)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _check_file(path: Path) -> None:
@@ -917,10 +935,14 @@ class SQLiteStore:
     keeps_rows: Final = True
     """Its ``save`` takes ``kept`` (:class:`~runtime.store.Store`'s kept rows)."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        """Wrap an open, verified connection; use :meth:`open` instead."""
+    def __init__(
+        self, conn: sqlite3.Connection, path: str, identity: tuple[int, int] | None = None
+    ) -> None:
+        """Wrap an open, verified connection; use :meth:`open` instead. ``identity``:
+        the file's device and inode as opened (:meth:`_check_in_place`)."""
         self._conn = conn
         self._path = path
+        self._identity = identity
         self._lock = trio.Lock()
         self._closed = False
 
@@ -942,7 +964,42 @@ class SQLiteStore:
         if not isinstance(path, str) or not path:
             raise StoreError(f"session store path must be a non-empty str path, got {path!r}")
         conn = await trio.to_thread.run_sync(_connect, path)
-        return cls(conn, path)
+        identity = None if path == ":memory:" else _file_identity(path)
+        return cls(conn, path, identity)
+
+    def _moved(self) -> bool:
+        """Whether the store's path no longer names the file this connection has open
+        (moved, deleted, or replaced since the open). When nothing is at the path any
+        more, the WAL (which lives beside the *name*, ``-wal``) is checkpointed into the
+        file through the connection first: what was saved lands in the file wherever it
+        was moved to (gone with it if it was deleted), where SQLite's close, seeing the
+        file moved, leaves it in a ``-wal`` the moved file never reads. Not when another
+        file took the name: that WAL may be its now."""
+        if self._identity is None:
+            return False
+        now = _file_identity(self._path)
+        if now == self._identity:
+            return False
+        if now is None:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error:
+                pass  # (the refusal says what it can; nothing else to do)
+        return True
+
+    def _check_in_place(self, action: str) -> None:
+        """Refuse a write once the file was moved or deleted while open: SQLite went on
+        writing and committing into the WAL beside the old name, every save said saved,
+        and the moved file held none of it (not even the turns saved before the move,
+        not checkpointed yet): an operator's ``mv sessions.db`` or ``rm`` while ``serve``
+        ran lost every turn silently."""
+        if self._moved():
+            raise StoreError(
+                f"session store {self._path}: {action} refused: the file was moved, "
+                "deleted or replaced while this process had it open, so nothing more is "
+                "written to it; what was saved before is in the file where it was moved "
+                "to (lost if it was deleted): open the store again where it is"
+            )
 
     async def _on_loop(self, action: _Action, fn: Callable[..., _T], *args: Any) -> _T | _Large:
         """``fn(*args)`` on the event loop under the store's lock, or :data:`_LARGE` if
@@ -1165,6 +1222,7 @@ class SQLiteStore:
         """The save's transaction. On the event loop SQLite does not wait for the write
         lock: another process holding it raises ``SQLITE_BUSY`` before anything is
         written, and the caller retries in a worker thread, which waits (``_waiting``)."""
+        self._check_in_place(f"save of session {session_id!r}")
         now = time.time()
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -1422,6 +1480,7 @@ class SQLiteStore:
         await self._run(f"delete of session {session_id!r}", self._delete, session_id)
 
     def _delete(self, session_id: str) -> None:
+        self._check_in_place(f"delete of session {session_id!r}")
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -1442,6 +1501,10 @@ class SQLiteStore:
             _rollback(conn)
             raise
 
+    def _close(self) -> None:
+        self._moved()  # (its checkpoint, if the file was moved away: SQLite's close skips it)
+        self._conn.close()
+
     async def aclose(self) -> None:
         """Close the connection (checkpointing the WAL into the file); idempotent.
 
@@ -1453,6 +1516,6 @@ class SQLiteStore:
                 return
             self._closed = True
             try:
-                await trio.to_thread.run_sync(self._conn.close)
+                await trio.to_thread.run_sync(self._close)
             except sqlite3.Error as err:
                 raise _error(self._path, "close", err) from err

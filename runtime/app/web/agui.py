@@ -614,6 +614,7 @@ class AGUIRoutes:
             raise AGUIError(409, f"thread {session_id!r} is running a run already", "thread_busy")
         record = await self._stored(session_id)
         stored: tuple[Message, ...] = record.messages if record is not None else ()
+        version = record.version if record is not None else 0
         last = effective[-1] if effective else None
         # (a thread's stored history is as long as the one a client posted to start it)
         held_ids = await off_loop(_ids, stored, big=len(stored) > INLINE_MESSAGES, state=state)
@@ -625,11 +626,11 @@ class AGUIRoutes:
                     "in the next run",
                     "unexpected_user_message",
                 )
-            return await self._continue(run, session_id, stored)
+            return await self._continue(run, session_id, stored, version)
         if new_user:
             assert last is not None
             return await self._new_turn(run, session_id, stored, effective, record is None)
-        current = tuple(self._current(session_id, stored))  # the thread's own copy
+        current = tuple(self._current(session_id, stored, version))  # the thread's own copy
         reply = partial(snapshot_response, run, metadata=None)
         return await off_loop(reply, current, big=len(current) > INLINE_MESSAGES, state=state)
 
@@ -654,13 +655,19 @@ class AGUIRoutes:
         open_session = self.state.host.sessions.get(session_id)
         return open_session is not None and bool(open_session.busy)
 
-    def _current(self, session_id: str, stored: tuple[Message, ...]) -> Sequence[Message]:
+    def _current(
+        self, session_id: str, stored: tuple[Message, ...], version: int
+    ) -> Sequence[Message]:
         """The thread's history: the open session's (ahead of the store while a turn
-        runs), else the stored one."""
+        runs, or a save failed), else the stored one (at ``version``), also when another
+        process saved the thread since the session here last read it: two ``serve`` on
+        one SQLite file, a run sent again to the other one than ran it was answered with
+        the snapshot of a history without that run's turn, which the client took."""
         session = self.state.host.sessions.get(session_id)
         if session is not None:
             try:
-                return session.messages  # type: ignore[no-any-return]
+                if session.state.version >= version:
+                    return session.messages  # type: ignore[no-any-return]
             except SessionNotLoaded:
                 pass
         return stored
@@ -817,7 +824,7 @@ class AGUIRoutes:
         return self._queued(run, out, agent, prelude=prelude)
 
     async def _continue(
-        self, run: RunInput, session_id: str, stored: tuple[Message, ...]
+        self, run: RunInput, session_id: str, stored: tuple[Message, ...], version: int
     ) -> ASGIApp:
         state = self.state
         waiting = waiting_calls(stored)
@@ -830,7 +837,7 @@ class AGUIRoutes:
             answers, ignored, named = _answers(run, stored, waiting, tools)
         metadata = {"axon": {"ignoredResume": ignored}} if ignored else None
         if not waiting:  # nothing waits (a replayed resume): the thread as it is
-            return snapshot_response(run, self._current(session_id, stored), metadata)
+            return snapshot_response(run, self._current(session_id, stored, version), metadata)
         uncovered = _uncovered(waiting, answers)
         if uncovered:
             raise _pending_refusal(uncovered)

@@ -113,6 +113,7 @@ from runtime.app.web.resend import (
     held_answer_id,
     regenerated_id,
     replay_response,
+    resend_history,
     unrelayed_turn_id,
 )
 from runtime.app.web.resume import resume_stream, stop_turn
@@ -801,13 +802,16 @@ async def chat(request: Request) -> Any:
         )
     check_media(text, session.agent)
     client_id = client_message_id(payload)
+    history = (
+        session.messages
+        if session.busy or client_id is None
+        else await resend_history(session, state.host.store)
+    )
     resend = (
-        "new"
-        if session.busy
-        else classify_resend(session.messages, client_id, text, regenerate=regenerate)
+        "new" if session.busy else classify_resend(history, client_id, text, regenerate=regenerate)
     )
     if resend == "retry":
-        return replay_response(session.messages, signer)
+        return replay_response(history, signer)
     running = session.current
     held = held_answer_id(payload)
     return TurnResponse(

@@ -23,7 +23,7 @@ from runtime.app.web.http import ApiError
 from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.signing import SessionSigner
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
-from runtime.errors import RelayUnavailable
+from runtime.errors import RelayUnavailable, StoreError
 from runtime.media import user_content
 from runtime.messages import UserContent, UserMessage
 
@@ -116,6 +116,24 @@ def classify_resend(
     return "retry" if users[-1].content == user_content(content) else "edit"
 
 
+async def resend_history(session: Any, store: Any) -> Sequence[Any]:
+    """The history a post's message is told against (:func:`classify_resend`): the open
+    session's, or the store's when another process saved the session since this one
+    last read it. Two ``serve`` processes on one SQLite file (behind one balancer, or
+    the CLI beside ``serve``): a client's retry, sent to the other one, of a message
+    the first answered and saved was told against the other's older history, a new
+    message, and ran a second turn (the question and its answer stored twice); an edit
+    of it became a turn after it, an earlier message's edit was not refused. A store
+    that cannot tell now (its write lock held too long, say) leaves the session's."""
+    try:
+        if await store.version(session.id) == session.state.version:
+            return session.messages
+        record = await store.load(session.id)
+    except StoreError:
+        return session.messages
+    return session.messages if record is None else record.messages
+
+
 def replay_response(history: Sequence[Any], signer: SessionSigner | None = None) -> Response:
     """The session's last answer as a UI message stream, rebuilt from the history: what a
     retried message gets instead of a second turn (its approval requests signed by
@@ -133,5 +151,6 @@ __all__ = [
     "held_answer_id",
     "regenerated_id",
     "replay_response",
+    "resend_history",
     "unrelayed_turn_id",
 ]
