@@ -8,13 +8,17 @@ turns and reads each, by default ``benchmarks.common.WARM_TURNS``: past CPython 
 specialisation of what runs once a turn), then runs ``turns`` reads of the floor
 (:mod:`benchmarks.floor`), then ``turns`` Axon turns, each in a fresh session
 (:func:`benchmarks.bench_pipeline.axon_side`, which checks the text and the stored message),
-and waits until every task waits after each. Callgrind's counters are dumped (and so reset)
-before each side's reads (``os.getloadavg`` marks the spot: ``--dump-before=getloadavg``)
-and after them (``os.sched_get_priority_max``), so start-up, imports and warm-up are not
-counted: the dumps ``.2`` (the floor) and ``.4`` (Axon) are the counted parts, ``.1`` and
-``.3`` the stretches before. (``--zero-before`` reset the summary but not every function's
-cost: a dump's functions carried up to 75 M instructions of the imports and warm-up, so a
-zeroed dump could be read only as its total.)
+and waits until every task waits after each. Each side's counted part follows one more of
+its own, not counted, so that its client's pooled connection is fresh: idle through the
+other side's counted part (~5 s under callgrind) it could outlive the pool's 5 s keep-alive,
+and the first counted turn then connected again, or not, as the machine's load had it; nor
+does any pooled connection expire in the child (:func:`_keep_connections`). Callgrind's
+counters are dumped (and so reset) before each side's reads (``os.getloadavg`` marks the
+spot: ``--dump-before=getloadavg``) and after them (``os.sched_get_priority_max``), so
+start-up, imports and warm-up are not counted: the dumps ``.2`` (the floor) and ``.4``
+(Axon) are the counted parts, ``.1`` and ``.3`` the stretches before. (``--zero-before``
+reset the summary but not every function's cost: a dump's functions carried up to 75 M
+instructions of the imports and warm-up, so a zeroed dump could be read only as its total.)
 ``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
 
 ``--collect``: a full garbage collection before each side's counted part. Without it the
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import re
 import subprocess
@@ -78,6 +83,13 @@ async def _reads(
                 await floor()
                 await wait_all_tasks_blocked()
             for side, run in (("floor", floor), ("axon", axon)):
+                # One more of this side's, not counted, just before its counted ones: its
+                # client's pooled connection is fresh. Idle through the other side's
+                # counted part (~5 s under callgrind, more under load) it outlived the
+                # pool's 5 s keep-alive, and a reconnect in the first counted turn
+                # depended on the machine's load (branch ``instrperf``).
+                await run()
+                await wait_all_tasks_blocked()
                 if collect:  # both sides, both trees, from the collector's same phase
                     gc.collect()
                 os.getloadavg()  # callgrind: dump and reset the counters
@@ -91,6 +103,20 @@ async def _reads(
         await floor_close()
 
 
+def _keep_connections() -> None:
+    """No pooled connection expires in this process: a turn or read slower than the
+    pools' 5 s keep-alive (a full collection and a turn under callgrind, at a load of
+    ~10) made the next one connect again, ~0.1-0.2 M instructions counted or not as the
+    machine's load had it (branch ``instrperf``). Both sides' pools (httpcore: the
+    floor's httpx; httpcore2: the SDKs') and every tree alike."""
+    for name in ("httpcore", "httpcore2"):
+        try:
+            http11 = importlib.import_module(f"{name}._async.http11")
+        except ImportError:
+            continue
+        http11.AsyncHTTP11Connection.has_expired = lambda self: False
+
+
 def _child(fmt: str, n: int, turns: int, collect: bool, warm: int) -> None:
     import trio
 
@@ -99,6 +125,7 @@ def _child(fmt: str, n: int, turns: int, collect: bool, warm: int) -> None:
     # Trio reverses a scheduler round's batch at random (and draws its clock's offset):
     # seeded, both trees' runs make the same draws while their rounds match.
     trio._core._run._r.seed(0)
+    _keep_connections()
     server = LoopbackServer([(fmt, n)])
     try:
         with tempfile.TemporaryDirectory(prefix="axon-instr-") as directory:

@@ -338,6 +338,7 @@ class TwoStringSlot:
         "_joinable",
         "_loads",
         "_opening",
+        "_pad",
         "_quoted_middle",
         "_separators",
         "_start",
@@ -364,6 +365,7 @@ class TwoStringSlot:
         self._between = self._closing + b"\n" + self._opening  # between two events (run)
         self._separators = (b"", self._quoted_middle, b"", self._between)  # (_window)
         self._inner = slice(len(self._opening), -len(self._closing))  # text, middle, padding
+        self._pad = slice(len(middle) + 1, None)  # after a text's closing quote (_pieces)
         self._joinable = b"\n" not in self._opening + self._quoted_middle + self._closing
 
     def text(self, data: bytes) -> str | None:
@@ -405,29 +407,27 @@ class TwoStringSlot:
         quote, bytes without a quote, a quote and :attr:`suffix`, and those strings
         decode; ``None`` otherwise.
 
-        How, with two C calls an event (the OpenAI read's costliest step: its chunks are
-        three times Anthropic's events, and this read cut each with three, put it back
-        with two; issue 24): the bytes of each event after the learned opening and
-        before the closing are split at the quoted :attr:`middle`, and the pieces,
-        alternately texts and paddings, are put back between the learned bytes in one
-        join of the whole window.
+        How, with three C calls an event (the OpenAI read's costliest step: its chunks
+        are three times Anthropic's events; issue 24): the bytes of each event after the
+        learned opening and before the closing are cut into a text and a padding
+        (:meth:`_pieces`: split at their first quote, the padding past the middle), and
+        the pieces, alternately texts and paddings, are put back between the learned
+        bytes in one join of the whole window.
 
-        Why it reads what :meth:`text` reads: if that join equals the events' data
-        joined by newlines, the window is the learned bytes around quote-free pieces,
-        each between the separators it must be between. The learned bytes hold no
-        newline (:attr:`_joinable`) and the pieces hold none (a raw newline is no JSON
-        string's content: :func:`_strings` refuses it), so the window's only newlines
-        are the one each between-bytes holds, one fewer than the events: no event's
-        data holds one, and the window's lines are the events, each the learned bytes
-        around its text and padding. One :func:`_strings` validates the paddings and
-        reads the texts."""
+        Why it reads what :meth:`text` reads, however the pieces were cut: if that join
+        equals the events' data joined by newlines, the window is the learned bytes around
+        quote-free pieces, each between the separators it must be between. The learned bytes
+        hold no newline (:attr:`_joinable`) and the pieces hold none (a raw newline is no
+        JSON string's content: :func:`_strings` refuses it), so the window's only newlines
+        are the one each between-bytes holds, one fewer than the events: no event's data
+        holds one, and the window's lines are the events, each the learned bytes around its
+        text and padding. One :func:`_strings` validates the paddings and reads the texts."""
         k = len(part)
         if not self._joinable or list(map(_NAME, part)).count(name) != k:
             return None
         datas = list(map(_DATA, part))
-        inner: Iterator[bytes] = map(getitem, datas, repeat(self._inner, k))
-        pieces = list(chain.from_iterable(map(bytes.split, inner, repeat(self._quoted_middle, k))))
-        if len(pieces) != 2 * k or b"".join(pieces).find(b'"') >= 0:
+        pieces = self._pieces(map(getitem, datas, repeat(self._inner, k)), k)
+        if pieces is None or b"".join(pieces).find(b'"') >= 0:
             return None  # not this shape, or a quote in a piece (escaped): read alone
         layout = [self._opening, *self._separators * k]  # 4k + 1, the last one the closing
         layout[1::2] = pieces
@@ -436,6 +436,24 @@ class TwoStringSlot:
             return None
         decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
         return None if decoded is None else decoded[0::2]
+
+    def _pieces(self, inner: Iterator[bytes], k: int) -> list[bytes] | None:
+        """The text and the padding of each of ``k`` events' bytes between the learned
+        opening and closing (``inner``), in turn, if each holds a quote: the bytes before
+        its first quote, and those past :attr:`middle` and its closing quote after it;
+        ``None`` otherwise. For an event of this slot's shape, what a split at the quoted
+        :attr:`middle` gives; for another, pieces that its caller's comparison of the
+        learned bytes put back around them with the events' bytes refuses.
+
+        Why not that split: a search for the ~70 bytes of OpenAI's middle cost ~1,600
+        instructions an event, a split at the first quote and a slice ~1,000 (issue 24
+        goal 1: 0.6 M of a 1,000-delta turn's ~25 M)."""
+        pieces = list(chain.from_iterable(map(bytes.split, inner, repeat(b'"', k), repeat(1, k))))
+        if len(pieces) != 2 * k:
+            return None  # an event without a quote there
+        tails: list[Any] = pieces[1::2]  # each the middle, its closing quote, the padding
+        pieces[1::2] = map(getitem, tails, repeat(self._pad, k))
+        return pieces
 
     def run_lines(
         self, lines: list[bytes], i: int, k: int, lead: bytes, read: bytes, at: int
@@ -455,9 +473,8 @@ class TwoStringSlot:
             return None
         w = len(data_lines)
         inner = slice(line_start + len(self._opening), -len(self._closing))
-        cut: Iterator[bytes] = map(getitem, data_lines, repeat(inner, w))
-        pieces = list(chain.from_iterable(map(bytes.split, cut, repeat(self._quoted_middle, w))))
-        if len(pieces) != 2 * w or b"".join(pieces).find(b'"') >= 0:
+        pieces = self._pieces(map(getitem, data_lines, repeat(inner, w)), w)
+        if pieces is None or b"".join(pieces).find(b'"') >= 0:
             return None  # not this shape, or a quote in a piece (escaped): read alone
         between = self._closing + b"\n\n" + head
         layout = [head, *(b"", self._quoted_middle, b"", between) * w]
