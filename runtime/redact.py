@@ -407,14 +407,33 @@ _ENV_SECRET_WORDS = frozenset(
 )
 """A word of an environment variable's name (split at ``_``) that makes its value a secret
 (``OPENAI_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``)..."""
-_ENV_PLACES = frozenset({"file", "path", "dir", "home"})
-"""...unless its last word says it names a place (``SSL_KEY_FILE``: a path, not a key)."""
+_ENV_PLACES = frozenset({"file", "filename", "path", "dir", "home"})
+"""...unless its last word says it names a place (``SSL_KEY_FILE``: a path, not a key)...
+"""
+_ENV_ABOUT = frozenset(
+    {
+        *("url", "uri", "endpoint", "host", "hostname", "port", "region", "prefix", "suffix"),
+        *("name", "type", "header", "algorithm", "alg", "size", "bits", "length", "ttl"),
+        *("expiry", "lifetime", "timeout", "mode", "format", "version", "scope", "scopes"),
+        *("audience", "issuer", "backend", "provider", "enabled", "disabled"),
+    }
+)
+"""...or a setting about the credential, not the credential: ``OAUTH_TOKEN_URL`` (where
+to ask for one), ``CACHE_KEY_PREFIX``, ``API_KEY_HEADER``, ``TOKEN_PROVIDER``. Their
+values are ordinary text (a URL without credentials, a word such as ``production``), and
+registered they were replaced by ``[redacted]`` in every error text, the model's next
+request, the stored result and the log: ``connection to [redacted] refused``."""
 
 
 def is_secret_env_name(name: str) -> bool:
     """Whether the environment variable ``name`` holds a credential, by its words."""
     words = name.lower().split("_")
-    return words[-1] not in _ENV_PLACES and not _ENV_SECRET_WORDS.isdisjoint(words)
+    last = words[-1]
+    return (
+        last not in _ENV_PLACES
+        and last not in _ENV_ABOUT
+        and not _ENV_SECRET_WORDS.isdisjoint(words)
+    )
 
 
 def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
