@@ -7,6 +7,9 @@ stream and the log got. Registrations last for the process: each value here is i
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
 from runtime import Agent, Host, tool
@@ -69,3 +72,26 @@ def test_a_url_setting_keeps_all_but_its_credentials():
     register_env_secrets({"OIDC_TOKEN_URL": "https://app:pw-attackmerge-55@idp.test/token"})
     said = redact_text("POST https://app:pw-attackmerge-55@idp.test/token failed")
     assert said == f"POST https://app:{REDACTED}@idp.test/token failed"
+
+
+def test_many_secret_variables_compile_the_pattern_once(monkeypatch):
+    """A pod with hundreds of injected credentials: one compile for all (each compile
+    holds every secret so far: one a variable was quadratic, 14 s of CPU for 1,000)."""
+    env = {f"SVC{i}_API_KEY": f"attackmerge-service-key-{i:05d}" for i in range(300)}
+    env["SVC_DSN"] = "postgresql://app:attackmerge-dsn-pw-77@db/app"
+    compiled: list[str] = []
+    compile_ = re.compile
+
+    def counting(pattern: Any, flags: int = 0) -> Any:
+        if isinstance(pattern, str) and pattern.startswith("(?P<secret>"):
+            compiled.append(pattern)
+        return compile_(pattern, flags)
+
+    monkeypatch.setattr(re, "compile", counting)
+    register_env_secrets(env)
+    assert len(compiled) == 1
+    said = redact_text("attackmerge-service-key-00000 attackmerge-service-key-00299 x")
+    assert said == f"{REDACTED} {REDACTED} x"
+    assert redact_text("pw attackmerge-dsn-pw-77") == f"pw {REDACTED}"
+    register_env_secrets(env)  # the host opened again: nothing new, nothing compiled
+    assert len(compiled) == 1
