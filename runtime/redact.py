@@ -33,7 +33,7 @@ import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -131,16 +131,29 @@ def register_secret(value: str | None) -> None:
     shape. Providers call this when they resolve their key; registering is idempotent
     and lasts for the process. ``None``, non-strings and values shorter than
     :data:`MIN_SECRET_LENGTH` are ignored."""
+    register_secrets((value,))
+
+
+def register_secrets(values: Iterable[str | None]) -> None:
+    """:func:`register_secret` of each of ``values``, the pattern compiled once for all
+    of them: one by one, each compile held every secret so far, so an environment of
+    1,000 variables named like credentials took 14 s of CPU in ``Host.open`` (2,000:
+    58 s), quadratic, on the event loop."""
     global _secrets, _pattern, _checked, _inert_secrets
-    if not isinstance(value, str):
+    new: set[str] = set()
+    for value in values:
+        if not isinstance(value, str):
+            continue
+        value = value.strip()
+        if len(value) < MIN_SECRET_LENGTH or value in _secrets:
+            continue
+        if value in REDACTED * (len(value) // len(REDACTED) + 2):
+            continue  # made of the marker itself: replacing it could never finish
+        new.add(value)
+    if not new:
         return
-    value = value.strip()
-    if len(value) < MIN_SECRET_LENGTH or value in _secrets:
-        return
-    if value in REDACTED * (len(value) // len(REDACTED) + 2):
-        return  # made of the marker itself: replacing it could never finish
     with _lock:
-        secrets = _secrets | {value}
+        secrets = _secrets | new
         literal = "|".join(re.escape(s) for s in sorted(secrets, key=len, reverse=True))
         # Registered secrets first: a pattern must not redact half of one and leave the rest.
         _pattern = re.compile(f"(?P<secret>{literal})|{_PATTERN_SOURCE}")
@@ -395,11 +408,16 @@ def register_url_secrets(url: str) -> None:
     percent-decoded), so that they are redacted wherever they turn up later: in a
     driver's error text that quotes part of the URL, in a traceback. Stores and relays
     call this when they open a URL."""
+    register_secrets(_url_credentials(url))
+
+
+def _url_credentials(url: str) -> list[str]:
     if not isinstance(url, str):
-        return
+        return []
+    found = []
     for begin, end in _credential_spans(url):
-        register_secret(url[begin:end])
-        register_secret(urllib.parse.unquote_plus(url[begin:end]))
+        found += [url[begin:end], urllib.parse.unquote_plus(url[begin:end])]
+    return found
 
 
 _ENV_SECRET_WORDS = frozenset(
@@ -407,14 +425,33 @@ _ENV_SECRET_WORDS = frozenset(
 )
 """A word of an environment variable's name (split at ``_``) that makes its value a secret
 (``OPENAI_API_KEY``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``)..."""
-_ENV_PLACES = frozenset({"file", "path", "dir", "home"})
-"""...unless its last word says it names a place (``SSL_KEY_FILE``: a path, not a key)."""
+_ENV_PLACES = frozenset({"file", "filename", "path", "dir", "home"})
+"""...unless its last word says it names a place (``SSL_KEY_FILE``: a path, not a key)...
+"""
+_ENV_ABOUT = frozenset(
+    {
+        *("url", "uri", "endpoint", "host", "hostname", "port", "region", "prefix", "suffix"),
+        *("name", "type", "header", "algorithm", "alg", "size", "bits", "length", "ttl"),
+        *("expiry", "lifetime", "timeout", "mode", "format", "version", "scope", "scopes"),
+        *("audience", "issuer", "backend", "provider", "enabled", "disabled"),
+    }
+)
+"""...or a setting about the credential, not the credential: ``OAUTH_TOKEN_URL`` (where
+to ask for one), ``CACHE_KEY_PREFIX``, ``API_KEY_HEADER``, ``TOKEN_PROVIDER``. Their
+values are ordinary text (a URL without credentials, a word such as ``production``), and
+registered they were replaced by ``[redacted]`` in every error text, the model's next
+request, the stored result and the log: ``connection to [redacted] refused``."""
 
 
 def is_secret_env_name(name: str) -> bool:
     """Whether the environment variable ``name`` holds a credential, by its words."""
     words = name.lower().split("_")
-    return words[-1] not in _ENV_PLACES and not _ENV_SECRET_WORDS.isdisjoint(words)
+    last = words[-1]
+    return (
+        last not in _ENV_PLACES
+        and last not in _ENV_ABOUT
+        and not _ENV_SECRET_WORDS.isdisjoint(words)
+    )
 
 
 def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
@@ -427,13 +464,15 @@ def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
     (a provider's own variable only once its client was built). The host does this as
     it opens; values shorter than :data:`MIN_SECRET_LENGTH` are ignored."""
     env = os.environ if environ is None else environ
+    found: list[str] = []
     for name, value in list(env.items()):
         if not isinstance(value, str):
             continue
         if is_secret_env_name(name):
-            register_secret(value)
+            found.append(value)
         if "://" in value:
-            register_url_secrets(value)
+            found += _url_credentials(value)
+    register_secrets(found)
 
 
 _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)

@@ -692,11 +692,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """The step loop: budget check, model call, tools, step boundary; until a step
         finishes without tool calls (or suspends, waiting for input)."""
         budget = turn.limits
+        paused = False
         while True:
             budget.check_step(turn.step)
             if budget.output_left(turn.usage) == 0:  # no call may write nothing
                 raise BudgetExceeded("max_output_tokens")
-            if turn.parts.content:  # a step boundary is behind
+            # A step boundary is behind, unless the server paused the answer: a message
+            # steered in there went between the paused answer and its continuation, so
+            # the model started over on it, a server tool use in progress dropped.
+            if turn.parts.content and not paused:
                 await self._at_boundary(turn)
             step = await self._begin_step(turn)
             result = await self._infer(turn)
@@ -706,7 +710,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             )
             if result.calls:
                 over = await self._take_results(turn, result, step, over)
-            resume = _resumes(turn, result, over)
+            resume = paused = _resumes(turn, result, over)
             again = await self._end_step(turn, result, step, over, resume)
             if over:
                 raise BudgetExceeded(over)
