@@ -27,18 +27,27 @@ def paused(text: str) -> list[object]:
     return [TextChunk(text=text), FinishChunk(reason="other", resume=True)]
 
 
-async def commit_paused(store: MemoryStore, pauses: int, *, interrupted: bool = False) -> None:
+async def commit_paused(
+    store: MemoryStore, pauses: int, *, interrupted: bool = False, cancel: bool = False
+) -> None:
     """Run the turn on a first host through ``pauses`` paused steps, its next model call
     hanging, and copy what its store holds then into ``store`` (with ``interrupted``,
-    its message marked so, as a restarted embedded host settles a dead writer's turn)."""
+    its message marked so, as a restarted embedded host settles a dead writer's turn;
+    with ``cancel``, the turn is cut there instead, as a worker shutting down cuts it,
+    and saved so)."""
     steps = [paused(f"part {n}.") for n in range(pauses)]
     provider = ScriptedProvider([*steps, [Sleep(10_000), "never"]])
     first = MemoryStore()
     async with Host.open(store=first, log_tap=False) as host:
         session = await host.open_session(Agent(provider=provider), session_id=SID)
-        async with session.stream("search", turn_id=T, message_id=M, resume=True):
+        async with session.stream("search", turn_id=T, message_id=M, resume=True) as out:
             await trio.sleep(10)  # the paused steps run and are saved (autojump clock)
             assert len(provider.requests) == pauses + 1  # the next call hangs
+            if cancel:
+                out.cancel("worker shutting down")
+            else:
+                record = await first.load(SID)
+        if cancel:
             record = await first.load(SID)
     messages = list(record.messages)
     meta = dict(record.meta)
@@ -104,3 +113,30 @@ async def test_a_paused_step_of_a_message_marked_interrupted_is_kept_and_continu
     answer = (await store.load(SID)).messages[1]
     assert answer.status == "complete" and answer.text == "part 0. done."
     assert result.finish_reason == "stop"
+
+
+async def test_a_turn_cut_after_a_paused_step_and_taken_over_continues_it(autojump_clock):
+    """A worker shutting down cuts the turn in the continuation's call (saved interrupted,
+    the paused step's mark kept): the worker that takes it over continues the pause."""
+    store = MemoryStore()
+    await commit_paused(store, 1, cancel=True)
+    cut = await store.load(SID)
+    assert cut.messages[1].interrupted
+    assert cut.meta[PAUSED_META] == {"turn_id": T, "step": 0, "resumed": 1}
+    _, result, provider = await take_over(store, 1, [" done."])
+    assert len(provider.requests) == 1
+    assert provider.requests[0].messages[-1].text == "part 0."
+    record = await store.load(SID)
+    assert record.messages[1].text == "part 0. done." and result.finish_reason == "stop"
+    assert record.meta[PAUSED_META] is None
+
+
+async def test_a_later_turn_clears_the_mark_of_a_turn_cut_after_its_pause(autojump_clock):
+    """(Its end clears any mark: a session's meta does not keep a turn's that is over.)"""
+    store = MemoryStore()
+    await commit_paused(store, 1, cancel=True)
+    provider = ScriptedProvider(["hello"])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), session_id=SID)
+        await session.run("next")
+    assert (await store.load(SID)).meta[PAUSED_META] is None

@@ -1009,8 +1009,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         cut = cut and turn.error is None
         if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
             turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
-        if turn.finish_reason != AWAITING_INPUT and turn.meta.get(PAUSED_META) is not None:
-            turn.meta = {**turn.meta, PAUSED_META: None}  # the turn is over: nothing to continue
+        if turn.meta.get(PAUSED_META) is not None and not (
+            turn.finish_reason == AWAITING_INPUT or turn.abort_reason is not None
+        ):
+            # over: nothing to continue (one cut from outside, a worker's shutdown, may
+            # be taken over after its paused step: its mark stays)
+            turn.meta = {**turn.meta, PAUSED_META: None}
         if turn.approved_before:
             # Cut before it ran what a person approved in the turn it superseded (in
             # its start's announcement, its hook): stored interrupted, as a call cut
