@@ -311,7 +311,13 @@ def large_output(value: Any, nodes: int = LARGE_OUTPUT_NODES) -> bool:
 
 
 def checked_output(
-    messages: Sequence[Message], key: str, output: Any, tools: Mapping[str, Any]
+    messages: Sequence[Message],
+    key: str,
+    output: Any,
+    tools: Mapping[str, Any],
+    max_chars: int | None = None,
+    *,
+    cut: bool = False,
 ) -> tuple[bool, Any]:
     """Check a client's ``output`` for the waiting client call ``key`` of ``messages``
     against its tool's output schema, as the decision would (:func:`_check`):
@@ -321,7 +327,11 @@ def checked_output(
     ``messages``, a tool without an output schema: the decision checks what it finds).
     Raises :class:`InvalidDecision` when the schema refuses it. Runs in a worker thread
     for a large output (``Session.decide``, the AI SDK's answers): it reads only
-    ``messages``, ``output`` and the tools' validators, which nothing changes meanwhile."""
+    ``messages``, ``output`` and the tools' validators, which nothing changes meanwhile.
+
+    ``cut``: the output is returned as it is stored (:func:`stored_output`: cut to
+    ``max_chars``), a tool without an output schema's too, so the recording on the loop
+    does not write the whole of it out again (``Session.decide``'s large outputs)."""
     call = next(
         (c for c in waiting_calls(messages) if key in (c.approval_id, c.tool_call_id)), None
     )
@@ -329,13 +339,14 @@ def checked_output(
         return False, output
     check = output_check(tools.get(call.tool_name), call.sub_tool)
     if check is None:
-        return False, output
+        return (True, stored_output(call, output, max_chars)) if cut else (False, output)
     value = _storable_output(call, output)
     try:
         check(value)
     except ToolInputError as exc:
         raise InvalidDecision(str(exc)) from None
-    return True, value
+    # (with ``cut``, stored_output's form: the value checked, cut, not converted again)
+    return True, truncate_output(value, max_chars) if cut else value
 
 
 def _check(

@@ -67,3 +67,18 @@ async def test_an_ai_sdk_large_output_is_encoded_in_the_thread_that_checks_it(ch
     assert checks.on_main == [False]
     assert encodes and True not in encodes, encodes
     _saved_cut(record)
+
+
+async def test_session_respond_encodes_a_large_output_in_the_thread_that_checks_it(checks, encodes):
+    """``session.respond(call_id, output=BIG)`` from Python (``Session.decide``)."""
+    from runtime import Host
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent(), session_id="s")
+        await session.run("go")
+        done = await session.respond("c1", output=BIG)
+        record = await host.store.load("s")
+    assert done is not None and done.text == "ok"
+    assert checks.on_main == [False]
+    assert encodes and True not in encodes, encodes  # was [False, True, True]
+    _saved_cut(record)

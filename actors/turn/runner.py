@@ -53,7 +53,13 @@ from actors.turn.saving import SAVE_TIMEOUT as SAVE_TIMEOUT
 from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
 from actors.turn.suspension import Suspending, edit_ran
-from actors.turn.takeover import Committed, find_committed, steered_message_id
+from actors.turn.takeover import (
+    PAUSED_META,
+    Committed,
+    find_committed,
+    paused_mark,
+    steered_message_id,
+)
 from actors.turn.tool_calls import RUNNABLE_FINISH as RUNNABLE_FINISH
 from actors.turn.tool_calls import ToolCalling
 from actors.turn.tool_calls import refuse_call as refuse_call
@@ -109,6 +115,7 @@ from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, Message, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import ErrorInfo
 from runtime.redact import redact
+from runtime.store import SessionRecord
 
 
 def _suspended_trace(
@@ -395,7 +402,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             began = await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
             if run.user_message_id is not None:  # (``_user_id`` asks them)
                 await self.read_ids()
-            turn, committed, superseded = self._open_turn(run)
+            turn, committed, superseded = self._open_turn(run, began)
             if committed is not None:
                 turn.began_from = began
         except Exception:
@@ -554,16 +561,22 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             return meta
         return {key: value for key, value in meta.items() if key != "title"}
 
-    def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
+    def _open_turn(
+        self, run: RunTurn, began: SessionRecord | None = None
+    ) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
         """The turn ``run`` starts (or continues: its committed step, when a resumed turn
         finds one), its messages in the session's history, and the calls of a turn that
-        waited for input which this one supersedes (denied as it begins)."""
+        waited for input which this one supersedes (denied as it begins). ``began``: the
+        session as the turn's start read it, whose meta tells a paused last step
+        (:data:`~actors.turn.takeover.PAUSED_META`; else the run's meta does)."""
         state, agent = self.state, self.agent
         turn_id = run.turn_id
         message_id = run.message_id or new_id("msg")
-        committed = None
+        committed, mark = None, None
         if run.resume and run.message_id is not None:
-            committed = find_committed(state.messages, message_id)
+            mark = paused_mark(began.meta if began is not None else run.meta, turn_id)
+            paused = mark[0] if mark is not None else None
+            committed = find_committed(state.messages, message_id, paused)
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
@@ -611,6 +624,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:
             self._continue(turn, committed)
+            if mark is not None:  # the pauses its first worker continued count on
+                turn.resumed = mark[1]
         # this run's output bound (a sub-turn's: its caller's left), beyond what it wrote
         turn.limits = agent.budget.bounded(run.max_output_tokens, turn.usage)
         turn.account = run.output_account  # shared with its caller's other calls
@@ -817,7 +832,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         # retry leaves the turn marked). A step that ends the turn saves what its final
         # save would (that one then costs no write).
         goes_on = (bool(result.calls) and not over) or again is True or resume
+        if resume:  # a takeover continues it too (actors.turn.takeover), counting on
+            mark = {"turn_id": turn.turn_id, "step": step, "resumed": turn.resumed + 1}
+            turn.meta = {**turn.meta, PAUSED_META: mark}
         ends = None if resume else _ends(turn, result, over)
+        if ends is not None and turn.meta.get(PAUSED_META) is not None:
+            turn.meta = {**turn.meta, PAUSED_META: None}  # (as the final save's: no write more)
         await self._save(turn, step, ends=ends, running=goes_on)
         return again
 
@@ -993,6 +1013,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         cut = cut and turn.error is None
         if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
             turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
+        if turn.meta.get(PAUSED_META) is not None and not (
+            turn.finish_reason == AWAITING_INPUT or turn.abort_reason is not None
+        ):
+            # over: nothing to continue (one cut from outside, a worker's shutdown, may
+            # be taken over after its paused step: its mark stays)
+            turn.meta = {**turn.meta, PAUSED_META: None}
         if turn.approved_before:
             # Cut before it ran what a person approved in the turn it superseded (in
             # its start's announcement, its hook): stored interrupted, as a call cut

@@ -13,11 +13,18 @@ with what the step in flight had produced and an ``interrupted`` result for each
 calls that did not complete: that step did not finish either, so it is dropped here and
 run again, like the step a dead worker left behind. Only the last step can be such a
 step: every earlier one was committed whole before the next began.
+
+A step the model paused (Anthropic's ``pause_turn`` and ``compaction`` stops) makes no
+calls, yet the turn goes on after it (:data:`actors.turn.runner.MAX_RESUMES`): its save
+writes :data:`PAUSED_META` into the session's meta, naming the step and the pauses the
+turn continued so far. A takeover reads it (:func:`paused_mark`): a last committed step
+it names is continued, not taken for the turn's answer, and the count goes on from there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -31,6 +38,23 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
+
+PAUSED_META = "paused_turn"
+"""The session meta key a paused step's save writes: ``{"turn_id", "step", "resumed"}``,
+the turn, its last paused step and how many pauses it continued, that one included
+(``None`` once the turn ended)."""
+
+
+def paused_mark(meta: Mapping[str, Any], turn_id: str) -> tuple[int, int] | None:
+    """``(step, resumed)`` of :data:`PAUSED_META` in a session's ``meta`` when it names
+    the turn ``turn_id``: its last paused step and the pauses it continued; else ``None``."""
+    mark = meta.get(PAUSED_META)
+    if not isinstance(mark, Mapping) or mark.get("turn_id") != turn_id:
+        return None
+    step, resumed = mark.get("step"), mark.get("resumed")
+    if type(step) is not int or type(resumed) is not int:
+        return None
+    return step, resumed
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -50,8 +74,8 @@ class Committed:
     next_step: int
     """The number of the step to run next: one more than the last committed step's."""
     finished: bool
-    """The turn needs no more steps: its last committed step made no tool calls, or
-    later turns follow it in the history. Nothing is to be changed then."""
+    """The turn needs no more steps: its last committed step made no tool calls and was
+    not paused, or later turns follow it in the history. Nothing is to be changed then."""
     usage: Usage = attrs.field(factory=Usage)
     """What the turn's model calls used (and cost) as of its last save: every call that
     had ended by then, sub-agents' included, a cut step's too (it was paid for, and is
@@ -83,7 +107,9 @@ def steered_message_id(first: str, step: int) -> str:
     return f"{first}{STEERED_MARK}{step}"
 
 
-def find_committed(messages: Sequence[Message], message_id: str) -> Committed | None:
+def find_committed(
+    messages: Sequence[Message], message_id: str, paused: int | None = None
+) -> Committed | None:
     """The committed steps of the turn whose assistant message has id ``message_id``, or
     ``None`` when ``messages`` holds no such message (nothing of the turn was committed).
     A turn that messages were steered into has an assistant message after each
@@ -93,6 +119,10 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
     whose calls lack a result, or carry the ``interrupted`` one, was cut; so was a last
     step without calls of a message marked interrupted or failed (its answer is partial).
     Such a step is left out of the result, parts and tool messages alike.
+
+    ``paused``: the turn's last paused step (:func:`paused_mark`). Its save was written
+    after it ended, so it is whole (a message marked interrupted after it, its writer
+    dead, cut nothing of it); the last committed step, it leaves the turn unfinished.
     """
     a = _last_index(messages, message_id)
     if a is None:
@@ -107,7 +137,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
     parts = msg.content
     steps = sorted({p.step for p in parts})
     over = end < len(messages)  # later turns follow: this one is long over
-    if not over and steps and _was_cut(msg, steps[-1], tools):
+    if not over and steps and steps[-1] != paused and _was_cut(msg, steps[-1], tools):
         cut = steps.pop()
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
@@ -122,7 +152,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts=parts,
         tool_messages=tools,
         next_step=steps[-1] + 1 if steps else 0,
-        finished=over or (bool(steps) and not last_calls),
+        finished=over or (bool(steps) and not last_calls and steps[-1] != paused),
         usage=msg.usage or Usage(),
     )
 

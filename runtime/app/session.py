@@ -210,6 +210,18 @@ TITLE_CHARS = 80
 """How long a title ``serve`` and ``mcp-server`` give a session may be."""
 
 
+def _stored_checked_output(
+    messages: Sequence[Message],
+    key: str,
+    output: Any,
+    tools: Mapping[str, Any],
+    max_chars: int | None,
+) -> tuple[bool, Any]:
+    """:func:`~runtime.approval.checked_output` with the output as it is stored (cut),
+    for :meth:`Session.decide`'s worker thread (which passes no keyword)."""
+    return checked_output(messages, key, output, tools, max_chars, cut=True)
+
+
 def title_of(content: UserContent) -> str:
     """A session title from its first input: the text, else the attachments' names."""
     if isinstance(content, str):
@@ -1620,8 +1632,16 @@ class Session:
                 # read here, to check against in the thread, and decided on as read.
                 view = await self.host.store.load(self._id)
             if view is not None:
+                # Stored as the recording keeps it (cut), made in the thread: the
+                # recording, on the loop, does not write the whole output out again.
                 output_checked, output = await trio.to_thread.run_sync(
-                    checked_output, view.messages, id, output, by_name, limiter=off_loop_limiter()
+                    _stored_checked_output,
+                    view.messages,
+                    id,
+                    output,
+                    by_name,
+                    self.agent.budget.max_tool_result_chars,
+                    limiter=off_loop_limiter(),
                 )
         decision = Decision(
             approved=approved,
