@@ -98,6 +98,22 @@ MCP_LINE_CHARS = 500
 """Characters of an ``mcp`` client record's text kept (:class:`MCPClientLines`)."""
 
 
+def _message(record: logging.LogRecord) -> str:
+    """``record``'s message, or its format alone when its arguments do not fit it."""
+    try:
+        return record.getMessage()
+    except Exception:
+        return str(record.msg)
+
+
+def _one_line(text: str) -> str:
+    """``text`` redacted and cut to :data:`MCP_LINE_CHARS`, saying how much was cut."""
+    text = redact_text(text)
+    if len(text) > MCP_LINE_CHARS:
+        text = f"{text[:MCP_LINE_CHARS]}... ({len(text) - MCP_LINE_CHARS} characters more)"
+    return text
+
+
 class MCPClientLines(logging.Filter):
     """What the ``mcp`` package's client logs (:data:`MCP_CLIENT_LOGGERS`), kept out of
     every log whatever its level or handler: the record is changed in place, before any
@@ -122,17 +138,11 @@ class MCPClientLines(logging.Filter):
             return True  # an application's own logger named "client"
         if record.levelno < logging.WARNING:
             return False
-        try:
-            text = record.getMessage()
-        except Exception:  # (arguments that do not fit the format: the format alone)
-            text = str(record.msg)
+        text = _message(record)
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
             text = f"{text}: {_said_by(exc)}"
-        text = redact_text(text)
-        if len(text) > MCP_LINE_CHARS:
-            text = f"{text[:MCP_LINE_CHARS]}... ({len(text) - MCP_LINE_CHARS} characters more)"
-        record.msg, record.args = text, ()
+        record.msg, record.args = _one_line(text), ()
         record.exc_info = record.exc_text = record.stack_info = None
         return True
 
@@ -227,13 +237,7 @@ class MCPServerLines(MCPClientLines):
             return True
         if record.levelno < logging.WARNING:
             return False
-        try:
-            text = record.getMessage()
-        except Exception:  # (arguments that do not fit the format: the format alone)
-            text = str(record.msg)
-        text = redact_text(text)
-        if len(text) > MCP_LINE_CHARS:
-            text = f"{text[:MCP_LINE_CHARS]}... ({len(text) - MCP_LINE_CHARS} characters more)"
+        text = _one_line(_message(record))
         if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
             said = traceback.format_exception(*record.exc_info)
             record.exc_text = redact_text("".join(said).rstrip("\n"))
