@@ -454,6 +454,19 @@ class SessionDeleted(StoreError):
         self.session_id = session_id
 
 
+class AnsweredElsewhere(StoreError):
+    """A turn's save was refused: the store holds its user message already answered by
+    another writer (the same message posted to two processes at once, a balancer's retry
+    on the other upstream). Appending the turn would store a second answer and, its
+    message's stored copy dropped, an answer first (:func:`runtime.store.rebase`).
+    Nothing was written; the other writer's answer is the stored one. ``message_id`` is
+    the user message's id."""
+
+    def __init__(self, message: str, *, message_id: str) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+
+
 class QueueFull(AxonError):
     """A turn was not queued: its session, or the whole turn queue, already holds as many
     queued turns as it may (:class:`actors.stores.turns.TurnQueue`'s caps). Nothing was

@@ -19,12 +19,13 @@ import inspect  # (loaded already: attrs, imported below, imports it)
 import re
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
+from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from runtime.chunks import _eq, _hash, _repr
-from runtime.errors import InvalidCursor, InvalidSessionId
+from runtime.errors import AnsweredElsewhere, InvalidCursor, InvalidSessionId
 from runtime.messages import Message, UserMessage
 
 _SESSION_ID = r"[A-Za-z0-9_.:-]{1,128}"
@@ -593,8 +594,30 @@ def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Me
     other writer's turns first, then this writer's turn whole, its tool calls still
     followed by their results. Returns that base and the index of the first stored
     message it does not keep unchanged (where the save has to start).
+
+    A stored copy of one of our *user* messages followed by an assistant or tool message
+    that is not ours is another writer's answer to it (the message posted to two
+    processes at once): :class:`~runtime.errors.AnsweredElsewhere`, nothing to append.
+    Only past ``start`` (our earlier saves and what followed them): a save that met no
+    conflict never gets here.
     """
     ids = {message.id for message in ours}
     base = tuple(message for message in stored if message.id not in ids)
     start = next((i for i, message in enumerate(stored) if message.id in ids), len(stored))
+    for here, after in pairwise(stored[start:]):
+        if (
+            type(here) is UserMessage
+            and here.id in ids
+            and after.id not in ids
+            and after.role in _ANSWERS
+        ):
+            raise AnsweredElsewhere(
+                f"message {here.id!r} was answered by another process (the same message "
+                "sent to two at once): its stored answer stands, this turn was not saved",
+                message_id=here.id,
+            )
     return base, start
+
+
+_ANSWERS = frozenset(("assistant", "tool"))
+"""The roles of a message that answers the user message before it."""

@@ -26,6 +26,7 @@ from actors.turn.session_sync import adopt_record, adopt_save
 from runtime import Agent, Host, tool
 from runtime import events as ev
 from runtime.actor_messages import InferRequest, SaveRequest, SaveResult, SessionState
+from runtime.errors import AnsweredElsewhere
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -84,6 +85,40 @@ def test_rebase_drops_our_earlier_copy_and_keeps_the_other_writers_turn():
     assert base == (user("0"), answer("0"), *theirs)
     assert start == 2  # the first stored message that is not kept in place
     assert check_history(base + tuple(ours)) == ["0", "b", "a"]
+
+
+def test_rebase_refuses_our_message_answered_by_the_other_writer():
+    """The same message posted to two processes at once: both ran a turn. Dropping the
+    stored copy of ours stored ``[their answer, ours, our answer]`` (branch twinserve)."""
+    stored = [user("0"), answer("0"), user("a"), answer("a-theirs")]
+    with pytest.raises(AnsweredElsewhere) as caught:
+        rebase(stored, [user("a"), answer("a")])
+    assert caught.value.message_id == "u-a"
+    # Our own step's copy after it, or their next message (a user's), is no answer.
+    assert rebase([*stored[:3], user("b")], [user("a"), answer("a")]) == (
+        (user("0"), answer("0"), user("b")),
+        2,
+    )
+    assert rebase([*stored[:3], answer("a", "half")], [user("a"), answer("a")])[1] == 2
+
+
+def test_reloading_drops_our_unsaved_turn_of_a_message_the_other_writer_answered():
+    """Its save refused (AnsweredElsewhere), the turn stayed in memory: the next turn's
+    reload rebased it, ``[.., their answer, ours, our answer]``. Now it goes."""
+    state = SessionState(
+        session_id="s", messages=[user("0"), answer("0"), user("a"), answer("a", "mine")]
+    )
+    state.saved_upto, state.version = 2, 1
+    theirs = [user("0"), answer("0"), user("a"), answer("a-theirs", "theirs")]
+    store = MemoryStore()
+
+    async def main():
+        await store.save("s", 0, theirs)
+        return await store.load("s")
+
+    adopt_record(state, trio.run(main))
+    assert state.messages == theirs
+    assert (state.saved_upto, state.version) == (4, 1)
 
 
 @given(

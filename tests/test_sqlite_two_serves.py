@@ -8,9 +8,11 @@ the store; turns taken in turn by two processes are tests/test_concurrent_writer
 from __future__ import annotations
 
 import httpx
+import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
+from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
 from runtime.messages import UserMessage
 from tests.test_web_http import body, events
 from tests.web.harness import web_server
@@ -92,3 +94,71 @@ async def test_an_ag_ui_run_sent_again_to_the_other_server_is_answered_with_its_
             ("assistant", "From A."),
         ]
         assert len((await a.host.store.load("t")).messages) == 4
+
+
+class _Gated(ScriptedProvider):
+    """A scripted provider whose answer waits for ``gate``; ``entered`` is set once its
+    turn has reached the model call."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(steps=[[text]])
+        self.entered = trio.Event()
+        self.gate = trio.Event()
+
+    async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
+        self.entered.set()
+        await self.gate.wait()
+        await super().stream(request, emit)
+
+
+async def test_the_same_message_sent_to_both_servers_at_once_is_answered_once(tmp_path):
+    """A balancer retries a timed-out post on the other upstream while the first still
+    runs: both processes run a turn for the one message. The second to save finds the
+    stored copy of its message answered by the other: its turn is refused, not appended
+    (``rebase`` dropped the stored copy and stored ``[answer A, q1, answer B]``)."""
+    db = str(tmp_path / "one.db")
+    b_provider = _Gated("From B.")
+    async with (
+        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a,
+        web_server(Agent(provider=b_provider), store=db) as b,
+    ):
+        async with (
+            httpx.AsyncClient(base_url=a.url) as to_a,
+            httpx.AsyncClient(base_url=b.url) as to_b,
+        ):
+            b_provider.gate.set()
+            await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))  # B holds s
+            b_provider.gate = trio.Event()
+            replies: dict[str, httpx.Response] = {}
+
+            async def post_b() -> None:
+                replies["b"] = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+
+            async with trio.open_nursery() as nursery:
+                b_provider.entered = trio.Event()
+                nursery.start_soon(post_b)
+                await b_provider.entered.wait()  # B's turn runs (q1 not stored yet)
+                first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+                b_provider.gate.set()
+            # B's next turn sees A's answer, not its own refused one (forgotten unsaved).
+            await to_b.post("/api/chat", json=body("s", "two", message_id="q2"))
+        seen = b_provider.requests[-1].messages
+        assert [(m.role, m.text if m.role == "assistant" else m.content) for m in seen][:5] == [
+            ("user", "zero"),
+            ("assistant", "From B."),
+            ("user", "one"),
+            ("assistant", "From A."),
+            ("user", "two"),
+        ]
+        assert first.status_code == 200 and _text(first.content) == "From A."
+        record = await a.host.store.load("s")
+        assert [(m.role, m.text if m.role == "assistant" else m.id) for m in record.messages] == [
+            ("user", "q0"),
+            ("assistant", "From B."),
+            ("user", "q1"),
+            ("assistant", "From A."),
+            ("user", "q2"),
+            ("assistant", "From B."),
+        ]
+        (end,) = [c for c in events(replies["b"].content)[:-1] if c["type"] == "error"]
+        assert end["errorText"].endswith(ANSWERED_ELSEWHERE_MESSAGE)

@@ -10,7 +10,9 @@ together, and both are plain functions here so they can be tested without a turn
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
   to save (so the model sees the other writer's turns, and nothing of ours is dropped),
-  unless the session was deleted since (gone, or started again: its incarnation says so).
+  unless the session was deleted since (gone, or started again: its incarnation says so),
+  or that unsaved turn's message was answered by another writer (its save refused,
+  :class:`~runtime.errors.AnsweredElsewhere`): that turn goes, the stored answer stands.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 import attrs
 
 from runtime.actor_messages import SaveRequest, SaveResult, SessionState
+from runtime.errors import AnsweredElsewhere
 from runtime.messages import Message
 from runtime.store import SessionRecord, rebase
 
@@ -80,7 +83,14 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
-    base, start = rebase(stored, unsaved)
+    try:
+        base, start = rebase(stored, unsaved)
+    except AnsweredElsewhere as exc:
+        # Our unsaved turn of a message another writer answered (its save was refused):
+        # it goes from that message on, the stored answer stands.
+        del state.messages[end + _index(unsaved, exc.message_id) :]
+        unsaved = state.messages[end:]
+        base, start = rebase(stored, unsaved)
     adopted = _replace_prefix(state, end, base)
     # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
     # ours (a step saved before the other writer's turn): the next save starts there.
@@ -88,6 +98,11 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     state.saved_upto = start
     state.version = 0 if record is None else record.version
     return attrs.evolve(adopted, deleted=True) if deleted else adopted
+
+
+def _index(messages: Sequence[Message], message_id: str) -> int:
+    """The index of the message ``message_id`` in ``messages``."""
+    return next(i for i, message in enumerate(messages) if message.id == message_id)
 
 
 def _replace_prefix(state: SessionState, end: int, prefix: Sequence[Message]) -> Adopted:

@@ -19,6 +19,7 @@ from runtime import output as o
 from runtime.errors import (
     SESSION_DELETED,
     ActorFailed,
+    AnsweredElsewhere,
     LeaseLost,
     SessionBusy,
     StoreConflict,
@@ -41,6 +42,11 @@ NOT_CONFIRMED_MESSAGE = (
     "reload the conversation to see what it holds before going on"
 )
 """A save that outlived ``SAVE_TIMEOUT``: still in flight, it may land yet."""
+ANSWERED_ELSEWHERE_MESSAGE = (
+    "this answer was not saved: another server answered this message at the same time "
+    "(the message was sent to two at once); reload the conversation to see its answer"
+)
+"""A save refused as :class:`~runtime.errors.AnsweredElsewhere`: the stored answer stands."""
 
 _STORES = (StoreError, StoreCorrupt, StoreConflict, StoreUnavailable, TurnConflict, LeaseLost)
 STORE_KINDS = frozenset(
@@ -68,6 +74,8 @@ def unsaved_error(result: Any) -> ErrorInfo:
     store's text is never quoted."""
     if result.error is None:  # no failure: the save did not answer in time
         return ErrorInfo(kind=NOT_SAVED, message=NOT_CONFIRMED_MESSAGE)
+    if result.error.kind == AnsweredElsewhere.__name__:
+        return ErrorInfo(kind=NOT_SAVED, message=ANSWERED_ELSEWHERE_MESSAGE)
     own = result.error if result.finish_reason == "error" else None
     if own is None or own.kind in STORE_KINDS:
         return ErrorInfo(kind=NOT_SAVED, message=NOT_SAVED_MESSAGE)
