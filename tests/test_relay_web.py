@@ -113,9 +113,15 @@ async def test_another_front_end_replays_and_resumes_a_running_turn(redis_url: s
             events = [e for e in replayed if e[1] != "[DONE]"]
             after = events[3][0]
             tail = await client.get(f"{b.url}/api/chat/s1/stream", headers={"last-event-id": after})
+            last = {"last-event-id": events[-1][0]}
+            done = await client.get(f"{b.url}/api/chat/s1/stream", headers=last)
     assert [d for _, d in replayed] == [d for _, d in direct]  # the same UI stream, from B
     assert [int(i) for i, _ in events] == sorted({int(i) for i, _ in events})
-    assert tail.status_code == 204  # by then the turn had ended
+    # By then the turn had ended: a client that left it after seq ``after`` still gets
+    # the rest (it was a 204, and its answer stayed cut short); one that had it all, 204.
+    assert tail.status_code == 200
+    assert sse_events(tail.text) == [e for e in replayed if e[0] is None or int(e[0]) > int(after)]
+    assert done.status_code == 204
 
 
 async def test_last_event_id_resumes_after_that_seq(redis_url: str) -> None:

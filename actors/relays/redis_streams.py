@@ -604,8 +604,14 @@ class RedisRelay:
         )
         return bool(found)
 
-    async def active_turn(self, session_id: str) -> str | None:
+    async def active_turn(self, session_id: str, *, after_seq: int | None = None) -> str | None:
         """The session's turn that is still streaming, if any (``None``: none, or ended).
+
+        With ``after_seq`` (a reader resuming after that seq: ``Last-Event-ID``), the
+        session's latest turn also when it ended, if its stream holds chunks past that
+        seq: a reader dropped before the end (it stopped reading, its connection broke)
+        resumes the tail it missed, not a 204 that leaves its answer cut short. A turn
+        that ended waiting for input is none (it streams again once decided).
 
         Junk at the session's key (another type, not a turn id) is no turn; a turn whose
         stream is junk is returned, so its reader finds it gone and rebuilds it."""
@@ -631,11 +637,16 @@ class RedisRelay:
         if not last:
             return None
         try:
-            items = _decode(last[0]).items  # (none: a part of a split chunk)
+            entry = _decode(last[0])
+            items = entry.items  # (none: a part of a split chunk)
             ended = bool(items) and items[-1]["type"] == END
         except _Undecodable:
             return turn_id
-        return None if ended else turn_id
+        if not ended:
+            return turn_id
+        # The end marker is the stream's last seq; the client's last event the one before.
+        missed = after_seq is not None and after_seq < entry.last - 1
+        return turn_id if missed and items[-1].get("paused") is not True else None
 
     async def read(
         self,

@@ -911,7 +911,7 @@ class FrontEnd:
         self.check_open()
         session_id = session_id_param(request.path_params["session_id"])
         after_seq = parse_after_seq(request)
-        turn = await self._active(session_id)
+        turn = await self._active(session_id, after_seq)
         if turn is None:
             return Response(status_code=204)
         announced: Iterable[str] = ()
@@ -924,10 +924,11 @@ class FrontEnd:
             announced = awaited_calls(found[1], turn.message_id)
         return self._response(request, turn, after_seq, announced=announced)
 
-    async def _active(self, session_id: str) -> Any:
-        """The turn to show for the session: the one streaming, else its running or
-        oldest queued one."""
-        turn_id = await _unavailable_as_503(self.relay.active_turn(session_id))
+    async def _active(self, session_id: str, after_seq: int | None = None) -> Any:
+        """The turn to show for the session: the one streaming (or, resumed after
+        ``after_seq``, the latest one whose stream the client left before its end), else
+        its running or oldest queued one."""
+        turn_id = await _unavailable_as_503(self.relay.active_turn(session_id, after_seq=after_seq))
         if turn_id is not None:
             turn = await self.queue.get_status(turn_id)
             if turn is not None:

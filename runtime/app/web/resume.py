@@ -478,7 +478,7 @@ async def resume_stream(request: Request) -> Any:
     relay = state.relay
     if relay is None:
         return Response(status_code=204)  # no relay: nothing can be resumed
-    turn_id = await _unavailable_as_503(relay.active_turn(session_id))
+    turn_id = await _unavailable_as_503(relay.active_turn(session_id, after_seq=after_seq))
     if turn_id is None:
         return Response(status_code=204)
     return RelayStreamResponse(
