@@ -1,0 +1,123 @@
+"""A worker SIGKILLed after an Anthropic ``pause_turn`` step was saved, inside the
+continuation's model call: real ``python -m runtime worker`` processes on the test run's
+own PostgreSQL and Redis, the real ``AsyncAnthropic`` client of
+:mod:`tests.support.pause_worker_agent` on a loopback Anthropic server (SSE) that holds
+the continuation's request. The worker that takes the turn over continues the paused
+step (tests/test_pause_takeover.py's in-process case, here through the queue's lease, the
+step save's meta in PostgreSQL and a process that really died): the paused call is not
+sent again, the continuation's request ends with the paused answer, the turn stores one
+assistant message and the ``paused_turn`` mark is cleared at its end."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from actors.providers.anthropic import map_messages
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from actors.turn.takeover import PAUSED_META
+from runtime.history import Origin
+from runtime.messages import AssistantMessage, ProviderDataPart, TextPart, UserMessage
+from tests.support import wire_rules
+from tests.support.faults import check_history
+from tests.support.loopback import Recorded, Reply, loopback_server
+from tests.support.redis import require_redis, unique_prefix
+from tests.test_provider_anthropic_current import answer
+from tests.test_provider_anthropic_pause import RESULT, USE, paused, text_events
+from tests.test_replay_property import request_messages
+from tests.test_workers import Workers, finished, wait_for
+
+AGENT = ["--agent", "tests.support.pause_worker_agent:agent"]
+MODEL = "claude-sonnet-4-5"
+PAUSED_CONTENT = [{"type": "text", "text": "Let me search."}, USE, RESULT]
+
+
+@pytest.fixture
+def pool(pg_url: str) -> Iterator[Workers]:
+    workers = Workers(pg_url, require_redis(), unique_prefix())
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+def script(request: Recorded, seen: list[Recorded]) -> Reply:
+    """The first call pauses; the second (the continuation) is held: its worker dies in
+    it; the third (the takeover's) answers. Any further call is an error reply."""
+    n = len(seen)
+    if n == 1:
+        return paused()
+    if n == 2:
+        return Reply(stall=600)
+    if n == 3:
+        return answer(*text_events(0, " Trio is a library."), model=MODEL)
+    return Reply(status=500, body=b"a call too many")
+
+
+async def test_a_worker_killed_in_the_continuation_of_a_paused_step_leaves_it_continued(
+    pg_url: str, pool: Workers
+) -> None:
+    async with loopback_server() as server:
+        server.respond = lambda request: script(request, server.requests)
+        env = {"AXON_TEST_ANTHROPIC_URL": server.url}
+        store = await PostgresStore.open(pg_url)
+        queue = TurnQueue(store)
+        try:
+            submitted = await queue.submit("s1", "search trio")
+            pool.start("w1", extra_args=AGENT, **env)
+
+            async def in_continuation() -> bool:
+                return len(server.requests) >= 2
+
+            await wait_for(in_continuation, what="w1 in the continuation's model call")
+            held = await store.load("s1")
+            pool.signal("w1", signal.SIGKILL)
+            pool.start("w2", extra_args=AGENT, **env)
+            turn = await finished(queue, submitted.turn_id)
+            record = await store.load("s1")
+        finally:
+            await queue.aclose()
+            await store.aclose()
+    assert turn.status == "done", pool.log("w2")
+    # what w1 left: the paused step stored, marked as the turn's paused step
+    assert held is not None
+    assert held.meta[PAUSED_META] == {"turn_id": submitted.turn_id, "step": 0, "resumed": 1}
+    assert [p.step for p in held.messages[-1].content] == [0, 0, 0]
+    # the paused call ran once (w1's); w2 sent the continuation w1 had sent, and only it
+    assert len(server.requests) == 3, [r.json()["messages"] for r in server.requests]
+    first, cut, resumed = (r.json()["messages"] for r in server.requests)
+    assert first == [{"role": "user", "content": "search trio"}]
+    continued = [
+        {"role": "user", "content": "search trio"},
+        {"role": "assistant", "content": PAUSED_CONTENT},
+    ]
+    assert cut == continued
+    assert resumed == continued
+    # one assistant message: the paused step and its continuation, the mark cleared
+    assert record is not None
+    history = list(record.messages)
+    check_history(history)
+    assert [type(m) for m in history] == [UserMessage, AssistantMessage]
+    answer_message = history[1]
+    assert answer_message.id == turn.message_id and answer_message.status == "complete"
+    assert [(type(p), p.step) for p in answer_message.content] == [
+        (TextPart, 0),
+        (ProviderDataPart, 0),
+        (ProviderDataPart, 0),
+        (TextPart, 1),
+    ]
+    assert answer_message.text == "Let me search. Trio is a library."
+    assert record.meta[PAUSED_META] is None
+    # the next turn's request replays it as the API takes it
+    messages = request_messages([*history, UserMessage(content="thanks", id="next")])
+    _system, payload = map_messages(
+        "test", messages, origin=Origin(provider="anthropic", model=MODEL)
+    )
+    assert wire_rules.anthropic_errors(payload) == []
+    assert payload[1] == {
+        "role": "assistant",
+        "content": [*PAUSED_CONTENT, {"type": "text", "text": " Trio is a library."}],
+    }
