@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 from actors.providers.anthropic import map_messages
 from actors.stores.postgres import PostgresStore
@@ -57,9 +58,12 @@ def script(request: Recorded, seen: list[Recorded]) -> Reply:
     return Reply(status=500, body=b"a call too many")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 async def test_a_worker_killed_in_the_continuation_of_a_paused_step_leaves_it_continued(
-    pg_url: str, pool: Workers
+    pg_url: str, pool: Workers, sig: signal.Signals
 ) -> None:
+    """SIGTERM: the worker's shutdown cuts the turn after its grace (saved interrupted,
+    the mark kept) and gives it back."""
     async with loopback_server() as server:
         server.respond = lambda request: script(request, server.requests)
         env = {"AXON_TEST_ANTHROPIC_URL": server.url}
@@ -74,7 +78,9 @@ async def test_a_worker_killed_in_the_continuation_of_a_paused_step_leaves_it_co
 
             await wait_for(in_continuation, what="w1 in the continuation's model call")
             held = await store.load("s1")
-            pool.signal("w1", signal.SIGKILL)
+            pool.signal("w1", sig)
+            if sig == signal.SIGTERM:
+                await trio.to_thread.run_sync(pool.procs["w1"].wait, 30)
             pool.start("w2", extra_args=AGENT, **env)
             turn = await finished(queue, submitted.turn_id)
             record = await store.load("s1")
