@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import trio
 
@@ -22,13 +23,16 @@ from actors.stores.turns import TurnQueue
 from actors.turn.takeover import PAUSED_META
 from runtime.history import Origin
 from runtime.messages import AssistantMessage, ProviderDataPart, TextPart, UserMessage
+from tests import test_worker_approval_processes as approval_processes
 from tests.support import wire_rules
 from tests.support.faults import check_history
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_provider_anthropic_current import answer
 from tests.test_provider_anthropic_pause import RESULT, USE, paused, text_events
+from tests.test_relay_web import sse_events
 from tests.test_replay_property import request_messages
+from tests.test_worker_approval_processes import LIMIT, FrontEnds, chat
 from tests.test_workers import Workers, finished, wait_for
 
 AGENT = ["--agent", "tests.support.pause_worker_agent:agent"]
@@ -127,3 +131,48 @@ async def test_a_worker_killed_in_the_continuation_of_a_paused_step_leaves_it_co
         "role": "assistant",
         "content": [*PAUSED_CONTENT, {"type": "text", "text": " Trio is a library."}],
     }
+
+
+async def test_a_client_streaming_the_paused_turn_from_a_front_end_sees_each_part_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same SIGKILL, the turn posted to a ``serve`` front end whose client streams it
+    through the takeover: the paused step's text once, then the continuation's."""
+    monkeypatch.setattr(approval_processes, "AGENT", AGENT[1])
+    redis_url = require_redis()
+    prefix = unique_prefix()
+    workers = Workers(pg_url, redis_url, prefix)
+    fronts = FrontEnds(pg_url, redis_url, prefix)
+    try:
+        async with loopback_server() as server:
+            server.respond = lambda request: script(request, server.requests)
+            env = {"AXON_TEST_ANTHROPIC_URL": server.url}
+            front = await fronts.start()
+            workers.start("w1", extra_args=AGENT, **env)
+            async with httpx.AsyncClient(timeout=LIMIT) as client:
+                with trio.fail_after(LIMIT):
+                    async with trio.open_nursery() as nursery:
+
+                        async def in_continuation() -> bool:
+                            return len(server.requests) >= 2
+
+                        async def kill_in_continuation() -> None:
+                            await wait_for(in_continuation, what="w1 in the continuation")
+                            workers.signal("w1", signal.SIGKILL)
+                            workers.start("w2", extra_args=AGENT, **env)
+
+                        nursery.start_soon(kill_in_continuation)
+                        async with client.stream(
+                            "POST", f"{front}/api/chat", json=chat("s1", "search trio")
+                        ) as response:
+                            assert response.status_code == 200
+                            raw = "".join([text async for text in response.aiter_text()])
+    finally:
+        workers.close()
+        fronts.close()
+    assert len(server.requests) == 3
+    events = [data for _, data in sse_events(raw) if isinstance(data, dict)]
+    texts = "".join(e["delta"] for e in events if e["type"] == "text-delta")
+    assert texts == "Let me search. Trio is a library.", [e["type"] for e in events]
+    assert raw.rstrip().endswith("data: [DONE]")
+    assert [e["type"] for e in events].count("finish") == 1
