@@ -615,6 +615,10 @@ from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
 from runtime.app.aio import AsyncHost
 
+# A terminal's Ctrl-C: a suite started in the background (`nohup pytest &`) hands its
+# children SIGINT ignored, which Python keeps, and the kill below then did nothing.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def endless(request):
     for i in itertools.count():
         yield f"w{i} "
