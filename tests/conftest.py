@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
 
 from tests.support.clock import thread_aware_autojump_clock
-from tests.support.logging_state import logging_left_as_found
+from tests.support.logging_state import logging_left_as_found, logs  # noqa: F401 (fixture)
 
 # No test may reach a real provider: the SDKs get dummy keys and loopback URLs only.
 os.environ["OPENAI_API_KEY"] = "sk-test-dummy"

@@ -7,7 +7,6 @@ benchmarks/journal/pipeline.md ("logs2")."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ from actors.mcp import MCPServer
 from actors.providers import OpenAIProvider
 from runtime import Agent, Host, tool
 from runtime.app.web.ui_stream import encode_turn, sse
-from runtime.logging import HTTP_CLIENT_LOGGERS, configure_logging, quiet_http_client_logs
+from runtime.logging import HTTP_CLIENT_LOGGERS, quiet_http_client_logs
 from runtime.redact import is_secret_env_name, redact_text, register_env_secrets
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.test_mcp_attacks import ForgetfulServer, calling
@@ -31,18 +30,6 @@ QUERY_KEY = "azure-ish-query-key-7730"
 """The value of the base URL's ``?api-key=`` and ``?key=`` (Azure's, Gemini's way)."""
 KEY = "plain-api-key-of-no-shape-5566"
 """The provider's key, of no known shape (registered, as every provider's key is)."""
-
-
-@pytest.fixture
-def logs(caplog):
-    """Axon's log at ``debug``, and an application's root handler at ``DEBUG``."""
-    caplog.set_level(logging.DEBUG)
-    stream = io.StringIO()
-    configure_logging("debug", stream=stream)
-    try:
-        yield stream, caplog
-    finally:
-        configure_logging("warning")
 
 
 MCP_PASSWORD = "pw-of-the-mcp-server-1093"

@@ -8,7 +8,6 @@ benchmarks/journal/pipeline.md ("mcpbounds")."""
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import logging
 import os
@@ -16,7 +15,6 @@ import pkgutil
 
 import mcp
 import mcp.client
-import pytest
 
 from actors.mcp import MCPServer
 from runtime import Agent, Host
@@ -48,18 +46,6 @@ class TalkativeServer(ForgetfulServer):
         data = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result})
         events = f"event: {KEY}\ndata: {{}}\n\nevent: message\ndata: {data}\n\n"
         return Reply(body=events.encode())
-
-
-@pytest.fixture
-def logs(caplog):
-    """Axon's log at ``debug``, and an application's root handler at ``DEBUG``."""
-    caplog.set_level(logging.DEBUG)
-    stream = io.StringIO()
-    configure_logging("debug", stream=stream)
-    try:
-        yield stream, caplog
-    finally:
-        configure_logging("warning")
 
 
 async def test_a_server_message_reaches_no_log_at_any_level(logs):

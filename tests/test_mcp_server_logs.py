@@ -8,7 +8,6 @@ sees them. benchmarks/journal/pipeline.md ("logs2")."""
 from __future__ import annotations
 
 import importlib
-import io
 import logging
 import pkgutil
 
@@ -27,18 +26,6 @@ from tests.web.harness import web_server
 
 PROMPT = "the-users-own-words-in-a-call-4471"
 KEY = "sk-ant-api03-" + "Z1x2C3v4B5n6M7a8S9d0F1g2H3j4"
-
-
-@pytest.fixture
-def logs(caplog):
-    """Axon's log at ``debug``, and an application's root handler at ``DEBUG``."""
-    caplog.set_level(logging.DEBUG)
-    stream = io.StringIO()
-    configure_logging("debug", stream=stream)
-    try:
-        yield stream, caplog
-    finally:
-        configure_logging("warning")
 
 
 def _sdk(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -13,10 +13,12 @@ on the captured stderr).
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import structlog
 
 
@@ -46,3 +48,20 @@ def logging_left_as_found() -> Iterator[None]:
             logger.handlers[:] = handlers
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+@pytest.fixture
+def logs(
+    caplog: pytest.LogCaptureFixture,
+) -> Iterator[tuple[io.StringIO, pytest.LogCaptureFixture]]:
+    """Axon's log at ``debug`` (into the returned stream), and an application's root
+    handler at ``DEBUG`` (``caplog``): what a leak test reads for a secret."""
+    from runtime.logging import configure_logging  # not at conftest's import: runtime's own
+
+    caplog.set_level(logging.DEBUG)
+    stream = io.StringIO()
+    configure_logging("debug", stream=stream)
+    try:
+        yield stream, caplog
+    finally:
+        configure_logging("warning")
