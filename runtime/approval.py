@@ -581,7 +581,9 @@ def _edit_check(
     assert waiting is not None
     if isinstance(stored, dict):
         try:
-            validator = _stored_validator(orjson.dumps(stored, option=orjson.OPT_SORT_KEYS))
+            validator = _stored_validator(
+                json_exact.dumps(stored, option=orjson.OPT_SORT_KEYS)  # (bounds exact)
+            )
         except InvalidJSONSchema as exc:
             why = str(exc)
 
@@ -629,7 +631,7 @@ def _stored_validator(schema: bytes) -> Any:
     as the MCP tool's own check runs them on the model's input, and a check stops past
     :data:`~runtime.tools.UNTRUSTED_STEPS` keywords. What is not run here is logged
     once, as it is built (``approval.schema-not-checked-here``)."""
-    validator = linear_schema_validator(orjson.loads(schema), budget=[EDIT_CHECK_UNITS])
+    validator = linear_schema_validator(json_exact.loads(schema), budget=[EDIT_CHECK_UNITS])
     if validator.axon_unchecked:
         get_logger("axon.approval").warning(
             "approval.schema-not-checked-here",

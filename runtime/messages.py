@@ -22,6 +22,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 import attrs
 import orjson
 
+from runtime import json_exact
 from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import InvalidMedia
 from runtime.ids import new_id
@@ -602,8 +603,9 @@ Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 def schema_ref(schema: Any) -> str:
     """The name a stored schema goes by (:attr:`Awaiting.schema_ref`): a digest of its
-    JSON, keys sorted, so equal schemas share one copy however they were listed."""
-    data = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    JSON, keys sorted, so equal schemas share one copy however they were listed (a bound
+    past 64 bits written exactly: orjson refused it, and the wait was not stored)."""
+    data = json_exact.dumps(schema, option=orjson.OPT_SORT_KEYS, marked=False)
     return hashlib.sha256(data).hexdigest()[:16]
 
 
