@@ -539,9 +539,10 @@ def _check_size(
     data: bytes, model_input: Any, max_chars: int | None, where: str, whose: str = "the agent's"
 ) -> None:
     """:class:`EditTooLarge` when an edit's JSON (``data``, as stored) is longer, in
-    characters, than the larger of ``max_chars`` (the agent's ``max_tool_result_chars``;
-    ``None``: no limit) and the JSON of the model's own input for the call
-    (``model_input``): the edit is stored as the call's input and replayed to the model
+    characters as the model reads it (without
+    :data:`~runtime.json_exact.BIG_INT_MARK`), than the larger of ``max_chars`` (the
+    agent's ``max_tool_result_chars``; ``None``: no limit) and the JSON of the model's
+    own input for the call (``model_input``): the edit is stored as the call's input and replayed to the model
     on every later call, so it is bounded as what the client gives otherwise is (a
     reason, a client tool's output: cut to ``max_chars``), while an edit no longer than
     what the model wrote itself always fits. Refused rather than cut: a cut input is
@@ -551,11 +552,13 @@ def _check_size(
     if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
         return
     try:
-        own = len(json_exact.dumps(model_input).decode())
+        own = len(json_exact.dumps(model_input, marked=False).decode())
     except TypeError:  # (never stored so: the limit alone)
         own = 0
     limit = max(max_chars, own)
-    size = len(data.decode())
+    # The JSON's characters as the model reads it: not the mark stored before each
+    # integer past 64 bits (a tab; a tab in a string is escaped, so each is a mark).
+    size = len(data.decode()) - data.count(json_exact.BIG_INT_MARK)
     if size > limit:
         raise EditTooLarge(
             f"{where}: the edited input is {size:,} characters of JSON, more than the "
