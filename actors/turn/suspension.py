@@ -104,10 +104,15 @@ def hold_kind(
 
 
 def hold_context(
-    host: ToolHost, session_id: str, turn_id: str, step: int, call: Any, deps: Any
+    host: ToolHost, session_id: str, turn_id: str, step: int, call: Any, deps: Any, depth: int
 ) -> ToolContext[Any]:
-    """The :class:`ToolContext` a per-call approval rule is given."""
+    """The :class:`ToolContext` a per-call approval rule is given: the call's, as the tool
+    would be given it (its ids, ``deps``, ``host``, and ``depth``, the session's agent
+    depth: a sub-agent's rule was told 0, where the tool and an in-process approver's
+    rule are told its depth), but for what is the running call's alone: nothing it
+    ``emit`` s is streamed (the call has not run), no output budget, no wait."""
     return ToolContext(
+        depth=depth,
         host=host,
         session_id=session_id,
         turn_id=turn_id,
