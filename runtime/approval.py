@@ -542,11 +542,11 @@ def _check_size(
     characters as the model reads it (without
     :data:`~runtime.json_exact.BIG_INT_MARK`), than the larger of ``max_chars`` (the
     agent's ``max_tool_result_chars``; ``None``: no limit) and the JSON of the model's
-    own input for the call (``model_input``): the edit is stored as the call's input and replayed to the model
-    on every later call, so it is bounded as what the client gives otherwise is (a
-    reason, a client tool's output: cut to ``max_chars``), while an edit no longer than
-    what the model wrote itself always fits. Refused rather than cut: a cut input is
-    not the one the person approved."""
+    own input for the call (``model_input``): the edit is stored as the call's input
+    and replayed to the model on every later call, so it is bounded as what the client
+    gives otherwise is (a reason, a client tool's output: cut to ``max_chars``), while
+    an edit no longer than what the model wrote itself always fits. Refused rather
+    than cut: a cut input is not the one the person approved."""
     if max_chars is None:
         return
     if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
