@@ -539,23 +539,26 @@ def _check_size(
     data: bytes, model_input: Any, max_chars: int | None, where: str, whose: str = "the agent's"
 ) -> None:
     """:class:`EditTooLarge` when an edit's JSON (``data``, as stored) is longer, in
-    characters, than the larger of ``max_chars`` (the agent's ``max_tool_result_chars``;
-    ``None``: no limit) and the JSON of the model's own input for the call
-    (``model_input``): the edit is stored as the call's input and replayed to the model
-    on every later call, so it is bounded as what the client gives otherwise is (a
-    reason, a client tool's output: cut to ``max_chars``), while an edit no longer than
-    what the model wrote itself always fits. Refused rather than cut: a cut input is
-    not the one the person approved."""
+    characters as the model reads it (without
+    :data:`~runtime.json_exact.BIG_INT_MARK`), than the larger of ``max_chars`` (the
+    agent's ``max_tool_result_chars``; ``None``: no limit) and the JSON of the model's
+    own input for the call (``model_input``): the edit is stored as the call's input
+    and replayed to the model on every later call, so it is bounded as what the client
+    gives otherwise is (a reason, a client tool's output: cut to ``max_chars``), while
+    an edit no longer than what the model wrote itself always fits. Refused rather
+    than cut: a cut input is not the one the person approved."""
     if max_chars is None:
         return
     if len(data) <= max_chars:  # (fewer bytes than the limit: fewer characters too)
         return
     try:
-        own = len(json_exact.dumps(model_input).decode())
+        own = len(json_exact.dumps(model_input, marked=False).decode())
     except TypeError:  # (never stored so: the limit alone)
         own = 0
     limit = max(max_chars, own)
-    size = len(data.decode())
+    # The JSON's characters as the model reads it: not the mark stored before each
+    # integer past 64 bits (a tab; a tab in a string is escaped, so each is a mark).
+    size = len(data.decode()) - data.count(json_exact.BIG_INT_MARK)
     if size > limit:
         raise EditTooLarge(
             f"{where}: the edited input is {size:,} characters of JSON, more than the "
@@ -581,7 +584,9 @@ def _edit_check(
     assert waiting is not None
     if isinstance(stored, dict):
         try:
-            validator = _stored_validator(orjson.dumps(stored, option=orjson.OPT_SORT_KEYS))
+            validator = _stored_validator(
+                json_exact.dumps(stored, option=orjson.OPT_SORT_KEYS)  # (bounds exact)
+            )
         except InvalidJSONSchema as exc:
             why = str(exc)
 
@@ -629,7 +634,7 @@ def _stored_validator(schema: bytes) -> Any:
     as the MCP tool's own check runs them on the model's input, and a check stops past
     :data:`~runtime.tools.UNTRUSTED_STEPS` keywords. What is not run here is logged
     once, as it is built (``approval.schema-not-checked-here``)."""
-    validator = linear_schema_validator(orjson.loads(schema), budget=[EDIT_CHECK_UNITS])
+    validator = linear_schema_validator(json_exact.loads(schema), budget=[EDIT_CHECK_UNITS])
     if validator.axon_unchecked:
         get_logger("axon.approval").warning(
             "approval.schema-not-checked-here",

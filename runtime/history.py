@@ -286,9 +286,18 @@ EDIT_NOTE = (
 )
 """What the model is told, at the head of an edited call's result (:func:`replay_edits`),
 when the tool ran with the edit (its output, or its own error: it raised, timed out), or
-when the result does not say (:attr:`~runtime.messages.ToolMessage.ran` ``None``: a
-result stored before that was recorded, whose replay must stay what it was, or a call
-cut short, ``interrupted``, which may have begun)."""
+when the result does not say (:attr:`~runtime.messages.ToolMessage.ran` ``None``, not
+:attr:`~runtime.messages.ToolMessage.ran_unknown`: a result stored before either was
+recorded, whose replay must stay what it was)."""
+
+EDIT_MAYBE_NOTE = (
+    "[A person reviewing this call approved it with the input changed to {input}; the "
+    "call may have run with that input, not the one above; this is its result.]"
+)
+"""What the model is told instead of :data:`EDIT_NOTE` when whether the edited call ran
+is not known (:attr:`~runtime.messages.ToolMessage.ran_unknown`): cut short
+(``interrupted``: it may have begun) or failed on the runtime's side (``the tool call
+failed: ...``). Never longer than :data:`EDIT_NOTE`, which the token estimate counts."""
 
 EDIT_NOT_RUN_NOTE = (
     "[A person reviewing this call approved it with the input changed to {input}, but the "
@@ -346,10 +355,13 @@ _NO_EDIT = object()
 
 def _noted(result: ToolMessage, edited: Any) -> ToolMessage:
     """``result`` headed by :data:`EDIT_NOTE` (:data:`EDIT_NOT_RUN_NOTE` when it was not
-    run) for the ``edited`` input: before the
+    run, :data:`EDIT_MAYBE_NOTE` when that is not known) for the ``edited`` input: before the
     error, the text, the JSON (as the providers write a structured output), or as a
     first text part of media parts."""
-    told = EDIT_NOT_RUN_NOTE if result.ran is False else EDIT_NOTE
+    if result.ran is False:
+        told = EDIT_NOT_RUN_NOTE
+    else:
+        told = EDIT_MAYBE_NOTE if result.ran_unknown else EDIT_NOTE
     note = told.format(input=json.dumps(edited, ensure_ascii=False, default=str))
     if result.error is not None:
         return attrs.evolve(result, error=f"{note}\n\n{result.error}")

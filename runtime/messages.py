@@ -22,6 +22,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 import attrs
 import orjson
 
+from runtime import json_exact
 from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import InvalidMedia
 from runtime.ids import new_id
@@ -581,8 +582,16 @@ class ToolMessage:
     (the result is its output or its own error), ``False`` when it never was (its tool
     gone, the edit refused where it ran, the turn ended before it: the error says why),
     which decides what the model is told of the edit (:func:`runtime.history.replay_edits`).
-    ``None``: any other result, one stored before this was recorded, or a call cut short
-    (``interrupted``) that may have begun. Omitted from the stored JSON when ``None``."""
+    ``None``: any other result, one stored before this was recorded, or one whose run
+    is not known (:attr:`ran_unknown`). Omitted from the stored JSON when ``None``."""
+    ran_unknown: bool = False
+    """``True`` for the result of a call a person approved with edits when whether its
+    tool was called is not known: cut short (``interrupted``: it may have begun, or
+    not) or failed on the runtime's side (``the tool call failed: ...``, an executor
+    bug). The model is told the call *may* have run with the edit
+    (:data:`runtime.history.EDIT_MAYBE_NOTE`). ``False`` for every other result, and for
+    such a result stored before this was recorded (its replay stays what it was).
+    Omitted from the stored JSON when ``False``."""
 
     @property
     def is_error(self) -> bool:
@@ -594,8 +603,9 @@ Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 def schema_ref(schema: Any) -> str:
     """The name a stored schema goes by (:attr:`Awaiting.schema_ref`): a digest of its
-    JSON, keys sorted, so equal schemas share one copy however they were listed."""
-    data = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    JSON, keys sorted, so equal schemas share one copy however they were listed (a bound
+    past 64 bits written exactly: orjson refused it, and the wait was not stored)."""
+    data = json_exact.dumps(schema, option=orjson.OPT_SORT_KEYS, marked=False)
     return hashlib.sha256(data).hexdigest()[:16]
 
 

@@ -80,7 +80,10 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # Only a compaction summary carries ``summarizes_before`` (runtime/compaction.py).
     messages.SystemMessage: {"summarizes_before": override(omit_if_default=True)},
     # Only an edited call's result says whether it ran (docs/approval.md).
-    messages.ToolMessage: {"ran": override(omit_if_default=True)},
+    messages.ToolMessage: {
+        "ran": override(omit_if_default=True),
+        "ran_unknown": override(omit_if_default=True),
+    },
     # Only a sub-agent's approval passed up names the call that asks (docs/approval.md):
     # every other request keeps the JSON it always had.
     output.ToolApprovalRequest: {

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 import attrs
 import orjson
 
+from runtime import json_exact
 from runtime.budget import OutputAccount, check_timeout
 from runtime.chunks import Usage, _repr
 from runtime.errors import ToolDefinitionError, describe_exception
@@ -967,7 +968,7 @@ def _counted_resolver(schema: Any, resolver: Any) -> _CountedResolver:
     around ``resolver``, :func:`_crawled_resolver` 's); its lookups kept unless the schema
     has dynamic anchors."""
     try:
-        text = orjson.dumps(schema)
+        text = json_exact.dumps(schema, marked=False)  # (a bound past 64 bits written)
         dynamic = any(key in text for key in _DYNAMIC)
     except TypeError:  # (not JSON: a caller's Python values)
         dynamic = True

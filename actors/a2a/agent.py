@@ -6,7 +6,8 @@ A2A SDK): ``A2AAgent(url).as_tool()`` is a tool whose every call sends the remot
 one task (the call's ``input`` as a text message, in a context of its own) and streams
 it: the remote answer arrives inside the parent's output as ``tool-stream`` chunks nested
 under the call, a well-formed turn of their own (``start``, a step, the text, ``finish``),
-as a local sub-agent's do; the task's answer is the tool's result.
+as a local sub-agent's do; the task's answer is the tool's result (its text parts, a
+data part as its JSON text and a file as a line naming it: :func:`_texts`).
 
 The client speaks the wire itself (:mod:`actors.a2a.wire`, over ``httpx``, which runs
 under Trio), so it needs no A2A SDK. It reads the Agent Card at
@@ -39,6 +40,8 @@ from runtime.budget import OutputAccount
 from runtime.chunks import Usage
 from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
+from runtime.json_exact import dumps as exact_dumps
+from runtime.json_exact import exact, exact_loads
 from runtime.logging import quiet_http_client_logs
 from runtime.output import (
     Abort,
@@ -297,8 +300,10 @@ class _Tracker:
         if isinstance(update, dict):
             await nested.start(self.id)
             artifact = update.get("artifact")
-            text = _texts(artifact.get("parts") if isinstance(artifact, dict) else None)
-            if nested.text and not update.get("append"):
+            append = bool(update.get("append"))
+            parts = artifact.get("parts") if isinstance(artifact, dict) else None
+            text = _texts(parts, after=append and bool(nested.text))
+            if nested.text and not append:
                 await nested.replace(text)  # the artifact is sent whole again
             else:
                 await nested.text_delta(text)
@@ -357,17 +362,59 @@ def _json_kind(value: Any) -> str:
     return "a boolean" if isinstance(value, bool) else "a number"
 
 
-def _texts(parts: Any) -> str:
+def _texts(parts: Any, after: bool = False) -> str:
+    """What the model reads of an answer's parts: ``text`` parts as they are, one after
+    another (a stream's pieces join up); a ``data`` part as its JSON text (integers past
+    64 bits exact, as the remote agent wrote them), and a file (``url`` or ``raw``) as a
+    line naming it (its name, media type, and URL or size: its bytes are not the
+    model's), each on a line of its own (``after``: text came before these parts, in
+    an earlier event). Why: a remote agent that answered with data or
+    a file alone gave the model an empty result, as if it had said nothing."""
     if not isinstance(parts, list):
         return ""
-    return "".join(
-        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
-    )
+    out: list[str] = []
+    alone = False  # whether the last piece was a non-text part's line
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        text = part.get("text")
+        if isinstance(text, str):
+            out.append("\n" + text if alone and text else text)
+            alone = False
+            continue
+        line = _part_line(part)
+        if line is not None:
+            out.append(("\n" if out or after else "") + line)
+            alone = True
+    return "".join(out)
+
+
+def _part_line(part: Mapping[str, Any]) -> str | None:
+    """A non-text part as one line of text (see :func:`_texts`), ``None`` for a part of
+    no kind A2A names (skipped, as junk is)."""
+    if "data" in part:
+        try:
+            return exact_dumps(part["data"], marked=False).decode()
+        except TypeError:  # (nested past orjson's levels: a hostile agent's)
+            return "[data the remote agent sent that is not JSON text]"
+    name, media = part.get("filename"), part.get("mediaType")
+    label = "[file" + (f" {name}" if isinstance(name, str) and name else "")
+    label += f" ({media})" if isinstance(media, str) and media else ""
+    url, raw = part.get("url"), part.get("raw")
+    if isinstance(url, str):
+        return f"{label}: {url}]"
+    if isinstance(raw, str):  # base64: its decoded size, not its bytes
+        return f"{label}, {len(raw) * 3 // 4 - raw[-2:].count('=')} bytes, not shown]"
+    return None
 
 
 def _artifact_text(task: Mapping[str, Any]) -> str:
     artifacts = wire.field(task, "artifacts") or []
-    return "".join(_texts(a.get("parts")) for a in artifacts if isinstance(a, dict))
+    text = ""
+    for artifact in artifacts:
+        if isinstance(artifact, dict):
+            text += _texts(artifact.get("parts"), after=bool(text))
+    return text
 
 
 def _status_text(status: Any) -> str:
@@ -416,7 +463,7 @@ async def _sse(response: Any) -> AsyncIterator[Any]:
                 value = orjson.loads(data)
             except orjson.JSONDecodeError:
                 raise RemoteAgentError("the remote agent sent an event that is not JSON") from None
-            yield value
+            yield exact(value, data) if b'"data"' in data else value
         if chunk is None:
             return
 
@@ -562,11 +609,17 @@ class A2AAgent:
     @staticmethod
     def _result(content: bytes, status: int, binding: str) -> Any:
         try:
-            body = orjson.loads(content)
+            body = exact_loads(content)
         except orjson.JSONDecodeError:
             raise RemoteAgentError(
                 f"the remote agent answered HTTP {status} with no JSON"
             ) from None
+        return A2AAgent._unwrapped(body, binding)
+
+    @staticmethod
+    def _unwrapped(body: Any, binding: str) -> Any:
+        """A JSON-RPC answer's ``result`` (an HTTP+JSON answer as it is), or its error
+        raised."""
         error = wire.error_from(body)
         if error is not None:
             raise RemoteAgentError(f"the remote agent refused: {error.message} ({error.kind})")
@@ -598,11 +651,7 @@ class A2AAgent:
                 yield self._result(await _read(response), response.status_code, binding)
                 return
             async for event in _sse(response):
-                yield (
-                    self._result(orjson.dumps(event), 200, binding)
-                    if binding == wire.JSONRPC
-                    else event
-                )
+                yield self._unwrapped(event, binding) if binding == wire.JSONRPC else event
         finally:
             await response.aclose()
 

@@ -117,6 +117,9 @@ from runtime.output import ErrorInfo
 from runtime.redact import redact
 from runtime.store import SessionRecord
 
+_NOT_EDITED: tuple[bool | None, bool] = (None, False)
+"""What a result not of an edited call records of whether it ran: nothing."""
+
 
 def _suspended_trace(
     meta: Mapping[str, Any], turn_id: str, committed: Any
@@ -927,14 +930,19 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             answered=True,
         )
 
-    def _add_result(self, turn: Turn, oc: ToolOutcome, step: int, ran: bool | None = None) -> None:
+    def _add_result(
+        self, turn: Turn, oc: ToolOutcome, step: int, ran: tuple[bool | None, bool] = _NOT_EDITED
+    ) -> None:
+        """``oc`` stored as the call's result; ``ran``: what an edited call's result
+        records of whether its tool ran (:func:`~actors.turn.suspension.edit_ran`)."""
         msg = ToolMessage(
             tool_call_id=oc.tool_call_id,
             tool_name=oc.tool_name,
             step=step,
             output=oc.output,
             error=oc.error,
-            ran=ran,
+            ran=ran[0],
+            ran_unknown=ran[1],
         )
         turn.results[oc.tool_call_id] = msg
         self.state.messages.append(msg)

@@ -104,10 +104,15 @@ def hold_kind(
 
 
 def hold_context(
-    host: ToolHost, session_id: str, turn_id: str, step: int, call: Any, deps: Any
+    host: ToolHost, session_id: str, turn_id: str, step: int, call: Any, deps: Any, depth: int
 ) -> ToolContext[Any]:
-    """The :class:`ToolContext` a per-call approval rule is given."""
+    """The :class:`ToolContext` a per-call approval rule is given: the call's, as the tool
+    would be given it (its ids, ``deps``, ``host``, and ``depth``, the session's agent
+    depth: a sub-agent's rule was told 0, where the tool and an in-process approver's
+    rule are told its depth), but for what is the running call's alone: nothing it
+    ``emit`` s is streamed (the call has not run), no output budget, no wait."""
     return ToolContext(
+        depth=depth,
         host=host,
         session_id=session_id,
         turn_id=turn_id,
@@ -317,15 +322,18 @@ def resolution(part: ToolCallPart, max_chars: int | None) -> ToolCallSpec | Tool
     )
 
 
-def edit_ran(part: ToolCallPart, outcome: ToolOutcome) -> bool | None:
+def edit_ran(part: ToolCallPart, outcome: ToolOutcome | None) -> tuple[bool | None, bool]:
     """What an edited call's result records of whether its tool ran
-    (:attr:`~runtime.messages.ToolMessage.ran`, which decides what the model is told of
-    the edit): the outcome's word for a call a person approved with edits, ``None`` for
-    any other (nothing is stored for it)."""
+    (:attr:`~runtime.messages.ToolMessage.ran` and
+    :attr:`~runtime.messages.ToolMessage.ran_unknown`, which decide what the model is
+    told of the edit): for a call a person approved with edits, the outcome's word, and
+    whether it has none (``outcome`` ``None`` or its ``ran`` ``None``: cut short, or an
+    executor bug's); ``(None, False)`` for any other call (nothing is stored for it)."""
     w = part.awaiting
     if w is None or not w.edit_in_result:
-        return None
-    return outcome.ran
+        return None, False
+    ran = None if outcome is None else outcome.ran
+    return ran, ran is None
 
 
 def gone_text(tool_name: str) -> str:
@@ -394,7 +402,7 @@ class Suspending:
         ) -> None: ...
 
         def _add_result(
-            self, turn: Any, oc: ToolOutcome, step: int, ran: bool | None = None
+            self, turn: Any, oc: ToolOutcome, step: int, ran: tuple[bool | None, bool] = ...
         ) -> None: ...
 
         def _snapshot(self, turn: Any) -> None: ...
@@ -718,12 +726,14 @@ def _decision_of(part: ToolCallPart, end: bool) -> Awaiting | None:
 
 def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:
     """The stored result of an approved call run before a superseding message."""
+    ran, unknown = edit_ran(part, outcome)
     if outcome is None:
         return ToolMessage(
             tool_call_id=part.tool_call_id,
             tool_name=part.tool_name,
             step=part.step,
             error=INTERRUPTED,
+            ran_unknown=unknown,
         )
     return ToolMessage(
         tool_call_id=part.tool_call_id,
@@ -731,5 +741,6 @@ def _result_of(part: ToolCallPart, outcome: ToolOutcome | None) -> ToolMessage:
         step=part.step,
         output=outcome.output,
         error=outcome.error,
-        ran=edit_ran(part, outcome),
+        ran=ran,
+        ran_unknown=unknown,
     )

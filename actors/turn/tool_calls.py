@@ -99,7 +99,9 @@ class ToolCalling:
             kind = None
             if refusal is None:
                 turn.tool_calls_used += 1
-                context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
+                context = hold_context(
+                    self.host, sid, turn.turn_id, step, call, turn.deps, agent_depth(turn.meta)
+                )
                 kind, refusal = hold_kind(tools.get(call.tool_name), call.input, context, approver)
             if refusal is not None:  # (its approval rule raised: counted, not run)
                 refused.append(

@@ -298,7 +298,7 @@ def read_output_schema(path: str) -> dict[str, Any]:
     check it; a missing file, invalid JSON or an unusable schema is :class:`BadInput`."""
     try:
         with open(path, "rb") as f:
-            schema = orjson.loads(f.read())
+            schema = exact_loads(f.read())  # (a bound past 64 bits exactly)
     except OSError as exc:
         raise BadInput(f"cannot read the output schema {path}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:

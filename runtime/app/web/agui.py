@@ -493,9 +493,12 @@ def _json_body(raw: bytes) -> Any:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_input(not_json(exc)) from None
-    # A resume's payload (an edit's editedArgs) is JSON, not text: read exactly when
-    # orjson made an integer past 64 bits a float (only it is walked, not the history).
-    if type(payload) is dict and lost_int(payload.get("resume")):
+    # A resume's payload (an edit's editedArgs) is JSON, not text, and so are the client
+    # tools' schemas (a bound past 64 bits): read exactly when orjson made an integer
+    # past 64 bits a float (only they are walked, not the history).
+    if type(payload) is dict and (
+        lost_int(payload.get("resume")) or lost_int(payload.get("tools"))
+    ):
         return exact(payload, raw)
     return payload
 

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import orjson
 
+from runtime import json_exact
 from runtime.app.web.agui_wire import stored_call_id
 from runtime.errors import InvalidDecision, InvalidMedia, ToolDefinitionError
 from runtime.logging import get_logger
@@ -201,8 +202,8 @@ def _check_tool_sizes(specs: list[Any]) -> None:
     for spec in specs:
         schema = spec.get("parameters") if isinstance(spec, dict) else None
         try:
-            size += len(orjson.dumps(schema))
-        except orjson.JSONEncodeError:  # nested past orjson's 255 levels
+            size += len(json_exact.dumps(schema, marked=False))  # (a bound past 64 bits)
+        except TypeError:  # nested past orjson's 255 levels
             raise bad_input("a tool's 'parameters' schema is nested too deeply") from None
         if size > MAX_TOOL_SCHEMAS:
             raise AGUIError(
