@@ -403,6 +403,44 @@ def redact_urls(text: str) -> str:
     return redact_text(text)
 
 
+_HEADER_PAIR = (
+    r"(?P<name>b?'[A-Za-z0-9_.-]+'|b?\"[A-Za-z0-9_.-]+\")(?P<sep>\s*[,:=]\s*)"
+    r"(?P<value>b?'(?:[^'\\]|\\.)*'|b?\"(?:[^\"\\]|\\.)*\")"
+)
+"""A header as Python writes it in an HTTP client's debug line: a quoted name, then
+``,`` (a tuple: httpcore's ``(b'set-cookie', b'sid=...')``), ``:`` (a dictionary:
+httpx's ``Headers({'set-cookie': ...})``, an SDK's request options' ``'headers'``) or
+``=`` (hpack's ``Adding b'cookie'=b'...'``), then its quoted value (compiled on first
+use, as :data:`_URL_HEAD`)."""
+_HEADER_WORDS = (*_SECRET_WORDS, "cookie", "session", "signature")
+"""A header whose name holds one of these carries a credential: ``authorization``,
+``proxy-authorization``, ``x-api-key``, ``x-goog-api-key``, ``cookie``, ``set-cookie``,
+``x-auth-token``, ``x-amz-security-token``, ``x-session-id``... (not an SDK's
+``idempotency_key``: a retry's id, kept for reading the log)."""
+
+
+def _header_value(match: re.Match[str]) -> str:
+    name = match.group("name").lstrip("b").strip("'\"").lower()
+    if "idempotency" in name or not any(word in name for word in _HEADER_WORDS):
+        return match.group()
+    value = match.group("value")
+    opening = value[: value.index(value[-1]) + 1]  # b' or '
+    return f"{match.group('name')}{match.group('sep')}{opening}{REDACTED}{value[-1]}"
+
+
+def redact_header_pairs(text: str) -> str:
+    """``text`` (an HTTP client's debug line) with the value of each header named like
+    a credential (:data:`_HEADER_WORDS`) replaced, wherever Python's ``repr`` wrote it
+    as a quoted name and a quoted value (:data:`_HEADER_PAIR`), then :func:`redact_urls`.
+    httpcore's ``receive_response_headers.complete`` lists the response's headers (a
+    server's ``set-cookie``, a token it echoes), the Anthropic SDK's ``HTTP Response``
+    line too and its ``Request options`` line the request's extra headers: at ``DEBUG``,
+    an application's root handler got them as they were."""
+    if "'" in text or '"' in text:
+        text = re.compile(_HEADER_PAIR).sub(_header_value, text)
+    return redact_urls(text)
+
+
 def register_url_secrets(url: str) -> None:
     """Register the credentials ``url`` carries (:func:`register_secret`, as written and
     percent-decoded), so that they are redacted wherever they turn up later: in a
