@@ -9,7 +9,8 @@ Two kinds of secrets are replaced by ``[redacted]``:
   server's) would slip past any pattern.
 * **key-shaped text**: values that look like credentials: known key prefixes (``sk-``,
   ``gsk_``, ``xai-``, ``AIza``, ``hf_``, ``ghp_``...), ``Bearer`` tokens, and the value of
-  an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment; and in
+  an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment, the
+  password of a URL's user info (``postgresql://user:PW@host``); and in
   structured data, the value of any key named like a credential (``api_key``,
   ``authorization``, ``password``...).
 
@@ -107,6 +108,9 @@ _PATTERN_SOURCE = (
     r"(?:(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{8,}|[A-Za-z0-9._~+/\-]{24,})=*"
     # a key with a known prefix
     rf"|(?<![A-Za-z0-9])(?:{'|'.join(_PREFIXES)}){_BODY}"
+    # a URL's user info's password: `postgresql://user:PW@host`, `redis://:PW@host`
+    r"|(?P<userinfo>(?<=[A-Za-z0-9+.-])://[^\s/?#@:'\"<>]*:)"
+    rf"(?!{re.escape(REDACTED)}@)[^\s/?#'\"<>]+(?=@[^\s/?#@'\"<>])"
 )
 
 _lock = threading.Lock()
@@ -163,7 +167,7 @@ def register_secrets(values: Iterable[str | None]) -> None:
 
 
 def _replace(match: re.Match[str]) -> str:
-    keep = match.group("head") or match.group("bearer") or ""
+    keep = match.group("head") or match.group("bearer") or match.group("userinfo") or ""
     return keep + REDACTED
 
 
@@ -277,7 +281,8 @@ def _scan(text: str) -> bool:
         for trigger in _DASH_TRIGGERS:
             if trigger in low:
                 return True
-    return False
+    # a URL's user info (:data:`_PATTERN_SOURCE`): a text without `://` pays this search
+    return "://" in text and "@" in text
 
 
 def redact_text(text: str) -> str:
