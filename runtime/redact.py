@@ -42,7 +42,50 @@ REDACTED = "[redacted]"
 
 MIN_SECRET_LENGTH = 8
 """Registered values shorter than this are ignored: no real key is that short, and
-replacing every ``test`` or ``dummy`` in all text would mangle it."""
+replacing every ``test`` or ``dummy`` in all text would mangle it. Not more: API keys
+are 20 characters and up, but a password (``DB_PASSWORD``, ``REDIS_PASSWORD``, a
+base URL's user info) of 8 to 19 is a real one (8 is the usual least a password may
+be, NIST SP 800-63B's); the 8-character placeholder words (``changeme``,
+``disabled``) are :data:`PLACEHOLDERS`."""
+
+PLACEHOLDERS = frozenset(
+    {
+        *("none", "null", "nil", "undefined", "empty", "unset", "notset", "blank"),
+        *("notneeded", "notrequired", "notused", "unused", "nokey", "noapikey", "nopassword"),
+        *("disabled", "disable", "false", "true", "off", "ignored", "ignore", "anything"),
+        *("changeme", "changeit", "replaceme", "placeholder", "fixme", "todo", "tbd"),
+        *("dummy", "dummykey", "fake", "fakekey", "test", "testing", "testkey", "secretkey"),
+        *("example", "examplekey", "sample", "default", "redacted", "secret", "password"),
+        *("passwd", "token", "apikey", "yourapikey", "yourapikeyhere", "yourkey", "yourtoken"),
+        *("yourkeyhere", "yoursecret", "yourpassword", "mysecret", "mypassword", "insecure"),
+        *("ollama", "lmstudio", "vllm", "local", "localkey"),
+    }
+)
+"""Values of a credential variable or option that say there is none, lowered and with
+everything but letters and digits taken out (``not-needed``, ``NOT_NEEDED``): the
+local servers' conventions (``OPENAI_API_KEY=not-needed``, ``lm-studio``, ``ollama``),
+a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``). As a
+registered secret each was replaced wherever it appeared: a user's message saying
+"disabled" reached the log and every error text as ``[redacted]``. A real key or
+password is none of these words, and one that is, is no secret."""
+
+
+def is_secret_value(value: str) -> bool:
+    """Whether ``value`` (a configured key, a credential variable's value) is worth
+    redacting wherever it appears: :data:`MIN_SECRET_LENGTH` characters or more, not a
+    word of :data:`PLACEHOLDERS`, not a template (``<your key>``, ``${KEY}``,
+    ``{{ key }}``) and not mostly one character (``xxxxxxxxxxxx``, ``sk-xxxxxxxxxxxxxxxx``,
+    ``********``: three quarters of it or more; a random key's commonest character is
+    a few percent of it)."""
+    if len(value) < MIN_SECRET_LENGTH:
+        return False
+    if (value[0] == "<" and value[-1] == ">") or value.startswith(("${", "{{")):
+        return False
+    commonest = max(value.count(c) for c in set(value))
+    if commonest * 4 >= len(value) * 3:
+        return False
+    return "".join(c for c in value.lower() if c.isalnum()) not in PLACEHOLDERS
+
 
 _SECRET_KEYS = frozenset(
     {
@@ -133,8 +176,8 @@ def _shapes() -> re.Pattern[str]:
 def register_secret(value: str | None) -> None:
     """Redact every future occurrence of ``value`` (a configured API key), whatever its
     shape. Providers call this when they resolve their key; registering is idempotent
-    and lasts for the process. ``None``, non-strings and values shorter than
-    :data:`MIN_SECRET_LENGTH` are ignored."""
+    and lasts for the process. ``None``, non-strings, values shorter than
+    :data:`MIN_SECRET_LENGTH` and placeholders (:func:`is_secret_value`) are ignored."""
     register_secrets((value,))
 
 
@@ -149,7 +192,7 @@ def register_secrets(values: Iterable[str | None]) -> None:
         if not isinstance(value, str):
             continue
         value = value.strip()
-        if len(value) < MIN_SECRET_LENGTH or value in _secrets:
+        if value in _secrets or not is_secret_value(value):
             continue
         if value in REDACTED * (len(value) // len(REDACTED) + 2):
             continue  # made of the marker itself: replacing it could never finish
@@ -505,7 +548,8 @@ def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
     library's error that quotes ``DATABASE_URL``, had that text go to the model, the
     stored result, the stream and the log as it was: no key shape, never registered
     (a provider's own variable only once its client was built). The host does this as
-    it opens; values shorter than :data:`MIN_SECRET_LENGTH` are ignored."""
+    it opens; short values and placeholders (:func:`is_secret_value`) are ignored:
+    ``OPENAI_API_KEY=not-needed`` for a local server is no secret."""
     env = os.environ if environ is None else environ
     found: list[str] = []
     for name, value in list(env.items()):
