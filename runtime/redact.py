@@ -397,7 +397,7 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
     for pair in re.compile(_QUERY_PAIR).finditer(url, start):
         name = urllib.parse.unquote_plus(pair.group("key")).lower()
         if _is_secret_key(name) or any(word in name for word in _SECRET_WORDS):
-            spans.append(pair.span("value"))
+            spans.append(_registered_head(url, *pair.span("value")))
     merged: list[tuple[int, int]] = []
     for begin, end in sorted(spans):
         if merged and begin <= merged[-1][1]:
@@ -405,6 +405,18 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
         else:
             merged.append((begin, end))
     return merged
+
+
+def _registered_head(url: str, begin: int, end: int) -> tuple[int, int]:
+    """``(begin, end)``, or as far as the longest registered secret the value begins
+    with, when one does and the value goes on: an SDK appends its path to a base URL
+    whose query ends with the key (``/v1?key=Kchat/completions``), and the whole rest,
+    path included, was redacted as the key's."""
+    value = url[begin:end]
+    if value in _secrets:
+        return begin, end
+    heads = [len(s) for s in _secrets if value.startswith(s)]
+    return (begin, begin + max(heads)) if heads else (begin, end)
 
 
 def redact_url(url: str) -> str:
