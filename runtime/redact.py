@@ -215,7 +215,8 @@ def _replace(match: re.Match[str]) -> str:
 
 
 # Lower-case substrings one of which every pattern match contains: a cheap test that lets
-# ordinary text (every streamed delta passes through here) skip the regex entirely.
+# ordinary text (every streamed delta passes through here) skip the regex entirely. (A
+# URL's user info contains `://` and `@`: searched for apart, at the end of `_scan`.)
 _TRIGGERS = (
     *("sk-", "sk_", "gsk_", "xai-", "aiza", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     *("github_pat_", "pplx-", "nvapi-", "r8_", "bearer", "authoriz", "apikey", "api_key"),

@@ -8,10 +8,19 @@ benchmarks/journal/pipeline.md ("logs3")."""
 
 from __future__ import annotations
 
+import secrets
+import uuid
+
 import pytest
 
 from runtime import Agent, Host, tool
-from runtime.redact import REDACTED, redact_text, register_env_secrets, register_secret
+from runtime.redact import (
+    REDACTED,
+    is_secret_value,
+    redact_text,
+    register_env_secrets,
+    register_secret,
+)
 from tests.test_mcp_attacks import calling
 
 PLACEHOLDERS = [
@@ -48,6 +57,22 @@ def test_a_placeholder_in_a_credential_variable_is_not_registered(value):
 def test_a_real_looking_key_in_a_credential_variable_is_registered(value):
     register_env_secrets({"LOGS3_SERVICE_TOKEN": value})
     assert redact_text(f"refused {value} at login") == f"refused {REDACTED} at login"
+
+
+def test_random_keys_of_every_usual_form_are_secret_values():
+    """What a service generates (its commonest character a few percent of it: the
+    odds of one being three quarters of a 16-character key are below 1e-20)."""
+    for _ in range(200):
+        for key in (
+            f"sk-proj-{secrets.token_urlsafe(48)}",
+            f"sk-ant-api03-{secrets.token_urlsafe(64)}",
+            secrets.token_urlsafe(12),  # 16 characters
+            secrets.token_hex(8),  # 16
+            uuid.uuid4().hex,
+            str(uuid.uuid4()),
+            secrets.token_urlsafe(30),  # an AWS secret access key's 40
+        ):
+            assert is_secret_value(key), key
 
 
 @tool
