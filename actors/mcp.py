@@ -55,7 +55,7 @@ from runtime.history import off_loop_limiter
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
 from runtime.logging import get_logger, quiet_http_client_logs, quiet_mcp_client_logs
-from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact, register_url_secrets
+from runtime.redact import REDACTED, is_secret_value, redact, register_url_secrets
 from runtime.tools import (
     LISTING_UNITS,
     TOOL_NAME,
@@ -876,7 +876,7 @@ class MCPServerActor(Actor):
         ``.*?`` of :data:`_PYDANTIC_INPUT` is quadratic in a line full of
         ``, input_value=`` (a server's error message of 480 KB of them held the loop 66 s)."""
         for secret in sorted(self._secrets, key=len, reverse=True):
-            if len(secret) >= MIN_SECRET_LENGTH and secret in text:
+            if is_secret_value(secret) and secret in text:
                 text = text.replace(secret, REDACTED)
         window = text[:SAID_WINDOW]
         kept, cut = bounded(_PYDANTIC_INPUT.sub("", window), (), ERROR_MESSAGE_CHARS)
@@ -1149,7 +1149,7 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
     echo the ``Authorization`` it refused) and without key-shaped text."""
     for value in secrets:  # the whole value, and its words (the token after "Bearer")
         for secret in sorted({value, *value.split()}, key=len, reverse=True):
-            if len(secret) >= MIN_SECRET_LENGTH:
+            if is_secret_value(secret):
                 text = text.replace(secret, REDACTED)
     return redact(text)
 

@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from runtime.errors import MCPServerError
-from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
+from runtime.redact import REDACTED, is_secret_value, redact
 
 UNREADABLE_ANSWER = -32603
 """The JSON-RPC code (internal error) a request whose answer could not be read fails with."""
@@ -157,7 +157,7 @@ def bounded(text: str, secrets: Iterable[str] = (), chars: int = QUOTED_CHARS) -
     """At most ``chars`` of ``text``, without any of ``secrets`` and without key-shaped
     text, and whether it was cut. A secret that begins in the kept part is removed whole
     before the cut: a cut through it would leave its head."""
-    values = [s for s in secrets if len(s) >= MIN_SECRET_LENGTH]
+    values = [s for s in secrets if is_secret_value(s)]
     window = text[: chars + max(map(len, values), default=0) + 256]
     for secret in sorted(values, key=len, reverse=True):
         window = window.replace(secret, REDACTED)

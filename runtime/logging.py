@@ -35,7 +35,14 @@ from typing import Any, TextIO
 import structlog
 
 from runtime.errors import describe_exception
-from runtime.redact import redact, redact_processor, redact_text, redact_urls, redacted_str
+from runtime.redact import (
+    redact,
+    redact_header_pairs,
+    redact_processor,
+    redact_text,
+    redact_urls,
+    redacted_str,
+)
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -266,6 +273,17 @@ HTTP_CLIENT_LOGGERS = ("httpx", "httpx2")
 (``httpx2`` under the OpenAI and Anthropic SDKs, ``httpx`` or ``httpx2`` under Gemini's,
 MCP's, A2A's): each logs an ``INFO`` line a request, ``HTTP Request: POST URL "HTTP/1.1
 200 OK"``, with the URL whole."""
+HTTP_STACK_LOGGERS = (
+    *(f"httpcore.{m}" for m in ("connection", "http11", "http2", "proxy", "socks")),
+    *(f"httpcore2.{m}" for m in ("connection", "http11", "http2", "proxy", "socks")),
+    *("openai._base_client", "anthropic._base_client", "hpack.hpack", "hpack.table"),
+)
+"""The stdlib loggers under those clients and the SDKs whose ``DEBUG`` lines quote
+headers: httpcore's ``receive_response_headers.complete`` (the response's, a server's
+``set-cookie``), the Anthropic SDK's ``HTTP Response`` (the same) and ``Request
+options`` (the request's extra headers), hpack's header table (HTTP/2). A filter is
+on the logger a record is made on, not its parents: each module's own is listed
+(tests/test_http_debug_headers.py checks that the list covers the packages)."""
 
 
 class HTTPClientLines(logging.Filter):
@@ -276,14 +294,16 @@ class HTTPClientLines(logging.Filter):
     with a token, as the package wrote them, went to an application's root handler at
     ``INFO`` (``logging.basicConfig(level=logging.INFO)``: a line a model call). The
     record is changed in place, before any handler sees it; the method, the host, the
-    path and the status stay."""
+    path and the status stay. On :data:`HTTP_STACK_LOGGERS` (their ``DEBUG`` lines), the
+    value of each header named like a credential too
+    (:func:`runtime.redact.redact_header_pairs`): a request's or a response's."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             text = record.getMessage()
         except Exception:  # (arguments that do not fit the format: the format alone)
             text = str(record.msg)
-        clean = redact_urls(text)
+        clean = redact_header_pairs(text) if record.levelno < logging.INFO else redact_urls(text)
         if clean != text:
             record.msg, record.args = clean, ()
         return True
@@ -293,11 +313,12 @@ HTTP_CLIENT_LINES = HTTPClientLines()
 
 
 def quiet_http_client_logs() -> None:
-    """Put :data:`HTTP_CLIENT_LINES` on each of :data:`HTTP_CLIENT_LOGGERS` (once):
+    """Put :data:`HTTP_CLIENT_LINES` on each of :data:`HTTP_CLIENT_LOGGERS` and
+    :data:`HTTP_STACK_LOGGERS` (once):
     :func:`configure_logging` does, and so do the providers as they build their client
     and the MCP and A2A clients as they start (an application that configures its own
     logging)."""
-    for name in HTTP_CLIENT_LOGGERS:
+    for name in (*HTTP_CLIENT_LOGGERS, *HTTP_STACK_LOGGERS):
         logger = logging.getLogger(name)
         if HTTP_CLIENT_LINES not in logger.filters:
             logger.addFilter(HTTP_CLIENT_LINES)

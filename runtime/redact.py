@@ -9,7 +9,8 @@ Two kinds of secrets are replaced by ``[redacted]``:
   server's) would slip past any pattern.
 * **key-shaped text**: values that look like credentials: known key prefixes (``sk-``,
   ``gsk_``, ``xai-``, ``AIza``, ``hf_``, ``ghp_``...), ``Bearer`` tokens, and the value of
-  an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment; and in
+  an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment, the
+  password of a URL's user info (``postgresql://user:PW@host``); and in
   structured data, the value of any key named like a credential (``api_key``,
   ``authorization``, ``password``...).
 
@@ -41,7 +42,50 @@ REDACTED = "[redacted]"
 
 MIN_SECRET_LENGTH = 8
 """Registered values shorter than this are ignored: no real key is that short, and
-replacing every ``test`` or ``dummy`` in all text would mangle it."""
+replacing every ``test`` or ``dummy`` in all text would mangle it. Not more: API keys
+are 20 characters and up, but a password (``DB_PASSWORD``, ``REDIS_PASSWORD``, a
+base URL's user info) of 8 to 19 is a real one (8 is the usual least a password may
+be, NIST SP 800-63B's); the 8-character placeholder words (``changeme``,
+``disabled``) are :data:`PLACEHOLDERS`."""
+
+PLACEHOLDERS = frozenset(
+    {
+        *("none", "null", "nil", "undefined", "empty", "unset", "notset", "blank"),
+        *("notneeded", "notrequired", "notused", "unused", "nokey", "noapikey", "nopassword"),
+        *("disabled", "disable", "false", "true", "off", "ignored", "ignore", "anything"),
+        *("changeme", "changeit", "replaceme", "placeholder", "fixme", "todo", "tbd"),
+        *("dummy", "dummykey", "fake", "fakekey", "test", "testing", "testkey", "secretkey"),
+        *("example", "examplekey", "sample", "default", "redacted", "secret", "password"),
+        *("passwd", "token", "apikey", "yourapikey", "yourapikeyhere", "yourkey", "yourtoken"),
+        *("yourkeyhere", "yoursecret", "yourpassword", "mysecret", "mypassword", "insecure"),
+        *("ollama", "lmstudio", "vllm", "local", "localkey"),
+    }
+)
+"""Values of a credential variable or option that say there is none, lowered and with
+everything but letters and digits taken out (``not-needed``, ``NOT_NEEDED``): the
+local servers' conventions (``OPENAI_API_KEY=not-needed``, ``lm-studio``, ``ollama``),
+a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``). As a
+registered secret each was replaced wherever it appeared: a user's message saying
+"disabled" reached the log and every error text as ``[redacted]``. A real key or
+password is none of these words, and one that is, is no secret."""
+
+
+def is_secret_value(value: str) -> bool:
+    """Whether ``value`` (a configured key, a credential variable's value) is worth
+    redacting wherever it appears: :data:`MIN_SECRET_LENGTH` characters or more, not a
+    word of :data:`PLACEHOLDERS`, not a template (``<your key>``, ``${KEY}``,
+    ``{{ key }}``) and not mostly one character (``xxxxxxxxxxxx``, ``sk-xxxxxxxxxxxxxxxx``,
+    ``********``: three quarters of it or more; a random key's commonest character is
+    a few percent of it)."""
+    if len(value) < MIN_SECRET_LENGTH:
+        return False
+    if (value[0] == "<" and value[-1] == ">") or value.startswith(("${", "{{")):
+        return False
+    commonest = max(value.count(c) for c in set(value))
+    if commonest * 4 >= len(value) * 3:
+        return False
+    return "".join(c for c in value.lower() if c.isalnum()) not in PLACEHOLDERS
+
 
 _SECRET_KEYS = frozenset(
     {
@@ -107,6 +151,9 @@ _PATTERN_SOURCE = (
     r"(?:(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{8,}|[A-Za-z0-9._~+/\-]{24,})=*"
     # a key with a known prefix
     rf"|(?<![A-Za-z0-9])(?:{'|'.join(_PREFIXES)}){_BODY}"
+    # a URL's user info's password: `postgresql://user:PW@host`, `redis://:PW@host`
+    r"|(?P<userinfo>(?<=[A-Za-z0-9+.-])://[^\s/?#@:'\"<>]*:)"
+    rf"(?!{re.escape(REDACTED)}@)[^\s/?#'\"<>]+(?=@[^\s/?#@'\"<>])"
 )
 
 _lock = threading.Lock()
@@ -129,8 +176,8 @@ def _shapes() -> re.Pattern[str]:
 def register_secret(value: str | None) -> None:
     """Redact every future occurrence of ``value`` (a configured API key), whatever its
     shape. Providers call this when they resolve their key; registering is idempotent
-    and lasts for the process. ``None``, non-strings and values shorter than
-    :data:`MIN_SECRET_LENGTH` are ignored."""
+    and lasts for the process. ``None``, non-strings, values shorter than
+    :data:`MIN_SECRET_LENGTH` and placeholders (:func:`is_secret_value`) are ignored."""
     register_secrets((value,))
 
 
@@ -145,7 +192,7 @@ def register_secrets(values: Iterable[str | None]) -> None:
         if not isinstance(value, str):
             continue
         value = value.strip()
-        if len(value) < MIN_SECRET_LENGTH or value in _secrets:
+        if value in _secrets or not is_secret_value(value):
             continue
         if value in REDACTED * (len(value) // len(REDACTED) + 2):
             continue  # made of the marker itself: replacing it could never finish
@@ -163,12 +210,13 @@ def register_secrets(values: Iterable[str | None]) -> None:
 
 
 def _replace(match: re.Match[str]) -> str:
-    keep = match.group("head") or match.group("bearer") or ""
+    keep = match.group("head") or match.group("bearer") or match.group("userinfo") or ""
     return keep + REDACTED
 
 
 # Lower-case substrings one of which every pattern match contains: a cheap test that lets
-# ordinary text (every streamed delta passes through here) skip the regex entirely.
+# ordinary text (every streamed delta passes through here) skip the regex entirely. (A
+# URL's user info contains `://` and `@`: searched for apart, at the end of `_scan`.)
 _TRIGGERS = (
     *("sk-", "sk_", "gsk_", "xai-", "aiza", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     *("github_pat_", "pplx-", "nvapi-", "r8_", "bearer", "authoriz", "apikey", "api_key"),
@@ -277,7 +325,8 @@ def _scan(text: str) -> bool:
         for trigger in _DASH_TRIGGERS:
             if trigger in low:
                 return True
-    return False
+    # a URL's user info (:data:`_PATTERN_SOURCE`): a text without `://` pays this search
+    return "://" in text and "@" in text
 
 
 def redact_text(text: str) -> str:
@@ -349,7 +398,7 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
     for pair in re.compile(_QUERY_PAIR).finditer(url, start):
         name = urllib.parse.unquote_plus(pair.group("key")).lower()
         if _is_secret_key(name) or any(word in name for word in _SECRET_WORDS):
-            spans.append(pair.span("value"))
+            spans.append(_registered_head(url, *pair.span("value")))
     merged: list[tuple[int, int]] = []
     for begin, end in sorted(spans):
         if merged and begin <= merged[-1][1]:
@@ -357,6 +406,18 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
         else:
             merged.append((begin, end))
     return merged
+
+
+def _registered_head(url: str, begin: int, end: int) -> tuple[int, int]:
+    """``(begin, end)``, or as far as the longest registered secret the value begins
+    with, when one does and the value goes on: an SDK appends its path to a base URL
+    whose query ends with the key (``/v1?key=Kchat/completions``), and the whole rest,
+    path included, was redacted as the key's."""
+    value = url[begin:end]
+    if value in _secrets:
+        return begin, end
+    heads = [len(s) for s in _secrets if value.startswith(s)]
+    return (begin, begin + max(heads)) if heads else (begin, end)
 
 
 def redact_url(url: str) -> str:
@@ -401,6 +462,44 @@ def redact_urls(text: str) -> str:
     if "://" in text:
         text = re.compile(_URL_IN_TEXT).sub(lambda match: redact_url(match.group()), text)
     return redact_text(text)
+
+
+_HEADER_PAIR = (
+    r"(?P<name>b?'[A-Za-z0-9_.-]+'|b?\"[A-Za-z0-9_.-]+\")(?P<sep>\s*[,:=]\s*)"
+    r"(?P<value>b?'(?:[^'\\]|\\.)*'|b?\"(?:[^\"\\]|\\.)*\")"
+)
+"""A header as Python writes it in an HTTP client's debug line: a quoted name, then
+``,`` (a tuple: httpcore's ``(b'set-cookie', b'sid=...')``), ``:`` (a dictionary:
+httpx's ``Headers({'set-cookie': ...})``, an SDK's request options' ``'headers'``) or
+``=`` (hpack's ``Adding b'cookie'=b'...'``), then its quoted value (compiled on first
+use, as :data:`_URL_HEAD`)."""
+_HEADER_WORDS = (*_SECRET_WORDS, "cookie", "session", "signature")
+"""A header whose name holds one of these carries a credential: ``authorization``,
+``proxy-authorization``, ``x-api-key``, ``x-goog-api-key``, ``cookie``, ``set-cookie``,
+``x-auth-token``, ``x-amz-security-token``, ``x-session-id``... (not an SDK's
+``idempotency_key``: a retry's id, kept for reading the log)."""
+
+
+def _header_value(match: re.Match[str]) -> str:
+    name = match.group("name").lstrip("b").strip("'\"").lower()
+    if "idempotency" in name or not any(word in name for word in _HEADER_WORDS):
+        return match.group()
+    value = match.group("value")
+    opening = value[: value.index(value[-1]) + 1]  # b' or '
+    return f"{match.group('name')}{match.group('sep')}{opening}{REDACTED}{value[-1]}"
+
+
+def redact_header_pairs(text: str) -> str:
+    """``text`` (an HTTP client's debug line) with the value of each header named like
+    a credential (:data:`_HEADER_WORDS`) replaced, wherever Python's ``repr`` wrote it
+    as a quoted name and a quoted value (:data:`_HEADER_PAIR`), then :func:`redact_urls`.
+    httpcore's ``receive_response_headers.complete`` lists the response's headers (a
+    server's ``set-cookie``, a token it echoes), the Anthropic SDK's ``HTTP Response``
+    line too and its ``Request options`` line the request's extra headers: at ``DEBUG``,
+    an application's root handler got them as they were."""
+    if "'" in text or '"' in text:
+        text = re.compile(_HEADER_PAIR).sub(_header_value, text)
+    return redact_urls(text)
 
 
 def register_url_secrets(url: str) -> None:
@@ -462,7 +561,8 @@ def register_env_secrets(environ: Mapping[str, str] | None = None) -> None:
     library's error that quotes ``DATABASE_URL``, had that text go to the model, the
     stored result, the stream and the log as it was: no key shape, never registered
     (a provider's own variable only once its client was built). The host does this as
-    it opens; values shorter than :data:`MIN_SECRET_LENGTH` are ignored."""
+    it opens; short values and placeholders (:func:`is_secret_value`) are ignored:
+    ``OPENAI_API_KEY=not-needed`` for a local server is no secret."""
     env = os.environ if environ is None else environ
     found: list[str] = []
     for name, value in list(env.items()):

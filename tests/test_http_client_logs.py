@@ -225,3 +225,20 @@ def test_an_environment_urls_credentials_are_registered():
     register_env_secrets({"DATABASE_URL": f"postgresql://app:{password}@db/app", "PWD": "/srv/a"})
     assert redact_text(f"authentication failed: {password}") == "authentication failed: [redacted]"
     assert redact_text("/srv/a/b") == "/srv/a/b"
+
+
+async def test_a_query_key_the_sdk_appended_its_path_to_keeps_the_path(logs):
+    """The OpenAI SDK appends its path to the base URL, query and all: ``/v1?key=K``
+    is sent as ``/v1/?key=Kchat/completions``. The key is a registered secret (the
+    provider registered its base URL's), so only it is redacted, not the path."""
+    _, caplog = logs
+    key = "query-key-glued-to-the-path-9031"
+    async with loopback_server(Reply(body=oa_answer("hello"))) as server:
+        agent = Agent(provider=OpenAIProvider("m", base_url=f"{server.url}/v1?key={key}"))
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("go")
+    [sent] = server.requests
+    assert sent.path == f"/v1/?key={key}chat/completions"  # what the real client sent
+    [line] = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
+    assert line.endswith('/v1/?key=[redacted]chat/completions "HTTP/1.1 200 "')

@@ -1,0 +1,119 @@
+"""The ``DEBUG`` lines of the HTTP stacks under the SDKs carry no credential-bearing
+header, the request's or the response's, once Axon's logging is configured: httpcore's
+``receive_response_headers.complete`` listed a server's ``set-cookie`` as it was, the
+Anthropic SDK's ``HTTP Response`` line the same, its ``Request options`` line the extra
+headers sent (:class:`runtime.logging.HTTPClientLines` on
+:data:`runtime.logging.HTTP_STACK_LOGGERS`). benchmarks/journal/pipeline.md ("logs3")."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import pkgutil
+
+import anthropic
+import openai
+import pytest
+
+from runtime.logging import HTTP_CLIENT_LINES, HTTP_STACK_LOGGERS, quiet_http_client_logs
+from runtime.redact import redact_header_pairs
+from tests.support.loopback import Reply, loopback_server
+
+COOKIE = "cookie-of-the-session-6620"
+"""What the server sets and the client sends back (no key shape, never registered)."""
+TOKEN = "token-in-a-header-4417"
+
+OA_BODY = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+        ],
+    }
+).encode()
+ANT_BODY = json.dumps(
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+).encode()
+SET = (("set-cookie", f"sid={COOKIE}; Path=/"), ("x-auth-token", TOKEN))
+SENT = {"Cookie": f"sid={COOKIE}", "X-Auth-Token": TOKEN}
+
+
+async def _openai(url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k" * 20)
+    messages = [{"role": "user", "content": "hi"}]
+    await client.chat.completions.create(model="m", messages=messages, extra_headers=SENT)  # type: ignore[arg-type]
+
+
+async def _anthropic(url: str) -> None:
+    client = anthropic.AsyncAnthropic(base_url=url, api_key="k" * 20)
+    messages = [{"role": "user", "content": "hi"}]
+    await client.messages.create(
+        model="m",
+        max_tokens=5,
+        messages=messages,
+        extra_headers=SENT,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "body"), [(_openai, OA_BODY), (_anthropic, ANT_BODY)], ids=["openai", "anthropic"]
+)
+async def test_an_sdks_debug_lines_carry_no_header_credentials(logs, call, body):
+    stream, caplog = logs
+    reply = Reply(body=body, content_type="application/json", headers=SET)
+    async with loopback_server(reply) as server:
+        await call(server.url)
+    [sent] = server.requests
+    assert sent.headers["x-auth-token"] == TOKEN  # the real client did send them
+    texts = [r.getMessage() for r in caplog.records]
+    assert not [t for t in texts if COOKIE in t or TOKEN in t]
+    assert COOKIE not in stream.getvalue() and TOKEN not in stream.getvalue()
+    [headers] = [t for t in texts if t.startswith("receive_response_headers.complete")]
+    assert "(b'set-cookie', b'[redacted]')" in headers  # the line is kept, and readable
+    assert "(b'content-type', b'application/json')" in headers
+
+
+def test_every_module_logger_of_the_http_stacks_is_filtered():
+    """A filter acts on the records of its own logger only: each module's must be in
+    :data:`HTTP_STACK_LOGGERS` (a newer httpcore's new module fails this)."""
+    import hpack
+    import httpcore
+    import httpcore2
+
+    names = {"openai._base_client", "anthropic._base_client"}
+    for package in (httpcore, httpcore2, hpack):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            try:
+                loaded = importlib.import_module(module.name)
+            except ImportError:  # an optional dependency (socksio, h2) not installed
+                continue
+            names |= {v.name for v in vars(loaded).values() if isinstance(v, logging.Logger)}
+    assert names <= set(HTTP_STACK_LOGGERS)
+    quiet_http_client_logs()
+    assert all(HTTP_CLIENT_LINES in logging.getLogger(name).filters for name in names)
+
+
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
+        ("Headers({'set-cookie': 'sid=1', 'x-request-id': 'r'})", "'x-request-id': 'r'"),
+        ("Adding b'proxy-authorization'=b'Basic dXNlcg==' to the table", "to the table"),
+        ("{'headers': {'X-Goog-Api-Key': \"it's\"}, 'idempotency_key': 'i'}", "'i'"),
+    ],
+)
+def test_a_header_named_like_a_credential_is_redacted_in_each_form(line, kept):
+    out = redact_header_pairs(line)
+    assert "[redacted]" in out and kept in out
+    assert "sid=1" not in out and "dXNlcg" not in out and "it's" not in out
