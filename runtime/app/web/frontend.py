@@ -105,6 +105,7 @@ from runtime.app.web.resume import (
     RelayEncoder,
     RelayStreamResponse,
     _unavailable_as_503,
+    deleting,
     parse_after_seq,
     stop_target,
     unavailable_event,
@@ -1073,7 +1074,7 @@ class FrontEnd:
         # its agent tools' sub-sessions that wait for its decisions: ended (before, they
         # waited for good, refusing decisions and new messages)
         await end_sub_waits(self.store, session_id, bus=web_state(request).host.bus)
-        await self.store.delete(session_id)
+        await deleting(self.relay, session_id, lambda: self.store.delete(session_id))
         if running is not None and running.status == RUNNING:
             try:
                 await self.relay.request_cancel(running.turn_id, SESSION_DELETED)

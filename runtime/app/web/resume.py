@@ -23,7 +23,7 @@ client to reload the session.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -496,6 +496,27 @@ async def resume_stream(request: Request) -> Any:
     )
 
 
+async def deleting(relay: Any, session_id: str, delete: Callable[[], Awaitable[Any]]) -> None:
+    """``await delete()`` (the store's delete of the session), then have the relay forget
+    the turn its session key named before it (``RedisRelay.forget_session``): a resume
+    with ``Last-Event-ID`` is given a turn that ended while the relay keeps its stream,
+    and a deleted session's was replayed whole from it (``Last-Event-ID: 0``) after the
+    delete, to anyone, and to a new conversation of the same id before its first turn.
+    Best effort: a relay that does not answer leaves its key to its TTL."""
+    named = None
+    if relay is not None and hasattr(relay, "forget_session"):
+        try:
+            named = await relay.session_turn(session_id)
+        except RelayUnavailable:
+            pass
+    await delete()
+    if named is not None:
+        try:
+            await relay.forget_session(session_id, named)
+        except RelayUnavailable:
+            pass
+
+
 async def stop_target(request: Request) -> tuple[str | None, str | None]:
     """The ``(messageId, turnId)`` a stop's JSON body names, each optional."""
     raw = await request.body()
@@ -563,6 +584,7 @@ __all__ = [
     "RelayEncoder",
     "RelayStreamResponse",
     "cancel_turn",
+    "deleting",
     "parse_after_seq",
     "resume_stream",
     "stop_target",
