@@ -7,10 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from actors.providers.scripted import ScriptedProvider
-from actors.relays import RedisRelay
+from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent
-from tests.support.redis import require_redis, unique_prefix
+from runtime.tools import sub_session_id
+from tests.support.redis import require_redis
 from tests.test_frontend import LIMIT, body, deployment, streamed_text
 from tests.test_relay_web import chat_body, sse_events, two_front_ends
 from tests.web.harness import wait_idle
@@ -32,7 +32,7 @@ def agent() -> Agent:
 async def test_a_deleted_sessions_turn_is_not_replayed_by_a_resume(redis_url: str) -> None:
     # relayattack gave a resume with Last-Event-ID the turn that ended (its stream kept 15
     # min): the session deleted, its answer was still replayed whole, to any front end.
-    async with two_front_ends(redis_url, agent()) as (a, b):
+    async with two_front_ends(redis_url, agent(), shared_store=True) as (a, b):
         async with httpx.AsyncClient(timeout=20) as client:
             await client.post(f"{a.url}/api/chat", json=chat_body("s1"))
             await wait_idle(a, "s1")
@@ -62,16 +62,26 @@ async def test_a_deleted_sessions_turn_is_not_replayed_by_a_front_ends_resume(
     assert [r.status_code for r in resumes] == [204, 204]
 
 
-async def test_forgetting_a_deleted_sessions_turn_keeps_a_newer_turns_key(
+async def test_a_deleted_callers_sub_session_turn_is_not_replayed_by_a_resume(
     redis_url: str,
 ) -> None:
-    # A new conversation of the same id may start its turn between the delete's read of
-    # the key and its forget: that turn's key stays (its resumes are not 204s).
-    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
-        key = relay.active_key("s1")
-        await relay.client.set(key, "turn_new")
-        await relay.forget_session("s1", "turn_old")
-        kept = await relay.session_turn("s1")
-        await relay.forget_session("s1", "turn_new")
-        gone = await relay.client.get(key)
-    assert (kept, gone) == ("turn_new", None)
+    # The caller's delete takes its agent tools' sub-sessions with it; their turns were
+    # published too, under ids a client saw (the caller, the tool, the call id).
+    helper = Agent(name="helper", provider=ScriptedProvider([["the deleted sub answer"]]))
+    caller = Agent(
+        name="caller",
+        provider=ScriptedProvider(
+            [[*tool_call("helper", {"input": "x"}, tool_call_id="H")], ["ok"]]
+        ),
+        tools=[helper.as_tool()],
+    )
+    sub = sub_session_id("s1", "helper", "H")
+    async with two_front_ends(redis_url, caller, shared_store=True) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            await client.post(f"{a.url}/api/chat", json=chat_body("s1"))
+            await wait_idle(a, "s1")
+            before = await client.get(f"{b.url}/api/chat/{sub}/stream", headers=FROM_THE_START)
+            await client.delete(f"{a.url}/api/sessions/s1", headers=JSON)
+            after = await client.get(f"{b.url}/api/chat/{sub}/stream", headers=FROM_THE_START)
+    assert streamed_text(sse_events(before.text)) == "the deleted sub answer"
+    assert after.status_code == 204

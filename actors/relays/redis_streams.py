@@ -151,16 +151,6 @@ named stops of the rest but the last (each stop's message and its age in ms by R
 clock) after those of the last, the unplaced stops' stream, recorded in the last
 ``ARGV[2]`` ms (at most ``ARGV[3]``)."""
 
-_FORGET_SESSION = """
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-"""Delete a session's key (``KEYS[1]``) if it still names turn ``ARGV[1]``: one a new
-turn of a session of the same id set meanwhile stays (``pcall``: a key of another type
-is left, not an error)."""
-
 _RECORD_NAMED = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -615,13 +605,25 @@ class RedisRelay:
         return bool(found)
 
     async def active_turn(self, session_id: str, *, after_seq: int | None = None) -> str | None:
-        """The session's turn that is still streaming, if any (``None``: none, or ended).
+        """The session's turn that is still streaming, if any (``None``: none, or ended);
+        with ``after_seq``, maybe one that ended (:meth:`resumable_turn`)."""
+        found = await self.resumable_turn(session_id, after_seq=after_seq)
+        return None if found is None else found[0]
+
+    async def resumable_turn(
+        self, session_id: str, *, after_seq: int | None = None
+    ) -> tuple[str, bool] | None:
+        """``(turn id, ended)`` of the session's turn that is still streaming, if any
+        (``None``: none, or ended).
 
         With ``after_seq`` (a reader resuming after that seq: ``Last-Event-ID``), the
         session's latest turn also when it ended, if its stream holds chunks past that
         seq: a reader dropped before the end (it stopped reading, its connection broke)
         resumes the tail it missed, not a 204 that leaves its answer cut short. A turn
         that ended waiting for input is none (it streams again once decided).
+
+        ``ended`` says it is such a turn that ended: its session may have been deleted
+        since (the caller checks the store: a deleted session's turn is not resumed).
 
         Junk at the session's key (another type, not a turn id) is no turn; a turn whose
         stream is junk is returned, so its reader finds it gone and rebuilds it."""
@@ -643,7 +645,7 @@ class RedisRelay:
                 lambda: self.client.xrevrange(self.turn_key(turn_id), "+", "-", count=1),
             )
         except RelayTurnGone:
-            return turn_id
+            return turn_id, False
         if not last:
             return None
         try:
@@ -651,50 +653,12 @@ class RedisRelay:
             items = entry.items  # (none: a part of a split chunk)
             ended = bool(items) and items[-1]["type"] == END
         except _Undecodable:
-            return turn_id
+            return turn_id, False
         if not ended:
-            return turn_id
+            return turn_id, False
         # The end marker is the stream's last seq; the client's last event the one before.
         missed = after_seq is not None and after_seq < entry.last - 1
-        return turn_id if missed and items[-1].get("paused") is not True else None
-
-    async def session_turn(self, session_id: str) -> str | None:
-        """The turn the session's key names, running or ended (``None``: none, or junk):
-        what :meth:`forget_session` is given once the session is deleted."""
-        from coredis.exceptions import WrongTypeError
-
-        try:
-            raw = await self._call(
-                "session turn", lambda: self.client.get(self.active_key(session_id))
-            )
-        except WrongTypeError:
-            return None
-        return _turn_id(raw)
-
-    async def forget_session(self, session_id: str, turn_id: str) -> None:
-        """Drop the session's key if it still names ``turn_id`` (read before the session
-        was deleted: :meth:`session_turn`), so that no resume finds that turn again.
-
-        Why: a resume with ``Last-Event-ID`` is given a turn that ended
-        (:meth:`active_turn`), for the 15 minutes its stream is kept; a session deleted
-        after its turn ended was replayed whole from the relay to ``GET
-        /api/chat/{id}/stream`` with ``Last-Event-ID: 0``, though the store no longer
-        held it, and to a new conversation of the same id before its first turn. The
-        turn's stream itself is left to its TTL: a reader that has it (the turn's own
-        POST, cancelled by the delete) reads it to its end."""
-        key = self.active_key(session_id)
-        try:
-            await self._call(
-                "forget session",
-                lambda: self.client.eval(_FORGET_SESSION, keys=[key], args=[turn_id]),
-            )
-        except Exception as exc:  # (coredis's errors: no script for the relay here)
-            if not _scripts_refused(exc):
-                raise
-            # Without scripts: read, then delete (a new turn's key set between the two
-            # is dropped too: its resume is a 204 until its end; its POST streams on).
-            if await self.session_turn(session_id) == turn_id:
-                await self._call("forget session", lambda: self.client.delete([key]))
+        return (turn_id, True) if missed and items[-1].get("paused") is not True else None
 
     async def read(
         self,

@@ -116,7 +116,7 @@ from runtime.app.web.resend import (
     resend_history,
     unrelayed_turn_id,
 )
-from runtime.app.web.resume import deleting, resume_stream, stop_turn
+from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.signing import ApprovalSigner, for_session
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, handed_over, ui_messages
 from runtime.app.web.writer import BodyWriter, SendDeadline
@@ -927,7 +927,7 @@ async def delete_session(request: Request) -> Response:
     state = _state(request)
     session_id = _session_id(request.path_params["session_id"])
     await _tell_the_host_that_runs_it(state, session_id)
-    await deleting(state.relay, session_id, lambda: state.host.delete_session(session_id))
+    await state.host.delete_session(session_id)
     return Response(status_code=204)
 
 

@@ -105,9 +105,9 @@ from runtime.app.web.resume import (
     RelayEncoder,
     RelayStreamResponse,
     _unavailable_as_503,
-    deleting,
     parse_after_seq,
     stop_target,
+    turn_to_resume,
     unavailable_event,
 )
 from runtime.app.web.signing import for_session
@@ -929,7 +929,7 @@ class FrontEnd:
         """The turn to show for the session: the one streaming (or, resumed after
         ``after_seq``, the latest one whose stream the client left before its end), else
         its running or oldest queued one."""
-        turn_id = await _unavailable_as_503(self.relay.active_turn(session_id, after_seq=after_seq))
+        turn_id = await turn_to_resume(self.relay, self.store, session_id, after_seq)
         if turn_id is not None:
             turn = await self.queue.get_status(turn_id)
             if turn is not None:
@@ -1074,7 +1074,7 @@ class FrontEnd:
         # its agent tools' sub-sessions that wait for its decisions: ended (before, they
         # waited for good, refusing decisions and new messages)
         await end_sub_waits(self.store, session_id, bus=web_state(request).host.bus)
-        await deleting(self.relay, session_id, lambda: self.store.delete(session_id))
+        await self.store.delete(session_id)
         if running is not None and running.status == RUNNING:
             try:
                 await self.relay.request_cancel(running.turn_id, SESSION_DELETED)
