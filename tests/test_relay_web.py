@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -75,17 +77,23 @@ async def wait_for_seq(relay: Any, session_id: str, seq: int) -> None:
 
 
 @asynccontextmanager
-async def two_front_ends(url: str, agent: Agent) -> AsyncIterator[tuple[Any, Any]]:
-    """Front end A runs turns (publishing to the relay); B shares only Redis with it."""
+async def two_front_ends(
+    url: str, agent: Agent, *, shared_store: bool = False
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Front end A runs turns (publishing to the relay); B shares only Redis with it, or,
+    ``shared_store``, Redis and a SQLite file (as two ``serve`` of one deployment do: a
+    resume of a turn that ended asks the store whether its session is still there)."""
     prefix = unique_prefix()
-    async with (
-        RedisRelay.open(url, prefix=prefix) as relay_a,
-        RedisRelay.open(url, prefix=prefix) as relay_b,
-        web_server(agent, relay=relay_a) as a,
-        web_server(agent, relay=relay_b) as b,
-    ):
-        await attach_relay(a.host, relay_a)
-        yield a, b
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = [str(Path(tmp) / "sessions.db")] * 2 if shared_store else [None, None]
+        async with (
+            RedisRelay.open(url, prefix=prefix) as relay_a,
+            RedisRelay.open(url, prefix=prefix) as relay_b,
+            web_server(agent, relay=relay_a, store=stores[0]) as a,
+            web_server(agent, relay=relay_b, store=stores[1]) as b,
+        ):
+            await attach_relay(a.host, relay_a)
+            yield a, b
 
 
 async def test_resume_is_204_when_no_turn_runs(redis_url: str) -> None:
@@ -97,7 +105,7 @@ async def test_resume_is_204_when_no_turn_runs(redis_url: str) -> None:
 
 async def test_another_front_end_replays_and_resumes_a_running_turn(redis_url: str) -> None:
     agent = Agent(name="a", provider=ScriptedProvider(["one two three four"], delay=0.05))
-    async with two_front_ends(redis_url, agent) as (a, b):
+    async with two_front_ends(redis_url, agent, shared_store=True) as (a, b):
         async with httpx.AsyncClient(timeout=20) as client:
             async with trio.open_nursery() as nursery:
                 direct: list[Any] = []

@@ -605,13 +605,25 @@ class RedisRelay:
         return bool(found)
 
     async def active_turn(self, session_id: str, *, after_seq: int | None = None) -> str | None:
-        """The session's turn that is still streaming, if any (``None``: none, or ended).
+        """The session's turn that is still streaming, if any (``None``: none, or ended);
+        with ``after_seq``, maybe one that ended (:meth:`resumable_turn`)."""
+        found = await self.resumable_turn(session_id, after_seq=after_seq)
+        return None if found is None else found[0]
+
+    async def resumable_turn(
+        self, session_id: str, *, after_seq: int | None = None
+    ) -> tuple[str, bool] | None:
+        """``(turn id, ended)`` of the session's turn that is still streaming, if any
+        (``None``: none, or ended).
 
         With ``after_seq`` (a reader resuming after that seq: ``Last-Event-ID``), the
         session's latest turn also when it ended, if its stream holds chunks past that
         seq: a reader dropped before the end (it stopped reading, its connection broke)
         resumes the tail it missed, not a 204 that leaves its answer cut short. A turn
         that ended waiting for input is none (it streams again once decided).
+
+        ``ended`` says it is such a turn that ended: its session may have been deleted
+        since (the caller checks the store: a deleted session's turn is not resumed).
 
         Junk at the session's key (another type, not a turn id) is no turn; a turn whose
         stream is junk is returned, so its reader finds it gone and rebuilds it."""
@@ -633,7 +645,7 @@ class RedisRelay:
                 lambda: self.client.xrevrange(self.turn_key(turn_id), "+", "-", count=1),
             )
         except RelayTurnGone:
-            return turn_id
+            return turn_id, False
         if not last:
             return None
         try:
@@ -641,12 +653,12 @@ class RedisRelay:
             items = entry.items  # (none: a part of a split chunk)
             ended = bool(items) and items[-1]["type"] == END
         except _Undecodable:
-            return turn_id
+            return turn_id, False
         if not ended:
-            return turn_id
+            return turn_id, False
         # The end marker is the stream's last seq; the client's last event the one before.
         missed = after_seq is not None and after_seq < entry.last - 1
-        return turn_id if missed and items[-1].get("paused") is not True else None
+        return (turn_id, True) if missed and items[-1].get("paused") is not True else None
 
     async def read(
         self,

@@ -107,6 +107,7 @@ from runtime.app.web.resume import (
     _unavailable_as_503,
     parse_after_seq,
     stop_target,
+    turn_to_resume,
     unavailable_event,
 )
 from runtime.app.web.signing import for_session
@@ -928,7 +929,7 @@ class FrontEnd:
         """The turn to show for the session: the one streaming (or, resumed after
         ``after_seq``, the latest one whose stream the client left before its end), else
         its running or oldest queued one."""
-        turn_id = await _unavailable_as_503(self.relay.active_turn(session_id, after_seq=after_seq))
+        turn_id = await turn_to_resume(self.relay, self.store, session_id, after_seq)
         if turn_id is not None:
             turn = await self.queue.get_status(turn_id)
             if turn is not None:

@@ -470,6 +470,33 @@ async def _unavailable_as_503(call: Any) -> Any:
         raise ApiError(503, exc.message, {"retry-after": "1"}) from None
 
 
+async def turn_to_resume(
+    relay: Any, store: Any, session_id: str, after_seq: int | None
+) -> str | None:
+    """The turn a resume of ``session_id`` (``GET /api/chat/{id}/stream``) streams: the
+    one streaming, or, resumed after ``after_seq``, the latest one that ended while the
+    relay keeps its stream (``RedisRelay.resumable_turn``), unless the store no longer
+    holds the session (one query, for such a turn only).
+
+    Why: the relay keeps an ended turn's stream 15 minutes whatever happens to its
+    session, so a session deleted after its turn ended (and each sub-session of its agent
+    tools, deleted with it) was replayed whole to ``Last-Event-ID: 0``, on every front
+    end."""
+    resumable = getattr(relay, "resumable_turn", None)
+    if resumable is None:
+        turn_id: str | None = await _unavailable_as_503(
+            relay.active_turn(session_id, after_seq=after_seq)
+        )
+        return turn_id
+    found = await _unavailable_as_503(resumable(session_id, after_seq=after_seq))
+    if found is None:
+        return None
+    turn_id, ended = found
+    if ended and await store.version(session_id) == 0:
+        return None  # (deleted since: nothing of it is shown again)
+    return turn_id
+
+
 async def resume_stream(request: Request) -> Any:
     state = web_state(request)
     state.host.check_not_closing()  # (503: a stream of a turn its shutdown ends)
@@ -478,7 +505,7 @@ async def resume_stream(request: Request) -> Any:
     relay = state.relay
     if relay is None:
         return Response(status_code=204)  # no relay: nothing can be resumed
-    turn_id = await _unavailable_as_503(relay.active_turn(session_id, after_seq=after_seq))
+    turn_id = await turn_to_resume(relay, state.host.store, session_id, after_seq)
     if turn_id is None:
         return Response(status_code=204)
     return RelayStreamResponse(
@@ -568,4 +595,5 @@ __all__ = [
     "stop_target",
     "stop_turn",
     "stored_turn_chunks",
+    "turn_to_resume",
 ]
