@@ -120,6 +120,19 @@ class TurnHost(ToolHost, Protocol):
         workers of one deployment): taking in their turns is then no warning."""
 
     @property
+    def claims_turns(self) -> bool:
+        """Whether a new turn saves its user message before its first model call (a
+        host that saw another process write its sessions, :meth:`saw_other_writer`):
+        the same message posted to another process at once is then refused before
+        either pays a second model run. One store write more a turn; none elsewhere."""
+
+    def saw_other_writer(self) -> None:
+        """Told when a turn took in another process's writes of its session (a reload,
+        a rebased save): the store is shared, so the host's turns claim their message
+        from then on (:attr:`claims_turns`), unless its deployment dedupes messages
+        itself (:attr:`expects_other_writers`: workers' turn queue)."""
+
+    @property
     def forgets_unsaved(self) -> bool:
         """Whether a turn whose final save the store refused is dropped from the
         session's history once it is over (``serve``: its client was told it was not

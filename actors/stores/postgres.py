@@ -25,7 +25,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_save_v8(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v4(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
     axon_save_next_v8(session, start, ..., token)        -- a last save and the next claim
-    axon_submit_v3(session, turn, key, ...)              -- a front end's submit: SUBMIT_FUNCTION
+    axon_submit_v4(session, turn, key, ...)              -- a front end's submit: SUBMIT_FUNCTION
     (and the versions before them, which processes of before call: postgres_calls.py)
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes

@@ -856,10 +856,15 @@ a mixed fleet's submits count each other under both caps)."""
 SUBMIT_V2_FUNCTION_NAME: Final = "axon_submit_v2"
 """The second version (:data:`SUBMIT_V2_FUNCTION`, still created: a process of the
 version before calls it)."""
-SUBMIT_FUNCTION_NAME: Final = "axon_submit_v3"
+SUBMIT_V3_FUNCTION_NAME: Final = "axon_submit_v3"
+"""The third version (:data:`SUBMIT_V3_FUNCTION`, still created: a process of the
+version before calls it). v2 left interrupts racing in one session each queued: v3 has
+such a call sent again (:data:`INTERRUPT_RACED`)."""
+SUBMIT_FUNCTION_NAME: Final = "axon_submit_v4"
 """The server-side function of a front end's submit (:data:`SUBMIT_FUNCTION`); a new
-version of it gets a new name. v2 left interrupts racing in one session each queued:
-v3 has such a call sent again (:data:`INTERRUPT_RACED`)."""
+version of it gets a new name. v3 queued two different edits of one message sent at
+once (the later one's turn replaced the first's answer) and counted a twin's steer:
+v4 sends such an edit again (:data:`INTERRUPT_RACED`) and gives the steer back."""
 
 SUBMIT_REFUSALS: Final = {
     "AXQ01": "session",
@@ -1201,7 +1206,7 @@ def _submit_v3(v2: str) -> str:
     """:data:`SUBMIT_V2_FUNCTION`'s text with its name and the racing interrupts' checks:
     after its insert, and before a cap's count (which counted a racing interrupt's turn,
     to refuse a message that would have stopped it)."""
-    text = v2.replace(SUBMIT_V2_FUNCTION_NAME + "(", SUBMIT_FUNCTION_NAME + "(", 1)
+    text = v2.replace(SUBMIT_V2_FUNCTION_NAME + "(", SUBMIT_V3_FUNCTION_NAME + "(", 1)
     assert text.count(_V1_QUEUE_LOCK) == 1, "the insert's success, then the queue's lock"
     assert text.count(_V1_CAPS_LOCK) == 1, "the caps' session lock"
     check = _RACED_INTERRUPT.replace("{INTERRUPT_RACED}", INTERRUPT_RACED)
@@ -1212,9 +1217,55 @@ def _submit_v3(v2: str) -> str:
     )
 
 
-SUBMIT_FUNCTION: Final = _submit_v3(SUBMIT_V2_FUNCTION)
+SUBMIT_V3_FUNCTION: Final = _submit_v3(SUBMIT_V2_FUNCTION)
 """:data:`SUBMIT_V2_FUNCTION` that, an interrupt, ends with :data:`INTERRUPT_RACED` after
 its insert when another open turn of the session is not asked to stop: interrupts
 racing in one session (each one's statement reading the open turns before another's row
 was committed) each queued their turn, to run one after the other. Sent again, the call
 stops that turn: exactly one interrupt, the last to commit, survives."""
+
+_V3_RACED_CHECK = """    IF FOUND THEN
+        IF p_on_busy = 'interrupt' AND v_stopped IS NULL AND EXISTS ("""
+_RACED_EDIT = f"""    IF FOUND THEN
+        IF v_old IS NOT NULL AND EXISTS (SELECT 1 FROM axon_turns AS t
+                WHERE t.message_key = p_message_key AND t.seq > v_seq
+                    AND t.turn_id <> p_turn) THEN
+            -- An edit of the message whose look found its old turn ended, as another
+            -- edit's did (another content: another key, so both inserted): that one's
+            -- row, committed before this insert took the session's lock (the head
+            -- trigger's), is seen now. Sent again, the call's look finds that turn: a
+            -- 409 while it is open, an edit of it once ended; never both queued.
+            RAISE EXCEPTION 'another edit of the message raced this one'
+                USING ERRCODE = '{INTERRUPT_RACED}';
+        END IF;
+        IF p_on_busy = 'interrupt' AND v_stopped IS NULL AND EXISTS ("""
+_V3_TWIN = """    -- Its twin: this very submit (a call retried after its answer was lost), or the
+    -- same request sent twice; never another session's or message's turn.
+"""
+_UNSTEERED_TWIN = """    -- Its twin: this very submit (a call retried after its answer was lost),
+    -- or the same request sent twice; never another session's or message's turn.
+    -- A steer raised for it is given back (the twin's own raised the count once).
+    IF v_steer IS NOT NULL THEN
+        UPDATE axon_turns SET steers = steers - 1 WHERE turn_id = v_steer;
+    END IF;
+"""
+
+
+def _submit_v4(v3: str) -> str:
+    """:data:`SUBMIT_V3_FUNCTION`'s text with its name, the racing edits' check after its
+    insert, and a twin's steer given back."""
+    text = v3.replace(SUBMIT_V3_FUNCTION_NAME + "(", SUBMIT_FUNCTION_NAME + "(", 1)
+    for part in (_V3_RACED_CHECK, _V3_TWIN):
+        assert text.count(part) == 1, part
+    text = text.replace(_V3_RACED_CHECK, _RACED_EDIT, 1)
+    return text.replace(_V3_TWIN, _UNSTEERED_TWIN, 1)
+
+
+SUBMIT_FUNCTION: Final = _submit_v4(SUBMIT_V3_FUNCTION)
+""":data:`SUBMIT_V3_FUNCTION` that ends an edit with :data:`INTERRUPT_RACED` when, its row
+inserted, it finds a turn of the same message after the old one it replaces: two
+different edits of one message sent at once each found the old turn ended and both were
+queued, the later one's turn replacing the first's answer. Sent again, the later one is
+a 409 (the first's turn still open) or an edit of the first's ended turn: exactly one
+of them is queued after the old turn. And a twin (its insert met the first's row) gives
+back the steer it raised: a duplicate ``steer`` counted one steer too many."""

@@ -45,6 +45,8 @@ from actors.stores.postgres_calls import (
     SUBMIT_V1_FUNCTION_NAME,
     SUBMIT_V2_FUNCTION,
     SUBMIT_V2_FUNCTION_NAME,
+    SUBMIT_V3_FUNCTION,
+    SUBMIT_V3_FUNCTION_NAME,
 )
 from actors.stores.postgres_lane import (
     CONNECT_TIMEOUT,
@@ -245,6 +247,7 @@ def _create_or_upgrade(conn: Any, schema: str) -> None:
     _ensure_function(conn, SAVE_NEXT_V7_FUNCTION_NAME, SAVE_NEXT_V7_FUNCTION)
     _ensure_function(conn, SUBMIT_V1_FUNCTION_NAME, SUBMIT_V1_FUNCTION)
     _ensure_function(conn, SUBMIT_V2_FUNCTION_NAME, SUBMIT_V2_FUNCTION)
+    _ensure_function(conn, SUBMIT_V3_FUNCTION_NAME, SUBMIT_V3_FUNCTION)
     _pin_function_paths(conn)
     conn.execute(
         """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)

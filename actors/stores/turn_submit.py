@@ -396,8 +396,10 @@ class TurnSubmitting:
                     store._log.warning("store.retry", action=action, error="deadlock detected")
                 except psycopg.errors.SerializationFailure:
                     # An interrupt that found, its row inserted, a racing interrupt's
-                    # turn it did not stop (INTERRUPT_RACED): rolled back whole, sent
-                    # again, it stops that turn. Past RACE_TRIES a clear 409.
+                    # turn it did not stop, or an edit a racing edit's turn of the
+                    # message (INTERRUPT_RACED): rolled back whole, sent again, it
+                    # stops that turn (the edit: a 409, or an edit of that turn).
+                    # Past RACE_TRIES a clear 409.
                     raced += 1
                     if raced == RACE_TRIES:
                         raise TurnConflict(

@@ -462,6 +462,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         pass
                     else:
                         await self._run_approved_before(turn)
+                        if (
+                            committed is None
+                            and run.user_message_id is not None  # (else no twin is known)
+                            and self.host.claims_turns
+                        ):
+                            await self._claim(turn, run.user_message_id)
                         await self._steps(turn)
                 if scope.cancelled_caught:
                     if run.cancel.reason is None and budget.deadline is not None:
@@ -1047,6 +1053,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         that failed becomes the turn's error when it had none."""
         if turn.untouched:
             return True
+        if turn.refused:  # its message answered elsewhere before it ran (_claim)
+            return False
         final = await self._bounded_save(turn)
         if turn.deleted:  # refused, its session deleted: nothing written, no error
             turn.finish_reason, turn.abort_reason = "aborted", SESSION_DELETED

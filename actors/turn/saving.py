@@ -22,9 +22,16 @@ from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.turn_state import Turn
 from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exception
+from runtime.errors import (
+    ActorFailed,
+    AnsweredElsewhere,
+    SessionDeleted,
+    StoreError,
+    describe_exception,
+)
 from runtime.ids import new_id
 from runtime.liveness import RUNNING_META, running_marker, settle
+from runtime.messages import UserMessage
 from runtime.redact import redact
 from runtime.serde import forget_encoded
 from runtime.store import SessionRecord, version_and_mark
@@ -301,6 +308,7 @@ class Saving:
         or a debug line on a host that expects other writers (a worker's)."""
         if not adopted.concurrent:
             return
+        self.host.saw_other_writer()
         state = self.state
         expected = self.host.expects_other_writers
         log = self._log.debug if expected else self._log.warning
@@ -324,6 +332,34 @@ class Saving:
                 dropped=adopted.dropped,
             )
         )
+
+    async def _claim(self, turn: Turn, wanted: str) -> None:
+        """Before a new turn's first model call on a host whose store is shared
+        (:attr:`~runtime.hosting.TurnHost.claims_turns`): its user message saved, with
+        the turn's empty answer and its running marker, and the answer waited for. The
+        same message posted to another process at once (a balancer's retry) is then
+        answered once: the second to save meets the first's answer after its copy of
+        the message (:func:`~runtime.store.rebase`) and is refused before its model
+        call, instead of at its end after a whole run. ``wanted`` is the client's id
+        of the message: held already by what another process stored since (the id was
+        not given to this turn's copy), it was answered there (or is being).
+
+        A failed claim is no refusal: the turn runs, its step saves try again."""
+        messages = self.state.messages
+        at = turn.a_index - 1  # (the turn's user message: the last before its answer)
+        while at > 0 and type(messages[at]) is not UserMessage:
+            at -= 1
+        if messages[at].id != wanted:
+            turn.refused = True  # (nothing of it is saved: its last save is not made)
+            raise AnsweredElsewhere(
+                f"message {wanted!r} was answered by another process (the same message "
+                "sent to two at once): its stored answer stands, this turn did not run",
+                message_id=wanted,
+            )
+        result = await self._adopt(await self._save(turn, turn.step), turn)
+        if isinstance(result.error, AnsweredElsewhere):
+            turn.refused = True  # (its last save would meet the same: not made)
+            raise result.error
 
     async def _bounded_save(self, turn: Turn) -> SaveResult | None:
         """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.

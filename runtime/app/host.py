@@ -378,6 +378,10 @@ class Host:
         workers of one deployment, each running a session's next turn in turn): a
         session that takes in another writer's turns then logs it at debug, not as a
         ``session.concurrent-writer`` warning (the bus event is published either way)."""
+        self.claims_turns = False
+        """Set once a turn took in another process's writes (:meth:`saw_other_writer`):
+        this host's new turns then save their user message before their first model
+        call, so a twin of the message in another process is refused before it runs."""
         self.forgets_unsaved = False
         """Set by ``serve`` (``create_app``): a turn whose final save the store refused is
         dropped from its session's history as it ends (its client is told ``not_saved``),
@@ -657,6 +661,13 @@ class Host:
                 "the host is closing: its turns are being stopped and saved; send the "
                 "request again once a new host serves the session"
             )
+
+    def saw_other_writer(self) -> None:
+        """A turn took in another process's writes: the store is shared, so this host's
+        new turns claim their message from now on (:attr:`claims_turns`). A worker's
+        host does not: its turn queue gives a message to one worker only."""
+        if not self.expects_other_writers:
+            self.claims_turns = True
 
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an

@@ -107,6 +107,7 @@ from runtime.app.web.http import (
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import MCPLimits, mount_protocols
 from runtime.app.web.resend import (
+    check_answering_elsewhere,
     classify_resend,
     client_message_id,
     client_turn_id,
@@ -802,8 +803,8 @@ async def chat(request: Request) -> Any:
         )
     check_media(text, session.agent)
     client_id = client_message_id(payload)
-    history = (
-        session.messages
+    history, stored_meta = (
+        (session.messages, {})
         if session.busy or client_id is None
         else await resend_history(session, state.host.store)
     )
@@ -811,6 +812,7 @@ async def chat(request: Request) -> Any:
         "new" if session.busy else classify_resend(history, client_id, text, regenerate=regenerate)
     )
     if resend == "retry":
+        check_answering_elsewhere(stored_meta, client_id)  # (a 409: answered elsewhere now)
         return replay_response(history, signer)
     running = session.current
     held = held_answer_id(payload)

@@ -14,7 +14,8 @@ replayed, never a second turn; an earlier user message is a 409 and nothing is s
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Literal
 
 from starlette.responses import Response
@@ -24,6 +25,7 @@ from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.signing import SessionSigner
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
 from runtime.errors import RelayUnavailable, StoreError
+from runtime.liveness import RUNNING_META, killed_marker
 from runtime.media import user_content
 from runtime.messages import UserContent, UserMessage
 
@@ -116,7 +118,7 @@ def classify_resend(
     return "retry" if users[-1].content == user_content(content) else "edit"
 
 
-async def resend_history(session: Any, store: Any) -> Sequence[Any]:
+async def resend_history(session: Any, store: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
     """The history a post's message is told against (:func:`classify_resend`): the open
     session's, or the store's when another process saved the session since this one
     last read it. Two ``serve`` processes on one SQLite file (behind one balancer, or
@@ -124,14 +126,36 @@ async def resend_history(session: Any, store: Any) -> Sequence[Any]:
     the first answered and saved was told against the other's older history, a new
     message, and ran a second turn (the question and its answer stored twice); an edit
     of it became a turn after it, an earlier message's edit was not refused. A store
-    that cannot tell now (its write lock held too long, say) leaves the session's."""
+    that cannot tell now (its write lock held too long, say) leaves the session's.
+    Returned with the stored meta when it was loaded (else an empty one: nothing of
+    another process's seen), for :func:`check_answering_elsewhere`."""
     try:
         if await store.version(session.id) == session.state.version:
-            return session.messages
+            return session.messages, _NO_META
         record = await store.load(session.id)
     except StoreError:
-        return session.messages
-    return session.messages if record is None else record.messages
+        return session.messages, _NO_META
+    return (session.messages, _NO_META) if record is None else (record.messages, record.meta)
+
+
+_NO_META: Mapping[str, Any] = MappingProxyType({})
+
+
+def check_answering_elsewhere(meta: Mapping[str, Any], client_id: str | None) -> None:
+    """A retry (:func:`classify_resend`) of message ``client_id`` whose answer another
+    process is writing now: its session's stored meta holds a running marker
+    (:data:`~runtime.liveness.RUNNING_META`) whose writer is not known dead. The same
+    message posted to two ``serve`` on one file at once (a balancer's retry) once the
+    first claimed it (:attr:`~runtime.app.host.Host.claims_turns`): replayed, the reply
+    was the claimed empty answer (a 200 saying nothing); a 409 says what happened. A
+    marker of a dead writer is left to the next turn's load, which settles it."""
+    marker = meta.get(RUNNING_META)
+    if isinstance(marker, Mapping) and killed_marker(meta) is None:
+        raise ApiError(
+            409,
+            f"message {client_id!r}: another server is answering it now (the same message "
+            "was sent to two at once); reload the conversation once it is done",
+        )
 
 
 def replay_response(history: Sequence[Any], signer: SessionSigner | None = None) -> Response:
@@ -145,6 +169,7 @@ def replay_response(history: Sequence[Any], signer: SessionSigner | None = None)
 
 __all__ = [
     "Resend",
+    "check_answering_elsewhere",
     "classify_resend",
     "client_message_id",
     "client_turn_id",
