@@ -650,8 +650,9 @@ class A2AAgent:
             if "text/event-stream" not in response.headers.get("content-type", ""):
                 yield self._result(await _read(response), response.status_code, binding)
                 return
-            async for event in _sse(response):
-                yield self._unwrapped(event, binding) if binding == wire.JSONRPC else event
+            async with aclosing(_sse(response)) as events:
+                async for event in events:
+                    yield self._unwrapped(event, binding) if binding == wire.JSONRPC else event
         finally:
             await response.aclose()
 
