@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any
 from urllib.parse import urlsplit
@@ -440,7 +440,7 @@ async def _read(response: Any) -> bytes:
     return b"".join(pieces)
 
 
-async def _sse(response: Any) -> AsyncIterator[Any]:
+async def _sse(response: Any) -> AsyncGenerator[Any, None]:
     """The JSON values of an SSE response's events (comments and events with no data
     skipped; a last event with no blank line after it read too), read by the providers'
     decoder (:class:`~actors.providers.sse.SSEDecoder`) with :data:`MAX_PIECE_BYTES` as
@@ -650,8 +650,9 @@ class A2AAgent:
             if "text/event-stream" not in response.headers.get("content-type", ""):
                 yield self._result(await _read(response), response.status_code, binding)
                 return
-            async for event in _sse(response):
-                yield self._unwrapped(event, binding) if binding == wire.JSONRPC else event
+            async with aclosing(_sse(response)) as events:
+                async for event in events:
+                    yield self._unwrapped(event, binding) if binding == wire.JSONRPC else event
         finally:
             await response.aclose()
 
