@@ -76,8 +76,11 @@ from runtime.app.web.agui_wire import (
     RunEncoder,
     agui_messages,
     finished,
+    looks_derived,
     pending_wire_id,
+    snapshot_id,
     sse,
+    stored_message_id,
     thread_calls,
 )
 from runtime.app.web.answers import checked_decisions
@@ -553,9 +556,10 @@ def _resync(
     if not held:  # a new thread: nothing the client could miss
         return []
     client_ids = {m["id"] for m in earlier}
-    if all(m.id in client_ids for m in held):
+    # (a client holds a message under the id it sent, or a snapshot's: agui_wire.snapshot_id)
+    if all(m.id in client_ids or snapshot_id(m.id) in client_ids for m in held):
         return []
-    mine = {**message, "id": user_id} if user_id else message
+    mine = {**message, "id": snapshot_id(user_id)} if user_id else message
     return [{"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}]
 
 
@@ -618,7 +622,11 @@ class AGUIRoutes:
         last = effective[-1] if effective else None
         # (a thread's stored history is as long as the one a client posted to start it)
         held_ids = await off_loop(_ids, stored, big=len(stored) > INLINE_MESSAGES, state=state)
-        new_user = last is not None and last["role"] == "user" and last["id"] not in held_ids
+        new_user = (
+            last is not None
+            and last["role"] == "user"
+            and stored_message_id(last["id"]) not in held_ids  # (as a snapshot wrote it)
+        )
         if run.resume or (last is not None and last["role"] == "tool"):
             if new_user:
                 raise bad_input(
@@ -961,8 +969,12 @@ def _run_key(session_id: str, user_id: str) -> str:
 
 def _queue_turn_id(run_id: str) -> str | None:
     """The client's ``runId`` as the queued turn's id when its assistant message's id
-    (``msg_<turn id>``) stays a valid id, else ``None`` (a new one)."""
-    return run_id if _valid_id(f"msg_{run_id}") else None
+    (``msg_<turn id>``) stays a valid id, else ``None`` (a new one). Nor one ending as
+    an id a snapshot derives from a message's (``.r<k>``, ``.result``,
+    :func:`~runtime.app.web.agui_wire.looks_derived`): a run named ``<R>.r0`` made
+    message ``msg_<R>.r0``, the id of the reasoning message of run ``R``'s."""
+    message_id = f"msg_{run_id}"
+    return run_id if _valid_id(message_id) and not looks_derived(message_id) else None
 
 
 def agui_endpoint(state: Any, *, token: str | None, stream: Any) -> Callable[[Request], Any]:

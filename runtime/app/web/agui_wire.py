@@ -217,6 +217,47 @@ def pending_wire_id(call: PendingCall) -> str:
     return wire_call_id(call.message_id, call.step, raw)
 
 
+_DERIVED = re.compile(r"\.(?:r[0-9]+|result)\Z")
+"""The ends of the ids a snapshot derives from another's: a reasoning message's
+(:func:`reasoning_id`) and a tool result's (:func:`result_message_id`)."""
+
+
+def snapshot_id(message_id: str) -> str:
+    """The id a stored user, system or tool message goes by in a snapshot: its own,
+    unless it ends as an id the snapshot derives from another's does (``.r<k>``,
+    ``.result``) or holds a ``%``; then with its ``%`` and ``.`` escaped (``%25``,
+    ``%2E``), as a wire id's message part is.
+
+    Why: a user message's id is the client's (any 1-128 of letters, digits, ``_.:-``),
+    and one named ``<assistant id>.r0`` or ``<wire id>.result`` was the id of that
+    assistant's reasoning message or that call's result in the same snapshot, which a
+    client keying messages by id (``@ag-ui/client``) merged. Every derived id has a dot
+    and no escaped id has one, and no kept id has a ``%``, so the snapshot's ids are
+    distinct whatever a client named its messages. Escaped rather than refused or
+    replaced: the stored id stays the client's, which a stop, a resend's check and the
+    other protocols name the message by; a client keeps working, holding the escaped id
+    from its next snapshot on (:func:`stored_message_id` reads it back). Ids the
+    runtime makes (``msg_<hex>_<n>``) and clients' UUIDs are written as they are."""
+    if "%" not in message_id and _DERIVED.search(message_id) is None:
+        return message_id
+    return _wire_message_id(message_id)
+
+
+def stored_message_id(sent: str) -> str:
+    """The stored id of the message a client names ``sent``: :func:`snapshot_id`'s
+    escape undone when ``sent`` is one, else ``sent``."""
+    if "%" not in sent:
+        return sent
+    stored = _ESCAPED.sub(_unescaped, sent)
+    return stored if snapshot_id(stored) == sent else sent
+
+
+def looks_derived(message_id: str) -> bool:
+    """Whether ``message_id`` ends as an id a snapshot derives from another's does (an
+    assistant message must not: it is written as it is, live and in snapshots)."""
+    return _DERIVED.search(message_id) is not None
+
+
 def result_message_id(message_id: str, step: int, tool_call_id: str) -> str:
     """The id of the tool message a call's result mints: the same in the stream and in
     every snapshot, so a snapshot updates what the stream built and a reconnecting
@@ -412,15 +453,16 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     messages; for each assistant message its reasoning messages, then the message with
     its text and tool calls; tool results as tool messages (a call that still waits has
     none), each id'd by the call it answers (:func:`result_message_id`). Every tool
-    call goes by its wire id (:func:`wire_call_id`), unique in the thread."""
+    call goes by its wire id (:func:`wire_call_id`), unique in the thread; a user,
+    system or tool message by its :func:`snapshot_id`, distinct from every derived id."""
     out: list[dict[str, Any]] = []
     owners = _Owners()
     for m in messages:
         if isinstance(m, UserMessage):
             content = m.content if isinstance(m.content, str) else content_parts(m.content)
-            out.append({"id": m.id, "role": "user", "content": content})
+            out.append({"id": snapshot_id(m.id), "role": "user", "content": content})
         elif isinstance(m, SystemMessage):
-            out.append({"id": m.id, "role": "system", "content": m.content})
+            out.append({"id": snapshot_id(m.id), "role": "system", "content": m.content})
         elif isinstance(m, AssistantMessage):
             for p in m.content:
                 if isinstance(p, ToolCallPart):
@@ -428,7 +470,11 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out.extend(_assistant(m))
         elif isinstance(m, ToolMessage):
             owner = owners.of(m)
-            tool: dict[str, Any] = {"id": m.id, "role": "tool", "toolCallId": m.tool_call_id}
+            tool: dict[str, Any] = {
+                "id": snapshot_id(m.id),
+                "role": "tool",
+                "toolCallId": m.tool_call_id,
+            }
             if owner is not None:  # (a result no call claims, which repair drops: its own)
                 tool["id"] = result_message_id(owner[0], m.step, m.tool_call_id)
                 tool["toolCallId"] = wire_call_id(owner[0], owner[1], m.tool_call_id)
@@ -1052,11 +1098,14 @@ __all__ = [
     "agui_messages",
     "finished",
     "interrupt",
+    "looks_derived",
     "pending_wire_id",
     "result_content",
+    "snapshot_id",
     "split_wire_id",
     "sse",
     "stored_call_id",
+    "stored_message_id",
     "thread_calls",
     "token_usage",
     "wire_call_id",
