@@ -76,6 +76,7 @@ from runtime.app.web.agui_wire import (
     RunEncoder,
     agui_messages,
     finished,
+    legacy_wire_ids,
     looks_derived,
     pending_wire_id,
     snapshot_id,
@@ -340,13 +341,19 @@ def _tool_answers(
     }
     out: list[tuple[str, Decision]] = []
     sent: dict[str, str] = {}  # each call answered so far: the id it was answered by
+    legacy: dict[str, str] | None = None  # (read when an id is neither: agui_wire's)
     for message in effective[last_user + 1 :]:
         if message["role"] != "tool":
             continue
-        call_id = message["toolCallId"]
-        call = by_call.get(call_id)
-        if call is None and call_id in wire_known:  # a call of the thread that waits for nothing
-            if call_id in wire_answered:  # its result, sent back with the history
+        call_id = wire = message["toolCallId"]
+        if call_id not in by_call and call_id not in wire_known:
+            # a wire id as spelled before its message part was escaped (a dotted
+            # message id): the call it names, when it names one
+            legacy = legacy_wire_ids(messages) if legacy is None else legacy
+            wire = legacy.get(call_id, call_id)
+        call = by_call.get(wire)
+        if call is None and wire in wire_known:  # a call of the thread that waits for nothing
+            if wire in wire_answered:  # its result, sent back with the history
                 continue
             raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
         if call_id in answered and (call is None or call.decided):

@@ -202,11 +202,46 @@ def stored_call_id(message_id: str, wire_id: str) -> str:
     """The call id a tool call of assistant message ``message_id`` sent by a client
     stands for: ``wire_id`` with :func:`wire_call_id`'s ``<message id>.s<step>.`` taken
     off, or ``wire_id`` itself (a call id of an older snapshot, or a client's own)."""
-    head = f"{_wire_message_id(message_id)}.s"
-    if not message_id or not wire_id.startswith(head):
+    if not message_id:
         return wire_id
+    head = f"{_wire_message_id(message_id)}.s"
+    if not wire_id.startswith(head):
+        head = f"{message_id}.s"  # (the message part as written before it was escaped)
+        if not wire_id.startswith(head):
+            return wire_id
     step, dot, rest = wire_id[len(head) :].partition(".")
     return rest if dot and rest and step.isdigit() else wire_id
+
+
+def legacy_wire_ids(messages: Sequence[Message]) -> dict[str, str]:
+    """The wire ids the calls of ``messages`` went by before a wire id's message part
+    was escaped (``<message id>.s<step>.<call id>`` spelled plainly), each to the call's
+    wire id now (:func:`wire_call_id`): only for a message id holding ``.`` or ``%``
+    (the rest are spelled alike), and only an old id that names one call. Why: a
+    client that stored such an id (a worker front end's message ``msg_<runId>`` of a
+    dotted run id) and sends it back (the answer to a call asked before the upgrade)
+    was told 404. Left out: an old id that is another call's wire id now (that call's
+    reading stands: the old spelling was the collision the escape ended), or two
+    calls' old id (which one was meant cannot be told: still a 404)."""
+    current: set[str] = set()
+    old: dict[str, str | None] = {}
+    for m in messages:
+        if not isinstance(m, AssistantMessage):
+            continue
+        plain = "." not in m.id and "%" not in m.id
+        for p in m.content:
+            if not isinstance(p, ToolCallPart):
+                continue
+            ids = [p.tool_call_id]
+            if p.awaiting is not None:
+                ids += [sub.id for sub in _subs(p.awaiting)]
+            for call_id in ids:
+                wire = wire_call_id(m.id, p.step, call_id)
+                current.add(wire)
+                if not plain:
+                    spelled = f"{m.id}.s{p.step}.{call_id}"
+                    old[spelled] = None if spelled in old else wire
+    return {k: v for k, v in old.items() if v is not None and k not in current}
 
 
 def pending_wire_id(call: PendingCall) -> str:
