@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -644,7 +644,9 @@ class AGUIRoutes:
             return await self._continue(run, session_id, stored, version)
         if new_user:
             assert last is not None
-            return await self._new_turn(run, session_id, stored, effective, record is None)
+            return await self._new_turn(
+                run, session_id, stored, effective, record is None, held_ids
+            )
         current = tuple(self._current(session_id, stored, version))  # the thread's own copy
         reply = partial(snapshot_response, run, metadata=None)
         return await off_loop(reply, current, big=len(current) > INLINE_MESSAGES, state=state)
@@ -738,6 +740,7 @@ class AGUIRoutes:
         stored: tuple[Message, ...],
         effective: list[dict[str, Any]],
         new_thread: bool,
+        held_ids: Container[str],
     ) -> ASGIApp:
         state = self.state
         waiting = [c for c in waiting_calls(stored) if not c.decided]
@@ -764,7 +767,9 @@ class AGUIRoutes:
             resync, earlier, big=big or len(stored) > INLINE_MESSAGES, state=state
         )
         if session is None:
-            return await self._submit(run, session_id, text, user_id, seed, agent, prelude)
+            return await self._submit(
+                run, session_id, text, user_id, seed, agent, prelude, held_ids
+            )
         return self.stream(  # type: ignore[no-any-return]
             session,
             text,
@@ -805,9 +810,10 @@ class AGUIRoutes:
         seed: tuple[Message, ...] | None,
         agent: Any,
         prelude: list[dict[str, Any]],
+        held_ids: Container[str] = (),
     ) -> ASGIApp:
         """The new turn queued through a worker deployment's front end, its run streamed
-        from the queue."""
+        from the queue. ``held_ids``: the ids of the thread's messages."""
         front = self.state.front
         options = TurnOptions(
             user_message_id=user_id,
@@ -820,6 +826,8 @@ class AGUIRoutes:
         if turn_id is not None and await front.queue.get_status(turn_id) is not None:
             # a runId used before (a careless client's constant one, in any thread): the
             # queue refuses a turn id twice, so this run's turn gets a new one
+            turn_id = None
+        elif turn_id is not None and _named_already(f"msg_{turn_id}", held_ids, user_id):
             turn_id = None
         try:
             turn = await front.submit(
@@ -972,6 +980,14 @@ def _run_key(session_id: str, user_id: str) -> str:
     """The idempotency key of a run's new user message in the queue: a run sent again
     (the same message id, the same content) is the same turn."""
     return message_key(session_id, "ag-ui", user_id)
+
+
+def _named_already(answer_id: str, held_ids: Container[str], user_id: str | None) -> bool:
+    """Whether a queued turn's answer ``msg_<runId>`` would take the id of a message of
+    the thread, or of the run's own user message (both the client's to name: a user
+    message ``msg_Q``, then a run ``Q``): two messages of one id, in every snapshot and
+    in the AI SDK's form. The turn gets an id of the server's then."""
+    return answer_id == user_id or answer_id in held_ids
 
 
 def _queue_turn_id(run_id: str) -> str | None:
