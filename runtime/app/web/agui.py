@@ -258,11 +258,14 @@ def _same_edit(call: PendingCall, decision: Decision) -> bool:
     return same_input(decision.edited_input, call.input)
 
 
-OFF_LOOP_ANSWER_CHARS = 16_384
+OFF_LOOP_ANSWER_CHARS = 4_096
 """A run whose tool messages hold more text than this has its answers read and checked
 against their tools' output schemas (:func:`_answers`) in a worker thread (the app's
 ``parse_limiter``), not on the event loop every session streams on: a 10 MB answer of
-400,000 rows took 7.4 s to check."""
+400,000 rows took 7.4 s to check. 4,096 characters of JSON hold at most 2,048 values,
+about the 2,000 past which every other answer is checked in a thread
+(:data:`~runtime.approval.LARGE_OUTPUT_NODES`, the AI SDK's and A2A's): at 16,384 an
+answer of 1,589 rows (3,180 values) was read and checked on the loop."""
 
 
 def _answer_chars(run: RunInput) -> int:
