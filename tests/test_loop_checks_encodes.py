@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from runtime import json_exact, results
+from runtime import ToolMessage, json_exact, results
 from tests.test_agui import post, run, run_input, user
 from tests.test_approval_web import answer
 from tests.test_loop_checks import BIG, _output_part, _saved_cut, agent
@@ -82,3 +82,46 @@ async def test_session_respond_encodes_a_large_output_in_the_thread_that_checks_
     assert checks.on_main == [False]
     assert encodes and True not in encodes, encodes  # was [False, True, True]
     _saved_cut(record)
+
+
+async def test_an_a2a_large_output_is_encoded_in_the_thread_that_checks_it(checks, encodes):
+    """An A2A client's answer (``checked_decisions``, then ``Session.decide`` with the
+    stored form): no encode of the whole answer on the loop."""
+    from tests.test_a2a import BOTH, sdk
+    from tests.test_a2a_loop_checks import _answer_over_a2a
+
+    async with web_server(agent(), protocols=BOTH) as server:
+        asked, _ = await sdk(server, lambda c: _answer_over_a2a(c, BIG), streaming=False)
+        record = await server.host.store.load(asked.task.context_id)
+    assert checks.on_main == [False]
+    assert encodes and True not in encodes, encodes
+    assert record is not None
+    (saved,) = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert "characters omitted]" in saved.output  # (A2A numbers are doubles: not BIG's text)
+
+
+async def test_a_decision_with_no_view_in_memory_encodes_a_large_output_in_its_thread(
+    checks, encodes
+):
+    """``Session.decide`` on a session evicted from memory: read, then checked and
+    written out in the thread."""
+    from runtime import Host
+
+    async with Host.open(max_sessions=1, log_tap=False) as host:
+        session = await host.open_session(agent(), session_id="s")
+        await session.run("go")
+        await host.open_session(agent(), session_id="other")  # evicts "s"
+        assert session.held_record() is None
+        recorded = await session.decide("c1", output=BIG)
+        record = await host.store.load("s")
+    assert recorded.complete
+    assert checks.on_main == [False]
+    assert encodes and True not in encodes, encodes
+    assert record is not None  # the decision stored cut (decided, not resumed: no result yet)
+    (wait,) = [
+        p.awaiting
+        for m in record.messages
+        for p in getattr(m, "content", ())
+        if getattr(p, "awaiting", None)
+    ]
+    assert isinstance(wait.output, str) and "characters omitted]" in wait.output

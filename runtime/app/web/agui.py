@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -76,8 +76,12 @@ from runtime.app.web.agui_wire import (
     RunEncoder,
     agui_messages,
     finished,
+    legacy_wire_ids,
+    looks_derived,
     pending_wire_id,
+    snapshot_id,
     sse,
+    stored_message_id,
     thread_calls,
 )
 from runtime.app.web.answers import checked_decisions
@@ -254,11 +258,14 @@ def _same_edit(call: PendingCall, decision: Decision) -> bool:
     return same_input(decision.edited_input, call.input)
 
 
-OFF_LOOP_ANSWER_CHARS = 16_384
+OFF_LOOP_ANSWER_CHARS = 4_096
 """A run whose tool messages hold more text than this has its answers read and checked
 against their tools' output schemas (:func:`_answers`) in a worker thread (the app's
 ``parse_limiter``), not on the event loop every session streams on: a 10 MB answer of
-400,000 rows took 7.4 s to check."""
+400,000 rows took 7.4 s to check. 4,096 characters of JSON hold at most 2,048 values,
+about the 2,000 past which every other answer is checked in a thread
+(:data:`~runtime.approval.LARGE_OUTPUT_NODES`, the AI SDK's and A2A's): at 16,384 an
+answer of 1,589 rows (3,180 values) was read and checked on the loop."""
 
 
 def _answer_chars(run: RunInput) -> int:
@@ -337,13 +344,19 @@ def _tool_answers(
     }
     out: list[tuple[str, Decision]] = []
     sent: dict[str, str] = {}  # each call answered so far: the id it was answered by
+    legacy: dict[str, str] | None = None  # (read when an id is neither: agui_wire's)
     for message in effective[last_user + 1 :]:
         if message["role"] != "tool":
             continue
-        call_id = message["toolCallId"]
-        call = by_call.get(call_id)
-        if call is None and call_id in wire_known:  # a call of the thread that waits for nothing
-            if call_id in wire_answered:  # its result, sent back with the history
+        call_id = wire = message["toolCallId"]
+        if call_id not in by_call and call_id not in wire_known:
+            # a wire id as spelled before its message part was escaped (a dotted
+            # message id): the call it names, when it names one
+            legacy = legacy_wire_ids(messages) if legacy is None else legacy
+            wire = legacy.get(call_id, call_id)
+        call = by_call.get(wire)
+        if call is None and wire in wire_known:  # a call of the thread that waits for nothing
+            if wire in wire_answered:  # its result, sent back with the history
                 continue
             raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
         if call_id in answered and (call is None or call.decided):
@@ -556,9 +569,10 @@ def _resync(
     if not held:  # a new thread: nothing the client could miss
         return []
     client_ids = {m["id"] for m in earlier}
-    if all(m.id in client_ids for m in held):
+    # (a client holds a message under the id it sent, or a snapshot's: agui_wire.snapshot_id)
+    if all(m.id in client_ids or snapshot_id(m.id) in client_ids for m in held):
         return []
-    mine = {**message, "id": user_id} if user_id else message
+    mine = {**message, "id": snapshot_id(user_id)} if user_id else message
     return [{"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}]
 
 
@@ -621,7 +635,11 @@ class AGUIRoutes:
         last = effective[-1] if effective else None
         # (a thread's stored history is as long as the one a client posted to start it)
         held_ids = await off_loop(_ids, stored, big=len(stored) > INLINE_MESSAGES, state=state)
-        new_user = last is not None and last["role"] == "user" and last["id"] not in held_ids
+        new_user = (
+            last is not None
+            and last["role"] == "user"
+            and stored_message_id(last["id"]) not in held_ids  # (as a snapshot wrote it)
+        )
         if run.resume or (last is not None and last["role"] == "tool"):
             if new_user:
                 raise bad_input(
@@ -632,7 +650,9 @@ class AGUIRoutes:
             return await self._continue(run, session_id, stored, version)
         if new_user:
             assert last is not None
-            return await self._new_turn(run, session_id, stored, effective, record is None)
+            return await self._new_turn(
+                run, session_id, stored, effective, record is None, held_ids
+            )
         current = tuple(self._current(session_id, stored, version))  # the thread's own copy
         reply = partial(snapshot_response, run, metadata=None)
         return await off_loop(reply, current, big=len(current) > INLINE_MESSAGES, state=state)
@@ -726,6 +746,7 @@ class AGUIRoutes:
         stored: tuple[Message, ...],
         effective: list[dict[str, Any]],
         new_thread: bool,
+        held_ids: Container[str],
     ) -> ASGIApp:
         state = self.state
         waiting = [c for c in waiting_calls(stored) if not c.decided]
@@ -752,7 +773,9 @@ class AGUIRoutes:
             resync, earlier, big=big or len(stored) > INLINE_MESSAGES, state=state
         )
         if session is None:
-            return await self._submit(run, session_id, text, user_id, seed, agent, prelude)
+            return await self._submit(
+                run, session_id, text, user_id, seed, agent, prelude, held_ids
+            )
         return self.stream(  # type: ignore[no-any-return]
             session,
             text,
@@ -793,9 +816,10 @@ class AGUIRoutes:
         seed: tuple[Message, ...] | None,
         agent: Any,
         prelude: list[dict[str, Any]],
+        held_ids: Container[str] = (),
     ) -> ASGIApp:
         """The new turn queued through a worker deployment's front end, its run streamed
-        from the queue."""
+        from the queue. ``held_ids``: the ids of the thread's messages."""
         front = self.state.front
         options = TurnOptions(
             user_message_id=user_id,
@@ -808,6 +832,8 @@ class AGUIRoutes:
         if turn_id is not None and await front.queue.get_status(turn_id) is not None:
             # a runId used before (a careless client's constant one, in any thread): the
             # queue refuses a turn id twice, so this run's turn gets a new one
+            turn_id = None
+        elif turn_id is not None and _named_already(f"msg_{turn_id}", held_ids, user_id):
             turn_id = None
         try:
             turn = await front.submit(
@@ -962,10 +988,22 @@ def _run_key(session_id: str, user_id: str) -> str:
     return message_key(session_id, "ag-ui", user_id)
 
 
+def _named_already(answer_id: str, held_ids: Container[str], user_id: str | None) -> bool:
+    """Whether a queued turn's answer ``msg_<runId>`` would take the id of a message of
+    the thread, or of the run's own user message (both the client's to name: a user
+    message ``msg_Q``, then a run ``Q``): two messages of one id, in every snapshot and
+    in the AI SDK's form. The turn gets an id of the server's then."""
+    return answer_id == user_id or answer_id in held_ids
+
+
 def _queue_turn_id(run_id: str) -> str | None:
     """The client's ``runId`` as the queued turn's id when its assistant message's id
-    (``msg_<turn id>``) stays a valid id, else ``None`` (a new one)."""
-    return run_id if _valid_id(f"msg_{run_id}") else None
+    (``msg_<turn id>``) stays a valid id, else ``None`` (a new one). Nor one ending as
+    an id a snapshot derives from a message's (``.r<k>``, ``.result``,
+    :func:`~runtime.app.web.agui_wire.looks_derived`): a run named ``<R>.r0`` made
+    message ``msg_<R>.r0``, the id of the reasoning message of run ``R``'s."""
+    message_id = f"msg_{run_id}"
+    return run_id if _valid_id(message_id) and not looks_derived(message_id) else None
 
 
 def agui_endpoint(state: Any, *, token: str | None, stream: Any) -> Callable[[Request], Any]:

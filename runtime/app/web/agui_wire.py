@@ -202,11 +202,46 @@ def stored_call_id(message_id: str, wire_id: str) -> str:
     """The call id a tool call of assistant message ``message_id`` sent by a client
     stands for: ``wire_id`` with :func:`wire_call_id`'s ``<message id>.s<step>.`` taken
     off, or ``wire_id`` itself (a call id of an older snapshot, or a client's own)."""
-    head = f"{_wire_message_id(message_id)}.s"
-    if not message_id or not wire_id.startswith(head):
+    if not message_id:
         return wire_id
+    head = f"{_wire_message_id(message_id)}.s"
+    if not wire_id.startswith(head):
+        head = f"{message_id}.s"  # (the message part as written before it was escaped)
+        if not wire_id.startswith(head):
+            return wire_id
     step, dot, rest = wire_id[len(head) :].partition(".")
     return rest if dot and rest and step.isdigit() else wire_id
+
+
+def legacy_wire_ids(messages: Sequence[Message]) -> dict[str, str]:
+    """The wire ids the calls of ``messages`` went by before a wire id's message part
+    was escaped (``<message id>.s<step>.<call id>`` spelled plainly), each to the call's
+    wire id now (:func:`wire_call_id`): only for a message id holding ``.`` or ``%``
+    (the rest are spelled alike), and only an old id that names one call. Why: a
+    client that stored such an id (a worker front end's message ``msg_<runId>`` of a
+    dotted run id) and sends it back (the answer to a call asked before the upgrade)
+    was told 404. Left out: an old id that is another call's wire id now (that call's
+    reading stands: the old spelling was the collision the escape ended), or two
+    calls' old id (which one was meant cannot be told: still a 404)."""
+    current: set[str] = set()
+    old: dict[str, str | None] = {}
+    for m in messages:
+        if not isinstance(m, AssistantMessage):
+            continue
+        plain = "." not in m.id and "%" not in m.id
+        for p in m.content:
+            if not isinstance(p, ToolCallPart):
+                continue
+            ids = [p.tool_call_id]
+            if p.awaiting is not None:
+                ids += [sub.id for sub in _subs(p.awaiting)]
+            for call_id in ids:
+                wire = wire_call_id(m.id, p.step, call_id)
+                current.add(wire)
+                if not plain:
+                    spelled = f"{m.id}.s{p.step}.{call_id}"
+                    old[spelled] = None if spelled in old else wire
+    return {k: v for k, v in old.items() if v is not None and k not in current}
 
 
 def pending_wire_id(call: PendingCall) -> str:
@@ -215,6 +250,47 @@ def pending_wire_id(call: PendingCall) -> str:
     message and step."""
     raw = call.approval_id if call.sub_tool else call.tool_call_id
     return wire_call_id(call.message_id, call.step, raw)
+
+
+_DERIVED = re.compile(r"\.(?:r[0-9]+|result)\Z")
+"""The ends of the ids a snapshot derives from another's: a reasoning message's
+(:func:`reasoning_id`) and a tool result's (:func:`result_message_id`)."""
+
+
+def snapshot_id(message_id: str) -> str:
+    """The id a stored user, system or tool message goes by in a snapshot: its own,
+    unless it ends as an id the snapshot derives from another's does (``.r<k>``,
+    ``.result``) or holds a ``%``; then with its ``%`` and ``.`` escaped (``%25``,
+    ``%2E``), as a wire id's message part is.
+
+    Why: a user message's id is the client's (any 1-128 of letters, digits, ``_.:-``),
+    and one named ``<assistant id>.r0`` or ``<wire id>.result`` was the id of that
+    assistant's reasoning message or that call's result in the same snapshot, which a
+    client keying messages by id (``@ag-ui/client``) merged. Every derived id has a dot
+    and no escaped id has one, and no kept id has a ``%``, so the snapshot's ids are
+    distinct whatever a client named its messages. Escaped rather than refused or
+    replaced: the stored id stays the client's, which a stop, a resend's check and the
+    other protocols name the message by; a client keeps working, holding the escaped id
+    from its next snapshot on (:func:`stored_message_id` reads it back). Ids the
+    runtime makes (``msg_<hex>_<n>``) and clients' UUIDs are written as they are."""
+    if "%" not in message_id and _DERIVED.search(message_id) is None:
+        return message_id
+    return _wire_message_id(message_id)
+
+
+def stored_message_id(sent: str) -> str:
+    """The stored id of the message a client names ``sent``: :func:`snapshot_id`'s
+    escape undone when ``sent`` is one, else ``sent``."""
+    if "%" not in sent:
+        return sent
+    stored = _ESCAPED.sub(_unescaped, sent)
+    return stored if snapshot_id(stored) == sent else sent
+
+
+def looks_derived(message_id: str) -> bool:
+    """Whether ``message_id`` ends as an id a snapshot derives from another's does (an
+    assistant message must not: it is written as it is, live and in snapshots)."""
+    return _DERIVED.search(message_id) is not None
 
 
 def result_message_id(message_id: str, step: int, tool_call_id: str) -> str:
@@ -412,15 +488,16 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     messages; for each assistant message its reasoning messages, then the message with
     its text and tool calls; tool results as tool messages (a call that still waits has
     none), each id'd by the call it answers (:func:`result_message_id`). Every tool
-    call goes by its wire id (:func:`wire_call_id`), unique in the thread."""
+    call goes by its wire id (:func:`wire_call_id`), unique in the thread; a user,
+    system or tool message by its :func:`snapshot_id`, distinct from every derived id."""
     out: list[dict[str, Any]] = []
     owners = _Owners()
     for m in messages:
         if isinstance(m, UserMessage):
             content = m.content if isinstance(m.content, str) else content_parts(m.content)
-            out.append({"id": m.id, "role": "user", "content": content})
+            out.append({"id": snapshot_id(m.id), "role": "user", "content": content})
         elif isinstance(m, SystemMessage):
-            out.append({"id": m.id, "role": "system", "content": m.content})
+            out.append({"id": snapshot_id(m.id), "role": "system", "content": m.content})
         elif isinstance(m, AssistantMessage):
             for p in m.content:
                 if isinstance(p, ToolCallPart):
@@ -428,7 +505,11 @@ def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out.extend(_assistant(m))
         elif isinstance(m, ToolMessage):
             owner = owners.of(m)
-            tool: dict[str, Any] = {"id": m.id, "role": "tool", "toolCallId": m.tool_call_id}
+            tool: dict[str, Any] = {
+                "id": snapshot_id(m.id),
+                "role": "tool",
+                "toolCallId": m.tool_call_id,
+            }
             if owner is not None:  # (a result no call claims, which repair drops: its own)
                 tool["id"] = result_message_id(owner[0], m.step, m.tool_call_id)
                 tool["toolCallId"] = wire_call_id(owner[0], owner[1], m.tool_call_id)
@@ -1052,11 +1133,14 @@ __all__ = [
     "agui_messages",
     "finished",
     "interrupt",
+    "looks_derived",
     "pending_wire_id",
     "result_content",
+    "snapshot_id",
     "split_wire_id",
     "sse",
     "stored_call_id",
+    "stored_message_id",
     "thread_calls",
     "token_usage",
     "wire_call_id",

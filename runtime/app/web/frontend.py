@@ -597,6 +597,8 @@ class FrontEnd:
         turn_id = client_turn_id(payload)
         if turn_id is not None and await self.queue.get_status(turn_id) is not None:
             turn_id = None
+        elif turn_id is not None and f"msg_{turn_id}" == options.user_message_id:
+            turn_id = None  # (its answer, msg_<turnId>, would be its user message's id)
         turn = await self.submit(
             session_id,
             text,

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from starlette.responses import Response
 
+from runtime.app.web.agui_wire import looks_derived
 from runtime.app.web.http import ApiError
 from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.signing import SessionSigner
@@ -71,9 +72,12 @@ def client_turn_id(payload: dict[str, Any]) -> str | None:
     (``POST /api/chat/{id}/stop`` with ``{"turnId"}``) sent before this POST arrives stops
     it, as an AG-UI run's ``runId`` does: what an edit or a regenerate without
     ``messageId`` has no other name for. Kept when its answer's id (``msg_<turnId>``) is
-    a valid id, else ``None`` (the turn gets an id of the server's, as without one)."""
+    a valid id, else ``None`` (the turn gets an id of the server's, as without one); nor
+    one ending as an id an AG-UI snapshot derives (``.r<k>``, ``.result``: the session
+    may be read over AG-UI, where the answer's id is written as it is,
+    :func:`~runtime.app.web.agui_wire.looks_derived`)."""
     value = payload.get("turnId")
-    if isinstance(value, str) and _ID.fullmatch(f"msg_{value}"):
+    if isinstance(value, str) and _ID.fullmatch(f"msg_{value}") and not looks_derived(value):
         return value
     return None
 
