@@ -54,7 +54,7 @@ from runtime.extras import require_mcp
 from runtime.history import off_loop_limiter
 from runtime.hosting import ActorStarter
 from runtime.log_repeats import RepeatedWarning
-from runtime.logging import get_logger, quiet_http_client_logs, quiet_mcp_client_logs
+from runtime.logging import get_logger, quiet_mcp_client_logs
 from runtime.redact import REDACTED, is_secret_value, redact, register_url_secrets
 from runtime.tools import (
     LISTING_UNITS,
@@ -595,7 +595,6 @@ class MCPServerActor(Actor):
     async def _run(self) -> None:
         mcp, types = require_mcp("an MCP tool server")
         quiet_mcp_client_logs()  # (an application may never call configure_logging)
-        quiet_http_client_logs()
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)

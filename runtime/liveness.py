@@ -34,6 +34,21 @@ from runtime.store import SessionRecord, Store, save_keeping
 RUNNING_META = "running_turn"
 """The session meta key of the turn running in some process (``None``: none)."""
 
+PAUSED_META = "paused_turn"
+"""The session meta key a paused step's save writes: ``{"turn_id", "step", "resumed"}``,
+the turn, its last paused step and how many pauses it continued, that one included
+(``None`` once the turn ended): what a takeover continues
+(:func:`actors.turn.takeover.paused_mark`)."""
+
+PRIVATE_META = (RUNNING_META, PAUSED_META)
+"""The session meta keys the turn runner keeps for itself, hidden from applications
+(``session.meta``, the web API's and the worker front end's session lists): each names a
+turn in flight (a process, a paused step), which only the turn's own saves and a
+takeover read or write. A turn's saves write the session's meta as the application holds
+it, so a stale copy of these there went back into the store with every later turn
+(:data:`runtime.approval.WAITING_META`, which lists of sessions read, is the
+application's to see)."""
+
 ALIVE: Literal["alive"] = "alive"
 DEAD: Literal["dead"] = "dead"
 UNKNOWN: Literal["unknown"] = "unknown"
@@ -125,11 +140,11 @@ def process_state(writer: object, *, proc: str = _PROC) -> State:
 
 
 def public_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``meta`` without the running marker (it names a machine and a process): what a
-    web client is shown."""
-    if RUNNING_META not in meta:
+    """``meta`` without the runner's own keys (:data:`PRIVATE_META`; the running marker
+    names a machine and a process): what an application and a web client are shown."""
+    if RUNNING_META not in meta and PAUSED_META not in meta:
         return meta
-    return {key: value for key, value in meta.items() if key != RUNNING_META}
+    return {key: value for key, value in meta.items() if key not in PRIVATE_META}
 
 
 def running_marker(turn_id: str, message_id: str) -> dict[str, str] | None:

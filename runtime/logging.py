@@ -83,7 +83,6 @@ def configure_logging(
     _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
     quiet_mcp_client_logs()
     quiet_mcp_server_logs()
-    quiet_http_client_logs()
 
 
 MCP_CLIENT_LOGGERS = (
@@ -314,14 +313,21 @@ HTTP_CLIENT_LINES = HTTPClientLines()
 
 def quiet_http_client_logs() -> None:
     """Put :data:`HTTP_CLIENT_LINES` on each of :data:`HTTP_CLIENT_LOGGERS` and
-    :data:`HTTP_STACK_LOGGERS` (once):
-    :func:`configure_logging` does, and so do the providers as they build their client
-    and the MCP and A2A clients as they start (an application that configures its own
-    logging)."""
+    :data:`HTTP_STACK_LOGGERS` (once).
+
+    Called once, as this module is imported: every client that sends with those HTTP
+    clients (the providers' SDKs, the MCP and A2A clients) imports this module before
+    it can be built, so its request lines are redacted from its first, whether or not
+    the application calls :func:`configure_logging` (it was called by each client's
+    constructor, three places, and by :func:`configure_logging`). A logger's filters
+    survive an application's ``logging.config.dictConfig``, which replaces handlers."""
     for name in (*HTTP_CLIENT_LOGGERS, *HTTP_STACK_LOGGERS):
         logger = logging.getLogger(name)
         if HTTP_CLIENT_LINES not in logger.filters:
             logger.addFilter(HTTP_CLIENT_LINES)
+
+
+quiet_http_client_logs()
 
 
 _BROKEN = (BrokenPipeError, ConnectionResetError)

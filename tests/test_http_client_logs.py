@@ -242,3 +242,34 @@ async def test_a_query_key_the_sdk_appended_its_path_to_keeps_the_path(logs):
     assert sent.path == f"/v1/?key={key}chat/completions"  # what the real client sent
     [line] = [r.getMessage() for r in caplog.records if r.name in HTTP_CLIENT_LOGGERS]
     assert line.endswith('/v1/?key=[redacted]chat/completions "HTTP/1.1 200 "')
+
+
+@pytest.mark.parametrize("module", ["actors.providers", "actors.mcp", "actors.a2a"])
+def test_each_client_modules_http_request_lines_are_redacted_before_any_client_is_built(
+    module: str,
+) -> None:
+    """A fresh process that imports a client's module (the providers', MCP's, A2A's) and
+    builds nothing, nor configures logging, has the filter on the HTTP clients' and their
+    stacks' loggers (put there once, by :mod:`runtime.logging` as it is imported): no client's
+    constructor path can miss it."""
+    import subprocess
+    import sys
+
+    check = (
+        "import importlib, logging, sys\n"
+        f"importlib.import_module({module!r})\n"
+        "lines = sys.modules['runtime.logging'].HTTP_CLIENT_LINES\n"
+        "logs = sys.modules['runtime.logging']\n"
+        "names = (*logs.HTTP_CLIENT_LOGGERS, *logs.HTTP_STACK_LOGGERS)\n"
+        "print(sorted({lines in logging.getLogger(n).filters for n in names}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True]"

@@ -10,15 +10,20 @@ host opens."""
 from __future__ import annotations
 
 import attrs
+import httpx
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores import MemoryStore
+from actors.stores.sqlite import SQLiteStore
 from actors.turn import runner as runner_module
 from actors.turn.takeover import PAUSED_META
 from runtime import Agent, Host
+from runtime.approval import WAITING_META
 from runtime.chunks import FinishChunk, TextChunk
-from runtime.liveness import RUNNING_META
+from runtime.liveness import RUNNING_META, public_meta
+from runtime.messages import AssistantMessage, TextPart, UserMessage
+from tests.web.harness import web_server
 
 T, M, SID = "turn-p", "msg-p", "paused"
 
@@ -131,12 +136,110 @@ async def test_a_turn_cut_after_a_paused_step_and_taken_over_continues_it(autoju
     assert record.meta[PAUSED_META] is None
 
 
-async def test_a_later_turn_clears_the_mark_of_a_turn_cut_after_its_pause(autojump_clock):
-    """(Its end clears any mark: a session's meta does not keep a turn's that is over.)"""
-    store = MemoryStore()
-    await commit_paused(store, 1, cancel=True)
+async def later_turn(store: MemoryStore) -> ScriptedProvider:
+    """After the cut paused turn, the session's next turn (``turn-2``, ``msg-2``) runs
+    to its answer on another host."""
     provider = ScriptedProvider(["hello"])
     async with Host.open(store=store, log_tap=False) as host:
         session = await host.open_session(Agent(provider=provider), session_id=SID)
-        await session.run("next")
-    assert (await store.load(SID)).meta[PAUSED_META] is None
+        assert PAUSED_META not in session.meta  # the runner's own: not the application's
+        async with session.stream("next", turn_id="turn-2", message_id="msg-2") as out:
+            await out.collect()
+    assert out.result.text == "hello"
+    return provider
+
+
+async def test_a_later_turn_leaves_the_mark_of_another_turn_alone(autojump_clock):
+    """The mark names its turn: a later turn's saves neither write it back nor clear it
+    (it is not in the meta the application holds, which a turn's saves carry)."""
+    store = MemoryStore()
+    await commit_paused(store, 1, cancel=True)
+    await later_turn(store)
+    record = await store.load(SID)
+    assert record.meta[PAUSED_META] == {"turn_id": T, "step": 0, "resumed": 1}
+    assert record.messages[-1].text == "hello"
+
+
+async def test_a_stale_mark_does_not_make_a_later_turn_taken_over_continue(autojump_clock):
+    """The cut turn's mark stays stored: the later turn, taken over once its answer is
+    saved (a worker that died before the queue heard), is over, not continued."""
+    store = MemoryStore()
+    await commit_paused(store, 1, cancel=True)
+    await later_turn(store)
+    provider = ScriptedProvider([["never"]])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), session_id=SID)
+        async with session.stream("next", turn_id="turn-2", message_id="msg-2", resume=True) as out:
+            await out.collect()
+    assert len(provider.requests) == 0
+    assert (await store.load(SID)).messages[-1].text == "hello"
+
+
+async def test_a_stale_mark_does_not_continue_its_turn_once_a_later_turn_followed(
+    autojump_clock,
+):
+    """The cut turn itself resumed after a later turn answered: its paused step is not
+    continued there (the history goes on past it)."""
+    store = MemoryStore()
+    await commit_paused(store, 1, cancel=True)
+    await later_turn(store)
+    before = await store.load(SID)
+    provider = ScriptedProvider([["never"]])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), session_id=SID)
+        async with session.stream("search", turn_id=T, message_id=M, resume=True) as out:
+            await out.collect()
+    assert len(provider.requests) == 0
+    assert [m.id for m in (await store.load(SID)).messages] == [m.id for m in before.messages]
+
+
+class CountingStore(MemoryStore):
+    """A memory store that keeps the meta of each save it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metas: list[dict[str, object]] = []
+
+    async def save(self, session_id, start, messages, meta=None, **kwargs):
+        self.metas.append(dict(meta or {}))
+        return await super().save(session_id, start, messages, meta, **kwargs)
+
+
+async def test_a_paused_turn_clears_its_mark_in_its_last_steps_save_and_writes_no_more(
+    autojump_clock,
+):
+    """The mark is set by the paused step's save and cleared by the save of the step
+    that ends the turn; the turn's final save, the same, costs no write."""
+    store = CountingStore()
+    provider = ScriptedProvider([paused("part 0."), [" done."]])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), session_id=SID)
+        async with session.stream("search", turn_id=T, message_id=M) as out:
+            await out.collect()
+    assert out.result.text == "part 0. done."
+    assert [m.get(PAUSED_META) for m in store.metas] == [
+        {"turn_id": T, "step": 0, "resumed": 1},
+        None,
+    ]
+
+
+async def test_the_web_api_shows_no_paused_mark_in_a_sessions_meta(tmp_path):
+    """``GET /api/sessions`` and ``/api/sessions/{id}`` give the application's meta: the
+    runner's own keys (the paused mark, the running marker) left out, ``awaiting_input``
+    (what lists read) and the application's kept; the worker front end's lists use the
+    same :func:`~runtime.liveness.public_meta`."""
+    path = tmp_path / "s.db"
+    mark = {"turn_id": T, "step": 0, "resumed": 1}
+    meta = {PAUSED_META: mark, RUNNING_META: None, WAITING_META: 0, "title": "t"}
+    store = await SQLiteStore.open(path)
+    answer = AssistantMessage(id=M, content=(TextPart(text="part 0.", step=0),))
+    await store.save(SID, 0, (UserMessage(content="search"), answer), meta)
+    await store.aclose()
+    async with web_server(Agent(provider=ScriptedProvider(["x"])), store=str(path)) as server:
+        async with httpx.AsyncClient(timeout=30) as http:
+            listed = (await http.get(f"{server.url}/api/sessions")).json()["sessions"]
+            one = (await http.get(f"{server.url}/api/sessions/{SID}")).json()
+    shown = {WAITING_META: 0, "title": "t"}
+    assert [s["meta"] for s in listed] == [shown]
+    assert one["meta"] == shown
+    assert public_meta(meta) == shown

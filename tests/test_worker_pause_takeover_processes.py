@@ -176,3 +176,71 @@ async def test_a_client_streaming_the_paused_turn_from_a_front_end_sees_each_par
     assert texts == "Let me search. Trio is a library.", [e["type"] for e in events]
     assert raw.rstrip().endswith("data: [DONE]")
     assert [e["type"] for e in events].count("finish") == 1
+
+
+def twice_paused(request: Recorded, seen: list[Recorded]) -> Reply:
+    """Calls 1 and 2 pause (the second a text only); the third (the continuation of
+    both) is held: its worker dies in it; the fourth (the takeover's) pauses again: the
+    turn's third pause, past ``MAX_RESUMES=2``. Any further call is an error reply."""
+    n = len(seen)
+    if n == 1:
+        return paused()
+    if n == 2:
+        return paused(*text_events(0, " Still searching."))
+    if n == 3:
+        return Reply(stall=600)
+    if n == 4:
+        return paused(*text_events(0, " More."))
+    return Reply(status=500, body=b"a call too many")
+
+
+async def test_the_pauses_before_a_kill_count_toward_max_resumes_in_the_worker_that_takes_over(
+    pg_url: str, pool: Workers
+) -> None:
+    """Workers run with ``MAX_RESUMES=2``; w1 continued two pauses and is SIGKILLed in
+    the third call. w2 counts on from the stored mark: the pause its call brings is the
+    turn's third, which ends the turn (finish ``other``) instead of a fourth call; and
+    no paused step is asked for again (4 calls: w1's 3, w2's continuation)."""
+    async with loopback_server() as server:
+        server.respond = lambda request: twice_paused(request, server.requests)
+        env = {"AXON_TEST_ANTHROPIC_URL": server.url, "AXON_TEST_MAX_RESUMES": "2"}
+        store = await PostgresStore.open(pg_url)
+        queue = TurnQueue(store)
+        try:
+            submitted = await queue.submit("s1", "search trio")
+            pool.start("w1", extra_args=AGENT, **env)
+
+            async def in_third_call() -> bool:
+                return len(server.requests) >= 3
+
+            await wait_for(in_third_call, what="w1 in the continuation of its second pause")
+            held = await store.load("s1")
+            pool.signal("w1", signal.SIGKILL)
+            pool.start("w2", extra_args=AGENT, **env)
+            turn = await finished(queue, submitted.turn_id)
+            record = await store.load("s1")
+        finally:
+            await queue.aclose()
+            await store.aclose()
+    assert turn.status == "done", pool.log("w2")
+    assert held is not None
+    assert held.meta[PAUSED_META] == {"turn_id": submitted.turn_id, "step": 1, "resumed": 2}
+    # w1's three calls, w2's one: the continuation w1 had sent, and no fifth
+    assert len(server.requests) == 4, [r.json()["messages"] for r in server.requests]
+    bodies = [r.json()["messages"] for r in server.requests]
+    both_paused = [
+        {"role": "user", "content": "search trio"},
+        {
+            "role": "assistant",
+            "content": [*PAUSED_CONTENT, {"type": "text", "text": " Still searching."}],
+        },
+    ]
+    assert bodies[2] == bodies[3] == both_paused
+    assert record is not None
+    history = list(record.messages)
+    check_history(history)
+    answer_message = history[1]
+    assert [p.step for p in answer_message.content] == [0, 0, 0, 1, 2]
+    assert answer_message.text == "Let me search. Still searching. More."
+    assert answer_message.status == "complete"
+    assert record.meta[PAUSED_META] is None

@@ -42,7 +42,6 @@ from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
 from runtime.json_exact import dumps as exact_dumps
 from runtime.json_exact import exact, exact_loads
-from runtime.logging import quiet_http_client_logs
 from runtime.output import (
     Abort,
     BudgetWait,
@@ -513,7 +512,6 @@ class A2AAgent:
         # remote agent's error text that quotes them, which the parent model reads)
         register_secret(token)
         register_url_secrets(self.url)
-        quiet_http_client_logs()  # its request lines' URLs (an application's own logging)
         for key, value in (headers or {}).items():
             if is_secret_key(key):
                 register_secret(value)

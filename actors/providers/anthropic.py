@@ -230,11 +230,27 @@ def map_messages(
                 content = EMPTY_INPUT  # the API refuses empty and whitespace-only content
             _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
+    if out and out[-1]["role"] == "assistant":
+        _no_trailing_whitespace(out[-1])
     if out and out[0]["role"] == "assistant":
         # A client's history opened by its chat UI's greeting: the API refuses a first
         # message that is not the user's ("first message must use the "user" role").
         out.insert(0, {"role": "user", "content": EMPTY_INPUT})
     return ("\n\n".join(system) or None), out
+
+
+def _no_trailing_whitespace(message: dict[str, Any]) -> None:
+    """The request's last message, an assistant's (a paused answer sent back to be
+    continued), with the whitespace at the end of its last block cut when that is text:
+    the API refuses "final assistant content" ending with whitespace, and asks a partial
+    answer sent back so ("with any trailing whitespace stripped from the final text
+    block": the SDK's ``fallback_credit_token``). A block left empty is dropped."""
+    blocks = message["content"]
+    last = blocks[-1] if blocks else None
+    if last is None or last.get("type") != "text" or last["text"] == last["text"].rstrip():
+        return
+    text = last["text"].rstrip()
+    blocks[-1:] = [{**last, "text": text}] if text else []
 
 
 def _no_thinking_last(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -480,8 +496,10 @@ def tool_loop_start(messages: Sequence[dict[str, Any]]) -> int | None:
 
     The API reads a tool loop as one assistant turn: its messages run from the first
     assistant message after the user's last message that was more than tool results,
-    through each step and its results."""
-    if len(messages) < 2 or messages[-1]["role"] != "user":
+    through each step and its results, and through a paused answer sent back last to
+    be continued (``pause_turn``, ``compaction``): that too is the "final assistant
+    message" the thinking rules name (:func:`thinking_allowed`)."""
+    if len(messages) < 2:
         return None
     start = None
     for i in range(len(messages) - 1, -1, -1):
@@ -498,13 +516,16 @@ def tool_loop_start(messages: Sequence[dict[str, Any]]) -> int | None:
 def thinking_allowed(messages: Sequence[dict[str, Any]]) -> bool:
     """Whether a request of these (mapped) ``messages`` may turn extended thinking on.
 
-    Not when it continues a tool loop (it ends with ``tool_result`` s) whose *first*
-    assistant message does not start with a thinking block: the API refuses that ("When
+    Not when it continues a tool loop (it ends with ``tool_result`` s, or with a paused
+    answer sent back to be continued) whose *first* assistant message does not start
+    with a thinking block: the API refuses that ("When
     `thinking` is enabled, a final `assistant` message must start with a thinking
     block"), its "final assistant message" being the whole tool loop. That happens when
     the loop was begun by another model or provider (a fallback, a turn continued after
     an approval or a restart under another model), whose thinking cannot be sent here:
-    the rest of that loop goes without thinking. Later steps without thinking of their
+    the rest of that loop goes without thinking; so does a paused answer Claude began
+    without thinking (adaptive thinking, which may skip it, or thinking turned on
+    since). Later steps without thinking of their
     own (Claude thinks once a turn without interleaved thinking) keep it on: the docs
     want one thinking mode for the whole turn."""
     start = tool_loop_start(messages)

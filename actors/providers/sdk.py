@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 from actors.providers.failures import stay_home
 from runtime import errors
 from runtime.history import ForeignReasoning
-from runtime.logging import quiet_http_client_logs
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
 from runtime.redact import register_secret, register_url_secrets
@@ -154,8 +153,8 @@ class SDKProvider(Provider):
     def _get_client(self) -> Any:
         """The SDK client, built on first use; its credentials (its key, those of its
         base URL) are then secrets, which :mod:`runtime.redact` removes from every error
-        and log line, and its HTTP client's request lines have their URLs redacted
-        (:func:`~runtime.logging.quiet_http_client_logs`)."""
+        and log line (its HTTP client's request lines have their URLs redacted from the
+        import of :mod:`runtime.logging` on: :func:`~runtime.logging.quiet_http_client_logs`)."""
         if self._client is None:
             try:
                 self._client = self.new_client()
@@ -173,7 +172,6 @@ class SDKProvider(Provider):
             for url in (self.base_url, getattr(self._client, "base_url", None)):
                 if url is not None:
                     register_url_secrets(str(url))
-            quiet_http_client_logs()  # its request lines (an application's own logging)
         return self._client
 
     def missing_dependency(self, exc: BaseException) -> errors.ConfigurationError | None:

@@ -54,7 +54,6 @@ from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
 from actors.turn.suspension import Suspending, edit_ran
 from actors.turn.takeover import (
-    PAUSED_META,
     Committed,
     find_committed,
     paused_mark,
@@ -111,6 +110,7 @@ from runtime.history import INTERRUPTED, MessageIds, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.liveness import PAUSED_META
 from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, Message, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import ErrorInfo
@@ -577,13 +577,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         finds one), its messages in the session's history, and the calls of a turn that
         waited for input which this one supersedes (denied as it begins). ``began``: the
         session as the turn's start read it, whose meta tells a paused last step
-        (:data:`~actors.turn.takeover.PAUSED_META`; else the run's meta does)."""
+        (:data:`~runtime.liveness.PAUSED_META`, which the application's meta, the run's,
+        never holds)."""
         state, agent = self.state, self.agent
         turn_id = run.turn_id
         message_id = run.message_id or new_id("msg")
         committed, mark = None, None
         if run.resume and run.message_id is not None:
-            mark = paused_mark(began.meta if began is not None else run.meta, turn_id)
+            mark = paused_mark(began.meta, turn_id) if began is not None else None
             paused = mark[0] if mark is not None else None
             committed = find_committed(state.messages, message_id, paused)
         if committed is None and run.regenerate:
@@ -635,6 +636,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             self._continue(turn, committed)
             if mark is not None:  # the pauses its first worker continued count on
                 turn.resumed = mark[1]
+                # its mark, which this turn's saves keep and its end clears (_save_meta)
+                stored = {"turn_id": turn_id, "step": mark[0], "resumed": mark[1]}
+                turn.meta = {**turn.meta, PAUSED_META: stored}
         # this run's output bound (a sub-turn's: its caller's left), beyond what it wrote
         turn.limits = agent.budget.bounded(run.max_output_tokens, turn.usage)
         turn.account = run.output_account  # shared with its caller's other calls
@@ -843,10 +847,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         goes_on = (bool(result.calls) and not over) or again is True or resume
         if resume:  # a takeover continues it too (actors.turn.takeover), counting on
             mark = {"turn_id": turn.turn_id, "step": step, "resumed": turn.resumed + 1}
-            turn.meta = {**turn.meta, PAUSED_META: mark}
+            turn.meta = {**turn.meta, PAUSED_META: mark}  # (cleared by _save_meta)
         ends = None if resume else _ends(turn, result, over)
-        if ends is not None and turn.meta.get(PAUSED_META) is not None:
-            turn.meta = {**turn.meta, PAUSED_META: None}  # (as the final save's: no write more)
         await self._save(turn, step, ends=ends, running=goes_on)
         return again
 
@@ -1027,12 +1029,6 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         cut = cut and turn.error is None
         if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
             turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
-        if turn.meta.get(PAUSED_META) is not None and not (
-            turn.finish_reason == AWAITING_INPUT or turn.abort_reason is not None
-        ):
-            # over: nothing to continue (one cut from outside, a worker's shutdown, may
-            # be taken over after its paused step: its mark stays)
-            turn.meta = {**turn.meta, PAUSED_META: None}
         if turn.approved_before:
             # Cut before it ran what a person approved in the turn it superseded (in
             # its start's announcement, its hook): stored interrupted, as a call cut

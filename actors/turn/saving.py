@@ -22,6 +22,7 @@ from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.turn_state import Turn
 from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
+from runtime.approval import AWAITING_INPUT
 from runtime.errors import (
     ActorFailed,
     AnsweredElsewhere,
@@ -30,7 +31,7 @@ from runtime.errors import (
     describe_exception,
 )
 from runtime.ids import new_id
-from runtime.liveness import RUNNING_META, running_marker, settle
+from runtime.liveness import PAUSED_META, RUNNING_META, running_marker, settle
 from runtime.messages import UserMessage
 from runtime.redact import redact
 from runtime.serde import forget_encoded
@@ -252,7 +253,10 @@ class Saving:
                 else:
                     record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
-                    return None  # (``reload``) it had not moved after all
+                    # (``reload``) it had not moved after all: nothing to take, but its
+                    # meta tells a takeover the turn's paused step, which the
+                    # application's meta never holds (runtime.liveness.PRIVATE_META)
+                    return record if reload else None
                 if record is not None and not self.host.expects_other_writers:
                     # another process's turn, left running as it died: marked interrupted
                     # (runtime.liveness) before this one's turn reads it
@@ -446,17 +450,27 @@ class Saving:
         """The meta a save of ``turn`` writes: the turn's, with the marker that it runs in
         this process (:data:`~runtime.liveness.RUNNING_META`) when it goes on after the
         save, cleared (``None``) by its saves that do not once a save of it set one. A
-        worker's host marks nothing: its turn queue knows which turns run."""
+        worker's host marks nothing: its turn queue knows which turns run.
+
+        The turn's paused step (:data:`~runtime.liveness.PAUSED_META`, which only a
+        turn that paused or took a paused one over holds) is cleared here, the one place,
+        by a save the turn does not go on after: the step's that ends it (so the final
+        save, the same, costs no write) and the final one; kept by a turn that waits
+        for a person or was cut from outside (a worker's shutdown: another worker
+        continues the pause)."""
+        meta = turn.meta
+        if not running and meta.get(PAUSED_META) is not None and not _goes_on_later(turn):
+            meta = {**meta, PAUSED_META: None}
         if self.host.expects_other_writers:
-            return turn.meta
+            return meta
         if running:
             marker = running_marker(turn.turn_id, turn.message_id)
             if marker is not None:
                 turn.marked = True
-                return {**turn.meta, RUNNING_META: marker}
+                return {**meta, RUNNING_META: marker}
         elif turn.marked:
-            return {**turn.meta, RUNNING_META: None}
-        return turn.meta
+            return {**meta, RUNNING_META: None}
+        return meta
 
     def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
         """Whether ``req`` writes the session exactly as it is now (from the turn on),
@@ -469,6 +483,12 @@ class Saving:
             # the same objects: an equal message may hold values of other types
             and all(map(operator.is_, req.messages, self.state.messages[start:]))
         )
+
+
+def _goes_on_later(turn: Turn) -> bool:
+    """Whether ``turn``, as its last save is written, may still be continued: it waits
+    for a person (its calls held, or found waiting again), or was cut from outside."""
+    return bool(turn.held) or turn.finish_reason == AWAITING_INPUT or turn.abort_reason is not None
 
 
 def _version_mark_now(store: Any, session_id: str) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ import attrs
 
 from runtime.chunks import Usage
 from runtime.history import INTERRUPTED
+from runtime.liveness import PAUSED_META
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -38,11 +39,6 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-
-PAUSED_META = "paused_turn"
-"""The session meta key a paused step's save writes: ``{"turn_id", "step", "resumed"}``,
-the turn, its last paused step and how many pauses it continued, that one included
-(``None`` once the turn ended)."""
 
 
 def paused_mark(meta: Mapping[str, Any], turn_id: str) -> tuple[int, int] | None:

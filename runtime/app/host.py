@@ -55,7 +55,7 @@ from runtime.errors import (
 from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.liveness import RUNNING_META, settle
+from runtime.liveness import PRIVATE_META, settle
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
@@ -258,9 +258,9 @@ def _session_state(
         state.messages.extend(record.messages)
         state.saved_upto = len(record.messages)
         state.version = record.version
-        # (the running marker is the writer's to keep, never a turn's meta: _save_meta)
+        # (the runner's own keys are its to keep, never a turn's meta: _save_meta)
         session_meta.update(
-            {k: v for k, v in record.meta.items() if k != "agent" and k != RUNNING_META}
+            {k: v for k, v in record.meta.items() if k != "agent" and k not in PRIVATE_META}
         )
     if meta:
         session_meta.update(meta)

@@ -16,7 +16,9 @@ and the errors they answer, not from the mapping code:
   with it); a tool loop opens with thinking when
   thinking is on and holds none when it is off; the request starts with a user message ("first
   message must use the "user" role") and ends with one (models without prefill answer
-  a final assistant message with a 400);
+  a final assistant message with a 400; one that continues a paused answer ends it
+  with no whitespace: "final assistant content cannot end with trailing whitespace",
+  and its thinking is the tool loop's);
 * Chat Completions: every assistant ``tool_calls`` id (1 to 40 characters; its
   function's name ``^[a-zA-Z0-9_-]{1,64}$``, checked in the history too) is
   answered by exactly one ``tool`` message among those right after it, and a ``tool``
@@ -65,10 +67,11 @@ def _blank_result(content: Any) -> bool:
 
 def _loop_start(messages: list[dict[str, Any]]) -> int | None:
     """The first assistant message of the tool loop a request continues (the API's "final
-    assistant message": the loop's steps and their results are one assistant turn), or
-    ``None`` when the request ends with more than tool results."""
+    assistant message": the loop's steps and their results are one assistant turn, a
+    paused answer sent back last to be continued included), or ``None`` when the
+    request ends with more than tool results."""
     last = messages[-1].get("content")
-    if messages[-1].get("role") != "user" or not (
+    if messages[-1].get("role") == "user" and not (
         isinstance(last, list) and last and last[0].get("type") == "tool_result"
     ):
         return None
@@ -218,6 +221,11 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool | None = 
         errs.append('messages: first message must use the "user" role')
     if messages[-1].get("role") != "user":
         errs.append("the request ends with an assistant message (prefill)")
+        content = messages[-1].get("content")
+        tail = content[-1] if isinstance(content, list) and content else {}
+        text = content if isinstance(content, str) else tail.get("text")
+        if isinstance(text, str) and text != text.rstrip():
+            errs.append("final assistant content cannot end with trailing whitespace")
     return errs
 
 

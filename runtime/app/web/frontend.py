@@ -128,6 +128,7 @@ from runtime.errors import (
     TurnIdTaken,
 )
 from runtime.ids import new_id
+from runtime.liveness import public_meta
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
@@ -1013,7 +1014,7 @@ class FrontEnd:
                         "message_count": info.message_count,
                         "busy": info.session_id in busy,
                         "waiting": waiting_in_meta(info.meta),
-                        "meta": info.meta,
+                        "meta": public_meta(info.meta),
                     }
                     for info in infos
                 ],
@@ -1058,7 +1059,7 @@ class FrontEnd:
                 "title": record.meta.get("title"),
                 "busy": await self.queue.active(session_id) is not None,
                 "waiting": len(pending_calls(record.messages)),
-                "meta": record.meta,
+                "meta": public_meta(record.meta),
                 **({} if ui_only else {"messages": unstructure(list(record.messages))}),
                 "ui_messages": ui_messages(
                     record.messages, for_session(web_state(request).signer, session_id)
