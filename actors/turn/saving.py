@@ -350,7 +350,7 @@ class Saving:
         while at > 0 and type(messages[at]) is not UserMessage:
             at -= 1
         if messages[at].id != wanted:
-            turn.refused = True  # (nothing of it is saved: its last save is not made)
+            turn.refused = turn.elsewhere = True  # (nothing of it saved, now or later)
             raise AnsweredElsewhere(
                 f"message {wanted!r} was answered by another process (the same message "
                 "sent to two at once): its stored answer stands, this turn did not run",
@@ -358,7 +358,7 @@ class Saving:
             )
         result = await self._adopt(await self._save(turn, turn.step), turn)
         if isinstance(result.error, AnsweredElsewhere):
-            turn.refused = True  # (its last save would meet the same: not made)
+            turn.refused = turn.elsewhere = True  # (its last save would meet the same)
             raise result.error
 
     async def _bounded_save(self, turn: Turn) -> SaveResult | None:
@@ -397,7 +397,9 @@ class Saving:
 
     async def _discard_unsaved(self, turn: Turn) -> None:
         """The store refused ``turn``'s final save and the host forgets such turns
-        (``serve``: its client is told ``not_saved``): the history becomes what the store
+        (``serve``: its client is told ``not_saved``), or (any host, a library's too)
+        the refusal said its message was answered by another process
+        (:attr:`~actors.turn.turn_state.Turn.elsewhere`): the history becomes what the store
         holds (loaded again, bounded), so the session's next turn, one queued behind this
         one too, neither runs on nor saves what its client was told is not saved. Kept,
         the next turn's save wrote it, the client's reload showing the answer it had
