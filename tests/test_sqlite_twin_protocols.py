@@ -22,7 +22,7 @@ from runtime import Agent
 from tests.test_agui import run_input, user
 from tests.test_sqlite_twin_claims import _Gated, _meet, _stored
 
-PROTOCOLS = ("ai-sdk", "ag-ui", "a2a")
+PROTOCOLS = ("ai-sdk", "ag-ui", "a2a", "openai")
 
 
 async def _while_a_answers(
@@ -52,8 +52,8 @@ async def _twin(tmp_path: Any, post: Callable[[str], Awaitable[Any]]) -> tuple[A
     a_provider = _Gated("From A.")
     b_provider = ScriptedProvider(steps=[["From B."]])
     async with (
-        web_server(Agent(provider=a_provider), store=db, protocols=PROTOCOLS) as a,
-        web_server(Agent(provider=b_provider), store=db, protocols=PROTOCOLS) as b,
+        web_server(Agent(name="m", provider=a_provider), store=db, protocols=PROTOCOLS) as a,
+        web_server(Agent(name="m", provider=b_provider), store=db, protocols=PROTOCOLS) as b,
     ):
         async with (
             httpx.AsyncClient(base_url=a.url) as to_a,
@@ -64,6 +64,28 @@ async def _twin(tmp_path: Any, post: Callable[[str], Awaitable[Any]]) -> tuple[A
         reply = await _while_a_answers(a.url, b.url, a_provider, post)
         record = await a.host.store.load("s")
     return reply, b_provider.requests, record
+
+
+async def test_an_openai_post_while_the_other_server_answers_its_session_is_session_busy(
+    tmp_path,
+):
+    """The OpenAI API has no message ids: a post to B on a session A runs a turn of (its
+    claim stored, its running marker live) is refused as a session running a turn here
+    is, ``session_busy`` (was a second turn run beside A's, the question stored twice)."""
+
+    async def post(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            chat = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
+            return await client.post(
+                "/v1/chat/completions", json=chat, headers={"X-Axon-Session": "s"}
+            )
+
+    reply, b_requests, record = await _twin(tmp_path, post)
+    assert reply.status_code == 409, reply.content
+    assert reply.json()["error"]["code"] == "session_busy"
+    assert "another server" in reply.json()["error"]["message"]
+    assert len(b_requests) == 2  # q0 and qb: none for "one"
+    assert [m.content for m in record.messages if m.role == "user"].count("one") == 1
 
 
 async def test_an_agui_twin_posted_while_the_other_server_answers_it_is_thread_busy(tmp_path):

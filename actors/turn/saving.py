@@ -333,7 +333,7 @@ class Saving:
             )
         )
 
-    async def _claim(self, turn: Turn, wanted: str) -> None:
+    async def _claim(self, turn: Turn, wanted: str | None) -> None:
         """Before a new turn's first model call on a host whose store is shared
         (:attr:`~runtime.hosting.TurnHost.claims_turns`): its user message saved, with
         the turn's empty answer and its running marker, and the answer waited for. The
@@ -342,14 +342,17 @@ class Saving:
         the message (:func:`~runtime.store.rebase`) and is refused before its model
         call, instead of at its end after a whole run. ``wanted`` is the client's id
         of the message: held already by what another process stored since (the id was
-        not given to this turn's copy), it was answered there (or is being).
+        not given to this turn's copy), it was answered there (or is being). A turn
+        without a client's id (the OpenAI API has none) claims too: its running marker
+        tells another process's front end the session runs a turn (``session_busy``),
+        where a retry of the request (an SDK's, after a timeout) ran beside it.
 
         A failed claim is no refusal: the turn runs, its step saves try again."""
         messages = self.state.messages
         at = turn.a_index - 1  # (the turn's user message: the last before its answer)
         while at > 0 and type(messages[at]) is not UserMessage:
             at -= 1
-        if messages[at].id != wanted:
+        if wanted is not None and messages[at].id != wanted:
             turn.refused = turn.elsewhere = True  # (nothing of it saved, now or later)
             raise AnsweredElsewhere(
                 f"message {wanted!r} was answered by another process (the same message "
