@@ -267,3 +267,14 @@ async def settle(store: Store, record: SessionRecord, *, proc: str = _PROC) -> S
             version=version,
         )
     return record
+
+
+def answering_elsewhere(meta: Mapping[str, Any]) -> bool:
+    """Whether a session's stored ``meta`` (read for a post told against the store,
+    while no turn of it runs here) names a turn another process is running now: a
+    running marker (:data:`RUNNING_META`) whose writer is not known dead. The front
+    ends' twin check (the chat endpoint's, AG-UI's, A2A's): the same message posted to
+    two ``serve`` at once, once the first claimed it
+    (:attr:`~runtime.app.host.Host.claims_turns`), was answered with the claimed empty
+    answer. A lookup in meta already read: no store statement more."""
+    return isinstance(meta.get(RUNNING_META), Mapping) and killed_marker(meta) is None

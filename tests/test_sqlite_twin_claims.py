@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, Hooks
+from runtime import Agent, Hooks, Host
 from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
 from tests.test_http_attacks_2 import until
 from tests.test_web_http import body, events
@@ -277,3 +277,37 @@ async def test_an_edit_on_a_claiming_host_replaces_the_turn_and_runs(tmp_path):
     assert _text(edit.content) == "From B."
     assert _stored(record)[-2:] == [("user", "q1"), ("assistant", "From B.")]
     assert [m.text for m in record.messages if m.role == "user"][-1] == "one, edited"
+
+
+async def test_a_library_hosts_twin_refused_for_its_taken_id_is_never_stored_later(tmp_path):
+    """Two library Hosts (no ``serve``: they keep unsaved turns) on one file, both
+    claiming. B is sent ``q1`` after A answered it: its history holds A's ``q1`` (the
+    id taken: B's copy got a new one), so the claim refuses it before its model call.
+    The refused copy leaves B's history at once (it matched the store only after) and
+    B's next turn stores none of it (before: the copy and its empty answer were
+    written with that turn)."""
+    db = str(tmp_path / "one.db")
+    async with (
+        Host.open(store=db, log_tap=False) as host_a,
+        Host.open(store=db, log_tap=False) as host_b,
+    ):
+        a = await host_a.open_session(
+            Agent(provider=ScriptedProvider(steps=[["A."]])), session_id="s"
+        )
+        b = await host_b.open_session(
+            Agent(provider=ScriptedProvider(steps=[["B."]])), session_id="s"
+        )
+        for session, text in ((a, "zero"), (b, "zero b"), (a, "zero c"), (b, "zero d")):
+            await session.run(text)  # each takes in the other's turn: both claim
+        async with a.stream("one", user_message_id="q1") as out:
+            async for _ in out:
+                pass
+        async with b.stream("one", user_message_id="q1") as twin:
+            async for _ in twin:
+                pass
+        assert twin.result is not None and not twin.result.saved
+        assert b.messages == (await host_b.store.load("s")).messages
+        await b.run("two")
+        record = await host_b.store.load("s")
+    assert [m.content for m in record.messages if m.role == "user"][-2:] == ["one", "two"]
+    assert b.messages == record.messages

@@ -100,6 +100,7 @@ from runtime.chunks import Usage
 from runtime.errors import (
     SESSION_DELETED,
     ActorFailed,
+    AnsweredElsewhere,
     AxonError,
     BudgetExceeded,
     OutputValidationError,
@@ -462,11 +463,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         pass
                     else:
                         await self._run_approved_before(turn)
-                        if (
-                            committed is None
-                            and run.user_message_id is not None  # (else no twin is known)
-                            and self.host.claims_turns
-                        ):
+                        if committed is None and self.host.claims_turns:
                             await self._claim(turn, run.user_message_id)
                         await self._steps(turn)
                 if scope.cancelled_caught:
@@ -1003,14 +1000,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             saved = await self._save_last(turn)
             await self._announce_end(turn, closing, saved)
         finally:
-            dropped = turn.refused and self.host.forgets_unsaved  # (see _discard_unsaved)
+            dropped = turn.refused and (turn.elsewhere or self.host.forgets_unsaved)
             for item, _ in turn.unsaved_steers:  # the turn is over: what it saved, it saved
                 item.dropped = dropped
                 item.stored.set()
             turn.unsaved_steers.clear()
             result = self._result(turn, saved)
             try:
-                if turn.refused and self.host.forgets_unsaved:
+                if dropped:  # (see _discard_unsaved; a library host's too when
+                    # its message was answered elsewhere: no later save may store it)
                     # Before the hand-over, which lets a turn queued behind this one
                     # start: it must start from what the store holds, not carry this on.
                     await self._discard_unsaved(turn)
@@ -1057,6 +1055,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             return False
         if final is not None and final.error is not None:
             turn.refused = True
+            turn.elsewhere = isinstance(final.error, AnsweredElsewhere)
             if turn.error is None:
                 turn.error = error_info(final.error)
         return final is not None and final.error is None

@@ -337,7 +337,7 @@ class Saving:
             )
         )
 
-    async def _claim(self, turn: Turn, wanted: str) -> None:
+    async def _claim(self, turn: Turn, wanted: str | None) -> None:
         """Before a new turn's first model call on a host whose store is shared
         (:attr:`~runtime.hosting.TurnHost.claims_turns`): its user message saved, with
         the turn's empty answer and its running marker, and the answer waited for. The
@@ -346,15 +346,18 @@ class Saving:
         the message (:func:`~runtime.store.rebase`) and is refused before its model
         call, instead of at its end after a whole run. ``wanted`` is the client's id
         of the message: held already by what another process stored since (the id was
-        not given to this turn's copy), it was answered there (or is being).
+        not given to this turn's copy), it was answered there (or is being). A turn
+        without a client's id (the OpenAI API has none) claims too: its running marker
+        tells another process's front end the session runs a turn (``session_busy``),
+        where a retry of the request (an SDK's, after a timeout) ran beside it.
 
         A failed claim is no refusal: the turn runs, its step saves try again."""
         messages = self.state.messages
         at = turn.a_index - 1  # (the turn's user message: the last before its answer)
         while at > 0 and type(messages[at]) is not UserMessage:
             at -= 1
-        if messages[at].id != wanted:
-            turn.refused = True  # (nothing of it is saved: its last save is not made)
+        if wanted is not None and messages[at].id != wanted:
+            turn.refused = turn.elsewhere = True  # (nothing of it saved, now or later)
             raise AnsweredElsewhere(
                 f"message {wanted!r} was answered by another process (the same message "
                 "sent to two at once): its stored answer stands, this turn did not run",
@@ -362,7 +365,7 @@ class Saving:
             )
         result = await self._adopt(await self._save(turn, turn.step), turn)
         if isinstance(result.error, AnsweredElsewhere):
-            turn.refused = True  # (its last save would meet the same: not made)
+            turn.refused = turn.elsewhere = True  # (its last save would meet the same)
             raise result.error
 
     async def _bounded_save(self, turn: Turn) -> SaveResult | None:
@@ -401,7 +404,9 @@ class Saving:
 
     async def _discard_unsaved(self, turn: Turn) -> None:
         """The store refused ``turn``'s final save and the host forgets such turns
-        (``serve``: its client is told ``not_saved``): the history becomes what the store
+        (``serve``: its client is told ``not_saved``), or (any host, a library's too)
+        the refusal said its message was answered by another process
+        (:attr:`~actors.turn.turn_state.Turn.elsewhere`): the history becomes what the store
         holds (loaded again, bounded), so the session's next turn, one queued behind this
         one too, neither runs on nor saves what its client was told is not saved. Kept,
         the next turn's save wrote it, the client's reload showing the answer it had

@@ -148,6 +148,10 @@ class Turn:
     refused: bool = False
     """The store refused the turn's final save (an error, not a save that outlived
     ``SAVE_TIMEOUT``): nothing of it after its last confirmed save is stored."""
+    elsewhere: bool = False
+    """The refusal said its message was answered by another process
+    (:class:`~runtime.errors.AnsweredElsewhere`, its claim's or its final save's): no
+    later save may store it, so it leaves the history on every host, a library's too."""
     fence: object | None = None
     """The store's fence the turn began under (:attr:`RunTurn.fence`), on each of its
     saves (:attr:`SaveRequest.fence`)."""

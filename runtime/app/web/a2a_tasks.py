@@ -55,6 +55,7 @@ from runtime.errors import (
 )
 from runtime.ids import new_id
 from runtime.json_exact import dumps
+from runtime.liveness import answering_elsewhere
 from runtime.media import check_counts, check_limits, user_content
 from runtime.messages import (
     AssistantMessage,
@@ -537,7 +538,12 @@ class TaskBook:
     ) -> tuple[Sequence[Message], bool] | None:
         """:meth:`_history` when message ``stored_id`` may be in it, else ``None``: a
         stored session is read whole only when its store says the id is there
-        (:func:`~runtime.store.has_user_messages`; a 5,000-message one was 1.2 MB a send)."""
+        (:func:`~runtime.store.has_user_messages`; a 5,000-message one was 1.2 MB a send).
+        Read from the store while another process runs a turn of it (its running
+        marker, :func:`~runtime.liveness.answering_elsewhere`: two ``serve`` on one
+        file, the same message sent to both at once), it is refused as a context
+        running a task is here: its resend was given the claimed empty answer as a
+        completed task."""
         session = self.state.host.sessions.get(context_id)
         if session is not None and session.loaded and session.busy:
             return session.messages, True
@@ -545,7 +551,21 @@ class TaskBook:
         if getattr(store, "has_user_messages", None) is not None:  # (else it would load twice)
             if stored_id not in await has_user_messages(store, context_id, (stored_id,)):
                 return None
-        return await self._history(context_id)
+        session = self.state.host.sessions.get(context_id)  # (again, after the await)
+        if session is not None and session.loaded and session.busy:
+            return session.messages, True
+        record = await self.state.host.load_settled(context_id)  # (a killed turn: canceled)
+        if record is None:
+            return None
+        if answering_elsewhere(record.meta) and any(
+            type(m) is UserMessage and m.id == stored_id for m in record.messages
+        ):
+            raise wire.A2AError(
+                "UnsupportedOperation",
+                f"context {context_id!r} is running a task on another server (message "
+                f"{stored_id!r} was sent to two at once): ask for it once it is done",
+            )
+        return record.messages, False
 
     async def find(self, task_id: str) -> LiveTask:
         """The task ``task_id``: live, or read back from its session (and kept live from

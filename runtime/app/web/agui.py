@@ -117,6 +117,7 @@ from runtime.errors import (
     UnknownApproval,
     WaitExpired,
 )
+from runtime.liveness import answering_elsewhere
 from runtime.media import check_limits
 from runtime.messages import (
     AssistantMessage,
@@ -652,6 +653,15 @@ class AGUIRoutes:
             assert last is not None
             return await self._new_turn(
                 run, session_id, stored, effective, record is None, held_ids
+            )
+        if record is not None and answering_elsewhere(record.meta):
+            # Not the claimed empty answer as the thread's snapshot (a 200 saying nothing):
+            # the thread runs on another server (two ``serve`` on one file), as _busy's.
+            raise AGUIError(
+                409,
+                f"thread {session_id!r} is running a run on another server (the same "
+                "message was sent to two at once): reconnect once it is done",
+                "thread_busy",
             )
         current = tuple(self._current(session_id, stored, version))  # the thread's own copy
         reply = partial(snapshot_response, run, metadata=None)

@@ -84,6 +84,7 @@ from runtime.app.web.openai_wire import (
     parse_chat_request,
 )
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
+from runtime.app.web.resend import resend_history
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
     CallerWaits,
@@ -97,6 +98,7 @@ from runtime.errors import (
 )
 from runtime.history import checked_off_loop
 from runtime.ids import new_id
+from runtime.liveness import answering_elsewhere
 from runtime.media import check_limits
 from runtime.messages import (
     Message,
@@ -391,6 +393,19 @@ class OpenAIRoutes:
         except HostClosed as exc:  # opened on a host closed already (serve stopping)
             return _closing(exc)
         _check_media(chat.input, session.agent)
+        if (
+            state.host.claims_turns  # (a host that saw no other writer: no read more)
+            and not session.busy
+            and one_answer_each(session) == REJECT
+            and answering_elsewhere((await resend_history(session, state.host.store))[1])
+        ):
+            # Another server on the store runs a turn of the session now (two ``serve``
+            # on one file): refused as one running here is, not run beside it.
+            return _busy(
+                session,
+                f"session {session_id!r} is running a turn on another server: send it "
+                "again once that is done",
+            )
         return respond(session, True)
 
     async def _queued(self, request: Request, chat: Any, encoder: CompletionEncoder) -> Any:

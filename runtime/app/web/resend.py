@@ -26,7 +26,7 @@ from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.signing import SessionSigner
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
 from runtime.errors import RelayUnavailable, StoreError
-from runtime.liveness import RUNNING_META, killed_marker
+from runtime.liveness import answering_elsewhere
 from runtime.media import user_content
 from runtime.messages import UserContent, UserMessage
 
@@ -153,8 +153,7 @@ def check_answering_elsewhere(meta: Mapping[str, Any], client_id: str | None) ->
     first claimed it (:attr:`~runtime.app.host.Host.claims_turns`): replayed, the reply
     was the claimed empty answer (a 200 saying nothing); a 409 says what happened. A
     marker of a dead writer is left to the next turn's load, which settles it."""
-    marker = meta.get(RUNNING_META)
-    if isinstance(marker, Mapping) and killed_marker(meta) is None:
+    if answering_elsewhere(meta):
         raise ApiError(
             409,
             f"message {client_id!r}: another server is answering it now (the same message "
