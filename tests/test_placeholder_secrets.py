@@ -46,6 +46,15 @@ REAL = [
 ]
 
 
+@pytest.mark.parametrize("value", ["Password!", "Changeme!", "Secret#!"])
+def test_a_placeholder_word_with_a_symbol_is_a_password_and_registered(value):
+    """A weak real password (a placeholder word and a symbol: what a password rule
+    takes) is no placeholder: only ``-``, ``_``, ``.`` and spaces join a placeholder's
+    words (before: every symbol was taken out, and ``Password!`` was ``password``)."""
+    register_env_secrets({"ATTACK2_DB_PASSWORD": value})
+    assert redact_text(f"login {value} refused") == f"login {REDACTED} refused"
+
+
 @pytest.mark.parametrize("value", PLACEHOLDERS)
 def test_a_placeholder_in_a_credential_variable_is_not_registered(value):
     register_env_secrets({"LOGS3_API_KEY": value})
