@@ -84,7 +84,29 @@ def is_secret_value(value: str) -> bool:
     commonest = max(value.count(c) for c in set(value))
     if commonest * 4 >= len(value) * 3:
         return False
+    if value[-1] in "-_" and _key_stub(value):
+        return False
     return value.lower().translate(_SEPARATORS) not in PLACEHOLDERS
+
+
+def _key_stub(value: str) -> bool:
+    """Whether ``value`` is a key's known prefix with no key after it (``sk-proj-``,
+    ``sk-ant-api03-``, ``github_pat_``: a ``.env`` template's value, the key left out):
+    a known prefix (:data:`_PREFIXES`) and less after it than a key's body (16).
+
+    Why: registered, such a stub was matched before the key shapes (the registered
+    secrets come first in the pattern), so a real key written after it lost its
+    prefix only: ``key sk-proj-AbC...`` logged as ``key [redacted]AbC...``, the key's
+    whole secret part shown."""
+    head = _key_prefix().match(value)
+    return head is not None and len(value) - head.end() < 16
+
+
+@functools.cache
+def _key_prefix() -> re.Pattern[str]:
+    """The known key prefixes' pattern (:func:`_key_stub`; compiled when first asked, not
+    at import)."""
+    return re.compile("|".join(_PREFIXES))
 
 
 _SEPARATORS = str.maketrans("", "", "-_. ")
