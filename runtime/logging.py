@@ -285,6 +285,21 @@ on the logger a record is made on, not its parents: each module's own is listed
 (tests/test_http_debug_headers.py checks that the list covers the packages)."""
 
 
+HPACK_BLOCK_LINES = frozenset({"Encoded header block to %s", "Decoding %s"})
+"""hpack's ``DEBUG`` lines that quote a whole HTTP/2 header block (the encoder's output,
+the decoder's input): every header's value is in it, a literal's as it is and a Huffman
+coded one in a code anyone decodes, so no pattern can redact it. Logged with the block's
+size instead (the per-header lines, ``Decoded``/``Adding``, keep their names, their
+credential values redacted)."""
+
+
+def _block_size(value: object) -> object:
+    """A header block argument as its size (``<27 bytes>``); anything else as it is."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"<{len(value)} bytes>"
+    return value
+
+
 class HTTPClientLines(logging.Filter):
     """The request lines of the HTTP clients (:data:`HTTP_CLIENT_LOGGERS`) with the
     credentials of their URLs redacted (:func:`runtime.redact.redact_urls`): a
@@ -298,6 +313,9 @@ class HTTPClientLines(logging.Filter):
     (:func:`runtime.redact.redact_header_pairs`): a request's or a response's."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in HPACK_BLOCK_LINES and record.name.startswith("hpack."):
+            record.args = tuple(_block_size(a) for a in record.args or ())
+            return True
         try:
             text = record.getMessage()
         except Exception:  # (arguments that do not fit the format: the format alone)

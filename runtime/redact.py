@@ -62,7 +62,7 @@ PLACEHOLDERS = frozenset(
     }
 )
 """Values of a credential variable or option that say there is none, lowered and with
-everything but letters and digits taken out (``not-needed``, ``NOT_NEEDED``): the
+``-``, ``_``, ``.`` and spaces taken out (``not-needed``, ``NOT_NEEDED``): the
 local servers' conventions (``OPENAI_API_KEY=not-needed``, ``lm-studio``, ``ollama``),
 a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``). As a
 registered secret each was replaced wherever it appeared: a user's message saying
@@ -84,7 +84,38 @@ def is_secret_value(value: str) -> bool:
     commonest = max(value.count(c) for c in set(value))
     if commonest * 4 >= len(value) * 3:
         return False
-    return "".join(c for c in value.lower() if c.isalnum()) not in PLACEHOLDERS
+    if value[-1] in "-_" and _key_stub(value):
+        return False
+    return value.lower().translate(_SEPARATORS) not in PLACEHOLDERS
+
+
+def _key_stub(value: str) -> bool:
+    """Whether ``value`` is a key's known prefix with no key after it (``sk-proj-``,
+    ``sk-ant-api03-``, ``github_pat_``: a ``.env`` template's value, the key left out):
+    a known prefix (:data:`_PREFIXES`) and less after it than a key's body (16).
+
+    Why: registered, such a stub was matched before the key shapes (the registered
+    secrets come first in the pattern), so a real key written after it lost its
+    prefix only: ``key sk-proj-AbC...`` logged as ``key [redacted]AbC...``, the key's
+    whole secret part shown."""
+    head = _key_prefix().match(value)
+    return head is not None and len(value) - head.end() < 16
+
+
+@functools.cache
+def _key_prefix() -> re.Pattern[str]:
+    """The known key prefixes' pattern (:func:`_key_stub`; compiled when first asked, not
+    at import)."""
+    return re.compile("|".join(_PREFIXES))
+
+
+_SEPARATORS = str.maketrans("", "", "-_. ")
+"""What a placeholder's spellings put between its words (``not-needed``, ``NOT_NEEDED``,
+``your api key``), taken out before :data:`PLACEHOLDERS` is looked in. Only these: with
+every character but letters and digits taken out, a real password made of such a word
+and a symbol (``Password!``, ``Changeme!``, ``Secret#!``: what a careless user sets, and
+a password rule takes) was a placeholder, never registered, and left in every log line
+and error text that quoted it."""
 
 
 _SECRET_KEYS = frozenset(

@@ -13,6 +13,7 @@ import logging
 import pkgutil
 
 import anthropic
+import hpack
 import openai
 import pytest
 
@@ -117,3 +118,20 @@ def test_a_header_named_like_a_credential_is_redacted_in_each_form(line, kept):
     out = redact_header_pairs(line)
     assert "[redacted]" in out and kept in out
     assert "sid=1" not in out and "dXNlcg" not in out and "it's" not in out
+
+
+@pytest.mark.parametrize("huffman", [True, False], ids=["huffman", "literal"])
+def test_an_http2_header_block_is_logged_by_its_size(caplog, huffman):
+    """hpack (under httpcore's HTTP/2, h2) logs the whole header block it encodes and
+    the one it decodes: a literal value as it is, a Huffman coded one (h2's default) in
+    a code hpack itself reads back. The line says how long the block is instead."""
+    quiet_http_client_logs()
+    headers = [(":method", "POST"), ("authorization", f"Bearer {TOKEN}"), ("cookie", COOKIE)]
+    encoder, decoder = hpack.Encoder(), hpack.Decoder()
+    with caplog.at_level(logging.DEBUG):
+        block = encoder.encode(headers, huffman=huffman)
+        decoder.decode(block)
+    texts = [r.getMessage() for r in caplog.records if r.name.startswith("hpack.")]
+    assert f"Encoded header block to <{len(block)} bytes>" in texts
+    assert f"Decoding <{len(block)} bytes>" in texts
+    assert not [t for t in texts if repr(block) in t or TOKEN in t or COOKIE in t]

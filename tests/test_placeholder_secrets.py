@@ -46,6 +46,25 @@ REAL = [
 ]
 
 
+@pytest.mark.parametrize("value", ["Password!", "Changeme!", "Secret#!"])
+def test_a_placeholder_word_with_a_symbol_is_a_password_and_registered(value):
+    """A weak real password (a placeholder word and a symbol: what a password rule
+    takes) is no placeholder: only ``-``, ``_``, ``.`` and spaces join a placeholder's
+    words (before: every symbol was taken out, and ``Password!`` was ``password``)."""
+    register_env_secrets({"ATTACK2_DB_PASSWORD": value})
+    assert redact_text(f"login {value} refused") == f"login {REDACTED} refused"
+
+
+@pytest.mark.parametrize("stub", ["sk-proj-", "sk-ant-api03-", "github_pat_"])
+def test_a_keys_prefix_left_as_a_template_value_leaves_a_real_key_redacted_whole(stub):
+    """``OPENAI_API_KEY=sk-proj-`` (a ``.env`` template, the key left out) is no secret:
+    registered, it was matched before the key shapes and a real key in a text lost its
+    prefix only (``[redacted]AbCd...``, the rest shown)."""
+    register_env_secrets({"ATTACK2_API_KEY": stub})
+    key = f"{stub}AbCdEf1234567890XyZ12345"
+    assert redact_text(f"key {key} end") == f"key {REDACTED} end"
+
+
 @pytest.mark.parametrize("value", PLACEHOLDERS)
 def test_a_placeholder_in_a_credential_variable_is_not_registered(value):
     register_env_secrets({"LOGS3_API_KEY": value})

@@ -13,7 +13,7 @@ final save is waited for, bounded by :data:`SAVE_TIMEOUT`. Mixed into
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -32,7 +32,7 @@ from runtime.errors import (
 )
 from runtime.ids import new_id
 from runtime.liveness import PAUSED_META, RUNNING_META, running_marker, settle
-from runtime.messages import UserMessage
+from runtime.messages import Message, UserMessage
 from runtime.redact import redact
 from runtime.serde import forget_encoded
 from runtime.store import SessionRecord, version_and_mark
@@ -50,6 +50,12 @@ NO_TURN: Any = object()
 """No turn opened by this runner yet (``TurnRunner._held_title``: no title known)."""
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
+
+
+def _user_holds(messages: Sequence[Message], message_id: str) -> bool:
+    """Whether a user message of ``messages`` has id ``message_id`` (a pass over the
+    history: only for a turn whose copy was not given the client's id, which is rare)."""
+    return any(type(m) is UserMessage and m.id == message_id for m in messages)
 
 
 class Saving:
@@ -345,8 +351,10 @@ class Saving:
         answered once: the second to save meets the first's answer after its copy of
         the message (:func:`~runtime.store.rebase`) and is refused before its model
         call, instead of at its end after a whole run. ``wanted`` is the client's id
-        of the message: held already by what another process stored since (the id was
-        not given to this turn's copy), it was answered there (or is being). A turn
+        of the message: held already by a user message another process stored since
+        (the id was not given to this turn's copy), it was answered there (or is
+        being). Held by another kind of message (an answer's id, a client naming its
+        message so), there is no twin: the turn runs, under the id it was given. A turn
         without a client's id (the OpenAI API has none) claims too: its running marker
         tells another process's front end the session runs a turn (``session_busy``),
         where a retry of the request (an SDK's, after a timeout) ran beside it.
@@ -356,7 +364,7 @@ class Saving:
         at = turn.a_index - 1  # (the turn's user message: the last before its answer)
         while at > 0 and type(messages[at]) is not UserMessage:
             at -= 1
-        if wanted is not None and messages[at].id != wanted:
+        if wanted is not None and messages[at].id != wanted and _user_holds(messages, wanted):
             turn.refused = turn.elsewhere = True  # (nothing of it saved, now or later)
             raise AnsweredElsewhere(
                 f"message {wanted!r} was answered by another process (the same message "

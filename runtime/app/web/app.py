@@ -112,6 +112,7 @@ from runtime.app.web.resend import (
     client_message_id,
     client_turn_id,
     held_answer_id,
+    never_answered,
     regenerated_id,
     replay_response,
     resend_history,
@@ -813,7 +814,9 @@ async def chat(request: Request) -> Any:
     )
     if resend == "retry":
         check_answering_elsewhere(stored_meta, client_id)  # (a 409: answered elsewhere now)
-        return replay_response(history, signer)
+        if not never_answered(history, stored_meta):
+            return replay_response(history, signer)
+        resend = "edit"  # (a killed claim's empty answer: run it again in its place)
     running = session.current
     held = held_answer_id(payload)
     return TurnResponse(

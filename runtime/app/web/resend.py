@@ -28,7 +28,7 @@ from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
 from runtime.errors import RelayUnavailable, StoreError
 from runtime.liveness import answering_elsewhere
 from runtime.media import user_content
-from runtime.messages import UserContent, UserMessage
+from runtime.messages import AssistantMessage, UserContent, UserMessage
 
 _ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 """The ids a stored message may have (:func:`runtime.app.session.Session.stream`'s)."""
@@ -161,6 +161,25 @@ def check_answering_elsewhere(meta: Mapping[str, Any], client_id: str | None) ->
         )
 
 
+def never_answered(history: Sequence[Any], meta: Mapping[str, Any]) -> bool:
+    """Whether the last answer of ``history`` (told against a retry: its user message
+    is the last) holds nothing and never will: cut short before any step was stored
+    (``interrupted``, or its session's running marker names it and its writer is dead:
+    not settled yet). A retry of its message then runs it again, as an edit of it,
+    instead of replaying nothing. Why: a host that claims its turns
+    (:attr:`~runtime.app.host.Host.claims_turns`) stores the message and an empty
+    answer before its first model call; killed during that call, its client's retry
+    was answered with the empty answer (an ``abort``) every time: the question was
+    never answered, where without the claim (nothing stored) the retry ran it."""
+    last = history[-1] if history else None
+    if type(last) is not AssistantMessage or last.content or last.error is not None:
+        return False
+    if last.interrupted:
+        return True
+    marker = killed_marker(meta)
+    return marker is not None and marker.get("message_id") == last.id
+
+
 def replay_response(history: Sequence[Any], signer: SessionSigner | None = None) -> Response:
     """The session's last answer as a UI message stream, rebuilt from the history: what a
     retried message gets instead of a second turn (its approval requests signed by
@@ -177,6 +196,7 @@ __all__ = [
     "client_message_id",
     "client_turn_id",
     "held_answer_id",
+    "never_answered",
     "regenerated_id",
     "replay_response",
     "resend_history",
