@@ -26,7 +26,7 @@ from runtime.app.web.resume import stored_turn_chunks
 from runtime.app.web.signing import SessionSigner
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
 from runtime.errors import RelayUnavailable, StoreError
-from runtime.liveness import answering_elsewhere
+from runtime.liveness import answering_elsewhere, killed_marker
 from runtime.media import user_content
 from runtime.messages import AssistantMessage, UserContent, UserMessage
 
