@@ -7,7 +7,13 @@ about a quarter of what importing the contract costs a fresh process (issue 24, 
 22 of 80 ms). Python keeps a module's compiled code in ``__pycache__`` so that a process
 need not compile it again; this does the same for the methods attrs generates for the
 classes of ``runtime`` and ``actors``, in one file in ``runtime``'s ``__pycache__`` (or
-under ``sys.pycache_prefix``, as Python's bytecode would be).
+under ``sys.pycache_prefix``, as Python's bytecode would be). That file is the ``.pyc``
+of :mod:`runtime.attrs_methods`, a module shipped empty and never imported: ``pip
+uninstall`` removes the ``.pyc`` of every module it installed, so it removes this file
+too (a file of another name was left behind, and with it a ``runtime`` folder that
+Python then imported as an empty namespace package). It is a valid ``.pyc`` of that
+module (whose code returns at once, the entries riding in its constants), stamped with
+the module's size and time, so ``compileall`` deems it current and does not overwrite it.
 
 What it changes: nothing a class does. attrs builds the same source as before (its own
 checks, its ``linecache`` entry for debuggers); what is cached is the code that compiling
@@ -54,9 +60,12 @@ OURS = ("<attrs generated ", ("runtime.", "actors."))
 runtime.output.TextDelta>``) start with the first string; the class's module, the word
 after the next space, with one of the prefixes when the class is ours."""
 
-FORMAT = 2
+FORMAT = 3
 """Bumped when what the file holds changes shape (2: a generated ``__hash__``'s number
-kept as :data:`SALT`)."""
+kept as :data:`SALT`; 3: kept as the ``.pyc`` of :data:`PLACEHOLDER`)."""
+
+PLACEHOLDER = os.path.join(os.path.dirname(__file__), "attrs_methods.py")
+"""The shipped module whose ``.pyc`` path the file takes (see the module's docstring)."""
 
 _SIGNATURE = ("script", "globs", "locs", "filename")
 
@@ -123,13 +132,34 @@ class _Cache:
             fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, 0o666)
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(marshal.dumps((self.header, entries)))
+                    f.write(_pyc((self.header, entries)))
                 os.replace(tmp, self.path)
             except BaseException:
                 os.unlink(tmp)
                 raise
         except OSError:
             pass
+
+
+def _pyc(payload: tuple[Any, ...]) -> bytes:
+    """``payload`` as a ``.pyc`` of :data:`PLACEHOLDER`: the header ``importlib`` and
+    ``compileall`` check (this Python's magic number, timestamp-based, the source's time
+    and size), then a code object that returns ``None`` with ``payload`` among its
+    constants (importing the placeholder runs it: an empty module)."""
+    try:
+        st = os.stat(PLACEHOLDER)
+        mtime, size = int(st.st_mtime), st.st_size
+    except OSError:
+        mtime = size = 0
+    code = compile("", PLACEHOLDER, "exec", dont_inherit=True)
+    code = code.replace(co_consts=(*code.co_consts, payload))
+    header = b"".join(
+        [
+            importlib.util.MAGIC_NUMBER,
+            *(n.to_bytes(4, "little") for n in (0, mtime & 0xFFFF_FFFF, size & 0xFFFF_FFFF)),
+        ]
+    )
+    return header + marshal.dumps(code)
 
 
 def _salted(code: CodeType, salt: int) -> CodeType:
@@ -165,8 +195,11 @@ def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]
     try:
         with open(path, "rb") as f:
             data = f.read()  # marshal.load(f) would read it object by object
-        stored_header, entries = marshal.loads(data)
-    except (OSError, EOFError, ValueError, TypeError):
+        if data[:4] != importlib.util.MAGIC_NUMBER:
+            return {}
+        code = marshal.loads(memoryview(data)[16:])  # past the .pyc header (see _pyc)
+        stored_header, entries = code.co_consts[-1]
+    except (OSError, EOFError, ValueError, TypeError, AttributeError):
         return {}
     if stored_header != header or not isinstance(entries, dict):
         return {}
@@ -181,14 +214,17 @@ def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]
 
 
 def cache_path() -> str | None:
-    """Where the file is: ``runtime``'s ``__pycache__`` (or its place under
-    ``sys.pycache_prefix``), named for this Python; ``None`` where Python keeps no
-    bytecode (no cache tag)."""
+    """Where the file is: the ``.pyc`` of :data:`PLACEHOLDER` in ``runtime``'s
+    ``__pycache__`` (or its place under ``sys.pycache_prefix``), named for this Python;
+    ``None`` where Python keeps no bytecode (no cache tag). The unoptimised name even
+    under ``-O``: the one ``pip uninstall`` removes. ``None`` too where the placeholder
+    is missing (a package built without it): a file there would be left behind."""
+    if not os.path.isfile(PLACEHOLDER):
+        return None
     try:
-        pyc = importlib.util.cache_from_source(os.path.join(os.path.dirname(__file__), "x.py"))
+        return importlib.util.cache_from_source(PLACEHOLDER, optimization="")
     except NotImplementedError:
         return None
-    return os.path.join(os.path.dirname(pyc), f"attrs-methods.{sys.implementation.cache_tag}.bin")
 
 
 def _future_flags(module: Any) -> int:
@@ -248,8 +284,8 @@ def warm(packages: tuple[str, ...] = ("runtime", "actors")) -> str | None:
     for name in packages:
         package = importlib.import_module(name)
         for module in pkgutil.walk_packages(package.__path__, f"{name}."):
-            if module.name.endswith(".__main__"):
-                continue  # a command, not a module to import
+            if module.name.endswith(".__main__") or module.name == "runtime.attrs_methods":
+                continue  # a command, not a module to import; the file's placeholder
             try:
                 importlib.import_module(module.name)
             except ImportError:

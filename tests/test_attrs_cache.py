@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import subprocess
 import sys
@@ -140,7 +139,7 @@ def test_a_damaged_file_or_one_of_another_python_is_not_read(tmp_path):
     path.write_bytes(b"\x00garbage")
     assert _cache(path).stored == {}
     entry = {NAME: (SCRIPT, compile(SCRIPT, NAME, "exec"))}
-    path.write_bytes(marshal.dumps(((attrs_cache.FORMAT, b"\x00\x00\r\n", 0), entry)))
+    path.write_bytes(attrs_cache._pyc(((attrs_cache.FORMAT, b"\x00\x00\r\n", 0), entry)))
     assert _cache(path).stored == {}
 
 
@@ -148,7 +147,7 @@ def test_entries_of_another_shape_are_dropped_and_the_rest_read(tmp_path):
     path = tmp_path / "cache.bin"
     header = _cache(path).header
     good = (SCRIPT, compile(SCRIPT, NAME, "exec"))
-    path.write_bytes(marshal.dumps((header, {NAME: good, "other": ("x", "not code"), "n": 1})))
+    path.write_bytes(attrs_cache._pyc((header, {NAME: good, "other": ("x", "not code"), "n": 1})))
     assert list(_cache(path).stored) == [NAME]
 
 
@@ -246,5 +245,20 @@ def test_processes_writing_the_file_at_once_leave_one_whole_file(tmp_path):
     assert all(out["compiled"] for out in outs)
     path = Path(outs[0]["path"])
     assert len(_cache(path).stored) == outs[0]["used"]  # whole: one writer's file
-    assert [p.name for p in path.parent.iterdir() if "attrs-methods" in p.name] == [path.name]
+    assert [p.name for p in path.parent.iterdir() if "attrs_methods" in p.name] == [path.name]
     assert _child(tmp_path / "prefix")["compiled"] is False
+
+
+def test_compileall_leaves_the_file_as_it_is(tmp_path):
+    """The file is the ``.pyc`` of the placeholder module, stamped as current: an image's
+    ``python -m compileall`` after ``python -m runtime.attrs_cache`` keeps it."""
+    path = Path(_child(tmp_path)["path"])
+    assert path.name.startswith("attrs_methods.")
+    written = path.read_bytes()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", attrs_cache.PLACEHOLDER],
+        env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    assert path.read_bytes() == written

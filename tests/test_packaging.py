@@ -7,6 +7,8 @@ only a built wheel shows what a newcomer's install would lack."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -94,3 +96,55 @@ def test_the_wheels_entry_points_load(built):
 def test_the_wheel_builds_without_a_deprecation_warning(built):
     _, printed = built
     assert "deprecated" not in printed.lower()
+
+
+CACHED = """
+import json
+import runtime.output
+from runtime import attrs_cache
+state = attrs_cache._state
+print(json.dumps({"file": runtime.__file__, "compiled": state.compiled, "read": len(state.stored),
+                  "used": len(state.used), "path": state.path}))
+"""
+
+
+def test_uninstalling_the_wheel_leaves_nothing_even_after_the_attrs_method_cache_was_written(
+    built, tmp_path
+):
+    """A process writes the compiled attrs methods into ``runtime``'s ``__pycache__`` at
+    exit (runtime.attrs_cache); under a name of its own, pip left it (and so a ``runtime``
+    folder, imported then as an empty namespace package). The venv sees the system's
+    packages for Axon's dependencies; Axon itself comes from the wheel."""
+    wheel, _ = built
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "-q", "--disable-pip-version-check"]
+    install = [*pip, "install", "--no-deps", "--no-index", "--ignore-installed", wheel.filename]
+    subprocess.run(install, check=True, capture_output=True)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    }
+
+    def child() -> dict:
+        out = subprocess.run(
+            [python, "-c", CACHED],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout)
+
+    first, second = child(), child()
+    package = Path(first["file"]).parent
+    assert package.is_relative_to(venv)
+    assert Path(first["path"]).is_file() and Path(first["path"]).is_relative_to(package)
+    assert (first["compiled"], second["compiled"]) == (True, False)  # the second read them all
+    assert second["read"] == second["used"] == first["used"] > 30
+    subprocess.run([*pip, "uninstall", "-y", "axon-runtime"], check=True, capture_output=True)
+    assert not package.exists(), sorted(str(p) for p in package.rglob("*"))

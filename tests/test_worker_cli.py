@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL, RedisRelay
@@ -58,3 +60,21 @@ def test_a_max_sessions_below_one_is_refused_in_one_line_with_exit_2(value, caps
     code = trio.run(_run_worker_command, _args("--max-sessions", value))
     assert code == 2
     assert capsys.readouterr().err == f"error: --max-sessions must be >= 1, not {value}\n"
+
+
+def test_a_missing_psycopg_is_said_in_one_line_before_redis_is_tried(monkeypatch, capsys):
+    """Without psycopg and with Redis not answering, the worker retried Redis for about
+    30 s, then failed on Redis, never naming the package to install. Port 1: nothing
+    listens there (were Redis tried, the error would be Redis's)."""
+    import trio
+
+    from runtime.app.worker import _run_worker_command
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg: ImportError
+    args = _args("--redis", "redis://127.0.0.1:1/0")
+    code = trio.run(_run_worker_command, args)
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "error: the PostgreSQL store needs the psycopg package, which is not installed: "
+        "pip install 'axon-runtime[postgres]'\n"
+    )

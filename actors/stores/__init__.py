@@ -133,6 +133,21 @@ def queue_scheme(spec: Any) -> str:
     return scheme
 
 
+def require_driver(spec: Any) -> None:
+    """Check now that what the store a URL names needs is installed (its class's
+    ``require_driver()``, when it has one: PostgreSQL's psycopg), raising its
+    :class:`~runtime.errors.ConfigurationError`. Why: a command that opens something
+    else first (``worker``: the Redis relay, retried for seconds when Redis does not
+    answer) names the missing package at once, not after failing on that. Anything that
+    is not a registered store's URL is left to :func:`open_store` to judge."""
+    url = _URL.match(spec) if isinstance(spec, str) else None
+    if url is None or (scheme := url.group(1).lower()) not in STORES.entries():
+        return
+    check = getattr(STORES.load(scheme), "require_driver", None)
+    if callable(check):
+        check()
+
+
 def _plugins() -> str:
     others = [name for name in QUEUES.names() if name not in QUEUE_BUILTIN]
     return f" or {', '.join(s + '://' for s in others)}" if others else ""
@@ -173,6 +188,7 @@ __all__ = [
     "open_store",
     "open_turn_queue",
     "queue_scheme",
+    "require_driver",
     "turn_queue",
     "validate_session_id",
 ]

@@ -320,6 +320,23 @@ class PostgresStore(FenceKeeping):
 
     # -- open ----------------------------------------------------------------------------
 
+    @staticmethod
+    def require_driver() -> Any:
+        """``psycopg_pool``, after checking psycopg 3 and it are installed: a missing one
+        is a :class:`~runtime.errors.ConfigurationError` naming it and the extra (one
+        ``error:`` line), as the other extras' checks say. Called by :meth:`open`, and
+        by a command before it opens anything else (``worker``: its Redis relay, which it
+        would otherwise retry for seconds first; :func:`actors.stores.require_driver`)."""
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool
+        except ImportError as err:
+            raise ConfigurationError(
+                f"the PostgreSQL store needs the {err.name or 'psycopg'} package, which is "
+                "not installed: pip install 'axon-runtime[postgres]'"
+            ) from None
+        return psycopg_pool
+
     @classmethod
     async def open(
         cls,
@@ -337,14 +354,7 @@ class PostgresStore(FenceKeeping):
         (:class:`~runtime.errors.StoreError` / ``ConfigurationError``). A schema holding
         tables of another program, or a newer Axon schema, is refused untouched.
         """
-        try:
-            import psycopg  # noqa: F401
-            import psycopg_pool
-        except ImportError as err:  # pragma: no cover - the extra is part of the install
-            raise ConfigurationError(
-                "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
-                "pip install 'axon-runtime[postgres]'"
-            ) from err
+        psycopg_pool = cls.require_driver()
         libpq, schema, pooled = _split_url(url)
         register_url_secrets(url)  # a driver's error quoting the URL is redacted too
         shown = redact_url(url)

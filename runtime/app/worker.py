@@ -75,7 +75,7 @@ import trio
 from actors.log_tap import WINDOW, LogTap
 from actors.relays.redis_streams import RedisRelay, public_url
 from actors.relays.redis_writer import RedisRelayWriter
-from actors.stores import open_store, queue_scheme, turn_queue
+from actors.stores import open_store, queue_scheme, require_driver, turn_queue
 from runtime.actor import Actor
 from runtime.actor_messages import SteeredInput
 from runtime.agent import Agent
@@ -1569,8 +1569,11 @@ async def open_worker(
     ``grace`` seconds) and close what it opened."""
     # The relay first: a bad Redis URL fails before anything is created in PostgreSQL,
     # and the relay outlives the worker, so its turns' last chunks are flushed.
+    # A store without a turn queue, or without its driver installed, fails before anything
+    # is opened (Redis not answering is retried for seconds, then says only that).
+    queue_scheme(store_url)
+    require_driver(store_url)
     async with _maybe_relay(redis_url, relay_options or {}) as relay:
-        queue_scheme(store_url)  # a store without a turn queue fails before it is opened
         store = await open_store(store_url)
         try:
             async with trio.open_nursery() as nursery:
@@ -1784,6 +1787,7 @@ def worker_options(args: Any) -> dict[str, Any]:
 async def _run_worker_command(args: Any) -> int:
     try:
         queue_scheme(args.store)
+        require_driver(args.store)  # a missing extra said first: see open_worker
         options = worker_options(args)
         agent = make_agent(args)
         relay_options = relay_options_of(args)

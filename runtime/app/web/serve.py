@@ -33,7 +33,7 @@ import trio
 
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores import turn_queue
+from actors.stores import require_driver, turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
@@ -668,6 +668,7 @@ async def _run_serve_command(
         return 2
     async with AsyncExitStack() as stack:
         try:
+            require_driver(args.store)  # a missing extra said before Redis is tried for seconds
             relay = await _open_relay(stack, args)
         except (ConfigurationError, RelayUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
