@@ -123,11 +123,13 @@ def test_uninstalling_the_wheel_leaves_nothing_even_after_the_attrs_method_cache
     )
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "-q", "--disable-pip-version-check"]
-    install = [*pip, "install", "--no-deps", "--no-index", "--ignore-installed", wheel.filename]
-    subprocess.run(install, check=True, capture_output=True)
+    # Without the caller's PYTHONPATH: a checkout on it holds an editable install's
+    # .egg-info, which pip would then find first and refuse to uninstall (outside the venv).
     env = {
         k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
     }
+    install = [*pip, "install", "--no-deps", "--no-index", "--ignore-installed", wheel.filename]
+    subprocess.run(install, check=True, capture_output=True, env=env)
 
     def child() -> dict:
         out = subprocess.run(
@@ -146,5 +148,7 @@ def test_uninstalling_the_wheel_leaves_nothing_even_after_the_attrs_method_cache
     assert Path(first["path"]).is_file() and Path(first["path"]).is_relative_to(package)
     assert (first["compiled"], second["compiled"]) == (True, False)  # the second read them all
     assert second["read"] == second["used"] == first["used"] > 30
-    subprocess.run([*pip, "uninstall", "-y", "axon-runtime"], check=True, capture_output=True)
+    subprocess.run(
+        [*pip, "uninstall", "-y", "axon-runtime"], check=True, capture_output=True, env=env
+    )
     assert not package.exists(), sorted(str(p) for p in package.rglob("*"))
