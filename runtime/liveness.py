@@ -17,11 +17,22 @@ is written, so no extra statement: the marker rides in the step save's meta, whi
 save writes anyway. A writer this process cannot see (another machine sharing the store,
 another container's pid namespace) is ``unknown``, and its turn is left as it is: never
 marked while it may run. Off Linux no marker is written (``this_process`` is ``None``).
+
+Such a writer's marker expires instead: each marker carries ``at``, the wall-clock time
+of the save that wrote it (every step save of the running turn writes it again, so no
+statement more), and an unknown writer's marker older than :func:`marker_ttl` (seconds,
+``$AXON_RUNNING_MARKER_TTL``) counts as dead. Why: two ``serve --run-turns-here`` on one
+PostgreSQL on two machines never see each other's processes, and a claim whose process
+was killed stayed "answered elsewhere" for good (its retry a 409, branch ``attack2``).
+The bound must exceed the longest step (a model call and its tool calls: no save
+refreshes the marker within one) plus the machines' clock skew; a live writer of this
+machine's pid namespace never expires.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -55,6 +66,7 @@ UNKNOWN: Literal["unknown"] = "unknown"
 State = Literal["alive", "dead", "unknown"]
 
 _PROC = "/proc"
+_wall = time.time  # (the marker's clock: wall time, comparable across machines)
 _mine: tuple[int, str | None] | None = None
 
 
@@ -147,13 +159,43 @@ def public_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     return {key: value for key, value in meta.items() if key not in PRIVATE_META}
 
 
-def running_marker(turn_id: str, message_id: str) -> dict[str, str] | None:
-    """What a save of a turn that goes on after it stores under :data:`RUNNING_META`;
-    ``None`` when this process cannot name itself (nothing to store then)."""
+def running_marker(turn_id: str, message_id: str) -> dict[str, Any] | None:
+    """What a save of a turn that goes on after it stores under :data:`RUNNING_META`
+    (``at``: when, for :func:`marker_ttl`); ``None`` when this process cannot name
+    itself (nothing to store then)."""
     writer = this_process()
     if writer is None:
         return None
-    return {"turn_id": turn_id, "message_id": message_id, "writer": writer}
+    return {"turn_id": turn_id, "message_id": message_id, "writer": writer, "at": round(_wall(), 3)}
+
+
+MARKER_TTL_ENV = "AXON_RUNNING_MARKER_TTL"
+MARKER_TTL_DEFAULT = 900.0
+"""Seconds after its last save a running marker whose writer this process cannot see
+(another machine's, another pid namespace's) counts as dead: 15 minutes, longer than a
+model call and its tool calls take."""
+
+
+def marker_ttl() -> float | None:
+    """The bound of :data:`MARKER_TTL_ENV` (default :data:`MARKER_TTL_DEFAULT`); ``None``
+    when it is ``0`` or not a number: such markers never expire (read only for a marker
+    of an unknown writer, never on a turn's path)."""
+    raw = os.environ.get(MARKER_TTL_ENV)
+    if raw is None:
+        return MARKER_TTL_DEFAULT
+    try:
+        ttl = float(raw)
+    except ValueError:
+        return None
+    return ttl if ttl > 0 else None
+
+
+def _expired(marker: Mapping[str, Any]) -> bool:
+    """Whether ``marker`` (of a writer this process cannot see) is older than the bound."""
+    at, ttl = marker.get("at"), marker_ttl()
+    if ttl is None or isinstance(at, bool) or not isinstance(at, (int, float)):
+        return False
+    return _wall() - at > ttl
 
 
 def rebased_meta(
@@ -178,11 +220,13 @@ def rebased_meta(
 
 def killed_marker(meta: Mapping[str, Any], *, proc: str = _PROC) -> Mapping[str, Any] | None:
     """The session's running marker when its writer is dead (its turn never ended and
-    never will); ``None`` when there is none, or its writer lives or is unknown."""
+    never will), or unknown and the marker expired (:func:`marker_ttl`); ``None`` when
+    there is none, or its writer lives, or is unknown and saved within the bound."""
     marker = meta.get(RUNNING_META)
     if not isinstance(marker, Mapping):
         return None
-    if process_state(marker.get("writer"), proc=proc) != DEAD:
+    state = process_state(marker.get("writer"), proc=proc)
+    if state == ALIVE or (state == UNKNOWN and not _expired(marker)):
         return None
     return marker
 
