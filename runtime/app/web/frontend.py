@@ -95,6 +95,7 @@ from runtime.app.web.http import (
     json_response,
     session_id_param,
     session_page,
+    store_failed,
     ui_view,
     web_state,
 )
@@ -281,11 +282,8 @@ class QueuedTurnResponse(RelayStreamResponse):
         except StoreError as exc:
             # The queue's store went away under the stream (PostgreSQL restarting): a
             # clear end, not a response the server cuts off; the turn goes on regardless.
-            await write(
-                _error(
-                    f"{_one_line(exc)}; reload the session (GET /api/sessions/{self.session_id})"
-                )
-            )
+            why = store_failed(exc, "frontend.stream_store_failed", turn_id=self.turn_id)
+            await write(_error(f"{why}; reload the session (GET /api/sessions/{self.session_id})"))
 
     async def _unavailable_end(self, exc: RelayUnavailable, write: Any) -> None:
         """The end of a stream whose relay stopped answering. Its worker runs the turn
