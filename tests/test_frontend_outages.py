@@ -340,7 +340,9 @@ async def test_an_openai_stream_waiting_for_its_queued_turn_while_postgresql_is_
                 await wait_for_turn(d.queue, "oa-1", "queued")
                 with postgres_stopped():
                     raw = "".join([text async for text in response.aiter_text()])
-    assert "PostgreSQL server cannot be reached" in raw
+    # (the store's own words went to the client: the log has them now, the client a
+    # stable sentence: test_an_openai_stream_whose_store_fails_tells_the_client_...)
+    assert "the session store is unavailable; try again" in raw
     assert raw.rstrip().endswith("data: [DONE]")
 
 
@@ -393,3 +395,50 @@ async def test_an_openai_stream_posted_while_redis_refuses_connections_waits_no_
     assert "RelayUnavailable" not in response.text
     assert '"content":"w w w"' in response.text
     assert response.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_stream_whose_store_fails_tells_the_client_a_generic_text_and_logs_the_error(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store's text names the deployment's database (a host, a port): the
+    # operator's, in the log; the client is told the store is unavailable, always in
+    # the same words. (No worker: the POST's stream waits on the queue's watch.)
+    from runtime.app.web.watch import TurnWatch
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("could not connect to server at db-7.internal:5433")
+
+    async with deployment(pg_url, redis_url, slow_agent(3, 0), worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            monkeypatch.setattr(TurnWatch, "changed", failing)
+            with structlog.testing.capture_logs() as logs:
+                response = await client.post("/api/chat", json=body("s1"))
+    error = sse_events(response.text)[-2][1]
+    assert error == {
+        "type": "error",
+        "errorText": "turn: the session store is unavailable; try again; "
+        "reload the session (GET /api/sessions/s1)",
+    }
+    logged = [e for e in logs if e["event"] == "frontend.stream_store_failed"]
+    assert [e["error"] for e in logged] == ["could not connect to server at db-7.internal:5433"]
+
+
+async def test_an_openai_stream_whose_store_fails_tells_the_client_a_generic_text(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other protocols' queued-turn reader (QueuedTurnOutput), the same failure.
+    from runtime.app.web.watch import TurnWatch
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("could not connect to server at db-7.internal:5433")
+
+    request = {"model": "a", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    headers = {"X-Axon-Session": "oa-1"}
+    async with deployment(
+        pg_url, redis_url, slow_agent(3, 0), worker=False, protocols=("ai-sdk", "openai")
+    ) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=60) as client:
+            monkeypatch.setattr(TurnWatch, "changed", failing)
+            response = await client.post("/v1/chat/completions", json=request, headers=headers)
+    assert "the session store is unavailable; try again" in response.text
+    assert "db-7" not in response.text

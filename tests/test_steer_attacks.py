@@ -21,6 +21,7 @@ from runtime import Agent, Budget, Host, Image, tool
 from runtime.actor_messages import SteeredInput
 from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.errors import InputHeld
 from runtime.history import repair
 from runtime.messages import UserMessage
 from tests.test_busy import Script, agent_with, held, holding, kinds, looking, run_in
@@ -426,3 +427,25 @@ async def test_a_steer_retried_after_an_earlier_turn_answered_it_says_so_in_the_
         }
     ]
     assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u1", "u2"]
+
+
+async def test_a_message_steered_in_under_the_id_its_answer_takes_is_refused():
+    """A steered message's answer goes to ``<first>-s<step>``
+    (:func:`actors.turn.takeover.steered_message_id`): a user message sent into the
+    running turn under that id would share it with its answer. Refused as a resend is
+    (:class:`~runtime.errors.InputHeld`, the web's 409), nothing of it stored."""
+    script = Script(looking(), holding(), ["done"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        results: dict = {}
+        async with trio.open_nursery() as nursery:
+            await run_in(nursery, session, "first", results)
+            await held["open"].wait()  # step 1's tool runs: a steer joins at step 2
+            first = session.current.answer_ids[0]
+            with pytest.raises(InputHeld):
+                async with session.stream("x", user_message_id=f"{first}-s2") as out:
+                    await out.collect()
+            held["release"].set()
+        record = await host.store.load("s")
+    ids = [m.id for m in record.messages]
+    assert len(ids) == len(set(ids)) and f"{first}-s2" not in ids

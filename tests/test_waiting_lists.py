@@ -5,13 +5,17 @@ and the command line's ``sessions`` mark it without loading its history."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import httpx
 
 from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores.sqlite import SQLiteStore
 from runtime import Agent, Host
 from runtime.app.cli import sessions_command
 from runtime.approval import WAITING_META
+from runtime.liveness import PAUSED_META, RUNNING_META
+from runtime.messages import UserMessage
 from tests.support import approval_agents
 from tests.test_web_http import body
 from tests.web.harness import web_server
@@ -94,3 +98,19 @@ async def test_the_sessions_command_marks_a_waiting_session(tmp_path, capsys):
     assert await sessions_command(argparse.Namespace(store=str(db))) == 0
     line = capsys.readouterr().out.strip()
     assert line == "s1\t2 messages\tasks\twaiting for input (1 call)"
+
+
+async def test_the_sessions_commands_json_leaves_out_the_runners_own_meta(tmp_path, capsys):
+    """``axon sessions --json`` shows a session's meta as the web lists and
+    ``session.meta`` do (:func:`runtime.liveness.public_meta`): the running marker and
+    the paused mark (the runner's own) left out, ``awaiting_input`` and the
+    application's keys kept."""
+    db = tmp_path / "s.db"
+    meta = {RUNNING_META: {"turn_id": "t"}, PAUSED_META: None, WAITING_META: 1, "title": "t"}
+    store = await SQLiteStore.open(db)
+    await store.save("s1", 0, (UserMessage(content="hi"),), meta)
+    await store.aclose()
+    args = argparse.Namespace(store=str(db), json=True)
+    assert await sessions_command(args) == 0
+    listed = json.loads(capsys.readouterr().out)["sessions"]
+    assert [s["meta"] for s in listed] == [{WAITING_META: 1, "title": "t"}]

@@ -593,3 +593,37 @@ async def test_a_first_steers_202_says_not_answered_from_the_store_when_the_rela
     out = await steer_during_step_1(pg_url, redis_url)
     assert out["steered"].status_code == 202
     assert out["steered"].json()["answered"] is False
+
+
+async def test_a_message_steered_in_under_the_id_its_answer_takes_is_refused(
+    pg_url: str, redis_url: str
+) -> None:
+    """``msg_<turn id>-s<step>`` is where the running turn's answer goes after a steered
+    message (:func:`actors.turn.takeover.steered_message_id`): a steering message under
+    it would share one id with that answer. 409, as the embedded app's ``InputHeld``;
+    nothing of it queued or stored."""
+    script = Script(looking("call_L"), holding("call_H"), ["done"])
+    out: dict[str, Any] = {}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()  # step 1's tool runs: a steer joins at 2
+                (turn,) = await d.queue.turns("s1")
+                named = f"msg_{turn.turn_id}-s2"
+                nursery.start_soon(post, "steer", "x", named)
+                while True:  # answered, or queued to join the turn
+                    if "steer" in out or len(await d.queue.turns("s1")) >= 2:
+                        break
+                    await trio.sleep(0.02)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert out["steer"].status_code == 409, out["steer"].text
+    assert len(turns) == 1
+    ids = [m.id for m in record.messages]
+    assert len(ids) == len(set(ids)) and named not in ids

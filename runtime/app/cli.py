@@ -87,7 +87,7 @@ from runtime.errors import (
 )
 from runtime.events import Event
 from runtime.ids import new_id
-from runtime.liveness import settle
+from runtime.liveness import public_meta, settle
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, is_media_output
@@ -630,8 +630,14 @@ async def sessions_command(args: argparse.Namespace) -> int:
     finally:
         await store.aclose()
     if getattr(args, "json", False):
+        # the application's meta, as the web lists and `session.meta` show it: the
+        # runner's own keys (runtime.liveness.PRIVATE_META) are no script's to read
         listing = [
-            {"session_id": i.session_id, "message_count": i.message_count, "meta": i.meta}
+            {
+                "session_id": i.session_id,
+                "message_count": i.message_count,
+                "meta": public_meta(i.meta),
+            }
             for i in infos
         ]
         body = dumps({"sessions": listing, "next_cursor": after}, default=str, marked=False)

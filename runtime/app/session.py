@@ -271,6 +271,20 @@ def _check_bound(value: int | None) -> int | None:
     return value
 
 
+_STEERED_MARK = "-s"
+"""What a turn's assistant message id after a steered message puts after its first one's
+(``<first>-s<step>``: :func:`actors.turn.takeover.steered_message_id`, spelled here as
+:data:`runtime.app.web.queued_turn.STEERED_MARK` does, so a session needs no runner)."""
+
+
+def _answer_of(message_id: str, first: str) -> bool:
+    """Whether ``message_id`` is an id the turn whose first assistant message is
+    ``first`` gives an answer after a steered message (any step: which one the message
+    joins at is not known when it arrives)."""
+    steered = first + _STEERED_MARK
+    return message_id.startswith(steered) and message_id[len(steered) :].isdigit()
+
+
 def _check_id(value: str | None, what: str) -> str | None:
     """``value`` unchanged if ``None`` or a valid id (the session ids' alphabet: ids end
     up in log lines, SQL parameters and URLs), else :class:`InvalidTurnId`."""
@@ -684,6 +698,7 @@ class TurnStream:
                 "running": "is the input of the turn running now",
                 "waiting": "waits already for its turn (or to join the running one)",
                 "stored": "is in the session's history already",
+                "answer": "is the id the running turn gives its answer after a steered message",
             }[held]
             raise InputHeld(
                 f"message {message_id!r} {where}: it is not sent again while session "
@@ -1347,7 +1362,10 @@ class Session:
     async def holds_input(self, message_id: str) -> str | None:
         """Where the session holds user message ``message_id`` while a turn runs or waits:
         ``"running"`` (the running turn's input), ``"waiting"`` (a queued turn's, or one
-        waiting to join the running turn), ``"stored"`` (a message of the history has the
+        waiting to join the running turn), ``"answer"`` (an id the running turn's
+        answer takes once a message is steered into it, ``<first>-s<step>``:
+        :func:`actors.turn.takeover.steered_message_id`; a user message stored under it
+        would share it), ``"stored"`` (a message of the history has the
         id: asked of the runner's kept ids, as the runner asks them of a new turn's or a
         steered message's id, which it would not store again), else ``None``.
         A client that sends a message again while the session is busy (a retry after a
@@ -1370,6 +1388,9 @@ class Session:
                 return "running"
             if any(i.user_message_id == message_id for i in running._steering.waiting):
                 return "waiting"
+            first = running.message_id or (running.answer_ids[0] if running.answer_ids else None)
+            if first is not None and _answer_of(message_id, first):
+                return "answer"
         if any(s.user_message_id == message_id for s in self._queue):
             return "waiting"
         runner = self.runner

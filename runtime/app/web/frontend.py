@@ -95,10 +95,11 @@ from runtime.app.web.http import (
     json_response,
     session_id_param,
     session_page,
+    store_failed,
     ui_view,
     web_state,
 )
-from runtime.app.web.queued_turn import of_turn, read_turn
+from runtime.app.web.queued_turn import STEERED_MARK, of_turn, read_turn
 from runtime.app.web.resend import client_message_id, client_turn_id, held_answer_id
 from runtime.app.web.resume import (
     STOPPED,
@@ -281,11 +282,8 @@ class QueuedTurnResponse(RelayStreamResponse):
         except StoreError as exc:
             # The queue's store went away under the stream (PostgreSQL restarting): a
             # clear end, not a response the server cuts off; the turn goes on regardless.
-            await write(
-                _error(
-                    f"{_one_line(exc)}; reload the session (GET /api/sessions/{self.session_id})"
-                )
-            )
+            why = store_failed(exc, "frontend.stream_store_failed", turn_id=self.turn_id)
+            await write(_error(f"{why}; reload the session (GET /api/sessions/{self.session_id})"))
 
     async def _unavailable_end(self, exc: RelayUnavailable, write: Any) -> None:
         """The end of a stream whose relay stopped answering. Its worker runs the turn
@@ -581,6 +579,7 @@ class FrontEnd:
                 user_message_id=client_message_id(payload) or new_id("msg"),
                 follows=held_answer_id(payload),
             )
+            await self._check_not_an_answers_id(session_id, options.user_message_id)
         elif regenerate:
             # ``messageId``, the answer it replaces: refused by the worker if a later
             # message's turn ran while it waited (not here: a retry of it finds its own
@@ -626,6 +625,28 @@ class FrontEnd:
                 202,
             )
         return self._response(request, turn, None)
+
+    async def _check_not_an_answers_id(self, session_id: str, message_id: str | None) -> None:
+        """Refuse (409) a steering message named as an answer of a turn of the session
+        not ended yet: ``msg_<turn id>-s<step>``, the id that turn's answer takes after
+        a steered message (:func:`actors.turn.takeover.steered_message_id`). Stored, it
+        and that answer would share one id, as the embedded app refuses it
+        (``InputHeld``). Not a server id instead: the client names its message by its
+        own id (a stop, a resend, an edit), and an id no answer takes is all it needs.
+        One status read, only for an id of that shape."""
+        head, mark, step = (message_id or "").rpartition(STEERED_MARK)
+        if not (mark and step.isdigit() and head.startswith("msg_")):
+            return
+        status = await self.queue.get_status(head[len("msg_") :])
+        if status is None or status.session_id != session_id or status.finished:
+            return
+        if of_turn(message_id or "", status.message_id):
+            raise ApiError(
+                409,
+                f"message {message_id!r} is the id turn {status.turn_id!r} of session "
+                f"{session_id!r} gives its answer after a steered message: send it under "
+                "another id.",
+            )
 
     async def _steer_answered(self, turn: QueuedTurn) -> bool:
         """Whether the running turn that took the steering message ``turn`` found it

@@ -15,6 +15,8 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from runtime.errors import InvalidCursor, InvalidSessionId
+from runtime.logging import get_logger
+from runtime.redact import redact
 from runtime.serde import utf8_dumps
 from runtime.store import SessionPage, Store, list_page, validate_session_id
 
@@ -37,6 +39,19 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return json_response({"error": message}, status, headers)
+
+
+STORE_UNAVAILABLE = "the session store is unavailable; try again"
+"""What a client is told when the session store fails under its request or stream: a
+store's own text names its database (a host, a port, a file) and is the operator's."""
+
+
+def store_failed(exc: Exception, event: str, **fields: Any) -> str:
+    """:data:`STORE_UNAVAILABLE`, the client's text for ``exc`` (a store's error), once
+    the whole error (redacted) is logged as ``event`` with ``fields``: the log has
+    what went wrong, the client a stable sentence that names no part of the deployment."""
+    get_logger("axon.web").warning(event, error=redact(str(exc)), **fields)
+    return STORE_UNAVAILABLE
 
 
 CLOSING_RETRY_AFTER = "5"

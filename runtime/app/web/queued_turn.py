@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
 from runtime.actor_messages import TurnResult
-from runtime.app.web.http import FRONT_END_CLOSING
+from runtime.app.web.http import FRONT_END_CLOSING, store_failed
 from runtime.app.web.resume import STOPPED, stored_turn_chunks
 from runtime.app.web.ui_stream import DONE
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, follow_turn
@@ -293,12 +293,16 @@ class QueuedTurnOutput:
                         break
                 async for chunk in self._stored():
                     yield chunk
-            except StoreError:
+            except StoreError as failed:
+                # (the relay's error, which names no store: the stored session has it)
+                store_failed(failed, "frontend.stream_store_failed", turn_id=self.turn_id)
                 yield _error(exc.kind, exc.message)
         except StoreError as exc:
             # The queue's store went away under the stream (PostgreSQL restarting): an
-            # error in the protocol's shape, not a response the server cuts off.
-            yield _error(exc.kind, exc.message)
+            # error in the protocol's shape, not a response the server cuts off; its
+            # text the log's, the client's a stable sentence.
+            why = store_failed(exc, "frontend.stream_store_failed", turn_id=self.turn_id)
+            yield _error(exc.kind, why)
 
     def _relay(self) -> AsyncIterator[Any]:
         """The relay's read, given up once the queue says the turn ended and its stream
