@@ -199,14 +199,15 @@ def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]
             return {}
         code = marshal.loads(memoryview(data)[16:])  # past the .pyc header (see _pyc)
         stored_header, entries = code.co_consts[-1]
-    except (OSError, EOFError, ValueError, TypeError, AttributeError):
-        return {}
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, IndexError):
+        return {}  # IndexError: a code object without constants (not one _pyc wrote)
     if stored_header != header or not isinstance(entries, dict):
         return {}
     return {
         name: entry
         for name, entry in entries.items()
-        if isinstance(entry, tuple)
+        if isinstance(name, str)  # write() reads the module out of it at exit
+        and isinstance(entry, tuple)
         and len(entry) == 2
         and isinstance(entry[0], str)
         and isinstance(entry[1], CodeType)
