@@ -282,3 +282,17 @@ def test_an_entry_named_by_other_than_a_string_is_dropped_so_the_file_can_be_wri
     cache.code(SCRIPT, "<attrs generated methods runtime.other.Thing>")
     cache.write()
     assert set(_cache(path).stored) == {NAME, "<attrs generated methods runtime.other.Thing>"}
+
+
+def test_a_hashed_class_without_fields_hashes_with_its_own_number():
+    """Its ``__hash__`` hashes ``(number,)``, folded into one tuple constant: the
+    number was left the file's stand-in, so all such classes hashed alike."""
+    namespace: dict[str, object] = {"__name__": "runtime.example_empty", "attrs": attrs}
+    exec(
+        "@attrs.frozen\nclass Empty:\n    pass\n@attrs.frozen\nclass Other:\n    pass\n",
+        namespace,
+    )
+    empty, other = namespace["Empty"](), namespace["Other"]()  # type: ignore[operator]
+    own = hash("<attrs generated hash runtime.example_empty.Empty>")
+    assert hash(empty) == hash((own,))
+    assert hash(empty) != hash(other)
