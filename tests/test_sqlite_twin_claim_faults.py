@@ -9,6 +9,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+import httpx
+
 from actors.providers.scripted import ScriptedProvider
 from actors.stores import sqlite as sqlite_store
 from runtime import Agent, Hooks, Host
@@ -22,11 +24,21 @@ class _LockDuringClaim:
     def __init__(self, path: str) -> None:
         self.path = path
         self.other: sqlite3.Connection | None = None
+        self.armed = False
+        """Set: the next step's end takes the lock (:meth:`take_once`)."""
 
     async def take(self, started: Any) -> None:
         if started.input == "one":
-            self.other = sqlite3.connect(self.path, isolation_level=None)
-            self.other.execute("BEGIN IMMEDIATE")
+            self.hold()
+
+    async def take_once(self, _step: Any) -> None:
+        if self.armed:
+            self.armed = False
+            self.hold()
+
+    def hold(self) -> None:
+        self.other = sqlite3.connect(self.path, isolation_level=None)
+        self.other.execute("BEGIN IMMEDIATE")
 
     async def release(self, _step: Any) -> None:
         if self.other is not None:
@@ -83,3 +95,50 @@ async def test_a_turn_whose_claim_save_fails_runs_is_saved_and_leaves_no_running
     assert record.messages[-1].text == "A."
     assert record.meta.get(RUNNING_META) is None
     assert not answering_elsewhere(record.meta)
+
+
+def _chat(text: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}]}
+
+
+async def test_an_openai_session_whose_turn_end_save_failed_after_its_claim_takes_the_next_post(
+    tmp_path, monkeypatch
+):
+    """A's claim stored its running marker; the write lock, held from A's model call on,
+    refused the turn's end saves, so the marker stayed (its writer, A, alive). The next
+    OpenAI post to A, nothing running there, must run and clear it: its twin check read
+    A's own stale marker as a turn running on another server (409 ``session_busy`` on
+    every post, to A and B alike, for as long as A lived)."""
+    from tests.test_sqlite_twin_claims import _meet
+    from tests.web.harness import web_server
+
+    monkeypatch.setattr(sqlite_store, "_BUSY_TIMEOUT", 0.2)
+    db = str(tmp_path / "one.db")
+    lock = _LockDuringClaim(db)
+
+    agent = Agent(
+        name="m",
+        provider=ScriptedProvider(steps=[["A."]] * 8),
+        hooks=Hooks(on_step_finish=lock.take_once),
+    )
+    async with (
+        web_server(agent, store=db, protocols=("ai-sdk", "openai")) as a,
+        web_server(Agent(name="m", provider=ScriptedProvider(steps=[["B."]] * 4)), store=db) as b,
+    ):
+        async with (
+            httpx.AsyncClient(base_url=a.url, timeout=30) as to_a,
+            httpx.AsyncClient(base_url=b.url, timeout=30) as to_b,
+        ):
+            await _meet(to_a, to_b)
+            assert a.host.claims_turns
+            lock.armed = True
+            headers = {"X-Axon-Session": "s"}
+            await to_a.post("/v1/chat/completions", json=_chat("one"), headers=headers)
+            await lock.release(None)
+            stale = (await a.host.store.load("s")).meta.get(RUNNING_META)
+            after = await to_a.post("/v1/chat/completions", json=_chat("two"), headers=headers)
+        record = await a.host.store.load("s")
+    assert stale is not None  # the claim's marker, left by the refused end saves
+    assert after.status_code == 200, after.content
+    assert [m.content for m in record.messages if m.role == "user"][-1] == "two"
+    assert record.meta.get(RUNNING_META) is None
