@@ -2,7 +2,9 @@
 process past the busy timeout): the turn still runs and is saved, and no running
 marker of it is left to make the session look busy elsewhere (branch ``attack3``,
 attacking ``twinleft``: every new turn of a claiming host claims, with or without a
-client's id)."""
+client's id). A claim stored whose turn's end saves are refused leaves its marker (its
+writer alive): the same host's next OpenAI post of the session still runs, and clears
+it (a guard for whoever makes a freshly opened session's twin check see the marker)."""
 
 from __future__ import annotations
 
