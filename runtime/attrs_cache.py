@@ -165,16 +165,20 @@ def _pyc(payload: tuple[Any, ...]) -> bytes:
 def _salted(code: CodeType, salt: int) -> CodeType:
     """``code`` with :data:`SALT` replaced by ``salt`` in its constants and in those of
     the functions it defines (the generated ``__hash__`` is one of them)."""
-    return code.replace(
-        co_consts=tuple(
-            salt
-            if type(c) is int and c == SALT
-            else _salted(c, salt)
-            if isinstance(c, CodeType)
-            else c
-            for c in code.co_consts
-        )
-    )
+    return code.replace(co_consts=tuple(_salted_const(c, salt) for c in code.co_consts))
+
+
+def _salted_const(const: Any, salt: int) -> Any:
+    """One constant of :func:`_salted`'s. A tuple is looked into: the ``__hash__`` of a
+    class without fields hashes ``(SALT,)`` alone, which the compiler folds into one
+    tuple constant (missed, every such class hashed alike, and unlike attrs' own)."""
+    if type(const) is int and const == SALT:
+        return salt
+    if isinstance(const, CodeType):
+        return _salted(const, salt)
+    if type(const) is tuple:
+        return tuple(_salted_const(c, salt) for c in const)
+    return const
 
 
 def _module(filename: str) -> str:
@@ -199,14 +203,15 @@ def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]
             return {}
         code = marshal.loads(memoryview(data)[16:])  # past the .pyc header (see _pyc)
         stored_header, entries = code.co_consts[-1]
-    except (OSError, EOFError, ValueError, TypeError, AttributeError):
-        return {}
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, IndexError):
+        return {}  # IndexError: a code object without constants (not one _pyc wrote)
     if stored_header != header or not isinstance(entries, dict):
         return {}
     return {
         name: entry
         for name, entry in entries.items()
-        if isinstance(entry, tuple)
+        if isinstance(name, str)  # write() reads the module out of it at exit
+        and isinstance(entry, tuple)
         and len(entry) == 2
         and isinstance(entry[0], str)
         and isinstance(entry[1], CodeType)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -262,3 +264,35 @@ def test_compileall_leaves_the_file_as_it_is(tmp_path):
         env=env, check=True, capture_output=True,
     )  # fmt: skip
     assert path.read_bytes() == written
+
+
+def test_a_code_object_without_constants_at_the_path_is_not_read(tmp_path):
+    path = tmp_path / "cache.bin"
+    empty = compile("", "x", "exec").replace(co_consts=())
+    path.write_bytes(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(empty))
+    assert _cache(path).stored == {}
+
+
+def test_an_entry_named_by_other_than_a_string_is_dropped_so_the_file_can_be_written(tmp_path):
+    path = tmp_path / "cache.bin"
+    header = _cache(path).header
+    good = (SCRIPT, compile(SCRIPT, NAME, "exec"))
+    path.write_bytes(attrs_cache._pyc((header, {1: good, NAME: good})))
+    cache = _cache(path)
+    cache.code(SCRIPT, "<attrs generated methods runtime.other.Thing>")
+    cache.write()
+    assert set(_cache(path).stored) == {NAME, "<attrs generated methods runtime.other.Thing>"}
+
+
+def test_a_hashed_class_without_fields_hashes_with_its_own_number():
+    """Its ``__hash__`` hashes ``(number,)``, folded into one tuple constant: the
+    number was left the file's stand-in, so all such classes hashed alike."""
+    namespace: dict[str, object] = {"__name__": "runtime.example_empty", "attrs": attrs}
+    exec(
+        "@attrs.frozen\nclass Empty:\n    pass\n@attrs.frozen\nclass Other:\n    pass\n",
+        namespace,
+    )
+    empty, other = namespace["Empty"](), namespace["Other"]()  # type: ignore[operator]
+    own = hash("<attrs generated hash runtime.example_empty.Empty>")
+    assert hash(empty) == hash((own,))
+    assert hash(empty) != hash(other)

@@ -122,3 +122,41 @@ async def test_a_paused_answer_ending_in_whitespace_goes_back_without_it():
         {"type": "text", "text": "Found it."},
     ]
     assert valid(resumed) == []
+
+
+async def test_the_cut_is_the_request_s_only_and_the_thinking_goes_back_byte_exact():
+    """Only the continuation's request is cut (branch ``attack3``): the streamed text and
+    the stored answer keep ``Found it.\\n\\n``; the thinking the answer began with (its
+    text ending with whitespace too) goes back byte-exact with its signature."""
+    from runtime import Agent, Host
+
+    thinking = {"type": "thinking_delta", "thinking": "Search first. \n"}
+    events = [
+        *(e if e.get("delta", {}).get("type") != "thinking_delta" else {**e, "delta": thinking}
+          for e in THINKING_EVENTS),
+        *shifted(PAUSED_EVENTS, 1),
+        *shifted(text_events(0, "Found it.\n\n"), 4),
+    ]  # fmt: skip
+    done = answer(*text_events(0, "Trio is a library."), model=MODEL)
+    async with loopback_server(paused(*events), done) as server:
+        provider = AnthropicProvider(
+            MODEL, base_url=server.url, api_key=KEY, thinking_budget=2048, max_tokens=4096
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider))
+            async with session.stream("search trio") as out:
+                streamed = [getattr(c, "text", None) for c in await out.collect()]
+            stored = session.messages[-1]
+    resumed = server.requests[1].json()["messages"][-1]["content"]
+    assert "Found it.\n\n" in streamed
+    assert [p.text for p in stored.content if hasattr(p, "text")][-2:] == [
+        "Found it.\n\n",
+        "Trio is a library.",
+    ]
+    assert stored.content[0].text == "Search first. \n"
+    assert resumed[0] == {
+        "type": "thinking",
+        "thinking": "Search first. \n",
+        "signature": SIGNATURE,
+    }
+    assert resumed[-1] == {"type": "text", "text": "Found it."}
