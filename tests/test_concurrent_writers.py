@@ -35,7 +35,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import rebase
+from runtime.store import SessionRecord, rebase
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,6 +119,41 @@ def test_reloading_drops_our_unsaved_turn_of_a_message_the_other_writer_answered
     adopt_record(state, trio.run(main))
     assert state.messages == theirs
     assert (state.saved_upto, state.version) == (4, 1)
+
+
+def test_a_rebased_step_save_does_not_take_in_a_message_the_turn_steered_in_since():
+    """Our step's save was rebased after the other writer's turn of a message that was
+    also steered into our turn since (the same message posted to both). Adopting it
+    held that message twice, and the next save, based on the rebased version, wrote
+    both copies in place (the interleavings property, branch rebaseprop). Now the next
+    save meets the store's version and its rebase refuses it (the stored answer stands)."""
+    state = SessionState(
+        session_id="s", messages=[user("0"), answer("0"), user("b"), answer("b", "step 0")]
+    )
+    state.saved_upto, state.version = 2, 2
+    req = SaveRequest(
+        request_id="r", session_id="s", turn_id="t", start=2, messages=tuple(state.messages[2:])
+    )
+    state.messages += [user("x"), answer("b2")]  # "x" steered in after the request
+    stored = (user("0"), answer("0"), user("x"), answer("x-theirs"))
+    result = SaveResult(request_id="r", session_id="s", version=4, base=stored)
+    adopt_save(state, req, result)
+    assert len({m.id for m in state.messages}) == len(state.messages)
+    assert state.version != result.version  # the next save is not written in place
+    with pytest.raises(AnsweredElsewhere):  # it is rebased, and refused
+        rebase(stored + tuple(req.messages), state.messages[state.saved_upto :])
+
+
+def test_reloading_drops_two_unsaved_turns_the_other_writers_answered_in_reverse_order():
+    """Two unsaved turns of ours (a store that failed both saves), each message also
+    posted to another process, whose answers the store holds in the other order: the
+    reload raised the second ``AnsweredElsewhere`` out of the turn's start (branch
+    rebaseprop; the interleavings property's layout). Both turns go."""
+    state = SessionState(session_id="s", messages=[user("1"), answer("1"), user("2"), answer("2")])
+    theirs = [user("2"), answer("2-theirs"), user("1"), answer("1-theirs")]
+    adopt_record(state, SessionRecord(session_id="s", messages=tuple(theirs), version=2))
+    assert state.messages == theirs
+    assert (state.saved_upto, state.version) == (4, 2)
 
 
 @given(

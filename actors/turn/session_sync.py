@@ -60,10 +60,20 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         state.saved_upto = min(state.saved_upto, req.start)
         return Adopted()
     assert result.version is not None
-    state.version = result.version
     if result.base is None:  # written where it was asked to: the layout is unchanged
+        state.version = result.version
         state.saved_upto = req.start + len(req.messages)
         return Adopted()
+    if _meets(result.base, state.messages[req.start + len(req.messages) :]):
+        # The other writer stored a message the turn took in after this request (one
+        # steered in: the same message posted to another process, which answered it).
+        # Adopted, the history held it twice and the next save, based on this version,
+        # wrote both copies in place, unchecked (branch rebaseprop). Taken as not
+        # adopted: the version stays the one before, so the next save meets the store's
+        # and is rebased whole (refused: :class:`~runtime.errors.AnsweredElsewhere`).
+        state.saved_upto = min(state.saved_upto, req.start)
+        return Adopted()
+    state.version = result.version
     adopted = _replace_prefix(state, req.start, result.base)
     state.saved_upto = len(result.base) + len(req.messages)
     return adopted
@@ -83,14 +93,18 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
-    try:
-        base, start = rebase(stored, unsaved)
-    except AnsweredElsewhere as exc:
-        # Our unsaved turn of a message another writer answered (its save was refused):
-        # it goes from that message on, the stored answer stands.
-        del state.messages[end + _index(unsaved, exc.message_id) :]
-        unsaved = state.messages[end:]
-        base, start = rebase(stored, unsaved)
+    while True:
+        try:
+            base, start = rebase(stored, unsaved)
+            break
+        except AnsweredElsewhere as exc:
+            # Our unsaved turn of a message another writer answered (its save was
+            # refused): it goes from that message on, the stored answer stands. Again
+            # until none is: an earlier unsaved message of ours may have been answered
+            # too, its answer stored after the first one found (the rebase reports the
+            # first in the store's order, not ours).
+            del state.messages[end + _index(unsaved, exc.message_id) :]
+            unsaved = state.messages[end:]
     adopted = _replace_prefix(state, end, base)
     # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
     # ours (a step saved before the other writer's turn): the next save starts there.
@@ -98,6 +112,15 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     state.saved_upto = start
     state.version = 0 if record is None else record.version
     return attrs.evolve(adopted, deleted=True) if deleted else adopted
+
+
+def _meets(base: Sequence[Message], later: Sequence[Message]) -> bool:
+    """Whether a message of ``later`` has its id in ``base``. (A rebased save's only: a
+    set of the base's ids, built when the turn took messages in after the request.)"""
+    if not later:
+        return False
+    ids = {message.id for message in base}
+    return any(message.id in ids for message in later)
 
 
 def _index(messages: Sequence[Message], message_id: str) -> int:
