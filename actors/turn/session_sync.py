@@ -6,7 +6,9 @@ together, and both are plain functions here so they can be tested without a turn
 
 * :func:`adopt_save`: a save finished. If the persister had to rebase it (another writer
   saved in between), the history becomes what the store now holds, followed by this
-  session's own messages from the save's start on, exactly the store's new layout.
+  session's own messages from the save's start on, exactly the store's new layout;
+  unless the store now holds a message the turn took in since the request (steered in,
+  another writer's answered copy): then the next save is rebased whole.
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
   to save (so the model sees the other writer's turns, and nothing of ours is dropped),
