@@ -108,9 +108,20 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
             del state.messages[end + _index(unsaved, exc.message_id) :]
             unsaved = state.messages[end:]
     adopted = _replace_prefix(state, end, base)
+    if start < len(base) and not deleted:
+        # The store keeps an earlier copy of ours (a step saved before the other
+        # writer's turn) before messages of that writer's: the history holds them
+        # after ``start`` now, and a save from ``start`` sent them as ours. Should that
+        # writer save again first (the next step of a turn it runs), the rebase took
+        # our stale copies of its messages for ours: its newer ones dropped, their tool
+        # results left without their call (the interleavings property, branch
+        # rebaseprop). So the store is taken as holding ``base`` (``saved_upto``) on
+        # the version before (not the one read): the next save, ours alone, meets the
+        # store's version and is rebased, our stale copies dropped there.
+        state.saved_upto = len(base)
+        return adopted
     # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
-    # ours (a step saved before the other writer's turn): the next save starts there.
-    # From ``len(base)`` it would write ours over the other writer's messages.
+    # ours (none of another writer's after it): the next save starts there.
     state.saved_upto = start
     state.version = 0 if record is None else record.version
     return attrs.evolve(adopted, deleted=True) if deleted else adopted
