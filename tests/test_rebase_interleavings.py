@@ -152,8 +152,6 @@ class Turn:
     a_index: int
     message_id: str
     step: int = 0
-    cut: Any = None
-    """A regenerate's: the ids it cut, the version it cut them from, where."""
 
 
 @attrs.define(repr=False)
@@ -169,6 +167,9 @@ class Writer:
     """Its latest request (the one adopted)."""
     latest: tuple[str, int | None] | None = None
     """The persister's ``_latest``: the last request written and its version if in place."""
+    cut: Any = None
+    """Its last regenerate's: the ids it cut, the version it cut them from, where (its
+    saves carry the cut until one lands: this turn's, or a later one's)."""
 
     def __repr__(self) -> str:
         return f"writer{self.n}"
@@ -189,6 +190,8 @@ class Interleavings(RuleBasedStateMachine):
         """Ids a writer that held them cut (regenerate, edit) and saved the cut in place."""
         self.store: Any = None
         self.cuts: list[tuple[SaveRequest, Any, Writer]] = []
+        self.based_on: dict[str, int | None] = {}
+        """Request id -> the version the persister wrote it on (``None``: rebased)."""
         self.sent: list[str] = []
         """The ids of the messages writers were sent (a twin is sent one of them)."""
 
@@ -223,6 +226,7 @@ class Interleavings(RuleBasedStateMachine):
         expected = req.expected_version
         if expected is None and w.latest is not None and w.latest[0] == req.after:
             expected = w.latest[1]
+        self.based_on[req.request_id] = expected
         result: SaveResult | None = None
         try:
             if expected is not None:
@@ -377,7 +381,7 @@ class Interleavings(RuleBasedStateMachine):
         del messages[at:]  # (runner._cut_last_turn)
         w.state.saved_upto = min(w.state.saved_upto, at)
         self.begin(w, user_id)
-        w.turn.cut = (cut, w.state.version, at)  # type: ignore[union-attr]
+        w.cut = (cut, w.state.version, at)
 
     @precondition(lambda self: self.running())
     @rule(data=st.data(), calls=st.integers(0, 2), retried=st.booleans())
@@ -449,11 +453,10 @@ class Interleavings(RuleBasedStateMachine):
         self.write(data.draw(st.sampled_from([w for w in self.writers if w.queue])), fails=fails)
 
     def note_cut(self, w: Writer, req: SaveRequest) -> None:
-        """A regenerate's cut is the writer's to make when its save lands in place on
-        the version it cut from: remembered once written (checked in ``lost``)."""
-        cut = w.turn.cut if w.turn is not None else None
-        if cut is not None:
-            self.cuts.append((req, cut, w))
+        """A regenerate's cut is the writer's to make when a save of its lands in place
+        on the version it cut from (checked in ``nothing_told_saved_is_lost``)."""
+        if w.cut is not None:
+            self.cuts.append((req, w.cut, w))
 
     @invariant()
     def stored_history_replays(self) -> None:
@@ -469,7 +472,8 @@ class Interleavings(RuleBasedStateMachine):
             return
         for req, (ids, version, _at), w in self.cuts:
             result = w.answers.get(req.request_id)
-            if result is not None and result.in_place and req.expected_version == version:
+            based = self.based_on.get(req.request_id)
+            if result is not None and result.in_place and based == version:
                 self.withdrawn.update(ids)
         record = self.store.load(0)
         stored = set() if record is None else {m.id for m in record.messages}
