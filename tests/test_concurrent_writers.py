@@ -25,7 +25,13 @@ from actors.stores import MemoryStore, SQLiteStore
 from actors.turn.session_sync import adopt_record, adopt_save
 from runtime import Agent, Host, tool
 from runtime import events as ev
-from runtime.actor_messages import InferRequest, SaveRequest, SaveResult, SessionState
+from runtime.actor_messages import (
+    InferRequest,
+    SaveRequest,
+    SaveResult,
+    SessionState,
+    SteeredInput,
+)
 from runtime.errors import AnsweredElsewhere
 from runtime.messages import (
     AssistantMessage,
@@ -35,7 +41,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import rebase
+from runtime.store import SessionRecord, rebase
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,6 +127,41 @@ def test_reloading_drops_our_unsaved_turn_of_a_message_the_other_writer_answered
     assert (state.saved_upto, state.version) == (4, 1)
 
 
+def test_a_rebased_step_save_does_not_take_in_a_message_the_turn_steered_in_since():
+    """Our step's save was rebased after the other writer's turn of a message that was
+    also steered into our turn since (the same message posted to both). Adopting it
+    held that message twice, and the next save, based on the rebased version, wrote
+    both copies in place (the interleavings property, branch rebaseprop). Now the next
+    save meets the store's version and its rebase refuses it (the stored answer stands)."""
+    state = SessionState(
+        session_id="s", messages=[user("0"), answer("0"), user("b"), answer("b", "step 0")]
+    )
+    state.saved_upto, state.version = 2, 2
+    req = SaveRequest(
+        request_id="r", session_id="s", turn_id="t", start=2, messages=tuple(state.messages[2:])
+    )
+    state.messages += [user("x"), answer("b2")]  # "x" steered in after the request
+    stored = (user("0"), answer("0"), user("x"), answer("x-theirs"))
+    result = SaveResult(request_id="r", session_id="s", version=4, base=stored)
+    adopt_save(state, req, result)
+    assert len({m.id for m in state.messages}) == len(state.messages)
+    assert state.version != result.version  # the next save is not written in place
+    with pytest.raises(AnsweredElsewhere):  # it is rebased, and refused
+        rebase(stored + tuple(req.messages), state.messages[state.saved_upto :])
+
+
+def test_reloading_drops_two_unsaved_turns_the_other_writers_answered_in_reverse_order():
+    """Two unsaved turns of ours (a store that failed both saves), each message also
+    posted to another process, whose answers the store holds in the other order: the
+    reload raised the second ``AnsweredElsewhere`` out of the turn's start (branch
+    rebaseprop; the interleavings property's layout). Both turns go."""
+    state = SessionState(session_id="s", messages=[user("1"), answer("1"), user("2"), answer("2")])
+    theirs = [user("2"), answer("2-theirs"), user("1"), answer("1-theirs")]
+    adopt_record(state, SessionRecord(session_id="s", messages=tuple(theirs), version=2))
+    assert state.messages == theirs
+    assert (state.saved_upto, state.version) == (4, 2)
+
+
 @given(
     layout=st.lists(st.sampled_from(["theirs", "ours-copy"]), max_size=12),
     ours_count=st.integers(min_value=0, max_value=4),
@@ -173,12 +214,12 @@ def test_reloading_keeps_what_this_session_had_not_saved_yet():
     assert (state.saved_upto, state.version, adopted.added) == (4, 1, 2)
 
 
-def test_reloading_over_a_stored_copy_of_ours_saves_from_that_copy():
+def test_reloading_over_a_stored_copy_of_ours_is_rebased_not_written_over_the_other_turn():
     """Turn "a" had a step stored, its last save failed, and another writer's turn "b"
-    was stored after that step. The reload keeps "a" after "b", and the next save starts
-    where the store's copy of "a" was: before, it started after the rebased prefix, as if
-    the store held that prefix, and wrote "a" over "b" (the chaos run found it, a lost
-    turn's copy over the session's later turns; tests/test_worker_lost_history.py)."""
+    was stored after that step. The reload keeps "a" after "b", and the next save never
+    writes "a" over "b": once it started after the rebased prefix on the version read,
+    as if the store held that prefix (the chaos run found it, a lost turn's copy over the
+    session's later turns; tests/test_worker_lost_history.py)."""
     state = SessionState(session_id="s", messages=[user("0"), answer("0"), user("a"), answer("a")])
     state.saved_upto, state.version = 2, 2  # "a"'s step is stored, its last save failed
     stored = [user("0"), answer("0"), user("a"), answer("a", "half"), user("b"), answer("b")]
@@ -188,15 +229,41 @@ def test_reloading_over_a_stored_copy_of_ours_saves_from_that_copy():
         await store.save("s", 0, stored)
         return await store.load("s")
 
-    adopt_record(state, trio.run(main))
+    record = trio.run(main)
+    adopt_record(state, record)
     assert check_history(state.messages) == ["0", "b", "a"]
-    assert state.saved_upto == 2  # the first stored message not kept where it is
-    # The next save replaces the store's messages from ``saved_upto`` on.
-    assert check_history(stored[: state.saved_upto] + state.messages[state.saved_upto :]) == [
-        "0",
-        "b",
-        "a",
-    ]
+    # The next save holds "a" alone, on a version that is not the store's (branch
+    # rebaseprop; it saved from the store's copy of "a" before, "b" sent as ours): it
+    # meets the store's, and its rebase drops the stored copy of "a", "b" kept.
+    assert state.messages[state.saved_upto :] == [user("a"), answer("a")]
+    assert state.version != record.version
+    ours = state.messages[state.saved_upto :]
+    base, start = rebase(stored, ours)
+    assert check_history(stored[:start] + list(base[start:]) + ours) == ["0", "b", "a"]
+
+
+def test_a_reload_over_a_stored_copy_of_ours_does_not_save_the_other_writers_turn_as_ours():
+    """Our turn "a" had step 0 stored, its last save failed; the other writer's turn
+    "b" has step 0 stored after it, and goes on. The reload put "b" before "a" and the
+    next save sent ``[b's user, b's step 0, a...]`` as ours: "b" saved its step 1 (a
+    call and its result) first, so that save met a conflict, and its rebase took our copy
+    of "b" for ours: "b"'s step 1 gone, its result left first in the session (the
+    interleavings property, branch rebaseprop). Now our next save holds ours alone."""
+    state = SessionState(session_id="s", messages=[user("a"), answer("a", "whole")])
+    state.saved_upto, state.version = 0, 1  # "a"'s step 0 is stored (v1), its last save failed
+    b_step_0 = answer("b", "step 0")
+    stored = (user("a"), answer("a", "step 0"), user("b"), b_step_0)
+    adopt_record(state, SessionRecord(session_id="s", messages=stored, version=2))
+    call = ToolCallPart(tool_call_id="c", tool_name="t", input={}, step=1)
+    b_step_1 = AssistantMessage(content=(*b_step_0.content, call), id="a-b")
+    result = ToolMessage(tool_call_id="c", tool_name="t", step=1, id="t-c")
+    stored_now = (*stored[:3], b_step_1, result)  # "b"'s next save, version 3
+    assert state.version != 3  # our next save meets it and is rebased
+    ours = state.messages[state.saved_upto :]
+    base, start = rebase(stored_now, ours)
+    written = stored_now[:start] + base[start:] + tuple(ours)
+    assert check_history(written) == ["b", "a"]
+    assert written[1] == b_step_1
 
 
 # -- two hosts on one session -------------------------------------------------------------
@@ -491,3 +558,62 @@ async def test_a_worker_host_expects_other_writers(pg_url):
     agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
     async with open_worker(pg_url, agent=agent, poll=0.05) as worker:
         assert worker.host is not None and worker.host.expects_other_writers
+
+
+async def test_a_message_steered_in_that_another_host_answered_is_not_stored_twice(tmp_path):
+    """The same message ``x`` sent to host B as a new turn and steered into host A's
+    running turn (a client's retry on another server). B stores ``[x, its answer]`` while
+    A's step 0 runs; A's step 0 save meets it and is rebased after it, ``x`` is steered
+    into A's turn at the boundary (A's history does not hold it yet). A's final save
+    was based on the rebased version and stored ``x`` a second time, answered twice (the
+    interleavings property, branch rebaseprop). Now it is rebased whole and refused."""
+    gate, entered = trio.Event(), trio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold step 0 until the test lets go."""
+        entered.set()
+        await gate.wait()
+        return "held"
+
+    def respond_a(request: InferRequest) -> list:
+        if current_step(request.messages) == 0:
+            return tool_call("hold", {}, tool_call_id="call-hold")
+        return ["A's answer"]
+
+    agent_a = Agent(name="a", provider=ScriptedProvider(responder=respond_a), tools=[hold])
+    agent_b = Agent(name="b", provider=ScriptedProvider(responder=lambda _: ["B's answer"]))
+    steers = [[SteeredInput(content="x", user_message_id="u-x")]]
+
+    async def pull() -> list[SteeredInput]:
+        return steers.pop() if steers else []
+
+    path = str(tmp_path / "shared.db")
+    results: dict = {}
+    async with (
+        Host.open(store=path, log_tap=False) as host_a,
+        Host.open(store=path, log_tap=False) as host_b,
+    ):
+        a = await host_a.open_session(agent_a, session_id="s")
+        b = await host_b.open_session(agent_b, session_id="s")
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                stream = a.stream("a", user_message_id="u-a")
+                stream.steer_from(pull)
+
+                async def run_a() -> None:
+                    async with stream as out:
+                        await out.collect()
+                    results["a"] = out.result
+
+                nursery.start_soon(run_a)
+                await entered.wait()  # A's step 0 runs, nothing of its turn stored
+                async with b.stream("x", user_message_id="u-x") as out_b:
+                    await out_b.collect()
+                gate.set()
+        stored = (await host_a.store.load("s")).messages
+    ids = [m.id for m in stored]
+    assert ids.count("u-x") == 1, ids
+    assert [m.text for m in stored[:2]] == ["x", "B's answer"]  # B's answer stands
+    assert out_b.result.saved
+    assert not results["a"].saved and results["a"].error is not None  # A is told so

@@ -6,7 +6,9 @@ together, and both are plain functions here so they can be tested without a turn
 
 * :func:`adopt_save`: a save finished. If the persister had to rebase it (another writer
   saved in between), the history becomes what the store now holds, followed by this
-  session's own messages from the save's start on, exactly the store's new layout.
+  session's own messages from the save's start on, exactly the store's new layout;
+  unless the store now holds a message the turn took in since the request (steered in,
+  another writer's answered copy): then the next save is rebased whole.
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
   to save (so the model sees the other writer's turns, and nothing of ours is dropped),
@@ -60,10 +62,20 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         state.saved_upto = min(state.saved_upto, req.start)
         return Adopted()
     assert result.version is not None
-    state.version = result.version
     if result.base is None:  # written where it was asked to: the layout is unchanged
+        state.version = result.version
         state.saved_upto = req.start + len(req.messages)
         return Adopted()
+    if _meets(result.base, state.messages[req.start + len(req.messages) :]):
+        # The other writer stored a message the turn took in after this request (one
+        # steered in: the same message posted to another process, which answered it).
+        # Adopted, the history held it twice and the next save, based on this version,
+        # wrote both copies in place, unchecked (branch rebaseprop). Taken as not
+        # adopted: the version stays the one before, so the next save meets the store's
+        # and is rebased whole (refused: :class:`~runtime.errors.AnsweredElsewhere`).
+        state.saved_upto = min(state.saved_upto, req.start)
+        return Adopted()
+    state.version = result.version
     adopted = _replace_prefix(state, req.start, result.base)
     state.saved_upto = len(result.base) + len(req.messages)
     return adopted
@@ -83,21 +95,45 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
-    try:
-        base, start = rebase(stored, unsaved)
-    except AnsweredElsewhere as exc:
-        # Our unsaved turn of a message another writer answered (its save was refused):
-        # it goes from that message on, the stored answer stands.
-        del state.messages[end + _index(unsaved, exc.message_id) :]
-        unsaved = state.messages[end:]
-        base, start = rebase(stored, unsaved)
+    while True:
+        try:
+            base, start = rebase(stored, unsaved)
+            break
+        except AnsweredElsewhere as exc:
+            # Our unsaved turn of a message another writer answered (its save was
+            # refused): it goes from that message on, the stored answer stands. Again
+            # until none is: an earlier unsaved message of ours may have been answered
+            # too, its answer stored after the first one found (the rebase reports the
+            # first in the store's order, not ours).
+            del state.messages[end + _index(unsaved, exc.message_id) :]
+            unsaved = state.messages[end:]
     adopted = _replace_prefix(state, end, base)
+    if start < len(base) and not deleted:
+        # The store keeps an earlier copy of ours (a step saved before the other
+        # writer's turn) before messages of that writer's: the history holds them
+        # after ``start`` now, and a save from ``start`` sent them as ours. Should that
+        # writer save again first (the next step of a turn it runs), the rebase took
+        # our stale copies of its messages for ours: its newer ones dropped, their tool
+        # results left without their call (the interleavings property, branch
+        # rebaseprop). So the store is taken as holding ``base`` (``saved_upto``) on
+        # the version before (not the one read): the next save, ours alone, meets the
+        # store's version and is rebased, our stale copies dropped there.
+        state.saved_upto = len(base)
+        return adopted
     # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
-    # ours (a step saved before the other writer's turn): the next save starts there.
-    # From ``len(base)`` it would write ours over the other writer's messages.
+    # ours (none of another writer's after it): the next save starts there.
     state.saved_upto = start
     state.version = 0 if record is None else record.version
     return attrs.evolve(adopted, deleted=True) if deleted else adopted
+
+
+def _meets(base: Sequence[Message], later: Sequence[Message]) -> bool:
+    """Whether a message of ``later`` has its id in ``base``. (A rebased save's only: a
+    set of the base's ids, built when the turn took messages in after the request.)"""
+    if not later:
+        return False
+    ids = {message.id for message in base}
+    return any(message.id in ids for message in later)
 
 
 def _index(messages: Sequence[Message], message_id: str) -> int:
