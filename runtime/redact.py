@@ -10,7 +10,8 @@ Two kinds of secrets are replaced by ``[redacted]``:
 * **key-shaped text**: values that look like credentials: known key prefixes (``sk-``,
   ``gsk_``, ``xai-``, ``AIza``, ``hf_``, ``ghp_``...), ``Bearer`` tokens, and the value of
   an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment, the
-  password of a URL's user info (``postgresql://user:PW@host``); and in
+  password of a URL's user info (``postgresql://user:PW@host``), a user info that is a
+  token alone (``https://TOKEN@github.com``, :data:`_TOKEN_USER`); and in
   structured data, the value of any key named like a credential (``api_key``,
   ``authorization``, ``password``...).
 
@@ -169,6 +170,15 @@ _PREFIXES = (
     r"nvapi-",  # NVIDIA
     r"r8_",  # Replicate
 )
+_TOKEN_USER = _BODY
+"""A URL's user info without a ``:`` is a credential when it is a key body by itself
+(:data:`_BODY`: 16 or more key characters with a digit among them, or 32 or more):
+``https://<40 hex>@github.com``, ``https://glpat-...@gitlab.com``, a PAT or an OAuth token
+given as the user name, as Git's hosts take it. Not a user name: ``git@``, ``postgres@``,
+``ec2-user@``, ``john.doe@`` (a ``.``), an e-mail (``%40``) stay readable: a log line
+naming who connected is worth reading. Why not 8 (the least registered secret): user
+names of 8 to 15 with a digit (``deploy01``, ``svc-build-2024``) are common, tokens that
+short are not."""
 _HEADER_NAMES = (
     r"proxy-authorization|authorization|x-api-key|api[-_]?key|access[-_]token"
     r"|refresh[-_]token|client[-_]secret|password"
@@ -185,6 +195,8 @@ _PATTERN_SOURCE = (
     # a URL's user info's password: `postgresql://user:PW@host`, `redis://:PW@host`
     r"|(?P<userinfo>(?<=[A-Za-z0-9+.-])://[^\s/?#@:'\"<>]*:)"
     rf"(?!{re.escape(REDACTED)}@)[^\s/?#'\"<>]+(?=@[^\s/?#@'\"<>])"
+    # a URL's user info that is a token alone: `https://TOKEN@github.com`
+    rf"|(?P<tokenuser>(?<=[A-Za-z0-9+.-])://){_TOKEN_USER}(?=@[^\s/?#@'\"<>])"
 )
 
 _lock = threading.Lock()
@@ -234,15 +246,50 @@ def register_secrets(values: Iterable[str | None]) -> None:
         secrets = _secrets | new
         literal = "|".join(re.escape(s) for s in sorted(secrets, key=len, reverse=True))
         # Registered secrets first: a pattern must not redact half of one and leave the rest.
-        _pattern = re.compile(f"(?P<secret>{literal})|{_PATTERN_SOURCE}")
+        _pattern = re.compile(f"(?P<secret>{literal})(?P<rest>{_KEY_CHARS}*)|{_PATTERN_SOURCE}")
         _secrets = secrets
         _inert_secrets = tuple(s for s in secrets if not s.strip(_INERT))
         _checked = {}  # after _secrets: a reader that sees this dict sees the new secrets
 
 
+_KEY_CHARS = r"[A-Za-z0-9_\-]"
+"""What a key body (:data:`_BODY`) is made of: what a registered secret's match takes
+after it (``rest``), to see whether a longer key goes on from it (:func:`_replace`)."""
+
+
+@functools.cache
+def _prefixed_key() -> re.Pattern[str]:
+    """A key with a known prefix (:data:`_PREFIXES`), alone (compiled when first asked)."""
+    return re.compile(rf"(?<![A-Za-z0-9])(?:{'|'.join(_PREFIXES)}){_BODY}")
+
+
 def _replace(match: re.Match[str]) -> str:
-    keep = match.group("head") or match.group("bearer") or match.group("userinfo") or ""
+    if match.lastgroup == "rest":  # the registered secrets' alternative (the last group)
+        return _replace_secret(match)
+    keep = (
+        match.group("head")
+        or match.group("bearer")
+        or match.group("userinfo")
+        or match.group("tokenuser")
+        or ""
+    )
     return keep + REDACTED
+
+
+def _replace_secret(match: re.Match[str]) -> str:
+    """A registered secret's match: the secret, and the key characters after it
+    (``rest``) as far as a prefixed key (:func:`_prefixed_key`) that starts where the
+    secret does goes on, the rest as it was (scanned again by :func:`redact_text`'s next
+    pass). Why: registered secrets come first in the pattern, so a registered key that
+    is the start of a different, longer one (``sk-proj-AbC...`` registered,
+    ``sk-proj-AbC...XyZ...`` another key in a tool's error) hid only that start, and the
+    longer key's own part was shown."""
+    end = match.end("secret")
+    if match.group("rest"):
+        longer = _prefixed_key().match(match.string, match.start())
+        if longer is not None and longer.end() > end:
+            end = longer.end()
+    return REDACTED + match.string[end : match.end()]
 
 
 # Lower-case substrings one of which every pattern match contains: a cheap test that lets
@@ -409,23 +456,33 @@ _URL_HEAD = r"[A-Za-z][A-Za-z0-9+.-]*://"
 _QUERY_PAIR = r"(?<=[?&;])(?P<key>[^=&;?#/]*)=(?P<value>[^&;]*)"
 """Both compiled on first use (``re.compile`` caches them), not on import: this module is
 part of the contract, whose import time is issue 24's start-up figure."""
+_AUTHORITY = r"[^/?#]*"
+"""A URL's authority as RFC 3986 has it: up to the first ``/``, ``?`` or ``#``."""
+_HOST_PORT = r"(?:\[[^\]]*\]|[^:@\[\]]*)(?::[0-9]+)?"
+"""An authority without user info: a host (``[::1]`` too) and a port. In a URL quoted in
+a text (:func:`redact_urls`), an authority of this shape with an ``@`` later
+(``http://h:8080/@scope/pkg``: a path's ``@``) has no user info: the port is no password
+(both compiled on first use)."""
 _SECRET_WORDS = ("pass", "secret", "token", "auth", "key", "credential")
 """A URL query parameter whose name holds one of these is a credential (libpq's
 ``password``, ``sslpassword``; Redis's ``password``; any ``*token*``, ``*key*``...)."""
 
 
-def _credential_spans(url: str) -> list[tuple[int, int]]:
+def _credential_spans(url: str, *, quoted: bool = False) -> list[tuple[int, int]]:
     """Where ``url``'s credentials are, as ``(start, end)`` offsets, merged and in order:
-    the user info's password, and the value of each query parameter named like one."""
+    the user info's password (or a token alone), and the value of each query parameter
+    named like one. ``quoted``: see :func:`_user_info_end`."""
     head = re.compile(_URL_HEAD).match(url)
     if head is None:
         return []
     start = head.end()
     spans: list[tuple[int, int]] = []
-    at = url.rfind("@", start)
+    at = _user_info_end(url, start, quoted=quoted) if "@" in url else -1
     colon = url.find(":", start, max(at, start))
     if colon >= 0:
         spans.append((colon + 1, at))
+    elif at > start and re.compile(_TOKEN_USER).fullmatch(url, start, at):
+        spans.append((start, at))  # a token alone: `https://TOKEN@host`
     for pair in re.compile(_QUERY_PAIR).finditer(url, start):
         name = urllib.parse.unquote_plus(pair.group("key")).lower()
         if _is_secret_key(name) or any(word in name for word in _SECRET_WORDS):
@@ -437,6 +494,39 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
         else:
             merged.append((begin, end))
     return merged
+
+
+def _user_info_end(url: str, start: int, *, quoted: bool) -> int:
+    """Where the user info of ``url`` (its authority starting at ``start``) ends, ``-1``
+    for none: the last ``@`` of the authority (:data:`_AUTHORITY`); with none there, the
+    last ``@`` of the URL (a password holding ``/``, ``?`` or ``#`` unencoded: an ``@``
+    later in the URL then hides a little more than the password, better than a little
+    less), unless ``quoted`` (a URL found in a text: an error's, a log line's) and the
+    authority is a host and a port alone (:data:`_HOST_PORT`): ``http://h:8080/@x``'s
+    port was redacted as a password. Not for a URL the process was given (``--store``,
+    ``--redis``: :func:`redact_url`): there ``user:12345?@db`` is a password of digits
+    and ``?``, which the host and port rule would show; quoted in a text, such a
+    configured URL's password is registered (:func:`register_url_secrets`) and hidden
+    anyway."""
+    authority = re.compile(_AUTHORITY).match(url, start)
+    end = len(url) if authority is None else authority.end()
+    at = url.rfind("@", start, end)
+    if at < 0 and not (quoted and re.compile(_HOST_PORT).fullmatch(url, start, end)):
+        at = url.rfind("@", start)
+    return at
+
+
+def redact_user_info(url: str) -> str:
+    """``url`` with its whole user info (user name and password) replaced by
+    ``[redacted]``: ``https://[redacted]@host/x``. For a URL that a third party sent and
+    that goes where it need not log in (the A2A tool's line for a file part, which the
+    model reads): who the remote agent logs in as is no more the model's business than
+    its password. Anything else (a text that is no ``scheme://`` URL) as it is."""
+    head = re.compile(_URL_HEAD).match(url) if isinstance(url, str) else None
+    if head is None:
+        return url
+    at = _user_info_end(url, head.end(), quoted=True)
+    return url if at < 0 else f"{url[: head.end()]}{REDACTED}{url[at:]}"
 
 
 def _registered_head(url: str, begin: int, end: int) -> tuple[int, int]:
@@ -456,9 +546,10 @@ def redact_url(url: str) -> str:
     credential it can carry replaced by ``[redacted]``.
 
     * the password of the user info (``user:PW@``, ``:PW@``), taken to run from the
-      first ``:`` to the last ``@``, so a password holding ``/``, ``?``, ``#`` or ``@``
-      unencoded is hidden whole (an ``@`` later in the URL hides a little more than
-      the password: better than a little less);
+      first ``:`` to the authority's last ``@`` (an ``@`` in it unencoded is hidden
+      too), or to the URL's last ``@`` when the authority has none (a password holding
+      ``/``, ``?`` or ``#``: :func:`_user_info_end`);
+    * a user name that is a token alone (``https://TOKEN@host``: :data:`_TOKEN_USER`);
     * the value of every query parameter named like a credential (libpq's
       ``?password=`` and ``sslpassword=``, Redis's ``?password=``, ``token``, ``*key*``);
     * then whatever :func:`redact_text` hides (registered secrets, ``password=`` in a
@@ -468,13 +559,21 @@ def redact_url(url: str) -> str:
     """
     if not isinstance(url, str):
         return REDACTED
+    return _redact_url(url, quoted=False)
+
+
+def _redact_url(url: str, *, quoted: bool) -> str:
     out: list[str] = []
     last = 0
-    for begin, end in _credential_spans(url):
+    for begin, end in _credential_spans(url, quoted=quoted):
         out += [url[last:begin], REDACTED]
         last = end
     out.append(url[last:])
     return redact_text("".join(out))
+
+
+def _redact_quoted_url(match: re.Match[str]) -> str:
+    return _redact_url(match.group(), quoted=True)
 
 
 _URL_IN_TEXT = r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+"
@@ -484,14 +583,15 @@ _URL_IN_TEXT = r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+"
 
 def redact_urls(text: str) -> str:
     """``text`` with each ``scheme://`` URL in it redacted as :func:`redact_url` does
-    (its user info's password, its query's credential-named values), then whatever
+    (its user info's password, its query's credential-named values; but a host and a
+    port before a path's ``@`` are no user info: :func:`_user_info_end`), then whatever
     :func:`redact_text` hides: a log line of an HTTP client (``HTTP Request: POST
     https://user:PW@host/v1?key=...``), a driver's error that quotes a DSN. The rest
     of the URL (scheme, user, host, port, path, other parameters) stays readable."""
     if not isinstance(text, str):
         return text
     if "://" in text:
-        text = re.compile(_URL_IN_TEXT).sub(lambda match: redact_url(match.group()), text)
+        text = re.compile(_URL_IN_TEXT).sub(_redact_quoted_url, text)
     return redact_text(text)
 
 

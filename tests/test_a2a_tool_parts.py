@@ -112,3 +112,11 @@ async def test_an_integer_past_64_bits_in_a_whole_answer_is_exact():
         )
         text = await A2AAgent(remote.url, token=TOKEN).run("hi")
     assert text == f'{{"n":{BIG}}}'
+
+
+async def test_a_file_urls_user_info_is_not_what_the_model_reads():
+    linked = pb.Part(url="https://reader:pw-of-files-7@files.example/r.pdf", filename="r.pdf")
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(answer(linked)))
+        text = await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert text == "[file r.pdf: https://[redacted]@files.example/r.pdf]"

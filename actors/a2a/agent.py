@@ -61,6 +61,7 @@ from runtime.redact import (
     is_secret_key,
     redact_text,
     redact_url,
+    redact_user_info,
     register_secret,
     register_url_secrets,
 )
@@ -366,9 +367,10 @@ def _texts(parts: Any, after: bool = False) -> str:
     another (a stream's pieces join up); a ``data`` part as its JSON text (integers past
     64 bits exact, as the remote agent wrote them), and a file (``url`` or ``raw``) as a
     line naming it (its name, media type, and URL or size: its bytes are not the
-    model's), each on a line of its own (``after``: text came before these parts, in
-    an earlier event). Why: a remote agent that answered with data or
-    a file alone gave the model an empty result, as if it had said nothing."""
+    model's, nor is a URL's user info: :func:`redact_user_info`), each on a line of its
+    own (``after``: text came before these parts, in an earlier event). Why: a remote
+    agent that answered with data or a file alone gave the model an empty result, as
+    if it had said nothing."""
     if not isinstance(parts, list):
         return ""
     out: list[str] = []
@@ -400,8 +402,8 @@ def _part_line(part: Mapping[str, Any]) -> str | None:
     label = "[file" + (f" {name}" if isinstance(name, str) and name else "")
     label += f" ({media})" if isinstance(media, str) and media else ""
     url, raw = part.get("url"), part.get("raw")
-    if isinstance(url, str):
-        return f"{label}: {url}]"
+    if isinstance(url, str):  # who the remote agent logs in as, and how: not the model's
+        return f"{label}: {redact_user_info(url)}]"
     if isinstance(raw, str):  # base64: its decoded size, not its bytes
         return f"{label}, {len(raw) * 3 // 4 - raw[-2:].count('=')} bytes, not shown]"
     return None

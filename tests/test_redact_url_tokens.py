@@ -1,0 +1,99 @@
+"""A URL's user info beyond ``user:PW@`` (benchmarks/journal/pipeline.md, "urlcreds"):
+a token given alone as the user name (``https://TOKEN@github.com``) was kept by
+:func:`runtime.redact.redact_text` and ``redact_urls``, while ``git@`` and ``postgres@``
+must stay readable; ``redact_urls`` took the port of ``http://h:8080/@x`` for a password;
+a registered secret that is the start of a longer, different key hid only that start."""
+
+from __future__ import annotations
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from runtime import redact as redaction
+from runtime.redact import REDACTED, redact_text, redact_urls, redact_user_info, register_secret
+from tests.test_redact import isolated_secrets
+from tests.test_redact_url_userinfo import AROUND, SCHEMES
+
+HOSTS = st.from_regex(r"[a-z0-9]{1,12}(\.[a-z]{2,5})?(:[0-9]{1,5})?", fullmatch=True)
+TOKENS = st.one_of(
+    st.from_regex(r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,48}", fullmatch=True),
+    st.from_regex(r"[A-Za-z_-]{32,48}", fullmatch=True),
+)
+"""A token as Git hosts take it for a user name: 16+ key characters with a digit, or 32+."""
+NAMES = st.one_of(
+    st.from_regex(r"[A-Za-z0-9_-]{1,15}", fullmatch=True),
+    st.from_regex(r"[a-z]{1,31}", fullmatch=True),
+    st.from_regex(r"[a-z]{1,12}\.[a-z0-9]{1,20}", fullmatch=True),
+    st.from_regex(r"[a-z]{1,12}%40[a-z]{1,12}\.[a-z]{2,3}", fullmatch=True),
+)
+"""User names: short ones, letters alone, ``first.last2024``, an e-mail (``%40``)."""
+PATHS = st.from_regex(r"[a-z0-9/@._-]{0,30}", fullmatch=True)
+
+
+@given(AROUND, SCHEMES, TOKENS, HOSTS, AROUND)
+def test_a_token_alone_as_a_urls_user_is_redacted(before, scheme, token, host, after):
+    text = f"{before} {scheme}://{token}@{host}/org/repo.git {after}"
+    assume(text.count(token) == 1)
+    assert token not in redact_text(text)
+    assert token not in redact_urls(text)
+
+
+@given(SCHEMES, NAMES, HOSTS, PATHS)
+def test_a_user_name_that_is_no_token_is_left_as_it_is(scheme, name, host, path):
+    text = f"cloning {scheme}://{name}@{host}/{path} now"
+    assert redact_text(text) == text
+    assert redact_urls(text) == text
+
+
+def test_git_over_ssh_and_a_github_token_user_side_by_side():
+    text = "ssh://git@github.com/o/r.git or https://0a1b2c3d4e5f60a1b2c3d4e5f60a1b2c3d4e5f6@github.com/o/r"
+    assert redact_text(text) == f"ssh://git@github.com/o/r.git or https://{REDACTED}@github.com/o/r"
+
+
+def test_a_token_user_in_a_url_is_registered_with_it():
+    with isolated_secrets():
+        redaction.register_url_secrets("https://glpat-Ab12Cd34Ef56Gh78Ij90@gitlab.example/o/r")
+        assert "glpat-Ab12Cd34Ef56Gh78Ij90" in redaction._secrets
+
+
+@given(
+    st.from_regex(r"[a-z0-9.]{1,20}|\[[0-9a-f:]{2,12}\]", fullmatch=True),
+    st.from_regex(r"[0-9]{1,5}", fullmatch=True),
+    st.from_regex(r"[a-z0-9]{0,8}(/[a-z0-9]{0,8})?@[a-z0-9@/]{0,12}", fullmatch=True),
+)
+def test_a_port_before_a_paths_at_sign_is_no_password(host, port, path):
+    text = f"see http://{host}:{port}/{path} now"
+    assert redact_urls(text) == text
+
+
+def test_a_urls_password_ends_at_the_authoritys_at_sign_not_a_paths():
+    text = "GET http://reader:pw-of-files-7@h:8080/@team/x failed"
+    assert redact_urls(text) == f"GET http://reader:{REDACTED}@h:8080/@team/x failed"
+
+
+def test_a_password_holding_a_slash_unencoded_is_still_hidden_whole():
+    assert redact_urls("postgresql://u:pa/ss@db/x") == f"postgresql://u:{REDACTED}@db/x"
+
+
+def test_a_registered_key_that_starts_a_longer_key_does_not_show_the_rest():
+    with isolated_secrets():
+        register_secret("sk-proj-AbCdEfGh12345678")
+        text = "401 for sk-proj-AbCdEfGh12345678ZyXw9876VuTs5432 (rotated)"
+        assert redact_text(text) == f"401 for {REDACTED} (rotated)"
+
+
+def test_a_registered_key_followed_by_a_path_keeps_the_path():
+    with isolated_secrets():
+        register_secret("Kq7pLm2nXr8sTv4w")
+        text = "POST /v1?key=Kq7pLm2nXr8sTv4wchat/completions"
+        assert redact_text(text) == f"POST /v1?key={REDACTED}chat/completions"
+
+
+def test_the_whole_user_info_of_a_third_partys_url_is_replaced():
+    url = "https://reader:pw-of-files-7@files.example:8443/r.pdf?x=1"
+    assert redact_user_info(url) == f"https://{REDACTED}@files.example:8443/r.pdf?x=1"
+
+
+def test_a_url_without_user_info_is_kept_by_redact_user_info():
+    for url in ("https://files.example:8443/@team/r.pdf", "not a url", "http://[::1]:80/x"):
+        assert redact_user_info(url) == url
