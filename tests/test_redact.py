@@ -203,10 +203,15 @@ URL_FORMS = [
 @pytest.mark.parametrize("form", URL_FORMS)
 @given(password=st.text(min_size=6, max_size=30).filter(lambda p: p.strip() == p))
 def test_no_credential_form_of_a_postgresql_or_redis_url_survives(form, password):
+    """A password is tried as written and percent-encoded; as written only when it holds
+    none of ``/?#``: unencoded, those end the authority for libpq and redis-py too
+    (``redis://:@0000/@host`` has an empty password and a host ``0000``), so no parser
+    reads such a text as that password."""
     from urllib.parse import quote
 
     assume(password not in form + REDACTED and quote(password, safe="") not in form + REDACTED)
-    for pw in {password, quote(password, safe="")}:
+    raw = set() if any(c in password for c in "/?#") else {password}
+    for pw in raw | {quote(password, safe="")}:
         url = form.format(pw=pw, qpw=quote(password, safe=""))
         shown = redaction.redact_url(url)
         assert password not in shown and quote(password, safe="") not in shown, shown
