@@ -133,6 +133,12 @@ class TurnHost(ToolHost, Protocol):
         itself (:attr:`expects_other_writers`: workers' turn queue)."""
 
     @property
+    def marker_id(self) -> str:
+        """This host instance's name in the running markers its turns store
+        (:data:`runtime.liveness.HOST_KEY`), so it tells its own leftover marker from
+        another's running turn."""
+
+    @property
     def forgets_unsaved(self) -> bool:
         """Whether a turn whose final save the store refused is dropped from the
         session's history once it is over (``serve``: its client was told it was not

@@ -159,14 +159,27 @@ def public_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     return {key: value for key, value in meta.items() if key not in PRIVATE_META}
 
 
-def running_marker(turn_id: str, message_id: str) -> dict[str, Any] | None:
+def running_marker(turn_id: str, message_id: str, host: str | None = None) -> dict[str, Any] | None:
     """What a save of a turn that goes on after it stores under :data:`RUNNING_META`
-    (``at``: when, for :func:`marker_ttl`); ``None`` when this process cannot name
-    itself (nothing to store then)."""
+    (``at``: when, for :func:`marker_ttl`; ``host``: the writing host's
+    :attr:`~runtime.app.host.Host.marker_id`, for :func:`answering_elsewhere`); ``None``
+    when this process cannot name itself (nothing to store then)."""
     writer = this_process()
     if writer is None:
         return None
-    return {"turn_id": turn_id, "message_id": message_id, "writer": writer, "at": round(_wall(), 3)}
+    marker: dict[str, Any] = {"turn_id": turn_id, "message_id": message_id, "writer": writer}
+    marker["at"] = round(_wall(), 3)
+    if host is not None:
+        marker[HOST_KEY] = host
+    return marker
+
+
+HOST_KEY = "host"
+"""The running marker's key of the host instance that wrote it (its ``marker_id``): the
+writer names a process, and two Hosts in one process (or one host and the session it
+evicted and reopens) look alike by it. Read only by the writing host itself
+(:func:`answering_elsewhere`'s ``mine``); other processes judge the writer alone, so an
+older version reading the marker ignores it."""
 
 
 MARKER_TTL_ENV = "AXON_RUNNING_MARKER_TTL"
@@ -313,12 +326,25 @@ async def settle(store: Store, record: SessionRecord, *, proc: str = _PROC) -> S
     return record
 
 
-def answering_elsewhere(meta: Mapping[str, Any]) -> bool:
+def answering_elsewhere(meta: Mapping[str, Any], mine: str | None = None) -> bool:
     """Whether a session's stored ``meta`` (read for a post told against the store,
     while no turn of it runs here) names a turn another process is running now: a
     running marker (:data:`RUNNING_META`) whose writer is not known dead. The front
     ends' twin check (the chat endpoint's, AG-UI's, A2A's): the same message posted to
     two ``serve`` at once, once the first claimed it
     (:attr:`~runtime.app.host.Host.claims_turns`), was answered with the claimed empty
-    answer. A lookup in meta already read: no store statement more."""
-    return isinstance(meta.get(RUNNING_META), Mapping) and killed_marker(meta) is None
+    answer. A lookup in meta already read: no store statement more.
+
+    A marker of host ``mine`` (the asking host's ``marker_id``, :data:`HOST_KEY`) is
+    never elsewhere: its turn is the host's own, running or not by the session's busy
+    state, which each caller checked first. Not running, it is a leftover of a turn
+    whose end saves the store refused (its writer, this process, alive): read as
+    another server's, it refused every post of the session with 409 ``session_busy``
+    for as long as the process lived (branch ``ownmarker``); the next turn's save
+    writes over it."""
+    marker = meta.get(RUNNING_META)
+    if not isinstance(marker, Mapping):
+        return False
+    if mine is not None and marker.get(HOST_KEY) == mine and marker.get("writer") == this_process():
+        return False
+    return killed_marker(meta) is None

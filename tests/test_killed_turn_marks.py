@@ -276,7 +276,7 @@ async def test_the_running_marker_costs_a_turn_no_statement(tmp_path, monkeypatc
     marked = await statements_of_a_turn(tmp_path / "marked.db", output_type)
     record = await load(tmp_path / "marked.db")
     assert record.meta[RUNNING_META] is None  # set by its steps, cleared by its last
-    monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id: None)
+    monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id, host=None: None)
     unmarked = await statements_of_a_turn(tmp_path / "unmarked.db", output_type)
     assert RUNNING_META not in (await load(tmp_path / "unmarked.db")).meta
     assert marked == unmarked
@@ -447,7 +447,7 @@ async def test_marking_a_rejected_structured_answer_as_running_costs_no_statemen
 ):
     marked = await statements_of_a_turn(tmp_path / "m.db", ANSWER, tool_rejected_answer)
     assert (await load(tmp_path / "m.db")).meta[RUNNING_META] is None
-    monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id: None)
+    monkeypatch.setattr(saving, "running_marker", lambda turn_id, message_id, host=None: None)
     unmarked = await statements_of_a_turn(tmp_path / "u.db", ANSWER, tool_rejected_answer)
     assert marked == unmarked
     assert marked.count("BEGIN IMMEDIATE") == 3  # a save a step, the last one the final

@@ -43,9 +43,12 @@ async def _while_a_answers(
     return replies["b"]
 
 
-async def _twin(tmp_path: Any, post: Callable[[str], Awaitable[Any]]) -> tuple[Any, list[Any], Any]:
-    """Two servers on one file, both claiming; ``post`` sent to A, then while A answers,
-    to B: B's reply, B's provider's requests and the stored session."""
+async def _twin(
+    tmp_path: Any, post: Callable[[str], Awaitable[Any]], session_id: str = "s"
+) -> tuple[Any, list[Any], Any]:
+    """Two servers on one file, both claiming (having met on ``s``); ``post`` (to
+    session ``session_id``) sent to A, then while A answers, to B: B's reply, B's
+    provider's requests and the stored session."""
     from tests.web.harness import web_server
 
     db = str(tmp_path / "one.db")
@@ -62,8 +65,18 @@ async def _twin(tmp_path: Any, post: Callable[[str], Awaitable[Any]]) -> tuple[A
             await _meet(to_a, to_b)
         a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
         reply = await _while_a_answers(a.url, b.url, a_provider, post)
-        record = await a.host.store.load("s")
+        record = await a.host.store.load(session_id)
     return reply, b_provider.requests, record
+
+
+def _openai_post(session_id: str) -> Callable[[str], Awaitable[httpx.Response]]:
+    async def post(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            chat = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
+            headers = {"X-Axon-Session": session_id}
+            return await client.post("/v1/chat/completions", json=chat, headers=headers)
+
+    return post
 
 
 async def test_an_openai_post_while_the_other_server_answers_its_session_is_session_busy(
@@ -103,6 +116,20 @@ async def test_an_agui_twin_posted_while_the_other_server_answers_it_is_thread_b
     assert "another server" in reply.json()["error"]
     assert len(b_requests) == 2  # q0 and qb: none for q1
     assert _stored(record)[-2:] == [("user", "q1"), ("assistant", "From A.")]
+
+
+async def test_an_openai_post_to_a_session_b_opens_while_a_answers_it_is_session_busy(
+    tmp_path,
+):
+    """B never held session ``u`` open: it opens it at the version A's claim stored, so
+    its twin check made no load and read no meta (the open's record held A's running
+    marker unread): a second turn ran beside A's, ``one`` stored twice (branch
+    ``attack3``). Now the open's record is read: ``session_busy``."""
+    reply, b_requests, record = await _twin(tmp_path, _openai_post("u"), session_id="u")
+    assert reply.status_code == 409, reply.content
+    assert reply.json()["error"]["code"] == "session_busy"
+    assert len(b_requests) == 2  # q0 and qb: none for "one"
+    assert [m.content for m in record.messages if m.role == "user"] == ["one"]
 
 
 def _send(text: str, message_id: str) -> dict[str, Any]:

@@ -477,7 +477,7 @@ class Saving:
         if self.host.expects_other_writers:
             return meta
         if running:
-            marker = running_marker(turn.turn_id, turn.message_id)
+            marker = running_marker(turn.turn_id, turn.message_id, self.host.marker_id)
             if marker is not None:
                 turn.marked = True
                 return {**meta, RUNNING_META: marker}

@@ -382,6 +382,12 @@ class Host:
         """Set once a turn took in another process's writes (:meth:`saw_other_writer`):
         this host's new turns then save their user message before their first model
         call, so a twin of the message in another process is refused before it runs."""
+        self.marker_id = new_id("host")
+        """This host instance's name in the running markers its turns store
+        (:data:`~runtime.liveness.HOST_KEY`): a marker of its own it meets while the
+        session runs no turn here is a leftover (its end saves refused), not another
+        server's turn (:func:`~runtime.liveness.answering_elsewhere`). The process's
+        writer name cannot tell: two Hosts in one process share it."""
         self.forgets_unsaved = False
         """Set by ``serve`` (``create_app``): a turn whose final save the store refused is
         dropped from its session's history as it ends (its client is told ``not_saved``),

@@ -557,7 +557,7 @@ class TaskBook:
         record = await self.state.host.load_settled(context_id)  # (a killed turn: canceled)
         if record is None:
             return None
-        if answering_elsewhere(record.meta) and any(
+        if answering_elsewhere(record.meta, self.state.host.marker_id) and any(
             type(m) is UserMessage and m.id == stored_id for m in record.messages
         ):
             raise wire.A2AError(

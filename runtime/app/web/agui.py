@@ -654,7 +654,7 @@ class AGUIRoutes:
             return await self._new_turn(
                 run, session_id, stored, effective, record is None, held_ids
             )
-        if record is not None and answering_elsewhere(record.meta):
+        if record is not None and answering_elsewhere(record.meta, self.state.host.marker_id):
             # Not the claimed empty answer as the thread's snapshot (a 200 saying nothing):
             # the thread runs on another server (two ``serve`` on one file), as _busy's.
             raise AGUIError(

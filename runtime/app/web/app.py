@@ -813,7 +813,9 @@ async def chat(request: Request) -> Any:
         "new" if session.busy else classify_resend(history, client_id, text, regenerate=regenerate)
     )
     if resend == "retry":
-        check_answering_elsewhere(stored_meta, client_id)  # (a 409: answered elsewhere now)
+        check_answering_elsewhere(
+            stored_meta, client_id, state.host.marker_id
+        )  # (a 409: answered elsewhere now)
         if not never_answered(history, stored_meta):
             return replay_response(history, signer)
         resend = "edit"  # (a killed claim's empty answer: run it again in its place)

@@ -397,7 +397,9 @@ class OpenAIRoutes:
             state.host.claims_turns  # (a host that saw no other writer: no read more)
             and not session.busy
             and one_answer_each(session) == REJECT
-            and answering_elsewhere((await resend_history(session, state.host.store))[1])
+            and answering_elsewhere(
+                (await resend_history(session, state.host.store))[1], state.host.marker_id
+            )
         ):
             # Another server on the store runs a turn of the session now (two ``serve``
             # on one file): refused as one running here is, not run beside it.

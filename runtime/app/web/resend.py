@@ -131,11 +131,12 @@ async def resend_history(session: Any, store: Any) -> tuple[Sequence[Any], Mappi
     message, and ran a second turn (the question and its answer stored twice); an edit
     of it became a turn after it, an earlier message's edit was not refused. A store
     that cannot tell now (its write lock held too long, say) leaves the session's.
-    Returned with the stored meta when it was loaded (else an empty one: nothing of
-    another process's seen), for :func:`check_answering_elsewhere`."""
+    Returned with the stored meta when it was loaded, or as the session's open read it
+    when nothing was saved since (else an empty one), for
+    :func:`check_answering_elsewhere`."""
     try:
         if await store.version(session.id) == session.state.version:
-            return session.messages, _NO_META
+            return session.messages, _opened_meta(session)
         record = await store.load(session.id)
     except StoreError:
         return session.messages, _NO_META
@@ -145,15 +146,31 @@ async def resend_history(session: Any, store: Any) -> tuple[Sequence[Any], Mappi
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 
 
-def check_answering_elsewhere(meta: Mapping[str, Any], client_id: str | None) -> None:
+def _opened_meta(session: Any) -> Mapping[str, Any]:
+    """The stored meta of a session at the version it was opened at, as the open read
+    it (its running marker with it: ``session.meta`` hides the runner's keys); else an
+    empty one. Why: a session opened after another process claimed a turn of it (a
+    front end that never held it open) is at the stored version, so no load was made,
+    and the marker went unseen: the twin ran beside the other's turn (branch
+    ``attack3``). No statement more: the open's record is still held."""
+    record = getattr(session, "loaded_record", None)
+    if record is None or record.version != session.state.version:
+        return _NO_META
+    return record.meta
+
+
+def check_answering_elsewhere(
+    meta: Mapping[str, Any], client_id: str | None, mine: str | None = None
+) -> None:
     """A retry (:func:`classify_resend`) of message ``client_id`` whose answer another
     process is writing now: its session's stored meta holds a running marker
     (:data:`~runtime.liveness.RUNNING_META`) whose writer is not known dead. The same
     message posted to two ``serve`` on one file at once (a balancer's retry) once the
     first claimed it (:attr:`~runtime.app.host.Host.claims_turns`): replayed, the reply
     was the claimed empty answer (a 200 saying nothing); a 409 says what happened. A
-    marker of a dead writer is left to the next turn's load, which settles it."""
-    if answering_elsewhere(meta):
+    marker of a dead writer is left to the next turn's load, which settles it; one of
+    this host (``mine``, its ``marker_id``) is its own leftover, not another's turn."""
+    if answering_elsewhere(meta, mine):
         raise ApiError(
             409,
             f"message {client_id!r}: another server is answering it now (the same message "
