@@ -24,31 +24,26 @@ from runtime.messages import AssistantMessage, UserMessage
 from tests.test_killed_turn_marks import exited_writer
 from tests.test_sqlite_twin_claims import _Gated, _meet, _stored, _text
 from tests.test_web_http import body
-from tests.web.harness import web_server
+from tests.web.harness import two_web_servers, web_server
 
 
 async def _claimed(db: str) -> Any:
     """The session as a claiming server stored it while its model call for ``q1`` ran."""
     a_provider = _Gated("From A.")
-    async with (
-        web_server(Agent(provider=a_provider), store=db) as a,
-        web_server(Agent(provider=ScriptedProvider(steps=[["From B."]])), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
+    async with two_web_servers(
+        Agent(provider=a_provider), Agent(provider=ScriptedProvider(steps=[["From B."]])), store=db
+    ) as (a, _b, to_a, to_b):
+        await _meet(to_a, to_b)
+        a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
 
-            async def post() -> None:
-                await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+        async def post() -> None:
+            await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(post)
-                await a_provider.entered.wait()  # the claim is stored
-                claimed = await a.host.store.load("s")
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await a_provider.entered.wait()  # the claim is stored
+            claimed = await a.host.store.load("s")
+            nursery.cancel_scope.cancel()
     return claimed
 
 

@@ -24,7 +24,7 @@ from runtime import Agent, Hooks, Host
 from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
 from tests.test_http_attacks_2 import until
 from tests.test_web_http import body, events
-from tests.web.harness import web_server
+from tests.web.harness import two_web_servers, web_server
 
 
 def _text(raw: bytes) -> str:
@@ -78,34 +78,29 @@ async def test_a_twin_whose_turn_began_before_the_others_claim_is_refused_before
     a_hold, b_hold = _Held(), _Held()
     a_provider = ScriptedProvider(steps=[["From A."]])
     b_provider = ScriptedProvider(steps=[["From B."]])
-    async with (
-        web_server(Agent(provider=a_provider, hooks=Hooks(on_turn_start=a_hold)), store=db) as a,
-        web_server(Agent(provider=b_provider, hooks=Hooks(on_turn_start=b_hold)), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            replies: dict[str, httpx.Response] = {}
+    async with two_web_servers(
+        Agent(provider=a_provider, hooks=Hooks(on_turn_start=a_hold)),
+        Agent(provider=b_provider, hooks=Hooks(on_turn_start=b_hold)),
+        store=db,
+    ) as (a, _b, to_a, to_b):
+        await _meet(to_a, to_b)
+        replies: dict[str, httpx.Response] = {}
 
-            a_done = trio.Event()
+        a_done = trio.Event()
 
-            async def post(name: str, client: httpx.AsyncClient) -> None:
-                replies[name] = await client.post(
-                    "/api/chat", json=body("s", "one", message_id="q1")
-                )
-                if name == "a":
-                    a_done.set()
+        async def post(name: str, client: httpx.AsyncClient) -> None:
+            replies[name] = await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+            if name == "a":
+                a_done.set()
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(post, "a", to_a)
-                nursery.start_soon(post, "b", to_b)
-                await a_hold.entered.wait()
-                await b_hold.entered.wait()
-                a_hold.go.set()
-                await a_done.wait()  # A's turn claimed, answered, saved
-                b_hold.go.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "a", to_a)
+            nursery.start_soon(post, "b", to_b)
+            await a_hold.entered.wait()
+            await b_hold.entered.wait()
+            a_hold.go.set()
+            await a_done.wait()  # A's turn claimed, answered, saved
+            b_hold.go.set()
         record = await a.host.store.load("s")
     assert len(b_provider.requests) == 2  # q0 and qb: none for q1
     assert _text(replies["a"].content) == "From A."
@@ -142,26 +137,21 @@ async def test_a_twin_posted_while_the_other_server_answers_it_is_a_409(tmp_path
     db = _where(tmp_path, request, backend)
     a_provider = _Gated("From A.")
     b_provider = ScriptedProvider(steps=[["From B."]])
-    async with (
-        web_server(Agent(provider=a_provider), store=db) as a,
-        web_server(Agent(provider=b_provider), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
-            replies: dict[str, httpx.Response] = {}
+    async with two_web_servers(
+        Agent(provider=a_provider), Agent(provider=b_provider), store=db
+    ) as (a, _b, to_a, to_b):
+        await _meet(to_a, to_b)
+        a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
+        replies: dict[str, httpx.Response] = {}
 
-            async def post_a() -> None:
-                replies["a"] = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+        async def post_a() -> None:
+            replies["a"] = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(post_a)
-                await a_provider.entered.wait()  # A's claim stored, its model call runs
-                twin = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
-                a_provider.gate.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_a)
+            await a_provider.entered.wait()  # A's claim stored, its model call runs
+            twin = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+            a_provider.gate.set()
         record = await a.host.store.load("s")
     assert twin.status_code == 409, twin.content
     assert "another server is answering" in twin.json()["error"]
@@ -200,17 +190,14 @@ async def test_a_host_that_saw_another_writer_claims_each_turn_with_one_save_mor
     """Once it took in the other's turn, its one-step turn is two saves: the claim, then
     the answer."""
     db = str(tmp_path / "one.db")
-    async with (
-        web_server(Agent(provider=ScriptedProvider(steps=[["A."]])), store=db) as a,
-        web_server(Agent(provider=ScriptedProvider(steps=[["B."]])), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            saves = _count_saves(a.host.store)
-            await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["A."]])),
+        Agent(provider=ScriptedProvider(steps=[["B."]])),
+        store=db,
+    ) as (a, _b, to_a, to_b):
+        await _meet(to_a, to_b)
+        saves = _count_saves(a.host.store)
+        await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
         record = await a.host.store.load("s")
     assert len(saves) == 2
     assert _stored(record)[-2:] == [("user", "q1"), ("assistant", "A.")]
@@ -225,30 +212,27 @@ async def test_a_twin_queued_behind_a_turn_is_refused_once_the_other_answered_it
     ``q1`` and its answer stored twice)."""
     db = str(tmp_path / "one.db")
     b_provider = _Gated("From B.")
-    async with (
-        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a,
-        web_server(Agent(provider=b_provider, on_busy="enqueue"), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            b_provider.gate, b_provider.entered = trio.Event(), trio.Event()
-            replies: dict[str, httpx.Response] = {}
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["From A."]])),
+        Agent(provider=b_provider, on_busy="enqueue"),
+        store=db,
+    ) as (a, b, to_a, to_b):
+        await _meet(to_a, to_b)
+        b_provider.gate, b_provider.entered = trio.Event(), trio.Event()
+        replies: dict[str, httpx.Response] = {}
 
-            async def post_b(text: str, message_id: str) -> None:
-                replies[message_id] = await to_b.post(
-                    "/api/chat", json=body("s", text, message_id=message_id)
-                )
+        async def post_b(text: str, message_id: str) -> None:
+            replies[message_id] = await to_b.post(
+                "/api/chat", json=body("s", text, message_id=message_id)
+            )
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(post_b, "x", "qx")
-                await b_provider.entered.wait()  # B busy with x
-                nursery.start_soon(post_b, "one", "q1")
-                await until(lambda: b.host.sessions["s"].queued == 1)  # q1 queued on B
-                first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
-                b_provider.gate.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_b, "x", "qx")
+            await b_provider.entered.wait()  # B busy with x
+            nursery.start_soon(post_b, "one", "q1")
+            await until(lambda: b.host.sessions["s"].queued == 1)  # q1 queued on B
+            first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+            b_provider.gate.set()
         record = await a.host.store.load("s")
     assert _text(first.content) == "From A."
     assert len(b_provider.requests) == 3  # q0, qb, x: none for q1
@@ -261,17 +245,14 @@ async def test_an_edit_on_a_claiming_host_replaces_the_turn_and_runs(tmp_path):
     """The AI SDK's edit (the last message's id, other content) sent to the other
     server, both claiming: its claim rewrites the turn it replaces, then it runs."""
     db = str(tmp_path / "one.db")
-    async with (
-        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a,
-        web_server(Agent(provider=ScriptedProvider(steps=[["From B."]])), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
-            await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
-            edit = await to_b.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["From A."]])),
+        Agent(provider=ScriptedProvider(steps=[["From B."]])),
+        store=db,
+    ) as (a, b, to_a, to_b):
+        await _meet(to_a, to_b)
+        await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+        edit = await to_b.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
         assert a.host.claims_turns and b.host.claims_turns
         record = await a.host.store.load("s")
     assert _text(edit.content) == "From B."

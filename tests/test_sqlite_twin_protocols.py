@@ -21,6 +21,7 @@ from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
 from tests.test_agui import run_input, user
 from tests.test_sqlite_twin_claims import _Gated, _meet, _stored
+from tests.web.harness import two_web_servers
 
 PROTOCOLS = ("ai-sdk", "ag-ui", "a2a", "openai")
 
@@ -49,20 +50,17 @@ async def _twin(
     """Two servers on one file, both claiming (having met on ``s``); ``post`` (to
     session ``session_id``) sent to A, then while A answers, to B: B's reply, B's
     provider's requests and the stored session."""
-    from tests.web.harness import web_server
 
     db = str(tmp_path / "one.db")
     a_provider = _Gated("From A.")
     b_provider = ScriptedProvider(steps=[["From B."]])
-    async with (
-        web_server(Agent(name="m", provider=a_provider), store=db, protocols=PROTOCOLS) as a,
-        web_server(Agent(name="m", provider=b_provider), store=db, protocols=PROTOCOLS) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await _meet(to_a, to_b)
+    async with two_web_servers(
+        Agent(name="m", provider=a_provider),
+        Agent(name="m", provider=b_provider),
+        store=db,
+        protocols=PROTOCOLS,
+    ) as (a, b, to_a, to_b):
+        await _meet(to_a, to_b)
         a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
         reply = await _while_a_answers(a.url, b.url, a_provider, post)
         record = await a.host.store.load(session_id)

@@ -15,7 +15,7 @@ from runtime import Agent
 from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
 from runtime.messages import UserMessage
 from tests.test_web_http import body, events
-from tests.web.harness import web_server
+from tests.web.harness import two_web_servers, web_server
 
 
 async def _users(store, session_id: str) -> list[tuple[str, str]]:
@@ -31,17 +31,12 @@ async def test_a_retry_sent_to_the_other_server_replays_the_answer_and_runs_no_t
     db = str(tmp_path / "one.db")
     a_provider = ScriptedProvider(steps=[["From A."]])
     b_provider = ScriptedProvider(steps=[["From B."]])
-    async with (
-        web_server(Agent(provider=a_provider), store=db) as a,
-        web_server(Agent(provider=b_provider), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))  # B holds s
-            first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
-            again = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+    async with two_web_servers(
+        Agent(provider=a_provider), Agent(provider=b_provider), store=db
+    ) as (a, _b, to_a, to_b):
+        await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))  # B holds s
+        first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+        again = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
         assert again.status_code == 200 and _text(again.content) == "From A."
         assert events(again.content)[0]["messageId"] == events(first.content)[0]["messageId"]
         assert len(a_provider.requests) == 1 and len(b_provider.requests) == 1
@@ -50,19 +45,16 @@ async def test_a_retry_sent_to_the_other_server_replays_the_answer_and_runs_no_t
 
 async def test_an_edit_sent_to_the_other_server_replaces_the_turn_it_did_not_run(tmp_path):
     db = str(tmp_path / "one.db")
-    async with (
-        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a,
-        web_server(Agent(provider=ScriptedProvider(steps=[["From B."]])), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
-            await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))
-            await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
-            edit = await to_b.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
-            assert _text(edit.content) == "From B."
-            stale = await to_b.post("/api/chat", json=body("s", "zero, edited", message_id="q0"))
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["From A."]])),
+        Agent(provider=ScriptedProvider(steps=[["From B."]])),
+        store=db,
+    ) as (a, _b, to_a, to_b):
+        await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))
+        await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+        edit = await to_b.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
+        assert _text(edit.content) == "From B."
+        stale = await to_b.post("/api/chat", json=body("s", "zero, edited", message_id="q0"))
         assert stale.status_code == 409
         record = await a.host.store.load("s")
         assert await _users(a.host.store, "s") == [("q0", "zero"), ("q1", "one, edited")]
@@ -118,30 +110,25 @@ async def test_the_same_message_sent_to_both_servers_at_once_is_answered_once(tm
     (``rebase`` dropped the stored copy and stored ``[answer A, q1, answer B]``)."""
     db = str(tmp_path / "one.db")
     b_provider = _Gated("From B.")
-    async with (
-        web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a,
-        web_server(Agent(provider=b_provider), store=db) as b,
-    ):
-        async with (
-            httpx.AsyncClient(base_url=a.url) as to_a,
-            httpx.AsyncClient(base_url=b.url) as to_b,
-        ):
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["From A."]])), Agent(provider=b_provider), store=db
+    ) as (a, _b, to_a, to_b):
+        b_provider.gate.set()
+        await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))  # B holds s
+        b_provider.gate = trio.Event()
+        replies: dict[str, httpx.Response] = {}
+
+        async def post_b() -> None:
+            replies["b"] = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+
+        async with trio.open_nursery() as nursery:
+            b_provider.entered = trio.Event()
+            nursery.start_soon(post_b)
+            await b_provider.entered.wait()  # B's turn runs (q1 not stored yet)
+            first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
             b_provider.gate.set()
-            await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))  # B holds s
-            b_provider.gate = trio.Event()
-            replies: dict[str, httpx.Response] = {}
-
-            async def post_b() -> None:
-                replies["b"] = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
-
-            async with trio.open_nursery() as nursery:
-                b_provider.entered = trio.Event()
-                nursery.start_soon(post_b)
-                await b_provider.entered.wait()  # B's turn runs (q1 not stored yet)
-                first = await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
-                b_provider.gate.set()
-            # B's next turn sees A's answer, not its own refused one (forgotten unsaved).
-            await to_b.post("/api/chat", json=body("s", "two", message_id="q2"))
+        # B's next turn sees A's answer, not its own refused one (forgotten unsaved).
+        await to_b.post("/api/chat", json=body("s", "two", message_id="q2"))
         seen = b_provider.requests[-1].messages
         assert [(m.role, m.text if m.role == "assistant" else m.content) for m in seen][:5] == [
             ("user", "zero"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
 import pytest
 import trio
 
@@ -48,6 +49,22 @@ async def web_server(
                 yield WebServer(url=binds[0], host=host, app=app)
             finally:
                 nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def two_web_servers(
+    agent_a: Any, agent_b: Any, **options: Any
+) -> AsyncIterator[tuple[WebServer, WebServer, httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two hosts and apps given the same ``options`` (``store=`` one file or database:
+    two ``serve`` of one deployment behind a balancer), and a client of each:
+    ``(a, b, to_a, to_b)``."""
+    async with (
+        web_server(agent_a, **options) as a,
+        web_server(agent_b, **options) as b,
+        httpx.AsyncClient(base_url=a.url) as to_a,
+        httpx.AsyncClient(base_url=b.url) as to_b,
+    ):
+        yield a, b, to_a, to_b
 
 
 async def wait_idle(server: WebServer, session_id: str) -> None:
