@@ -11,6 +11,8 @@ process's name with another host, the marker written straight into the store."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -85,18 +87,25 @@ async def _retry(url: str) -> httpx.Response:
         return await client.post("/api/chat", json=body("s", "one", message_id="q1"))
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-async def test_a_retry_within_the_bound_of_another_machines_claim_is_a_409(
-    tmp_path, request, backend, clock
-):
-    db = _where(tmp_path, request, backend)
+@asynccontextmanager
+async def _claimed_by_another_machine(db: str) -> AsyncIterator[tuple[Any, ScriptedProvider]]:
+    """A server B on ``db`` that answered ``q0``, whose session then holds ``q1``
+    claimed by a process of another machine (killed: nothing refreshes its marker)."""
     provider = ScriptedProvider(steps=[["From B."]])
     async with web_server(Agent(provider=provider), store=db) as b:
         async with httpx.AsyncClient(base_url=b.url, timeout=None) as to_b:
             await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))
-            await _claimed_elsewhere(b.host.store)
-            clock.jump(TTL - 1)
-            retry = await _retry(b.url)
+        await _claimed_elsewhere(b.host.store)
+        yield b, provider
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_a_retry_within_the_bound_of_another_machines_claim_is_a_409(
+    tmp_path, request, backend, clock
+):
+    async with _claimed_by_another_machine(_where(tmp_path, request, backend)) as (b, provider):
+        clock.jump(TTL - 1)
+        retry = await _retry(b.url)
     assert retry.status_code == 409, retry.content
     assert len(provider.requests) == 1  # q0 only
 
@@ -105,15 +114,10 @@ async def test_a_retry_within_the_bound_of_another_machines_claim_is_a_409(
 async def test_a_retry_past_the_bound_of_another_machines_claim_is_answered(
     tmp_path, request, backend, clock
 ):
-    db = _where(tmp_path, request, backend)
-    provider = ScriptedProvider(steps=[["From B."]])
-    async with web_server(Agent(provider=provider), store=db) as b:
-        async with httpx.AsyncClient(base_url=b.url, timeout=None) as to_b:
-            await to_b.post("/api/chat", json=body("s", "zero", message_id="q0"))
-            await _claimed_elsewhere(b.host.store)
-            clock.jump(TTL + 1)
-            retry = await _retry(b.url)
-            record = await _saved(b.host.store, ("assistant", "From B."))
+    async with _claimed_by_another_machine(_where(tmp_path, request, backend)) as (b, provider):
+        clock.jump(TTL + 1)
+        retry = await _retry(b.url)
+        record = await _saved(b.host.store, ("assistant", "From B."))
     assert retry.status_code == 200 and _text(retry.content) == "From B."
     assert _stored(record)[-2:] == [("user", "q1"), ("assistant", "From B.")]
     assert len(provider.requests) == 2  # q0, then q1 run again
