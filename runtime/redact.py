@@ -285,11 +285,27 @@ def _replace_secret(match: re.Match[str]) -> str:
     ``sk-proj-AbC...XyZ...`` another key in a tool's error) hid only that start, and the
     longer key's own part was shown."""
     end = match.end("secret")
-    if match.group("rest"):
+    rest = match.group("rest")
+    if rest:
         longer = _prefixed_key().match(match.string, match.start())
         if longer is not None and longer.end() > end:
             end = longer.end()
+        elif not _glued_word(rest):
+            end = match.end()
     return REDACTED + match.string[end : match.end()]
+
+
+def _glued_word(rest: str) -> bool:
+    """Whether ``rest``, the key characters (:data:`_KEY_CHARS`) right after a registered
+    secret, is a word glued to it, shown as it is, rather than the rest of a longer
+    credential the secret starts, hidden with it: lower-case letters only. An SDK
+    appends its path to a base URL whose query ends with the key
+    (``/v1?key=Kchat/completions``: ``chat``); a credential's own characters nearly
+    always hold a digit, a capital, ``-`` or ``_`` (a random base-62 tail of 8 holds
+    none of them once in 1,000). Why: a registered secret with no known prefix that
+    starts a longer one (``abcd1234efgh5678`` registered, ``abcd1234efgh5678XYZ9...`` in
+    a 401) hid only itself, and no key shape said where the longer one ended."""
+    return rest.isalpha() and rest.islower()
 
 
 # Lower-case substrings one of which every pattern match contains: a cheap test that lets
@@ -531,14 +547,20 @@ def redact_user_info(url: str) -> str:
 
 def _registered_head(url: str, begin: int, end: int) -> tuple[int, int]:
     """``(begin, end)``, or as far as the longest registered secret the value begins
-    with, when one does and the value goes on: an SDK appends its path to a base URL
-    whose query ends with the key (``/v1?key=Kchat/completions``), and the whole rest,
-    path included, was redacted as the key's."""
+    with, when one does and the value goes on with a word (:func:`_glued_word`) or no
+    key character: an SDK appends its path to a base URL whose query ends with the key
+    (``/v1?key=Kchat/completions``), and the whole rest, path included, was redacted as
+    the key's. A value that goes on with other key characters (``?key=KQ7x2``: a longer
+    credential the secret starts) is hidden whole."""
     value = url[begin:end]
     if value in _secrets:
         return begin, end
     heads = [len(s) for s in _secrets if value.startswith(s)]
-    return (begin, begin + max(heads)) if heads else (begin, end)
+    if not heads:
+        return begin, end
+    head = begin + max(heads)
+    glued = re.compile(_KEY_CHARS + "+").match(url, head, end)
+    return (begin, head) if glued is None or _glued_word(glued.group()) else (begin, end)
 
 
 def redact_url(url: str) -> str:

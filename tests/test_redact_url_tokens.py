@@ -97,3 +97,17 @@ def test_the_whole_user_info_of_a_third_partys_url_is_replaced():
 def test_a_url_without_user_info_is_kept_by_redact_user_info():
     for url in ("https://files.example:8443/@team/r.pdf", "not a url", "http://[::1]:80/x"):
         assert redact_user_info(url) == url
+
+
+def test_a_registered_secret_that_starts_a_longer_unprefixed_credential_hides_it_whole():
+    with isolated_secrets():
+        register_secret("abcd1234efgh5678")
+        text = "401: token abcd1234efgh5678XYZ9qw-e_rt is invalid"
+        assert redact_text(text) == f"401: token {REDACTED} is invalid"
+
+
+def test_a_query_value_that_starts_with_a_registered_secret_and_goes_on_is_hidden_whole():
+    with isolated_secrets():
+        register_secret("abcd1234efgh5678")
+        url = "https://proxy.example/v1?key=abcd1234efgh5678Q7x2&model=m"
+        assert redact_urls(url) == f"https://proxy.example/v1?key={REDACTED}&model=m"
