@@ -517,19 +517,28 @@ def _user_info_end(url: str, start: int, *, quoted: bool) -> int:
     for none: the last ``@`` of the authority (:data:`_AUTHORITY`); with none there, the
     last ``@`` of the URL (a password holding ``/``, ``?`` or ``#`` unencoded: an ``@``
     later in the URL then hides a little more than the password, better than a little
-    less), unless ``quoted`` (a URL found in a text: an error's, a log line's) and the
-    authority is a host and a port alone (:data:`_HOST_PORT`): ``http://h:8080/@x``'s
-    port was redacted as a password. Not for a URL the process was given (``--store``,
-    ``--redis``: :func:`redact_url`): there ``user:12345?@db`` is a password of digits
-    and ``?``, which the host and port rule would show; quoted in a text, such a
-    configured URL's password is registered (:func:`register_url_secrets`) and hidden
-    anyway."""
+    less), unless the authority is a host and a port alone (:data:`_HOST_PORT`):
+    ``http://h:8080/@x``'s port was redacted as a password. A URL the process was given
+    (``--store``, ``--redis``, a ``base_url``: not ``quoted``) first takes the last
+    ``@`` before its first ``/``: ``user:12345?@db`` is a password of digits and ``?``
+    (libpq reads it so), which the host and port rule would show. Why the rule for
+    those too: a provider's ``base_url`` of ``http://proxy:8080/v1/@scope/`` registered
+    ``8080/v1/`` (:func:`register_url_secrets`), and every text naming
+    ``localhost:8080/v1/`` lost it. Quoted in a text, a configured URL's password is
+    registered and hidden anyway."""
     authority = re.compile(_AUTHORITY).match(url, start)
     end = len(url) if authority is None else authority.end()
     at = url.rfind("@", start, end)
-    if at < 0 and not (quoted and re.compile(_HOST_PORT).fullmatch(url, start, end)):
-        at = url.rfind("@", start)
-    return at
+    if at >= 0:
+        return at
+    if not quoted:  # a password holding `?` or `#` (libpq reads the user info up to a `/`)
+        slash = url.find("/", start)
+        at = url.rfind("@", start, len(url) if slash < 0 else slash)
+        if at >= 0:
+            return at
+    if re.compile(_HOST_PORT).fullmatch(url, start, end):
+        return -1
+    return url.rfind("@", start)
 
 
 def redact_user_info(url: str) -> str:
@@ -569,8 +578,9 @@ def redact_url(url: str) -> str:
 
     * the password of the user info (``user:PW@``, ``:PW@``), taken to run from the
       first ``:`` to the authority's last ``@`` (an ``@`` in it unencoded is hidden
-      too), or to the URL's last ``@`` when the authority has none (a password holding
-      ``/``, ``?`` or ``#``: :func:`_user_info_end`);
+      too), or to the last ``@`` before the first ``/`` when the authority has none (a
+      password holding ``?`` or ``#``), or to the URL's last ``@`` (one holding ``/``),
+      but never past a host and a port alone (``http://h:8080/@x``: :func:`_user_info_end`);
     * a user name that is a token alone (``https://TOKEN@host``: :data:`_TOKEN_USER`);
     * the value of every query parameter named like a credential (libpq's
       ``?password=`` and ``sslpassword=``, Redis's ``?password=``, ``token``, ``*key*``);
