@@ -643,9 +643,19 @@ _HEADER_WORDS = (*_SECRET_WORDS, "cookie", "session", "signature")
 ``idempotency_key``: a retry's id, kept for reading the log)."""
 
 
+def is_credential_header(name: str) -> bool:
+    """Whether an HTTP header named ``name`` carries a credential: its name holds a word
+    of :data:`_HEADER_WORDS` (``Authorization``, ``X-Auth-Token``, ``X-Goog-Api-Key``,
+    ``Ocp-Apim-Subscription-Key``, ``Private-Token``, ``Cookie``...), not
+    ``idempotency`` (an SDK's retry id). Wider than :func:`is_secret_key` (the names of
+    a JSON field): a client given such headers registers their values
+    (:func:`register_secret`)."""
+    low = name.lower()
+    return "idempotency" not in low and any(word in low for word in _HEADER_WORDS)
+
+
 def _header_value(match: re.Match[str]) -> str:
-    name = match.group("name").lstrip("b").strip("'\"").lower()
-    if "idempotency" in name or not any(word in name for word in _HEADER_WORDS):
+    if not is_credential_header(match.group("name").lstrip("b").strip("'\"")):
         return match.group()
     value = match.group("value")
     opening = value[: value.index(value[-1]) + 1]  # b' or '

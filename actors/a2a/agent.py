@@ -58,7 +58,7 @@ from runtime.output import (
     Throttled,
 )
 from runtime.redact import (
-    is_secret_key,
+    is_credential_header,
     redact_text,
     redact_url,
     redact_user_info,
@@ -533,7 +533,7 @@ class A2AAgent:
         register_secret(token)
         register_url_secrets(self.url)
         for key, value in (headers or {}).items():
-            if is_secret_key(key):
+            if is_credential_header(key):  # (X-Auth-Token too: not a JSON field's name)
                 register_secret(value)
                 register_secret(value.partition(" ")[2])  # "Bearer <token>"
         self.max_answer_chars = max_answer_chars
