@@ -280,8 +280,9 @@ HTTP_STACK_LOGGERS = (
 """The stdlib loggers under those clients and the SDKs whose ``DEBUG`` lines quote
 headers: httpcore's ``receive_response_headers.complete`` (the response's, a server's
 ``set-cookie``), the Anthropic SDK's ``HTTP Response`` (the same) and ``Request
-options`` (the request's extra headers and body: :data:`SDK_OPTIONS_LINE`), hpack's header table (HTTP/2). A filter is
-on the logger a record is made on, not its parents: each module's own is listed
+options`` (the request's extra headers and body: :data:`SDK_OPTIONS_LINE`), hpack's
+header table (HTTP/2). A filter is on the logger a record is made on, not its parents:
+each module's own is listed
 (tests/test_http_debug_headers.py checks that the list covers the packages)."""
 
 
