@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import structlog
@@ -280,8 +280,9 @@ HTTP_STACK_LOGGERS = (
 """The stdlib loggers under those clients and the SDKs whose ``DEBUG`` lines quote
 headers: httpcore's ``receive_response_headers.complete`` (the response's, a server's
 ``set-cookie``), the Anthropic SDK's ``HTTP Response`` (the same) and ``Request
-options`` (the request's extra headers), hpack's header table (HTTP/2). A filter is
-on the logger a record is made on, not its parents: each module's own is listed
+options`` (the request's extra headers and body: :data:`SDK_OPTIONS_LINE`), hpack's
+header table (HTTP/2). A filter is on the logger a record is made on, not its parents:
+each module's own is listed
 (tests/test_http_debug_headers.py checks that the list covers the packages)."""
 
 
@@ -291,6 +292,26 @@ the decoder's input): every header's value is in it, a literal's as it is and a 
 coded one in a code anyone decodes, so no pattern can redact it. Logged with the block's
 size instead (the per-header lines, ``Decoded``/``Adding``, keep their names, their
 credential values redacted)."""
+
+
+SDK_OPTIONS_LINE = "Request options: %s"
+"""The Anthropic SDK's ``DEBUG`` line of each request's options (``anthropic._base_client``):
+a dictionary of them whole, ``json_data`` with it (the user's messages, the system
+prompt, the tools, whatever ``extra_body`` adds) and the extra headers. Logged with its
+method and path only (:func:`_request_options`), as the OpenAI SDK logs its request
+(``Building HTTP request: method=post``: its code says "Request bodies, files, URLs,
+and custom options can contain private data")."""
+
+
+def _request_options(args: object) -> str:
+    """:data:`SDK_OPTIONS_LINE` of ``args`` (the record's: the options' dictionary,
+    which ``logging`` unwraps from a tuple of one) as ``method=... url=...``, the URL's
+    credentials redacted; anything else as the line without its argument."""
+    options = args[0] if isinstance(args, tuple) and len(args) == 1 else args
+    if not isinstance(options, Mapping):
+        return "Request options: (not logged)"
+    method, url = options.get("method"), options.get("url")
+    return f"Request options: method={method} url={redact_urls(str(url))}"
 
 
 def _block_size(value: object) -> object:
@@ -315,6 +336,9 @@ class HTTPClientLines(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg in HPACK_BLOCK_LINES and record.name.startswith("hpack."):
             record.args = tuple(_block_size(a) for a in record.args or ())
+            return True
+        if record.msg == SDK_OPTIONS_LINE and record.name.endswith("._base_client"):
+            record.msg, record.args = _request_options(record.args), ()
             return True
         try:
             text = record.getMessage()

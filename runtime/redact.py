@@ -285,11 +285,27 @@ def _replace_secret(match: re.Match[str]) -> str:
     ``sk-proj-AbC...XyZ...`` another key in a tool's error) hid only that start, and the
     longer key's own part was shown."""
     end = match.end("secret")
-    if match.group("rest"):
+    rest = match.group("rest")
+    if rest:
         longer = _prefixed_key().match(match.string, match.start())
         if longer is not None and longer.end() > end:
             end = longer.end()
+        elif not _glued_word(rest):
+            end = match.end()
     return REDACTED + match.string[end : match.end()]
+
+
+def _glued_word(rest: str) -> bool:
+    """Whether ``rest``, the key characters (:data:`_KEY_CHARS`) right after a registered
+    secret, is a word glued to it, shown as it is, rather than the rest of a longer
+    credential the secret starts, hidden with it: lower-case letters only. An SDK
+    appends its path to a base URL whose query ends with the key
+    (``/v1?key=Kchat/completions``: ``chat``); a credential's own characters nearly
+    always hold a digit, a capital, ``-`` or ``_`` (a random base-62 tail of 8 holds
+    none of them once in 1,000). Why: a registered secret with no known prefix that
+    starts a longer one (``abcd1234efgh5678`` registered, ``abcd1234efgh5678XYZ9...`` in
+    a 401) hid only itself, and no key shape said where the longer one ended."""
+    return rest.isalpha() and rest.islower()
 
 
 # Lower-case substrings one of which every pattern match contains: a cheap test that lets
@@ -501,19 +517,28 @@ def _user_info_end(url: str, start: int, *, quoted: bool) -> int:
     for none: the last ``@`` of the authority (:data:`_AUTHORITY`); with none there, the
     last ``@`` of the URL (a password holding ``/``, ``?`` or ``#`` unencoded: an ``@``
     later in the URL then hides a little more than the password, better than a little
-    less), unless ``quoted`` (a URL found in a text: an error's, a log line's) and the
-    authority is a host and a port alone (:data:`_HOST_PORT`): ``http://h:8080/@x``'s
-    port was redacted as a password. Not for a URL the process was given (``--store``,
-    ``--redis``: :func:`redact_url`): there ``user:12345?@db`` is a password of digits
-    and ``?``, which the host and port rule would show; quoted in a text, such a
-    configured URL's password is registered (:func:`register_url_secrets`) and hidden
-    anyway."""
+    less), unless the authority is a host and a port alone (:data:`_HOST_PORT`):
+    ``http://h:8080/@x``'s port was redacted as a password. A URL the process was given
+    (``--store``, ``--redis``, a ``base_url``: not ``quoted``) first takes the last
+    ``@`` before its first ``/``: ``user:12345?@db`` is a password of digits and ``?``
+    (libpq reads it so), which the host and port rule would show. Why the rule for
+    those too: a provider's ``base_url`` of ``http://proxy:8080/v1/@scope/`` registered
+    ``8080/v1/`` (:func:`register_url_secrets`), and every text naming
+    ``localhost:8080/v1/`` lost it. Quoted in a text, a configured URL's password is
+    registered and hidden anyway."""
     authority = re.compile(_AUTHORITY).match(url, start)
     end = len(url) if authority is None else authority.end()
     at = url.rfind("@", start, end)
-    if at < 0 and not (quoted and re.compile(_HOST_PORT).fullmatch(url, start, end)):
-        at = url.rfind("@", start)
-    return at
+    if at >= 0:
+        return at
+    if not quoted:  # a password holding `?` or `#` (libpq reads the user info up to a `/`)
+        slash = url.find("/", start)
+        at = url.rfind("@", start, len(url) if slash < 0 else slash)
+        if at >= 0:
+            return at
+    if re.compile(_HOST_PORT).fullmatch(url, start, end):
+        return -1
+    return url.rfind("@", start)
 
 
 def redact_user_info(url: str) -> str:
@@ -531,14 +556,20 @@ def redact_user_info(url: str) -> str:
 
 def _registered_head(url: str, begin: int, end: int) -> tuple[int, int]:
     """``(begin, end)``, or as far as the longest registered secret the value begins
-    with, when one does and the value goes on: an SDK appends its path to a base URL
-    whose query ends with the key (``/v1?key=Kchat/completions``), and the whole rest,
-    path included, was redacted as the key's."""
+    with, when one does and the value goes on with a word (:func:`_glued_word`) or no
+    key character: an SDK appends its path to a base URL whose query ends with the key
+    (``/v1?key=Kchat/completions``), and the whole rest, path included, was redacted as
+    the key's. A value that goes on with other key characters (``?key=KQ7x2``: a longer
+    credential the secret starts) is hidden whole."""
     value = url[begin:end]
     if value in _secrets:
         return begin, end
     heads = [len(s) for s in _secrets if value.startswith(s)]
-    return (begin, begin + max(heads)) if heads else (begin, end)
+    if not heads:
+        return begin, end
+    head = begin + max(heads)
+    glued = re.compile(_KEY_CHARS + "+").match(url, head, end)
+    return (begin, head) if glued is None or _glued_word(glued.group()) else (begin, end)
 
 
 def redact_url(url: str) -> str:
@@ -547,8 +578,9 @@ def redact_url(url: str) -> str:
 
     * the password of the user info (``user:PW@``, ``:PW@``), taken to run from the
       first ``:`` to the authority's last ``@`` (an ``@`` in it unencoded is hidden
-      too), or to the URL's last ``@`` when the authority has none (a password holding
-      ``/``, ``?`` or ``#``: :func:`_user_info_end`);
+      too), or to the last ``@`` before the first ``/`` when the authority has none (a
+      password holding ``?`` or ``#``), or to the URL's last ``@`` (one holding ``/``),
+      but never past a host and a port alone (``http://h:8080/@x``: :func:`_user_info_end`);
     * a user name that is a token alone (``https://TOKEN@host``: :data:`_TOKEN_USER`);
     * the value of every query parameter named like a credential (libpq's
       ``?password=`` and ``sslpassword=``, Redis's ``?password=``, ``token``, ``*key*``);
@@ -611,9 +643,19 @@ _HEADER_WORDS = (*_SECRET_WORDS, "cookie", "session", "signature")
 ``idempotency_key``: a retry's id, kept for reading the log)."""
 
 
+def is_credential_header(name: str) -> bool:
+    """Whether an HTTP header named ``name`` carries a credential: its name holds a word
+    of :data:`_HEADER_WORDS` (``Authorization``, ``X-Auth-Token``, ``X-Goog-Api-Key``,
+    ``Ocp-Apim-Subscription-Key``, ``Private-Token``, ``Cookie``...), not
+    ``idempotency`` (an SDK's retry id). Wider than :func:`is_secret_key` (the names of
+    a JSON field): a client given such headers registers their values
+    (:func:`register_secret`)."""
+    low = name.lower()
+    return "idempotency" not in low and any(word in low for word in _HEADER_WORDS)
+
+
 def _header_value(match: re.Match[str]) -> str:
-    name = match.group("name").lstrip("b").strip("'\"").lower()
-    if "idempotency" in name or not any(word in name for word in _HEADER_WORDS):
+    if not is_credential_header(match.group("name").lstrip("b").strip("'\"")):
         return match.group()
     value = match.group("value")
     opening = value[: value.index(value[-1]) + 1]  # b' or '

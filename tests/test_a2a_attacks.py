@@ -746,3 +746,23 @@ async def saved_answer(store: Any, session_id: str) -> Any:
         if record is not None and len(record.messages) >= 2:
             return record.messages[-1]
         await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "name", ["X-Auth-Token", "X-Goog-Api-Key", "Ocp-Apim-Subscription-Key", "Private-Token"]
+)
+async def test_a_credential_header_the_remote_agent_quotes_is_redacted_in_the_error(name):
+    """A header named like a credential (as an HTTP client's debug line tells them:
+    ``*token*``, ``*key*``, ``*auth*``...), not only the few names of a JSON field
+    (``authorization``, ``x-api-key``): its value is no key shape, so only its
+    registration hides it when a remote agent's refusal quotes it."""
+    value = f"hdr-{name.lower()}-of-no-shape-4402"
+    async with hostile() as remote:
+        error = {"code": -32001, "message": f"who is {value}?"}
+        remote.answer = lambda body: Response(
+            orjson.dumps({"jsonrpc": "2.0", "id": "1", "error": error}),
+            media_type="application/json",
+        )
+        with pytest.raises(RemoteAgentError) as caught:
+            await A2AAgent(remote.url, headers={name: value}).run("hi")
+    assert "who is [redacted]? " in str(caught.value)

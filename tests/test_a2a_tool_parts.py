@@ -120,3 +120,40 @@ async def test_a_file_urls_user_info_is_not_what_the_model_reads():
         remote.answer = lambda body: stream(event(answer(linked)))
         text = await A2AAgent(remote.url, token=TOKEN).run("hi")
     assert text == "[file r.pdf: https://[redacted]@files.example/r.pdf]"
+
+
+async def test_text_in_a_later_event_starts_a_line_after_a_data_part():
+    first = {"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": "Got:"}]}}}
+    data = {"artifactUpdate": {"append": True, "artifact": {"parts": [{"data": {"n": 1}}]}}}
+    more = {"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": "done"}]}}}
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING), event(first), event(data), event(more), event(DONE)
+        )
+        text = await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert text == 'Got:\n{"n":1}\ndone'
+
+
+async def test_a_tasks_second_artifact_starts_a_line_after_the_firsts_data_part():
+    task = {
+        "task": {
+            "id": "t1",
+            "status": {"state": wire.COMPLETED},
+            "artifacts": [
+                {"artifactId": "a", "parts": [{"data": {"n": 1}}]},
+                {"artifactId": "b", "parts": [{"text": "done"}]},
+            ],
+        }
+    }
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(task))
+        text = await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert text == '{"n":1}\ndone'
+
+
+async def test_an_empty_text_part_between_a_data_part_and_text_keeps_the_line():
+    parts = [{"data": {"n": 1}}, {"text": ""}, {"text": "done"}]
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event({"message": {"messageId": "m", "parts": parts}}))
+        text = await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert text == '{"n":1}\ndone'

@@ -273,3 +273,26 @@ def test_each_client_modules_http_request_lines_are_redacted_before_any_client_i
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[True]"
+
+
+GATEWAY_KEY = "gateway-key-of-no-shape-3310"
+"""An AI gateway's key, sent in a header of its own (``X-Portkey-Api-Key``,
+``cf-aig-authorization``) through the provider's ``extra_headers``."""
+
+
+@pytest.mark.parametrize("header", ["X-Portkey-Api-Key", "cf-aig-authorization"])
+async def test_a_gateways_key_in_extra_headers_is_redacted_when_its_401_quotes_it(header):
+    echo = f"gateway refused {GATEWAY_KEY}"
+    body = json.dumps({"error": {"message": echo, "type": "invalid_request_error"}})
+    reply = Reply(body=body.encode(), status=401, content_type="application/json")
+    value = f"Bearer {GATEWAY_KEY}" if "authorization" in header else GATEWAY_KEY
+    async with loopback_server(reply) as server:
+        provider = OpenAIProvider(
+            "m", base_url=f"{server.url}/v1", api_key=KEY, extra_headers={header: value}
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider))
+            result = await session.run("go")
+    [sent] = server.requests
+    assert sent.headers[header.lower()] == value  # the real client did send it
+    assert result.error is not None and result.error.message == "gateway refused [redacted]"

@@ -135,3 +135,25 @@ def test_an_http2_header_block_is_logged_by_its_size(caplog, huffman):
     assert f"Encoded header block to <{len(block)} bytes>" in texts
     assert f"Decoding <{len(block)} bytes>" in texts
     assert not [t for t in texts if repr(block) in t or TOKEN in t or COOKIE in t]
+
+
+WORDS = "the-users-private-words-5521"
+"""What the user asked (no key shape: only the request's body holds it)."""
+
+
+async def test_the_anthropic_sdks_request_options_line_holds_no_request_body(logs):
+    """The Anthropic SDK logs its request options at ``DEBUG`` (``Request options:
+    {..., 'json_data': {'messages': [...]}}``): the user's messages, the system prompt,
+    the tools, whatever ``extra_body`` adds, whole. The OpenAI SDK logs only the method
+    (``Building HTTP request: method=post``); this line keeps the method and path."""
+    stream, caplog = logs
+    async with loopback_server(Reply(body=ANT_BODY, content_type="application/json")) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.url, api_key="k" * 20)
+        messages = [{"role": "user", "content": WORDS}]
+        await client.messages.create(model="m", max_tokens=5, messages=messages)  # type: ignore[arg-type]
+    [sent] = server.requests
+    assert WORDS.encode() in sent.body  # the real client did send them
+    texts = [r.getMessage() for r in caplog.records]
+    assert not [t for t in texts if WORDS in t]
+    assert WORDS not in stream.getvalue()
+    assert "Request options: method=post url=/v1/messages" in texts

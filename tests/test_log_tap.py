@@ -270,7 +270,8 @@ def test_a_registered_secret_made_of_digits_is_redacted_in_the_configured_chains
         register_secret(date)
         tap, public, generic = lines_three_ways(events)
     assert tap == public == generic
-    assert date not in tap and tap.count('"timestamp":"[redacted]T') == len(events)
+    # (the hour glued to the date is taken with it: runtime.redact._glued_word)
+    assert date not in tap and tap.count('"timestamp":"[redacted]:') == len(events)
 
 
 @attrs.frozen

@@ -6,11 +6,19 @@ a registered secret that is the start of a longer, different key hid only that s
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from runtime import redact as redaction
-from runtime.redact import REDACTED, redact_text, redact_urls, redact_user_info, register_secret
+from runtime.redact import (
+    REDACTED,
+    redact_text,
+    redact_url,
+    redact_urls,
+    redact_user_info,
+    register_secret,
+)
 from tests.test_redact import isolated_secrets
 from tests.test_redact_url_userinfo import AROUND, SCHEMES
 
@@ -97,3 +105,69 @@ def test_the_whole_user_info_of_a_third_partys_url_is_replaced():
 def test_a_url_without_user_info_is_kept_by_redact_user_info():
     for url in ("https://files.example:8443/@team/r.pdf", "not a url", "http://[::1]:80/x"):
         assert redact_user_info(url) == url
+
+
+def test_a_registered_secret_that_starts_a_longer_unprefixed_credential_hides_it_whole():
+    with isolated_secrets():
+        register_secret("abcd1234efgh5678")
+        text = "401: token abcd1234efgh5678XYZ9qw-e_rt is invalid"
+        assert redact_text(text) == f"401: token {REDACTED} is invalid"
+
+
+def test_a_query_value_that_starts_with_a_registered_secret_and_goes_on_is_hidden_whole():
+    with isolated_secrets():
+        register_secret("abcd1234efgh5678")
+        url = "https://proxy.example/v1?key=abcd1234efgh5678Q7x2&model=m"
+        assert redact_urls(url) == f"https://proxy.example/v1?key={REDACTED}&model=m"
+
+
+@pytest.mark.parametrize(
+    ("user", "hidden"),
+    [
+        ("abcdefghijklmn1", False),  # 15 with a digit: a user name (`svc-build-2024`)
+        ("abcdefghijklmno1", True),  # 16 with a digit: a token
+        ("abcdefghijklmnopqrstuvwxyzabcde", False),  # 31 letters: a user name
+        ("abcdefghijklmnopqrstuvwxyzabcdef", True),  # 32: a token
+        ("ghp_abc123", False),  # a known prefix, too short for a real token (40)
+        ("sk-abc123", False),
+        ("git", False),
+        ("postgres", False),
+        ("ec2-user", False),
+        ("deploy01", False),
+        ("first.last2024", False),
+        ("jo%40example.com", False),
+    ],
+)
+def test_a_token_alone_as_a_urls_user_is_hidden_from_16_key_characters_with_a_digit(user, hidden):
+    """The boundary of :data:`runtime.redact._TOKEN_USER`, the same for a URL quoted in
+    a text (``redact_text``, ``redact_urls``), a configured one (``redact_url``) and
+    what opening it registers: a short fake token (``ghp_abc123``) is kept, as every
+    user name of that length is; no real token is that short."""
+    url = f"https://{user}@git.example/o/r"
+    shown = f"https://{REDACTED}@git.example/o/r" if hidden else url
+    assert redact_text(f"clone {url}") == f"clone {shown}"
+    assert redact_urls(f"clone {url}") == f"clone {shown}"
+    assert redact_url(url) == shown
+    assert redaction._url_credentials(url) == ([user, user] if hidden else [])
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "registered"),
+    [
+        ("https://user:8080@host/v1", f"https://user:{REDACTED}@host/v1", ["8080", "8080"]),
+        ("https://host:8080/v1", "https://host:8080/v1", []),
+        ("http://proxy.example:8080/v1/@scope/", "http://proxy.example:8080/v1/@scope/", []),
+        ("postgresql://user:00000?@db/x", f"postgresql://user:{REDACTED}@db/x", ["00000?"] * 2),
+        ("redis://:pa#ss-1@cache:6379/0", f"redis://:{REDACTED}@cache:6379/0", ["pa#ss-1"] * 2),
+    ],
+)
+def test_a_configured_urls_port_is_no_password_and_its_password_is(url, shown, registered):
+    """A configured URL (a provider's ``base_url``, ``--store``): a port is never a
+    password, whether or not an ``@`` comes in the path after it, and a password of
+    digits is one, as in a text (``redact_text`` agrees on each). The third (an ``@`` in
+    its path) registered ``8080/v1/`` as a secret: every text naming
+    ``localhost:8080/v1/`` was redacted from then on."""
+    assert redact_url(url) == shown
+    assert redaction._url_credentials(url) == registered
+    if "?" not in url and "#" not in url:
+        assert redact_text(url) == shown

@@ -58,7 +58,7 @@ from runtime.output import (
     Throttled,
 )
 from runtime.redact import (
-    is_secret_key,
+    is_credential_header,
     redact_text,
     redact_url,
     redact_user_info,
@@ -260,6 +260,8 @@ class _Tracker:
         self.id = ""
         self.state: str | None = None
         self.status: Any = None
+        self.line_last = False
+        """Whether the answer so far ends with a non-text part's line (:func:`_joined`)."""
 
     @property
     def over(self) -> bool:
@@ -292,9 +294,10 @@ class _Tracker:
                 raise RemoteAgentError("the remote agent sent a task without a string id")
             self.id = task_id
             await nested.start(self.id)
-            sent, now = "".join(nested.text), _artifact_text(task)
+            sent, (now, line_last) = "".join(nested.text), _artifact_text(task)
             if now.startswith(sent):  # a (re)subscription's snapshot: what is new in it
                 await nested.text_delta(now[len(sent) :])
+                self.line_last = line_last
             self.status = task.get("status")
         update = event.get("artifactUpdate")
         if isinstance(update, dict):
@@ -302,7 +305,8 @@ class _Tracker:
             artifact = update.get("artifact")
             append = bool(update.get("append"))
             parts = artifact.get("parts") if isinstance(artifact, dict) else None
-            text = _texts(parts, after=append and bool(nested.text))
+            after = append and bool(nested.text)
+            text, self.line_last = _joined(parts, after, line=after and self.line_last)
             if nested.text and not append:
                 await nested.replace(text)  # the artifact is sent whole again
             else:
@@ -371,23 +375,34 @@ def _texts(parts: Any, after: bool = False) -> str:
     own (``after``: text came before these parts, in an earlier event). Why: a remote
     agent that answered with data or a file alone gave the model an empty result, as
     if it had said nothing."""
+    return _joined(parts, after)[0]
+
+
+def _joined(parts: Any, after: bool = False, *, line: bool = False) -> tuple[str, bool]:
+    """:func:`_texts`, and whether what it read ends with a non-text part's line
+    (``line``, as it was, when the parts add nothing). ``line``: what came before these
+    parts (in an earlier event, an earlier artifact) ended with one, so their first
+    text starts a new line. Why: a text part that came after a data part in a later
+    event was joined to its JSON (``{"n":1}done``), and the model could not tell where
+    the remote agent's data ended and its words began."""
     if not isinstance(parts, list):
-        return ""
+        return "", line
     out: list[str] = []
-    alone = False  # whether the last piece was a non-text part's line
+    alone = line  # whether the last piece was a non-text part's line
     for part in parts:
         if not isinstance(part, dict):
             continue
         text = part.get("text")
         if isinstance(text, str):
-            out.append("\n" + text if alone and text else text)
-            alone = False
+            if text:  # (an empty one ends no line)
+                out.append("\n" + text if alone else text)
+                alone = False
             continue
-        line = _part_line(part)
-        if line is not None:
-            out.append(("\n" if out or after else "") + line)
+        piece = _part_line(part)
+        if piece is not None:
+            out.append(("\n" if out or after else "") + piece)
             alone = True
-    return "".join(out)
+    return "".join(out), alone
 
 
 def _part_line(part: Mapping[str, Any]) -> str | None:
@@ -409,13 +424,16 @@ def _part_line(part: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _artifact_text(task: Mapping[str, Any]) -> str:
+def _artifact_text(task: Mapping[str, Any]) -> tuple[str, bool]:
+    """A task's artifacts' text (:func:`_joined`, one after another), and whether it
+    ends with a non-text part's line."""
     artifacts = wire.field(task, "artifacts") or []
-    text = ""
+    text, line = "", False
     for artifact in artifacts:
         if isinstance(artifact, dict):
-            text += _texts(artifact.get("parts"), after=bool(text))
-    return text
+            more, line = _joined(artifact.get("parts"), bool(text), line=line)
+            text += more
+    return text, line
 
 
 def _status_text(status: Any) -> str:
@@ -515,7 +533,7 @@ class A2AAgent:
         register_secret(token)
         register_url_secrets(self.url)
         for key, value in (headers or {}).items():
-            if is_secret_key(key):
+            if is_credential_header(key):  # (X-Auth-Token too: not a JSON field's name)
                 register_secret(value)
                 register_secret(value.partition(" ")[2])  # "Bearer <token>"
         self.max_answer_chars = max_answer_chars

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from actors.providers.failures import stay_home
@@ -26,7 +26,12 @@ from runtime import errors
 from runtime.history import ForeignReasoning
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
-from runtime.redact import register_secret, register_url_secrets
+from runtime.redact import (
+    is_credential_header,
+    register_secret,
+    register_secrets,
+    register_url_secrets,
+)
 
 SDK_BASE_MODULES = frozenset({"openai._base_client", "anthropic._base_client"})
 """The modules of the SDKs' base clients, whose ``_prepare_url`` :func:`cache_prepared_urls`
@@ -68,6 +73,20 @@ def cache_prepared_urls(client: Any) -> None:
         return found[1]
 
     client._prepare_url = prepare_url
+
+
+def register_header_secrets(headers: Any) -> None:
+    """Register (:func:`register_secret`) the value of each of ``headers`` (a provider's
+    ``extra_headers`` request option) named like a credential
+    (:func:`~runtime.redact.is_credential_header`), and the token after its scheme
+    (``Bearer <token>``). Why: an AI gateway's key goes in a header of its own
+    (``X-Portkey-Api-Key``, ``cf-aig-authorization: Bearer ...``), of no key shape, and
+    its 401 quoting it reached the turn's error, the stream, the store and the log."""
+    if not isinstance(headers, Mapping):
+        return
+    for name, value in headers.items():
+        if isinstance(name, str) and isinstance(value, str) and is_credential_header(name):
+            register_secrets((value, value.partition(" ")[2]))
 
 
 def client_timeout(timeout: Any, timeout_class: Callable[[Any], Any]) -> Any:
@@ -172,6 +191,7 @@ class SDKProvider(Provider):
             for url in (self.base_url, getattr(self._client, "base_url", None)):
                 if url is not None:
                     register_url_secrets(str(url))
+            register_header_secrets(self.request_options.get("extra_headers"))
         return self._client
 
     def missing_dependency(self, exc: BaseException) -> errors.ConfigurationError | None:
