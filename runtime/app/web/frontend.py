@@ -90,6 +90,7 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import (
     FRONT_END_CLOSING,
+    STORE_REFUSED,
     ApiError,
     busy_message,
     json_response,
@@ -808,15 +809,16 @@ class FrontEnd:
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None
-        except StoreUnavailable as exc:
-            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
-        except TurnConflict as exc:
+        except StoreUnavailable as exc:  # (the store's text names its host: the log's)
+            told = store_failed(exc, "frontend.submit_unavailable", session_id=session_id)
+            raise ApiError(503, told, {"retry-after": "1"}) from None
+        except TurnConflict as exc:  # (the queue's own words: which message, which turn)
             raise ApiError(409, _one_line(exc)) from None
         except StoreError as exc:  # whatever the store refused: a 4xx and one log line
-            get_logger("axon.web").warning(
-                "frontend.submit_refused", session_id=session_id, error=_one_line(exc)
+            told = store_failed(
+                exc, "frontend.submit_refused", told=STORE_REFUSED, session_id=session_id
             )
-            raise ApiError(400, _one_line(exc)) from None
+            raise ApiError(400, told) from None
 
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
@@ -919,8 +921,9 @@ class FrontEnd:
             outcome = await self.queue.decide(
                 session_id, key, decision, tools, known=known, max_chars=max_chars
             )
-        except StoreUnavailable as exc:
-            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        except StoreUnavailable as exc:  # (the store's text names its host: the log's)
+            told = store_failed(exc, "frontend.decide_unavailable", session_id=session_id)
+            raise ApiError(503, told, {"retry-after": "1"}) from None
         event = approval_decided(
             session_id,
             outcome.recorded.call,
