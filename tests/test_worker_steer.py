@@ -627,3 +627,51 @@ async def test_a_message_steered_in_under_the_id_its_answer_takes_is_refused(
     assert len(turns) == 1
     ids = [m.id for m in record.messages]
     assert len(ids) == len(set(ids)) and named not in ids
+
+
+async def _sent_under_the_running_answers_id(
+    pg_url: str, redis_url: str, on_busy: str
+) -> tuple[httpx.Response, list[Any], Any]:
+    """A second message posted while the first's turn runs (step 1's tool held), under
+    ``msg_<turn id>``, the running turn's first answer's id: its answer, the session's
+    turns, the stored history."""
+    script = Script(looking("call_L"), holding("call_H"), ["done"], ["done2"])
+    out: dict[str, Any] = {}
+    busy = {"on_busy": on_busy} if on_busy != "enqueue" else {}
+    async with deployment(pg_url, redis_url, agent_with(script, on_busy), **busy) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                (turn,) = await d.queue.turns("s1")
+                nursery.start_soon(post, "second", "x", f"msg_{turn.turn_id}")
+                while True:  # answered, or queued
+                    if "second" in out or len(await d.queue.turns("s1")) >= 2:
+                        break
+                    await trio.sleep(0.02)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        for queued in turns:
+            await d.queue.wait_finished(queued.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    return out["second"], turns, record
+
+
+@pytest.mark.parametrize("on_busy", ["steer", "enqueue"])
+async def test_a_message_sent_under_the_running_turns_first_answer_id_is_refused(
+    pg_url: str, redis_url: str, on_busy: str
+) -> None:
+    """Steered in, the runner took it for a message the history holds and dropped it
+    (a 202, ``x`` never stored); queued, it was stored under an id of the worker's.
+    409 under either, as the embedded app's ``InputHeld`` while busy."""
+    second, turns, record = await _sent_under_the_running_answers_id(pg_url, redis_url, on_busy)
+    assert second.status_code == 409, second.text
+    assert "gives its answer" in second.json()["error"]
+    assert len(turns) == 1
+    ids = [m.id for m in record.messages]
+    assert len(ids) == len(set(ids))
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first"]
