@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,8 +19,11 @@ import trio
 from actors.providers.anthropic import map_messages as anthropic_messages
 from actors.providers.openai import map_messages as openai_messages
 from actors.providers.openai_responses import map_messages as responses_messages
+from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.http import ApiError
 from runtime.history import repair
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.turn_queue import TurnOptions
 from tests import test_busy
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding, kinds, looking
@@ -675,3 +679,27 @@ async def test_a_message_sent_under_the_running_turns_first_answer_id_is_refused
     ids = [m.id for m in record.messages]
     assert len(ids) == len(set(ids))
     assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first"]
+
+
+async def test_any_protocols_submit_under_an_unended_turns_answer_id_is_refused() -> None:
+    """The check is the front end's submit's (AG-UI, A2A and the AI SDK all queue
+    through it with the client's message id), not the AI SDK endpoint's alone: an A2A
+    ``messageId`` of ``msg_<turn>`` was queued and stored under the worker's id."""
+
+    class Queue:
+        async def get_status(self, turn_id: str) -> Any:
+            return SimpleNamespace(
+                turn_id=turn_id, session_id="s1", finished=False, message_id=f"msg_{turn_id}"
+            )
+
+        async def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("queued")
+
+    queue = Queue()
+    front = FrontEnd(store=queue, queue=queue, relay=None)
+    for named in ("msg_T", "msg_T-s2"):
+        with pytest.raises(ApiError) as refused:
+            await front.submit(
+                "s1", "x", "k", False, options=TurnOptions(user_message_id=named), titled=False
+            )
+        assert refused.value.status == 409 and "gives its answer" in refused.value.message

@@ -592,8 +592,6 @@ class FrontEnd:
                 regenerates=named if isinstance(named, str) else None,
                 user_message_id=client_message_id(payload),
             )
-        if not regenerate:  # (whichever strategy: the embedded app's InputHeld while busy)
-            await self._check_not_an_answers_id(session_id, options.user_message_id)
         # The client's ``turnId``: a stop naming it before this POST came stops the turn
         # (taken in the insert); a turn id used before gets the turn a new one, as does
         # one whose answer, ``msg_<turnId>``, would take its user message's id or an
@@ -785,6 +783,9 @@ class FrontEnd:
         is closing, :class:`~runtime.errors.HostClosed` (:meth:`check_open`)."""
         self.check_open()
         try:
+            if options is not None and not regenerate:  # (whichever strategy and protocol:
+                # the embedded app's InputHeld while busy)
+                await self._check_not_an_answers_id(session_id, options.user_message_id)
             meta = dict(meta or {})
             if titled:  # (its meta alone: the whole session was read for this)
                 stored_meta = await self.store.meta(session_id)
