@@ -8,12 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 import trio
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import FrontEnd
-from runtime.app.web.http import ApiError
+from runtime.app.web.http import STORE_REFUSED, STORE_UNAVAILABLE, ApiError
+from runtime.approval import Decision
 from runtime.errors import StoreError, StoreUnavailable, TurnConflict
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.redis import require_redis, unique_prefix
@@ -156,24 +158,55 @@ class _Refusing:
     async def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise self.error
 
+    async def decide(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
 
-@pytest.mark.parametrize(
-    ("error", "status"),
-    [
-        (StoreError("submit failed: a refusal\nDETAIL: more"), 400),
-        (TurnConflict("edited too late\nand more"), 409),
-        (StoreUnavailable("the store is down\nfor now"), 503),
-    ],
-)
-async def test_a_store_error_on_submit_is_an_answer_of_one_line(
-    error: Exception, status: int
-) -> None:
-    refusing = _Refusing(error)
+
+async def test_a_conflict_on_submit_is_an_answer_of_one_line() -> None:
+    refusing = _Refusing(TurnConflict("edited too late\nand more"))
     front = FrontEnd(store=refusing, queue=refusing, relay=None)
     with pytest.raises(ApiError) as raised:
         await front.submit("s1", "hi", "k", False)
-    assert raised.value.status == status
-    assert raised.value.message == str(error).splitlines()[0]
+    assert (raised.value.status, raised.value.message) == (409, "edited too late")
+
+
+# A store's text names its database: a host, a port, sometimes a password.
+_SECRET_ERROR = (
+    "connection to postgresql://axon:hunter2@db-7.internal:5433/axon failed\n"
+    "DETAIL: password=hunter2"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "told", "event"),
+    [
+        (StoreError(_SECRET_ERROR), 400, STORE_REFUSED, "frontend.submit_refused"),
+        (StoreUnavailable(_SECRET_ERROR), 503, STORE_UNAVAILABLE, "frontend.submit_unavailable"),
+    ],
+)
+async def test_a_store_error_on_submit_tells_a_fixed_sentence_and_logs_it_redacted(
+    error: Exception, status: int, told: str, event: str
+) -> None:
+    refusing = _Refusing(error)
+    front = FrontEnd(store=refusing, queue=refusing, relay=None)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ApiError) as raised:
+        await front.submit("s1", "hi", "k", False)
+    assert (raised.value.status, raised.value.message) == (status, told)
+    assert [e["error"] for e in logs if e["event"] == event] == [
+        "connection to postgresql://axon:[redacted]@db-7.internal:5433/axon failed\n"
+        "DETAIL: password=[redacted]"
+    ]
+
+
+async def test_a_store_unavailable_on_decide_tells_a_fixed_sentence_and_logs_it_redacted() -> None:
+    refusing = _Refusing(StoreUnavailable(_SECRET_ERROR))
+    front = FrontEnd(store=refusing, queue=refusing, relay=None)
+    with structlog.testing.capture_logs() as logs, pytest.raises(ApiError) as raised:
+        await front.decide(None, "s1", "call-1", Decision(approved=True), {})
+    assert (raised.value.status, raised.value.message) == (503, STORE_UNAVAILABLE)
+    assert raised.value.headers == {"retry-after": "1"}
+    logged = [e["error"] for e in logs if e["event"] == "frontend.decide_unavailable"]
+    assert len(logged) == 1 and "hunter2" not in logged[0] and "db-7.internal" in logged[0]
 
 
 async def test_a_store_from_before_the_key_columns_gains_them_on_open(pg_url: str) -> None:

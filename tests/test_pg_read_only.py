@@ -29,6 +29,7 @@ from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime import Agent, tool
 from runtime.actor_messages import InferRequest
+from runtime.app.web.http import STORE_UNAVAILABLE
 from runtime.errors import StoreUnavailable
 from runtime.messages import AssistantMessage, ToolMessage
 from tests.support.pg import own_database, pg_connect
@@ -160,12 +161,16 @@ async def test_a_post_to_a_read_only_primary_is_503_with_retry_after_and_then_ru
             d.hosts[0].store._retry_for = 0.3  # the front end's: give up soon
             async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
                 read_only(name, True)
-                refused = await client.post("/api/chat", json=body("s1"))
+                with capture_logs() as logs:
+                    refused = await client.post("/api/chat", json=body("s1"))
                 ready = await client.get("/readyz")
                 read_only(name, False)
                 taken = await client.post("/api/chat", json=body("s1"))
     assert (refused.status_code, refused.headers.get("retry-after")) == (503, "1")
-    assert "read-only" in refused.text
+    # the client a fixed sentence (a store's text can name its host); the log, why
+    assert refused.json() == {"error": STORE_UNAVAILABLE}
+    logged = [e["error"] for e in logs if e["event"] == "frontend.submit_unavailable"]
+    assert len(logged) == 1 and "read-only" in logged[0]
     assert ready.status_code == 503
     assert taken.status_code == 200
     assert [e for _, e in sse_events(taken.text) if e != "[DONE]"][-1]["type"] == "finish"

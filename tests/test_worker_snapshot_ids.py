@@ -70,3 +70,19 @@ async def test_an_ai_sdk_turn_named_as_its_own_user_message_gets_its_own_answer_
     assert record is not None
     ids: list[Any] = [m.id for m in record.messages]
     assert _repeated(ids) == [] and "msg_T" in ids, ids
+
+
+async def test_an_ai_sdk_turn_named_as_an_earlier_user_message_gets_its_own_answer_id(
+    pg_url: str, redis_url: str
+) -> None:
+    # The AI SDK's ``turnId`` Q after a user message ``msg_Q``: its answer, msg_<turnId>,
+    # would be a second message of that id (the front end reads the store's user ids).
+    async with deployment(pg_url, redis_url, agent()) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            one = await client.post("/api/chat", json=body("a", "one", "msg_Q"))
+            two = await client.post("/api/chat", json={**body("a", "two", "m2"), "turnId": "Q"})
+        record = await d.store.load("a")
+    assert (one.status_code, two.status_code) == (200, 200), two.text
+    assert record is not None
+    ids: list[Any] = [m.id for m in record.messages]
+    assert _repeated(ids) == [] and ids.count("msg_Q") == 1 and "m2" in ids, ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,8 +19,11 @@ import trio
 from actors.providers.anthropic import map_messages as anthropic_messages
 from actors.providers.openai import map_messages as openai_messages
 from actors.providers.openai_responses import map_messages as responses_messages
+from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.http import ApiError
 from runtime.history import repair
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.turn_queue import TurnOptions
 from tests import test_busy
 from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, holding, kinds, looking
@@ -627,3 +631,75 @@ async def test_a_message_steered_in_under_the_id_its_answer_takes_is_refused(
     assert len(turns) == 1
     ids = [m.id for m in record.messages]
     assert len(ids) == len(set(ids)) and named not in ids
+
+
+async def _sent_under_the_running_answers_id(
+    pg_url: str, redis_url: str, on_busy: str
+) -> tuple[httpx.Response, list[Any], Any]:
+    """A second message posted while the first's turn runs (step 1's tool held), under
+    ``msg_<turn id>``, the running turn's first answer's id: its answer, the session's
+    turns, the stored history."""
+    script = Script(looking("call_L"), holding("call_H"), ["done"], ["done2"])
+    out: dict[str, Any] = {}
+    busy = {"on_busy": on_busy} if on_busy != "enqueue" else {}
+    async with deployment(pg_url, redis_url, agent_with(script, on_busy), **busy) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()
+                (turn,) = await d.queue.turns("s1")
+                nursery.start_soon(post, "second", "x", f"msg_{turn.turn_id}")
+                while True:  # answered, or queued
+                    if "second" in out or len(await d.queue.turns("s1")) >= 2:
+                        break
+                    await trio.sleep(0.02)
+                test_busy.held["release"].set()
+        turns = await d.queue.turns("s1")
+        for queued in turns:
+            await d.queue.wait_finished(queued.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    return out["second"], turns, record
+
+
+@pytest.mark.parametrize("on_busy", ["steer", "enqueue"])
+async def test_a_message_sent_under_the_running_turns_first_answer_id_is_refused(
+    pg_url: str, redis_url: str, on_busy: str
+) -> None:
+    """Steered in, the runner took it for a message the history holds and dropped it
+    (a 202, ``x`` never stored); queued, it was stored under an id of the worker's.
+    409 under either, as the embedded app's ``InputHeld`` while busy."""
+    second, turns, record = await _sent_under_the_running_answers_id(pg_url, redis_url, on_busy)
+    assert second.status_code == 409, second.text
+    assert "gives its answer" in second.json()["error"]
+    assert len(turns) == 1
+    ids = [m.id for m in record.messages]
+    assert len(ids) == len(set(ids))
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first"]
+
+
+async def test_any_protocols_submit_under_an_unended_turns_answer_id_is_refused() -> None:
+    """The check is the front end's submit's (AG-UI, A2A and the AI SDK all queue
+    through it with the client's message id), not the AI SDK endpoint's alone: an A2A
+    ``messageId`` of ``msg_<turn>`` was queued and stored under the worker's id."""
+
+    class Queue:
+        async def get_status(self, turn_id: str) -> Any:
+            return SimpleNamespace(
+                turn_id=turn_id, session_id="s1", finished=False, message_id=f"msg_{turn_id}"
+            )
+
+        async def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("queued")
+
+    queue = Queue()
+    front = FrontEnd(store=queue, queue=queue, relay=None)
+    for named in ("msg_T", "msg_T-s2"):
+        with pytest.raises(ApiError) as refused:
+            await front.submit(
+                "s1", "x", "k", False, options=TurnOptions(user_message_id=named), titled=False
+            )
+        assert refused.value.status == 409 and "gives its answer" in refused.value.message

@@ -90,6 +90,7 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import (
     FRONT_END_CLOSING,
+    STORE_REFUSED,
     ApiError,
     busy_message,
     json_response,
@@ -133,7 +134,7 @@ from runtime.liveness import public_meta
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.store import SessionRecord, load_last_turn
+from runtime.store import SessionRecord, has_user_messages, load_last_turn
 from runtime.tools import caller_of
 from runtime.turn_queue import (
     DONE,
@@ -579,7 +580,6 @@ class FrontEnd:
                 user_message_id=client_message_id(payload) or new_id("msg"),
                 follows=held_answer_id(payload),
             )
-            await self._check_not_an_answers_id(session_id, options.user_message_id)
         elif regenerate:
             # ``messageId``, the answer it replaces: refused by the worker if a later
             # message's turn ran while it waited (not here: a retry of it finds its own
@@ -593,12 +593,18 @@ class FrontEnd:
                 user_message_id=client_message_id(payload),
             )
         # The client's ``turnId``: a stop naming it before this POST came stops the turn
-        # (taken in the insert); a turn id used before gets the turn a new one.
+        # (taken in the insert); a turn id used before gets the turn a new one, as does
+        # one whose answer, ``msg_<turnId>``, would take its user message's id or an
+        # earlier user message's (stored: one indexed look, for a POST with a turnId).
         turn_id = client_turn_id(payload)
         if turn_id is not None and await self.queue.get_status(turn_id) is not None:
             turn_id = None
         elif turn_id is not None and f"msg_{turn_id}" == options.user_message_id:
             turn_id = None  # (its answer, msg_<turnId>, would be its user message's id)
+        elif turn_id is not None and await has_user_messages(
+            self.store, session_id, (f"msg_{turn_id}",)
+        ):
+            turn_id = None
         turn = await self.submit(
             session_id,
             text,
@@ -627,25 +633,31 @@ class FrontEnd:
         return self._response(request, turn, None)
 
     async def _check_not_an_answers_id(self, session_id: str, message_id: str | None) -> None:
-        """Refuse (409) a steering message named as an answer of a turn of the session
-        not ended yet: ``msg_<turn id>-s<step>``, the id that turn's answer takes after
-        a steered message (:func:`actors.turn.takeover.steered_message_id`). Stored, it
-        and that answer would share one id, as the embedded app refuses it
-        (``InputHeld``). Not a server id instead: the client names its message by its
-        own id (a stop, a resend, an edit), and an id no answer takes is all it needs.
-        One status read, only for an id of that shape."""
-        head, mark, step = (message_id or "").rpartition(STEERED_MARK)
-        if not (mark and step.isdigit() and head.startswith("msg_")):
+        """Refuse (409) a new user message named as an answer of a turn of the session
+        not ended yet: ``msg_<turn id>``, its first answer's id, or
+        ``msg_<turn id>-s<step>``, the id its answer takes after a steered message
+        (:func:`actors.turn.takeover.steered_message_id`). Steered in, the runner took
+        it for a message the history holds (a retry) and dropped it; queued, its turn
+        stored it under an id of the worker's: the embedded app refuses it while the
+        session is busy (``InputHeld``), whichever strategy. Not a server id instead:
+        the client names its message by its own id (a stop, a resend, an edit), and an
+        id no answer takes is all it needs. One status read, only for an id of that
+        shape (``msg_...``)."""
+        message_id = message_id or ""
+        head, mark, step = message_id.rpartition(STEERED_MARK)
+        if not (mark and step.isdigit()):
+            head = message_id
+        if not head.startswith("msg_"):
             return
         status = await self.queue.get_status(head[len("msg_") :])
         if status is None or status.session_id != session_id or status.finished:
             return
-        if of_turn(message_id or "", status.message_id):
+        if of_turn(message_id, status.message_id):
             raise ApiError(
                 409,
-                f"message {message_id!r} is the id turn {status.turn_id!r} of session "
-                f"{session_id!r} gives its answer after a steered message: send it under "
-                "another id.",
+                f"message {message_id!r} is an id turn {status.turn_id!r} of session "
+                f"{session_id!r} gives its answer (its first, or one after a steered "
+                "message): send it under another id.",
             )
 
     async def _steer_answered(self, turn: QueuedTurn) -> bool:
@@ -771,6 +783,9 @@ class FrontEnd:
         is closing, :class:`~runtime.errors.HostClosed` (:meth:`check_open`)."""
         self.check_open()
         try:
+            if options is not None and not regenerate:  # (whichever strategy and protocol:
+                # the embedded app's InputHeld while busy)
+                await self._check_not_an_answers_id(session_id, options.user_message_id)
             meta = dict(meta or {})
             if titled:  # (its meta alone: the whole session was read for this)
                 stored_meta = await self.store.meta(session_id)
@@ -808,15 +823,16 @@ class FrontEnd:
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None
-        except StoreUnavailable as exc:
-            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
-        except TurnConflict as exc:
+        except StoreUnavailable as exc:  # (the store's text names its host: the log's)
+            told = store_failed(exc, "frontend.submit_unavailable", session_id=session_id)
+            raise ApiError(503, told, {"retry-after": "1"}) from None
+        except TurnConflict as exc:  # (the queue's own words: which message, which turn)
             raise ApiError(409, _one_line(exc)) from None
         except StoreError as exc:  # whatever the store refused: a 4xx and one log line
-            get_logger("axon.web").warning(
-                "frontend.submit_refused", session_id=session_id, error=_one_line(exc)
+            told = store_failed(
+                exc, "frontend.submit_refused", told=STORE_REFUSED, session_id=session_id
             )
-            raise ApiError(400, _one_line(exc)) from None
+            raise ApiError(400, told) from None
 
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
@@ -919,8 +935,9 @@ class FrontEnd:
             outcome = await self.queue.decide(
                 session_id, key, decision, tools, known=known, max_chars=max_chars
             )
-        except StoreUnavailable as exc:
-            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        except StoreUnavailable as exc:  # (the store's text names its host: the log's)
+            told = store_failed(exc, "frontend.decide_unavailable", session_id=session_id)
+            raise ApiError(503, told, {"retry-after": "1"}) from None
         event = approval_decided(
             session_id,
             outcome.recorded.call,

@@ -46,12 +46,23 @@ STORE_UNAVAILABLE = "the session store is unavailable; try again"
 store's own text names its database (a host, a port, a file) and is the operator's."""
 
 
-def store_failed(exc: Exception, event: str, **fields: Any) -> str:
-    """:data:`STORE_UNAVAILABLE`, the client's text for ``exc`` (a store's error), once
-    the whole error (redacted) is logged as ``event`` with ``fields``: the log has
-    what went wrong, the client a stable sentence that names no part of the deployment."""
+STORE_REFUSED = (
+    "the session store refused this message (a value it cannot hold, such as a NUL "
+    "character); nothing was queued"
+)
+"""What a client is told when the store refuses its submit for no reason the queue
+names (a 400): the store's own text (which can name its database) goes to the log."""
+
+
+def store_failed(
+    exc: Exception, event: str, *, told: str = STORE_UNAVAILABLE, **fields: Any
+) -> str:
+    """``told`` (:data:`STORE_UNAVAILABLE` unless given), the client's text for ``exc``
+    (a store's error), once the whole error (redacted) is logged as ``event`` with
+    ``fields``: the log has what went wrong, the client a stable sentence that names no
+    part of the deployment."""
     get_logger("axon.web").warning(event, error=redact(str(exc)), **fields)
-    return STORE_UNAVAILABLE
+    return told
 
 
 CLOSING_RETRY_AFTER = "5"
