@@ -15,8 +15,9 @@ from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.http import STORE_REFUSED, STORE_UNAVAILABLE, ApiError
+from runtime.app.web.resume import RELAY_UNAVAILABLE, turn_to_resume
 from runtime.approval import Decision
-from runtime.errors import StoreError, StoreUnavailable, TurnConflict
+from runtime.errors import RelayUnavailable, StoreError, StoreUnavailable, TurnConflict
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import agent as echo_agent
@@ -207,6 +208,22 @@ async def test_a_store_unavailable_on_decide_tells_a_fixed_sentence_and_logs_it_
     assert raised.value.headers == {"retry-after": "1"}
     logged = [e["error"] for e in logs if e["event"] == "frontend.decide_unavailable"]
     assert len(logged) == 1 and "hunter2" not in logged[0] and "db-7.internal" in logged[0]
+
+
+class _RedisDown:
+    """A relay whose Redis does not answer: its error names Redis's address."""
+
+    async def resumable_turn(self, session_id: str, *, after_seq: int | None) -> Any:
+        raise RelayUnavailable("Redis at redis-3.internal:6380 did not answer for 5 s")
+
+
+async def test_a_relay_unavailable_tells_a_fixed_sentence_and_logs_the_address() -> None:
+    with structlog.testing.capture_logs() as logs, pytest.raises(ApiError) as raised:
+        await turn_to_resume(_RedisDown(), None, "s1", after_seq=None)
+    assert (raised.value.status, raised.value.message) == (503, RELAY_UNAVAILABLE)
+    assert raised.value.headers == {"retry-after": "1"}
+    logged = [e["error"] for e in logs if e["event"] == "frontend.relay_unavailable"]
+    assert logged == ["Redis at redis-3.internal:6380 did not answer for 5 s"]
 
 
 async def test_a_store_from_before_the_key_columns_gains_them_on_open(pg_url: str) -> None:

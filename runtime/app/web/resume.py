@@ -34,7 +34,13 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
 from runtime.app.web.guard import is_number
-from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.http import (
+    ApiError,
+    json_response,
+    session_id_param,
+    store_failed,
+    web_state,
+)
 from runtime.app.web.signing import ApprovalSigner, SessionSigner, for_session
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
@@ -463,11 +469,18 @@ async def forward_stop(
     return turn_id
 
 
+RELAY_UNAVAILABLE = "the live stream is unavailable just now; try again"
+"""What a client is told when the relay (Redis) did not answer a front end's read, stop
+or interrupt: the error itself names Redis's address (``Redis at host:port``), which is
+logged, not sent (as a store's error is, :func:`~runtime.app.web.http.store_failed`)."""
+
+
 async def _unavailable_as_503(call: Any) -> Any:
     try:
         return await call
     except RelayUnavailable as exc:
-        raise ApiError(503, exc.message, {"retry-after": "1"}) from None
+        told = store_failed(exc, "frontend.relay_unavailable", told=RELAY_UNAVAILABLE)
+        raise ApiError(503, told, {"retry-after": "1"}) from None
 
 
 async def turn_to_resume(
