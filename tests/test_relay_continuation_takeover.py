@@ -256,3 +256,37 @@ async def test_a_takeover_of_a_continuation_that_finds_no_stream_is_a_gap(
         with trio.fail_after(10), pytest.raises(RelayTurnGone):
             shown = [c async for c in relay.read("t", after_pauses=1)]
             print([f"{c.seq}:{c.type}" for c in shown])
+
+
+async def test_a_pause_count_redis_refuses_is_a_gap_and_the_relay_writes_on(
+    redis_url: str,
+) -> None:
+    """The count's read refused (an ACL without ``XRANGE``, say): the takeover cannot
+    tell, so readers rebuild from the store; the refusal does not end the relay's
+    task (every other turn's writer goes on)."""
+    from coredis.exceptions import ResponseError
+
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise ResponseError("NOPERM this user has no permissions to run the 'xrange' command")
+
+        owner = SimpleNamespace(relay=relay)
+        first = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+        first.extend(ASKED)
+        await first.aclose(final=False)
+        relay.client.xrange = refused
+        taken = Worker._turn_writer(
+            owner, claim(takeover=True, resumed=False, saved=True, resumes=1)
+        )
+        taken.extend(GOES_ON)
+        await taken.aclose()
+        other = relay.writer(session_id="s2", turn_id="u", fresh=True)
+        other.extend(GOES_ON)
+        await other.aclose()
+        del relay.client.xrange
+        with trio.fail_after(10):
+            with pytest.raises(RelayTurnGone):
+                [c async for c in relay.read("t", after_pauses=1)]
+            shown = [c async for c in relay.read("u")]
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]

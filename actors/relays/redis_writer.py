@@ -856,14 +856,13 @@ class RedisRelayWriter:
         with nothing. As many: the dead claimer streamed the continuation's first
         entries after its pause; this writer goes on after them (no false gap). Read
         from the stream's start, only on this path; a Redis that does not answer within
-        ``close_timeout``, or a key of another type, is a ``gap`` too."""
-        from coredis.exceptions import WrongTypeError
-
+        ``close_timeout``, or that refuses the read (a key of another type), is a ``gap``
+        too: this task is the relay's, and what it raises would end every writer's."""
         held: int | None = None
         try:
             with trio.move_on_after(self.relay.close_timeout):
                 held = await self.relay._call("takeover's pauses", self._pauses_held)
-        except (RelayUnavailable, WrongTypeError) as exc:
+        except Exception as exc:
             log.warning("relay.takeover_scan_failed", turn_id=self.turn_id, error=_described(exc))
         except BaseException:  # the relay closing
             self._busy = False
