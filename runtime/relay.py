@@ -84,6 +84,7 @@ class Relay(Protocol):
         fresh: bool = False,
         resumed: bool = False,
         first_step: int | None = None,
+        pauses: int = 0,
     ) -> RelayWriter:
         """The writer of a turn this process runs. ``takeover``: another process ran
         the turn before (its stream may hold part of it): the writer continues that
@@ -98,7 +99,11 @@ class Relay(Protocol):
         streamed that) makes readers rebuild from the store too. ``first_step``: the
         step a ``takeover`` re-runs first, when the caller knows it as it starts (no
         step of the turn was committed: ``0``); otherwise the writer learns it from
-        :meth:`RelayWriter.shown` or the first ``step-start``."""
+        :meth:`RelayWriter.shown` or the first ``step-start``. ``pauses``: how many
+        times the turn waited for input before (a continuation's number, the queue's
+        ``resumes``): a ``takeover`` whose stream holds fewer pauses and does not end with
+        one (the process that suspended the turn, and the continuation's first, stopped
+        before they streamed the wait's end) makes readers rebuild from the store too."""
         ...
 
     def read(

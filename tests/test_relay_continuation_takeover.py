@@ -14,8 +14,14 @@ whether the stream ends with its pause, and goes on after the first part's last 
 is dropped by readers as a takeover's repeat: a reader of the first part is shown the
 continuation after the wait's ``step-finish`` without the wait's end, and is not told;
 the approving client's read (``after_pauses=1``) waits for a pause that never comes and
-ends with nothing. Both tests are ``xfail(strict=True)`` until the takeover's writer knows
-the turn waited (the claim does not carry ``resumes``)."""
+ends with nothing.
+
+The takeover's writer now knows the turn waited (``writer(pauses=)``, the claimed row's
+``resumes``): a takeover whose stream does not end with a pause counts the stream's pauses
+(one scan, only then) and writes a ``gap`` when it holds fewer. Not when the dead claimer
+streamed the continuation's first entries after the pause (no false gap), nor for a
+continuation this process claims while the part before it is still ending here (its
+writer reads the tail once that one is closed)."""
 
 from __future__ import annotations
 
@@ -57,9 +63,10 @@ def redis_url() -> str:
     return require_redis()
 
 
-def claim(*, takeover: bool, resumed: bool, saved: bool) -> Any:
-    """What :meth:`Worker._turn_writer` reads of a claim."""
-    turn = SimpleNamespace(session_id="s", turn_id="t", saved=saved)
+def claim(*, takeover: bool, resumed: bool, saved: bool, resumes: int = 0) -> Any:
+    """What :meth:`Worker._turn_writer` reads of a claim (``resumes``: the turn row's,
+    the waits it went on after)."""
+    turn = SimpleNamespace(session_id="s", turn_id="t", saved=saved, resumes=resumes)
     return SimpleNamespace(turn=turn, takeover=takeover, resumed=resumed)
 
 
@@ -75,7 +82,7 @@ async def first_part_then_taken_over(relay: RedisRelay, *, paused: bool = False)
     if paused:
         first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
     await first.aclose(final=paused, paused=paused)
-    taken = Worker._turn_writer(owner, claim(takeover=True, resumed=False, saved=True))
+    taken = Worker._turn_writer(owner, claim(takeover=True, resumed=False, saved=True, resumes=1))
     for chunk in GOES_ON:
         taken.append(chunk)
     await taken.aclose()
@@ -93,10 +100,6 @@ async def test_a_takeover_of_a_continuation_after_its_pause_shows_the_continuati
     assert [c.type for c in shown] == [c.type for c in GOES_ON]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a takeover of a continuation goes on after a first part whose pause was lost",
-)
 async def test_a_first_part_reader_is_told_of_a_takeover_going_on_without_the_pause(
     redis_url: str,
 ) -> None:
@@ -104,14 +107,10 @@ async def test_a_first_part_reader_is_told_of_a_takeover_going_on_without_the_pa
         await first_part_then_taken_over(relay)
         with trio.fail_after(10), pytest.raises(RelayTurnGone):
             shown = [c async for c in relay.read("t", after_seq=len(ASKED))]
-            # today: 7:tool-result .. 13:finish, the wait's end missing, seq 6 dropped
+            # before: 7:tool-result .. 13:finish, the wait's end missing, seq 6 dropped
             print([f"{c.seq}:{c.type}" for c in shown])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a takeover of a continuation goes on after a first part whose pause was lost",
-)
 async def test_the_approvers_read_is_told_of_a_takeover_going_on_without_the_pause(
     redis_url: str,
 ) -> None:
@@ -119,5 +118,175 @@ async def test_the_approvers_read_is_told_of_a_takeover_going_on_without_the_pau
         await first_part_then_taken_over(relay)
         with trio.fail_after(10), pytest.raises(RelayTurnGone):
             shown = [c async for c in relay.read("t", after_pauses=1)]
-            # today: nothing, and the read ends: the continuation is never shown
+            # before: nothing, and the read ends: the continuation is never shown
             print([f"{c.seq}:{c.type}" for c in shown])
+
+
+class Counted:
+    """The Redis commands the relay's writers send: the flusher's pipelines (on its own
+    connection) and the takeover's pause count (``XRANGE`` through coredis)."""
+
+    def __init__(self, relay: RedisRelay) -> None:
+        self.names: list[str] = []
+        connection = relay.batcher.connection
+        assert connection is not None
+        send, xrange = connection.pipeline, relay.client.xrange
+
+        async def pipeline(commands: list[list[Any]]) -> list[Any]:
+            self.names.extend(str(command[0]) for command in commands)
+            return await send(commands)
+
+        async def counted_xrange(*args: Any, **kwargs: Any) -> Any:
+            self.names.append("XRANGE")
+            return await xrange(*args, **kwargs)
+
+        connection.pipeline = pipeline  # type: ignore[method-assign]
+        relay.client.xrange = counted_xrange
+
+    def reads(self) -> list[str]:
+        return [name for name in self.names if name in ("XREVRANGE", "XRANGE")]
+
+
+async def test_a_takeover_after_the_dead_claimers_first_entries_goes_on_without_a_gap(
+    redis_url: str,
+) -> None:
+    """The common takeover of a continuation: its claimer streamed its first entries
+    after the pause, then died. The stream holds the pause: no gap, one scan."""
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        owner = SimpleNamespace(relay=relay)
+        first = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+        first.extend([*ASKED, o.Finish(finish_reason="awaiting-input", usage=USAGE)])
+        await first.aclose(paused=True)
+        claimer = Worker._turn_writer(
+            owner, claim(takeover=False, resumed=True, saved=True, resumes=1)
+        )
+        claimer.extend(GOES_ON[:2])  # start, tool-result
+        await claimer.aclose(final=False)  # died
+        counted = Counted(relay)
+        taken = Worker._turn_writer(
+            owner, claim(takeover=True, resumed=False, saved=True, resumes=1)
+        )
+        taken.extend([GOES_ON[0], *GOES_ON[2:]])
+        await taken.aclose()
+        assert counted.reads() == ["XREVRANGE", "XRANGE"]
+        with trio.fail_after(10):
+            whole = [c async for c in relay.read("t")]
+            shown = [c async for c in relay.read("t", after_pauses=1)]
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]
+    assert [c.type for c in whole] == [c.type for c in ASKED] + ["finish"] + [
+        c.type for c in GOES_ON
+    ]
+
+
+@pytest.mark.parametrize(
+    ("how", "reads"),
+    [
+        ("first claim", []),
+        ("takeover of a turn that never waited", ["XREVRANGE"]),
+        ("takeover of a continuation after its pause", ["XREVRANGE"]),
+    ],
+)
+async def test_a_writer_counts_no_pauses_unless_a_continuations_tail_is_no_pause(
+    redis_url: str, how: str, reads: list[str]
+) -> None:
+    """The common paths read no more of the stream than before: a first claim nothing, a
+    takeover the tail only (its pause, for a continuation's)."""
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        owner = SimpleNamespace(relay=relay)
+        if how == "first claim":
+            made = claim(takeover=False, resumed=False, saved=False)
+        else:
+            dead = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+            dead.extend(ASKED)
+            waited = how.endswith("pause")
+            if waited:
+                dead.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
+            await dead.aclose(final=waited, paused=waited)
+            made = claim(takeover=True, resumed=False, saved=True, resumes=int(waited))
+        counted = Counted(relay)
+        writer = Worker._turn_writer(owner, made)
+        writer.extend(GOES_ON)
+        await writer.aclose()
+        assert counted.reads() == reads
+        assert counted.names.count("XADD") == 1
+
+
+async def test_a_continuation_claimed_here_while_its_first_part_ends_writes_no_gap(
+    redis_url: str,
+) -> None:
+    """This worker claims the continuation while the first part's writer (the same
+    worker's) has not streamed its end and pause yet: the continuation's writer reads
+    the tail once that writer is closed. Before, its tail read went first in the
+    flusher's pipeline, found the wait's ``step-finish`` and wrote a false ``gap`` (and
+    numbered on at the pause's own seqs)."""
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        owner = SimpleNamespace(relay=relay)
+        first = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+        first.extend(ASKED)
+        await first.flushed()
+        then = Worker._turn_writer(
+            owner, claim(takeover=False, resumed=True, saved=True, resumes=1)
+        )
+        then.extend(GOES_ON[:-1])  # (not its finish yet: that would hold it for the close)
+        first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
+        await first.aclose(paused=True)
+        then.append(GOES_ON[-1])
+        await then.aclose()
+        with trio.fail_after(10):
+            whole = [c async for c in relay.read("t")]
+            shown = [c async for c in relay.read("t", after_pauses=1)]
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]
+    assert len(whole) == len(ASKED) + 1 + len(GOES_ON)
+
+
+async def test_a_takeover_of_a_continuation_that_finds_no_stream_is_a_gap(
+    redis_url: str,
+) -> None:
+    """Redis lost the stream of a turn that waited: a takeover re-running step 0 is not
+    the whole turn (its first part and pause are gone), so it is a ``gap``, not
+    ``relay.from-start`` (which the approver's read, shown nothing, would take as whole,
+    pass over waiting for the pause, and end empty)."""
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+        owner = SimpleNamespace(relay=relay)
+        taken = Worker._turn_writer(
+            owner, claim(takeover=True, resumed=False, saved=True, resumes=1)
+        )
+        taken.extend([GOES_ON[0], o.StepStart(step=0), *GOES_ON[1:]])
+        await taken.aclose()
+        with trio.fail_after(10), pytest.raises(RelayTurnGone):
+            shown = [c async for c in relay.read("t", after_pauses=1)]
+            print([f"{c.seq}:{c.type}" for c in shown])
+
+
+async def test_a_pause_count_redis_refuses_is_a_gap_and_the_relay_writes_on(
+    redis_url: str,
+) -> None:
+    """The count's read refused (an ACL without ``XRANGE``, say): the takeover cannot
+    tell, so readers rebuild from the store; the refusal does not end the relay's
+    task (every other turn's writer goes on)."""
+    from coredis.exceptions import ResponseError
+
+    async with RedisRelay.open(redis_url, prefix=unique_prefix()) as relay:
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise ResponseError("NOPERM this user has no permissions to run the 'xrange' command")
+
+        owner = SimpleNamespace(relay=relay)
+        first = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+        first.extend(ASKED)
+        await first.aclose(final=False)
+        relay.client.xrange = refused
+        taken = Worker._turn_writer(
+            owner, claim(takeover=True, resumed=False, saved=True, resumes=1)
+        )
+        taken.extend(GOES_ON)
+        await taken.aclose()
+        other = relay.writer(session_id="s2", turn_id="u", fresh=True)
+        other.extend(GOES_ON)
+        await other.aclose()
+        del relay.client.xrange
+        with trio.fail_after(10):
+            with pytest.raises(RelayTurnGone):
+                [c async for c in relay.read("t", after_pauses=1)]
+            shown = [c async for c in relay.read("u")]
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]

@@ -438,6 +438,7 @@ class RedisRelay:
         fresh: bool = False,
         resumed: bool = False,
         first_step: int | None = None,
+        pauses: int = 0,
     ) -> RedisRelayWriter:
         """A writer for a turn this process runs; the relay's flush task writes what it
         queues. A second writer for the same turn (a ``takeover``) continues its seqs; a
@@ -448,18 +449,32 @@ class RedisRelay:
         reading the stream's tail: one ``XREVRANGE`` fewer per turn. A takeover's
         ``first_step`` (``0``: nothing of the turn committed) is what a stream found
         missing is judged by at once: the turn's ``start`` goes out without waiting
-        for the step's first chunk (:meth:`RedisRelayWriter.shown`)."""
+        for the step's first chunk (:meth:`RedisRelayWriter.shown`). ``pauses``: how
+        many times the turn waited (its continuation number): a takeover whose stream
+        does not end with a pause and holds fewer makes readers rebuild from the store.
+
+        A continuation (``resumed``, or a writer that says neither, as an embedded host's
+        continuation opens it) of a turn whose earlier writer in this process is still
+        open reads the stream's tail once that one is closed
+        (:meth:`RedisRelayWriter.follow`); a takeover does not wait for a writer the
+        turn lost."""
         writer = RedisRelayWriter(
             self,
             session_id=session_id,
             turn_id=turn_id,
             takeover=takeover and not fresh,
             resumed=resumed and not fresh,
+            pauses=0 if fresh else pauses,
         )
         if fresh:
             writer.start_fresh()
-        elif takeover and first_step is not None:
-            writer._learn_step(first_step)
+        else:
+            if takeover and first_step is not None:
+                writer._learn_step(first_step)
+            if resumed or not takeover:
+                earlier = [other for other in self.live if other.turn_id == turn_id]
+                if earlier:
+                    writer.follow(earlier)
         self.live.add(writer)
         return writer
 

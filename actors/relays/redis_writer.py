@@ -227,6 +227,7 @@ class RedisRelayWriter:
         turn_id: str,
         takeover: bool = False,
         resumed: bool = False,
+        pauses: int = 0,
     ) -> None:
         self.relay = relay
         self.session_id = session_id
@@ -236,6 +237,12 @@ class RedisRelayWriter:
         self.resumed = resumed
         """A continuation after a wait: a stream that does not end with its pause lost
         the first part's end (its writer stopped before it streamed it)."""
+        self.pauses = pauses
+        """How many times the turn waited before this writer's part (its continuation
+        number, the turn row's ``resumes``): a takeover of a continuation whose stream
+        does not end with a pause and holds fewer than that lost a part's end (the
+        worker that suspended the turn stopped before it streamed it, and the
+        continuation's claimer before its first flush): :meth:`_count_pauses`."""
         self.key = relay.turn_key(turn_id)
         self.writer_id = os.urandom(8).hex().encode()
         """Written in every entry (``w``), so a reader tells this writer's entries from
@@ -320,6 +327,30 @@ class RedisRelayWriter:
         for such a turn: a stream there already would refuse this writer's entries
         below its top (``XADD`` ids are the seqs)."""
         self._next_seq, self._prev = 1, None
+
+    def follow(self, earlier: list[RedisRelayWriter]) -> None:
+        """Read the stream's tail only once this process's ``earlier`` writers of the
+        turn are closed (at most ``close_timeout``): a continuation claimed here while
+        the part before it is still ending (its wait committed, its end and pause not
+        flushed yet) would otherwise read a tail without the pause, and write a false
+        ``gap`` (a worker's continuation) or number on at the pause's own seqs (an
+        embedded host's). Meanwhile appends only queue."""
+        self._busy = True
+        self.relay.nursery.start_soon(self._wait_for, earlier)
+
+    async def _wait_for(self, earlier: list[RedisRelayWriter]) -> None:
+        try:
+            with trio.move_on_after(self.relay.close_timeout):
+                for other in earlier:
+                    while not other._closed:
+                        if other._settled is None:
+                            other._settled = trio.Event()
+                        await other._settled.wait()
+        finally:
+            self._busy = False
+            self._notify()
+        if self._queue and not self._closed:
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
 
     # -- the producer's side (never blocks) ----------------------------------------------
 
@@ -777,8 +808,13 @@ class RedisRelayWriter:
                     lost = True
             elif self.resumed and last and not _paused(last[0]):
                 lost = True  # a continuation whose stream does not end with its pause
+            elif self.pauses and last and not lost and not _paused(last[0]):
+                # A takeover of a continuation: its tail is the dead claimer's first
+                # entries, or the part before it without its pause. The stream says.
+                self.relay.nursery.start_soon(self._count_pauses, first)
+                return  # (busy until it is counted)
             self._next_seq = first
-            if lost and not last and not self.resumed and unsure is None:
+            if lost and not last and not self.resumed and not self.pauses and unsure is None:
                 # No stream: lost, or the dead writer streamed nothing (see the method)
                 lost = False
                 self._unproven = True
@@ -807,6 +843,61 @@ class RedisRelayWriter:
         self._notify()
         if (self._queue or self._unsure) and not self._closed and not self._unproven:
             self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
+    async def _count_pauses(self, first: int) -> None:
+        """A takeover of the turn's ``pauses``-th continuation whose stream's tail is no
+        pause (:meth:`_tail_read`, numbering on from ``first``): the stream must hold
+        ``pauses`` pauses. Fewer: a part before this one ended without its pause (the
+        worker that suspended the turn died between its wait's commit and its pause,
+        and the continuation's claimer, which would have said so, before its first
+        flush), so readers are told (``gap``): the continuation spliced after that part
+        would show a reader of it the turn without the wait's end, and the approver's
+        read (``after_pauses``) would pass over everything waiting for the pause and end
+        with nothing. As many: the dead claimer streamed the continuation's first
+        entries after its pause; this writer goes on after them (no false gap). Read
+        from the stream's start, only on this path; a Redis that does not answer within
+        ``close_timeout``, or that refuses the read (a key of another type), is a ``gap``
+        too: this task is the relay's, and what it raises would end every writer's."""
+        held: int | None = None
+        try:
+            with trio.move_on_after(self.relay.close_timeout):
+                held = await self.relay._call("takeover's pauses", self._pauses_held)
+        except Exception as exc:
+            log.warning("relay.takeover_scan_failed", turn_id=self.turn_id, error=_described(exc))
+        except BaseException:  # the relay closing
+            self._busy = False
+            self._notify()
+            raise
+        self._next_seq = first
+        if held is None or held < self.pauses:
+            self._queue.insert(0, {"type": GAP})
+            log.warning("relay.takeover_lost_pause", turn_id=self.turn_id, waits=self.pauses,
+                        pauses=held)  # fmt: skip
+        self._busy = False
+        self._notify()
+        if self._queue and not self._closed:
+            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
+    async def _pauses_held(self) -> int:
+        """The pauses in the turn's stream, read from its start page by page, up to
+        :attr:`pauses` (no further: that many is all it needs to know). An entry that
+        does not decode holds none (its readers are told of it themselves)."""
+        held, start = 0, "-"
+        while True:
+            page = await self.relay.client.xrange(self.key, start, "+", count=PAGE)
+            for raw in page:
+                try:
+                    items = _decode(raw).items
+                except _Undecodable:
+                    continue
+                for item in items:
+                    if item["type"] == END and item.get("paused") is True:
+                        held += 1
+                if held >= self.pauses:
+                    return held
+            if len(page) < PAGE:
+                return held
+            start = f"({_identifier(page[-1].identifier)}"
 
     def _commands(
         self, batch: list[dict[str, Any]], first: int, now: float

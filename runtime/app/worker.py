@@ -1073,6 +1073,7 @@ class Worker:
             fresh=not (claim.takeover or claim.resumed or turn.saved),
             resumed=claim.resumed,
             first_step=0 if claim.takeover and not (claim.resumed or turn.saved) else None,
+            pauses=turn.resumes,
         )
 
     async def _stream_turn(
