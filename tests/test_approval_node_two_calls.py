@@ -2,7 +2,9 @@
 reload, by the real ``ai`` package's AbstractChat (the pinned 7 and 6) with
 ``sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses``: the
 first decision sent on its own (202) or not sent at all, the reloaded page shows what
-still waits, and its last decision sends the continuation; each approved call runs once."""
+still waits, and its last decision sends the continuation; each approved call runs once.
+Embedded (``serve``), and on a worker deployment (PostgreSQL + Redis, the suite's own)
+with the page reloaded from the other front end."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import trio
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, tool
 from tests.test_approval_node import ai6_entry
+from tests.test_frontend import deployment
+from tests.test_worker_approval import redis_url as redis_url  # (the fixture)
 from tests.web.harness import WEB, ensure_ai_package, web_server
 
 ran: list[str] = []
@@ -42,22 +46,26 @@ def ai(request: pytest.FixtureRequest) -> dict[str, str]:
     return {"node": node, **({} if request.param == "ai7" else {"ai": ai6_entry()})}
 
 
-async def decide_across_a_reload(ai: dict[str, str], tmp_path: Any, send: bool) -> tuple:
+async def drive(ai: dict[str, str], send: bool, url: str, reload_url: str) -> tuple:
     """The chat's record (tests/web/two_approvals_chat.mjs: A approved, B denied) and
     the stored session's UI messages."""
+    config = {"url": url, "reloadUrl": reload_url, "chatId": "s", "first": True}
+    config |= {"second": False, "send": send, **({"ai": ai["ai"]} if "ai" in ai else {})}
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [ai["node"], str(WEB / "two_approvals_chat.mjs"), json.dumps(config)],
+            capture_stdout=True,
+            cwd=WEB,
+        )
+    async with httpx.AsyncClient(base_url=reload_url) as client:
+        stored = (await client.get("/api/sessions/s?view=ui")).json()
+    return json.loads(proc.stdout), stored
+
+
+async def decide_across_a_reload(ai: dict[str, str], tmp_path: Any, send: bool) -> tuple:
     ran.clear()
     async with web_server(agent(), store=str(tmp_path / "w.db")) as server:
-        config = {"url": server.url, "chatId": "s", "first": True, "second": False}
-        config |= {"send": send, **({"ai": ai["ai"]} if "ai" in ai else {})}
-        with trio.fail_after(60):
-            proc = await trio.run_process(
-                [ai["node"], str(WEB / "two_approvals_chat.mjs"), json.dumps(config)],
-                capture_stdout=True,
-                cwd=WEB,
-            )
-        async with httpx.AsyncClient(base_url=server.url) as client:
-            stored = (await client.get("/api/sessions/s?view=ui")).json()
-    return json.loads(proc.stdout), stored
+        return await drive(ai, send, server.url, server.url)
 
 
 def states(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -66,7 +74,20 @@ def states(message: dict[str, Any]) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("send", [True, False], ids=["sent-alone", "not-sent"])
 async def test_two_approvals_decided_one_at_a_time_across_a_reload_run_once(ai, tmp_path, send):
-    chat, stored = await decide_across_a_reload(ai, tmp_path, send)
+    check(*await decide_across_a_reload(ai, tmp_path, send), send)
+
+
+@pytest.mark.parametrize("send", [True, False], ids=["sent-alone", "not-sent"])
+async def test_two_approvals_decided_across_a_reload_from_the_other_front_end_run_once(
+    ai, pg_url, redis_url, send
+):
+    ran.clear()
+    async with deployment(pg_url, redis_url, agent(), fronts=2) as d:
+        chat, stored = await drive(ai, send, d.urls[0], d.urls[1])
+    check(chat, stored, send)
+
+
+def check(chat: dict[str, Any], stored: dict[str, Any], send: bool) -> None:
     assert chat["error"] is None and chat["firstError"] is None and chat["status"] == "ready"
     # sent alone, the first decision is recorded (202) and the reload shows only B waiting;
     # not sent, the reload shows both again

@@ -9,7 +9,9 @@
 //   node two_approvals_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s",
 //                                 "first": true, "second": false, "send": true}'
 //
-// With "ai": a file URL of another copy of the package (ai@6), that one is used.
+// With "ai": a file URL of another copy of the package (ai@6), that one is used. With
+// "reloadUrl": the page is reloaded from that server (another front end of a worker
+// deployment), and sends the rest there.
 // Prints one JSON object: the request bodies sent and each response's status, the
 // reloaded chat's messages, its status and error (if any).
 
@@ -21,21 +23,22 @@ const Chat = chatClass(AbstractChat);
 
 const bodies = [];
 const statuses = [];
-const transport = new DefaultChatTransport({
-  api: `${config.url}/api/chat`,
-  fetch: async (url, init) => {
-    bodies.push(JSON.parse(init.body));
-    const response = await fetch(url, init);
-    statuses.push(response.status);
-    return response;
-  },
-});
-const options = {
+const transport = (base) =>
+  new DefaultChatTransport({
+    api: `${base}/api/chat`,
+    fetch: async (url, init) => {
+      bodies.push(JSON.parse(init.body));
+      const response = await fetch(url, init);
+      statuses.push(response.status);
+      return response;
+    },
+  });
+const options = (base) => ({
   id: config.chatId,
-  transport,
+  transport: transport(base),
   sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
-};
-let chat = new Chat(options);
+});
+let chat = new Chat(options(config.url));
 
 const settle = async (requests) => {
   for (let i = 0; i < 500; i++) {
@@ -56,8 +59,9 @@ if (config.send) {
 }
 const firstError = chat.error ? String(chat.error.message) : null;
 // the page reloaded: what the server stored, the calls it shows waiting decided
-const stored = await (await fetch(`${config.url}/api/sessions/${config.chatId}?view=ui`)).json();
-chat = new Chat({ ...options, messages: stored.ui_messages });
+const base = config.reloadUrl ?? config.url;
+const stored = await (await fetch(`${base}/api/sessions/${config.chatId}?view=ui`)).json();
+chat = new Chat({ ...options(base), messages: stored.ui_messages });
 const shown = waiting().map((p) => p.toolCallId);
 const sent = bodies.length;
 for (const part of waiting()) {
