@@ -120,7 +120,20 @@ def _strings(value: Iterable[str]) -> tuple[str, ...]:
 
 
 def _approval(value: bool | Collection[str]) -> bool | frozenset[str]:
-    return value if isinstance(value, bool) else frozenset(value)
+    """``True``/``False``, or the names as a frozenset. A ``str`` is refused, as ``args``
+    is: ``needs_approval="delete"`` was the set of its letters, which names no tool, so
+    the one tool meant to wait for a person ran without asking."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str | bytes):
+        raise ConfigurationError(
+            f"MCPServer needs_approval must be True, False or a list of tool names, not a "
+            f"{type(value).__name__} (needs_approval=[{value!r}] names one tool)"
+        )
+    names = frozenset(value)
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigurationError("MCPServer needs_approval names must be strings")
+    return names
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -251,10 +264,24 @@ class MCPServer:
         return cls.stdio(argv[0], argv[1:])
 
     def approves(self, tool_name: str) -> bool:
-        """Whether calls of the server's tool ``tool_name`` wait for approval."""
+        """Whether calls of the server's tool ``tool_name`` wait for approval: named in
+        :attr:`needs_approval` by the server's name or by the name it is offered as
+        (``<prefix>_<name>``, what the model, the events and the page show: named so,
+        the tool ran without asking)."""
         if isinstance(self.needs_approval, bool):
             return self.needs_approval
-        return tool_name in self.needs_approval
+        offered = f"{self.prefix}_{tool_name}" if self.prefix else tool_name
+        return tool_name in self.needs_approval or offered in self.needs_approval
+
+    def unknown_approvals(self, listed: Collection[str]) -> list[str]:
+        """The names in :attr:`needs_approval` that name none of the ``listed`` tools (by
+        either name :meth:`approves` reads): a typo lets the tool meant run unasked."""
+        if isinstance(self.needs_approval, bool):
+            return []
+        known = set(listed)
+        if self.prefix:
+            known |= {f"{self.prefix}_{name}" for name in listed}
+        return sorted(self.needs_approval - known)
 
 
 def _default_name(command: str, args: Sequence[str]) -> str:
@@ -498,6 +525,8 @@ class MCPServerActor(Actor):
         """Tools of the last listing whose description was cut (logged when new)."""
         self._unchecked: dict[str, tuple[str, ...]] = {}
         """Tools of the last listing with patterns not run here (logged when new)."""
+        self._unknown_approvals: list[str] = []
+        """Names in ``needs_approval`` the last listing had no tool of (logged when new)."""
         self._client: Any = None
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
@@ -907,6 +936,17 @@ class MCPServerActor(Actor):
         self._over_cap = over
         if over:
             listed = dict(list(listed.items())[: config.max_tools])
+        unknown = config.unknown_approvals(listed)
+        if unknown and unknown != self._unknown_approvals:  # logged once, when new
+            self._log.warning(
+                "mcp.approval-names-unknown",
+                server=config.name,
+                names=[redact(n) for n in unknown],
+                error=f"MCP server {config.name!r} lists no tool named "
+                f"{', '.join(repr(redact(n)) for n in unknown)} of its needs_approval: "
+                "no call waits for approval by those names",
+            )
+        self._unknown_approvals = unknown
         tools: list[MCPTool] = []
         refused: dict[str, str] = {}
         cut: set[str] = set()

@@ -140,3 +140,39 @@ async def _load(db: Any) -> list[Message]:
         record = await host.store.load("s")
     assert record is not None
     return list(record.messages)
+
+
+async def test_an_edited_call_of_a_killed_continuation_runs_at_the_next_message_not_repaired(
+    tmp_path,
+):
+    """gaps' "Left": ``history.repair`` gives a call stored without a result an
+    ``interrupted`` result under EDIT_NOTE. A host killed while the edited call ran leaves
+    it so (the next load marks the message interrupted); the next message's turn runs
+    the approved call first, so its result is the tool's (``ran``), never the repair's."""
+    db = tmp_path / "s.db"
+    await decided(db)
+    async with Host.open(store=db, log_tap=False) as host:  # what settle leaves
+        record = await host.store.load("s")
+        assert record is not None
+        marked = [
+            attrs.evolve(m, interrupted=True) if m.role == "assistant" else m
+            for m in record.messages
+        ]
+        await host.store.save("s", 0, marked, expected_version=record.version)
+    provider = ScriptedProvider([["ok"]])
+    async with Host.open(store=db, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider, tools=[lookup]), session_id="s")
+        await session.run("next")
+        record = await host.store.load("s")
+    assert record is not None
+    stored = stored_result(record.messages)
+    assert (stored.output, stored.error, stored.ran, stored.ran_unknown) == (
+        "value-b",
+        None,
+        True,
+        False,
+    )
+    assert (
+        told(list(record.messages)).output
+        == f"{EDIT_NOTE.format(input=json.dumps(EDIT))}\n\nvalue-b"
+    )

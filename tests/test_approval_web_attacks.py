@@ -51,6 +51,17 @@ async def test_an_approval_id_in_another_calls_part_is_refused():
     assert before == after and ran == []
 
 
+async def test_an_approval_in_a_dynamic_tool_part_naming_another_tool_is_refused():
+    """The server streams no dynamic tool: a client that shows the call as a
+    ``dynamic-tool`` part of another ``toolName`` (``wire_money``) had the person approve
+    one tool and ran another (``delete_file``)."""
+    status, error, before, after = await refused(
+        DELETE, lambda f: approve(f, type="dynamic-tool", toolName="wire_money")
+    )
+    assert status == 400 and "names tool 'wire_money'" in error
+    assert before == after and ran == []
+
+
 async def test_two_answers_for_one_call_are_refused_as_such():
     """Before: 409 "was decided already", for a call nothing had decided."""
     status, error, before, after = await refused(DELETE, approve, approve)

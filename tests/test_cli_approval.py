@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -46,10 +47,10 @@ def run(agent: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def run_in_a_terminal(
-    answer: str, *options: str, agent: str = "agent"
+    answer: str, *options: str, agent: str = "agent", typed_after: float = 0.0
 ) -> subprocess.CompletedProcess:
     """``run`` (with ``options``) with its stdin on a pseudo-terminal, where ``answer``
-    is typed."""
+    is typed (``typed_after`` seconds after the first prompt showed: a person slow to)."""
     leader, follower = pty.openpty()
     try:
         proc = subprocess.Popen(
@@ -71,8 +72,18 @@ def run_in_a_terminal(
             env=ENV,
         )
         os.close(follower)
+        shown = ""
+        if typed_after:
+            assert proc.stdout is not None
+            while not shown.endswith("[y/N] "):  # (what it wrote before, up to the prompt)
+                char = proc.stdout.read(1)
+                if not char:
+                    break
+                shown += char
+            time.sleep(typed_after)
         os.write(leader, answer.encode() + b"\n")  # the terminal holds it until read
         out, err = proc.communicate(timeout=HANG_GUARD)
+        out = shown + out
     finally:
         os.close(leader)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -118,6 +129,25 @@ def test_an_edit_that_is_not_json_or_not_the_tools_input_is_asked_again():
     ]
     assert len([line for line in err if line.endswith("asked again")]) == 2
     assert "It is sunny in Bergen." in proc.stdout
+
+
+def test_an_answer_typed_after_the_wait_expired_says_so_and_shows_the_turn_it_went_on_to(
+    tmp_path,
+):
+    """Before: ``error: 'approval_...' was decided already``, exit 2, while the host had
+    denied the call ``timed out`` and run the turn on in the background: the person
+    never saw why, nor the answer (without ``--store`` the host's close cut it)."""
+    for store in ([], ["--store", str(tmp_path / "s.db")]):
+        proc = run_in_a_terminal("y", *store, agent="expiring", typed_after=1.0)
+        assert proc.returncode == 0, proc.stderr
+        said = proc.stderr.splitlines()
+        assert said[0] == (
+            "get_weather: its wait expired before the answer, so it was denied (timed out) "
+            "and the turn went on without it"
+        )
+        assert len(said) == (2 if store else 1), said  # the stored session's id line
+        assert proc.stdout.count("I could not check: the tool call was denied: timed out.") == 1
+        assert "sunny" not in proc.stdout
 
 
 def test_enter_at_the_terminal_prompt_denies():

@@ -15,6 +15,7 @@ import attrs
 import cattrs
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from actors.mcp import MCPServer, MCPServerActor
 from actors.plugins import ApprovalActor
@@ -381,6 +382,51 @@ async def test_the_approval_plugin_gates_the_tools_the_server_config_names():
     assert asked == ["add"]
     assert saved["add"].error == "the tool call was denied: no arithmetic today"
     assert saved["echo"].output == "free"
+
+
+def test_needs_approval_given_one_name_as_a_str_is_refused():
+    """``needs_approval="add"`` was the set of its letters: no tool waited, ``add`` ran
+    without asking."""
+    with pytest.raises(ConfigurationError, match=r"not a str \(needs_approval=\['add'\]"):
+        stdio_server(needs_approval="add")
+
+
+async def test_a_prefixed_tool_named_as_offered_in_needs_approval_waits():
+    """Named as the model, the events and the page show it (``m_add``), not as the
+    server lists it (``add``): the call ran without asking."""
+    asked = []
+
+    def deny(request):
+        asked.append(request.tool_name)
+        return False, "no"
+
+    agent = Agent(
+        provider=calling(("m_add", {"a": 1, "b": 2}), ("m_echo", {"text": "free"})),
+        tools=[stdio_server(prefix="m", needs_approval=["m_add"])],
+    )
+    async with Host.open(log_tap=False) as host:
+        await host.start_actor(ApprovalActor(deny))
+        session = await host.open_session(agent)
+        await session.run("go")
+    saved = tool_messages(session)
+    assert asked == ["m_add"]
+    assert saved["m_add"].error == "the tool call was denied: no"
+    assert saved["m_echo"].output == "free"
+
+
+async def test_a_needs_approval_name_the_server_does_not_list_is_logged_once():
+    agent = Agent(
+        provider=calling(("echo", {"text": "x"})),
+        tools=[stdio_server(needs_approval=["add", "adds"])],
+    )
+    with capture_logs() as logs:
+        await run_turn(agent)
+    [warned] = [line for line in logs if line["event"] == "mcp.approval-names-unknown"]
+    assert warned["names"] == ["adds"]
+    assert warned["error"] == (
+        "MCP server 'test' lists no tool named 'adds' of its needs_approval: no call "
+        "waits for approval by those names"
+    )
 
 
 async def test_the_server_process_ends_with_the_host():

@@ -223,3 +223,35 @@ async def test_a_card_two_agents_deep_names_the_agents_it_is_asked_through(playw
     assert ran == ["x"]
     assert seen["asking"] == "Asks to run wire_money via helper"  # (no "via helper" before)
     assert seen["live"] == seen["reloaded"] == "Approved to run wire_money via helper"
+
+
+RLO = "\u202e"
+SPOOF = f"/tmp/{RLO}fdp.exe"  # shown raw, it reads "/tmp/exe.pdf"
+
+
+async def test_a_bidi_override_in_an_input_is_shown_escaped_and_an_untouched_edit_keeps_it(
+    playwright_sync,
+):
+    """The card showed an input holding U+202E raw: the rest of its line displayed
+    reversed, so a person approved "/tmp/exe.pdf" and ``/tmp/<RLO>fdp.exe`` ran. Shown
+    as ``\\u202e`` now (as the command line shows it); the edit box's JSON escape is the
+    same value, so an edit left as it is runs the call's very input."""
+
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        sent = chat_posts(page)
+        card = ask(page, expect, f"please delete {SPOOF}")
+        seen["shown"] = card.locator(".input pre").inner_text()
+        card.get_by_role("button", name="Edit").click()
+        seen["box"] = card.get_by_label("Edited input").input_value()
+        card.get_by_role("button", name="Approve with edits").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        seen["result"] = card.locator(".result pre").inner_text()
+        seen["sent"] = sent
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert RLO not in seen["shown"] and "/tmp/\\u202efdp.exe" in seen["shown"]
+    assert RLO not in seen["box"] and RLO not in seen["result"]
+    assert deleted == [SPOOF]
+    (part,) = [p for p in seen["sent"][-1]["messages"][-1]["parts"] if p.get("toolCallId") == "D0"]
+    assert part["approval"]["axonEditedInput"] == {"path": SPOOF}

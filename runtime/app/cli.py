@@ -65,7 +65,7 @@ from runtime.app.commands import (
     report_bad_input,
     say_on_stderr,
 )
-from runtime.app.expiry import deadlines
+from runtime.app.expiry import TIMED_OUT, deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
 from runtime.app.nested import end_sub_waits
@@ -83,6 +83,7 @@ from runtime.errors import (
     InvalidMedia,
     StoreError,
     UnknownApproval,
+    WaitExpired,
     describe_exception,
 )
 from runtime.events import Event
@@ -342,6 +343,8 @@ async def run_command(args: argparse.Namespace) -> int:
             result = await render_turn(session.stream(args.input), renderer, out_stream)
         while result is None or result.finish_reason == "awaiting-input":
             status = await decide_waiting(session, args, renderer)
+            if status == WENT_ON:  # (the host ran the continuation; its text is shown)
+                break
             if status is not None:
                 return status
             result = await render_turn(session.resume(), renderer, out_stream)
@@ -437,7 +440,11 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
         else:
             if renderer is not None:
                 renderer.end_line()
-            if not await prompt_decision(session, call, prompt_out):
+            try:
+                answered = await prompt_decision(session, call, prompt_out)
+            except _Expired:
+                return await _went_on_without(session, call, args, renderer)
+            if not answered:
                 prompt_out.write("\n")
                 if args.store is not None:  # stored, still waiting: how to decide it later
                     say_on_stderr(waiting_line(calls[index:], session.id, args) + "\n")
@@ -447,11 +454,81 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
     return None
 
 
+WENT_ON = -1
+"""What :func:`decide_waiting` returns when the turn went on without ``run`` (an answer
+typed after the wait expired: the host ran the continuation, shown as text since)."""
+EXPIRED_LOOK = 1.0
+"""Seconds between looks at a session whose expired wait the host goes on with in the
+background, while ``run`` waits for that continuation (:func:`_went_on_without`)."""
+
+
+class _Expired(Exception):
+    """The answer typed at the prompt came after the call's wait expired: the host denied
+    it ``timed out`` and runs the turn on in the background (docs/approval.md, "Expiry")."""
+
+
 async def _decided(session: Any, call: PendingCall, decision: dict[str, Any]) -> None:
     try:
         await session.decide(call.approval_id, **decision)
     except (AlreadyDecided, UnknownApproval) as exc:  # decided elsewhere meanwhile
+        if isinstance(exc, WaitExpired) or _timed_out(session.messages, call.approval_id):
+            raise _Expired from None
         raise BadInput(str(exc)) from None
+
+
+def _timed_out(messages: Sequence[Message], approval_id: str) -> bool:
+    """Whether the wait ``approval_id`` was decided by its expiry."""
+    return any(
+        p.awaiting.decided and p.awaiting.approved is False and p.awaiting.reason == TIMED_OUT
+        for p in waiting_parts(messages)
+        if p.awaiting is not None and p.awaiting.id == approval_id
+    )
+
+
+def waiting_parts(messages: Sequence[Message]) -> list[Any]:
+    """The calls of the last assistant message (the turn's that waited)."""
+    for message in reversed(messages):
+        if isinstance(message, AssistantMessage):
+            return [p for p in message.content if p.type == "tool-call"]
+    return []
+
+
+async def _went_on_without(
+    session: Any, call: PendingCall, args: argparse.Namespace, renderer: Any
+) -> int | None:
+    """A person answered ``call`` after its wait expired: before, ``error: ... was decided
+    already`` (exit 2), while the host had denied it ``timed out`` and run the turn on
+    in the background, whose answer nobody saw (and, without ``--store``, that the
+    host's close then cut). Said so; the continuation is waited for and its text
+    printed (:data:`WENT_ON`); calls it asks about anew are asked about (``None``:
+    decided, resume)."""
+    name = call.asked_tool or call.tool_name
+    say_on_stderr(
+        terminal_line(
+            f"{name}: its wait expired before the answer, so it was denied ({TIMED_OUT}) "
+            "and the turn went on without it"
+        )
+        + "\n"
+    )
+    step = max((p.step for p in waiting_parts(session.messages)), default=0)
+    # (a refusal by the clock alone: the host records the expiry in the background)
+    while (
+        session.busy
+        or call.approval_id in {c.approval_id for c in pending_calls(session.messages)}
+        or any(c.decided for c in waiting_calls(session.messages))
+    ):
+        with trio.move_on_after(EXPIRED_LOOK):  # (a change it is not woken for)
+            await session.wait_changed()
+    out = sys.stdout if renderer is not None else sys.stderr
+    for message in session.messages:
+        if isinstance(message, AssistantMessage) and message.id == call.message_id:
+            text = "".join(p.text for p in message.content if p.type == "text" and p.step > step)
+            if text.strip():
+                out.write(terminal_text(text) + "\n")
+                out.flush()
+    if any(not c.decided for c in waiting_calls(session.messages)):
+        return await decide_waiting(session, args, renderer)
+    return WENT_ON
 
 
 async def prompt_decision(session: Any, call: PendingCall, out: Any) -> bool:

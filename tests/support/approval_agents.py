@@ -53,6 +53,14 @@ small_edits = Agent(
 """``agent`` whose edits may be 20 characters of JSON (the model's input is 15)."""
 """Calls ``get_weather`` (which waits for approval) once, then answers."""
 
+expiring = Agent(
+    name="asks-briefly",
+    provider=ScriptedProvider(responder=_once),
+    tools=[get_weather],
+    approval_timeout=0.5,
+)
+"""``agent`` whose wait expires half a second after it asks (``approval_timeout``)."""
+
 twice = Agent(name="asks-twice", provider=ScriptedProvider(responder=_twice), tools=[get_weather])
 """Calls ``get_weather`` in two steps (the turn waits twice), then answers."""
 

@@ -242,6 +242,15 @@ def _check_part(part: dict[str, Any], call: PendingCall, what: str) -> None:
             400,
             f"{what} is for call {shown_id!r} of tool {name!r}, but its part is a {kind!r}",
         )
+    # (the server streams no dynamic tool, so a ``dynamic-tool`` part is one the client
+    # made: the name it shows the person must still be the call's)
+    shown_name = part.get("toolName")
+    if not kind.startswith("tool-") and shown_name is not None and shown_name != name:
+        raise ApiError(
+            400,
+            f"{what} is for call {shown_id!r} of tool {name!r}, but its part names tool "
+            f"{str(shown_name)[:100]!r}",
+        )
     sent = part.get("input")  # null: a client that keeps no input sent none
     # (a call approved with edits, answered again: the part may keep the model's input)
     edited_from = call.original_input if call.sub_tool is None else None

@@ -28,7 +28,16 @@ import orjson
 
 PART_KEYS = ("type", "text", "url", "mediaType", "filename")
 """What a text or file part of a ``useChat`` message has that the server reads."""
-ANSWER_KEYS = ("type", "toolCallId", "state", "approval", "input", "output", "errorText")
+ANSWER_KEYS = (
+    "type",
+    "toolCallId",
+    "toolName",
+    "state",
+    "approval",
+    "input",
+    "output",
+    "errorText",
+)
 """What a tool part of a continuation's assistant message has that the server reads
 (:mod:`runtime.app.web.answers`): approvals and client tools' outputs, kept whole, with
 the call's input, which must be the stored call's."""
