@@ -17,6 +17,7 @@ import pytest
 from runtime.app.worker import _remove, _touch
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKER = (sys.executable, "-m", "runtime", "worker")
 
 
 def _fifo(tmp_path: Path) -> tuple[Path, int]:
@@ -64,8 +65,7 @@ def test_the_worker_command_refuses_a_fifo_before_it_starts_and_leaves_it(
     path, reader = _fifo(tmp_path)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "runtime", "worker", "--store", "postgresql://127.0.0.1:1/x"]
-            + ["--health-file", str(path)],
+            [*WORKER, "--store", "postgresql://127.0.0.1:1/x", "--health-file", str(path)],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,
