@@ -48,6 +48,7 @@ import inspect
 import marshal
 import operator
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from types import CodeType
@@ -128,6 +129,8 @@ class _Cache:
         entries = {**kept, **self.used}
         tmp = f"{self.path}.{os.getpid()}.{id(self)}"  # as importlib writes a .pyc
         try:
+            if not _replaceable(self.path):
+                return
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, 0o666)
             try:
@@ -193,11 +196,26 @@ def _ours(filename: str) -> bool:
     return filename.startswith(prefix) and filename.rsplit(" ", 1)[-1].startswith(modules)
 
 
-def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]:
-    """The file's entries, or none when it is missing, unreadable, or of another
-    Python or format."""
+def _replaceable(path: str) -> bool:
+    """Whether the rename may put the file at ``path``: nothing there, or a regular file.
+    A device, a FIFO or a symbolic link there (``/dev/null`` linked or bound in to keep
+    no cache) was replaced by a regular file; ``py_compile`` refuses the same."""
     try:
-        with open(path, "rb") as f:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return True
+    return stat.S_ISREG(mode)
+
+
+def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]:
+    """The file's entries, or none when it is missing, unreadable, no regular file (a
+    FIFO there made importing ``runtime`` wait for a writer), or of another Python or
+    format."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {}
             data = f.read()  # marshal.load(f) would read it object by object
         if data[:4] != importlib.util.MAGIC_NUMBER:
             return {}

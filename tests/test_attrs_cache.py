@@ -6,8 +6,10 @@ import importlib.util
 import json
 import marshal
 import os
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import CodeType
 
@@ -296,3 +298,47 @@ def test_a_hashed_class_without_fields_hashes_with_its_own_number():
     own = hash("<attrs generated hash runtime.example_empty.Empty>")
     assert hash(empty) == hash((own,))
     assert hash(empty) != hash(other)
+
+
+def _written_at(path: Path) -> None:
+    """A cache holding one compiled entry written to ``path`` (read nothing first)."""
+    cache = _cache(tmp := path.parent / "elsewhere.bin")
+    assert not tmp.exists()
+    cache.path = str(path)
+    cache.code(SCRIPT, NAME)
+    cache.write()
+
+
+def test_a_fifo_at_the_path_is_not_replaced_by_the_write(tmp_path):
+    """A device (``/dev/null`` bound or linked in to keep no cache) or a FIFO at the path
+    was replaced by a regular file, as ``py_compile`` refuses to."""
+    path = tmp_path / "cache.bin"
+    os.mkfifo(path)
+    _written_at(path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.bin"]  # no temporary file left
+
+
+def test_a_symbolic_link_at_the_path_is_not_replaced_by_the_write(tmp_path):
+    target = tmp_path / "theirs"
+    target.write_text("theirs")
+    path = tmp_path / "cache.bin"
+    path.symlink_to(target)
+    _written_at(path)
+    assert path.is_symlink() and target.read_text() == "theirs"
+
+
+def test_a_fifo_at_the_path_is_read_as_no_entries_without_waiting_for_a_writer(tmp_path):
+    """Importing ``runtime`` opened it and waited for a writer's end of file. The test
+    holds both ends, so that the read, if made, waits until the end is closed."""
+    path = tmp_path / "cache.bin"
+    os.mkfifo(path)
+    both = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    read: list[dict] = []
+    reader = threading.Thread(target=lambda: read.append(_cache(path).stored), daemon=True)
+    reader.start()
+    reader.join(30)
+    done_before_the_end_was_closed = bool(read)
+    os.close(both)
+    reader.join(30)
+    assert done_before_the_end_was_closed and read == [{}]

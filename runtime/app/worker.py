@@ -60,6 +60,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -1541,15 +1542,48 @@ async def _take_slot(slots: trio.Semaphore) -> None:
         await slots.acquire()
 
 
+def _not_a_plain_file(path: str | os.PathLike[str]) -> OSError | None:
+    """Why ``path`` is no file the worker may touch and remove (``None``: a regular file,
+    or nothing there). ``--health-file /dev/null`` ("no file wanted", one might think) was
+    touched, then removed: as root the null device itself was unlinked, and the next beat
+    created a regular file in its place. A FIFO blocked the first touch forever; a
+    symbolic link had its target's time set, wherever it pointed."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None  # nothing there, or nothing to see: the open or unlink says why
+    if stat.S_ISLNK(info.st_mode):
+        return OSError("a symbolic link: give the file's own path")
+    if not stat.S_ISREG(info.st_mode):
+        return OSError(
+            "not a regular file: give the path of a file (created if missing, removed at exit)"
+        )
+    return None
+
+
 def _touch(path: str | os.PathLike[str]) -> None:
     """Set ``path``'s modification time to now, creating it if need be (``OSError``
-    when it cannot be written)."""
-    with open(path, "a"):
-        pass
-    os.utime(path)
+    when it cannot be written, or is no regular file: :func:`_not_a_plain_file`)."""
+    refused = _not_a_plain_file(path)
+    if refused is not None:
+        raise refused
+    # O_NOFOLLOW, O_NONBLOCK: what was swapped in since the look above (a link, a FIFO)
+    # fails or is seen by fstat, never followed or waited on.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        os.utime(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: str | os.PathLike[str]) -> None:
+    """Remove ``path`` if it is a regular file (never a device, FIFO or link that took
+    its name: see :func:`_not_a_plain_file`)."""
+    if _not_a_plain_file(path) is not None:
+        return
     try:
         os.unlink(path)
     except OSError:

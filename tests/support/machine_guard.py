@@ -7,6 +7,9 @@
 * Redis on 127.0.0.1:6379: its ``run_id`` must be the same (a restart changes it), and a
   sentinel key written by ``record`` must still hold its value (a flush or a restart
   without persistence loses it). ``check`` deletes the sentinel.
+* ``/dev/null`` must still be a character device (one run, as root, left a regular file
+  there; everything that writes to it afterwards then fills that file). The suite checks
+  it before and after each test too (tests/conftest.py), naming the test that changed it.
 
 A server that does not answer at ``record`` is not checked (and said so). This writes one
 key into the machine's Redis, so it is for CI's throwaway machine only: the suite itself
@@ -18,14 +21,42 @@ Usage: ``python3 -m tests.support.machine_guard record|check STATE_FILE``.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
+import stat
 import sys
 from pathlib import Path
 
 PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS = ("127.0.0.1", 6379)
 SENTINEL = "axon:ci:machine-guard"
+NULL_DEVICE = os.devnull
+"""The path :func:`null_device_problem` looks at (a test of the guard points it elsewhere)."""
+
+
+def null_device_problem(path: str | None = None) -> str | None:
+    """What is wrong with the null device (:data:`NULL_DEVICE`): ``None`` while it is a
+    character device. One ``lstat``, a microsecond: cheap enough for every test."""
+    path = NULL_DEVICE if path is None else path
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        return f"{path} is gone ({exc.strerror})"
+    if stat.S_ISCHR(mode):
+        return None
+    kind = (
+        "a regular file"
+        if stat.S_ISREG(mode)
+        else "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "no character device"
+    )
+    return f"{path} is {kind} now, no longer the character device"
 
 
 def _redis(*command: str, at: tuple[str, int] = REDIS) -> str | None:
@@ -101,9 +132,13 @@ def record(state: Path, *, pg: str = PG, redis: tuple[str, int] = REDIS) -> None
 
 
 def check(state: Path, *, pg: str = PG, redis: tuple[str, int] = REDIS) -> int:
-    """0 when both servers are as ``record`` found them; else 1, each change said."""
+    """0 when both servers are as ``record`` found them and the null device is one; else
+    1, each change said."""
     facts = json.loads(state.read_text())
     problems = []
+    null = null_device_problem()
+    if null is not None:
+        problems.append(f"{null}: the test run (or something beside it) replaced it")
     if facts["pg_start"] is not None and _pg_start_time(pg) != facts["pg_start"]:
         problems.append("the machine's PostgreSQL was restarted (or stopped) by the test run")
     if facts["redis_run_id"] is not None:
@@ -115,7 +150,7 @@ def check(state: Path, *, pg: str = PG, redis: tuple[str, int] = REDIS) -> int:
     for problem in problems:
         print(f"machine guard: {problem}", file=sys.stderr)
     if not problems:
-        print("machine guard: the machine's PostgreSQL and Redis were left alone")
+        print("machine guard: the machine's PostgreSQL, Redis and /dev/null were left alone")
     return 1 if problems else 0
 
 
