@@ -341,6 +341,10 @@ class SaveRequest:
     not as grown rows (:meth:`~actors.persister.Persister._grown`), since no later save
     of the turn may come (the final save is skipped when this one holds the turn: a turn
     suspended for a decision left its waiting answer a head)."""
+    cut: frozenset[str] = frozenset()
+    """The ids of the messages a regenerate cut from the history (its turn replaces them):
+    a save rebased on another writer's drops them from what the store holds too, or is
+    refused when that writer's turn came after them (:func:`runtime.store.rebase`)."""
 
 
 # -- stream controller markers -------------------------------------------------------------

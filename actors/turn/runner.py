@@ -135,15 +135,18 @@ def _suspended_trace(
     )
 
 
-def _cut_last_turn(state: SessionState) -> None:
+def _cut_last_turn(state: SessionState) -> frozenset[str]:
     """Cut the history back to before its last user message (a regenerate): the turn
-    that follows saves from the cut on, replacing the old turn in the store as well."""
+    that follows saves from the cut on, replacing the old turn in the store as well.
+    Returns the ids of the messages cut that the store held (:attr:`Turn.cut`)."""
     messages = state.messages
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], UserMessage):
+            cut = frozenset(m.id for m in messages[i : state.saved_upto])
             del messages[i:]
             state.saved_upto = min(state.saved_upto, i)
-            return
+            return cut
+    return frozenset()
 
 
 def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
@@ -579,13 +582,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         state, agent = self.state, self.agent
         turn_id = run.turn_id
         message_id = run.message_id or new_id("msg")
-        committed, mark = None, None
+        committed, mark, cut = None, None, frozenset[str]()
         if run.resume and run.message_id is not None:
             mark = paused_mark(began.meta, turn_id) if began is not None else None
             paused = mark[0] if mark is not None else None
             committed = find_committed(state.messages, message_id, paused)
         if committed is None and run.regenerate:
-            _cut_last_turn(state)
+            cut = _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
         approved: tuple[Any, ...] = ()
         ended_nested: tuple[Any, ...] = ()
@@ -622,6 +625,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             approved_before=approved,
             ended_before=ended_nested,
             fence=run.fence,
+            cut=cut,
         )
         if committed is None:
             state.messages.append(
