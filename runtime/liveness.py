@@ -24,9 +24,11 @@ statement more), and an unknown writer's marker older than :func:`marker_ttl` (s
 ``$AXON_RUNNING_MARKER_TTL``) counts as dead. Why: two ``serve --run-turns-here`` on one
 PostgreSQL on two machines never see each other's processes, and a claim whose process
 was killed stayed "answered elsewhere" for good (its retry a 409, branch ``attack2``).
-The bound must exceed the longest step (a model call and its tool calls: no save
-refreshes the marker within one) plus the machines' clock skew; a live writer of this
-machine's pid namespace never expires.
+A host that claims its turns (its store shared) refreshes the marker every
+:func:`touch_interval` while a step's model call or tools run
+(:meth:`actors.turn.saving.Saving._touching`); on any other the bound must exceed the
+longest step (a model call and its tool calls). Either way it must exceed the machines'
+clock skew; a live writer of this machine's pid namespace never expires.
 """
 
 from __future__ import annotations
@@ -232,6 +234,20 @@ def marker_ttl() -> float | None:
     except ValueError:
         return None
     return ttl if ttl > 0 else None
+
+
+TOUCHES_PER_TTL = 3
+"""How many times within :func:`marker_ttl` a step that runs that long refreshes its
+turn's marker (:func:`touch_interval`)."""
+
+
+def touch_interval() -> float | None:
+    """Seconds between two refreshes of a running turn's marker while one step (a model
+    call, its tool calls) runs: a third of :func:`marker_ttl`, so a live turn's marker
+    never reaches the bound another machine expires it at (two refreshes may fail or be
+    late); ``None`` when markers never expire."""
+    ttl = marker_ttl()
+    return None if ttl is None else ttl / TOUCHES_PER_TTL
 
 
 def _expired(marker: Mapping[str, Any]) -> bool:
