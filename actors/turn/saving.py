@@ -412,6 +412,13 @@ class Saving:
                         touch.saves += 1
         except SessionDeleted:  # (deleted while it ran: the step's save says so)
             pass
+        except Exception as exc:  # (in the host's nursery: a failure here ends no host)
+            self._log.error(
+                "session.marker-refresh-failed",
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                error=redact(describe_exception(exc)),
+            )
         finally:
             touch.done.set()
 
