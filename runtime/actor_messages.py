@@ -841,6 +841,10 @@ class SessionState:
     version: int = 0
     """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
     not stored); saves are based on it, so one that another writer overtook conflicts."""
+    cut: frozenset[str] = frozenset()
+    """The ids of stored messages a regenerate cut from ``messages`` that no save has
+    removed from the store yet (:attr:`SaveRequest.cut`): a save, or a reload, meeting
+    another writer's replaces them there too, or refuses the regenerated turn."""
 
     def snapshot(self) -> SessionSnapshot:
         return SessionSnapshot(

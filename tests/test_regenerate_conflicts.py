@@ -15,7 +15,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Hooks, Host
-from runtime.errors import AnsweredElsewhere
+from runtime.errors import AnsweredElsewhere, StoreError
 from runtime.messages import AssistantMessage, UserMessage
 from runtime.store import rebase
 
@@ -93,6 +93,60 @@ async def test_a_regenerate_whose_save_meets_a_meta_save_replaces_the_turn(tmp_p
     assert stored == [
         ("user", "q1"), ("assistant", "A."),
         ("user", "q2 again"), ("assistant", "A."),
+    ]  # fmt: skip
+
+
+async def test_a_regenerate_left_unsaved_is_dropped_by_the_reload_that_meets_a_turn_after_it(
+    tmp_path,
+):
+    """A library host keeps a turn the store refused; the next turn's reload met B's
+    turn after the one the regenerate cut: the old turn and the new one (after B's)
+    were both saved with the next turn."""
+    store_of: list[Any] = []
+
+    async def answer_after_while_a_fails(b: Host) -> None:
+        a_store = store_of[0]
+        a_store.save, save = _refusing, a_store.save
+        store_of.append(save)
+        other = await b.open_session(Agent(provider=ScriptedProvider(steps=[["B."]])), "s")
+        await other.run("q3")
+
+    async def _refusing(*args: Any, **kwargs: Any) -> int:
+        raise StoreError("the disk is full")
+
+    gate = _Gate()
+    agent = Agent(
+        provider=ScriptedProvider(steps=[["A."]] * 4), hooks=Hooks(on_step_start=gate.hold)
+    )
+    async with Host.open(store=str(tmp_path / "one.db"), log_tap=False) as a:
+        async with Host.open(store=str(tmp_path / "one.db"), log_tap=False) as b:
+            store_of.append(a.store)
+            session = await a.open_session(agent, session_id="s")
+            await session.run("q1")
+            await session.run("q2")
+            gate.armed = True
+            async with trio.open_nursery() as nursery:
+                results: list[Any] = []
+
+                async def regenerate() -> None:
+                    async with session.stream("q2 again", regenerate=True) as out:
+                        async for _ in out:
+                            pass
+                    results.append(out.result)
+
+                nursery.start_soon(regenerate)
+                await gate.held.wait()
+                await answer_after_while_a_fails(b)
+                gate.go.set()
+            a.store.save = store_of[1]  # type: ignore[method-assign]
+            assert not results[0].saved
+            await session.run("next")
+            record = await a.store.load("s")
+    assert [(m.role, m.content if m.role == "user" else m.text) for m in record.messages] == [
+        ("user", "q1"), ("assistant", "A."),
+        ("user", "q2"), ("assistant", "A."),
+        ("user", "q3"), ("assistant", "B."),
+        ("user", "next"), ("assistant", "A."),
     ]  # fmt: skip
 
 

@@ -135,18 +135,19 @@ def _suspended_trace(
     )
 
 
-def _cut_last_turn(state: SessionState) -> frozenset[str]:
+def _cut_last_turn(state: SessionState) -> None:
     """Cut the history back to before its last user message (a regenerate): the turn
-    that follows saves from the cut on, replacing the old turn in the store as well.
-    Returns the ids of the messages cut that the store held (:attr:`Turn.cut`)."""
+    that follows saves from the cut on, replacing the old turn in the store as well
+    (the ids of the stored messages cut kept in :attr:`SessionState.cut` until a save
+    removed them there: one rebased on another writer's replaces them too)."""
     messages = state.messages
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], UserMessage):
-            cut = frozenset(m.id for m in messages[i : state.saved_upto])
+            if i < state.saved_upto:
+                state.cut = state.cut | {m.id for m in messages[i : state.saved_upto]}
             del messages[i:]
             state.saved_upto = min(state.saved_upto, i)
-            return cut
-    return frozenset()
+            return
 
 
 def _user_id(run: RunTurn, state: SessionState, ids: MessageIds) -> str:
@@ -582,13 +583,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         state, agent = self.state, self.agent
         turn_id = run.turn_id
         message_id = run.message_id or new_id("msg")
-        committed, mark, cut = None, None, frozenset[str]()
+        committed, mark = None, None
         if run.resume and run.message_id is not None:
             mark = paused_mark(began.meta, turn_id) if began is not None else None
             paused = mark[0] if mark is not None else None
             committed = find_committed(state.messages, message_id, paused)
         if committed is None and run.regenerate:
-            cut = _cut_last_turn(state)
+            _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
         approved: tuple[Any, ...] = ()
         ended_nested: tuple[Any, ...] = ()
@@ -625,7 +626,6 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             approved_before=approved,
             ended_before=ended_nested,
             fence=run.fence,
-            cut=cut,
         )
         if committed is None:
             state.messages.append(

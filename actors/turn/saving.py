@@ -125,7 +125,7 @@ class Saving:
             held=held,
             fence=turn.fence,
             may_end=not running or ends is not None or bool(turn.held),
-            cut=turn.cut,
+            cut=state.cut,
         )
         self._pending, self._answered = req, None
         try:

@@ -155,9 +155,6 @@ class Turn:
     fence: object | None = None
     """The store's fence the turn began under (:attr:`RunTurn.fence`), on each of its
     saves (:attr:`SaveRequest.fence`)."""
-    cut: frozenset[str] = frozenset()
-    """The ids of the messages a regenerate cut to begin this turn, on each of its saves
-    (:attr:`SaveRequest.cut`): a save rebased on another writer's replaces them there too."""
 
 
 CONTEXT_TOO_LONG_HINT = (
