@@ -107,3 +107,38 @@ async def test_an_open_hosts_marker_of_this_process_is_a_turn_running_elsewhere(
         meta = {RUNNING_META: running_marker("turn_1", "msg_1", a.marker_id)}
         assert answering_elsewhere(meta, b.marker_id)
     assert not answering_elsewhere(meta, b.marker_id)  # (both closed now)
+
+
+async def test_a_chat_retry_of_a_message_a_closed_server_claimed_is_answered(tmp_path):
+    """``serve`` A (this process) answered ``q0`` and claimed ``q1`` (its end saves then
+    refused), then closed; server B of the same process on the same file gets the
+    client's retry of ``q1``: it runs it (on main, a 409 "another server is answering
+    it now", for as long as the process lived)."""
+    import httpx
+
+    from runtime.messages import AssistantMessage
+    from runtime.messages import UserMessage as User
+    from tests.test_claim_marker_ttl import _saved
+    from tests.test_sqlite_twin_claims import _stored
+    from tests.test_web_http import body
+    from tests.web.harness import web_server
+
+    db = str(tmp_path / "one.db")
+    async with web_server(Agent(provider=ScriptedProvider(steps=[["From A."]])), store=db) as a:
+        async with httpx.AsyncClient(base_url=a.url, timeout=None) as to_a:
+            await to_a.post("/api/chat", json=body("s", "zero", message_id="q0"))
+        held = await a.host.store.load("s")
+        marker = running_marker("t", "a-claimed", a.host.marker_id)
+        claim = (User(content="one", id="q1"), AssistantMessage(id="a-claimed"))
+        await a.host.store.save(
+            "s", len(held.messages), claim, {**held.meta, RUNNING_META: marker},
+            expected_version=held.version,
+        )  # fmt: skip
+    provider = ScriptedProvider(steps=[["From B."]])
+    async with web_server(Agent(provider=provider), store=db) as b:
+        async with httpx.AsyncClient(base_url=b.url, timeout=None) as to_b:
+            retry = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+        assert retry.status_code == 200, retry.content
+        record = await _saved(b.host.store, ("assistant", "From B."))
+    assert len(provider.requests) == 1
+    assert _stored(record)[-2:] == [("user", "q1"), ("assistant", "From B.")]
