@@ -553,7 +553,7 @@ class Persister(Actor):
                 # is every later save of the turn (one already queued, based on this one).
                 self._gone(req)
             stored = () if record is None else record.messages
-            base, start = rebase(stored, req.messages)
+            base, start = rebase(stored, req.messages, req.cut)
             meta = req.meta if record is None else rebased_meta(req.meta, record.meta, req.turn_id)
             try:
                 version = await self.store.save(

@@ -341,6 +341,10 @@ class SaveRequest:
     not as grown rows (:meth:`~actors.persister.Persister._grown`), since no later save
     of the turn may come (the final save is skipped when this one holds the turn: a turn
     suspended for a decision left its waiting answer a head)."""
+    cut: frozenset[str] = frozenset()
+    """The ids of the messages a regenerate cut from the history (its turn replaces them):
+    a save rebased on another writer's drops them from what the store holds too, or is
+    refused when that writer's turn came after them (:func:`runtime.store.rebase`)."""
 
 
 # -- stream controller markers -------------------------------------------------------------
@@ -837,6 +841,10 @@ class SessionState:
     version: int = 0
     """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
     not stored); saves are based on it, so one that another writer overtook conflicts."""
+    cut: frozenset[str] = frozenset()
+    """The ids of stored messages a regenerate cut from ``messages`` that no save has
+    removed from the store yet (:attr:`SaveRequest.cut`): a save, or a reload, meeting
+    another writer's replaces them there too, or refuses the regenerated turn."""
 
     def snapshot(self) -> SessionSnapshot:
         return SessionSnapshot(

@@ -133,6 +133,11 @@ class TurnHost(ToolHost, Protocol):
         itself (:attr:`expects_other_writers`: workers' turn queue)."""
 
     @property
+    def nursery(self) -> trio.Nursery:
+        """Where a turn's background work runs (its marker's refreshes during a long
+        step, :meth:`~actors.turn.saving.Saving._touching`)."""
+
+    @property
     def marker_id(self) -> str:
         """This host instance's name in the running markers its turns store
         (:data:`runtime.liveness.HOST_KEY`), so it tells its own leftover marker from

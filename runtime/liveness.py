@@ -24,15 +24,18 @@ statement more), and an unknown writer's marker older than :func:`marker_ttl` (s
 ``$AXON_RUNNING_MARKER_TTL``) counts as dead. Why: two ``serve --run-turns-here`` on one
 PostgreSQL on two machines never see each other's processes, and a claim whose process
 was killed stayed "answered elsewhere" for good (its retry a 409, branch ``attack2``).
-The bound must exceed the longest step (a model call and its tool calls: no save
-refreshes the marker within one) plus the machines' clock skew; a live writer of this
-machine's pid namespace never expires.
+A host that claims its turns (its store shared) refreshes the marker every
+:func:`touch_interval` while a step's model call or tools run
+(:meth:`actors.turn.saving.Saving._touching`); on any other the bound must exceed the
+longest step (a model call and its tool calls). Either way it must exceed the machines'
+clock skew; a live writer of this machine's pid namespace never expires.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -182,6 +185,36 @@ evicted and reopens) look alike by it. Read only by the writing host itself
 older version reading the marker ignores it."""
 
 
+_LIVE_HOSTS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+"""This process's open hosts by :attr:`~runtime.app.host.Host.marker_id`
+(:func:`host_opened`): a marker of this process naming a host not here is a closed
+host's (:func:`killed_marker`). Weak: a host dropped unclosed leaves no entry."""
+
+
+def host_opened(host_id: str, host: object) -> None:
+    """Host ``host`` of this process writes markers under ``host_id`` from now on."""
+    _LIVE_HOSTS[host_id] = host
+
+
+def host_closed(host_id: str) -> None:
+    """The host of ``host_id`` has closed (its tasks ended): its markers left in a store
+    are a dead turn's, though their writer, this process, lives."""
+    _LIVE_HOSTS.pop(host_id, None)
+
+
+def _closed_host(marker: Mapping[str, Any]) -> bool:
+    """Whether ``marker``, whose writer is alive, was written by a host of this process
+    that has closed. Why: a host whose turn's end saves failed (or that was cancelled
+    while they ran) leaves its marker; its writer, this process, lives on, so another
+    host of it (a library reopening its store, a test) took the turn for one running
+    and never settled it: the message stayed "answered elsewhere", every retry a 409,
+    for as long as the process lived (branch ``markers``)."""
+    host = marker.get(HOST_KEY)
+    return (
+        isinstance(host, str) and host not in _LIVE_HOSTS and marker.get("writer") == this_process()
+    )
+
+
 MARKER_TTL_ENV = "AXON_RUNNING_MARKER_TTL"
 MARKER_TTL_DEFAULT = 900.0
 """Seconds after its last save a running marker whose writer this process cannot see
@@ -201,6 +234,20 @@ def marker_ttl() -> float | None:
     except ValueError:
         return None
     return ttl if ttl > 0 else None
+
+
+TOUCHES_PER_TTL = 3
+"""How many times within :func:`marker_ttl` a step that runs that long refreshes its
+turn's marker (:func:`touch_interval`)."""
+
+
+def touch_interval() -> float | None:
+    """Seconds between two refreshes of a running turn's marker while one step (a model
+    call, its tool calls) runs: a third of :func:`marker_ttl`, so a live turn's marker
+    never reaches the bound another machine expires it at (two refreshes may fail or be
+    late); ``None`` when markers never expire."""
+    ttl = marker_ttl()
+    return None if ttl is None else ttl / TOUCHES_PER_TTL
 
 
 def _expired(marker: Mapping[str, Any]) -> bool:
@@ -234,12 +281,15 @@ def rebased_meta(
 def killed_marker(meta: Mapping[str, Any], *, proc: str = _PROC) -> Mapping[str, Any] | None:
     """The session's running marker when its writer is dead (its turn never ended and
     never will), or unknown and the marker expired (:func:`marker_ttl`); ``None`` when
-    there is none, or its writer lives, or is unknown and saved within the bound."""
+    there is none, or its writer lives, or is unknown and saved within the bound. A
+    marker of this process whose host has closed (:func:`host_closed`) is dead too."""
     marker = meta.get(RUNNING_META)
     if not isinstance(marker, Mapping):
         return None
     state = process_state(marker.get("writer"), proc=proc)
-    if state == ALIVE or (state == UNKNOWN and not _expired(marker)):
+    if state == ALIVE:
+        return marker if _closed_host(marker) else None
+    if state == UNKNOWN and not _expired(marker):
         return None
     return marker
 

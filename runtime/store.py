@@ -584,7 +584,9 @@ async def save_keeping(
     )
 
 
-def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:
+def rebase(
+    stored: Sequence[Message], ours: Sequence[Message], cut: Collection[str] = ()
+) -> tuple[tuple[Message, ...], int]:
     """What a writer whose save met a conflict keeps of the store, to append ``ours`` to.
 
     ``stored`` is the session as the store holds it now, ``ours`` the messages the writer
@@ -600,8 +602,29 @@ def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Me
     processes at once): :class:`~runtime.errors.AnsweredElsewhere`, nothing to append.
     Only past ``start`` (our earlier saves and what followed them): a save that met no
     conflict never gets here.
+
+    ``cut``: the ids of the stored messages our save replaces (a regenerate cut its
+    session's last turn, :attr:`~runtime.actor_messages.SaveRequest.cut`). Still stored
+    with nothing of another writer's after them (it changed the session's meta, marked
+    the old answer), they are dropped as our earlier copies are: the turn replaced.
+    Followed by another writer's messages (its turn came after the one regenerated),
+    :class:`~runtime.errors.AnsweredElsewhere`: replacing the turn would drop that
+    writer's, keeping it stored the question twice (the old turn, the new one after the
+    other writer's: branch ``markers``), as an edit under the same id is refused.
     """
     ids = {message.id for message in ours}
+    if cut:
+        at = next((i for i, message in enumerate(stored) if message.id in cut), None)
+        if at is not None:
+            if any(m.id not in cut and m.id not in ids for m in stored[at:]):
+                asked = next((m.id for m in ours if type(m) is UserMessage), next(iter(cut)))
+                raise AnsweredElsewhere(
+                    f"message {asked!r} regenerates a turn another process's turn came "
+                    "after since: replacing it would drop that turn; the stored one "
+                    "stands, this turn was not saved",
+                    message_id=asked,
+                )
+            ids.update(cut)
     base = tuple(message for message in stored if message.id not in ids)
     start = next((i for i, message in enumerate(stored) if message.id in ids), len(stored))
     for here, after in pairwise(stored[start:]):

@@ -7,7 +7,14 @@ tests/test_sqlite_twin_protocols.py."""
 
 from __future__ import annotations
 
-from runtime.liveness import HOST_KEY, RUNNING_META, answering_elsewhere, running_marker
+from runtime.liveness import (
+    HOST_KEY,
+    RUNNING_META,
+    answering_elsewhere,
+    host_closed,
+    host_opened,
+    running_marker,
+)
 
 
 def _meta(host: str | None) -> dict[str, object]:
@@ -24,8 +31,17 @@ def test_a_hosts_own_marker_is_not_a_turn_running_elsewhere():
     assert not answering_elsewhere(_meta("host_a"), "host_a")
 
 
+class _OpenHost:
+    """Stands for an open Host of this process (:func:`runtime.liveness.host_opened`)."""
+
+
 def test_another_hosts_marker_of_this_process_is_a_turn_running_elsewhere():
-    assert answering_elsewhere(_meta("host_b"), "host_a")
+    other = _OpenHost()
+    host_opened("host_b", other)
+    try:
+        assert answering_elsewhere(_meta("host_b"), "host_a")
+    finally:
+        host_closed("host_b")
 
 
 def test_a_marker_without_a_host_is_a_turn_running_elsewhere():

@@ -137,10 +137,14 @@ def _suspended_trace(
 
 def _cut_last_turn(state: SessionState) -> None:
     """Cut the history back to before its last user message (a regenerate): the turn
-    that follows saves from the cut on, replacing the old turn in the store as well."""
+    that follows saves from the cut on, replacing the old turn in the store as well
+    (the ids of the stored messages cut kept in :attr:`SessionState.cut` until a save
+    removed them there: one rebased on another writer's replaces them too)."""
     messages = state.messages
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], UserMessage):
+            if i < state.saved_upto:
+                state.cut = state.cut | {m.id for m in messages[i : state.saved_upto]}
             del messages[i:]
             state.saved_upto = min(state.saved_upto, i)
             return
@@ -728,7 +732,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             if turn.parts.content and not paused:
                 await self._at_boundary(turn)
             step = await self._begin_step(turn)
-            result = await self._infer(turn)
+            touch = self._touching(turn)  # (a long call: its marker refreshed)
+            try:
+                result = await self._infer(turn)
+            finally:
+                await self._touched(touch)
             turn.usage = turn.usage + result.usage
             over = budget.tokens_exceeded(turn.usage) or budget.output_spent(
                 turn.usage, more=bool(result.calls), cut=cut_by_budget(result)
@@ -780,7 +788,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     ) -> str | None:
         """Run the step's calls (refused when a budget is ``over``) and add their results,
         in call order; the budget exceeded now, if any (sub-agents' tokens count)."""
-        over = await self._run_tools(turn, result, refuse=over) or over
+        touch = self._touching(turn)  # (long tools: the turn's marker refreshed)
+        try:
+            over = await self._run_tools(turn, result, refuse=over) or over
+        finally:
+            await self._touched(touch)
         for call in result.calls:  # call order, not completion order
             if call.tool_call_id in turn.held:
                 waited = turn.outcomes.get(call.tool_call_id)

@@ -31,7 +31,7 @@ from runtime.errors import (
     describe_exception,
 )
 from runtime.ids import new_id
-from runtime.liveness import PAUSED_META, RUNNING_META, running_marker, settle
+from runtime.liveness import PAUSED_META, RUNNING_META, running_marker, settle, touch_interval
 from runtime.messages import Message, UserMessage
 from runtime.redact import redact
 from runtime.serde import forget_encoded
@@ -125,6 +125,7 @@ class Saving:
             held=held,
             fence=turn.fence,
             may_end=not running or ends is not None or bool(turn.held),
+            cut=state.cut,
         )
         self._pending, self._answered = req, None
         try:
@@ -376,6 +377,60 @@ class Saving:
             turn.refused = turn.elsewhere = True  # (its last save would meet the same)
             raise result.error
 
+    def _touching(self, turn: Turn) -> Touch | None:
+        """Start refreshing ``turn``'s running marker while a long wait of its step runs
+        (its model call, its tool calls: nothing else saves then), on a host whose store
+        another process writes (:attr:`~runtime.hosting.TurnHost.claims_turns`) once a
+        save stored the marker (:attr:`Turn.marked`): every :func:`touch_interval`, a save
+        of the turn as its last step left it, the marker's ``at`` new. ``None`` (nothing
+        started) on any other host, or when markers never expire. Stop it with
+        :meth:`_touched` before the step changes the history.
+
+        Why: another machine's host takes a marker older than ``AXON_RUNNING_MARKER_TTL``
+        for a killed turn's; a step longer than that (a slow model, a long tool) had its
+        turn settled as interrupted and its message run a second time while it still ran
+        (branch ``markers``). A step shorter than the interval writes nothing more."""
+        if not turn.marked or not self.host.claims_turns:
+            return None
+        every = touch_interval()
+        if every is None:
+            return None
+        touch = Touch()
+        self.host.nursery.start_soon(self._touch, turn, touch, every)
+        return touch
+
+    async def _touch(self, turn: Turn, touch: Touch, every: float) -> None:
+        """:meth:`_touching`'s task: a save every ``every`` seconds until stopped. Each
+        save is shielded (sent whole to the persister, or the turn's next save would name
+        a request it never got); the step waits for one in flight (:meth:`_touched`)."""
+        try:
+            with touch.scope:
+                while not turn.deleted:
+                    await trio.sleep(every)
+                    with trio.CancelScope(shield=True):
+                        await self._save(turn, turn.step)
+                        touch.saves += 1
+        except SessionDeleted:  # (deleted while it ran: the step's save says so)
+            pass
+        except Exception as exc:  # (in the host's nursery: a failure here ends no host)
+            self._log.error(
+                "session.marker-refresh-failed",
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                error=redact(describe_exception(exc)),
+            )
+        finally:
+            touch.done.set()
+
+    async def _touched(self, touch: Touch | None) -> None:
+        """Stop :meth:`_touching`'s refreshes; returns once a save in flight was sent
+        (shielded: the turn's next save must follow it)."""
+        if touch is None:
+            return
+        touch.scope.cancel()
+        with trio.CancelScope(shield=True):
+            await touch.done.wait()
+
     async def _bounded_save(self, turn: Turn) -> SaveResult | None:
         """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.
 
@@ -496,6 +551,17 @@ class Saving:
             # the same objects: an equal message may hold values of other types
             and all(map(operator.is_, req.messages, self.state.messages[start:]))
         )
+
+
+class Touch:
+    """A running step's marker refreshes (:meth:`Saving._touching`)."""
+
+    __slots__ = ("done", "saves", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.saves = 0
 
 
 def _goes_on_later(turn: Turn) -> bool:

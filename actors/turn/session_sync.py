@@ -63,6 +63,7 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         return Adopted()
     assert result.version is not None
     if result.base is None:  # written where it was asked to: the layout is unchanged
+        state.cut = frozenset()  # (what a regenerate cut is gone from the store too)
         state.version = result.version
         state.saved_upto = req.start + len(req.messages)
         return Adopted()
@@ -76,6 +77,7 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         state.saved_upto = min(state.saved_upto, req.start)
         return Adopted()
     state.version = result.version
+    state.cut = frozenset()  # (dropped by the rebase too: runtime.store.rebase)
     adopted = _replace_prefix(state, req.start, result.base)
     state.saved_upto = len(result.base) + len(req.messages)
     return adopted
@@ -95,9 +97,16 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     if deleted:
         end = len(state.messages)
     unsaved = state.messages[end:]
+    if deleted:
+        state.cut = frozenset()
     while True:
+        if not unsaved:
+            state.cut = frozenset()  # (nothing of ours replaces what a regenerate cut)
         try:
-            base, start = rebase(stored, unsaved)
+            # What a regenerate cut goes from the store's history too, or (another
+            # writer's turn after it) its turn is refused as an answered one is: kept,
+            # the next save stored the old turn and the new one after the other's.
+            base, start = rebase(stored, unsaved, state.cut)
             break
         except AnsweredElsewhere as exc:
             # Our unsaved turn of a message another writer answered (its save was

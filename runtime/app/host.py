@@ -55,7 +55,7 @@ from runtime.errors import (
 from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.liveness import PRIVATE_META, settle
+from runtime.liveness import PRIVATE_META, host_closed, host_opened, settle
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
@@ -388,6 +388,7 @@ class Host:
         session runs no turn here is a leftover (its end saves refused), not another
         server's turn (:func:`~runtime.liveness.answering_elsewhere`). The process's
         writer name cannot tell: two Hosts in one process share it."""
+        host_opened(self.marker_id, self)  # (closed in ``open``, once its tasks ended)
         self.forgets_unsaved = False
         """Set by ``serve`` (``create_app``): a turn whose final save the store refused is
         dropped from its session's history as it ends (its client is told ``not_saved``),
@@ -548,6 +549,8 @@ class Host:
                 raise
             reraise(sole)
         finally:
+            if made is not None:  # its tasks have ended: a marker of it left is a dead turn's
+                host_closed(made.marker_id)
             for provider in made._claimed if made is not None else ():
                 _release_run(_PROVIDER_RUNS, provider)  # (its tasks have ended with the nursery)
             if pacer is not None:
