@@ -396,13 +396,14 @@ class OpenAIRoutes:
         if (
             state.host.claims_turns  # (a host that saw no other writer: no read more)
             and not session.busy
-            and one_answer_each(session) == REJECT
             and answering_elsewhere(
                 (await resend_history(session, state.host.store))[1], state.host.marker_id
             )
         ):
             # Another server on the store runs a turn of the session now (two ``serve``
-            # on one file): refused as one running here is, not run beside it.
+            # on one file): refused as one running here is, not run beside it. Under
+            # ``enqueue`` and ``interrupt`` too: no queue spans two processes on a file,
+            # nor a stop (and without message ids this post may be that turn's retry).
             return _busy(
                 session,
                 f"session {session_id!r} is running a turn on another server: send it "
