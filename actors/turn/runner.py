@@ -463,7 +463,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         pass
                     else:
                         await self._run_approved_before(turn)
-                        if committed is None and self.host.claims_turns:
+                        if committed is None and (
+                            self.host.claims_turns or await self.host.shares_store()
+                        ):
                             await self._claim(turn, run.user_message_id)
                         await self._steps(turn)
                 if scope.cancelled_caught:

@@ -394,8 +394,9 @@ class OpenAIRoutes:
             return _closing(exc)
         _check_media(chat.input, session.agent)
         if (
-            state.host.claims_turns  # (a host that saw no other writer: no read more)
-            and not session.busy
+            not session.busy
+            # (a host alone on its store: its registry's read, no load, no write)
+            and (state.host.claims_turns or await state.host.shares_store())
             and answering_elsewhere(
                 (await resend_history(session, state.host.store))[1], state.host.marker_id
             )
