@@ -740,16 +740,18 @@ class Host:
         return False
 
     async def _leave_writers(self) -> None:
-        """Take this host's row out of its store's registry as it closes (bounded)."""
+        """Take this host's row out of its store's registry as it closes (shielded, as
+        the close: the store's own wait bounds it). Not bounded by a timer: one that cut
+        it left the row of a host of a live process, which the next host opening the
+        file in this process takes for a second host, for as long as it lives."""
         store = self._registry
         if store is None:
             return
         self._registry = None
-        with trio.move_on_after(2):
-            try:
-                await store.set_writer(self.marker_id, None)
-            except StoreError:
-                pass  # (its row outlives it: judged gone by its process, or its age)
+        try:
+            await store.set_writer(self.marker_id, None)
+        except StoreError:
+            pass  # (its row outlives it: judged gone by its process, or its age)
 
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
