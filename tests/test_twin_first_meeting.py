@@ -281,3 +281,49 @@ async def test_a_lone_hosts_row_is_written_again_once_past_half_the_bound(tmp_pa
         assert not host.claims_turns
         (row,) = (await host.store.writers()).values()
         assert json.loads(row)["at"] == round(now[0], 3)
+
+
+async def test_a_twin_refused_at_its_end_makes_its_host_claim_without_a_registry(
+    tmp_path, monkeypatch
+):
+    """Without a registry (a store keeping none, PostgreSQL's): B's turn of ``q1``, run
+    while A answered it, is refused at its end (``AnsweredElsewhere``): proof another
+    process writes the session, so B claims from then on. It did not: the loser of a
+    twin writes nothing, so neither host ever took in the other's writes and every later
+    twin was run twice (two real ``serve`` on main: 12 model runs for 6 twins)."""
+    monkeypatch.setattr(Host, "_join_writers", _no_registry)
+    b_provider = _GatedB(steps=[["From B."]])
+    async with two_web_servers(
+        Agent(provider=ScriptedProvider(steps=[["From A."]])),
+        Agent(provider=b_provider),
+        store=str(tmp_path / "one.db"),
+    ) as (_a, b, to_a, to_b):
+        replies: dict[str, httpx.Response] = {}
+
+        async def post_b() -> None:
+            replies["b"] = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_b)
+            await b_provider.entered.wait()
+            await to_a.post("/api/chat", json=body("s", "one", message_id="q1"))
+            assert not b.host.claims_turns
+            b_provider.gate.set()
+        (end,) = [c for c in events(replies["b"].content)[:-1] if c["type"] == "error"]
+        assert end["errorText"].endswith(ANSWERED_ELSEWHERE_MESSAGE)
+        assert b.host.claims_turns
+
+
+class _GatedB(ScriptedProvider):
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.entered, self.gate = trio.Event(), trio.Event()
+
+    async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
+        self.entered.set()
+        await self.gate.wait()
+        await super().stream(request, emit)
+
+
+async def _no_registry(self: Host) -> None:
+    """``Host._join_writers`` of a host whose store keeps no registry of its writers."""

@@ -1058,6 +1058,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if final is not None and final.error is not None:
             turn.refused = True
             turn.elsewhere = isinstance(final.error, AnsweredElsewhere)
+            if turn.elsewhere:  # (another process wrote the session: the loser writes
+                self.host.saw_other_writer()  # nothing, so no reload would ever say so)
             if turn.error is None:
                 turn.error = error_info(final.error)
         return final is not None and final.error is None
