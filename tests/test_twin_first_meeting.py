@@ -188,13 +188,16 @@ async def test_a_dead_processs_row_is_dropped_not_counted(tmp_path):
         assert list(await host.store.writers()) == [host.marker_id]
 
 
+@pytest.mark.parametrize("read_before", [False, True])
 async def test_an_openai_post_to_the_server_opened_first_while_the_other_answers_is_busy(
-    tmp_path,
+    tmp_path, read_before
 ):
     """B (opened second) runs a turn of session ``s`` (claimed: it knew of A as it
     opened); the same OpenAI post to A, which ran no turn yet, is ``session_busy``: A's
     front end reads the registry too (it skipped the check for a host that had not
-    claimed, and ran a second turn beside B's)."""
+    claimed, and ran a second turn beside B's). ``read_before``: a version query of A's
+    store ran before B opened (the registry's names it read, only A's, not taken by a
+    turn): the front end reads the registry afresh, not those."""
     gate, entered = trio.Event(), trio.Event()
 
     class Gated(ScriptedProvider):
@@ -206,22 +209,26 @@ async def test_an_openai_post_to_the_server_opened_first_while_the_other_answers
     a_provider = ScriptedProvider(steps=[["From A."]])
     chat = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
     headers = {"X-Axon-Session": "s"}
-    async with two_web_servers(
-        Agent(name="m", provider=a_provider),
-        Agent(name="m", provider=Gated(steps=[["From B."]])),
-        store=str(tmp_path / "one.db"),
-        protocols=("ai-sdk", "openai"),
-    ) as (a, _b, to_a, to_b):
-        replies: dict[str, httpx.Response] = {}
+    db = str(tmp_path / "one.db")
+    options: dict[str, Any] = {"store": db, "protocols": ("ai-sdk", "openai")}
+    async with web_server(Agent(name="m", provider=a_provider), **options) as a:
+        if read_before:
+            assert await a.host.store.version("other") == 0
+        async with (
+            web_server(Agent(name="m", provider=Gated(steps=[["From B."]])), **options) as b,
+            httpx.AsyncClient(base_url=a.url) as to_a,
+            httpx.AsyncClient(base_url=b.url) as to_b,
+        ):
+            replies: dict[str, httpx.Response] = {}
 
-        async def to_b_post() -> None:
-            replies["b"] = await to_b.post("/v1/chat/completions", json=chat, headers=headers)
+            async def to_b_post() -> None:
+                replies["b"] = await to_b.post("/v1/chat/completions", json=chat, headers=headers)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(to_b_post)
-            await entered.wait()
-            replies["a"] = await to_a.post("/v1/chat/completions", json=chat, headers=headers)
-            gate.set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(to_b_post)
+                await entered.wait()
+                replies["a"] = await to_a.post("/v1/chat/completions", json=chat, headers=headers)
+                gate.set()
         record = await a.host.store.load("s")
     assert replies["a"].status_code == 409, replies["a"].content
     assert replies["a"].json()["error"]["code"] == "session_busy"

@@ -710,19 +710,22 @@ class Host:
         await store.set_writer(self.marker_id, row, drop=gone)
         self._row_due = due
 
-    async def shares_store(self) -> bool:
+    async def shares_store(self, *, fresh: bool = False) -> bool:
         """Whether another host writes this host's store now, by its registry of the
         hosts writing it; if so the host claims its turns from now on
         (:attr:`claims_turns`). A host alone on its store so learns of a second one as
         that one opens, before a twin of a message reaches both. As a turn starts (before
         the claim it decides) the registry's names are those the turn's version query
         read: no statement more, no write. Another name there (or none read: another
-        session's turn took them, a front end asks) reads the rows; rows of hosts gone
-        are dropped then, and this host's own row written again once old (or lost)."""
+        session's turn took them) reads the rows; rows of hosts gone are dropped then,
+        and this host's own row written again once old (or lost). ``fresh`` (a front end
+        asking before any turn's query) always reads them: the names a version query
+        read may be old then."""
         store = self._registry
         if store is None or self.expects_other_writers:
             return False
-        if store.writers_seen() == [self.marker_id] and wall() < self._row_due:
+        seen = store.writers_seen()
+        if not fresh and seen == [self.marker_id] and wall() < self._row_due:
             return False
         try:
             rows = store.writers_now()

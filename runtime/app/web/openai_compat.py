@@ -396,7 +396,7 @@ class OpenAIRoutes:
         if (
             not session.busy
             # (a host alone on its store: its registry's read, no load, no write)
-            and (state.host.claims_turns or await state.host.shares_store())
+            and (state.host.claims_turns or await state.host.shares_store(fresh=True))
             and answering_elsewhere(
                 (await resend_history(session, state.host.store))[1], state.host.marker_id
             )
