@@ -132,6 +132,12 @@ class TurnHost(ToolHost, Protocol):
         from then on (:attr:`claims_turns`), unless its deployment dedupes messages
         itself (:attr:`expects_other_writers`: workers' turn queue)."""
 
+    async def shares_store(self) -> bool:
+        """Whether another host writes the store now, by the store's registry of the
+        hosts writing it (read as a new turn starts: no write); if so the host claims
+        its turns from then on (:attr:`claims_turns`). ``False`` for a store that keeps
+        no registry, and on a worker's host."""
+
     @property
     def nursery(self) -> trio.Nursery:
         """Where a turn's background work runs (its marker's refreshes during a long

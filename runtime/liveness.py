@@ -33,6 +33,8 @@ clock skew; a live writer of this machine's pid namespace never expires.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 import weakref
@@ -256,6 +258,46 @@ def _expired(marker: Mapping[str, Any]) -> bool:
     if ttl is None or isinstance(at, bool) or not isinstance(at, (int, float)):
         return False
     return _wall() - at > ttl
+
+
+def writer_row() -> tuple[str, float]:
+    """What a host stores in its store's registry of the hosts writing it
+    (:meth:`~runtime.app.host.Host.shares_store`): this process's writer name and the
+    wall time, for :func:`writer_gone`; and the wall time past which the host writes it
+    again (half :func:`marker_ttl` on: another machine expires it at the whole; never
+    when the bound is off)."""
+    now = round(_wall(), 3)
+    ttl = marker_ttl()
+    due = math.inf if ttl is None else now + ttl / 2
+    return json.dumps({"writer": this_process(), "at": now}), due
+
+
+def wall() -> float:
+    """The wall time the markers and the registry's rows are written and judged by."""
+    return _wall()
+
+
+def _row(value: str) -> Mapping[str, Any]:
+    try:
+        row = json.loads(value)
+    except ValueError:
+        return {}
+    return row if isinstance(row, dict) else {}
+
+
+def writer_gone(value: str, *, proc: str = _PROC) -> bool:
+    """Whether the host of registry row ``value`` (:func:`writer_row`) no longer writes
+    the store: its process is dead (this machine, this pid namespace: as a running
+    marker's writer), or it cannot be seen from here and its row is older than
+    :func:`marker_ttl` (a live host writes its row again past half that). A row
+    not of this shape is gone (nothing would ever remove it)."""
+    row = _row(value)
+    if not row:
+        return True
+    state = process_state(row.get("writer"), proc=proc)
+    if state != UNKNOWN:
+        return state == DEAD
+    return _expired(row)
 
 
 def rebased_meta(

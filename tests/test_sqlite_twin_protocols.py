@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
@@ -150,3 +151,32 @@ async def test_an_a2a_twin_sent_while_the_other_server_answers_it_is_refused(tmp
     assert len(b_requests) == 2  # q0 and qb: none for m-1
     assert [m.role for m in record.messages][-2:] == ["user", "assistant"]
     assert record.messages[-1].text == "From A."
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt"])
+async def test_an_openai_post_queued_while_the_other_server_answers_is_session_busy(
+    tmp_path, on_busy
+):
+    """Under ``enqueue`` (or ``interrupt``) a post to B on a session A runs a turn of
+    cannot wait behind A's turn nor stop it (no queue across two ``serve`` on a file):
+    refused ``session_busy`` as under ``reject`` (was: a second turn run beside A's,
+    ``one`` stored twice, B's provider called)."""
+    db = str(tmp_path / "one.db")
+    a_provider = _Gated("From A.")
+    b_provider = ScriptedProvider(steps=[["From B."]])
+    async with two_web_servers(
+        Agent(name="m", provider=a_provider, on_busy=on_busy),
+        Agent(name="m", provider=b_provider, on_busy=on_busy),
+        store=db,
+        protocols=PROTOCOLS,
+    ) as (a, b, to_a, to_b):
+        await _meet(to_a, to_b)
+        a_provider.gate, a_provider.entered = trio.Event(), trio.Event()
+        reply = await _while_a_answers(a.url, b.url, a_provider, _openai_post("s"))
+        record = await a.host.store.load("s")
+    assert reply.status_code == 409, reply.content
+    assert reply.json()["error"]["code"] == "session_busy"
+    assert "another server" in reply.json()["error"]["message"]
+    assert len(b_provider.requests) == 2  # q0 and qb: none for "one"
+    assert [m.content for m in record.messages if m.role == "user"].count("one") == 1
+    assert [m.text for m in record.messages[-2:]] == ["one", "From A."]

@@ -11,7 +11,7 @@ import httpx
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent
+from runtime import Agent, Host
 from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
 from runtime.messages import UserMessage
 from tests.test_web_http import body, events
@@ -103,11 +103,22 @@ class _Gated(ScriptedProvider):
         await super().stream(request, emit)
 
 
-async def test_the_same_message_sent_to_both_servers_at_once_is_answered_once(tmp_path):
+async def _no_registry(self: Host) -> None:
+    """``Host._join_writers`` of a host whose store keeps no registry of its writers."""
+
+
+async def test_the_same_message_sent_to_both_servers_at_once_is_answered_once(
+    tmp_path, monkeypatch
+):
     """A balancer retries a timed-out post on the other upstream while the first still
     runs: both processes run a turn for the one message. The second to save finds the
     stored copy of its message answered by the other: its turn is refused, not appended
-    (``rebase`` dropped the stored copy and stored ``[answer A, q1, answer B]``)."""
+    (``rebase`` dropped the stored copy and stored ``[answer A, q1, answer B]``).
+
+    The hosts keep no registry of the file's writers here (as on a store without one):
+    with it, B knows of A as it opens and claims ``q1`` before its model call, and A's
+    post is a 409 (tests/test_twin_first_meeting.py); this pins the save's own rule."""
+    monkeypatch.setattr(Host, "_join_writers", _no_registry)
     db = str(tmp_path / "one.db")
     b_provider = _Gated("From B.")
     async with two_web_servers(

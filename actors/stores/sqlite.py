@@ -3,7 +3,8 @@
 Layout (schema version 6)::
 
     axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
-                                                         -- deleted_version (see delete)
+                                                         -- deleted_version (see delete),
+                                                         -- writer:<host> (set_writer)
     sessions(session_id TEXT PRIMARY KEY, meta TEXT,     -- meta: a JSON object
              created_at REAL, updated_at REAL,           -- unix seconds, informative
              update_seq INTEGER,                         -- recency order, see below
@@ -136,6 +137,12 @@ session's read and decode; so does any load that would wait for another process.
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 """The primary result codes of a statement that would have had to wait (extended codes,
 such as ``SQLITE_BUSY_RECOVERY``, keep their primary code in the low byte)."""
+
+_WRITER_PREFIX: Final = "writer:"
+"""The ``axon_meta`` keys of the hosts writing the file: ``writer:<host's marker id>``
+(:meth:`SQLiteStore.set_writer`), a range of the table's primary key."""
+
+_WRITERS_SQL: Final = "SELECT key, value FROM axon_meta WHERE key >= 'writer:' AND key < 'writer;'"
 
 _DELETIONS_TABLE = """CREATE TABLE IF NOT EXISTS deletions (
     session_id TEXT PRIMARY KEY,
@@ -756,10 +763,20 @@ _PEEK_SQL = f"""SELECT substr(body, 1, {HEAD_PEEK}) FROM messages
 """The first bytes of a message's row: enough to tell a head's part count."""
 
 
-_VERSION_MARK_SQL = """SELECT (SELECT version FROM sessions WHERE session_id = ?1),
-    (SELECT count FROM deletions WHERE session_id = ?1)"""
+_WRITER_KEYS = """(SELECT coalesce(group_concat(key, ' '), '') FROM axon_meta
+    WHERE key >= 'writer:' AND key < 'writer;')"""
+"""The keys of the registry of the hosts writing the file (:meth:`SQLiteStore.set_writer`),
+read with every version query (a primary-key range of a few rows): a host learns whether
+another host writes the file from the query its turn makes anyway
+(:meth:`SQLiteStore.writers_seen`)."""
+
+_VERSION_SQL = f"""SELECT (SELECT version FROM sessions WHERE session_id = ?1), {_WRITER_KEYS}"""
+"""A session's version (``NULL``: not stored), and the registry's keys."""
+
+_VERSION_MARK_SQL = f"""SELECT (SELECT version FROM sessions WHERE session_id = ?1),
+    (SELECT count FROM deletions WHERE session_id = ?1), {_WRITER_KEYS}"""
 """A session's version and deletion mark in one statement: two primary-key probes, one
-row (``NULL`` for a session not stored, an id never deleted)."""
+row (``NULL`` for a session not stored, an id never deleted), and the registry's keys."""
 
 
 _HAS_USER_MESSAGES_SQL = """SELECT DISTINCT message_id FROM messages INDEXED BY user_messages_by_id
@@ -945,6 +962,9 @@ class SQLiteStore:
         self._identity = identity
         self._lock = trio.Lock()
         self._closed = False
+        self._writers_seen: str | None = None
+        """The registry's keys (:meth:`set_writer`) as the last version query read them
+        (:data:`_VERSION_SQL`), until :meth:`writers_seen` takes them."""
 
     @property
     def path(self) -> str:
@@ -1369,10 +1389,8 @@ class SQLiteStore:
         return self._version(session_id)
 
     def _version(self, session_id: str) -> int:
-        row = self._conn.execute(
-            "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        return 0 if row is None else row[0]
+        version, self._writers_seen = self._conn.execute(_VERSION_SQL, (session_id,)).fetchone()
+        return version or 0
 
     # -- user message ids ----------------------------------------------------------------
 
@@ -1440,8 +1458,68 @@ class SQLiteStore:
         return None if isinstance(got, _Large) else got
 
     def _version_and_deletions(self, session_id: str) -> tuple[int, int]:
-        version, count = self._conn.execute(_VERSION_MARK_SQL, (session_id,)).fetchone()
+        version, count, self._writers_seen = self._conn.execute(
+            _VERSION_MARK_SQL, (session_id,)
+        ).fetchone()
         return version or 0, count or 0
+
+    # -- the hosts writing the file -------------------------------------------------------
+
+    async def writers(self) -> dict[str, str]:
+        """The hosts that said they write this file (:meth:`set_writer`): each one's name
+        and what it stored (:mod:`runtime.app.writers`). A primary-key range of
+        ``axon_meta``; on the calling thread when it need not wait, as :meth:`version`."""
+        got = await self._on_loop("writers", self._writers)
+        if isinstance(got, _Large):
+            return await self._run("writers", self._writers)
+        return got
+
+    def writers_seen(self) -> list[str] | None:
+        """The names in the registry as the last version query read them (every turn
+        makes one as it starts), taken: ``None`` when none was read since the last
+        taking (:meth:`writers_now` then reads them)."""
+        seen, self._writers_seen = self._writers_seen, None
+        if seen is None:
+            return None
+        return [key[len(_WRITER_PREFIX) :] for key in seen.split()]
+
+    def writers_now(self) -> dict[str, str] | None:
+        """:meth:`writers` read on the calling thread without waiting, or ``None`` when
+        that would wait (as :meth:`version_now`): what a turn reads before its first
+        model call on a host that has not seen another writer (one key's range, no write)."""
+        if self._lock.locked():
+            return None
+        got = self._now("writers", self._writers)
+        return None if isinstance(got, _Large) else got
+
+    def _writers(self) -> dict[str, str]:
+        rows = self._conn.execute(_WRITERS_SQL).fetchall()
+        return {key[len(_WRITER_PREFIX) :]: value for key, value in rows}
+
+    async def set_writer(self, name: str, value: str | None, *, drop: Collection[str] = ()) -> None:
+        """Store host ``name``'s row (``None``: remove it) and remove the rows of
+        ``drop`` (hosts found gone), in one transaction."""
+        await self._run("writers", self._set_writer, name, value, tuple(drop))
+
+    def _set_writer(self, name: str, value: str | None, drop: tuple[str, ...]) -> None:
+        self._check_in_place("the hosts' registry")
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "DELETE FROM axon_meta WHERE key = ?",
+                [(_WRITER_PREFIX + gone,) for gone in (*drop, *(() if value else (name,)))],
+            )
+            if value is not None:
+                conn.execute(
+                    """INSERT INTO axon_meta (key, value) VALUES (?, ?)
+                    ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+                    (_WRITER_PREFIX + name, value),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
 
     # -- list, delete, close -------------------------------------------------------------
 

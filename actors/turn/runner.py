@@ -467,7 +467,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         pass
                     else:
                         await self._run_approved_before(turn)
-                        if committed is None and self.host.claims_turns:
+                        if committed is None and (
+                            self.host.claims_turns or await self.host.shares_store()
+                        ):
                             await self._claim(turn, run.user_message_id)
                         await self._steps(turn)
                 if scope.cancelled_caught:
@@ -1068,6 +1070,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if final is not None and final.error is not None:
             turn.refused = True
             turn.elsewhere = isinstance(final.error, AnsweredElsewhere)
+            if turn.elsewhere:  # (another process wrote the session: the loser writes
+                self.host.saw_other_writer()  # nothing, so no reload would ever say so)
             if turn.error is None:
                 turn.error = error_info(final.error)
         return final is not None and final.error is None

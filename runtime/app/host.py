@@ -49,13 +49,22 @@ from runtime.errors import (
     InvalidHistory,
     SessionBusy,
     StoreError,
+    describe_exception,
     reraise,
     sole_exception,
 )
 from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.liveness import PRIVATE_META, host_closed, host_opened, settle
+from runtime.liveness import (
+    PRIVATE_META,
+    host_closed,
+    host_opened,
+    settle,
+    wall,
+    writer_gone,
+    writer_row,
+)
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
@@ -382,6 +391,11 @@ class Host:
         """Set once a turn took in another process's writes (:meth:`saw_other_writer`):
         this host's new turns then save their user message before their first model
         call, so a twin of the message in another process is refused before it runs."""
+        self._registry: Any = None
+        """The store, once this host's row is in its registry of the hosts writing it
+        (:meth:`shares_store`); ``None`` for a store that keeps none."""
+        self._row_due = 0.0
+        """The wall time past which this host's registry row is written again."""
         self.marker_id = new_id("host")
         """This host instance's name in the running markers its turns store
         (:data:`~runtime.liveness.HOST_KEY`): a marker of its own it meets while the
@@ -526,6 +540,7 @@ class Host:
                 host.supervisor.on_fatal = host.end_for
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
+                    await host._join_writers()
                     if pacer is not None:
                         held = host._held
                         pacer.host_started(held)
@@ -677,6 +692,80 @@ class Host:
         host does not: its turn queue gives a message to one worker only."""
         if not self.expects_other_writers:
             self.claims_turns = True
+
+    async def _join_writers(self) -> None:
+        """Put this host in its store's registry of the hosts writing it (a store that
+        keeps one: SQLite's), dropping the rows of hosts gone (:func:`writer_gone`); one
+        write as the host opens. Another host's row there: the store is shared, so this
+        host claims its turns from its first (:meth:`saw_other_writer`)."""
+        store: Any = self.store
+        if getattr(store, "set_writer", None) is None:
+            return
+        try:
+            rows = await store.writers()
+            rows.pop(self.marker_id, None)
+            gone = [name for name, row in rows.items() if writer_gone(row)]
+            await self._write_row(store, gone)
+        except StoreError as exc:  # (no registry: its turns learn of others as before)
+            get_logger("axon.host").warning(
+                "host.writers-unknown", error=redact(describe_exception(exc))
+            )
+            return
+        self._registry = store
+        if len(rows) > len(gone):
+            self.saw_other_writer()
+
+    async def _write_row(self, store: Any, gone: list[str]) -> None:
+        """Write this host's registry row, dropping the rows of the hosts ``gone``."""
+        row, due = writer_row()
+        await store.set_writer(self.marker_id, row, drop=gone)
+        self._row_due = due
+
+    async def shares_store(self, *, fresh: bool = False) -> bool:
+        """Whether another host writes this host's store now, by its registry of the
+        hosts writing it; if so the host claims its turns from now on
+        (:attr:`claims_turns`). A host alone on its store so learns of a second one as
+        that one opens, before a twin of a message reaches both. As a turn starts (before
+        the claim it decides) the registry's names are those the turn's version query
+        read: no statement more, no write. Another name there (or none read: another
+        session's turn took them) reads the rows; rows of hosts gone are dropped then,
+        and this host's own row written again once old (or lost). ``fresh`` (a front end
+        asking before any turn's query) always reads them: the names a version query
+        read may be old then."""
+        store = self._registry
+        if store is None or self.expects_other_writers:
+            return False
+        seen = store.writers_seen()
+        if not fresh and seen == [self.marker_id] and wall() < self._row_due:
+            return False
+        try:
+            rows = store.writers_now()
+            if rows is None:
+                rows = await store.writers()
+            mine = rows.pop(self.marker_id, None)
+            gone = [name for name, row in rows.items() if writer_gone(row)]
+            if mine is None or gone or wall() >= self._row_due:
+                await self._write_row(store, gone)
+        except StoreError:
+            return False  # (the turn's saves say what is wrong with the store)
+        if len(rows) > len(gone):
+            self.saw_other_writer()
+            return True
+        return False
+
+    async def _leave_writers(self) -> None:
+        """Take this host's row out of its store's registry as it closes (shielded, as
+        the close: the store's own wait bounds it). Not bounded by a timer: one that cut
+        it left the row of a host of a live process, which the next host opening the
+        file in this process takes for a second host, for as long as it lives."""
+        store = self._registry
+        if store is None:
+            return
+        self._registry = None
+        try:
+            await store.set_writer(self.marker_id, None)
+        except StoreError:
+            pass  # (its row outlives it: judged gone by its process, or its age)
 
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
@@ -1392,6 +1481,7 @@ class Host:
             # The persister drains what the turns queued before it stops.
             self.persister.stop()
             await self.persister.stopped.wait()
+        await self._leave_writers()
         for provider in self._model_providers.values():  # built here: closed here
             close = getattr(provider, "aclose", None)
             if close is not None:

@@ -394,15 +394,17 @@ class OpenAIRoutes:
             return _closing(exc)
         _check_media(chat.input, session.agent)
         if (
-            state.host.claims_turns  # (a host that saw no other writer: no read more)
-            and not session.busy
-            and one_answer_each(session) == REJECT
+            not session.busy
+            # (a host alone on its store: its registry's read, no load, no write)
+            and (state.host.claims_turns or await state.host.shares_store(fresh=True))
             and answering_elsewhere(
                 (await resend_history(session, state.host.store))[1], state.host.marker_id
             )
         ):
             # Another server on the store runs a turn of the session now (two ``serve``
-            # on one file): refused as one running here is, not run beside it.
+            # on one file): refused as one running here is, not run beside it. Under
+            # ``enqueue`` and ``interrupt`` too: no queue spans two processes on a file,
+            # nor a stop (and without message ids this post may be that turn's retry).
             return _busy(
                 session,
                 f"session {session_id!r} is running a turn on another server: send it "
