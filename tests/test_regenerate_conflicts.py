@@ -20,6 +20,20 @@ from runtime.messages import AssistantMessage, UserMessage
 from runtime.store import rebase
 
 
+@pytest.fixture(autouse=True)
+def _no_writers_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hosts here keep no registry of the file's writers (as on a store without
+    one, or hosts that have not met yet): with it, host A knows of B as B opens and
+    claims its regenerate before the model call, so B's turn comes after it
+    (:func:`test_a_regenerate_on_a_host_that_knows_the_other_is_claimed_first`); this
+    pins the rebase's own rule for a save that meets another writer's."""
+
+    async def no_registry(self: Host) -> None:
+        return None
+
+    monkeypatch.setattr(Host, "_join_writers", no_registry)
+
+
 class _Gate:
     """Holds a turn at its step's start once armed, until released."""
 
@@ -171,3 +185,24 @@ def test_a_rebase_whose_cut_messages_are_gone_appends():
     """Another writer replaced them itself (its own regenerate): nothing to cut."""
     stored, ours = [*_turn("1"), *_turn("2c")], _turn("2b")
     assert rebase(stored, ours, cut={"u-2", "a-2"}) == (tuple(stored), 4)
+
+
+async def test_a_regenerate_on_a_host_that_knows_the_other_is_claimed_first(tmp_path, monkeypatch):
+    """With the writers' registry (branch ``twins2``) A knows of B as B opens: its
+    regenerate is stored (claimed) before its model call, the cut turn gone with it,
+    and B's turn, another message, is stored beside it: each question once, each
+    answered once, the regenerated one not kept."""
+    monkeypatch.undo()  # (the writers' registry kept)
+    seen: list[Any] = []
+
+    async def answer_after(b: Host) -> None:
+        other = await b.open_session(Agent(provider=ScriptedProvider(steps=[["B."]])), "s")
+        seen.append(await other.run("q3"))
+
+    result, stored = await _regenerate_while(str(tmp_path / "one.db"), answer_after)
+    assert result.saved and seen[0].saved
+    assert sorted(stored[i : i + 2] for i in range(0, len(stored), 2)) == [
+        [("user", "q1"), ("assistant", "A.")],
+        [("user", "q2 again"), ("assistant", "A.")],
+        [("user", "q3"), ("assistant", "B.")],
+    ]
