@@ -47,3 +47,21 @@ async def test_the_last_user_message_sent_again_is_the_threads_snapshot() -> Non
         await run(server, run_input("t", user("hi", "u1"), runId="r1"))
         again = await run(server, run_input("t", user("hi", "u1"), runId="r1"))
     assert [e["type"] for e in again] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+
+
+async def test_on_a_worker_front_end_a_new_message_under_an_answers_id_is_409(
+    pg_url: str,
+) -> None:
+    from tests.support.redis import require_redis
+    from tests.test_frontend import deployment
+    from tests.test_worker_protocols import agui_post, agui_run
+
+    async with deployment(pg_url, require_redis(), two_answers(), protocols=("ag-ui",)) as d:
+        url = d.urls[0]
+        first = await agui_run(url, run_input("w", user("hi", "u1"), runId="r1"))
+        held = [user("hi", "u1"), {"id": answer_id(first), "role": "assistant", "content": "One."}]
+        r = await agui_post(url, run_input("w", *held, user("more", answer_id(first)), runId="r2"))
+        record = await d.store.load("w")
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "id_taken"
+    assert len(record.messages) == 2
