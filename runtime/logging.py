@@ -331,9 +331,19 @@ class HTTPClientLines(logging.Filter):
     record is changed in place, before any handler sees it; the method, the host, the
     path and the status stay. On :data:`HTTP_STACK_LOGGERS` (their ``DEBUG`` lines), the
     value of each header named like a credential too
-    (:func:`runtime.redact.redact_header_pairs`): a request's or a response's."""
+    (:func:`runtime.redact.redact_header_pairs`): a request's or a response's.
+
+    A record's traceback (``exc_info``: the Anthropic SDK's ``Encountered Exception``)
+    is formatted here, redacted (:func:`runtime.redact.redact_text`), into its
+    ``exc_text``, which a handler's ``logging.Formatter`` prints in its place: an
+    exception's text can quote what was sent (h11's ``Illegal header value b'<a
+    gateway key>\\n'`` for a key read with its newline). Kept whole otherwise (its
+    frames, its type); Axon's own structlog lines redact theirs as every line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            said = traceback.format_exception(*record.exc_info)
+            record.exc_text = redact_text("".join(said).rstrip("\n"))
         if record.msg in HPACK_BLOCK_LINES and record.name.startswith("hpack."):
             record.args = tuple(_block_size(a) for a in record.args or ())
             return True

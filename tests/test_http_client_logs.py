@@ -296,3 +296,34 @@ async def test_a_gateways_key_in_extra_headers_is_redacted_when_its_401_quotes_i
     [sent] = server.requests
     assert sent.headers[header.lower()] == value  # the real client did send it
     assert result.error is not None and result.error.message == "gateway refused [redacted]"
+
+
+@pytest.mark.parametrize("kind", ["openai", "openai-responses", "anthropic"])
+async def test_a_gateways_key_in_an_agents_own_extra_headers_is_redacted_when_its_401_quotes_it(
+    kind: str,
+) -> None:
+    """The header given per call (the agent's ``settings``, which go in every call's
+    request, over the provider's ``request_options``) rather than to the provider."""
+    from actors.providers import AnthropicProvider, OpenAIResponsesProvider
+
+    secret = f"per-call-gateway-key-{kind}-4471"  # (one per case: secrets are the process's)
+    echo = f"gateway refused {secret}"
+    error = {"type": "error", "error": {"type": "authentication_error", "message": echo}}
+    if kind != "anthropic":
+        error = {"error": {"message": echo, "type": "invalid_request_error"}}
+    reply = Reply(body=json.dumps(error).encode(), status=401, content_type="application/json")
+    async with loopback_server(reply) as server:
+        maker = {
+            "openai": OpenAIProvider,
+            "openai-responses": OpenAIResponsesProvider,
+            "anthropic": AnthropicProvider,
+        }[kind]
+        base = server.url if kind == "anthropic" else f"{server.url}/v1"
+        provider = maker("m", base_url=base, api_key=KEY)
+        agent = Agent(provider=provider, settings={"extra_headers": {"X-Portkey-Api-Key": secret}})
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            result = await session.run("go")
+    sent = server.requests[0]
+    assert sent.headers["x-portkey-api-key"] == secret  # the real client did send it
+    assert result.error is not None and result.error.message == "gateway refused [redacted]"

@@ -157,3 +157,35 @@ async def test_the_anthropic_sdks_request_options_line_holds_no_request_body(log
     assert not [t for t in texts if WORDS in t]
     assert WORDS not in stream.getvalue()
     assert "Request options: method=post url=/v1/messages" in texts
+
+
+ILLEGAL_KEY = "gateway-key-with-a-newline-8812"
+
+
+async def test_an_sdks_logged_traceback_quotes_no_registered_header_value(logs):
+    """A gateway key read with its newline (``X-Portkey-Api-Key: <key>\\n``): h11 refuses
+    the header with its value in the exception's text (``Illegal header value
+    b'<key>\\n'``), which the Anthropic SDK logs with its traceback (``Encountered
+    Exception``, ``exc_info``) at ``DEBUG``: the root handler's traceback is redacted
+    (the exception's type and text stay)."""
+    from actors.providers import AnthropicProvider
+    from runtime import Agent, Host, RetryPolicy
+
+    stream, caplog = logs
+    async with loopback_server(Reply(body=ANT_BODY, content_type="application/json")) as server:
+        provider = AnthropicProvider(
+            "m",
+            base_url=server.url,
+            api_key="k" * 20,
+            extra_headers={"X-Portkey-Api-Key": f"{ILLEGAL_KEY}\n"},
+        )
+        agent = Agent(provider=provider, retry=RetryPolicy(max_attempts=1))
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            result = await session.run("go")
+    assert result.error is not None and not server.requests  # refused before it was sent
+    [record] = [r for r in caplog.records if r.getMessage() == "Encountered Exception"]
+    assert record.exc_info is not None  # the traceback kept, its text redacted
+    text = caplog.text
+    assert "LocalProtocolError: Illegal header value b'[redacted]\\n'" in text
+    assert ILLEGAL_KEY not in text and ILLEGAL_KEY not in stream.getvalue()

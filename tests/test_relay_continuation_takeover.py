@@ -130,7 +130,7 @@ class Counted:
         self.names: list[str] = []
         connection = relay.batcher.connection
         assert connection is not None
-        send, xrange = connection.pipeline, relay.client.xrange
+        send, xrange, xread = connection.pipeline, relay.client.xrange, relay.client.xread
 
         async def pipeline(commands: list[list[Any]]) -> list[Any]:
             self.names.extend(str(command[0]) for command in commands)
@@ -140,11 +140,19 @@ class Counted:
             self.names.append("XRANGE")
             return await xrange(*args, **kwargs)
 
+        async def counted_xread(*args: Any, **kwargs: Any) -> Any:
+            self.names.append("XREAD")
+            self.blocked.set()
+            return await xread(*args, **kwargs)
+
+        self.blocked = trio.Event()
+        """Set as the writer's first ``XREAD`` (a continuation's wait for its pause) goes."""
         connection.pipeline = pipeline  # type: ignore[method-assign]
         relay.client.xrange = counted_xrange
+        relay.client.xread = counted_xread
 
     def reads(self) -> list[str]:
-        return [name for name in self.names if name in ("XREVRANGE", "XRANGE")]
+        return [name for name in self.names if name in ("XREVRANGE", "XRANGE", "XREAD")]
 
 
 async def test_a_takeover_after_the_dead_claimers_first_entries_goes_on_without_a_gap(
@@ -184,6 +192,7 @@ async def test_a_takeover_after_the_dead_claimers_first_entries_goes_on_without_
         ("first claim", []),
         ("takeover of a turn that never waited", ["XREVRANGE"]),
         ("takeover of a continuation after its pause", ["XREVRANGE"]),
+        ("continuation after its pause", ["XREVRANGE"]),
     ],
 )
 async def test_a_writer_counts_no_pauses_unless_a_continuations_tail_is_no_pause(
@@ -202,7 +211,8 @@ async def test_a_writer_counts_no_pauses_unless_a_continuations_tail_is_no_pause
             if waited:
                 dead.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
             await dead.aclose(final=waited, paused=waited)
-            made = claim(takeover=True, resumed=False, saved=True, resumes=int(waited))
+            continued = how.startswith("continuation")
+            made = claim(takeover=not continued, resumed=continued, saved=True, resumes=int(waited))
         counted = Counted(relay)
         writer = Worker._turn_writer(owner, made)
         writer.extend(GOES_ON)
@@ -290,3 +300,43 @@ async def test_a_pause_count_redis_refuses_is_a_gap_and_the_relay_writes_on(
                 [c async for c in relay.read("t", after_pauses=1)]
             shown = [c async for c in relay.read("u")]
     assert [c.type for c in shown] == [c.type for c in GOES_ON]
+
+
+async def test_a_continuation_another_worker_claims_before_the_pause_is_in_waits_for_it(
+    redis_url: str,
+) -> None:
+    """Another worker claims the continuation while the suspending worker (alive) has
+    not flushed its part's end and pause yet: the continuation's writer waits for the
+    pause (``XREAD BLOCK`` on the stream) and numbers on after it. Before, its tail read
+    found the wait's ``step-finish`` and wrote a false ``gap``: live readers lost the
+    live stream (they rebuilt from the store)."""
+    prefix = unique_prefix()
+    async with (
+        RedisRelay.open(redis_url, prefix=prefix) as here,
+        RedisRelay.open(redis_url, prefix=prefix) as there,
+    ):
+        first = Worker._turn_writer(
+            SimpleNamespace(relay=here), claim(takeover=False, resumed=False, saved=False)
+        )
+        first.extend(ASKED)
+        await first.flushed()
+        counted = Counted(there)
+        then = Worker._turn_writer(
+            SimpleNamespace(relay=there),
+            claim(takeover=False, resumed=True, saved=True, resumes=1),
+        )
+        then.extend(GOES_ON[:-1])
+        with trio.fail_after(10):
+            await counted.blocked.wait()  # its tail read found no pause: it waits
+        first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
+        await first.aclose(paused=True)
+        then.append(GOES_ON[-1])
+        await then.aclose()
+        with trio.fail_after(10):
+            whole = [c async for c in here.read("t")]
+            shown = [c async for c in here.read("t", after_pauses=1)]
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]
+    assert [c.type for c in whole] == [c.type for c in ASKED] + ["finish"] + [
+        c.type for c in GOES_ON
+    ]
+    assert counted.reads()[0] == "XREVRANGE" and then.lost == 0

@@ -1681,7 +1681,7 @@ class AnthropicProvider(SDKProvider):
         params["messages"] = messages
         if request.tools:
             params["tools"] = map_tools(request.tools)
-        settings = {**self.request_options, **request.settings}
+        settings = self.call_options(request.settings)
         # the turn's output budget left, when below the cap given (the API requires one)
         self._cap(settings, request.max_output_tokens)
         config = self.thinking_config(

@@ -972,7 +972,7 @@ class GeminiProvider(SDKProvider):
 
         known = types.GenerateContentConfig.model_fields
         extra_body: dict[str, Any] = {}
-        options = {**self.request_options, **request.settings}
+        options = self.call_options(request.settings)
         self._cap(options, request.max_output_tokens)  # the turn's left
         for key, value in options.items():
             if key in _RESERVED:

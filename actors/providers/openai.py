@@ -1281,7 +1281,7 @@ class OpenAIProvider(OpenAISDKProvider):
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``chat.completions.create`` keyword arguments for ``request``."""
-        options = {**self.request_options, **request.settings}
+        options = self.call_options(request.settings)
         params: dict[str, Any] = {
             "model": self.model,
             "messages": map_messages(

@@ -1189,7 +1189,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
-        options = {**self.request_options, **request.settings}
+        options = self.call_options(request.settings)
         self._cap(options, request.max_output_tokens)  # the turn's left
         store = bool(options.pop("store", self.store))
         params: dict[str, Any] = {

@@ -194,6 +194,16 @@ class SDKProvider(Provider):
             register_header_secrets(self.request_options.get("extra_headers"))
         return self._client
 
+    def call_options(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """A call's options: its ``settings`` (the agent's, the call's own) over the
+        provider's :attr:`request_options`. A call's own ``extra_headers`` are registered
+        as the provider's are (:func:`register_header_secrets`): an agent's gateway key
+        quoted by a 401 reached the turn's error as the provider's did. One key's probe
+        for a call that has none."""
+        if "extra_headers" in settings:
+            register_header_secrets(settings["extra_headers"])
+        return {**self.request_options, **settings}
+
     def missing_dependency(self, exc: BaseException) -> errors.ConfigurationError | None:
         """``exc`` as the one line a user can act on, when it (or what caused it: the
         SDKs wrap their own ``ImportError``) says a module of :attr:`install_extra` is not

@@ -39,6 +39,7 @@ from a writer (they read Redis): a reader that stops reading holds none of it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -792,11 +793,12 @@ class RedisRelayWriter:
         else:
             self._tail_read(last, None)
 
-    def _tail_read(self, last: Any, error: BaseException | None) -> None:
+    def _tail_read(self, last: Any, error: BaseException | None, waited: bool = False) -> None:
         """Where to number on from: after the stream's last entry (``last``, the tail's
         read; a continuation's or a takeover's first flush, or the next flush after a
         retry Redis refused: ``_unsure``); then the writer is due at once (after a backoff
-        if the read failed: ``error``)."""
+        if the read failed: ``error``). ``waited``: ``last`` is the newest entry
+        :meth:`_await_pause` read, a continuation's pause or not."""
         unsure, self._unsure = self._unsure, None
         if error is None:
             first, self._prev, lost = _tail(last, takeover=self.takeover or unsure is not None)
@@ -807,6 +809,9 @@ class RedisRelayWriter:
                     self.lost += unsure[1]
                     lost = True
             elif self.resumed and last and not _paused(last[0]):
+                if not waited:  # its pause may be on its way from the suspending worker
+                    self.relay.nursery.start_soon(self._await_pause, last)
+                    return  # (busy until it is in, or the wait is over)
                 lost = True  # a continuation whose stream does not end with its pause
             elif self.pauses and last and not lost and not _paused(last[0]):
                 # A takeover of a continuation: its tail is the dead claimer's first
@@ -843,6 +848,39 @@ class RedisRelayWriter:
         self._notify()
         if (self._queue or self._unsure) and not self._closed and not self._unproven:
             self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
+    async def _await_pause(self, last: Any) -> None:
+        """A continuation whose stream's tail (``last``) is no pause: wait for the pause,
+        blocking on the stream's next entries (``XREAD BLOCK``), for at most half of
+        ``close_timeout`` (this writer's close, which may come meanwhile, has the other
+        half to flush in). The worker that suspended the turn may be alive with its end
+        and pause not flushed yet when another worker claims the continuation (its wait
+        is committed first): the ``gap`` the tail alone meant made live readers rebuild
+        from the store for nothing. No pause by then (that worker died before it streamed
+        it), or Redis failing the read: a ``gap``, numbered after the newest entry read.
+        Only on this path: a continuation whose tail is its pause reads nothing more."""
+        newest = [last[0]]
+        relay = self.relay
+        try:
+            with trio.move_on_after(relay.close_timeout / 2):
+                while not _paused(newest[0]):
+                    read = functools.partial(
+                        relay.client.xread,
+                        {self.key: _identifier(newest[0].identifier)},
+                        count=PAGE,
+                        block=relay.block_ms,
+                    )
+                    reply = await relay._call("continuation's pause", read, blocking=True)
+                    entries = next(iter(reply.values()), ()) if reply else ()
+                    if entries:
+                        newest[0] = entries[-1]
+        except Exception as exc:
+            log.warning("relay.pause_wait_failed", turn_id=self.turn_id, error=_described(exc))
+        except BaseException:  # the relay closing
+            self._busy = False
+            self._notify()
+            raise
+        self._tail_read(newest, None, waited=True)
 
     async def _count_pauses(self, first: int) -> None:
         """A takeover of the turn's ``pauses``-th continuation whose stream's tail is no

@@ -118,7 +118,7 @@ from runtime.errors import (
     WaitExpired,
 )
 from runtime.liveness import answering_elsewhere
-from runtime.media import check_limits
+from runtime.media import check_limits, user_content
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -537,6 +537,33 @@ def _valid_id(value: str) -> str | None:
     return value if _ID.fullmatch(value) else None
 
 
+def _check_sent_again(run: RunInput, stored: Sequence[Message], last: dict[str, Any]) -> None:
+    """409 ``id_taken`` for a run's last user message whose id the thread stores for
+    another message: an answer's (or any not a user message), or a user message that
+    says something else. Not a replay then (which the thread's snapshot answers) but a
+    new message, which that answer would drop unseen; as the AI SDK endpoint refuses
+    an earlier message's id (:func:`~runtime.app.web.resend.classify_resend`). Read
+    only for a last user message the thread holds (a replayed run), from the end."""
+    message_id = stored_message_id(last["id"])
+    held = next((m for m in reversed(stored) if m.id == message_id), None)
+    if held is None:  # (a snapshot's id of an assistant message's part: not a user's)
+        return
+    if isinstance(held, UserMessage):
+        try:
+            says = user_content(_new_user_input(run, last))
+        except AGUIError:
+            says = None
+        if says == held.content:
+            return
+    raise AGUIError(
+        409,
+        f"message {last['id']!r} is the id of another message of thread "
+        f"{run.thread_id!r} (an answer's, or an earlier message that said something "
+        "else): send the new message under a new id",
+        "id_taken",
+    )
+
+
 def _new_user_input(run: RunInput, message: dict[str, Any]) -> UserContent:
     """The new user message's content as user input; 400 when it has none."""
     # (found by identity from the end, where it is: not compared with every message)
@@ -641,6 +668,8 @@ class AGUIRoutes:
             and last["role"] == "user"
             and stored_message_id(last["id"]) not in held_ids  # (as a snapshot wrote it)
         )
+        if last is not None and last["role"] == "user" and not new_user and not run.resume:
+            _check_sent_again(run, stored, last)
         if run.resume or (last is not None and last["role"] == "tool"):
             if new_user:
                 raise bad_input(
