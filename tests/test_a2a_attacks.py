@@ -786,3 +786,10 @@ def test_a_session_header_that_names_no_token_is_no_secret_and_one_that_holds_on
         "Quokka Team Chat signs HMAC-SHA256"
     )
     assert redact_text("who is quokka-session-7c1d2e3f4a5b6c7d?") == "who is [redacted]?"
+
+
+def test_a_credential_header_given_as_bytes_is_registered_not_a_type_error():
+    # httpx takes bytes headers; their name was tested with `"idempotency" in name`,
+    # a TypeError at A2AAgent(...), and their value was never registered.
+    A2AAgent("http://127.0.0.1:9/a2a", headers={b"X-Auth-Token": b"quokka-bytes-9f8e7d6c5b4a"})
+    assert redact_text("who is quokka-bytes-9f8e7d6c5b4a?") == "who is [redacted]?"
