@@ -654,6 +654,54 @@ def is_credential_header(name: str) -> bool:
     return "idempotency" not in low and any(word in low for word in _HEADER_WORDS)
 
 
+_AUTH_SCHEMES = frozenset(
+    {"bearer", "basic", "token", "digest", "negotiate", "ntlm", "dpop", "mac", "apikey"}
+    | {"api-key", "key", "sso-key", "aws4-hmac-sha256"}
+)
+"""The words before a credential in a header's value (``Bearer <token>``,
+``sso-key <key>``): the word after them is registered too (:func:`header_secrets`)."""
+
+_TOKEN_SHAPE = r"(?:(?=[^0-9]*[0-9])[A-Za-z0-9._~+/=\-]{16,}|[A-Za-z0-9._~+/=\-]{32,})"
+"""A token as a header carries it: 16 or more token characters (base64's ``+/=`` too)
+with a digit among them, or 32 or more (:data:`_BODY`, wider)."""
+
+_STRONG_HEADER_WORDS = (*_SECRET_WORDS, "cookie")
+"""The words of :data:`_HEADER_WORDS` that make any value of the header a credential;
+the others (``session``, ``signature``) name headers that often carry none."""
+
+
+def header_secrets(name: Any, value: Any) -> tuple[str, ...]:
+    """What to register (:func:`register_secrets`) for a header ``name: value`` a client
+    is given (an A2A agent's ``headers``, a provider's ``extra_headers``): nothing
+    unless the header carries a credential (:func:`is_credential_header`); the value,
+    and the token after an auth scheme (``Bearer <token>``, :data:`_AUTH_SCHEMES`) or
+    after any first word when the rest is one token (:data:`_TOKEN_SHAPE`). A header
+    named only by ``session`` or ``signature`` is registered only when its value is a
+    token: ``Helicone-Session-Name: Customer Support``, ``Helicone-Session-Path:
+    /support/chat``, ``X-Signature-Method: HMAC-SHA256`` are labels, and registered they
+    were hidden in every log line and error text that named them (the words after a
+    first one too: ``My Chatbot Session`` registered ``Chatbot Session``). ``bytes``
+    (httpx takes them) are read as Latin-1."""
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if not isinstance(name, str) or not isinstance(value, str):
+        return ()
+    if not is_credential_header(name):
+        return ()
+    value = value.strip()
+    token = re.compile(_TOKEN_SHAPE).fullmatch
+    low = name.lower()
+    if not any(word in low for word in _STRONG_HEADER_WORDS):
+        return (value,) if token(value) else ()
+    scheme, _, rest = value.partition(" ")
+    rest = rest.strip()
+    if rest and (scheme.lower() in _AUTH_SCHEMES or token(rest)):
+        return (value, rest)
+    return (value,)
+
+
 def _header_value(match: re.Match[str]) -> str:
     if not is_credential_header(match.group("name").lstrip("b").strip("'\"")):
         return match.group()

@@ -28,6 +28,7 @@ from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host, ToolMessage
 from runtime.actor_messages import InferRequest
 from runtime.app.web.serve import serve_app
+from runtime.redact import redact_text
 from tests.test_a2a import BOTH, hello_agent
 from tests.web.harness import wait_idle, web_server
 
@@ -766,3 +767,29 @@ async def test_a_credential_header_the_remote_agent_quotes_is_redacted_in_the_er
         with pytest.raises(RemoteAgentError) as caught:
             await A2AAgent(remote.url, headers={name: value}).run("hi")
     assert "who is [redacted]? " in str(caught.value)
+
+
+def test_a_session_header_that_names_no_token_is_no_secret_and_one_that_holds_one_is():
+    """``session`` and ``signature`` name headers that often carry a label, not a
+    credential: their value is registered only when it is a token (key characters with
+    a digit, 16 or more). ``X-Session-Name: Quokka Team Chat`` was registered, and every
+    error text and log line naming the team's chat lost it."""
+    A2AAgent(
+        "http://127.0.0.1:9/a2a",
+        headers={
+            "X-Session-Name": "Quokka Team Chat",
+            "X-Signature-Method": "HMAC-SHA256",
+            "X-Session-Token": "quokka-session-7c1d2e3f4a5b6c7d",
+        },
+    )
+    assert redact_text("Quokka Team Chat signs HMAC-SHA256") == (
+        "Quokka Team Chat signs HMAC-SHA256"
+    )
+    assert redact_text("who is quokka-session-7c1d2e3f4a5b6c7d?") == "who is [redacted]?"
+
+
+def test_a_credential_header_given_as_bytes_is_registered_not_a_type_error():
+    # httpx takes bytes headers; their name was tested with `"idempotency" in name`,
+    # a TypeError at A2AAgent(...), and their value was never registered.
+    A2AAgent("http://127.0.0.1:9/a2a", headers={b"X-Auth-Token": b"quokka-bytes-9f8e7d6c5b4a"})
+    assert redact_text("who is quokka-bytes-9f8e7d6c5b4a?") == "who is [redacted]?"

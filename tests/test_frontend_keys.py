@@ -14,8 +14,8 @@ import trio
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.app.web.frontend import FrontEnd
-from runtime.app.web.http import STORE_REFUSED, STORE_UNAVAILABLE, ApiError
-from runtime.app.web.resume import RELAY_UNAVAILABLE, turn_to_resume
+from runtime.app.web.http import RELAY_UNAVAILABLE, STORE_REFUSED, STORE_UNAVAILABLE, ApiError
+from runtime.app.web.resume import turn_to_resume
 from runtime.approval import Decision
 from runtime.errors import RelayUnavailable, StoreError, StoreUnavailable, TurnConflict
 from runtime.messages import AssistantMessage, UserMessage

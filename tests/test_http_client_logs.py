@@ -327,3 +327,21 @@ async def test_a_gateways_key_in_an_agents_own_extra_headers_is_redacted_when_it
     sent = server.requests[0]
     assert sent.headers["x-portkey-api-key"] == secret  # the real client did send it
     assert result.error is not None and result.error.message == "gateway refused [redacted]"
+
+
+def test_a_gateways_session_label_in_extra_headers_stays_readable_and_its_key_hidden():
+    # Helicone's session headers name a session (a label, a path): registered as
+    # secrets they were hidden in every log line and error text that named them, and
+    # a label's words after its first ("Quokka Support Desk": "Support Desk") too.
+    from actors.providers.sdk import register_header_secrets
+
+    register_header_secrets(
+        {
+            "Helicone-Session-Name": "Quokka Support Desk",
+            "Helicone-Session-Path": "/quokka/support-desk",
+            "Helicone-Auth": "Bearer hk-quokka-0a1b2c3d4e5f6a7b",
+        }
+    )
+    text = "Quokka Support Desk at /quokka/support-desk; Support Desk"
+    assert redact_text(text) == text
+    assert redact_text("refused hk-quokka-0a1b2c3d4e5f6a7b") == "refused [redacted]"

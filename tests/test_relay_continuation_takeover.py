@@ -130,7 +130,8 @@ class Counted:
         self.names: list[str] = []
         connection = relay.batcher.connection
         assert connection is not None
-        send, xrange, xread = connection.pipeline, relay.client.xrange, relay.client.xread
+        send, xrange = connection.pipeline, relay.client.xrange
+        xread, evaluate = relay.client.xread, relay.client.eval
 
         async def pipeline(commands: list[list[Any]]) -> list[Any]:
             self.names.extend(str(command[0]) for command in commands)
@@ -145,11 +146,16 @@ class Counted:
             self.blocked.set()
             return await xread(*args, **kwargs)
 
+        async def counted_eval(*args: Any, **kwargs: Any) -> Any:
+            self.names.append("XRANGE")  # (a reader's page: XRANGEs bounded in bytes)
+            return await evaluate(*args, **kwargs)
+
         self.blocked = trio.Event()
         """Set as the writer's first ``XREAD`` (a continuation's wait for its pause) goes."""
         connection.pipeline = pipeline  # type: ignore[method-assign]
         relay.client.xrange = counted_xrange
         relay.client.xread = counted_xread
+        relay.client.eval = counted_eval
 
     def reads(self) -> list[str]:
         return [name for name in self.names if name in ("XREVRANGE", "XRANGE", "XREAD")]
@@ -340,3 +346,54 @@ async def test_a_continuation_another_worker_claims_before_the_pause_is_in_waits
         c.type for c in GOES_ON
     ]
     assert counted.reads()[0] == "XREVRANGE" and then.lost == 0
+
+
+async def test_a_takeovers_pause_count_reads_pages_of_the_relays_page_bytes() -> None:
+    """The pause count reads the stream from its start in a reader's pages: each reply
+    at most the relay's ``page_bytes`` past its first entry. It asked ``XRANGE ...
+    COUNT 256``, no byte bound: 256 entries of up to ``entry_bytes`` (64 MB at the
+    defaults) in one reply, held and decoded at once. The count is still whole."""
+    url = require_redis()
+    async with RedisRelay.open(url, prefix=unique_prefix(), page_bytes=4096) as relay:
+        owner = SimpleNamespace(relay=relay)
+        first = Worker._turn_writer(owner, claim(takeover=False, resumed=False, saved=False))
+        first.extend([ASKED[0], o.StepStart(step=0), o.TextStart(step=0, part_id="p0")])
+        for n in range(60):
+            first.append(o.TextDelta(step=0, part_id="p0", text=f"{n:03} " + "w" * 80))
+            await first.flushed()  # an entry each
+        first.extend([o.TextFinish(step=0, part_id="p0"), *ASKED[2:]])
+        first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
+        await first.aclose(paused=True)
+        claimer = Worker._turn_writer(
+            owner, claim(takeover=False, resumed=True, saved=True, resumes=1)
+        )
+        claimer.extend(GOES_ON[:2])
+        await claimer.aclose(final=False)  # died
+        replies: list[list[int]] = []
+        client = relay.client
+        xrange, evaluate = client.xrange, client.eval
+
+        def sizes(entries: Any) -> list[int]:
+            return [sum(len(v) for v in entry[1]) for entry in entries]
+
+        async def counted_xrange(*args: Any, **kwargs: Any) -> Any:
+            page = await xrange(*args, **kwargs)
+            replies.append([sum(map(len, e.field_values.values())) for e in page])
+            return page
+
+        async def counted_eval(*args: Any, **kwargs: Any) -> Any:
+            more, page = await evaluate(*args, **kwargs)
+            replies.append(sizes(page))
+            return more, page
+
+        client.xrange, client.eval = counted_xrange, counted_eval
+        taken = Worker._turn_writer(
+            owner, claim(takeover=True, resumed=False, saved=True, resumes=1)
+        )
+        taken.extend([GOES_ON[0], *GOES_ON[2:]])
+        await taken.aclose()
+        with trio.fail_after(10):
+            shown = [c async for c in relay.read("t", after_pauses=1)]
+    assert len(replies) > 1
+    assert all(sum(reply[1:]) <= 4096 for reply in replies)
+    assert [c.type for c in shown] == [c.type for c in GOES_ON]

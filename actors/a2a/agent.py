@@ -58,11 +58,12 @@ from runtime.output import (
     Throttled,
 )
 from runtime.redact import (
-    is_credential_header,
+    header_secrets,
     redact_text,
     redact_url,
     redact_user_info,
     register_secret,
+    register_secrets,
     register_url_secrets,
 )
 from runtime.tools import Tool, ToolContext, tool
@@ -532,10 +533,8 @@ class A2AAgent:
         # remote agent's error text that quotes them, which the parent model reads)
         register_secret(token)
         register_url_secrets(self.url)
-        for key, value in (headers or {}).items():
-            if is_credential_header(key):  # (X-Auth-Token too: not a JSON field's name)
-                register_secret(value)
-                register_secret(value.partition(" ")[2])  # "Bearer <token>"
+        # (X-Auth-Token too: not a JSON field's name; "Bearer <token>"'s token)
+        register_secrets([s for k, v in (headers or {}).items() for s in header_secrets(k, v)])
         self.max_answer_chars = max_answer_chars
         self.name = name
         self.description = description

@@ -27,7 +27,7 @@ from runtime.history import ForeignReasoning
 from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
 from runtime.redact import (
-    is_credential_header,
+    header_secrets,
     register_secret,
     register_secrets,
     register_url_secrets,
@@ -78,15 +78,13 @@ def cache_prepared_urls(client: Any) -> None:
 def register_header_secrets(headers: Any) -> None:
     """Register (:func:`register_secret`) the value of each of ``headers`` (a provider's
     ``extra_headers`` request option) named like a credential
-    (:func:`~runtime.redact.is_credential_header`), and the token after its scheme
-    (``Bearer <token>``). Why: an AI gateway's key goes in a header of its own
+    (:func:`~runtime.redact.header_secrets`: the token after its scheme, ``Bearer
+    <token>``, too; a session's label, no). Why: an AI gateway's key goes in a header of its own
     (``X-Portkey-Api-Key``, ``cf-aig-authorization: Bearer ...``), of no key shape, and
     its 401 quoting it reached the turn's error, the stream, the store and the log."""
     if not isinstance(headers, Mapping):
         return
-    for name, value in headers.items():
-        if isinstance(name, str) and isinstance(value, str) and is_credential_header(name):
-            register_secrets((value, value.partition(" ")[2]))
+    register_secrets([s for name, value in headers.items() for s in header_secrets(name, value)])
 
 
 def client_timeout(timeout: Any, timeout_class: Callable[[Any], Any]) -> Any:

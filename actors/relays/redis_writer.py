@@ -899,7 +899,7 @@ class RedisRelayWriter:
         held: int | None = None
         try:
             with trio.move_on_after(self.relay.close_timeout):
-                held = await self.relay._call("takeover's pauses", self._pauses_held)
+                held = await self._pauses_held()  # (each page through relay._call)
         except Exception as exc:
             log.warning("relay.takeover_scan_failed", turn_id=self.turn_id, error=_described(exc))
         except BaseException:  # the relay closing
@@ -919,11 +919,17 @@ class RedisRelayWriter:
     async def _pauses_held(self) -> int:
         """The pauses in the turn's stream, read from its start page by page, up to
         :attr:`pauses` (no further: that many is all it needs to know). An entry that
-        does not decode holds none (its readers are told of it themselves)."""
-        held, start = 0, "-"
+        does not decode holds none (its readers are told of it themselves). Its pages
+        are a reader's (``RedisRelay._page``: at most ``page_bytes`` a reply, Redis's
+        retries): ``XRANGE ... COUNT 256`` had no byte bound, 256 entries of up to
+        ``entry_bytes`` each (64 MB at the defaults) held and decoded at once."""
+        held, start, biggest, after = 0, "-", 1, 0
         while True:
-            page = await self.relay.client.xrange(self.key, start, "+", count=PAGE)
+            page, more = await self.relay._page(
+                self.turn_id, self.key, start, "+", biggest=biggest, after=after
+            )
             for raw in page:
+                biggest = max(biggest, sum(map(len, raw.field_values.values())))
                 try:
                     items = _decode(raw).items
                 except _Undecodable:
@@ -933,8 +939,9 @@ class RedisRelayWriter:
                         held += 1
                 if held >= self.pauses:
                     return held
-            if len(page) < PAGE:
+            if not more or not page:
                 return held
+            after = len(page)
             start = f"({_identifier(page[-1].identifier)}"
 
     def _commands(

@@ -94,6 +94,7 @@ from runtime.app.web.http import (
     ApiError,
     busy_message,
     json_response,
+    relay_failed,
     session_id_param,
     session_page,
     store_failed,
@@ -296,6 +297,7 @@ class QueuedTurnResponse(RelayStreamResponse):
         if self.sent or self.after_seq is not None:
             await write(unavailable_event(exc, self.session_id))
             return
+        told = relay_failed(exc, turn_id=self.turn_id)  # (its text names Redis's address)
         try:
             status: Any = object()
             while status not in FINAL_STATUSES and status != WAITING:
@@ -306,9 +308,10 @@ class QueuedTurnResponse(RelayStreamResponse):
             if turn is None:
                 await write(_error(f"turn {self.turn_id!r} does not exist"))
                 return
-            await self._stored_end(turn, write, RelayTurnGone(exc.message))
+            await self._stored_end(turn, write, RelayTurnGone(told))
         except StoreError:
-            await write(unavailable_event(exc, self.session_id))
+            reload = f"; reload the session (GET /api/sessions/{self.session_id})"
+            await write(sse({"type": "error", "errorText": error_text(exc.kind, told + reload)}))
 
     async def _lost_end(self, exc: RelayTurnGone) -> bytes:
         """The end of a stream shown in part whose relay lost the rest: ``abort``

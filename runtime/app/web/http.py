@@ -46,6 +46,14 @@ STORE_UNAVAILABLE = "the session store is unavailable; try again"
 store's own text names its database (a host, a port, a file) and is the operator's."""
 
 
+RELAY_UNAVAILABLE = "the live stream is unavailable just now; try again"
+"""What a client is told when the relay (Redis) did not answer a front end's read, stop
+or interrupt, in every protocol (the AI SDK's error chunk, AG-UI's ``RUN_ERROR``,
+OpenAI's, MCP's, A2A's): the error itself names Redis's address (coredis's ``Unable to
+establish a connection to host:port``), which is logged (:func:`relay_failed`), not
+sent, as a store's error is (:func:`store_failed`)."""
+
+
 STORE_REFUSED = (
     "the session store refused this message (a value it cannot hold, such as a NUL "
     "character); nothing was queued"
@@ -63,6 +71,12 @@ def store_failed(
     part of the deployment."""
     get_logger("axon.web").warning(event, error=redact(str(exc)), **fields)
     return told
+
+
+def relay_failed(exc: Exception, event: str = "frontend.relay_unavailable", **fields: Any) -> str:
+    """:data:`RELAY_UNAVAILABLE`, once ``exc`` (a relay's error: it names Redis's address)
+    is logged redacted as ``event`` with ``fields`` (:func:`store_failed`)."""
+    return store_failed(exc, event, told=RELAY_UNAVAILABLE, **fields)
 
 
 CLOSING_RETRY_AFTER = "5"

@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
 from runtime.actor_messages import TurnResult
-from runtime.app.web.http import FRONT_END_CLOSING, store_failed
+from runtime.app.web.http import FRONT_END_CLOSING, relay_failed, store_failed
 from runtime.app.web.resume import STOPPED, stored_turn_chunks
 from runtime.app.web.ui_stream import DONE
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, follow_turn
@@ -280,8 +280,10 @@ class QueuedTurnOutput:
                 if status != "queued":
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
+            # (its text names Redis's address: logged, the client told a fixed sentence)
+            told = relay_failed(exc, turn_id=self.turn_id)
             if self.sent:  # its worker saves the turn all the same
-                yield _error(exc.kind, f"{exc.message}; the stored session has the turn")
+                yield _error(exc.kind, f"{told}; the stored session has the turn")
                 return
             # Its worker runs and saves the turn without the relay (``relay.unflushed``):
             # a client shown nothing of it waits on the queue for its end and gets what
@@ -296,7 +298,7 @@ class QueuedTurnOutput:
             except StoreError as failed:
                 # (the relay's error, which names no store: the stored session has it)
                 store_failed(failed, "frontend.stream_store_failed", turn_id=self.turn_id)
-                yield _error(exc.kind, exc.message)
+                yield _error(exc.kind, told)
         except StoreError as exc:
             # The queue's store went away under the stream (PostgreSQL restarting): an
             # error in the protocol's shape, not a response the server cuts off; its

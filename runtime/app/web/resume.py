@@ -37,8 +37,8 @@ from runtime.app.web.guard import is_number
 from runtime.app.web.http import (
     ApiError,
     json_response,
+    relay_failed,
     session_id_param,
-    store_failed,
     web_state,
 )
 from runtime.app.web.signing import ApprovalSigner, SessionSigner, for_session
@@ -412,8 +412,10 @@ class RelayStreamResponse:
 def unavailable_event(exc: RelayUnavailable, session_id: str | None = None) -> bytes:
     """The ``error`` event of a stream whose relay stopped answering; with
     ``session_id`` (a client shown part of the turn, whose worker saves it all the
-    same), it tells the client to reload the session for the saved answer."""
-    message = exc.message
+    same), it tells the client to reload the session for the saved answer. Its text is
+    :data:`~runtime.app.web.http.RELAY_UNAVAILABLE`, the error's own (Redis's address)
+    logged."""
+    message = relay_failed(exc, session_id=session_id)
     if session_id is not None:
         message += f"; reload the session (GET /api/sessions/{session_id})"
     return sse({"type": "error", "errorText": error_text(exc.kind, message)})
@@ -469,18 +471,11 @@ async def forward_stop(
     return turn_id
 
 
-RELAY_UNAVAILABLE = "the live stream is unavailable just now; try again"
-"""What a client is told when the relay (Redis) did not answer a front end's read, stop
-or interrupt: the error itself names Redis's address (``Redis at host:port``), which is
-logged, not sent (as a store's error is, :func:`~runtime.app.web.http.store_failed`)."""
-
-
 async def _unavailable_as_503(call: Any) -> Any:
     try:
         return await call
     except RelayUnavailable as exc:
-        told = store_failed(exc, "frontend.relay_unavailable", told=RELAY_UNAVAILABLE)
-        raise ApiError(503, told, {"retry-after": "1"}) from None
+        raise ApiError(503, relay_failed(exc), {"retry-after": "1"}) from None
 
 
 async def turn_to_resume(
