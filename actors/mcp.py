@@ -286,9 +286,16 @@ class MCPServer:
 
 def _default_name(command: str, args: Sequence[str]) -> str:
     """The script or package a launcher runs (``python x/notes.py`` → ``notes``), else the
-    command's own name."""
+    command's own name. ``env [NAME=VALUE ...] COMMAND ...`` is named after ``COMMAND``'s
+    script: the name is in every error and log line, and such a value is often a key."""
+    if os.path.basename(command) == "env":
+        words = list(args)
+        while words and (words[0].startswith("-") or "=" in words[0]):
+            del words[0]
+        if words:
+            return _default_name(words[0], words[1:])
     for arg in args:
-        if not arg.startswith("-"):
+        if not arg.startswith("-") and "=" not in arg:
             base = os.path.basename(arg.rstrip("/")) or arg
             return os.path.splitext(base)[0] if base.endswith((".py", ".js", ".ts")) else base
     return os.path.basename(command)

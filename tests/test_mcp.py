@@ -109,6 +109,11 @@ def test_parse_reads_a_url_or_a_command_line():
     )
 
 
+def test_parse_names_a_server_launched_by_env_after_its_package_not_a_variable():
+    server = MCPServer.parse("env GITHUB_TOKEN=ghp_x1 LOG=1 npx -y @mcp/server-github")
+    assert server.name == "server-github"
+
+
 @pytest.mark.parametrize("spec", ["", "   ", "python 'unclosed"])
 def test_parse_refuses_an_empty_or_broken_command_line(spec):
     with pytest.raises(ConfigurationError):
