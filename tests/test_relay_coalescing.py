@@ -622,7 +622,8 @@ async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_a
             writer.extend(deltas)
         finally:
             sys.setprofile(None)
-        assert len(calls) == 2 * len(deltas) + 1  # appended one by one: 3 a delta
+        # ``extend`` and its list of items, two a delta (appended one by one: 3 a delta)
+        assert len(calls) == 2 * len(deltas) + 2
         await writer.flushed()
         assert [types for _, _, types in pipes.entries()[1:]] == [["text-delta"] * 11]
 
@@ -709,3 +710,43 @@ async def test_a_writer_s_id_is_16_random_hex_digits_made_in_no_python_call() ->
     assert "uuid.py" not in calls
     assert len(set(ids)) == 50
     assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+
+
+async def test_a_batch_s_bytes_are_one_encode_of_the_batch(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 24 goal 3: a worker's turn forwards ~35 chunks in ~7 batches; each chunk
+    # was encoded alone to count its bytes (``held``), then again in its flush's entry.
+    from actors.relays import redis_writer
+
+    encodes: list[Any] = []
+
+    def dumps(value: Any, **kw: Any) -> bytes:
+        encodes.append(value)
+        return orjson.dumps(value, **kw)
+
+    monkeypatch.setattr(redis_writer, "_dumps", dumps)
+    async with fake_relay() as (relay, _):
+        writer = await started_writer(relay)
+        encodes.clear()
+        chunks = [delta(i) for i in range(5)]
+        chunks.append(o.TextDelta(step=0, part_id="p", text="é\U0001f600"))
+        writer.extend(chunks)
+        assert len(encodes) == 1
+        # The same bytes as the chunks' JSON one by one (the writer's ``held``).
+        alone = sum(len(orjson.dumps(redis_writer._hook(type(c))(c))) for c in chunks)
+        assert writer.held == alone
+        writer.extend([])  # nothing: nothing encoded, nothing counted
+        assert len(encodes) == 1 and writer.held == alone
+
+
+async def test_a_batch_with_half_a_character_is_measured_item_by_item(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, _):
+        writer = await started_writer(relay)
+        chunks = [delta(1), o.TextDelta(step=0, part_id="p", text="a\ud83d")]
+        writer.extend(chunks)
+        from actors.relays.redis_writer import _hook, _size
+
+        assert writer.held == sum(_size(_hook(type(c))(c)) for c in chunks)
