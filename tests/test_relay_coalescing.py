@@ -750,3 +750,36 @@ async def test_a_batch_with_half_a_character_is_measured_item_by_item(
         from actors.relays.redis_writer import _hook, _size
 
         assert writer.held == sum(_size(_hook(type(c))(c)) for c in chunks)
+
+
+async def test_a_relay_reads_the_run_s_clock_without_trio_s_current_time(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: ``trio.current_time()`` is three Python calls a read; the writers
+    # and the flusher read the clock ~20 times a worker's turn. They read the run's
+    # clock itself (one call), the same times (the virtual clock here).
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        callers: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            code = frame.f_code
+            if event == "call" and code.co_name == "current_time":
+                if code.co_filename.endswith("_generated_run.py"):
+                    callers.append(frame.f_back.f_code.co_filename.rsplit("/", 1)[-1])
+
+        sys.setprofile(count)
+        try:
+            writer.append(o.Start(message_id="m"))
+            await writer.flushed()
+            writer.extend([delta(1), delta(2)])
+            writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+            await writer.aclose()
+        finally:
+            sys.setprofile(None)
+        assert [c for c in callers if c.startswith("redis_")] == []
+        assert [types for _, _, types in pipes.entries()] == [
+            ["start"],
+            ["text-delta", "text-delta", "finish", "relay.end"],
+        ]
+        assert relay.closed["t"] == trio.current_time()

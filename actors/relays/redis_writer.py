@@ -438,7 +438,7 @@ class RedisRelayWriter:
         if not queue or queue[-1]["type"] != GAP:
             queue.append({"type": GAP})
         if self._due is None and not self._busy and not self._closed and not self._unproven:
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most
@@ -520,7 +520,7 @@ class RedisRelayWriter:
             self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
         self._hurry_up()
-        deadline = trio.current_time() + self.relay.close_timeout
+        deadline = self.relay.batcher.now() + self.relay.close_timeout
         with trio.CancelScope(shield=shield, deadline=deadline):
             await self.flushed()
         self._closed = True
@@ -555,13 +555,13 @@ class RedisRelayWriter:
         queue.append(item)
         last = self._end_by is None and item["type"] in _LAST
         if last:
-            self._end_by = trio.current_time() + self.relay.end_wait
+            self._end_by = self.relay.batcher.now() + self.relay.end_wait
         if self._due is None:
             if not self._busy and not self._closed and not self._unproven:
-                self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+                self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
         elif last and not self._hurry:
             # What waited for its tick now waits with the last chunk for the close.
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     def _notify(self) -> None:
         settled, self._settled = self._settled, None
@@ -589,7 +589,7 @@ class RedisRelayWriter:
         if not whole:
             log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
         if self._queue and not self._closed and not self._busy:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     def _hurry_up(self) -> None:
         """Nothing is held any more (a close): a queue waiting for its tick or for the
@@ -598,7 +598,7 @@ class RedisRelayWriter:
             self._found_no_stream()
         self._hurry = True
         if self._due is not None and not self._closed:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     # -- when the flusher writes the queue -------------------------------------------------
 
@@ -742,13 +742,13 @@ class RedisRelayWriter:
                     self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
         if (self._queue or self._unsure) and not self._closed:
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     def _failed(self, event: str, error: BaseException, **fields: Any) -> None:
         self.failures += 1
         delay = _backoff(self._attempt, self.relay.retry_base, self.relay.retry_max)
         self._attempt += 1
-        self._retry_at = trio.current_time() + delay
+        self._retry_at = self.relay.batcher.now() + delay
         level = log.error if event == "relay.flush_refused" else log.warning
         level(
             event,
@@ -821,7 +821,7 @@ class RedisRelayWriter:
         self._busy = False
         self._notify()
         if (self._queue or self._unsure) and not self._closed and not self._unproven:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     def _commands(
         self, batch: list[dict[str, Any]], first: int, now: float
