@@ -783,3 +783,36 @@ async def test_a_relay_reads_the_run_s_clock_without_trio_s_current_time(
             ["text-delta", "text-delta", "finish", "relay.end"],
         ]
         assert relay.closed["t"] == trio.current_time()
+
+
+async def test_a_pipeline_s_commands_are_built_without_a_python_call_a_flush(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: each flush's XADD had its fields flattened by a list
+    # comprehension (a Python call a flush, ~5 a worker's turn), and the flusher found
+    # its next wake-up as ``min`` of a generator (a frame, and a resume a writer).
+    async with fake_relay() as (relay, pipes):
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(3)]
+        calls: list[tuple[str, str]] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                code = frame.f_code
+                calls.append((code.co_filename.rsplit("/", 1)[-1], code.co_name))
+
+        sys.setprofile(count)
+        try:
+            for writer in writers:
+                writer.append(o.Start(message_id="m"))
+            for writer in writers:
+                await writer.flushed()
+        finally:
+            sys.setprofile(None)
+        assert ("redis_flush.py", "_send_resp") in calls
+        assert [c for c in calls if c[0] == "redis_flush.py" and c[1].startswith("<")] == []
+        [(_, commands)] = pipes.sent
+        assert [tuple(c[:3]) for c in commands[::3]] == [
+            ("XADD", f"{relay.turn_key(f't{i}')}", "1-1") for i in range(3)
+        ]
+        assert [c[0] for c in commands] == ["XADD", "EXPIRE", "SET"] * 3
+        assert commands[2][3:] == ("EX", relay.live_ttl)

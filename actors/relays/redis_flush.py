@@ -11,6 +11,7 @@ writer.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -27,6 +28,9 @@ from actors.relays.redis_failures import (
 
 if TYPE_CHECKING:
     from actors.relays.redis_writer import RedisRelayWriter, _Job
+
+
+_flat = chain.from_iterable
 
 
 class _Flusher:
@@ -132,8 +136,13 @@ class _Flusher:
             if jobs:
                 return jobs
             # After the look: a writer ``_take`` settled at once is due again (later).
-            pending = self._pending
-            soonest = min((writer._due or math.inf for writer in pending), default=math.inf)
+            # (a loop, not ``min`` of a generator: a frame and a resume a writer, each
+            # time this task goes to sleep, issue 24 goal 3)
+            soonest = math.inf
+            for writer in self._pending:
+                due = writer._due or math.inf
+                if due < soonest:
+                    soonest = due
             self._asleep_until = soonest
             if scope.deadline != soonest:  # the last pipeline's, or the last sleep's
                 scope.deadline = soonest
@@ -220,18 +229,20 @@ class _Flusher:
 
     async def _send_resp(self, jobs: list[_Job]) -> None:
         assert self.connection is not None
-        commands: list[list[Any]] = []
+        # Tuples, their fields flattened in C (``chain``): a list comprehension was a
+        # Python call a flush, and ``encode`` copied each list to a tuple (issue 24 goal 3).
+        commands: list[tuple[Any, ...]] = []
         for job in jobs:
-            for name, key, *args in job.commands:
+            for command in job.commands:
+                name = command[0]
                 if name == "XADD":
-                    identifier, fields = args
-                    flat = [x for pair in fields.items() for x in pair]
-                    commands.append(["XADD", key, identifier, *flat])
+                    _, key, identifier, fields = command
+                    commands.append(("XADD", key, identifier, *_flat(fields.items())))
                 elif name == "SET":
-                    value, ex = args
-                    commands.append(["SET", key, value, "EX", ex])
+                    _, key, value, ex = command
+                    commands.append(("SET", key, value, "EX", ex))
                 else:
-                    commands.append([name, key, *args])
+                    commands.append(command)
         replies = await self.connection.pipeline(commands)
         at = 0
         for job in jobs:
