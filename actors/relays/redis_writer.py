@@ -73,7 +73,7 @@ from actors.relays.redis_failures import (
 )
 from runtime.errors import RelayUnavailable
 from runtime.relay import RESTART_STEP as RESTART
-from runtime.serde import unstructurer, utf8_dumps
+from runtime.serde import flat_unstructurer, unstructurer, utf8_dumps
 
 if TYPE_CHECKING:
     from actors.relays.redis_streams import RedisRelay
@@ -161,7 +161,7 @@ def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
     other class (a dict, an application's value) is checked at each use: an item with no
     string ``type``, queued, would be junk in the stream to every reader, or kill the
     relay's one flush task (every writer's) when it counts a batch's chunks."""
-    hook = unstructurer(cls)
+    hook = flat_unstructurer(cls) or unstructurer(cls)  # (one call a chunk: a text delta's)
     if not isinstance(getattr(cls, "type", None), str):
         unchecked = hook
 
