@@ -319,6 +319,37 @@ def unstructurer(cls: type) -> Callable[[Any], Any]:
     return hook
 
 
+def flat_unstructurer(cls: type) -> Callable[[Any], _Dict] | None:
+    """For a tagged class (an output chunk) every field of which the converter keeps as
+    it is (``str``, ``int``, ``X | None`` of those: :func:`_optional_scalar`), and without
+    overrides: one function that gives what :func:`unstructurer`'s hook gives (its
+    fields in order, then its tag), in one Python call where the hook makes two (its
+    fields' generated function, then the tag). A relay writer unstructures ~33 chunks a
+    worker's turn (issue 24 goal 3). ``None`` for any other class."""
+    tagged = _tagged_class(cls)
+    if tagged is None or not attrs.has(cls) or _UNSTRUCTURE_OVERRIDES.get(tagged):
+        return None
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a name it cannot resolve: the converter's own hook
+        return None
+    names = []
+    for a in attrs.fields(cls):
+        kept = converter.get_unstructure_hook(hints[a.name]) is identity
+        if not (kept and a.name.isidentifier()):
+            return None
+        names.append(a.name)
+    field = _TAGS[tagged]
+    if field in names:
+        return None
+    items = "".join(f"{name!r}: o.{name}, " for name in names)
+    source = f"def unstructure_flat(o):\n    return {{{items}{field!r}: tag}}\n"
+    scope: dict[str, Any] = {"tag": getattr(tagged, field)}
+    exec(source, scope)  # (the names are a class's attribute names, checked above)
+    flat: Callable[[Any], _Dict] = scope["unstructure_flat"]
+    return flat
+
+
 def structure(data: Any, cls: Any) -> Any:
     """The model value for ``data``; ``cls`` may be a union such as ``Message``."""
     return converter.structure(data, cls)

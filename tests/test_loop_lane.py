@@ -188,3 +188,51 @@ async def test_a_call_that_waits_for_its_answer_is_shielded_and_reads_once_per_w
     assert scopes.of("postgres_lane") == 1
     assert len(got) == 1 and isinstance(got[0], _Result)
     assert conn.pgconn.reads == 2 and lane._free == [conn] and not conn.closed
+
+
+async def test_a_call_and_its_retry_wrapper_import_nothing_when_all_goes_well(
+    monkeypatch: Any,
+) -> None:
+    # Issue 24 goal 3: each lane call (two a worker's turn, through ``_retrying``) ran two
+    # import statements of psycopg (~0.5 µs each) for the error it did not have.
+    import builtins
+
+    from actors.stores import postgres_lane
+    from actors.stores.postgres_health import _retrying
+
+    assert postgres_lane._FATAL_ERROR == psycopg.pq.ExecStatus.FATAL_ERROR
+    log: list[str] = []
+    lane = _lane(_Conn(log))
+    await lane.call(b"known", b"SELECT 1", [], [])  # warm
+    imports: list[str] = []
+    original = builtins.__import__
+
+    def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+        imports.append(name)
+        return original(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", counted)
+    got = await _retrying("save", 1.0, lambda: lane.call(b"known", b"SELECT 1", [], []))
+    monkeypatch.undo()
+    assert isinstance(got, _Result)
+    assert imports == []
+
+
+async def test_a_failed_result_still_raises_as_psycopg_raises_it() -> None:
+    from actors.stores.postgres_lane import _checked
+
+    class _Failed:
+        status = psycopg.pq.ExecStatus.FATAL_ERROR
+
+        def error_field(self, field: Any) -> bytes | None:
+            return {psycopg.pq.DiagnosticField.SQLSTATE: b"23505"}.get(field, b"dup")
+
+        def get_error_message(self, encoding: str = "utf-8") -> str:
+            return "duplicate key"
+
+    try:
+        _checked([_Failed()])
+    except psycopg.errors.UniqueViolation:
+        pass
+    else:
+        raise AssertionError("no error raised")

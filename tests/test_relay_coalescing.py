@@ -356,7 +356,7 @@ async def test_a_burst_of_appends_due_at_one_tick_wakes_the_flusher_once(
         assert [types for _, _, types in pipes.entries()[8:]] == [["text-delta"] * 10] * 8
 
 
-async def test_a_delta_appended_while_its_queue_waits_for_the_tick_is_three_python_calls(
+async def test_a_delta_appended_while_its_queue_waits_for_the_tick_is_two_python_calls(
     autojump_clock: Any,
 ) -> None:
     async with fake_relay() as (relay, pipes):
@@ -375,9 +375,10 @@ async def test_a_delta_appended_while_its_queue_waits_for_the_tick_is_three_pyth
                 writer.append(chunk)
         finally:
             sys.setprofile(None)
-        # the append and its class's unstructure hook (two functions); 6 before issue 24
-        # goal 3's cut: the converter's dispatch and ``_put`` were called for each too
-        assert len(calls) == 3 * len(deltas)
+        # the append and its class's unstructure hook, one function
+        # (``serde.flat_unstructurer``: two before); 6 before issue 24 goal 3's cuts: the
+        # converter's dispatch and ``_put`` were called for each too
+        assert len(calls) == 2 * len(deltas)
         await writer.flushed()
         assert [types for _, _, types in pipes.entries()[1:]] == [["text-delta"] * 11]
 
@@ -622,7 +623,9 @@ async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_a
             writer.extend(deltas)
         finally:
             sys.setprofile(None)
-        assert len(calls) == 2 * len(deltas) + 1  # appended one by one: 3 a delta
+        # ``extend``, its list of items, and one a delta: its unstructure in one function
+        # (``serde.flat_unstructurer``; appended one by one: 3 a delta)
+        assert len(calls) == len(deltas) + 2
         await writer.flushed()
         assert [types for _, _, types in pipes.entries()[1:]] == [["text-delta"] * 11]
 
@@ -709,3 +712,109 @@ async def test_a_writer_s_id_is_16_random_hex_digits_made_in_no_python_call() ->
     assert "uuid.py" not in calls
     assert len(set(ids)) == 50
     assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+
+
+async def test_a_batch_s_bytes_are_one_encode_of_the_batch(
+    autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 24 goal 3: a worker's turn forwards ~35 chunks in ~7 batches; each chunk
+    # was encoded alone to count its bytes (``held``), then again in its flush's entry.
+    from actors.relays import redis_writer
+
+    encodes: list[Any] = []
+
+    def dumps(value: Any, **kw: Any) -> bytes:
+        encodes.append(value)
+        return orjson.dumps(value, **kw)
+
+    monkeypatch.setattr(redis_writer, "_dumps", dumps)
+    async with fake_relay() as (relay, _):
+        writer = await started_writer(relay)
+        encodes.clear()
+        chunks = [delta(i) for i in range(5)]
+        chunks.append(o.TextDelta(step=0, part_id="p", text="é\U0001f600"))
+        writer.extend(chunks)
+        assert len(encodes) == 1
+        # The same bytes as the chunks' JSON one by one (the writer's ``held``).
+        alone = sum(len(orjson.dumps(redis_writer._hook(type(c))(c))) for c in chunks)
+        assert writer.held == alone
+        writer.extend([])  # nothing: nothing encoded, nothing counted
+        assert len(encodes) == 1 and writer.held == alone
+
+
+async def test_a_batch_with_half_a_character_is_measured_item_by_item(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, _):
+        writer = await started_writer(relay)
+        chunks = [delta(1), o.TextDelta(step=0, part_id="p", text="a\ud83d")]
+        writer.extend(chunks)
+        from actors.relays.redis_writer import _hook, _size
+
+        assert writer.held == sum(_size(_hook(type(c))(c)) for c in chunks)
+
+
+async def test_a_relay_reads_the_run_s_clock_without_trio_s_current_time(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: ``trio.current_time()`` is three Python calls a read; the writers
+    # and the flusher read the clock ~20 times a worker's turn. They read the run's
+    # clock itself (one call), the same times (the virtual clock here).
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        callers: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            code = frame.f_code
+            if event == "call" and code.co_name == "current_time":
+                if code.co_filename.endswith("_generated_run.py"):
+                    callers.append(frame.f_back.f_code.co_filename.rsplit("/", 1)[-1])
+
+        sys.setprofile(count)
+        try:
+            writer.append(o.Start(message_id="m"))
+            await writer.flushed()
+            writer.extend([delta(1), delta(2)])
+            writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+            await writer.aclose()
+        finally:
+            sys.setprofile(None)
+        assert [c for c in callers if c.startswith("redis_")] == []
+        assert [types for _, _, types in pipes.entries()] == [
+            ["start"],
+            ["text-delta", "text-delta", "finish", "relay.end"],
+        ]
+        assert relay.closed["t"] == trio.current_time()
+
+
+async def test_a_pipeline_s_commands_are_built_without_a_python_call_a_flush(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: each flush's XADD had its fields flattened by a list
+    # comprehension (a Python call a flush, ~5 a worker's turn), and the flusher found
+    # its next wake-up as ``min`` of a generator (a frame, and a resume a writer).
+    async with fake_relay() as (relay, pipes):
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(3)]
+        calls: list[tuple[str, str]] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                code = frame.f_code
+                calls.append((code.co_filename.rsplit("/", 1)[-1], code.co_name))
+
+        sys.setprofile(count)
+        try:
+            for writer in writers:
+                writer.append(o.Start(message_id="m"))
+            for writer in writers:
+                await writer.flushed()
+        finally:
+            sys.setprofile(None)
+        assert ("redis_flush.py", "_send_resp") in calls
+        assert [c for c in calls if c[0] == "redis_flush.py" and c[1].startswith("<")] == []
+        [(_, commands)] = pipes.sent
+        assert [tuple(c[:3]) for c in commands[::3]] == [
+            ("XADD", f"{relay.turn_key(f't{i}')}", "1-1") for i in range(3)
+        ]
+        assert [c[0] for c in commands] == ["XADD", "EXPIRE", "SET"] * 3
+        assert commands[2][3:] == ("EX", relay.live_ttl)

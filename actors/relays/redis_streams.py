@@ -366,7 +366,7 @@ class RedisRelay:
         """``writer`` is closed: not the relay's to flush any more."""
         self.live.discard(writer)
         self.batcher.forget(writer)
-        closed, now = self.closed, trio.current_time()
+        closed, now = self.closed, self.batcher.now()
         closed[writer.turn_id] = now
         closed.move_to_end(writer.turn_id)
         while closed and (

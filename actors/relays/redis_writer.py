@@ -74,7 +74,7 @@ from actors.relays.redis_failures import (
 )
 from runtime.errors import RelayUnavailable
 from runtime.relay import RESTART_STEP as RESTART
-from runtime.serde import unstructurer, utf8_dumps
+from runtime.serde import flat_unstructurer, unstructurer, utf8_dumps
 
 if TYPE_CHECKING:
     from actors.relays.redis_streams import RedisRelay
@@ -162,7 +162,7 @@ def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
     other class (a dict, an application's value) is checked at each use: an item with no
     string ``type``, queued, would be junk in the stream to every reader, or kill the
     relay's one flush task (every writer's) when it counts a batch's chunks."""
-    hook = unstructurer(cls)
+    hook = flat_unstructurer(cls) or unstructurer(cls)  # (one call a chunk: a text delta's)
     if not isinstance(getattr(cls, "type", None), str):
         unchecked = hook
 
@@ -384,18 +384,28 @@ class RedisRelayWriter:
         """:meth:`append` each of ``chunks``, in order, in one call: a worker forwards its
         turn's chunks in batches (``TurnStream.next_batch``), ~35 a turn, and a call per
         chunk was a Python call more each (issue 24 goal 3). The same queue and the same
-        flushes as their appends one by one."""
+        flushes as their appends one by one.
+
+        The batch's bytes (:attr:`held`) are one encode of the batch, not one a chunk:
+        orjson writes a list as its items' JSON between brackets, joined by commas, so
+        the items' bytes are the list's less ``n + 1`` (~26 encodes a worker's turn
+        fewer, issue 24 goal 3). A chunk that does not encode as it is (half a
+        character, an int past 64 bits) has the batch measured item by item, as an
+        append measures it; a batch that overflows the queue has the queue's chunks
+        measured, as the overflow does."""
         if self._closing:
             raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
+        hooks = _UNSTRUCTURERS
+        items = [(hooks.get(type(chunk)) or _hook(type(chunk)))(chunk) for chunk in chunks]
+        if not items:
+            return
+        try:
+            size = len(_dumps(items, default=str)) - len(items) - 1
+        except TypeError:  # half a character, or a value that does not encode
+            size = _measured(items)
         max_queue = self.relay.max_queue
-        for chunk in chunks:
-            cls = type(chunk)
-            hook = _UNSTRUCTURERS.get(cls) or _hook(cls)
-            item = hook(chunk)
-            try:
-                self._bytes += len(_dumps(item, default=str))
-            except TypeError:
-                self._bytes += _size(item)
+        overflowed = False
+        for item in items:
             queue = self._queue
             if (
                 self._due is not None
@@ -404,7 +414,12 @@ class RedisRelayWriter:
             ):
                 queue.append(item)
             else:
+                overflowed = overflowed or len(queue) >= max_queue
                 self._put(item)
+        if overflowed:  # (the queue was cut and measured: what it holds now)
+            self._bytes = _measured([i for i in self._queue if i["type"] not in _MARKERS])
+        else:
+            self._bytes += size
 
     @property
     def held(self) -> int:
@@ -455,7 +470,7 @@ class RedisRelayWriter:
         if not queue or queue[-1]["type"] != GAP:
             queue.append({"type": GAP})
         if self._due is None and not self._busy and not self._closed and not self._unproven:
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most
@@ -537,7 +552,7 @@ class RedisRelayWriter:
             self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
         self._hurry_up()
-        deadline = trio.current_time() + self.relay.close_timeout
+        deadline = self.relay.batcher.now() + self.relay.close_timeout
         with trio.CancelScope(shield=shield, deadline=deadline):
             await self.flushed()
         self._closed = True
@@ -572,13 +587,13 @@ class RedisRelayWriter:
         queue.append(item)
         last = self._end_by is None and item["type"] in _LAST
         if last:
-            self._end_by = trio.current_time() + self.relay.end_wait
+            self._end_by = self.relay.batcher.now() + self.relay.end_wait
         if self._due is None:
             if not self._busy and not self._closed and not self._unproven:
-                self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+                self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
         elif last and not self._hurry:
             # What waited for its tick now waits with the last chunk for the close.
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     def _notify(self) -> None:
         settled, self._settled = self._settled, None
@@ -606,7 +621,7 @@ class RedisRelayWriter:
         if not whole:
             log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
         if self._queue and not self._closed and not self._busy:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     def _hurry_up(self) -> None:
         """Nothing is held any more (a close): a queue waiting for its tick or for the
@@ -615,7 +630,7 @@ class RedisRelayWriter:
             self._found_no_stream()
         self._hurry = True
         if self._due is not None and not self._closed:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     # -- when the flusher writes the queue -------------------------------------------------
 
@@ -759,13 +774,13 @@ class RedisRelayWriter:
                     self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
         if (self._queue or self._unsure) and not self._closed:
-            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+            self.relay.batcher.schedule(self, self._due_at(self.relay.batcher.now()))
 
     def _failed(self, event: str, error: BaseException, **fields: Any) -> None:
         self.failures += 1
         delay = _backoff(self._attempt, self.relay.retry_base, self.relay.retry_max)
         self._attempt += 1
-        self._retry_at = trio.current_time() + delay
+        self._retry_at = self.relay.batcher.now() + delay
         level = log.error if event == "relay.flush_refused" else log.warning
         level(
             event,
@@ -847,7 +862,7 @@ class RedisRelayWriter:
         self._busy = False
         self._notify()
         if (self._queue or self._unsure) and not self._closed and not self._unproven:
-            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+            self.relay.batcher.schedule(self, max(self.relay.batcher.now(), self._retry_at))
 
     async def _await_pause(self, last: Any) -> None:
         """A continuation whose stream's tail (``last``) is no pause: wait for the pause,
