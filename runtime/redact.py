@@ -59,13 +59,15 @@ PLACEHOLDERS = frozenset(
         *("example", "examplekey", "sample", "default", "redacted", "secret", "password"),
         *("passwd", "token", "apikey", "yourapikey", "yourapikeyhere", "yourkey", "yourtoken"),
         *("yourkeyhere", "yoursecret", "yourpassword", "mysecret", "mypassword", "insecure"),
-        *("ollama", "lmstudio", "vllm", "local", "localkey"),
+        *("ollama", "lmstudio", "vllm", "local", "localkey", "postgres", "postgresql"),
     }
 )
 """Values of a credential variable or option that say there is none, lowered and with
 ``-``, ``_``, ``.`` and spaces taken out (``not-needed``, ``NOT_NEEDED``): the
 local servers' conventions (``OPENAI_API_KEY=not-needed``, ``lm-studio``, ``ollama``),
-a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``). As a
+a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``), a
+development database's (``POSTGRES_PASSWORD=postgres``: registered, every later
+``postgres-0.postgres.svc`` logged as ``[redacted].[redacted].svc``). As a
 registered secret each was replaced wherever it appeared: a user's message saying
 "disabled" reached the log and every error text as ``[redacted]``. A real key or
 password is none of these words, and one that is, is no secret."""
@@ -732,12 +734,29 @@ def register_url_secrets(url: str) -> None:
 
 
 def _url_credentials(url: str) -> list[str]:
+    """What :func:`register_url_secrets` registers: each credential span as written and
+    decoded, but not a password equal to the URL's own user name
+    (``postgresql://postgres:postgres@db/x``, ``minioadmin:minioadmin``: a development
+    default). The user name is shown wherever the URL is (:func:`redact_url` hides the
+    password field by its place, not by this), so registering it hid nothing the URL
+    does not show, and every later ``postgres-0.postgres.svc`` logged as
+    ``[redacted].[redacted].svc``."""
     if not isinstance(url, str):
         return []
+    head = re.compile(_URL_HEAD).match(url)
+    colon = -1 if head is None else url.find(":", head.end())
     found = []
     for begin, end in _credential_spans(url):
-        found += [url[begin:end], urllib.parse.unquote_plus(url[begin:end])]
+        value = url[begin:end]
+        if head is not None and begin == colon + 1 and _same_user(url[head.end() : colon], value):
+            continue
+        found += [value, urllib.parse.unquote_plus(value)]
     return found
+
+
+def _same_user(user: str, password: str) -> bool:
+    """Whether a URL's ``password`` is its ``user`` (as written or percent-decoded)."""
+    return user == password or urllib.parse.unquote(user) == urllib.parse.unquote(password)
 
 
 _ENV_SECRET_WORDS = frozenset(
