@@ -11,6 +11,9 @@ import pytest
 from runtime import redact as redaction
 from runtime.redact import (
     REDACTED,
+    header_secrets,
+    is_credential_header,
+    redact_header_pairs,
     redact_text,
     redact_url,
     redact_urls,
@@ -64,3 +67,42 @@ def test_a_weak_password_other_than_its_user_name_is_still_registered(url, passw
     with isolated_secrets():
         register_url_secrets(url)
         assert redact_text(f"auth failed with {password} x") == f"auth failed with {REDACTED} x"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["X-Author", "Authorship", "X-Author-Id", ":authority", "X-Passthrough-Mode", "X-Cache-Bypass"],
+)
+def test_a_header_naming_an_author_or_authority_is_no_credential_header(name):
+    assert not is_credential_header(name)
+    assert header_secrets(name, "Jane Doe 0123456789abcdef") == ()
+    line = f"headers: {{'{name.lower()}': 'Jane Doe'}}"
+    assert redact_header_pairs(line) == line
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        *("Authorization", "Proxy-Authorization", "cf-aig-authorization", "X-Auth-Token"),
+        *("Helicone-Auth", "WWW-Authenticate", "X-OAuth", "apikey", "X-Api-Key", "api_key"),
+        *("X-Goog-Api-Key", "X-Portkey-Api-Key", "Ocp-Apim-Subscription-Key", "XApiKey"),
+        *("Private-Token", "X-Amz-Security-Token", "X-Csrf-Token", "X-Client-Secret"),
+        *("Cookie", "Set-Cookie", "X-Session-Id", "X-Signature", "X-Password", "Passwd"),
+        *(
+            "X-Credentials",
+            "X-Access-Token",
+            "AccessToken",
+            "sessionid",
+            "X-Authtoken",
+            "authToken",
+        ),
+    ],
+)
+def test_a_header_named_by_a_credential_word_is_still_a_credential_header(name):
+    assert is_credential_header(name)
+    line = f"headers: {{'{name.lower()}': 'v-0123456789abcdef'}}"
+    assert redact_header_pairs(line) == f"headers: {{'{name.lower()}': '{REDACTED}'}}"
+
+
+def test_an_idempotency_key_is_still_no_credential_header():
+    assert not is_credential_header("Idempotency-Key")
