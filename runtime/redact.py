@@ -59,13 +59,15 @@ PLACEHOLDERS = frozenset(
         *("example", "examplekey", "sample", "default", "redacted", "secret", "password"),
         *("passwd", "token", "apikey", "yourapikey", "yourapikeyhere", "yourkey", "yourtoken"),
         *("yourkeyhere", "yoursecret", "yourpassword", "mysecret", "mypassword", "insecure"),
-        *("ollama", "lmstudio", "vllm", "local", "localkey"),
+        *("ollama", "lmstudio", "vllm", "local", "localkey", "postgres", "postgresql"),
     }
 )
 """Values of a credential variable or option that say there is none, lowered and with
 ``-``, ``_``, ``.`` and spaces taken out (``not-needed``, ``NOT_NEEDED``): the
 local servers' conventions (``OPENAI_API_KEY=not-needed``, ``lm-studio``, ``ollama``),
-a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``). As a
+a template's (``changeme``, ``your-api-key-here``), a switch's (``disabled``), a
+development database's (``POSTGRES_PASSWORD=postgres``: registered, every later
+``postgres-0.postgres.svc`` logged as ``[redacted].[redacted].svc``). As a
 registered secret each was replaced wherever it appeared: a user's message saying
 "disabled" reached the log and every error text as ``[redacted]``. A real key or
 password is none of these words, and one that is, is no secret."""
@@ -636,22 +638,65 @@ _HEADER_PAIR = (
 httpx's ``Headers({'set-cookie': ...})``, an SDK's request options' ``'headers'``) or
 ``=`` (hpack's ``Adding b'cookie'=b'...'``), then its quoted value (compiled on first
 use, as :data:`_URL_HEAD`)."""
-_HEADER_WORDS = (*_SECRET_WORDS, "cookie", "session", "signature")
-"""A header whose name holds one of these carries a credential: ``authorization``,
-``proxy-authorization``, ``x-api-key``, ``x-goog-api-key``, ``cookie``, ``set-cookie``,
-``x-auth-token``, ``x-amz-security-token``, ``x-session-id``... (not an SDK's
-``idempotency_key``: a retry's id, kept for reading the log)."""
+_HEADER_WORDS = (
+    "pass",
+    "secret",
+    "token",
+    "auth",
+    "key",
+    "credential",
+    "cookie",
+    "session",
+    "signature",
+)
+"""A header whose name holds one of these as a word (:func:`_header_words`) carries a
+credential: ``authorization``, ``proxy-authorization``, ``x-api-key``,
+``x-goog-api-key``, ``cookie``, ``set-cookie``, ``x-auth-token``,
+``x-amz-security-token``, ``x-session-id``... (not an SDK's ``idempotency_key``: a
+retry's id, kept for reading the log)."""
+_PASSWORD_WORDS = ("password", "passwd", "passphrase", "passcode")
+"""What a header name's word holds to name a password (``pass`` alone too): not
+``passthrough`` or ``bypass``."""
+_HEADER_WORD_SPLIT = r"[^a-z0-9]+"
+"""What separates a header name's words (``-``, ``_``, ``.``, ``:``...; compiled on first
+use)..."""
+_CAMEL = r"(?<=[a-z0-9])(?=[A-Z])"
+"""...and where a camel-cased name's next word starts (``XApiKey``, ``authToken``)."""
+
+
+def _header_words(name: str) -> frozenset[str]:
+    """The words of :data:`_HEADER_WORDS` that ``name``'s words (split at anything but a
+    letter or digit, lowered) are, begin or end with: ``apikey``, ``xapikey``,
+    ``accesstoken``, ``sessionid``, ``setcookie``, ``password``, ``oauth``,
+    ``authorization``, ``authenticate``. Not ``author``, ``authorship``, ``authority``
+    (HTTP/2's ``:authority``, a host) or ``passthrough``: as substrings (``auth`` in
+    ``x-author``) their values were redacted and registered (``X-Author: Jane Doe``
+    hid ``Jane Doe`` everywhere)."""
+    found = set()
+    for word in re.split(_HEADER_WORD_SPLIT, re.sub(_CAMEL, " ", name).lower()):
+        for base in _HEADER_WORDS:
+            if base == "auth":
+                head = word.startswith("auth") and (
+                    word.startswith("authoriz") or not word.startswith("author")
+                )
+                if head or word.endswith("auth"):
+                    found.add(base)
+            elif base == "pass":
+                if word == "pass" or any(p in word for p in _PASSWORD_WORDS):
+                    found.add(base)
+            elif word.startswith(base) or word.endswith((base, base + "s")):
+                found.add(base)
+    return frozenset(found)
 
 
 def is_credential_header(name: str) -> bool:
-    """Whether an HTTP header named ``name`` carries a credential: its name holds a word
-    of :data:`_HEADER_WORDS` (``Authorization``, ``X-Auth-Token``, ``X-Goog-Api-Key``,
-    ``Ocp-Apim-Subscription-Key``, ``Private-Token``, ``Cookie``...), not
-    ``idempotency`` (an SDK's retry id). Wider than :func:`is_secret_key` (the names of
-    a JSON field): a client given such headers registers their values
-    (:func:`register_secret`)."""
-    low = name.lower()
-    return "idempotency" not in low and any(word in low for word in _HEADER_WORDS)
+    """Whether an HTTP header named ``name`` carries a credential: one of its words is
+    one of :data:`_HEADER_WORDS` (:func:`_header_words`: ``Authorization``,
+    ``X-Auth-Token``, ``X-Goog-Api-Key``, ``Ocp-Apim-Subscription-Key``,
+    ``Private-Token``, ``Cookie``...; not ``X-Author``), not ``idempotency`` (an SDK's
+    retry id). Wider than :func:`is_secret_key` (the names of a JSON field): a client
+    given such headers registers their values (:func:`register_secret`)."""
+    return "idempotency" not in name.lower() and bool(_header_words(name))
 
 
 _AUTH_SCHEMES = frozenset(
@@ -665,7 +710,7 @@ _TOKEN_SHAPE = r"(?:(?=[^0-9]*[0-9])[A-Za-z0-9._~+/=\-]{16,}|[A-Za-z0-9._~+/=\-]
 """A token as a header carries it: 16 or more token characters (base64's ``+/=`` too)
 with a digit among them, or 32 or more (:data:`_BODY`, wider)."""
 
-_STRONG_HEADER_WORDS = (*_SECRET_WORDS, "cookie")
+_STRONG_HEADER_WORDS = frozenset(_HEADER_WORDS) - {"session", "signature"}
 """The words of :data:`_HEADER_WORDS` that make any value of the header a credential;
 the others (``session``, ``signature``) name headers that often carry none."""
 
@@ -692,8 +737,7 @@ def header_secrets(name: Any, value: Any) -> tuple[str, ...]:
         return ()
     value = value.strip()
     token = re.compile(_TOKEN_SHAPE).fullmatch
-    low = name.lower()
-    if not any(word in low for word in _STRONG_HEADER_WORDS):
+    if _header_words(name).isdisjoint(_STRONG_HEADER_WORDS):
         return (value,) if token(value) else ()
     scheme, _, rest = value.partition(" ")
     rest = rest.strip()
@@ -732,12 +776,29 @@ def register_url_secrets(url: str) -> None:
 
 
 def _url_credentials(url: str) -> list[str]:
+    """What :func:`register_url_secrets` registers: each credential span as written and
+    decoded, but not a password equal to the URL's own user name
+    (``postgresql://postgres:postgres@db/x``, ``minioadmin:minioadmin``: a development
+    default). The user name is shown wherever the URL is (:func:`redact_url` hides the
+    password field by its place, not by this), so registering it hid nothing the URL
+    does not show, and every later ``postgres-0.postgres.svc`` logged as
+    ``[redacted].[redacted].svc``."""
     if not isinstance(url, str):
         return []
+    head = re.compile(_URL_HEAD).match(url)
+    colon = -1 if head is None else url.find(":", head.end())
     found = []
     for begin, end in _credential_spans(url):
-        found += [url[begin:end], urllib.parse.unquote_plus(url[begin:end])]
+        value = url[begin:end]
+        if head is not None and begin == colon + 1 and _same_user(url[head.end() : colon], value):
+            continue
+        found += [value, urllib.parse.unquote_plus(value)]
     return found
+
+
+def _same_user(user: str, password: str) -> bool:
+    """Whether a URL's ``password`` is its ``user`` (as written or percent-decoded)."""
+    return user == password or urllib.parse.unquote(user) == urllib.parse.unquote(password)
 
 
 _ENV_SECRET_WORDS = frozenset(
