@@ -413,11 +413,19 @@ class Saving:
     async def _touch(self, turn: Turn, touch: Touch, every: float) -> None:
         """:meth:`_touching`'s task: a save every ``every`` seconds until stopped. Each
         save is shielded (sent whole to the persister, or the turn's next save would name
-        a request it never got); the step waits for one in flight (:meth:`_touched`)."""
+        a request it never got); the step waits for one in flight (:meth:`_touched`).
+        The previous save's answer is adopted before, unshielded (its bus event may wait)."""
         try:
             with touch.scope:
                 while not turn.deleted:
                     await trio.sleep(every)
+                    prev = self._pending
+                    if prev is not None and self._answer(prev) is not None:
+                        # Adopted out of the shield: its news of another writer waits
+                        # for the bus (a ``block`` observer that stopped reading); there
+                        # it held the step's end, and a cancel, a deadline, a closing
+                        # host never ended the turn (branch attackmarkers).
+                        await self._adopt(prev, turn)
                     with trio.CancelScope(shield=True):
                         # (a call held for approval: its step's save comes after the
                         # others ran; a refresh that took it for the end cleared the
