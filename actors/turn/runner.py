@@ -135,16 +135,20 @@ def _suspended_trace(
     )
 
 
-def _cut_last_turn(state: SessionState) -> None:
+def _cut_last_turn(state: SessionState, in_flight: bool) -> None:
     """Cut the history back to before its last user message (a regenerate): the turn
     that follows saves from the cut on, replacing the old turn in the store as well
     (the ids of the stored messages cut kept in :attr:`SessionState.cut` until a save
-    removed them there: one rebased on another writer's replaces them too)."""
+    removed them there: one rebased on another writer's replaces them too). With a
+    save ``in_flight`` (the previous turn's, outliving it: a slow store), what it
+    writes may be stored too: its messages, all after ``saved_upto``, are cut as well
+    (left out, its old turn stayed stored before the new one, branch attackmarkers)."""
     messages = state.messages
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], UserMessage):
-            if i < state.saved_upto:
-                state.cut = state.cut | {m.id for m in messages[i : state.saved_upto]}
+            upto = len(messages) if in_flight else state.saved_upto
+            if i < upto:
+                state.cut = state.cut | {m.id for m in messages[i:upto]}
             del messages[i:]
             state.saved_upto = min(state.saved_upto, i)
             return
@@ -591,7 +595,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             paused = mark[0] if mark is not None else None
             committed = find_committed(state.messages, message_id, paused)
         if committed is None and run.regenerate:
-            _cut_last_turn(state)
+            _cut_last_turn(state, self._pending is not None)
         superseded: tuple[Any, ...] = ()
         approved: tuple[Any, ...] = ()
         ended_nested: tuple[Any, ...] = ()

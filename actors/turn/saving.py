@@ -80,7 +80,13 @@ class Saving:
         def _publish_history(self) -> None: ...
 
     async def _save(
-        self, turn: Turn, step: int | None, *, ends: str | None = None, running: bool = True
+        self,
+        turn: Turn,
+        step: int | None,
+        *,
+        ends: str | None = None,
+        running: bool = True,
+        touch: bool = False,
     ) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
         save) with the persister; returns the request (its answer comes on
@@ -93,7 +99,11 @@ class Saving:
         A save the turn goes on after (``running``: not its final save, nor a step's that
         may end or suspend it) stores the turn as running in this process
         (:mod:`runtime.liveness`): a host that loads the session after this process died
-        marks the turn interrupted. It rides in the save's meta: no statement more."""
+        marks the turn interrupted. It rides in the save's meta: no statement more.
+
+        ``touch``: a refresh of the marker while the step's calls run (:meth:`_touch`):
+        the turn goes on after it (the step's save comes), though a call of the step is
+        held already (:attr:`Turn.held`, which makes the step's save one it may end at)."""
         state = self.state
         prev = self._pending
         if prev is not None and self._answer(prev) is not None:
@@ -109,13 +119,14 @@ class Saving:
         held: tuple[Message, ...] = ()
         if began is not None and prev is None and began.version == state.version:
             held = began.messages
+        held_now = bool(turn.held) and not touch
         req = SaveRequest(
             request_id=new_id("save"),
             session_id=state.session_id,
             turn_id=turn.turn_id,
             start=start,
             messages=tuple(state.messages[start:]),
-            meta=self._save_meta(turn, running=running and ends is None and not turn.held),
+            meta=self._save_meta(turn, running=running and ends is None and not held_now),
             step=step,
             expected_version=state.version if prev is None else None,
             after=None if prev is None else prev.request_id,
@@ -124,7 +135,7 @@ class Saving:
             absent_mark=self._absent_mark,
             held=held,
             fence=turn.fence,
-            may_end=not running or ends is not None or bool(turn.held),
+            may_end=not running or ends is not None or held_now,
             cut=state.cut,
         )
         self._pending, self._answered = req, None
@@ -402,13 +413,24 @@ class Saving:
     async def _touch(self, turn: Turn, touch: Touch, every: float) -> None:
         """:meth:`_touching`'s task: a save every ``every`` seconds until stopped. Each
         save is shielded (sent whole to the persister, or the turn's next save would name
-        a request it never got); the step waits for one in flight (:meth:`_touched`)."""
+        a request it never got); the step waits for one in flight (:meth:`_touched`).
+        The previous save's answer is adopted before, unshielded (its bus event may wait)."""
         try:
             with touch.scope:
                 while not turn.deleted:
                     await trio.sleep(every)
+                    prev = self._pending
+                    if prev is not None and self._answer(prev) is not None:
+                        # Adopted out of the shield: its news of another writer waits
+                        # for the bus (a ``block`` observer that stopped reading); there
+                        # it held the step's end, and a cancel, a deadline, a closing
+                        # host never ended the turn (branch attackmarkers).
+                        await self._adopt(prev, turn)
                     with trio.CancelScope(shield=True):
-                        await self._save(turn, turn.step)
+                        # (a call held for approval: its step's save comes after the
+                        # others ran; a refresh that took it for the end cleared the
+                        # marker, the session idle to another process: attackmarkers)
+                        await self._save(turn, turn.step, touch=True)
                         touch.saves += 1
         except SessionDeleted:  # (deleted while it ran: the step's save says so)
             pass

@@ -63,7 +63,10 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         return Adopted()
     assert result.version is not None
     if result.base is None:  # written where it was asked to: the layout is unchanged
-        state.cut = frozenset()  # (what a regenerate cut is gone from the store too)
+        # What a regenerate cut is gone from the store too, as far as this save carried
+        # it: a save made before the cut (the previous turn's, adopted by the
+        # regenerate's first) removed none of it (branch attackmarkers).
+        state.cut = _less(state.cut, req.cut)
         state.version = result.version
         state.saved_upto = req.start + len(req.messages)
         return Adopted()
@@ -77,10 +80,18 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
         state.saved_upto = min(state.saved_upto, req.start)
         return Adopted()
     state.version = result.version
-    state.cut = frozenset()  # (dropped by the rebase too: runtime.store.rebase)
+    state.cut = _less(state.cut, req.cut)  # (dropped by the rebase too: runtime.store.rebase)
     adopted = _replace_prefix(state, req.start, result.base)
     state.saved_upto = len(result.base) + len(req.messages)
     return adopted
+
+
+def _less(cut: frozenset[str], saved: frozenset[str]) -> frozenset[str]:
+    """``cut`` without what a save carrying ``saved`` removed (no set built when either
+    is empty: the common case)."""
+    if not cut or not saved:
+        return cut if not saved else frozenset()
+    return cut - saved
 
 
 def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:

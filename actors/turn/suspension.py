@@ -410,7 +410,13 @@ class Suspending:
         def _publish_history(self) -> None: ...
 
         async def _save(
-            self, turn: Any, step: int | None, *, ends: str | None = None, running: bool = True
+            self,
+            turn: Any,
+            step: int | None,
+            *,
+            ends: str | None = None,
+            running: bool = True,
+            touch: bool = False,
         ) -> SaveRequest: ...
 
     async def _hold(self, turn: Any, step: int) -> None:
