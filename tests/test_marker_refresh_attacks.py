@@ -81,13 +81,20 @@ class _Gate:
 
 
 async def test_a_regenerate_after_a_slow_save_is_refused_when_another_turn_came_after(
-    tmp_path, autojump_clock
+    tmp_path, monkeypatch, autojump_clock
 ):
     """The turn before the regenerate's save outlived it (a slow store: past its bound
     and the next turn's sync's); the regenerate's first save adopts it after the cut.
     That adoption emptied ``SessionState.cut`` (any save written in place did), so the
     regenerate's save, rebased on another host's turn, stored the old turn and the new
-    one after the other's: the question twice."""
+    one after the other's: the question twice. (The hosts keep no writers' registry
+    here, as hosts that have not met yet: with it, A claims its regenerate before B's
+    turn, tests/test_regenerate_conflicts.py.)"""
+
+    async def no_registry(self: Host) -> None:
+        return None
+
+    monkeypatch.setattr(Host, "_join_writers", no_registry)
     gate = _Gate()
     agent = Agent(
         provider=ScriptedProvider(steps=[["A."]] * 4), hooks=Hooks(on_step_start=gate.hold)
