@@ -230,7 +230,6 @@ connection gone when it wakes, and its retried save is refused by the fence."""
 _T = TypeVar("_T")
 
 
-
 _WRITER_PREFIX: Final = "writer:"
 """The ``axon_meta`` keys of the hosts writing the store: ``writer:<host's marker id>``
 (:meth:`PostgresStore.set_writer`)."""
