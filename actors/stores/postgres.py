@@ -2,7 +2,8 @@
 
 Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema version 1)::
 
-    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version
+    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
+                                                         -- writer:<host> (set_writer)
     axon_sessions(session_id TEXT PRIMARY KEY, meta BYTEA,   -- meta: a JSON object
                   created_at, updated_at TIMESTAMPTZ,
                   update_seq BIGINT,                     -- recency order (a sequence)
@@ -229,6 +230,31 @@ connection gone when it wakes, and its retried save is refused by the fence."""
 _T = TypeVar("_T")
 
 
+_WRITER_PREFIX: Final = "writer:"
+"""The ``axon_meta`` keys of the hosts writing the store: ``writer:<host's marker id>``
+(:meth:`PostgresStore.set_writer`)."""
+
+_WRITERS_WHERE = "left(key, 7) = 'writer:'"
+"""The registry's rows (not a range of keys: a collation other than ``C`` orders
+``:`` and ``;`` as it likes). ``axon_meta`` holds a few rows: a scan of them."""
+
+_WRITERS_SQL: Final = f"SELECT key, value FROM axon_meta WHERE {_WRITERS_WHERE}"
+
+_WRITER_KEYS = f"(SELECT coalesce(string_agg(key, ' '), '') FROM axon_meta WHERE {_WRITERS_WHERE})"
+"""The registry's keys, read with the version query of a host that registered (the
+statement its turn makes anyway): no statement more to learn that another host writes
+the store (:meth:`PostgresStore.writers_seen`)."""
+
+_VERSION_WRITERS_SQL: Final = (
+    f"SELECT (SELECT version FROM axon_sessions WHERE session_id = %s), {_WRITER_KEYS}"
+)
+
+_VERSION_MARK_SQL: Final = """SELECT (SELECT version FROM axon_sessions WHERE session_id = %(s)s),
+    (SELECT deletions FROM axon_deletions WHERE session_id = %(s)s)"""
+
+_VERSION_MARK_WRITERS_SQL: Final = f"{_VERSION_MARK_SQL}, {_WRITER_KEYS}"
+
+
 class PostgresStore(FenceKeeping):
     """Sessions (and durable turns) in PostgreSQL; create with ``await PostgresStore.open(url)``."""
 
@@ -276,6 +302,13 @@ class PostgresStore(FenceKeeping):
             idle_limit=[None] if idle_limit is None else idle_limit,
         )
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
+        self._writers_seen: str | None = None
+        """The registry's keys (:meth:`set_writer`) as the last version query read them,
+        until :meth:`writers_seen` takes them."""
+        self._registered = False
+        """Whether a host of this store put its row in the registry (:meth:`set_writer`):
+        only then do the version queries read it (a worker's store, whose host keeps no
+        row, sends them unchanged)."""
         self._retry_for = retry_for
         self._utf8 = utf8
         """Whether the database's encoding is UTF-8: the save function merges meta as text
@@ -1212,6 +1245,14 @@ class PostgresStore(FenceKeeping):
     async def version(self, session_id: str) -> int:
         """The session's version (``0`` if it does not exist): one primary-key lookup."""
         validate_session_id(session_id)
+        if self._registered:  # (the registry's names too: :data:`_WRITER_KEYS`)
+            row = await self.run(
+                f"version of session {session_id!r}",
+                lambda conn: conn.execute(_VERSION_WRITERS_SQL, (session_id,)).fetchone(),
+                transaction=False,
+            )
+            self._writers_seen = row[1]
+            return int(row[0] or 0)
         row = await self.run(
             f"version of session {session_id!r}",
             lambda conn: conn.execute(
@@ -1265,13 +1306,60 @@ class PostgresStore(FenceKeeping):
         row = await self.run(
             f"version of session {session_id!r}",
             lambda conn: conn.execute(
-                """SELECT (SELECT version FROM axon_sessions WHERE session_id = %(s)s),
-                    (SELECT deletions FROM axon_deletions WHERE session_id = %(s)s)""",
+                _VERSION_MARK_WRITERS_SQL if self._registered else _VERSION_MARK_SQL,
                 {"s": session_id},
             ).fetchone(),
             transaction=False,
         )
+        if self._registered:
+            self._writers_seen = row[2]
         return int(row[0] or 0), int(row[1] or 0)
+
+    # -- the hosts writing the store ------------------------------------------------------
+
+    async def writers(self) -> dict[str, str]:
+        """The hosts that said they write this store (:meth:`set_writer`): each one's name
+        and what it stored (:func:`runtime.liveness.writer_row`). A few rows of
+        ``axon_meta``."""
+        rows = await self.run(
+            "the hosts' registry",
+            lambda conn: conn.execute(_WRITERS_SQL).fetchall(),
+            transaction=False,
+        )
+        return {key[len(_WRITER_PREFIX) :]: value for key, value in rows}
+
+    def writers_seen(self) -> list[str] | None:
+        """The names in the registry as the last version query read them (every turn
+        of a host that registered makes one as it starts), taken: ``None`` when none was
+        read since the last taking (:meth:`writers` then reads them)."""
+        seen, self._writers_seen = self._writers_seen, None
+        if seen is None:
+            return None
+        return [key[len(_WRITER_PREFIX) :] for key in seen.split()]
+
+    def writers_now(self) -> None:
+        """``None``: every read of PostgreSQL waits (the host then awaits :meth:`writers`)."""
+        return None
+
+    async def set_writer(self, name: str, value: str | None, *, drop: Collection[str] = ()) -> None:
+        """Store host ``name``'s row (``None``: remove it) and remove the rows of
+        ``drop`` (hosts found gone), in one transaction. A row stored: this store's
+        version queries read the registry's names from then on."""
+        gone = [_WRITER_PREFIX + key for key in (*drop, *(() if value else (name,)))]
+
+        def write(conn: Any) -> None:
+            if gone:
+                conn.execute("DELETE FROM axon_meta WHERE key = ANY(%s)", (gone,))
+            if value is not None:
+                conn.execute(
+                    """INSERT INTO axon_meta (key, value) VALUES (%s, %s)
+                    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value""",
+                    (_WRITER_PREFIX + name, value),
+                )
+
+        await self.run("the hosts' registry", write)
+        if value is not None:
+            self._registered = True
 
     async def list_sessions(
         self, *, limit: int | None = None, after: str | None = None

@@ -457,6 +457,7 @@ class Host:
         drain_timeout: float = DRAIN_TIMEOUT,
         input_limits: InputLimits | None = None,
         gc_pacing: bool = False,
+        expects_other_writers: bool = False,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
@@ -494,7 +495,11 @@ class Host:
         so bounded, until the last pacing host closes): with thousands of turns in
         flight CPython's own triggers pause the loop for seconds. Off by default: the
         collector's settings are the whole process's (docs/embedding.md, "Garbage
-        collection in a large host")."""
+        collection in a large host").
+
+        ``expects_other_writers`` (a worker's host: its deployment dedupes messages by its
+        turn queue) sets :attr:`expects_other_writers` before the host starts: such a host
+        keeps no row in its store's registry of the hosts writing it (:meth:`shares_store`)."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
         from actors.stores import open_store  # see the note on the imports
 
@@ -537,6 +542,7 @@ class Host:
                     host.clock = AnchoredClock(read)
                     await host.sync_clock()
                 host._block = outer.cancel_scope
+                host.expects_other_writers = expects_other_writers
                 host.supervisor.on_fatal = host.end_for
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
@@ -699,8 +705,8 @@ class Host:
         write as the host opens. Another host's row there: the store is shared, so this
         host claims its turns from its first (:meth:`saw_other_writer`)."""
         store: Any = self.store
-        if getattr(store, "set_writer", None) is None:
-            return
+        if self.expects_other_writers or getattr(store, "set_writer", None) is None:
+            return  # (a worker's host: the turn queue dedupes; it neither writes nor reads it)
         try:
             rows = await store.writers()
             rows.pop(self.marker_id, None)

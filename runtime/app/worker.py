@@ -537,8 +537,8 @@ class Worker:
             input_limits=self.input_limits,
             log_tap=False,
             gc_pacing=self.gc_pacing,
+            expects_other_writers=True,  # a session's turns run on any worker: no registry
         ) as host:
-            host.expects_other_writers = True  # a session's turns run on any worker
             # Wait deadlines are set and expired by the queue's clock, not this machine's
             # (runtime/clocks.py): workers' wall clocks differ.
             clock = self._clock = AnchoredClock(self.queue.now)
