@@ -47,7 +47,7 @@ EXPECTED = {
     "stop Done: it is sent. True",
     ("approval.md", 1): "{'to': 'cfo@example.com'} {'to': 'ceo@example.com'} "
     "sent to cfo@example.com\n",
-    ("approval.md", 2): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    ("busy.md", 0): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
     "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
