@@ -241,7 +241,7 @@ class Agent:
     """What a new user message does while a turn of a session runs: ``reject`` it
     (:class:`~runtime.errors.SessionBusy`), ``enqueue`` its turn after the running one,
     ``interrupt`` the running turn, or ``steer`` it (the message joins the running turn
-    at its next step boundary): :mod:`runtime.busy`, docs/approval.md. A session may
+    at its next step boundary): :mod:`runtime.busy`, docs/busy.md. A session may
     override it (``host.open_session(agent, on_busy=...)``)."""
 
     @on_busy.validator

@@ -1,7 +1,7 @@
 """What a session does with a new user message while one of its turns runs.
 
 A session runs one turn at a time. When a user message arrives while a turn runs, the
-session's *busy strategy* decides (docs/approval.md, "Busy sessions"):
+session's *busy strategy* decides (docs/busy.md):
 
 ``reject`` (the default)
     refuse it: :class:`~runtime.errors.SessionBusy` (HTTP 409);

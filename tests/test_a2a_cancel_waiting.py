@@ -1,4 +1,4 @@
-"""``CancelTask`` of an A2A task waiting for input (docs/protocols.md): its turn is ended
+"""``CancelTask`` of an A2A task waiting for input (docs/protocols-a2a.md): its turn is ended
 there, not only denied, so nothing resumes it after the client canceled it."""
 
 from __future__ import annotations

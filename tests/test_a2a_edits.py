@@ -1,4 +1,4 @@
-"""A2A approve-with-edits (docs/protocols.md, "Input required"): a decision
+"""A2A approve-with-edits (docs/protocols-a2a.md, "Input required"): a decision
 ``{"id", "approved": true, "editedInput": {...}}`` resumes the task with the tool run on
 the edited input; an edit the tool's schema refuses, one sent with a denial or one that
 is not an object is ``InvalidParamsError`` and records nothing."""

@@ -1,4 +1,4 @@
-"""A task whose model call waits says so to its A2A client (docs/protocols.md, "A2A"):
+"""A task whose model call waits says so to its A2A client (docs/protocols-a2a.md):
 a ``throttled`` (rate limit) or ``budget-wait`` (output tokens held beside it) chunk is a
 ``TASK_STATE_WORKING`` status update whose message says why (a text part and the
 chunk's fields as a data part); the turn's next chunk of its own ends it with a

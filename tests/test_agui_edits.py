@@ -1,5 +1,5 @@
 """AG-UI approve-with-edits: the interrupt's ``responseSchema`` offers ``editedArgs``, and
-a resume payload carrying it runs the tool once with those arguments (docs/protocols.md,
+a resume payload carrying it runs the tool once with those arguments (docs/protocols-ag-ui.md,
 "Frontend tools and approvals"); an edit the tool's schema refuses, or one sent with a
 denial, is a 400 and records nothing. Every event and request is checked against the
 official ``ag-ui-protocol`` types."""

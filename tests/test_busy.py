@@ -1,4 +1,4 @@
-"""Busy sessions (runtime/busy.py, docs/approval.md): what a new user message does while a
+"""Busy sessions (runtime/busy.py, docs/busy.md): what a new user message does while a
 turn runs, under each strategy: ``reject``, ``enqueue``, ``interrupt``, ``steer``."""
 
 from __future__ import annotations

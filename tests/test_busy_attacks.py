@@ -1,4 +1,4 @@
-"""Busy sessions attacked (docs/approval.md, "Busy sessions"): floods, races and odd
+"""Busy sessions attacked (docs/busy.md): floods, races and odd
 values a careless or hostile client sends to a session whose turn runs."""
 
 from __future__ import annotations

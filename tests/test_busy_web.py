@@ -1,4 +1,4 @@
-"""Busy sessions over HTTP (docs/approval.md): ``POST /api/chat`` for a session whose turn
+"""Busy sessions over HTTP (docs/busy.md): ``POST /api/chat`` for a session whose turn
 runs answers by the session's strategy: 409, its own stream after the running turn, the
 running turn interrupted, or 202 once the running turn took the message (steer)."""
 

@@ -47,7 +47,7 @@ EXPECTED = {
     "stop Done: it is sent. True",
     ("approval.md", 1): "{'to': 'cfo@example.com'} {'to': 'ceo@example.com'} "
     "sent to cfo@example.com\n",
-    ("approval.md", 2): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    ("busy.md", 0): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
     "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
@@ -67,21 +67,22 @@ EXPECTED = {
     ("providers.md", 6): "scripted|scripted|- 500\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
-    ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
-    "right now. (78 tokens)\nthought: The user asks about the weather in Oslo. ...\n"
+    ("protocols-openai.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies "
+    "in Oslo right now. (78 tokens)\nthought: The user asks about the weather in Oslo. ...\n"
     "Let me check the weather. It is 26°C and windy in Paris right now. stop\n",
-    ("protocols.md", 1): "2 steps, tools ['get_weather']: Let me check the weather. It is 22°C "
-    "and clear skies in Oslo right now.\nRUN_FINISHED success 78 tokens\n"
+    ("protocols-ag-ui.md", 0): "2 steps, tools ['get_weather']: Let me check the weather. "
+    "It is 22°C and clear skies in Oslo right now.\nRUN_FINISHED success 78 tokens\n"
     "['RUN_STARTED', 'MESSAGES_SNAPSHOT', 'RUN_FINISHED']\n"
     "['user', 'reasoning', 'reasoning', 'assistant', 'tool']\n",
-    ("protocols.md", 2): "Let me check the weather. It is 22°C and clear skies in Oslo right now.\n"
+    ("protocols-a2a.md", 0): "Let me check the weather. It is 22°C and clear skies in Oslo "
+    "right now.\n"
     "TASK_STATE_COMPLETED demo-1\n"
     "scripted said: Let me check the weather. It is 26°C and windy in Paris right now.\n"
     "Asked it.\n",
-    ("protocols.md", 3): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
-    "right now. (17 progress notifications)\nsame session: True\n"
+    ("protocols-mcp.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies "
+    "in Oslo right now. (17 progress notifications)\nsame session: True\n"
     "stdio: Let me check the weather. It is 26°C and windy in Paris right now.\n",
-    ("protocols.md", 4): "scripted -> Let me check the weather. It is 22°C and clear skies in "
+    ("protocols-mcp.md", 1): "scripted -> Let me check the weather. It is 22°C and clear skies in "
     "Oslo right now.\nDone.\n",
     ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
     "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
@@ -96,10 +97,10 @@ def test_the_outputs_shown_in_the_docs_are_found():
     lead-in would silently drop one from the exact check below)."""
     assert sorted(DOCUMENTED_OUTPUT) == [
         ("media.md", 0),
-        ("protocols.md", 0),
-        ("protocols.md", 1),
-        ("protocols.md", 2),
-        ("protocols.md", 3),
+        ("protocols-a2a.md", 0),
+        ("protocols-ag-ui.md", 0),
+        ("protocols-mcp.md", 0),
+        ("protocols-openai.md", 0),
         ("telemetry.md", 0),
     ]
 

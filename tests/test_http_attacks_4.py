@@ -30,7 +30,7 @@ from tests.web.harness import web_server
 
 MAX_CLIENT_TOOLS = 128
 MAX_TOOL_SCHEMAS = 256 << 10
-"""``runtime.app.web.agui_input``'s caps, as docs/protocols.md states them."""
+"""``runtime.app.web.agui_input``'s caps, as docs/protocols-ag-ui.md states them."""
 
 
 def agent() -> Agent:

@@ -1,5 +1,5 @@
 """The busy strategies attacked where a user would hit them (runtime/busy.py,
-docs/approval.md "Busy sessions"): two messages steered at one step boundary, a steered
+docs/busy.md): two messages steered at one step boundary, a steered
 attachment, a steer on the turn's last step, an ``interrupt`` while a tool runs, a
 strategy changed while a turn runs. Each asserts what the user sees and what is stored,
 and, for the steered histories, what each provider and the AI SDK UI are given."""
