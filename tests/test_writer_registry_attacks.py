@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
@@ -106,3 +107,74 @@ async def test_a_host_beside_many_rows_still_claims_its_next_turn(tmp_path):
         )
         assert (await session.run("one")).error is None
         assert host.claims_turns
+
+
+async def test_a_row_whose_pid_now_belongs_to_another_process_is_dropped(tmp_path):
+    """A dead host's pid taken by an unrelated live process (pid reuse): the row's
+    start time is not that process's, so the row is gone, dropped as the next host
+    opens (pinned: kept, it would make every later host claim)."""
+    mine = this_process()
+    assert mine is not None
+    host_name, boot, ns, pid, start = mine.rsplit(":", 4)
+    reused = ":".join((host_name, boot, ns, pid, str(int(start) + 1)))  # this pid, alive
+    db = str(tmp_path / "one.db")
+    store = await SQLiteStore.open(db)
+    try:
+        await store.set_writer("host_reused_0", json.dumps({"writer": reused, "at": time.time()}))
+    finally:
+        await store.aclose()
+    async with Host.open(store=db) as host:
+        assert not host.claims_turns
+        assert list(await host.store.writers()) == [host.marker_id]
+
+
+async def test_two_hosts_opening_at_once_both_claim_from_their_first_turn(tmp_path, monkeypatch):
+    """Both read the registry before either wrote its row (neither knew of the other
+    as it opened): each one's first turn reads the other's name in its version query
+    and claims (pinned: the read as a turn starts covers the open's race)."""
+    reads = 0
+    both_read = trio.Event()
+    read = SQLiteStore.writers
+
+    async def writers(self: SQLiteStore) -> dict[str, str]:
+        nonlocal reads
+        rows = await read(self)
+        reads += 1
+        if reads == 2:
+            both_read.set()
+        await both_read.wait()
+        return rows
+
+    monkeypatch.setattr(SQLiteStore, "writers", writers)
+    db = str(tmp_path / "one.db")
+    await (await SQLiteStore.open(db)).aclose()  # (the schema, before the race)
+    hosts: list[Host] = []
+    done = trio.Event()
+
+    async def open_host(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with Host.open(store=db) as host:
+            task_status.started(host)
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        hosts = list(await _both(nursery, open_host))
+        assert [h.claims_turns for h in hosts] == [False, False]
+        for i, host in enumerate(hosts):
+            session = await host.open_session(
+                Agent(provider=ScriptedProvider(steps=[["ok"]])), session_id=f"s{i}"
+            )
+            assert (await session.run("one")).error is None
+        assert [h.claims_turns for h in hosts] == [True, True]
+        done.set()
+
+
+async def _both(nursery: trio.Nursery, start: Any) -> tuple[Host, Host]:
+    got: list[Host] = []
+
+    async def one() -> None:
+        got.append(await nursery.start(start))
+
+    async with trio.open_nursery() as pair:
+        pair.start_soon(one)
+        pair.start_soon(one)
+    return got[0], got[1]
