@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
 from actors.stores.sqlite import SQLiteStore
 from runtime import Agent, Host
+from runtime.ids import new_id
 from runtime.liveness import MARKER_TTL_DEFAULT, this_process
 
 
@@ -178,3 +180,27 @@ async def _both(nursery: trio.Nursery, start: Any) -> tuple[Host, Host]:
         pair.start_soon(one)
         pair.start_soon(one)
     return got[0], got[1]
+
+
+def _ids_of_a_forked_child() -> str:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child: its id, then out without running anything of pytest's)
+        try:
+            os.write(write, new_id("host").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        os.waitpid(pid, 0)
+        return os.read(read, 200).decode()
+    finally:
+        os.close(read)
+
+
+def test_two_children_forked_from_one_parent_name_their_hosts_apart():
+    """Two children of one parent (a prefork server's workers) each open a host on
+    the same store: their names in its registry must differ. They shared the parent's
+    id prefix and counter: both hosts were ``host_<prefix>_N``, one row for both, and
+    each found only its own name there (neither claimed)."""
+    assert _ids_of_a_forked_child() != _ids_of_a_forked_child()
