@@ -10,6 +10,18 @@ _counter = itertools.count()
 _prefix = os.urandom(4).hex()
 
 
+def _new_prefix() -> None:
+    """A forked child draws its own prefix: with its parent's (and counter) two
+    children of one parent (a prefork server's) made the same ids, e.g. the same
+    host name in a store's registry of the hosts writing it: one row for two
+    processes, each alone by it (branch ``attackregistry``)."""
+    global _prefix
+    _prefix = os.urandom(4).hex()
+
+
+os.register_at_fork(after_in_child=_new_prefix)
+
+
 def new_id(kind: str) -> str:
     """A process-unique id such as ``part_3f2a9c1e_17``; cheap enough for the hot path."""
     return f"{kind}_{_prefix}_{next(_counter)}"

@@ -290,14 +290,20 @@ def writer_gone(value: str, *, proc: str = _PROC) -> bool:
     the store: its process is dead (this machine, this pid namespace: as a running
     marker's writer), or it cannot be seen from here and its row is older than
     :func:`marker_ttl` (a live host writes its row again past half that). A row
-    not of this shape is gone (nothing would ever remove it)."""
+    not of this shape is gone (nothing would ever remove it): no dict, or, for a host
+    not seen from here, no finite ``at`` or one more than the bound ahead of this
+    clock (a row dated years ahead, or ``NaN``, never aged: every host opening the
+    store claimed for as long as it stayed, branch ``attackregistry``)."""
     row = _row(value)
     if not row:
         return True
     state = process_state(row.get("writer"), proc=proc)
     if state != UNKNOWN:
         return state == DEAD
-    return _expired(row)
+    at, ttl = row.get("at"), marker_ttl()
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        return True
+    return ttl is not None and abs(_wall() - at) > ttl
 
 
 def rebased_meta(

@@ -240,10 +240,13 @@ _WRITERS_WHERE = "left(key, 7) = 'writer:'"
 
 _WRITERS_SQL: Final = f"SELECT key, value FROM axon_meta WHERE {_WRITERS_WHERE}"
 
-_WRITER_KEYS = f"(SELECT coalesce(string_agg(key, ' '), '') FROM axon_meta WHERE {_WRITERS_WHERE})"
-"""The registry's keys, read with the version query of a host that registered (the
-statement its turn makes anyway): no statement more to learn that another host writes
-the store (:meth:`PostgresStore.writers_seen`)."""
+_WRITER_KEYS = f"""(SELECT coalesce(string_agg(key, ' '), '') FROM
+    (SELECT key FROM axon_meta WHERE {_WRITERS_WHERE} LIMIT 2) AS w)"""
+"""Two of the registry's keys at most, read with the version query of a host that
+registered (the statement its turn makes anyway): no statement more to learn that
+another host writes the store (:meth:`PostgresStore.writers_seen`). Two tell "this
+host alone" from "another too"; all of them made a store holding thousands of rows
+(a crash loop's) read and send them all every turn."""
 
 _VERSION_WRITERS_SQL: Final = (
     f"SELECT (SELECT version FROM axon_sessions WHERE session_id = %s), {_WRITER_KEYS}"
@@ -1329,7 +1332,7 @@ class PostgresStore(FenceKeeping):
         return {key[len(_WRITER_PREFIX) :]: value for key, value in rows}
 
     def writers_seen(self) -> list[str] | None:
-        """The names in the registry as the last version query read them (every turn
+        """Two names of the registry at most, as the last version query read them (every turn
         of a host that registered makes one as it starts), taken: ``None`` when none was
         read since the last taking (:meth:`writers` then reads them)."""
         seen, self._writers_seen = self._writers_seen, None
