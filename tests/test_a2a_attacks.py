@@ -207,15 +207,22 @@ async def test_a_token_the_remote_agent_quotes_is_redacted_where_the_model_and_s
 
 
 async def test_a_refusal_quoting_the_token_is_redacted_in_the_error_raised():
+    refusal = await _refusal_quoting(TOKEN, token=TOKEN)
+    assert "who is" in refusal and TOKEN not in refusal
+
+
+async def _refusal_quoting(secret: str, **options: Any) -> str:
+    """The error an ``A2AAgent(**options)`` raises when the remote agent refuses with a
+    JSON-RPC error whose message quotes ``secret`` (``who is <secret>?``)."""
     async with hostile() as remote:
-        error = {"code": -32001, "message": f"who is {TOKEN}?"}
+        error = {"code": -32001, "message": f"who is {secret}?"}
         remote.answer = lambda body: Response(
             orjson.dumps({"jsonrpc": "2.0", "id": "1", "error": error}),
             media_type="application/json",
         )
         with pytest.raises(RemoteAgentError) as caught:
-            await A2AAgent(remote.url, token=TOKEN).run("hi")
-    assert "who is" in str(caught.value) and TOKEN not in str(caught.value)
+            await A2AAgent(remote.url, **options).run("hi")
+    return str(caught.value)
 
 
 async def test_credentials_in_the_agents_url_are_not_in_the_tool_description():
@@ -758,15 +765,8 @@ async def test_a_credential_header_the_remote_agent_quotes_is_redacted_in_the_er
     (``authorization``, ``x-api-key``): its value is no key shape, so only its
     registration hides it when a remote agent's refusal quotes it."""
     value = f"hdr-{name.lower()}-of-no-shape-4402"
-    async with hostile() as remote:
-        error = {"code": -32001, "message": f"who is {value}?"}
-        remote.answer = lambda body: Response(
-            orjson.dumps({"jsonrpc": "2.0", "id": "1", "error": error}),
-            media_type="application/json",
-        )
-        with pytest.raises(RemoteAgentError) as caught:
-            await A2AAgent(remote.url, headers={name: value}).run("hi")
-    assert "who is [redacted]? " in str(caught.value)
+    refusal = await _refusal_quoting(value, headers={name: value})
+    assert "who is [redacted]? " in refusal
 
 
 def test_a_session_header_that_names_no_token_is_no_secret_and_one_that_holds_one_is():

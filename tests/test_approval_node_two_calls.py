@@ -16,20 +16,12 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent
+from tests.support.approval_tools import delete_file, ran
 from tests.test_approval_node import ai6_entry
 from tests.test_frontend import deployment
 from tests.test_worker_approval import redis_url as redis_url  # (the fixture)
 from tests.web.harness import WEB, ensure_ai_package, web_server
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
 
 
 def agent() -> Agent:

@@ -26,6 +26,7 @@ from actors.stores.postgres_lane import LoopLane
 from actors.stores.turns import TurnQueue
 from runtime.app.worker import Worker
 from runtime.approval import Decision
+from tests.support.calls import python_calls
 from tests.support.pg import pg_connect
 from tests.support.worker_agent import agent
 from tests.test_next_claim_attacks import _lose_answer_once
@@ -255,21 +256,14 @@ async def test_a_give_back_whose_own_answer_is_lost_gives_back_once(pg_url, monk
 def test_a_claim_token_is_32_random_hex_digits_made_in_no_python_call() -> None:
     # Issue 24 goal 3: a token a claim, one a worker's turn; uuid4's object (its
     # __init__ and properties in Python) cost ~2-5 us of the turn for 32 hex digits.
-    import sys
 
-    calls: list[str] = []
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    tokens: list[str] = []
-    sys.setprofile(count)
-    try:
+    def two_hundred() -> list[str]:
+        tokens: list[str] = []
         for _ in range(200):
             tokens.append(turn_claims.claim_token())
-    finally:
-        sys.setprofile(None)
+        return tokens
+
+    tokens, calls = python_calls(two_hundred)
     assert calls == ["claim_token"] * 200
     assert len(set(tokens)) == 200
     assert all(len(t) == 32 and int(t, 16) >= 0 and t == t.lower() for t in tokens)

@@ -11,32 +11,14 @@ from typing import Any
 
 import trio
 
-from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
+from actors.providers.scripted import ScriptedProvider
 from actors.stores.sqlite import SQLiteStore
 from runtime import liveness
-from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.errors import StoreError
 from runtime.liveness import HOST_KEY, RUNNING_META, answering_elsewhere, running_marker
-from runtime.messages import UserMessage
-from runtime.tools import tool
-
-
-@tool
-async def note(text: str) -> str:
-    """Write a note down."""
-    return f"noted {text}"
-
-
-def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
-    """``go``: step 0 calls ``note``, step 1 waits an hour; else ``answered <input>``."""
-    last = [m for m in request.messages if isinstance(m, UserMessage)][-1]
-    if last.content != "go":
-        return [f"answered {last.content}"]
-    if current_step(request.messages) == 0:
-        return [*tool_call("note", {"text": "a"}, tool_call_id="call_note")]
-    return [Sleep(3600)]
+from tests.test_killed_turn_marks import note, respond
 
 
 def agent() -> Agent:

@@ -15,6 +15,8 @@ from runtime.app.host import Host
 from runtime.events import ConcurrentWrite
 from runtime.liveness import RUNNING_META
 from runtime.tools import tool
+from tests.test_regenerate_conflicts import _Gate, _regenerate_held
+from tests.test_twin_first_meeting import _no_registry
 
 TTL = 900.0
 CALL = 2000.0
@@ -66,20 +68,6 @@ async def test_a_long_tool_beside_a_call_held_for_approval_keeps_its_marker(
     assert seen[0]["at"] >= TTL - TTL / liveness.TOUCHES_PER_TTL
 
 
-class _Gate:
-    """Holds a turn at its step's start once armed, until released."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.held, self.go = trio.Event(), trio.Event()
-
-    async def hold(self, _step: Any) -> None:
-        if self.armed:
-            self.armed = False
-            self.held.set()
-            await self.go.wait()
-
-
 async def test_a_regenerate_after_a_slow_save_is_refused_when_another_turn_came_after(
     tmp_path, monkeypatch, autojump_clock
 ):
@@ -90,11 +78,7 @@ async def test_a_regenerate_after_a_slow_save_is_refused_when_another_turn_came_
     one after the other's: the question twice. (The hosts keep no writers' registry
     here, as hosts that have not met yet: with it, A claims its regenerate before B's
     turn, tests/test_regenerate_conflicts.py.)"""
-
-    async def no_registry(self: Host) -> None:
-        return None
-
-    monkeypatch.setattr(Host, "_join_writers", no_registry)
+    monkeypatch.setattr(Host, "_join_writers", _no_registry)
     gate = _Gate()
     agent = Agent(
         provider=ScriptedProvider(steps=[["A."]] * 4), hooks=Hooks(on_step_start=gate.hold)
@@ -114,26 +98,17 @@ async def test_a_regenerate_after_a_slow_save_is_refused_when_another_turn_came_
         await session.run("q1")
         slow[0] = True
         await session.run("q2")  # (its save still running as the turn ends)
-        gate.armed = True
-        results: list[Any] = []
-        async with trio.open_nursery() as nursery:
 
-            async def regenerate() -> None:
-                async with session.stream("q2 again", regenerate=True) as out:
-                    async for _ in out:
-                        pass
-                results.append(out.result)
-
-            nursery.start_soon(regenerate)
-            await gate.held.wait()
+        async def answer_after_the_slow_save() -> None:
             await trio.sleep(3 * SAVE_TIMEOUT)  # (the slow save landed)
             other = await b.open_session(Agent(provider=ScriptedProvider(steps=[["B."]])), "s")
             await other.run("q3")
-            gate.go.set()
+
+        result = await _regenerate_held(session, gate, answer_after_the_slow_save)
         record = await a.store.load("s")
     stored = [(m.role, m.content if m.role == "user" else m.text) for m in record.messages]
-    assert not results[0].saved
-    assert results[0].error.kind == "AnsweredElsewhere"
+    assert not result.saved
+    assert result.error.kind == "AnsweredElsewhere"
     assert stored == [
         ("user", "q1"), ("assistant", "A."),
         ("user", "q2"), ("assistant", "A."),

@@ -19,19 +19,18 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
 from actors.stores.postgres import PostgresStore
-from runtime import Agent, Hooks, Host
-from runtime.app.unsaved import ANSWERED_ELSEWHERE_MESSAGE
-from tests.test_sqlite_twin_claims import _Held, _stored, _text
-from tests.test_twin_first_meeting import _no_registry
-from tests.test_web_http import body, events
-from tests.web.harness import two_web_servers
+from runtime import Agent, Host
+from tests.test_twin_first_meeting import (
+    _first_twin_is_refused,
+    _no_registry,
+    _second_host_makes_the_first_claim,
+)
 
 
 @pytest.mark.parametrize("first", ["opened first", "opened second"])
@@ -42,40 +41,7 @@ async def test_the_first_twin_of_two_fresh_servers_on_one_database_is_refused_be
     ``q1`` at once (both held in ``on_turn_start``): the winner claims and answers, the
     other's claim meets that answer, its stream ends ``not_saved``, its provider gets no
     request (was: a whole model run, refused at its end)."""
-    holds = {"a": _Held(), "b": _Held()}
-    providers = {
-        "a": ScriptedProvider(steps=[["From A."]]),
-        "b": ScriptedProvider(steps=[["From B."]]),
-    }
-    async with two_web_servers(
-        Agent(provider=providers["a"], hooks=Hooks(on_turn_start=holds["a"])),
-        Agent(provider=providers["b"], hooks=Hooks(on_turn_start=holds["b"])),
-        store=pg_url,
-    ) as (a, _b, to_a, to_b):
-        winner, loser = ("a", "b") if first == "opened first" else ("b", "a")
-        replies: dict[str, httpx.Response] = {}
-        won = trio.Event()
-
-        async def post(name: str, client: httpx.AsyncClient) -> None:
-            replies[name] = await client.post("/api/chat", json=body("s", "one", message_id="q1"))
-            if name == winner:
-                won.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(post, "a", to_a)
-            nursery.start_soon(post, "b", to_b)
-            await holds["a"].entered.wait()
-            await holds["b"].entered.wait()
-            holds[winner].go.set()
-            await won.wait()
-            holds[loser].go.set()
-        record = await a.host.store.load("s")
-    answer = f"From {winner.upper()}."
-    assert not providers[loser].requests
-    assert _text(replies[winner].content) == answer
-    (end,) = [c for c in events(replies[loser].content)[:-1] if c["type"] == "error"]
-    assert end["errorText"].endswith(ANSWERED_ELSEWHERE_MESSAGE)
-    assert _stored(record) == [("user", "q1"), ("assistant", answer)]
+    await _first_twin_is_refused(pg_url, first)
 
 
 @pytest.fixture
@@ -134,16 +100,7 @@ async def test_a_lone_hosts_turns_send_the_statements_they_sent_without_a_regist
 async def test_a_second_host_on_the_database_makes_the_first_claim_its_next_turn(pg_url):
     """A opens alone; B opens: B claims from the start (A's row), A from its next turn
     (B's row, read in that turn's version query)."""
-    async with Host.open(store=pg_url, log_tap=False) as host_a:
-        assert not host_a.claims_turns
-        async with Host.open(store=pg_url, log_tap=False) as host_b:
-            assert host_b.claims_turns
-            session = await host_a.open_session(
-                Agent(provider=ScriptedProvider(steps=[["A."]])), session_id="s"
-            )
-            result = await session.run("one")
-            assert result.error is None
-            assert host_a.claims_turns
+    await _second_host_makes_the_first_claim(pg_url, log_tap=False)
 
 
 async def test_a_closed_host_leaves_the_registry(pg_url):

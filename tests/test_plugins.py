@@ -13,15 +13,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Actor, Agent, Host, ToolMessage, Usage, tool
 from runtime.events import ToolApprovalRequested, TurnFinished, TurnStarted
 from runtime.tools import ToolContext
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
+from tests.support.approval_tools import delete_file, ran
 
 
 def deleting_agent() -> Agent:

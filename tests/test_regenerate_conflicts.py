@@ -18,6 +18,7 @@ from runtime import Agent, Hooks, Host
 from runtime.errors import AnsweredElsewhere, StoreError
 from runtime.messages import AssistantMessage, UserMessage
 from runtime.store import rebase
+from tests.test_twin_first_meeting import _no_registry
 
 
 @pytest.fixture(autouse=True)
@@ -27,11 +28,7 @@ def _no_writers_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     claims its regenerate before the model call, so B's turn comes after it
     (:func:`test_a_regenerate_on_a_host_that_knows_the_other_is_claimed_first`); this
     pins the rebase's own rule for a save that meets another writer's."""
-
-    async def no_registry(self: Host) -> None:
-        return None
-
-    monkeypatch.setattr(Host, "_join_writers", no_registry)
+    monkeypatch.setattr(Host, "_join_writers", _no_registry)
 
 
 class _Gate:
@@ -60,23 +57,31 @@ async def _regenerate_while(path: str, meanwhile: Any) -> tuple[Any, list[tuple[
         session = await a.open_session(agent, session_id="s")
         await session.run("q1")
         await session.run("q2")
-        gate.armed = True
-        async with trio.open_nursery() as nursery:
-            results: list[Any] = []
-
-            async def regenerate() -> None:
-                async with session.stream("q2 again", regenerate=True) as out:
-                    async for _ in out:
-                        pass
-                results.append(out.result)
-
-            nursery.start_soon(regenerate)
-            await gate.held.wait()
-            await meanwhile(b)
-            gate.go.set()
+        result = await _regenerate_held(session, gate, lambda: meanwhile(b))
         record = await a.store.load("s")
     stored = [(m.role, m.content if m.role == "user" else m.text) for m in record.messages]
-    return results[0], stored
+    return result, stored
+
+
+async def _regenerate_held(session: Any, gate: _Gate, meanwhile: Any) -> Any:
+    """Streams a regenerate of ``q2`` (``"q2 again"``) held by ``gate`` at its step's
+    start while ``await meanwhile()`` runs; returns its result. Shared with
+    tests/test_marker_refresh_attacks.py."""
+    gate.armed = True
+    results: list[Any] = []
+    async with trio.open_nursery() as nursery:
+
+        async def regenerate() -> None:
+            async with session.stream("q2 again", regenerate=True) as out:
+                async for _ in out:
+                    pass
+            results.append(out.result)
+
+        nursery.start_soon(regenerate)
+        await gate.held.wait()
+        await meanwhile()
+        gate.go.set()
+    return results[0]
 
 
 async def test_a_regenerate_whose_turn_another_host_answered_after_is_refused(tmp_path):
@@ -138,22 +143,9 @@ async def test_a_regenerate_left_unsaved_is_dropped_by_the_reload_that_meets_a_t
             session = await a.open_session(agent, session_id="s")
             await session.run("q1")
             await session.run("q2")
-            gate.armed = True
-            async with trio.open_nursery() as nursery:
-                results: list[Any] = []
-
-                async def regenerate() -> None:
-                    async with session.stream("q2 again", regenerate=True) as out:
-                        async for _ in out:
-                            pass
-                    results.append(out.result)
-
-                nursery.start_soon(regenerate)
-                await gate.held.wait()
-                await answer_after_while_a_fails(b)
-                gate.go.set()
+            result = await _regenerate_held(session, gate, lambda: answer_after_while_a_fails(b))
             a.store.save = store_of[1]  # type: ignore[method-assign]
-            assert not results[0].saved
+            assert not result.saved
             await session.run("next")
             record = await a.store.load("s")
     assert [(m.role, m.content if m.role == "user" else m.text) for m in record.messages] == [

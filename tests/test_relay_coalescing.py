@@ -25,6 +25,7 @@ from actors.relays import RedisRelay
 from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL
 from runtime import output as o
 from runtime.chunks import Usage
+from tests.support.calls import python_calls
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.steps import scopes_counted
 
@@ -363,18 +364,12 @@ async def test_a_delta_appended_while_its_queue_waits_for_the_tick_is_two_python
         writer = await started_writer(relay)
         writer.append(delta(0))  # waits for the tick
         deltas = [delta(i) for i in range(1, 11)]
-        calls: list[str] = []
 
-        def count(frame: Any, event: str, arg: Any) -> None:
-            if event == "call":
-                calls.append(frame.f_code.co_name)
-
-        sys.setprofile(count)
-        try:
+        def append_each() -> None:
             for chunk in deltas:
                 writer.append(chunk)
-        finally:
-            sys.setprofile(None)
+
+        _, calls = python_calls(append_each)
         # the append and its class's unstructure hook, one function
         # (``serde.flat_unstructurer``: two before); 6 before issue 24 goal 3's cuts: the
         # converter's dispatch and ``_put`` were called for each too
@@ -612,17 +607,7 @@ async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_a
         writer = await started_writer(relay)
         writer.append(delta(0))  # waits for the tick
         deltas = [delta(i) for i in range(1, 11)]
-        calls: list[str] = []
-
-        def count(frame: Any, event: str, arg: Any) -> None:
-            if event == "call":
-                calls.append(frame.f_code.co_name)
-
-        sys.setprofile(count)
-        try:
-            writer.extend(deltas)
-        finally:
-            sys.setprofile(None)
+        _, calls = python_calls(lambda: writer.extend(deltas))
         # ``extend``, its list of items, and one a delta: its unstructure in one function
         # (``serde.flat_unstructurer``; appended one by one: 3 a delta)
         assert len(calls) == len(deltas) + 2

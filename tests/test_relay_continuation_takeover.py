@@ -88,6 +88,22 @@ async def first_part_then_taken_over(relay: RedisRelay, *, paused: bool = False)
     await taken.aclose()
 
 
+async def _pause_then_finish(
+    relay: RedisRelay, first: Any, then: Any
+) -> tuple[list[Any], list[Any]]:
+    """The first part's writer ends its part with the wait's pause, then the
+    continuation's writer (``GOES_ON`` but its finish streamed) its finish: the whole
+    turn's stream, and what a reader after the pause is shown."""
+    first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
+    await first.aclose(paused=True)
+    then.append(GOES_ON[-1])
+    await then.aclose()
+    with trio.fail_after(10):
+        whole = [c async for c in relay.read("t")]
+        shown = [c async for c in relay.read("t", after_pauses=1)]
+    return whole, shown
+
+
 async def test_a_takeover_of_a_continuation_after_its_pause_shows_the_continuation(
     redis_url: str,
 ) -> None:
@@ -244,13 +260,7 @@ async def test_a_continuation_claimed_here_while_its_first_part_ends_writes_no_g
             owner, claim(takeover=False, resumed=True, saved=True, resumes=1)
         )
         then.extend(GOES_ON[:-1])  # (not its finish yet: that would hold it for the close)
-        first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
-        await first.aclose(paused=True)
-        then.append(GOES_ON[-1])
-        await then.aclose()
-        with trio.fail_after(10):
-            whole = [c async for c in relay.read("t")]
-            shown = [c async for c in relay.read("t", after_pauses=1)]
+        whole, shown = await _pause_then_finish(relay, first, then)
     assert [c.type for c in shown] == [c.type for c in GOES_ON]
     assert len(whole) == len(ASKED) + 1 + len(GOES_ON)
 
@@ -334,13 +344,7 @@ async def test_a_continuation_another_worker_claims_before_the_pause_is_in_waits
         then.extend(GOES_ON[:-1])
         with trio.fail_after(10):
             await counted.blocked.wait()  # its tail read found no pause: it waits
-        first.append(o.Finish(finish_reason="awaiting-input", usage=USAGE))
-        await first.aclose(paused=True)
-        then.append(GOES_ON[-1])
-        await then.aclose()
-        with trio.fail_after(10):
-            whole = [c async for c in here.read("t")]
-            shown = [c async for c in here.read("t", after_pauses=1)]
+        whole, shown = await _pause_then_finish(here, first, then)
     assert [c.type for c in shown] == [c.type for c in GOES_ON]
     assert [c.type for c in whole] == [c.type for c in ASKED] + ["finish"] + [
         c.type for c in GOES_ON

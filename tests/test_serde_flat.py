@@ -4,7 +4,6 @@ issue 24 goal 3), to exactly what the converter's hook gives, keys in the same o
 
 from __future__ import annotations
 
-import sys
 import types
 import typing
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 
 from runtime import messages, output
 from runtime.serde import flat_unstructurer, unstructurer
+from tests.support.calls import python_calls
 
 CHUNKS = [
     cls
@@ -56,15 +56,5 @@ def test_a_text_delta_is_one_python_call() -> None:
     flat = flat_unstructurer(output.TextDelta)
     assert flat is not None
     delta = output.TextDelta(step=0, part_id="p", text=" w")
-    calls: list[str] = []
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(count)
-    try:
-        flat(delta)
-    finally:
-        sys.setprofile(None)
+    _, calls = python_calls(lambda: flat(delta))
     assert calls == ["unstructure_flat"]

@@ -30,6 +30,19 @@ from tests.test_web_http import body, events
 from tests.web.harness import two_web_servers, web_server
 
 
+class _Gated(ScriptedProvider):
+    """A provider whose stream says it was entered, then waits for ``gate``."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.entered, self.gate = trio.Event(), trio.Event()
+
+    async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
+        self.entered.set()
+        await self.gate.wait()
+        await super().stream(request, emit)
+
+
 @pytest.mark.parametrize("first", ["opened first", "opened second"])
 async def test_the_first_twin_of_two_fresh_servers_is_refused_before_its_model_call(
     tmp_path, first
@@ -40,6 +53,14 @@ async def test_the_first_twin_of_two_fresh_servers_is_refused_before_its_model_c
     the one opened second, which knew of the first as it opened) claims and answers;
     the other's claim meets that answer, its stream ends ``not_saved``: its provider is
     never called (was: called, its answer streamed, then refused at its end)."""
+    await _first_twin_is_refused(str(tmp_path / "one.db"), first)
+
+
+async def _first_twin_is_refused(store: str, first: str) -> None:
+    """Two servers on ``store`` (``first``: which one's turn is let go first) get
+    ``q1`` at once, both held in ``on_turn_start``: the winner answers, the loser's
+    provider is never called, its stream ends ``not_saved``, one answer is stored.
+    Shared with tests/test_pg_twin_registry.py."""
     holds = {"a": _Held(), "b": _Held()}
     providers = {
         "a": ScriptedProvider(steps=[["From A."]]),
@@ -48,7 +69,7 @@ async def test_the_first_twin_of_two_fresh_servers_is_refused_before_its_model_c
     async with two_web_servers(
         Agent(provider=providers["a"], hooks=Hooks(on_turn_start=holds["a"])),
         Agent(provider=providers["b"], hooks=Hooks(on_turn_start=holds["b"])),
-        store=str(tmp_path / "one.db"),
+        store=store,
     ) as (a, _b, to_a, to_b):
         winner, loser = ("a", "b") if first == "opened first" else ("b", "a")
         replies: dict[str, httpx.Response] = {}
@@ -80,17 +101,10 @@ async def test_a_twin_retried_on_a_fresh_server_while_the_first_answers_is_a_409
     """A answers ``q1`` (its model call held); the client, timed out, sends it to B,
     which never saw a write of A's: A had claimed (it knew of B from the registry), so
     B's retry is told against the store: a 409, no model call on B."""
-    gate, entered = trio.Event(), trio.Event()
-
-    class Gated(ScriptedProvider):
-        async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
-            entered.set()
-            await gate.wait()
-            await super().stream(request, emit)
-
+    a_provider = _Gated(steps=[["From A."]])
     b_provider = ScriptedProvider(steps=[["From B."]])
     async with two_web_servers(
-        Agent(provider=Gated(steps=[["From A."]])),
+        Agent(provider=a_provider),
         Agent(provider=b_provider),
         store=str(tmp_path / "one.db"),
     ) as (a, _b, to_a, to_b):
@@ -101,9 +115,9 @@ async def test_a_twin_retried_on_a_fresh_server_while_the_first_answers_is_a_409
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(to_a_post)
-            await entered.wait()
+            await a_provider.entered.wait()
             replies["b"] = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
-            gate.set()
+            a_provider.gate.set()
         # once A is done, the same retry to B is the stored answer, replayed
         again = await to_b.post("/api/chat", json=body("s", "one", message_id="q1"))
         record = await a.host.store.load("s")
@@ -147,10 +161,15 @@ async def test_a_host_alone_on_its_file_reads_and_writes_no_registry_row_a_turn(
 async def test_a_second_host_on_the_file_makes_the_first_claim_its_next_turn(tmp_path):
     """A opens alone; B opens: B claims from the start (A's row), A from its next turn
     (B's row, read as the turn starts)."""
-    db = str(tmp_path / "one.db")
-    async with Host.open(store=db) as host_a:
+    await _second_host_makes_the_first_claim(str(tmp_path / "one.db"))
+
+
+async def _second_host_makes_the_first_claim(store: str, **options: Any) -> None:
+    """A opens alone on ``store`` (no claim), B opens (claims), A claims once it has
+    run a turn. Shared with tests/test_pg_twin_registry.py."""
+    async with Host.open(store=store, **options) as host_a:
         assert not host_a.claims_turns
-        async with Host.open(store=db) as host_b:
+        async with Host.open(store=store, **options) as host_b:
             assert host_b.claims_turns
             session = await host_a.open_session(
                 Agent(provider=ScriptedProvider(steps=[["A."]])), session_id="s"
@@ -198,15 +217,8 @@ async def test_an_openai_post_to_the_server_opened_first_while_the_other_answers
     claimed, and ran a second turn beside B's). ``read_before``: a version query of A's
     store ran before B opened (the registry's names it read, only A's, not taken by a
     turn): the front end reads the registry afresh, not those."""
-    gate, entered = trio.Event(), trio.Event()
-
-    class Gated(ScriptedProvider):
-        async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
-            entered.set()
-            await gate.wait()
-            await super().stream(request, emit)
-
     a_provider = ScriptedProvider(steps=[["From A."]])
+    b_provider = _Gated(steps=[["From B."]])
     chat = {"model": "m", "messages": [{"role": "user", "content": "one"}]}
     headers = {"X-Axon-Session": "s"}
     db = str(tmp_path / "one.db")
@@ -215,7 +227,7 @@ async def test_an_openai_post_to_the_server_opened_first_while_the_other_answers
         if read_before:
             assert await a.host.store.version("other") == 0
         async with (
-            web_server(Agent(name="m", provider=Gated(steps=[["From B."]])), **options) as b,
+            web_server(Agent(name="m", provider=b_provider), **options) as b,
             httpx.AsyncClient(base_url=a.url) as to_a,
             httpx.AsyncClient(base_url=b.url) as to_b,
         ):
@@ -226,9 +238,9 @@ async def test_an_openai_post_to_the_server_opened_first_while_the_other_answers
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(to_b_post)
-                await entered.wait()
+                await b_provider.entered.wait()
                 replies["a"] = await to_a.post("/v1/chat/completions", json=chat, headers=headers)
-                gate.set()
+                b_provider.gate.set()
         record = await a.host.store.load("s")
     assert replies["a"].status_code == 409, replies["a"].content
     assert replies["a"].json()["error"]["code"] == "session_busy"
@@ -299,7 +311,7 @@ async def test_a_twin_refused_at_its_end_makes_its_host_claim_without_a_registry
     twin writes nothing, so neither host ever took in the other's writes and every later
     twin was run twice (two real ``serve`` on main: 12 model runs for 6 twins)."""
     monkeypatch.setattr(Host, "_join_writers", _no_registry)
-    b_provider = _GatedB(steps=[["From B."]])
+    b_provider = _Gated(steps=[["From B."]])
     async with two_web_servers(
         Agent(provider=ScriptedProvider(steps=[["From A."]])),
         Agent(provider=b_provider),
@@ -319,17 +331,6 @@ async def test_a_twin_refused_at_its_end_makes_its_host_claim_without_a_registry
         (end,) = [c for c in events(replies["b"].content)[:-1] if c["type"] == "error"]
         assert end["errorText"].endswith(ANSWERED_ELSEWHERE_MESSAGE)
         assert b.host.claims_turns
-
-
-class _GatedB(ScriptedProvider):
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.entered, self.gate = trio.Event(), trio.Event()
-
-    async def stream(self, request, emit) -> None:  # type: ignore[no-untyped-def]
-        self.entered.set()
-        await self.gate.wait()
-        await super().stream(request, emit)
 
 
 async def _no_registry(self: Host) -> None:

@@ -606,39 +606,23 @@ async def test_a_message_steered_in_under_the_id_its_answer_takes_is_refused(
     message (:func:`actors.turn.takeover.steered_message_id`): a steering message under
     it would share one id with that answer. 409, as the embedded app's ``InputHeld``;
     nothing of it queued or stored."""
-    script = Script(looking("call_L"), holding("call_H"), ["done"])
-    out: dict[str, Any] = {}
-    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
-        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
-            async with trio.open_nursery() as nursery:
-
-                async def post(name: str, text: str, message_id: str) -> None:
-                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
-
-                nursery.start_soon(post, "first", "first", "u1")
-                await test_busy.held["open"].wait()  # step 1's tool runs: a steer joins at 2
-                (turn,) = await d.queue.turns("s1")
-                named = f"msg_{turn.turn_id}-s2"
-                nursery.start_soon(post, "steer", "x", named)
-                while True:  # answered, or queued to join the turn
-                    if "steer" in out or len(await d.queue.turns("s1")) >= 2:
-                        break
-                    await trio.sleep(0.02)
-                test_busy.held["release"].set()
-        turns = await d.queue.turns("s1")
-        record = await d.store.load("s1")
-    assert out["steer"].status_code == 409, out["steer"].text
+    steer, turns, record = await _sent_under_the_running_answers_id(
+        pg_url, redis_url, "steer", suffix="-s2"
+    )
+    assert steer.status_code == 409, steer.text
     assert len(turns) == 1
+    named = f"msg_{turns[0].turn_id}-s2"
     ids = [m.id for m in record.messages]
     assert len(ids) == len(set(ids)) and named not in ids
 
 
 async def _sent_under_the_running_answers_id(
-    pg_url: str, redis_url: str, on_busy: str
+    pg_url: str, redis_url: str, on_busy: str, suffix: str = ""
 ) -> tuple[httpx.Response, list[Any], Any]:
     """A second message posted while the first's turn runs (step 1's tool held), under
-    ``msg_<turn id>``, the running turn's first answer's id: its answer, the session's
-    turns, the stored history."""
+    ``msg_<turn id>`` (the running turn's first answer's id; ``suffix`` ``-s2``: the
+    answer's after a message steered in at step 2): its answer, the session's turns,
+    the stored history."""
     script = Script(looking("call_L"), holding("call_H"), ["done"], ["done2"])
     out: dict[str, Any] = {}
     busy = {"on_busy": on_busy} if on_busy != "enqueue" else {}
@@ -652,7 +636,7 @@ async def _sent_under_the_running_answers_id(
                 nursery.start_soon(post, "first", "first", "u1")
                 await test_busy.held["open"].wait()
                 (turn,) = await d.queue.turns("s1")
-                nursery.start_soon(post, "second", "x", f"msg_{turn.turn_id}")
+                nursery.start_soon(post, "second", "x", f"msg_{turn.turn_id}{suffix}")
                 while True:  # answered, or queued
                     if "second" in out or len(await d.queue.turns("s1")) >= 2:
                         break

@@ -27,6 +27,7 @@ from runtime.app.worker import Worker, _take_slot
 from runtime.errors import StoreError
 from runtime.logging import configure_logging
 from runtime.messages import UserMessage
+from tests.support.calls import python_calls
 from tests.support.steps import counted
 from tests.support.steps import scopes_counted as steps_scopes
 from tests.support.worker_agent import agent
@@ -668,7 +669,6 @@ async def test_a_workers_turn_closes_its_relay_writer_in_one_cancel_scope(pg_url
 def test_whether_a_last_save_may_claim_resumes_no_generator_over_the_turns_running() -> None:
     # Issue 24 goal 3: asked twice a worker's turn (its last save, the next turn's start)
     # over the turns running; ``any`` of a generator resumed it once a turn running.
-    import sys
     from types import SimpleNamespace
 
     def running(takeover: bool) -> Any:
@@ -676,17 +676,9 @@ def test_whether_a_last_save_may_claim_resumes_no_generator_over_the_turns_runni
 
     entries = [running(False) for _ in range(8)]
     worker = SimpleNamespace(_stopping=trio.Event(), running=dict(enumerate(entries)))
-    calls: list[str] = []
-
-    def count(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            calls.append(frame.f_code.co_name)
-
-    sys.setprofile(count)
-    try:
-        wanted = [Worker._wants_next(worker, entries[0]), Worker._wants_next(worker, None)]  # type: ignore[arg-type]
-    finally:
-        sys.setprofile(None)
+    wanted, calls = python_calls(
+        lambda: [Worker._wants_next(worker, entries[0]), Worker._wants_next(worker, None)]  # type: ignore[arg-type]
+    )
     assert wanted == [True, True]
     assert calls == ["_wants_next", "is_set"] * 2  # (before: a generator resumed 8 times each)
     beside = running(True)  # a takeover runs: no claim beside it, but its own last save's
