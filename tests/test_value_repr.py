@@ -59,7 +59,7 @@ def test_the_shared_repr_prints_what_attrs_would() -> None:
 def test_a_value_that_holds_itself_reprs_as_dots_inside() -> None:
     state = SessionState(session_id="s")
     state.messages.append(state)  # type: ignore[arg-type]
-    assert repr(state) == "SessionState(session_id='s', messages=[...], saved_upto=0, version=0)"
+    assert repr(state) == "SessionState(session_id='s', messages=[...], saved_upto=0, version=0, cut=frozenset())"
 
 
 def _attrs_eq(cls: type) -> Any:
